@@ -1,0 +1,240 @@
+"""LayerNorm, RMSNorm, residual-add + norm and GroupNorm: one row-norm kernel family.
+
+`build_row_norm` specializes one kernel body at compile time on: the norm kind ("layer":
+(x - mean) * rstd, "rms": x * rstd), whether a residual is added first (the sum is stored as a
+second output, rounded to x's dtype before the statistics, as eager computes norm(x + r)),
+whether weight / bias exist and their dtypes, and how the affine is indexed ("row": weight[j]
+along the row; "channel": GroupNorm's per-channel weight[g * Cg + j // HW], one weight per
+vector because VEC divides HW). Rows are register-resident (row_common); statistics are fp32
+and two-pass for LayerNorm (mean, then the mean of squared deviations), so no cancellation.
+"""
+
+import functools
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import const_expr, gpu, range_constexpr
+
+from . import row_common as rc
+
+AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32
+
+
+@functools.lru_cache(maxsize=None)
+def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
+                   w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
+                   affine: str = "row", groups: int = 1, hw: int = 1):
+    """Compiled launcher `launch(X, R, W, B, Out, Sum, m)`; unused operands get any tensor."""
+    if kind not in ("layer", "rms"):
+        raise ValueError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
+    plan = rc.plan_row(n, vec)
+    if not rc.row_fits(plan):
+        raise ValueError(f"{kind}_norm: row length N={n} exceeds the register-resident limit "
+                         f"({rc.MAX_BLOCK * rc.MAX_ELEMS_PER_THREAD} elements)")
+    if affine == "channel" and hw % vec:
+        raise ValueError(f"group_norm: vector width {vec} must divide HW={hw}")
+    BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
+    PARTIAL = plan.partial
+    ebits = rc.elem_bits(dtype_str)
+    INV_N = 1.0 / n
+    CG = n // hw  # channels per group (GroupNorm)
+
+    @fx.struct
+    class Scratch:
+        red_a: fx.Array[fx.Float32, W, 16]
+        red_b: fx.Array[fx.Float32, W, 16]
+
+    kwargs = {"known_block_size": [BLOCK, 1, 1]} if BLOCK > 256 else {}
+
+    @flyc.kernel(**kwargs)
+    def row_norm_kernel(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor,
+                        Sum: fx.Tensor):
+        row = fx.block_idx.x
+        tid = fx.thread_idx.x
+        edt = rc.elem_type(dtype_str)
+        atom = rc.copy_atom(VEC * ebits, ebits)
+        xv = rc.row_view(X, row, VEC)
+        ov = rc.row_view(Out, row, VEC)
+        if const_expr(residual):
+            rv = rc.row_view(R, row, VEC)
+            sv = rc.row_view(Sum, row, VEC)
+
+        def block_allreduce(val, slots):
+            w = rc.wave_allreduce(val, "sum")
+            if const_expr(W == 1):
+                return w
+            lane = tid % rc.WAVE
+            wave = tid // rc.WAVE
+            if lane == 0:
+                fx.memref_store(w, slots, wave)
+            gpu.barrier()
+            r = fx.memref_load(slots, 0)
+            for i in range_constexpr(1, W):
+                r = r + fx.memref_load(slots, i)
+            return r
+
+        def load_param(T, pdtype_str, idx):
+            """VEC fp32 values of a weight/bias for vector `idx` of the row."""
+            pbits = rc.elem_bits(pdtype_str)
+            pdt = rc.elem_type(pdtype_str)
+            if const_expr(affine == "channel"):
+                ch = (row % groups) * CG + (idx * VEC) // hw
+                pview = rc.vec_view(T, 1)
+                p = rc.load_vec(rc.copy_atom(pbits, pbits), 1, pdt, pview, ch).to(fx.Float32)
+                return fx.Vector.filled(VEC, p[0], fx.Float32)
+            per = min(VEC, 128 // pbits)  # elements per <= 128-bit access
+            pview = rc.vec_view(T, per)
+            patom = rc.copy_atom(per * pbits, pbits)
+            parts = [rc.load_vec(patom, per, pdt, pview, idx * (VEC // per) + k).to(fx.Float32)
+                     for k in range_constexpr(VEC // per)]
+            if const_expr(len(parts) == 1):
+                return parts[0]
+            return fx.Vector.from_elements([p[i] for p in parts for i in range_constexpr(per)], fx.Float32)
+
+        lds = fx.SharedAllocator().allocate(Scratch).peek()
+        s_a = lds.red_a.view(fx.make_layout(W, 1))
+        s_b = lds.red_b.view(fx.make_layout(W, 1))
+        zero = fx.Float32(0.0)
+
+        # pass 1: load (and add the residual), first statistic
+        xs = []
+        valid = []
+        acc = None
+        for t in range_constexpr(NT):
+            idx = tid + t * BLOCK
+            ok = None
+            if const_expr(PARTIAL and t == NT - 1):
+                ok = idx < NV
+                idx = ok.select(idx, 0)
+            x_e = rc.load_vec(atom, VEC, edt, xv, idx)
+            if const_expr(residual):
+                s_e = x_e.to(fx.Float32) + rc.load_vec(atom, VEC, edt, rv, idx).to(fx.Float32)
+                x_e = s_e.to(edt) if const_expr(dtype_str != "f32") else s_e
+            x = x_e.to(fx.Float32)
+            if const_expr(ok is not None):
+                x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
+            xs.append((x_e, x))
+            valid.append(ok)
+            term = x if const_expr(kind == "layer") else x * x
+            acc = term if t == 0 else acc + term
+        total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
+
+        if const_expr(kind == "layer"):
+            mean = total * INV_N
+            acc2 = None
+            for t in range_constexpr(NT):
+                d = xs[t][1] - mean
+                if const_expr(valid[t] is not None):
+                    d = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(d, zero)
+                acc2 = d * d if t == 0 else acc2 + d * d
+            var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N
+            rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
+        else:
+            rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)
+
+        # pass 2: normalize, affine, store
+        for t in range_constexpr(NT):
+            idx = tid + t * BLOCK
+            x_e, x = xs[t]
+            y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+            if const_expr(w_dtype is not None):
+                y = y * load_param(Wt, w_dtype, idx)
+            if const_expr(b_dtype is not None):
+                y = y + load_param(Bs, b_dtype, idx)
+            y = y.to(edt) if const_expr(dtype_str != "f32") else y
+            if const_expr(valid[t] is not None):
+                if idx < NV:
+                    rc.store_vec(atom, VEC, edt, y, ov, idx)
+                    if const_expr(residual):
+                        rc.store_vec(atom, VEC, edt, x_e, sv, idx)
+            else:
+                rc.store_vec(atom, VEC, edt, y, ov, idx)
+                if const_expr(residual):
+                    rc.store_vec(atom, VEC, edt, x_e, sv, idx)
+
+    @flyc.jit
+    def launch(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor, Sum: fx.Tensor,
+               m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        row_norm_kernel(X, R, Wt, Bs, Out, Sum).launch(grid=(m, 1, 1), block=(BLOCK, 1, 1), stream=stream)
+
+    return launch
+
+
+def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None):
+    """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view)."""
+    xr = x if rows_view is None else rows_view
+    rc.check_rows(op, xr)
+    if xr.stride(-1) != 1:
+        xr = xr.contiguous()
+    m, n = xr.shape
+    plen = n if affine == "row" else groups * (n // hw)
+    weight = rc.check_vector(op, weight, plen, "weight", x.device)
+    bias = rc.check_vector(op, bias, plen, "bias", x.device)
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor) or residual.shape != xr.shape or residual.dtype != xr.dtype:
+            got = (tuple(residual.shape), residual.dtype) if isinstance(residual, torch.Tensor) else type(residual)
+            raise ValueError(f"{op}: residual must match x's shape {tuple(xr.shape)} and dtype {xr.dtype}, "
+                             f"got {got}")
+        rc.check_rows(op, residual, "residual")
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
+    out = torch.empty((m, n), dtype=xr.dtype, device=xr.device)
+    total = torch.empty((m, n), dtype=xr.dtype, device=xr.device) if residual is not None else None
+    if m == 0 or n == 0:
+        return out, total
+    row_tensors = [xr, out, residual, total]
+    vec = rc.pick_vec(n, xr.dtype, *row_tensors, *([weight, bias] if affine == "row" else []))
+    if affine == "channel":
+        while hw % vec:
+            vec //= 2
+    launch = build_row_norm(n, rc.DTYPES[xr.dtype], vec, kind, float(eps), rc.current_arch(),
+                            w_dtype=rc.DTYPES.get(weight.dtype) if weight is not None else None,
+                            b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None else None,
+                            residual=residual is not None, affine=affine, groups=groups, hw=hw)
+    dummy = xr
+    rc.launch(launch, xr, residual if residual is not None else dummy, weight if weight is not None else dummy,
+              bias if bias is not None else dummy, out, total if total is not None else out, m)
+    return out, total
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """LayerNorm over the last dim of a 2-D [M, N] x; returns a new contiguous tensor of x's dtype."""
+    return _run("layer_norm", x, None, weight, bias, eps, "layer")[0]
+
+
+def rms_norm(x, weight=None, eps=1e-6):
+    """RMSNorm over the last dim of a 2-D [M, N] x: x * rsqrt(mean(x^2) + eps) * weight."""
+    return _run("rms_norm", x, None, weight, None, eps, "rms")[0]
+
+
+def add_layer_norm(x, residual, weight, bias, eps):
+    """(x + residual, layer_norm(x + residual)) in one pass."""
+    out, total = _run("add_layer_norm", x, residual, weight, bias, eps, "layer")
+    return total, out
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(x + residual, rms_norm(x + residual)) in one pass."""
+    out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
+    return total, out
+
+
+def group_norm(x, num_groups, weight, bias, eps):
+    """GroupNorm of x [B, C, *spatial]: statistics per (sample, group), per-channel affine."""
+    op = "group_norm"
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"{op}: x must be a tensor [B, C, *spatial], got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    b, c = x.shape[0], x.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise ValueError(f"{op}: C={c} (shape {tuple(x.shape)}) is not divisible by num_groups={num_groups}")
+    hw = 1
+    for s in x.shape[2:]:
+        hw *= s
+    xc = x.contiguous()
+    rows = xc.view(b * num_groups, (c // num_groups) * hw)
+    out, _ = _run(op, xc, None, weight, bias, eps, "layer", affine="channel", groups=num_groups, hw=hw,
+                  rows_view=rows)
+    return out.view(x.shape)

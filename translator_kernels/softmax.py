@@ -1,0 +1,142 @@
+"""Softmax and log-softmax over the last dimension of a 2-D tensor.
+
+One workgroup per row (see row_common for the row plan). Numerically stable three-step form,
+all from registers: m = max(x); e = exp2((x - m) * log2e), s = sum(e); out = e / s, or for
+log-softmax out = (x - m) - ln(s). Statistics are fp32 whatever the input dtype. A row of all
+-inf gives m = -inf, x - m = NaN, hence NaN, as torch does. Out-of-row lanes of a partial tile
+take -inf for the max and 0 for the sum. No fast-math flags that assume finite values.
+"""
+
+import functools
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import const_expr, gpu, range_constexpr
+
+from . import row_common as rc
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+AFN = fx.arith.FastMathFlags.afn  # exp2 -> hardware v_exp_f32; keeps inf/NaN semantics
+
+
+@functools.lru_cache(maxsize=None)
+def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
+    """Compiled launcher `launch(x, out, m)` for rows of length `n` (arch keys the cache)."""
+    plan = rc.plan_row(n, vec)
+    if not rc.row_fits(plan):
+        raise ValueError(f"softmax: row length N={n} exceeds the register-resident limit "
+                         f"({rc.MAX_BLOCK * rc.MAX_ELEMS_PER_THREAD} elements)")
+    BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
+    PARTIAL = plan.partial
+    ebits = rc.elem_bits(dtype_str)
+
+    @fx.struct
+    class Scratch:
+        red_max: fx.Array[fx.Float32, W, 16]
+        red_sum: fx.Array[fx.Float32, W, 16]
+
+    kwargs = {"known_block_size": [BLOCK, 1, 1]} if BLOCK > 256 else {}
+
+    @flyc.kernel(**kwargs)
+    def softmax_kernel(X: fx.Tensor, Out: fx.Tensor):
+        row = fx.block_idx.x
+        tid = fx.thread_idx.x
+        edt = rc.elem_type(dtype_str)
+        atom = rc.copy_atom(VEC * ebits, ebits)
+        xv = rc.row_view(X, row, VEC)
+        ov = rc.row_view(Out, row, VEC)
+
+        def block_allreduce(val, op, slots):
+            w = rc.wave_allreduce(val, op)
+            if const_expr(W == 1):
+                return w
+            lane = tid % rc.WAVE
+            wave = tid // rc.WAVE
+            if lane == 0:
+                fx.memref_store(w, slots, wave)
+            gpu.barrier()
+            r = fx.memref_load(slots, 0)
+            for i in range_constexpr(1, W):
+                v = fx.memref_load(slots, i)
+                r = fx.max(r, v) if op == "max" else r + v
+            return r
+
+        lds = fx.SharedAllocator().allocate(Scratch).peek()
+        s_max = lds.red_max.view(fx.make_layout(W, 1))
+        s_sum = lds.red_sum.view(fx.make_layout(W, 1))
+
+        neg_inf = fx.Float32(float("-inf"))
+        zero = fx.Float32(0.0)
+
+        xs = []
+        valid = []
+        tmax = None
+        for t in range_constexpr(NT):
+            idx = tid + t * BLOCK
+            if const_expr(PARTIAL and t == NT - 1):
+                ok = idx < NV
+                idx_safe = ok.select(idx, 0)
+                x = rc.load_vec(atom, VEC, edt, xv, idx_safe).to(fx.Float32)
+                x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, neg_inf)
+                valid.append(ok)
+            else:
+                x = rc.load_vec(atom, VEC, edt, xv, idx).to(fx.Float32)
+                valid.append(None)
+            xs.append(x)
+            tmax = x if t == 0 else fx.max(tmax, x)
+        rmax = block_allreduce(rc.lane_max(tmax, VEC), "max", s_max)
+
+        tsum = None
+        es = []
+        for t in range_constexpr(NT):
+            # masked lanes hold -inf: exp2(-inf) = 0 unless the whole row is -inf (then NaN,
+            # which only reaches lanes that are never stored)
+            d = xs[t] - rmax
+            e = fx.math.exp2(d * LOG2E, fastmath=AFN)
+            if const_expr(valid[t] is not None):
+                e = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(e, zero)
+            es.append(e)
+            if const_expr(log):
+                xs[t] = d
+            tsum = e if t == 0 else tsum + e
+        rsum = block_allreduce(rc.lane_sum(tsum, VEC), "sum", s_sum)
+
+        if const_expr(log):
+            # rocdl.log is v_log_f32 (log2); math.log2 would need the ocml device library
+            shift = fx.Float32(fx.rocdl.log(fx.Float32.ir_type, fx.Float32(rsum).ir_value())) * LN2
+        else:
+            inv = 1.0 / rsum
+        for t in range_constexpr(NT):
+            idx = tid + t * BLOCK
+            y = xs[t] - shift if const_expr(log) else es[t] * inv
+            y = y.to(edt) if const_expr(dtype_str != "f32") else y
+            if const_expr(valid[t] is not None):
+                if idx < NV:
+                    rc.store_vec(atom, VEC, edt, y, ov, idx)
+            else:
+                rc.store_vec(atom, VEC, edt, y, ov, idx)
+
+    @flyc.jit
+    def launch(X: fx.Tensor, Out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        softmax_kernel(X, Out).launch(grid=(m, 1, 1), block=(BLOCK, 1, 1), stream=stream)
+
+    return launch
+
+
+def softmax(x: torch.Tensor, *, log: bool = False) -> torch.Tensor:
+    """softmax(x, dim=-1) (or log_softmax) of a 2-D tensor, as a new contiguous tensor."""
+    op = "log_softmax" if log else "softmax"
+    rc.check_rows(op, x)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, n = x.shape
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    vec = rc.pick_vec(n, x.dtype, x, out)
+    launch = build_softmax(n, rc.DTYPES[x.dtype], vec, bool(log), rc.current_arch())
+    rc.launch(launch, x, out, m)
+    return out
