@@ -1,0 +1,14 @@
+"""flydsl-translator: make a PyTorch model's hot ops run as FlyDSL kernels on AMD Instinct GPUs.
+
+    import translator
+    tm = translator.translate(model, (x,), arch="gfx942", backend="auto")
+    y = tm(x); print(tm.report.headline())
+"""
+
+from .errors import (BackendError, CaptureError, InputError, ShapeError, StrictError,  # noqa: F401
+                     TranslatorError, VerificationError)
+from .api import TranslatedModule, translate  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = ["translate", "TranslatedModule", "TranslatorError", "InputError", "CaptureError", "StrictError",
+           "VerificationError", "ShapeError", "BackendError"]

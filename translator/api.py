@@ -1,0 +1,240 @@
+"""translate(): capture -> passes -> choose backend -> verify -> report.
+
+The user's model and inputs are never modified: a model in training mode is captured in
+eval mode and its modes are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import runtime
+from .capture import capture, check_inputs
+from .errors import InputError, ShapeError, StrictError, VerificationError
+from .lowerings._common import PRECISIONS, LowerCtx, static_int
+from .passes import run_pipeline
+from .registry import BY_DESIGN, FAMILIES, load_all
+from .report import LAYOUT_OPS, Report, Row, describe_shapes, measure_flops, node_dtype, op_name
+from .verify import first_divergence, verify_outputs
+
+
+class TranslatedModule(torch.nn.Module):
+    """A translated model: a torch.fx.GraphModule whose hot ops are `torch.ops.flydsl.*`.
+
+    Calling it runs the graph with the FlyDSL ops on `self.backend` (rocm | flysim |
+    reference); `.report` says what runs where; `.code` is the graph as readable Python.
+    """
+
+    def __init__(self, gm, backend: str, arch: str, report: Report, input_spec):
+        super().__init__()
+        self.gm = gm
+        self.backend = backend
+        self.arch = arch
+        self.report = report
+        self._input_spec = input_spec  # per input: None, or [(dim, static size or None)]
+        self.last_launches: list = []
+
+    @property
+    def code(self) -> str:
+        return self.gm.code
+
+    def forward(self, *args):
+        self._check(args)
+        with runtime.use_backend(self.backend, self.arch) as st:
+            out = self.gm(*args)
+        self.last_launches = st.launches
+        return out
+
+    def _check(self, args):
+        if len(args) != len(self._input_spec):
+            raise ShapeError(f"the translated model takes {len(self._input_spec)} inputs, got {len(args)}")
+        for i, (a, spec) in enumerate(zip(args, self._input_spec)):
+            if spec is None:
+                continue
+            if not isinstance(a, torch.Tensor):
+                raise ShapeError(f"input {i} must be a tensor, got {type(a).__name__}")
+            if a.dim() != len(spec):
+                raise ShapeError(f"input {i} has {a.dim()} dims, the model was translated for {len(spec)}")
+            for d, size in enumerate(spec):
+                if size is not None and a.shape[d] != size:
+                    raise ShapeError(
+                        f"input {i} dim {d} is {a.shape[d]}, but this translation serves only {size} there "
+                        f"(torch.export specialized that dim while capturing); translate again with an example "
+                        f"input of the size you need")
+
+
+def _input_spec(gm):
+    spec = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        spec.append([static_int(s) for s in v.shape] if isinstance(v, torch.Tensor) else None)
+    return spec
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, t in modes:
+            m.training = t
+
+
+def _validate(model, arch, backend, precision):
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if arch not in runtime.ARCHS:
+        raise InputError(f"arch {arch!r} is not supported; choose one of {', '.join(runtime.ARCHS)}")
+    if backend not in ("auto", *runtime.BACKENDS):
+        raise InputError(f"backend {backend!r} is not one of auto, {', '.join(runtime.BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+
+
+def choose_backend(requested: str, families_used: set[str]) -> tuple[str, str]:
+    if requested == "rocm":
+        if not runtime.rocm_gpu_present():
+            raise InputError("backend='rocm' needs an AMD GPU visible to a ROCm build of torch, and none is; "
+                             "use backend='flysim' (interpreter) or 'reference'")
+        return "rocm", "requested"
+    if requested == "flysim":
+        why = runtime.flysim_available()
+        if why:
+            raise InputError(f"backend='flysim' cannot run here: {why}")
+        return "flysim", "requested"
+    if requested == "reference":
+        return "reference", "requested"
+    if runtime.rocm_gpu_present():
+        return "rocm", "auto: a ROCm GPU is present"
+    missing = sorted(f for f in families_used if not FAMILIES[f].kernel_available())
+    why = runtime.flysim_available()
+    if not missing and not why and families_used:
+        return "flysim", "auto: no ROCm GPU; every FlyDSL op in this model has a kernel, run by flysim"
+    if not families_used:
+        return "reference", "auto: nothing was lowered to a FlyDSL op"
+    if missing:
+        return "reference", f"auto: no ROCm GPU, and no kernel has landed yet for {', '.join(missing)}"
+    return "reference", f"auto: no ROCm GPU, and {why}"
+
+
+def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "auto", precision: str = "fp32",
+              verify: bool = True, strict: bool = False, fallback_on_mismatch: bool = False,
+              name: str | None = None) -> TranslatedModule:
+    """Translate `model` so its hot ops run as FlyDSL ops; verify against eager; report.
+
+    arch: gfx942 (MI300X) | gfx950 (MI350X/MI355X). backend: auto | rocm | flysim | reference.
+    precision: fp32 keeps the model's dtypes; bf16 / fp16 run fp32 FlyDSL ops in that dtype.
+    strict: raise StrictError if any compute op stays in PyTorch or runs only as a reference.
+    fallback_on_mismatch: return each diverging FlyDSL node to PyTorch and re-verify.
+    """
+    _validate(model, arch, backend, precision)
+    inputs = check_inputs(example_inputs)
+    load_all()
+    deny: dict = {}
+    fallbacks: list = []
+    with _eval_mode(model):
+        while True:
+            tm = _translate_once(model, inputs, arch, backend, precision, deny, name)
+            tm.report.verification.fallbacks = list(fallbacks)
+            if not verify:
+                break
+            _verify(model, inputs, tm, precision)
+            v = tm.report.verification
+            if v.passed or not fallback_on_mismatch or v.divergence is None:
+                break
+            d = v.divergence
+            reason = (f"returned to PyTorch: verification mismatch (max abs err {d.max_abs:.3g}, "
+                      f"max rel err {d.max_rel:.3g})")
+            fallbacks.append({"node": d.node, "op": d.op, "reason": reason})
+            deny[d.replaces] = reason
+    if strict:
+        bad = [f"{r.node} ({r.op}): {r.detail}" for r in tm.report.rows
+               if r.where != "flydsl-kernel" and not r.detail.startswith("view/layout op")]
+        if bad:
+            raise StrictError("strict=True, but these ops do not run as FlyDSL kernels:\n  " + "\n  ".join(bad))
+    return tm
+
+
+def _translate_once(model, inputs, arch, backend, precision, deny, name) -> TranslatedModule:
+    cap = capture(model, inputs)
+    gm = cap.gm
+    flat_inputs = pytree.tree_leaves(inputs)
+    snapshot = [(n.meta["orig_name"], op_name(n), describe_shapes(n), node_dtype(n), n.target)
+                for n in gm.graph.nodes if n.op == "call_function"]
+    flops = measure_flops(gm, flat_inputs)
+    ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
+    pass_counts = run_pipeline(ctx)
+    used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
+    chosen, why = choose_backend(backend, used)
+    report = Report(model=name or type(model).__name__, arch=arch, backend=chosen, backend_reason=why,
+                    precision=precision, capture=cap.method, capture_notes=cap.notes, counters=dict(ctx.counters),
+                    pass_counts=pass_counts, dynamic_dims=cap.dynamic_dims)
+    report.rows = _rows(gm, snapshot, flops, ctx, chosen)
+    return TranslatedModule(gm, chosen, arch, report, _input_spec(gm))
+
+
+def _rows(gm, snapshot, flops, ctx, backend):
+    absorbed = {}
+    for n in gm.graph.nodes:
+        info = n.meta.get("flydsl")
+        if info:
+            for s in info["sources"]:
+                absorbed[s] = info
+    rows = []
+    for name, op, shapes, dtype, target in snapshot:
+        f = flops.get(name, 0)
+        if name in absorbed:
+            info = absorbed[name]
+            fam = FAMILIES[info["family"]]
+            head = f"flydsl.{fam.name} [{info['lowering']}]"
+            if fam.kernel_available() and backend != "reference":
+                rows.append(Row(name, op, shapes, dtype, "flydsl-kernel", f"{head} — FlyDSL kernel {fam.kernel_entry}", f))
+            elif not fam.kernel_available():
+                rows.append(Row(name, op, shapes, dtype, "flydsl-reference",
+                                f"{head} — torch reference (FlyDSL kernel not landed yet)", f))
+            else:
+                rows.append(Row(name, op, shapes, dtype, "flydsl-reference", f"{head} — torch reference (backend=reference)", f))
+            continue
+        packet = getattr(target, "overloadpacket", None)
+        short = op.split(".")[-1]
+        if packet in BY_DESIGN:
+            detail = "kept in PyTorch by design"
+        elif name in ctx.reasons:
+            detail = ctx.reasons[name]
+        elif short in LAYOUT_OPS or short.startswith("sym_"):
+            detail = "view/layout op (no arithmetic)"
+        else:
+            detail = f"no FlyDSL lowering for {op} yet"
+        rows.append(Row(name, op, shapes, dtype, "pytorch", detail, f))
+    return rows
+
+
+def _verify(model, inputs, tm: TranslatedModule, precision):
+    with torch.no_grad():
+        eager = model(*inputs)
+        try:
+            got = tm(*inputs)
+        except Exception as e:  # a kernel failing at run time is a verification failure, with its cause
+            from .verify import Verification
+
+            tm.report.verification = Verification(True, False, message=f"translated model raised {type(e).__name__}: {e}")
+            return
+    v = verify_outputs(eager, got, precision)
+    if not v.passed:
+        try:
+            ref = capture(model, inputs).gm
+            v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
+                                            lambda: runtime.use_backend(tm.backend, tm.arch))
+        except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands
+            v.message += f" (could not localize the divergence: {type(e).__name__}: {e})"
+    tm.report.verification = v
+
+
+__all__ = ["translate", "TranslatedModule", "VerificationError"]

@@ -1,0 +1,96 @@
+"""Capture: nn.Module + example inputs -> torch.fx.GraphModule with fake-tensor metadata.
+
+`torch.export.export` without core-aten decomposition keeps aten.linear,
+aten.scaled_dot_product_attention, aten.layer_norm, aten.softmax, aten.matmul, aten.gelu as
+single nodes. Every input dim is first offered as dynamic (`Dim.AUTO`): export keeps the
+dims the model allows to vary (batch, sequence) symbolic and specializes the rest; if that
+fails the capture is retried with static shapes, then with `torch.fx.symbolic_trace`
+(whose nodes get metadata from a ShapeProp run). Each step that fails is recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.export import Dim
+
+from .errors import CaptureError, InputError
+from .lowerings._common import static_int
+
+
+@dataclass
+class Captured:
+    gm: torch.fx.GraphModule
+    method: str  # "torch.export (dynamic dims)" | "torch.export (static)" | "torch.fx.symbolic_trace"
+    notes: list = field(default_factory=list)
+    dynamic_dims: list = field(default_factory=list)  # [(input index, dim)] captured as dynamic
+
+
+def check_inputs(example_inputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (list, tuple)):
+        raise InputError(
+            f"example_inputs must be a tuple or list of tensors, got {type(example_inputs).__name__}; "
+            "pass e.g. (torch.randn(2, 16),)"
+        )
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, (torch.Tensor, int, float, bool)) and x is not None:
+            raise InputError(
+                f"example input {i} is a {type(x).__name__}; only tensors and Python scalars are supported "
+                "as positional inputs"
+            )
+    return tuple(example_inputs)
+
+
+def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
+    notes = []
+    dyn = tuple({i: Dim.AUTO for i in range(x.dim())} if isinstance(x, torch.Tensor) else None for x in inputs)
+    for label, shapes in (("torch.export (dynamic dims)", dyn), ("torch.export (static)", None)):
+        try:
+            ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
+            gm = ep.module()
+            _tag(gm)
+            dims = _dynamic_dims(gm)
+            return Captured(gm, label, notes, dims)
+        except Exception as e:  # noqa: BLE001 — every failure is recorded and the next method tried
+            notes.append(f"{label} failed: {type(e).__name__}: {_first_line(e)}")
+    try:
+        gm = torch.fx.symbolic_trace(model)
+        from torch.fx.passes.shape_prop import ShapeProp
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        ShapeProp(gm, fake_mode=mode).propagate(*[mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                                                  for x in inputs])
+        for n in gm.graph.nodes:
+            tm = n.meta.get("tensor_meta")
+            if tm is not None and "val" not in n.meta:
+                n.meta["val"] = torch.empty(tm.shape, dtype=tm.dtype, device="meta")
+        _tag(gm)
+        return Captured(gm, "torch.fx.symbolic_trace", notes, [])
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"torch.fx.symbolic_trace failed: {type(e).__name__}: {_first_line(e)}")
+    raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes))
+
+
+def _tag(gm):
+    """Remember every node's captured name: the report and verification key on it."""
+    for n in gm.graph.nodes:
+        n.meta["orig_name"] = n.name
+
+
+def _dynamic_dims(gm):
+    out = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            out += [(i, d) for d, s in enumerate(v.shape) if static_int(s) is None]
+    return out
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else ""

@@ -1,0 +1,118 @@
+"""Attention family: `flydsl.attention(q, k, v, mask, causal, scale)` — fused flash attention.
+
+q [B, H, Sq, D], k / v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA served without
+repeating K/V), mask None or an additive float / boolean (True = keep) tensor broadcastable
+to [B, H, Sq, Sk], causal with torch's top-left convention, scale default 1/sqrt(D).
+
+Forms matched (where they appear):
+- ``aten.scaled_dot_product_attention`` — F.scaled_dot_product_attention in HF "sdpa"
+  attention (BERT, GPT-2, Llama, ViT), nn.MultiheadAttention's fast path, timm, nanoGPT's
+  flash branch. dropout_p must be 0 (eval); otherwise it stays in PyTorch with that reason.
+Hand-written attention (q @ kᵀ, mask, softmax, @ v) arrives with the attention issue.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, dtype_of, dtype_reason, is_static, shape_of
+
+HEAD_DIMS = (32, 64, 80, 96, 128, 256)
+
+
+@torch.library.custom_op("flydsl::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+              causal: bool, scale: Optional[float]) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale)
+
+
+@attention.register_fake
+def _(q, k, v, mask, causal, scale):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def ref_attention(q, k, v, mask, causal, scale):
+    h, hkv = q.shape[1], k.shape[1]
+    if hkv != h:
+        k = k.repeat_interleave(h // hkv, dim=1)
+        v = v.repeat_interleave(h // hkv, dim=1)
+    m = mask.float() if mask is not None and mask.dtype != torch.bool else mask
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal, scale=scale)
+    return out.to(q.dtype)
+
+
+def kernel_attention(q, k, v, mask, causal, scale):
+    from translator_kernels.attention import attention as run
+
+    return run(q, k, v, mask=mask, causal=causal, scale=scale)
+
+
+def _sample(dt):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 17, 64, generator=g).to(dt)
+    kv = torch.randn(1, 2, 17, 64, generator=g).to(dt)
+    return (q, kv, kv.clone(), None, True, None)
+
+
+register_family(OpFamily(
+    name="attention", description="flash attention forward (online softmax), causal / masked / GQA",
+    reference=ref_attention, kernel=kernel_attention, kernel_entry="translator_kernels.attention:attention",
+    sample_inputs=_sample,
+))
+
+
+def _arg(node, i, name, default):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def sdpa_supported(node, ctx):
+    q, k, v = node.args[:3]
+    mask = _arg(node, 3, "attn_mask", None)
+    if _arg(node, 4, "dropout_p", 0.0) != 0.0:
+        return f"dropout_p={_arg(node, 4, 'dropout_p', 0.0)} (training-mode dropout is not fused; only 0 is)"
+    for t, nm in ((q, "query"), (k, "key"), (v, "value")):
+        r = dtype_reason(t, nm)
+        if r:
+            return r
+    if not (dtype_of(q) == dtype_of(k) == dtype_of(v)):
+        return "query/key/value dtypes differ"
+    if not (len(shape_of(q)) == len(shape_of(k)) == len(shape_of(v)) == 4):
+        return "query/key/value are not 4-D [batch, heads, seq, head_dim]"
+    d = shape_of(q)[-1]
+    if not is_static(d, shape_of(k)[1], shape_of(q)[1]):
+        return "head count or head_dim is dynamic"
+    if d not in HEAD_DIMS or shape_of(v)[-1] != d:
+        return f"head_dim={d} (value head_dim {shape_of(v)[-1]}) is not one of {HEAD_DIMS}"
+    h, hkv = shape_of(q)[1], shape_of(k)[1]
+    if h % hkv:
+        return f"{h} query heads are not a multiple of {hkv} key/value heads"
+    if hkv != h and not _arg(node, 7, "enable_gqa", False):
+        return "key/value head count differs from query's without enable_gqa"
+    if mask is not None:
+        if dtype_of(mask) not in (torch.bool, dtype_of(q), torch.float32):
+            return f"attn_mask dtype {dtype_of(mask)} is not bool or the query's float dtype"
+        if len(shape_of(mask)) > 4:
+            return "attn_mask has more than 4 dims"
+    return None
+
+
+def lower_sdpa(node, ctx):
+    q, k, v = node.args[:3]
+    mask = _arg(node, 3, "attn_mask", None)
+    causal = bool(_arg(node, 5, "is_causal", False))
+    scale = _arg(node, 6, "scale", None)
+    args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
+            None if scale is None else float(scale))
+    return ctx.replace(node, "attention", "sdpa", args, [node])
+
+
+register_lowering(Lowering("sdpa", "attention", (aten.scaled_dot_product_attention.default,),
+                           sdpa_supported, lower_sdpa, doc="F.scaled_dot_product_attention"))

@@ -1,0 +1,259 @@
+"""GEMM family: linear layers and matmuls -> `flydsl.gemm` / `flydsl.bmm`.
+
+`flydsl.gemm(a, w, n, k, bias, activation, residual, scale)` computes
+``act(scale * a @ W.T + bias) + residual`` for ``a[..., k]`` and a weight ``W[n, k]`` that was
+preshuffled once at translate time (translator_kernels.preshuffle: the layout lives there,
+next to the kernel). The reference un-shuffles it, so the layout is exercised even when
+only the reference runs. `flydsl.bmm(a, b)` multiplies two activations
+(``a[..., m, k] @ b[..., k, n]`` with broadcast batch dims): attention scores, einsum.
+
+Forms matched (where they appear):
+- ``aten.linear(x, W, b)`` — every nn.Linear (MLPs, attention projections, LM heads).
+- ``aten.addmm(b, x, W.t())`` / ``aten.mm(x, W.t())`` — 2-D linears as older code and
+  HF Conv1D (GPT-2) write them: ``torch.addmm(bias, x.view(-1, nx), weight)``.
+- ``aten.matmul(x, W)`` with a parameter W — hand-written projections ``x @ self.W``.
+- ``aten.matmul`` / ``aten.bmm`` of two activations — ``q @ k.transpose(-2, -1)`` and
+  ``att @ v`` in hand-written attention (nanoGPT, HF eager) when not fused as attention.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from translator_kernels.preshuffle import shuffle_weight, unshuffle_weight
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, dtype_of, dtype_reason, is_static, shape_of
+
+ACTIVATIONS = {
+    None: lambda y: y,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+# ---- the ops ------------------------------------------------------------------------------
+@torch.library.custom_op("flydsl::gemm", mutates_args=())
+def gemm(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
+         activation: Optional[str], residual: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale)
+
+
+@gemm.register_fake
+def _(a, w, n, k, bias, activation, residual, scale):
+    return a.new_empty((*a.shape[:-1], n))
+
+
+@torch.library.custom_op("flydsl::bmm", mutates_args=())
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return dispatch("bmm", a, b)
+
+
+@bmm.register_fake
+def _(a, b):
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
+
+
+def ref_gemm(a, w, n, k, bias, activation, residual, scale):
+    wt = unshuffle_weight(w, n, k).float()
+    y = (a.float() @ wt.t()) * scale
+    if bias is not None:
+        y = y + bias.float()
+    y = ACTIVATIONS[activation](y)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(a.dtype)
+
+
+def ref_bmm(a, b):
+    return torch.matmul(a.float(), b.float()).to(a.dtype)
+
+
+def kernel_gemm(a, w, n, k, bias, activation, residual, scale):
+    from translator_kernels.gemm import gemm as run
+
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, k)
+    r2 = residual.reshape(-1, n) if residual is not None else None
+    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale)
+    return y.reshape(*lead, n)
+
+
+def kernel_bmm(a, b):
+    from translator_kernels.gemm import bmm as run
+
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a3 = a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b3 = b.expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    return run(a3, b3).reshape(*batch, a.shape[-2], b.shape[-1])
+
+
+def _sample_gemm(dtype):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 40, generator=g).to(dtype)
+    w = torch.randn(24, 40, generator=g).to(dtype)
+    return (a, shuffle_weight(w), 24, 40, torch.randn(24, generator=g).to(dtype), None, None, 1.0)
+
+
+register_family(OpFamily(
+    name="gemm", description="C = act(scale * A @ W.T + bias) + residual, W preshuffled",
+    reference=ref_gemm, kernel=kernel_gemm, kernel_entry="translator_kernels.gemm:gemm",
+    sample_inputs=_sample_gemm,
+    tolerance_overrides={torch.float32: (1e-4, 1e-4, "K-length fp32 sums in a different order than BLAS")},
+))
+register_family(OpFamily(
+    name="bmm", description="batched A @ B of two activations (broadcast batch dims)",
+    reference=ref_bmm, kernel=kernel_bmm, kernel_entry="translator_kernels.gemm:bmm",
+    sample_inputs=lambda dt: (torch.randn(2, 7, 16).to(dt), torch.randn(2, 16, 9).to(dt)),
+    tolerance_overrides={torch.float32: (1e-4, 1e-4, "K-length fp32 sums in a different order than BLAS")},
+))
+
+
+# ---- support checks and rewrites -------------------------------------------------------------
+def _weight_nk(node, ctx) -> torch.Tensor | None:
+    """W[N, K] when `node` is a parameter used as the right operand (as [K, N] or via .t())."""
+    if node.op == "call_function" and node.target in (aten.t.default, aten.numpy_T.default):
+        c = ctx.constant(node.args[0])
+        return c if c is not None and c.dim() == 2 else None
+    if node.op == "call_function" and node.target is aten.transpose.int:
+        c = ctx.constant(node.args[0])
+        if c is not None and c.dim() == 2:
+            return c
+        return None
+    c = ctx.constant(node)
+    return c.t() if c is not None and c.dim() == 2 else None
+
+
+def _gemm_reason(x, w: torch.Tensor | None) -> str | None:
+    r = dtype_reason(x)
+    if r:
+        return r
+    if w is None:
+        return None
+    if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"weight dtype {str(w.dtype).replace('torch.', '')} is not supported (float32/bfloat16/float16)"
+    if w.dtype != dtype_of(x):
+        return f"weight dtype {w.dtype} differs from activation dtype {dtype_of(x)}"
+    if not is_static(shape_of(x)[-1]):
+        return "K (the reduction dim) is dynamic; the GEMM needs it at translate time"
+    return None
+
+
+def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources):
+    n, k = w_nk.shape
+    ws = shuffle_weight(ctx.cast_const(w_nk.detach()))
+    w_node = ctx.add_constant(ws, "w", node)
+    b = bias_node
+    if b is not None and ctx.precision != "fp32":
+        c = ctx.constant(b)
+        b = ctx.add_constant(ctx.cast_const(c), "b", node) if c is not None else ctx.cast_in(b, node)
+    xin = ctx.cast_in(x, node)
+    return ctx.replace(node, "gemm", lowering, (xin, w_node, n, k, b, None, None, 1.0), sources)
+
+
+def linear_supported(node, ctx):
+    x, w = node.args[0], node.args[1]
+    wt = ctx.constant(w)
+    if wt is None:
+        return "weight is computed at run time, not a parameter (no translate-time preshuffle)"
+    if wt.dim() != 2:
+        return f"weight has {wt.dim()} dims, expected [N, K]"
+    if len(shape_of(x)) < 1:
+        return "input is a scalar"
+    return _gemm_reason(x, wt)
+
+
+def lower_linear(node, ctx):
+    x, w = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    return _emit_gemm(node, ctx, x, ctx.constant(w), bias, "linear", [node])
+
+
+def addmm_supported(node, ctx):
+    bias, x, m2 = node.args[:3]
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return "addmm with beta/alpha other than 1"
+    w = _weight_nk(m2, ctx)
+    if w is None:
+        return "right operand is not a parameter; addmm of two activations stays in PyTorch"
+    if shape_of(bias) not in ((w.shape[0],), (1, w.shape[0])):
+        return f"bias of shape {shape_of(bias)} is not a per-column [N] bias"
+    return _gemm_reason(x, w)
+
+
+def lower_addmm(node, ctx):
+    bias, x, m2 = node.args[:3]
+    srcs = [node] + ([m2] if m2.op == "call_function" and len(m2.users) == 1 else [])
+    return _emit_gemm(node, ctx, x, _weight_nk(m2, ctx), bias, "addmm", srcs)
+
+
+def mm_supported(node, ctx):
+    a, b = node.args[:2]
+    w = _weight_nk(b, ctx)
+    return _gemm_reason(a, w) or (None if w is not None else _bmm_reason(a, b))
+
+
+def lower_mm(node, ctx):
+    a, b = node.args[:2]
+    w = _weight_nk(b, ctx)
+    if w is not None:
+        srcs = [node] + ([b] if b.op == "call_function" and len(b.users) == 1 else [])
+        return _emit_gemm(node, ctx, a, w, None, "mm", srcs)
+    return ctx.replace(node, "bmm", "mm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+
+
+def _bmm_reason(a, b):
+    r = dtype_reason(a, "left operand") or dtype_reason(b, "right operand")
+    if r:
+        return r
+    if dtype_of(a) != dtype_of(b):
+        return f"operand dtypes differ ({dtype_of(a)} vs {dtype_of(b)})"
+    if len(shape_of(a)) < 2 or len(shape_of(b)) < 2:
+        return "matmul with a 1-D operand (a matrix-vector product) stays in PyTorch"
+    if len(shape_of(a)) > 4 or len(shape_of(b)) > 4:
+        return "matmul operands with more than 4 dims"
+    return None
+
+
+def bmm_supported(node, ctx):
+    return _bmm_reason(*node.args[:2])
+
+
+def lower_bmm(node, ctx):
+    a, b = node.args[:2]
+    return ctx.replace(node, "bmm", "bmm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+
+
+def matmul_supported(node, ctx):
+    a, b = node.args[:2]
+    w = ctx.constant(b)
+    if w is not None and w.dim() == 2:
+        return _gemm_reason(a, w.t())
+    return _bmm_reason(a, b)
+
+
+def lower_matmul(node, ctx):
+    a, b = node.args[:2]
+    w = ctx.constant(b)
+    if w is not None and w.dim() == 2:
+        return _emit_gemm(node, ctx, a, w.t(), None, "matmul", [node])
+    return ctx.replace(node, "bmm", "matmul", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+
+
+register_lowering(Lowering("linear", "gemm", (aten.linear.default,), linear_supported, lower_linear,
+                           doc="aten.linear with a parameter weight"))
+register_lowering(Lowering("addmm", "gemm", (aten.addmm.default,), addmm_supported, lower_addmm,
+                           doc="addmm(bias, x, W.t()) with a parameter weight"))
+register_lowering(Lowering("mm", "gemm", (aten.mm.default,), mm_supported, lower_mm,
+                           doc="mm with a parameter (gemm) or activation (bmm) right operand"))
+register_lowering(Lowering("matmul", "gemm", (aten.matmul.default,), matmul_supported, lower_matmul,
+                           doc="matmul 2-D/3-D/4-D: parameter right operand -> gemm, activations -> bmm"))
+register_lowering(Lowering("bmm", "bmm", (aten.bmm.default,), bmm_supported, lower_bmm,
+                           doc="bmm of two activations"))

@@ -1,0 +1,32 @@
+"""The pass pipeline: one flat, ordered list of named passes.
+
+Each pass takes a `LowerCtx`, rewrites `ctx.gm.graph` in place, keeps `node.meta["val"]`
+correct, and returns how many rewrites it made. Per-pattern counters accumulate in
+`ctx.counters` (tests assert them); reasons a node was not lowered go to `ctx.reasons`.
+"""
+
+from __future__ import annotations
+
+from .cleanup import cleanup
+from .lower import lower_stage
+
+PIPELINE = [
+    # hand-written forms are matched first (they consume the nodes the canonical rules would take)
+    ("fuse_patterns", lambda ctx: lower_stage(ctx, "fuse")),
+    ("lower_canonical", lambda ctx: lower_stage(ctx, "lower")),
+    ("fuse_epilogues", lambda ctx: lower_stage(ctx, "epilogue")),
+    ("cleanup", cleanup),
+]
+
+
+def run_pipeline(ctx) -> dict:
+    """Run every pass in order; returns {pass name: rewrite count}."""
+    from ..registry import load_all
+
+    load_all()
+    counts = {}
+    for name, fn in PIPELINE:
+        counts[name] = fn(ctx)
+        ctx.gm.graph.lint()
+    ctx.gm.recompile()
+    return counts

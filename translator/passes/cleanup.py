@@ -1,0 +1,32 @@
+"""Cleanup: drop dead nodes and the parameters no node reads any more (e.g. a weight
+whose preshuffled copy replaced it), so the translated module holds each weight once."""
+
+from __future__ import annotations
+
+
+def cleanup(ctx) -> int:
+    g = ctx.gm.graph
+    before = len(g.nodes)
+    g.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_module" or n.is_impure())
+    used = {n.target for n in g.nodes if n.op == "get_attr"}
+    removed = 0
+    for name, _ in list(ctx.gm.named_parameters()) + list(ctx.gm.named_buffers()):
+        if name not in used and _delete(ctx.gm, name):
+            removed += 1
+    return before - len(g.nodes) + removed
+
+
+def _delete(gm, qualname) -> bool:
+    *path, leaf = qualname.split(".")
+    mod = gm
+    for p in path:
+        mod = getattr(mod, p, None)
+        if mod is None:
+            return False
+    if leaf in getattr(mod, "_parameters", {}):
+        del mod._parameters[leaf]
+        return True
+    if leaf in getattr(mod, "_buffers", {}):
+        del mod._buffers[leaf]
+        return True
+    return False

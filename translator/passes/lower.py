@@ -1,0 +1,41 @@
+"""The generic lowering pass: apply every registered lowering of one stage.
+
+For each node whose target a lowering inspects: a node the user (or verification's
+fallback) pinned to PyTorch stays; else the lowering's support check runs on fake-tensor
+metadata; None means rewrite, a string is the reason the report quotes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import lowerings_for
+
+
+def lower_stage(ctx, stage: str) -> int:
+    rules = lowerings_for(stage)
+    if not rules:
+        return 0
+    count = 0
+    for node in list(ctx.gm.graph.nodes):
+        if node.op != "call_function" or node.graph is not ctx.gm.graph or _erased(node):
+            continue
+        for rule in rules:
+            if node.target not in rule.targets:
+                continue
+            name = node.meta.get("orig_name", node.name)
+            if name in ctx.deny:
+                ctx.not_lowered(node, ctx.deny[name])
+                break
+            reason = rule.supported(node, ctx)
+            if reason:
+                ctx.not_lowered(node, f"{rule.name}: {reason}")
+                continue
+            rule.rewrite(node, ctx)
+            count += 1
+            break
+    return count
+
+
+def _erased(node: torch.fx.Node) -> bool:
+    return getattr(node, "_erased", False)
