@@ -1,0 +1,183 @@
+"""simulate(): run ``@flyc.jit`` launchers under the interpreter.
+
+Inside the context, FlyDSL compiles with a backend registered under the name
+``rocm`` (so ``flydsl.extension`` traces the same implementations the GPU
+runs) whose pipeline stops after ``convert-fly-to-rocdl`` + ``canonicalize``,
+where scf control flow remains. ``COMPILE_ONLY=1`` keeps FlyDSL from building
+an execution engine; the disk cache is switched off so a truncated artifact is
+never stored or confused with a real one. The in-memory cache of a JitFunction
+is keyed by target arch and pipeline text, so gfx942 and gfx950 artifacts (and
+real vs simulated ones) never collide.
+
+A launcher call then: traces + compiles (FlyDSL's own code), packs the
+arguments with FlyDSL's own C-ABI fills, decodes the stored module once into
+closures, and interprets the host function (arith + gpu.launch_func).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+import torch
+
+from . import toolchain
+from .errors import SimulationError
+
+_state = threading.local()
+_LAST = [None]
+
+
+def _sim():
+    return getattr(_state, "sim", None)
+
+
+def last_launch():
+    """The launch record of the most recent simulated kernel launch (any session), or None."""
+    return _LAST[0]
+
+
+def _make_backend_class():
+    from flydsl.compiler.backends.rocm import RocmBackend
+
+    class FlysimRocmBackend(RocmBackend):
+        """RocmBackend whose pipeline stops where scf control flow is still present."""
+
+        def pipeline_fragments(self, *, compile_hints):
+            pre, _binary = self._pipeline_parts(compile_hints=compile_hints)
+            stop = pre.index("convert-fly-to-rocdl")
+            assert pre[stop + 1] == "canonicalize"
+            return pre[: stop + 2]
+
+        def external_binary_pipeline_fragments(self, *, compile_hints):
+            return self.pipeline_fragments(compile_hints=compile_hints), ""
+
+        def hash(self):
+            return f"flysim:{self.target}"
+
+    return FlysimRocmBackend
+
+
+class Simulation:
+    """One simulate() session: its arch, options and the launches it ran."""
+
+    def __init__(self, arch, device, check_races, strict_oob):
+        self.arch = arch
+        self.device = torch.device(device) if device is not None else None
+        self.check_races = check_races
+        self.strict_oob = strict_oob
+        self.launches = []
+
+    @property
+    def last(self):
+        return self.launches[-1] if self.launches else None
+
+
+_CACHE_ENV = {"FLYDSL_RUNTIME_ENABLE_CACHE": "0", "FLYDSL_COMPILE_LLVM_DIR": "", "FLYDSL_KTRACE_ENABLE": "0"}
+
+
+@contextlib.contextmanager
+def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
+    """Run every ``@flyc.jit`` launcher called inside the block under flysim.
+
+    ``device``: where lane tensors live (default: the arguments' device).
+    ``check_races``: detect LDS races between waves. ``strict_oob``: raise on a
+    raw-pointer access outside every argument tensor (else count and warn).
+    """
+    from flydsl.compiler import backends as B
+    from flydsl.compiler import jit_function as JF
+
+    if _sim() is not None:
+        raise SimulationError("flysim.simulate() sessions do not nest")
+    sim = Simulation(arch, device, check_races, strict_oob)
+    old_env = toolchain.ensure_compile_env(arch)
+    old_env.update({k: os.environ.get(k) for k in _CACHE_ENV})
+    os.environ.update(_CACHE_ENV)
+    orig_backend = B._registry.get("rocm")
+    orig_call = JF.JitFunction.__call__
+    orig_compile = JF.MlirCompiler.__dict__["compile"]
+    B.register_backend("rocm", _make_backend_class(), force=True)
+    B._make_backend.cache_clear()
+
+    def compile_and_keep_locations(cls, asm, *, func_name, config):
+        module = orig_compile.__func__(cls, asm, func_name=func_name, config=config)
+        _state.compiled_asm = module.operation.get_asm(enable_debug_info=True)
+        return module
+
+    def call(self, *args, **kwargs):
+        from flydsl._mlir import ir
+
+        if ir.Context.current is not None or _sim() is None:
+            return orig_call(self, *args, **kwargs)
+        return _simulated_call(_sim(), self, args, kwargs)
+
+    JF.JitFunction.__call__ = call
+    JF.MlirCompiler.compile = classmethod(compile_and_keep_locations)
+    _state.sim = sim
+    try:
+        yield sim
+    finally:
+        _state.sim = None
+        JF.JitFunction.__call__ = orig_call
+        JF.MlirCompiler.compile = orig_compile
+        if orig_backend is not None:
+            B.register_backend("rocm", orig_backend, force=True)
+        B._make_backend.cache_clear()
+        toolchain.restore_env(old_env)
+
+
+def _simulated_call(sim, jf, args, kwargs):
+    from flydsl.compiler.jit_executor import build_abi_storage
+    from flydsl.compiler.jit_function import _build_call_spec
+
+    from .launch import program_for
+
+    _state.compiled_asm = None
+    jf._compile_or_execute(args, kwargs, execute=True)
+    artifact = jf._last_compiled[1]
+    if getattr(artifact, "_flysim_asm", None) is None:
+        if _state.compiled_asm is None:
+            raise SimulationError(f"FlyDSL returned a cached artifact flysim cannot read for {jf.func.__name__}")
+        artifact._flysim_asm = _state.compiled_asm
+        dump = os.environ.get("FLYSIM_DUMP_DIR")
+        if dump:
+            os.makedirs(dump, exist_ok=True)
+            with open(os.path.join(dump, f"{jf.func.__name__}_{sim.arch}.mlir"), "w") as fh:
+                fh.write(artifact._flysim_asm)
+    program = program_for(artifact, sim.arch)
+
+    bound_self, rest = jf._split_self(args)
+    bound = jf._sig.bind(*rest, **kwargs)
+    bound.apply_defaults()
+    jf._resolve_arguments(bound.arguments)
+    args_tuple = tuple(bound.arguments.values())
+    spec = _build_call_spec(jf._sig, args_tuple)
+    storages, _packed = build_abi_storage([ct for _i, ct, _f in spec])
+    raw = []
+    for (i, _ct, fill), s in zip(spec, storages):
+        if fill is not None:
+            fill(args_tuple[i], s)
+        raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
+    tensors = _collect_tensors(args_tuple)
+    records = program.run_host(raw, tensors, sim)
+    sim.launches.extend(records)
+    if records:
+        _LAST[0] = records[-1]
+    return None
+
+
+def _collect_tensors(values):
+    out = []
+    for v in values:
+        t = getattr(v, "torch_tensor", None)
+        if isinstance(v, torch.Tensor):
+            t = v
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            for f in vars(v).values():
+                if isinstance(f, torch.Tensor) or hasattr(f, "torch_tensor"):
+                    out.extend(_collect_tensors([f]))
+    return out

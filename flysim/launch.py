@@ -1,0 +1,234 @@
+"""Programs (one per compiled artifact), the host function and kernel launches.
+
+The host function of a launcher holds only arith ops, ``gpu.launch_func`` and a
+return at this pipeline stage; it is interpreted with the same op table on
+uniform (0-d) values. Each ``gpu.launch_func`` builds the lanes of the launch:
+the block is padded to whole waves of 64, lane ``l`` is thread ``l % B`` of
+workgroup ``l // B``.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import SimulationError
+from .memory import GlobalMemory, LDS
+from .program import Decoder, Exec, loc_text, op, run_block
+from .types import tinfo
+
+WAVE = 64
+
+
+@dataclass
+class LaunchRecord:
+    """What one simulated kernel launch did."""
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    arch: str
+    counters: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    wall_s: float = 0.0
+    lane_ops: int = 0
+
+    def __repr__(self):
+        c = self.counters
+        return (
+            f"LaunchRecord({self.kernel} grid={self.grid} block={self.block} {self.arch} "
+            f"read={c.get('global_bytes_read')} written={c.get('global_bytes_written')} "
+            f"mfma={dict(c.get('mfma_by_kind', {}))} warnings={len(self.warnings)} {self.wall_s:.3f}s)"
+        )
+
+
+class ModuleInfo:
+    def __init__(self, device=None):
+        self.device = device
+        self.lds_globals = {}  # name -> (offset, size)
+        self.lds_size = 0
+
+
+class Kernel:
+    def __init__(self, name, func_op, info):
+        self.name = name
+        d = Decoder(name, info)
+        self.arg_slots, self.body = d.region(func_op.regions[0])
+        self.nregs = len(d.slots)
+        self.census = d.census
+
+
+class Program:
+    def __init__(self, asm, entry, arch):
+        from flydsl._mlir import ir
+        from flydsl.compiler.jit_function import _create_mlir_context
+
+        from . import ops_arith, ops_mem, ops_amd  # noqa: F401  (register ops)
+
+        self.arch = arch
+        self.info = ModuleInfo()
+        self.kernels = {}
+        with _create_mlir_context():
+            module = ir.Module.parse(asm)
+            host = None
+            for top in module.body.operations:
+                top = top.operation
+                if top.name == "gpu.module":
+                    mod_name = top.attributes["sym_name"].value
+                    for o in top.regions[0].blocks[0].operations:
+                        o = o.operation
+                        if o.name == "llvm.mlir.global":
+                            self._global(o)
+                    for o in top.regions[0].blocks[0].operations:
+                        o = o.operation
+                        if o.name == "gpu.func":
+                            name = o.attributes["sym_name"].value
+                            self.kernels[(mod_name, name)] = Kernel(name, o, self.info)
+                elif top.name == "func.func" and top.attributes["sym_name"].value == entry:
+                    host = top
+            if host is None:
+                raise SimulationError(f"host function {entry} not found in the compiled module")
+            d = Decoder(entry, self.info)
+            d.program = self
+            self.host_arg_types = [tinfo(str(a.type)) for a in host.regions[0].blocks[0].arguments]
+            self.host_args, self.host_body = d.region(host.regions[0])
+            self.host_nregs = len(d.slots)
+        self.entry = entry
+
+    def _global(self, o):
+        from flydsl._mlir import ir
+
+        gtype = ir.TypeAttr(o.attributes["global_type"]).value
+        ti = tinfo(str(gtype))
+        space = int(ir.IntegerAttr(o.attributes["addr_space"]).value) if "addr_space" in o.attributes else 0
+        if space != 3:
+            raise SimulationError(f"global {o.attributes['sym_name']} in address space {space} is not supported")
+        align = int(ir.IntegerAttr(o.attributes["alignment"]).value) if "alignment" in o.attributes else 16
+        off = (self.info.lds_size + align - 1) // align * align
+        self.info.lds_globals[o.attributes["sym_name"].value] = (off, ti.nbytes)
+        self.info.lds_size = off + ti.nbytes
+
+    def run_host(self, raw, tensors, sim):
+        device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
+        ex = Exec(self.entry, self.host_nregs, device)
+        ex.counting = False
+        ex.sim, ex.program, ex.tensors, ex.records = sim, self, tensors, []
+        for slot, ti, blob in zip(self.host_args, self.host_arg_types, raw):
+            ex.R[slot] = _decode_arg(blob, ti, device)
+        run_block(ex, self.host_body)
+        return ex.records
+
+
+def _decode_arg(blob, ti, device):
+    def take(ti, pos):
+        if ti.kind == "struct":
+            vals = []
+            for f in ti.fields:
+                v, pos = take(f, pos)
+                vals.append(v)
+            return tuple(vals), pos
+        if ti.kind == "token":
+            return None, pos
+        n = ti.nbytes
+        fmt = {1: "<b", 2: "<h", 4: "<i", 8: "<q"}[n]
+        v = struct.unpack_from(fmt, blob, pos)[0] if pos + n <= len(blob) else 0
+        if ti.is_float:
+            return torch.tensor(v, dtype={2: torch.int16, 4: torch.int32, 8: torch.int64}[n]).view(ti.dtype).to(device), pos + n
+        return torch.tensor(v, dtype=ti.dtype, device=device), pos + n
+
+    return take(ti, 0)[0]
+
+
+def program_for(artifact, arch):
+    progs = getattr(artifact, "_flysim_programs", None)
+    if progs is None:
+        progs = artifact._flysim_programs = {}
+    p = progs.get(arch)
+    if p is None:
+        p = progs[arch] = Program(artifact._flysim_asm, artifact._entry, arch)
+    return p
+
+
+@op("gpu.launch_func")
+def _launch_func(d, o):
+    from flydsl._mlir import ir
+
+    text = str(o.attributes["kernel"])  # @kernels::@name
+    mod_name, kname = [p.strip().lstrip("@") for p in text.split("::")]
+    seg = list(ir.DenseI32ArrayAttr(o.attributes["operandSegmentSizes"]))
+    names = ["asyncDependencies", "gridSizeX", "gridSizeY", "gridSizeZ", "blockSizeX", "blockSizeY", "blockSizeZ",
+             "clusterSizeX", "clusterSizeY", "clusterSizeZ", "dynamicSharedMemorySize", "kernelOperands", "asyncObject"]
+    groups, pos = {}, 0
+    slots = d.ins(o)
+    for n, c in zip(names, seg):
+        groups[n] = slots[pos:pos + c]
+        pos += c
+    outs = d.outs(o)
+    loc = loc_text(o.location)
+    program = d.program
+
+    def f(ex):
+        R = ex.R
+        grid = tuple(int(R[s[0]]) for s in (groups["gridSizeX"], groups["gridSizeY"], groups["gridSizeZ"]))
+        block = tuple(int(R[s[0]]) for s in (groups["blockSizeX"], groups["blockSizeY"], groups["blockSizeZ"]))
+        dyn = int(R[groups["dynamicSharedMemorySize"][0]]) if groups["dynamicSharedMemorySize"] else 0
+        args = [R[s] for s in groups["kernelOperands"]]
+        kernel = program.kernels[(mod_name, kname)]
+        rec = launch(kernel, program, grid, block, dyn, args, ex, loc)
+        ex.records.append(rec)
+        for k in outs:
+            R[k] = None
+
+    return f
+
+
+def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
+    sim = host.sim
+    t0 = time.perf_counter()
+    device = host.device
+    bsz = block[0] * block[1] * block[2]
+    bp = (bsz + WAVE - 1) // WAVE * WAVE
+    nwg = grid[0] * grid[1] * grid[2]
+    N = nwg * bp
+    if N == 0:
+        return LaunchRecord(kernel.name, grid, block, program.arch)
+    ex = Exec(kernel.name, kernel.nregs, device)
+    ex.counting = True
+    ex.arch = program.arch
+    ex.N, ex.nwg, ex.bsz, ex.bp, ex.grid, ex.block = N, nwg, bsz, bp, grid, block
+    ex.sim = sim
+    lane = torch.arange(N, device=device)
+    t = lane % bp
+    wg = lane // bp
+    ex.wg = wg
+    ex.t = t
+    ex.lane_in_wave = lane % WAVE
+    ex.wave = lane // WAVE  # global wave id
+    ex.tid = (t % block[0], (t // block[0]) % block[1], t // (block[0] * block[1]))
+    ex.bid = (wg % grid[0], (wg // grid[0]) % grid[1], wg // (grid[0] * grid[1]))
+    ex.base_mask = (t < bsz) if bp != bsz else None
+    ex.mask = ex.base_mask
+    ex.mem = GlobalMemory(host.tensors, device, strict=sim.strict_oob)
+    ex.lds = LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE)
+    ex.lds_globals = program.info.lds_globals
+    ex.mfma = {}
+    ex.warnings = []
+    ex.oob_buffer = 0
+    for slot, v in zip(kernel.arg_slots, args):
+        ex.R[slot] = v
+    run_block(ex, kernel.body)
+    c = {
+        "global_bytes_read": ex.mem.bytes_read,
+        "global_bytes_written": ex.mem.bytes_written,
+        "lds_bytes_read": ex.lds.bytes_read,
+        "lds_bytes_written": ex.lds.bytes_written,
+        "lds_bank_conflicts": ex.lds.bank_conflicts,
+        "mfma_by_kind": dict(ex.mfma),
+        "ops_by_kind": dict(ex.ops),
+        "oob_buffer_accesses": ex.oob_buffer,
+        "warnings": ex.warnings + ex.lds.warnings + ex.mem.warnings,
+    }
+    return LaunchRecord(kernel.name, grid, block, program.arch, c, c["warnings"], time.perf_counter() - t0, ex.lane_ops)

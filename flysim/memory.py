@@ -1,0 +1,238 @@
+"""Global memory (the argument tensors, by real address) and per-workgroup LDS.
+
+Global: every argument tensor's storage is viewed as bytes; an access at
+address ``a`` of ``n`` bytes must fall inside one argument tensor's extent,
+else it is an OutOfBoundsError (``strict``) or a counted warning. Aligned
+accesses gather whole elements from a same-width view of the storage.
+
+LDS: one byte array of ``nwg * size``; lane address = ``wg * size + ptr``.
+Race detection keeps, per LDS byte, the wave that last wrote it and the wave
+that last read it in the current barrier interval (-1 none, -2 several); a
+barrier clears both. Bank conflicts follow this model of the CDNA3 LDS (32
+banks x 4 bytes): a wave's access is served in groups of ``128 / width`` lanes
+(32 lanes for <= 4-byte accesses, 16 for 8-byte, 8 for 16-byte); within a
+group, a bank holding k distinct dwords costs k cycles; conflicts counted are
+the extra cycles (broadcast of one dword is free).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import LDSRaceError, OutOfBoundsError
+from .types import INT_OF
+
+
+def _bytes_view(storage, device):
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+def _typed(u8, esize):
+    n = u8.numel() // esize * esize
+    return u8[:n].view(INT_OF[esize]) if esize > 1 else u8
+
+
+def _gather(u8, off, esize, count, mask):
+    """Read count elements of esize bytes at byte offsets off [n] -> int tensor [n, count]."""
+    if esize in INT_OF and bool(((off % esize) == 0).all()):
+        base = _typed(u8, esize)
+        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        return base[idx]
+    nb = esize * count
+    idx = off.unsqueeze(1) + torch.arange(nb, device=off.device)
+    b = u8[idx]
+    return b.view(INT_OF[esize]) if esize > 1 else b
+
+
+def _scatter(u8, off, esize, count, vals):
+    if esize in INT_OF and bool(((off % esize) == 0).all()):
+        base = _typed(u8, esize)
+        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        base[idx] = vals
+        return
+    nb = esize * count
+    idx = off.unsqueeze(1) + torch.arange(nb, device=off.device)
+    u8[idx] = vals.contiguous().view(torch.uint8).reshape(idx.shape)
+
+
+class GlobalMemory:
+    def __init__(self, tensors, device, strict=True):
+        self.regions = []
+        seen = set()
+        for t in tensors:
+            if t.numel() == 0:
+                continue
+            es = t.element_size()
+            span = (sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1) * es
+            key = (t.data_ptr(), span)
+            if key in seen:
+                continue
+            seen.add(key)
+            st = t.untyped_storage()
+            self.regions.append((t.data_ptr(), t.data_ptr() + span, _bytes_view(st, t.device), st.data_ptr()))
+        self.strict = strict
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.warnings = []
+
+    def _locate(self, addr, nbytes, mask, what, loc_hint=""):
+        """Split active lanes by region: list of (lane index tensor, region)."""
+        act = torch.ones_like(addr, dtype=torch.bool) if mask is None else mask.expand_as(addr)
+        out = []
+        left = act.clone()
+        for r in self.regions:
+            lo, hi = r[0], r[1]
+            inr = left & (addr >= lo) & (addr + nbytes <= hi)
+            if bool(inr.any()):
+                out.append((inr.nonzero().squeeze(1), r))
+                left &= ~inr
+                if not bool(left.any()):
+                    break
+        if bool(left.any()):
+            bad = left.nonzero()[0].item()
+            a = int(addr[bad])
+            near = ", ".join(f"[{lo:#x}, {hi:#x})" for lo, hi, _u, _b in self.regions)
+            msg = (f"{what} of {nbytes} bytes at address {a:#x} (lane {bad}) is outside every argument tensor "
+                   f"({near}); {int(left.sum())} lanes affected")
+            if self.strict:
+                raise OutOfBoundsError(msg)
+            self.warnings.append(msg)
+        return out
+
+    def load(self, addr, dtype, esize, count, mask, N):
+        addr = addr.expand(N) if addr.dim() == 0 else addr
+        out = torch.zeros(N, count, dtype=INT_OF.get(esize, torch.uint8), device=addr.device)
+        for lanes, (lo, hi, u8, base) in self._locate(addr, esize * count, mask, "load"):
+            out[lanes] = _gather(u8, addr[lanes] - base, esize, count, None)
+            self.bytes_read += lanes.numel() * esize * count
+        return out
+
+    def store(self, addr, vals, esize, count, mask, N):
+        addr = addr.expand(N) if addr.dim() == 0 else addr
+        vals = vals.expand(N, count) if vals.dim() < 2 or vals.shape[0] != N else vals
+        for lanes, (lo, hi, u8, base) in self._locate(addr, esize * count, mask, "store"):
+            _scatter(u8, addr[lanes] - base, esize, count, vals[lanes])
+            self.bytes_written += lanes.numel() * esize * count
+
+
+class LDS:
+    def __init__(self, nwg, size, device, check_races=True, waves_per_wg=1):
+        self.size = (size + 15) // 16 * 16
+        self.nwg = nwg
+        self.mem = torch.zeros(nwg * self.size, dtype=torch.uint8, device=device) if size else None
+        self.check = check_races and size > 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.bank_conflicts = 0
+        self.warnings = []
+        self._warned = set()
+        if self.check:
+            self.writer = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
+            self.reader = torch.full_like(self.writer, -1)
+            self.wloc = torch.zeros_like(self.writer)
+            self.rloc = torch.zeros_like(self.writer)
+            self.written = torch.zeros(nwg * self.size, dtype=torch.bool, device=device)
+        self.locs = []
+
+    def _lanes(self, ex, ptr, nbytes, what):
+        N = ex.N
+        ptr = ptr.expand(N) if ptr.dim() == 0 else ptr
+        m = ex.mask
+        lanes = None if m is None else m.nonzero().squeeze(1)
+        p = ptr if lanes is None else ptr[lanes]
+        bad = (p < 0) | (p + nbytes > self.size)
+        if self.mem is None or bool(bad.any()):
+            i = int(bad.nonzero()[0]) if self.mem is not None else 0
+            raise OutOfBoundsError(
+                f"LDS {what} of {nbytes} bytes at offset {int(p[i]) if p.numel() else 0} is outside the "
+                f"{self.size}-byte LDS allocation")
+        wg = ex.wg if lanes is None else ex.wg[lanes]
+        return lanes, wg * self.size + p
+
+    def _loc_id(self, loc):
+        try:
+            return self.locs.index(loc)
+        except ValueError:
+            self.locs.append(loc)
+            return len(self.locs) - 1
+
+    def _track(self, ex, lanes, off, nbytes, write, loc):
+        waves = ex.wave if lanes is None else ex.wave[lanes]
+        idx = (off.unsqueeze(1) + torch.arange(nbytes, device=off.device)).reshape(-1)
+        w = waves.unsqueeze(1).expand(-1, nbytes).reshape(-1).to(torch.int32)
+        lid = self._loc_id(loc)
+        prev_w = self.writer[idx]
+        clash = (prev_w >= 0) & (prev_w != w)
+        kind = "write after write" if write else "read after write"
+        other = self.wloc
+        if write and not bool(clash.any()):
+            prev_r = self.reader[idx]
+            clash = (prev_r == -2) | ((prev_r >= 0) & (prev_r != w))
+            kind, other = "write after read", self.rloc
+        if bool(clash.any()):
+            j = int(clash.nonzero()[0])
+            b = int(idx[j])
+            raise LDSRaceError(
+                f"LDS race ({kind}): wave {int(w[j])} touches LDS byte {b % self.size} of workgroup "
+                f"{b // self.size} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
+                f"accessed in the same barrier interval at {self.locs[int(other[b])]}; "
+                f"this access at {loc}. Add a barrier (gpu.barrier) between them.")
+        if write:
+            self.writer[idx] = w
+            self.wloc[idx] = lid
+            self.written[idx] = True
+        else:
+            if not bool(self.written[idx].all()) and loc not in self._warned:
+                self._warned.add(loc)
+                self.warnings.append(f"read of never-written LDS at {loc}")
+            prev_r = self.reader[idx]
+            self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
+            self.rloc[idx] = lid
+
+    def barrier(self):
+        if self.check:
+            self.writer.fill_(-1)
+            self.reader.fill_(-1)
+
+    def _conflicts(self, ex, lanes, off, nbytes):
+        width = max(4, nbytes)
+        group = max(1, 128 // width)
+        lw = ex.lane_in_wave if lanes is None else ex.lane_in_wave[lanes]
+        gw = ex.wave if lanes is None else ex.wave[lanes]
+        gid = gw * 64 + lw // group
+        ndw = max(1, nbytes // 4)
+        dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
+        g = gid.unsqueeze(1).expand_as(dw).reshape(-1)
+        dw = dw.reshape(-1)
+        key = torch.unique(g * (1 << 32) + dw)
+        g2, d2 = key >> 32, key & 0xFFFFFFFF
+        per_bank = torch.unique(g2 * 32 + d2 % 32, return_counts=True)[1]
+        cycles = torch.zeros(int(g2.max()) + 1 if g2.numel() else 1, dtype=torch.int64, device=off.device)
+        bank_group = torch.unique(g2 * 32 + d2 % 32)
+        cycles.scatter_reduce_(0, bank_group // 32, per_bank, reduce="amax", include_self=True)
+        used = torch.unique(g2)
+        self.bank_conflicts += int((cycles[used] - 1).clamp(min=0).sum())
+
+    def load(self, ex, ptr, esize, count, loc):
+        nbytes = esize * count
+        lanes, off = self._lanes(ex, ptr, nbytes, "load")
+        if self.check:
+            self._track(ex, lanes, off, nbytes, False, loc)
+        self._conflicts(ex, lanes, off, nbytes)
+        vals = _gather(self.mem, off, esize, count, None)
+        self.bytes_read += off.numel() * nbytes
+        if lanes is None:
+            return vals
+        out = torch.zeros(ex.N, count, dtype=vals.dtype, device=vals.device)
+        out[lanes] = vals
+        return out
+
+    def store(self, ex, ptr, vals, esize, count, loc):
+        nbytes = esize * count
+        lanes, off = self._lanes(ex, ptr, nbytes, "store")
+        if self.check:
+            self._track(ex, lanes, off, nbytes, True, loc)
+        self._conflicts(ex, lanes, off, nbytes)
+        vals = vals.expand(ex.N, count) if vals.dim() < 2 or vals.shape[0] != ex.N else vals
+        _scatter(self.mem, off, esize, count, vals if lanes is None else vals[lanes])
+        self.bytes_written += off.numel() * nbytes

@@ -1,0 +1,394 @@
+"""gpu and rocdl ops: ids, barriers, cross-lane ops, MFMA and AMDGPU intrinsics.
+
+Cross-lane ops act within each wave of 64 lanes (values reshaped [W, 64, ...]).
+MFMA lane layouts follow FlyDSL's MmaAtom (CDNA3/CDNA4) for single-block
+MFMAs with M = N = MN, GroupK = 64 / MN and KPT = K / GroupK values per lane:
+lane l holds A[l % MN][KPT*(l // MN) + v] and B[KPT*(l // MN) + v][l % MN];
+with GroupM = 64 / N, accumulator value v of lane l is
+D[4*(l // N) + v % 4 + 4*GroupM*(v // 4)][l % N].
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .errors import LDSRaceError, UnsupportedOpError
+from .ops_mem import _first_active
+from .program import op
+from .types import INT_OF, tinfo
+
+DIMS = {"x": 0, "y": 1, "z": 2}
+
+
+def _ti(v):
+    return tinfo(str(v.type))
+
+
+def _dim(o):
+    return DIMS[str(o.attributes["dimension"]).split()[-1].rstrip(">")]
+
+
+@op("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
+def _ids(d, o):
+    (out,) = d.outs(o)
+    k = _dim(o)
+    kind = o.name
+
+    def f(ex):
+        if kind == "gpu.thread_id":
+            ex.R[out] = ex.tid[k]
+        elif kind == "gpu.block_id":
+            ex.R[out] = ex.bid[k]
+        elif kind == "gpu.block_dim":
+            ex.R[out] = torch.tensor(ex.block[k], device=ex.device)
+        else:
+            ex.R[out] = torch.tensor(ex.grid[k], device=ex.device)
+
+    return f
+
+
+@op("rocdl.workitem.id.x", "rocdl.workitem.id.y", "rocdl.workitem.id.z",
+    "rocdl.workgroup.id.x", "rocdl.workgroup.id.y", "rocdl.workgroup.id.z")
+def _rocdl_ids(d, o):
+    (out,) = d.outs(o)
+    k = DIMS[o.name[-1]]
+    dt = _ti(o.results[0]).dtype
+    work = "workitem" in o.name
+
+    def f(ex):
+        ex.R[out] = (ex.tid if work else ex.bid)[k].to(dt)
+
+    return f
+
+
+@op("gpu.lane_id")
+def _lane_id(d, o):
+    (out,) = d.outs(o)
+
+    def f(ex):
+        ex.R[out] = ex.lane_in_wave
+
+    return f
+
+
+@op("gpu.barrier", "rocdl.s.barrier", "rocdl.barrier")
+def _barrier(d, o):
+    def f(ex):
+        m = ex.mask
+        if m is not None:
+            if ex.base_mask is not None:
+                m = m | ~ex.base_mask
+            per_wg = m.reshape(ex.nwg, ex.bp)
+            if bool((per_wg.any(1) & ~per_wg.all(1)).any()):
+                wg = int((per_wg.any(1) & ~per_wg.all(1)).nonzero()[0])
+                raise LDSRaceError(f"barrier reached under divergent control flow: only some threads of workgroup {wg} arrive")
+        ex.lds.barrier()
+
+    return f
+
+
+_NOOPS = ("rocdl.s.waitcnt", "rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
+          "rocdl.s.nop", "rocdl.sched.setprio", "rocdl.s.sleep", "rocdl.iglp.opt", "llvm.intr.assume",
+          "rocdl.s.waitcnt.vscnt", "rocdl.s.wait.loadcnt", "rocdl.s.wait.dscnt", "gpu.dealloc")
+
+
+@op(*_NOOPS)
+def _noop(d, o):
+    return None
+
+
+# -- cross-lane ----------------------------------------------------------------
+
+
+def _wave(x, N):
+    x = x.expand(N, *x.shape) if x.dim() == 0 or x.shape[0] != N else x
+    return x.reshape(N // 64, 64, *x.shape[1:])
+
+
+def _gather_lanes(x, src, N):
+    """x [N, ...] value, src [N] lane-in-wave source index -> x from that lane of the same wave."""
+    xw = _wave(x, N)
+    W = N // 64
+    s = _wave(src, N).to(torch.int64)
+    return xw[torch.arange(W, device=s.device).unsqueeze(1), s].reshape(N, *xw.shape[2:])
+
+
+@op("gpu.shuffle")
+def _shuffle(d, o):
+    v, off, width = d.ins(o)
+    out, valid = d.outs(o)
+    mode = str(o.attributes["mode"]).split()[-1].rstrip(">")
+
+    def f(ex):
+        x, k, w = ex.R[v], ex.R[off].to(torch.int64), ex.R[width].to(torch.int64)
+        lane = ex.lane_in_wave
+        start = lane - lane % w
+        if mode == "xor":
+            dst = lane ^ k
+            ok = (dst >= start) & (dst < start + w)
+        elif mode == "down":
+            dst = lane + k
+            ok = dst < start + w
+        elif mode == "up":
+            dst = lane - k
+            ok = dst >= start
+        else:
+            dst = start + k
+            ok = dst < start + w
+        dst = torch.where(ok, dst, lane)
+        if x.dim() == 0:
+            ex.R[out] = x
+        else:
+            ex.R[out] = _gather_lanes(x, dst, ex.N)
+        ex.R[valid] = ok
+
+    return f
+
+
+@op("rocdl.readfirstlane", "rocdl.readlane")
+def _readfirstlane(d, o):
+    ins = d.ins(o)
+    (out,) = d.outs(o)
+    first = o.name.endswith("readfirstlane")
+
+    def f(ex):
+        x = ex.R[ins[0]]
+        if x.dim() == 0:
+            ex.R[out] = x
+        elif first:
+            ex.R[out] = _first_active(ex, x)
+        else:
+            ex.R[out] = _gather_lanes(x, ex.R[ins[1]].expand(ex.N), ex.N)
+
+    return f
+
+
+@op("rocdl.ds_bpermute")
+def _bpermute(d, o):
+    a, v = d.ins(o)
+    (out,) = d.outs(o)
+
+    def f(ex):
+        src = (ex.R[a].to(torch.int64) // 4) % 64
+        ex.R[out] = _gather_lanes(ex.R[v], src.expand(ex.N), ex.N)
+
+    return f
+
+
+@op("rocdl.mbcnt.lo", "rocdl.mbcnt.hi")
+def _mbcnt(d, o):
+    m, base = d.ins(o)[:2]
+    (out,) = d.outs(o)
+    hi = o.name.endswith("hi")
+
+    def f(ex):
+        mask = ex.R[m].to(torch.int64) & 0xFFFFFFFF
+        lane = ex.lane_in_wave
+        n = (lane - 32).clamp(0, 32) if hi else lane.clamp(max=32)
+        below = torch.where(n >= 32, torch.full_like(n, 0xFFFFFFFF), (1 << n) - 1)
+        bits = mask & below
+        cnt = torch.zeros_like(bits)
+        for b in range(32):
+            cnt += (bits >> b) & 1
+        ex.R[out] = (cnt + ex.R[base].to(torch.int64)).to(torch.int32)
+
+    return f
+
+
+@op("rocdl.permlane32.swap")
+def _permlane32_swap(d, o):
+    old, src = d.ins(o)[:2]
+    (out,) = d.outs(o)
+
+    def f(ex):
+        a, b = _wave(ex.R[old], ex.N), _wave(ex.R[src], ex.N)
+        na = torch.cat([a[:, :32], b[:, :32]], dim=1)
+        nb = torch.cat([a[:, 32:], b[:, 32:]], dim=1)
+        ex.R[out] = (na.reshape(ex.N, *a.shape[2:]), nb.reshape(ex.N, *b.shape[2:]))
+
+    return f
+
+
+# -- scalar math intrinsics ---------------------------------------------------------
+
+_UN = {"rocdl.exp2": torch.exp2, "rocdl.rcp": torch.reciprocal, "rocdl.rsq": torch.rsqrt,
+       "rocdl.sqrt": torch.sqrt, "rocdl.log": torch.log2, "llvm.intr.exp2": torch.exp2,
+       "llvm.intr.fabs": torch.abs, "llvm.intr.sqrt": torch.sqrt, "rocdl.fmed3": None}
+
+
+def _mk_un(fn):
+    def h(d, o):
+        (a,) = d.ins(o)[:1]
+        (out,) = d.outs(o)
+
+        def f(ex):
+            ex.R[out] = fn(ex.R[a])
+
+        return f
+
+    return h
+
+
+for _n, _fn in _UN.items():
+    if _fn is not None:
+        op(_n)(_mk_un(_fn))
+
+
+@op("llvm.intr.maxnum", "llvm.intr.minnum", "llvm.intr.maximum", "llvm.intr.minimum")
+def _minmax(d, o):
+    a, b = d.ins(o)
+    (out,) = d.outs(o)
+    fn = {"maxnum": torch.fmax, "minnum": torch.fmin, "maximum": torch.maximum, "minimum": torch.minimum}[o.name.split(".")[-1]]
+
+    def f(ex):
+        ex.R[out] = fn(ex.R[a], ex.R[b])
+
+    return f
+
+
+def _perm(src0, src1, sel):
+    """v_perm_b32: byte i of the result is selected by byte i of sel from {src0:src1}."""
+    comb = (src0.to(torch.int64) & 0xFFFFFFFF) << 32 | (src1.to(torch.int64) & 0xFFFFFFFF)
+    s = sel.to(torch.int64) & 0xFFFFFFFF
+    res = torch.zeros(torch.broadcast_shapes(comb.shape, s.shape), dtype=torch.int64, device=comb.device)
+    for i in range(4):
+        b = (s >> (8 * i)) & 0xFF
+        pick = (comb >> (8 * b.clamp(max=7))) & 0xFF
+        sign = ((comb >> (8 * (2 * (b - 8) + 1).clamp(0, 7) + 7)) & 1) * 0xFF
+        byte = torch.where(b < 8, pick, torch.where(b < 12, sign, torch.where(b == 12, torch.zeros_like(b), torch.full_like(b, 0xFF))))
+        res |= byte << (8 * i)
+    return torch.where(res >= 1 << 31, res - (1 << 32), res).to(torch.int32)
+
+
+@op("llvm.call_intrinsic")
+def _call_intrinsic(d, o):
+    name = str(o.attributes["intrin"]).strip('"')
+    ins = d.ins(o)
+    outs = d.outs(o)
+    if name == "llvm.amdgcn.perm":
+        def f(ex):
+            ex.R[outs[0]] = _perm(*(ex.R[i] for i in ins))
+
+        return f
+    if name in ("llvm.amdgcn.s.waitcnt", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
+        return None
+    raise UnsupportedOpError(f"flysim does not implement intrinsic {name}")
+
+
+def _bf16_bits(x):
+    return x.to(torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+@op("llvm.inline_asm")
+def _inline_asm(d, o):
+    text = str(o.attributes["asm_string"])
+    ins = d.ins(o)
+    outs = d.outs(o)
+    rt = _ti(o.results[0]) if len(o.results) else None
+    if "v_cvt_pk_bf16_f32" in text:
+        def f(ex):
+            lo, hi = _bf16_bits(ex.R[ins[0]]), _bf16_bits(ex.R[ins[1]])
+            packed = (lo | (hi << 16)).to(torch.int64)
+            packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+            if rt.kind == "vector":
+                ex.R[outs[0]] = packed.unsqueeze(-1).view(rt.dtype) if rt.dtype != torch.int32 else packed
+            else:
+                ex.R[outs[0]] = packed.view(rt.dtype)
+        return f
+    if text.strip().strip('"').startswith(("s_waitcnt", "s_nop", "; ", "s_setprio")) or text.strip('"') == "":
+        return None
+    raise UnsupportedOpError(f"flysim does not implement inline asm {text[:60]}")
+
+
+# -- MFMA -----------------------------------------------------------------------
+
+_MFMA_RE = re.compile(r"rocdl\.mfma\.(?:scale\.)?(f32|i32)\.(\d+)x(\d+)x(\d+)\.?([a-z0-9.]*?)(\.1k)?$")
+_FP8 = {"gfx942": (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz), "gfx950": (torch.float8_e4m3fn, torch.float8_e5m2)}
+_F8F6F4 = {0: 0, 1: 1}  # cbsz/blgp format code -> (fp8, bf8) index
+
+
+def _operand(x, kind, arch, N, fmt=None):
+    """Per-lane MFMA operand -> float tensor [N, KPT]."""
+    if x.dim() == 0 or (x.dim() == 1 and x.shape[0] != N):
+        x = x.expand(N, *x.shape)
+    x = x.reshape(N, -1) if x.dim() > 1 else x.reshape(N, 1)
+    if "fp8" in kind or "bf8" in kind or fmt is not None:
+        b = x.contiguous().view(torch.uint8)
+        if fmt is not None:
+            dt = _FP8[arch][_F8F6F4[fmt]]
+        else:
+            dt = _FP8[arch][0 if kind.startswith("fp8") else 1]
+        return b.view(dt).to(torch.float32)
+    if kind.startswith("bf16"):
+        return x.contiguous().view(torch.bfloat16).to(torch.float32) if x.dtype != torch.bfloat16 else x.float()
+    if kind.startswith("f16"):
+        return x.contiguous().view(torch.float16).float() if x.dtype != torch.float16 else x.float()
+    if kind.startswith("i8"):
+        return x.contiguous().view(torch.int8).to(torch.float64)
+    return x.float()
+
+
+def _split_kinds(kind):
+    parts = [p for p in kind.split(".") if p and p != "1k"]
+    return (parts[0], parts[-1]) if parts else ("f32", "f32")
+
+
+def _mfma(d, o):
+    from flydsl._mlir import ir
+
+    m = _MFMA_RE.match(o.name)
+    if not m:
+        raise UnsupportedOpError(f"unknown MFMA {o.name}")
+    acc, M, N_, K, kind = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5)
+    scaled = ".scale." in o.name
+    ins = d.ins(o)
+    (out,) = d.outs(o)
+    ka, kb = _split_kinds(kind) if kind else ("f32", "f32")
+    if kind in ("", "f32") or kind == "xf32":
+        ka = kb = "f32"
+    attrs = {n: ir.IntegerAttr(o.attributes[n]).value for n in o.attributes
+             if n in ("cbsz", "abid", "blgp", "opselA", "opselB")}
+    MN = M
+    GK = 64 // MN
+    KPT = K // GK
+    GM = 64 // N_
+    V1 = M // 4 // GM
+    short = o.name[len("rocdl."):]
+
+    def f(ex):
+        R = ex.R
+        Nl = ex.N
+        W = Nl // 64
+        fa = fb = None
+        if scaled:
+            fa, fb = attrs.get("cbsz", 0), attrs.get("blgp", 0)
+            if fa not in _F8F6F4 or fb not in _F8F6F4:
+                raise UnsupportedOpError(f"{o.name}: only fp8/bf8 operand formats are simulated (cbsz={fa}, blgp={fb})")
+        a = _operand(R[ins[0]], ka, ex.arch, Nl, fa)
+        b = _operand(R[ins[1]], kb, ex.arch, Nl, fb)
+        if a.shape[1] != KPT or b.shape[1] != KPT:
+            raise UnsupportedOpError(f"{o.name}: expected {KPT} values per lane, got {a.shape[1]} (multi-block MFMA?)")
+        if scaled:
+            sa = (R[ins[4]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselA", 0))) & 0xFF
+            sb = (R[ins[6]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselB", 0))) & 0xFF
+            a = a * torch.exp2(sa.float() - 127).unsqueeze(1)
+            b = b * torch.exp2(sb.float() - 127).unsqueeze(1)
+        c = R[ins[2]]
+        c = c.expand(Nl, *c.shape) if c.dim() <= 1 and (c.dim() == 0 or c.shape[0] != Nl) else c
+        A = a.reshape(W, GK, MN, KPT).permute(0, 2, 1, 3).reshape(W, MN, K)
+        B = b.reshape(W, GK, MN, KPT).permute(0, 1, 3, 2).reshape(W, K, MN)
+        cdt = torch.float64 if acc == "i32" else torch.float32
+        C = c.to(cdt).reshape(W, GM, N_, V1, 4).permute(0, 3, 1, 4, 2).reshape(W, M, N_)
+        D = torch.baddbmm(C, A.to(cdt), B.to(cdt))
+        dv = D.reshape(W, V1, GM, 4, N_).permute(0, 2, 4, 1, 3).reshape(Nl, V1 * 4)
+        R[out] = dv.to(torch.int32) if acc == "i32" else dv
+        ex.mfma[short] = ex.mfma.get(short, 0) + W
+
+    return f
+
+
+from .program import PREFIX_OPS  # noqa: E402
+
+PREFIX_OPS.update({"rocdl.mfma.": _mfma, "rocdl.mfma.scale.": _mfma})
