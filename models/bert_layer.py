@@ -7,7 +7,8 @@ plus the additive extended attention mask, softmax, dropout, `@ v`; then
 dense + dropout + LayerNorm(x + residual), an intermediate dense with GELU
 and an output dense + dropout + LayerNorm(x + residual). The mask input is
 what BertModel passes down: [B, 1, 1, T], 0 where attended and the dtype's
-minimum where padded (the second sequence has 4 padding tokens).
+minimum where padded (the second sequence has 4 padding tokens). Sizes are
+bert-tiny's: hidden 128, 2 heads of 64, intermediate 512.
 """
 
 import math
@@ -17,9 +18,9 @@ import torch.nn as nn
 
 batch_size = 2
 seq_len = 16
-hidden_size = 64
-num_attention_heads = 4
-intermediate_size = 256
+hidden_size = 128
+num_attention_heads = 2
+intermediate_size = 512
 layer_norm_eps = 1e-12
 dropout_prob = 0.1
 

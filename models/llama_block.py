@@ -4,8 +4,8 @@ Mirrors LlamaDecoderLayer with the "sdpa" attention implementation:
 LlamaRMSNorm written by hand (upcast to fp32, `x * torch.rsqrt(var + eps)`,
 `weight * x.to(input_dtype)`), rotary position embeddings computed as
 LlamaRotaryEmbedding does (inv_freq buffer, cos/sin of position_ids) and
-applied with rotate_half, grouped-query attention (4 query heads share 2
-key/value heads, expanded by repeat_kv) through
+applied with rotate_half, grouped-query attention (4 query heads of 32 share
+2 key/value heads, expanded by repeat_kv) through
 F.scaled_dot_product_attention(is_causal=True), o_proj, and the SwiGLU MLP
 `down_proj(silu(gate_proj(x)) * up_proj(x))`, each with its residual add.
 Projections have no bias, as in Llama. The block computes its own
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 batch_size = 2
 seq_len = 16
-hidden_size = 64
+hidden_size = 128
 num_attention_heads = 4
 num_key_value_heads = 2
-intermediate_size = 192
+intermediate_size = 384
 rms_norm_eps = 1e-6
 rope_theta = 10000.0
 

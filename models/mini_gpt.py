@@ -7,7 +7,8 @@ view/transpose; scaled q @ k^T; masked_fill with a registered tril buffer;
 softmax; dropout; @ v; heads merged back; c_proj) and an MLP with GELU.
 Token / position embeddings and the LM head are left out: the model takes
 the embedded sequence [B, T, n_embd]. T (16) is shorter than block_size (32)
-so the mask slice `bias[:, :, :T, :T]` is a real slice. This is the README's
+so the mask slice `bias[:, :, :T, :T]` is a real slice; n_embd 128 in 4
+heads of 32. This is the README's
 default demo model.
 """
 
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 
 batch_size = 2
 seq_len = 16
-n_embd = 64
+n_embd = 128
 n_head = 4
 n_layer = 2
 block_size = 32

@@ -6,7 +6,7 @@ F.scaled_dot_product_attention (not causal, no mask), heads merged back and
 projected, then an MLP (fc1, GELU, fc2), each with its residual add. The
 input is the token sequence after patch embedding: a class token plus a 4x4
 grid of patches = 17 tokens, so the token count is not a power of two, as in
-real ViTs (197 tokens at 224 px).
+real ViTs (197 tokens at 224 px); dim 128 in 2 heads of 64.
 """
 
 import torch
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 batch_size = 2
 num_tokens = 17  # 1 class token + 4 * 4 patches
-dim = 64
-num_heads = 4
+dim = 128
+num_heads = 2
 mlp_ratio = 4.0
 
 

@@ -308,7 +308,7 @@ def _run_convert(script: Path, out: Optional[Path], options: dict) -> int:
     with loaded_script(script) as module:
         model, inputs = build_model(module, script)
         try:
-            tm = translator.translate(model, inputs, **options)
+            tm = translator.translate(model, inputs, name=script.stem, **options)
         except VerificationError as exc:
             report = getattr(exc, "report", None)
             if report is not None:
@@ -346,7 +346,9 @@ def convert(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
     """Translate the Model of SCRIPT, verify it, print the report and write report.md, report.json, translated.py."""
-    if debug:
+    if not debug:  # torch.export's capture chatter (dims specialized, ...) is for --debug only
+        logging.getLogger("torch._export").setLevel(logging.ERROR)
+    else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         log = logging.getLogger("translator")

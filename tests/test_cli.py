@@ -1,0 +1,331 @@
+"""flydsl-translate: exit codes, one-line errors, the files `convert` writes.
+
+Most cases call `translator.cli.main(argv)` in-process (it returns the exit code);
+a few run the installed console script, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from translator import cli
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+EXE = Path(sys.executable).parent / "flydsl-translate"
+
+GOOD = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+def get_init_inputs():
+    return [8]
+"""
+
+
+def write_script(tmp_path: Path, body: str, name: str = "model.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def run_main(capsys, *argv) -> tuple:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(err: str, *needles: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{err}"
+    line = lines[0]
+    assert line.startswith("flydsl-translate: error: "), line
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
+# Each case: script body (None = use the path as given), the words the error line must name.
+BAD_SCRIPTS = {
+    "syntax_error": ("def f(:\n    pass\n", ["syntax error", "model.py:1"]),
+    "import_error": ("import not_a_real_module_xyz\n", ["failed to import", "not_a_real_module_xyz", "install"]),
+    "raises_on_load": ("x = 1 / 0\n", ["ZeroDivisionError", "model.py:1", "while being loaded"]),
+    "exits_on_load": ("import sys\nsys.exit(3)\n", ["sys.exit()", "__main__"]),
+    "no_model": (GOOD.replace("class Model(", "class Net("), ["defines no `Model`", "class Model(torch.nn.Module)"]),
+    "model_not_module": (GOOD + "\nModel = lambda n: None\n", ["not a torch.nn.Module subclass"]),
+    "no_get_inputs": (GOOD.replace("def get_inputs(", "def make_inputs("), ["no `get_inputs()`", "def get_inputs():"]),
+    "no_get_init_inputs": (
+        GOOD.replace("def get_init_inputs(", "def init_args("),
+        ["no `get_init_inputs()`", "def get_init_inputs():"],
+    ),
+    "get_init_inputs_raises": (
+        GOOD + "\ndef get_init_inputs():\n    raise RuntimeError('no config')\n",
+        ["get_init_inputs()", "RuntimeError: no config"],
+    ),
+    "get_init_inputs_not_list": (GOOD + "\ndef get_init_inputs():\n    return 8\n", ["returned int", "list"]),
+    "model_ctor_raises": (
+        GOOD + "\ndef get_init_inputs():\n    return [8, 9, 10]\n",
+        ["Model(*get_init_inputs())", "TypeError", "arguments Model.__init__ takes"],
+    ),
+    "get_inputs_raises": (
+        GOOD + "\ndef get_inputs():\n    raise ValueError('bad shape')\n",
+        ["get_inputs()", "ValueError: bad shape"],
+    ),
+    "get_inputs_single_tensor": (GOOD + "\ndef get_inputs():\n    return torch.randn(4, 8)\n", ["single tensor", "[x]"]),
+    "get_inputs_not_a_list": (GOOD + "\ndef get_inputs():\n    return None\n", ["returned NoneType", "list"]),
+    "get_inputs_empty": (GOOD + "\ndef get_inputs():\n    return []\n", ["empty list"]),
+    "get_inputs_scalar_item": (
+        GOOD + "\ndef get_inputs():\n    return [torch.randn(4, 8), 3]\n",
+        ["input 1 is a int", "get_init_inputs()"],
+    ),
+    "get_inputs_nested_list": (
+        GOOD + "\ndef get_inputs():\n    return [[torch.randn(4, 8), torch.randn(4, 8)]]\n",
+        ["input 0 is a list", "nested inputs are not supported"],
+    ),
+    "forward_rejects_inputs": (
+        GOOD + "\ndef get_inputs():\n    return [torch.randn(4, 5)]\n",
+        ["forward(*get_inputs())", "RuntimeError"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCRIPTS))
+def test_bad_script_exits_2_with_one_line(case, tmp_path, capsys):
+    body, needles = BAD_SCRIPTS[case]
+    script = write_script(tmp_path, body)
+    modules_before = set(sys.modules)
+    code, out, err = run_main(capsys, "convert", script, "--backend", "reference", "--out", tmp_path / "out")
+    assert code == 2, (out, err)
+    assert_one_error_line(err, *needles)
+    assert not (tmp_path / "out").exists()
+    # the script's private module is gone again
+    assert not [m for m in set(sys.modules) - modules_before if m.startswith("_flydsl_translate_script_")]
+
+
+def test_missing_file(tmp_path, capsys):
+    code, _, err = run_main(capsys, "convert", tmp_path / "nope.py")
+    assert code == 2
+    assert_one_error_line(err, "nope.py", "no such file", "get_inputs()")
+
+
+def test_not_a_python_file(tmp_path, capsys):
+    path = tmp_path / "model.txt"
+    path.write_text(GOOD)
+    code, _, err = run_main(capsys, "convert", path)
+    assert code == 2
+    assert_one_error_line(err, "not a Python file", ".py")
+
+
+def test_directory_is_not_a_script(tmp_path, capsys):
+    code, _, err = run_main(capsys, "convert", tmp_path)
+    assert code == 2
+    assert_one_error_line(err, "is a directory")
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("--arch", "gfx90a"), ("--backend", "cuda"), ("--precision", "fp8")],
+)
+def test_invalid_option_value(option, value, tmp_path, capsys):
+    script = write_script(tmp_path, GOOD)
+    code, _, err = run_main(capsys, "convert", script, option, value)
+    assert code == 2
+    assert_one_error_line(err, option, repr(value), "convert --help")
+
+
+def test_unknown_option_and_missing_argument(capsys):
+    code, _, err = run_main(capsys, "convert", "--frobnicate")
+    assert code == 2
+    assert_one_error_line(err, "--frobnicate")
+    code, _, err = run_main(capsys, "convert")
+    assert code == 2
+    assert_one_error_line(err, "Missing argument")
+
+
+def test_out_is_a_file(tmp_path, capsys, monkeypatch):
+    import translator
+
+    monkeypatch.setattr(translator, "translate", fake_translate(passed=True), raising=False)
+    script = write_script(tmp_path, GOOD)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    code, _, err = run_main(capsys, "convert", script, "--out", blocker)
+    assert code == 2
+    assert_one_error_line(err, "--out", "is a file")
+
+
+def test_debug_shows_traceback(tmp_path, capsys):
+    script = write_script(tmp_path, GOOD + "\ndef get_inputs():\n    raise ValueError('bad shape')\n")
+    code, _, err = run_main(capsys, "convert", script, "--debug")
+    assert code == 2
+    assert "Traceback" in err
+    assert err.strip().splitlines()[-1].startswith("flydsl-translate: error: get_inputs()")
+
+
+def test_version(capsys):
+    code, out, _ = run_main(capsys, "--version")
+    assert code == 0
+    assert out.startswith("flydsl-translate 0.1.0") and "flydsl 0.5.0" in out
+
+
+# ---------------------------------------------------------------- the translate() side, with a stand-in
+# These check the CLI's plumbing (arguments passed, files written, exit codes per error class)
+# without depending on the translator core; the real run is test_convert_mlp_reference.
+
+
+class FakeReport:
+    def __init__(self, passed):
+        self.verification = SimpleNamespace(passed=passed)
+
+    def render(self):
+        return "FAKE REPORT TABLE"
+
+    def to_markdown(self):
+        return "# fake report\n"
+
+    def to_json(self):
+        return json.dumps({"fake": True})
+
+
+def fake_translate(passed=True, raises=None, calls=None):
+    def translate(model, inputs, **options):
+        if calls is not None:
+            calls.append((model, inputs, options))
+        if raises is not None:
+            raise raises
+        return SimpleNamespace(report=FakeReport(passed), code="# translated graph\n")
+
+    return translate
+
+
+def test_options_reach_translate(tmp_path, capsys, monkeypatch):
+    import torch
+
+    import translator
+
+    calls = []
+    monkeypatch.setattr(translator, "translate", fake_translate(calls=calls), raising=False)
+    script = write_script(tmp_path, GOOD)
+    out = tmp_path / "o"
+    code, stdout, err = run_main(
+        capsys, "convert", script, "--arch", "gfx950", "--backend", "flysim", "--precision", "bf16",
+        "--out", out, "--strict", "--no-verify", "--fallback-on-mismatch",
+    )
+    assert code == 0, err
+    (model, inputs, options), = calls
+    assert options == dict(
+        arch="gfx950", backend="flysim", precision="bf16", verify=False, strict=True, fallback_on_mismatch=True,
+        name="model",
+    )
+    assert not model.training
+    torch.manual_seed(0)
+    assert torch.equal(model.fc.weight, torch.nn.Linear(8, 8).weight)  # built right after manual_seed(0)
+    assert len(inputs) == 1 and inputs[0].shape == (4, 8)
+    assert "FAKE REPORT TABLE" in stdout
+    assert (out / "report.md").read_text() == "# fake report\n"
+    assert json.loads((out / "report.json").read_text()) == {"fake": True}
+    assert (out / "translated.py").read_text() == "# translated graph\n"
+
+
+def test_default_out_dir(tmp_path, capsys, monkeypatch):
+    import translator
+
+    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    monkeypatch.chdir(tmp_path)
+    script = write_script(tmp_path, GOOD, name="tiny_net.py")
+    code, _, err = run_main(capsys, "convert", script)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "out" / "tiny_net").iterdir()) == [
+        "report.json",
+        "report.md",
+        "translated.py",
+    ]
+
+
+def test_failed_verification_exits_1_and_still_writes(tmp_path, capsys, monkeypatch):
+    import translator
+
+    monkeypatch.setattr(translator, "translate", fake_translate(passed=False), raising=False)
+    script = write_script(tmp_path, GOOD)
+    code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert code == 1
+    assert_one_error_line(err, "verification failed", "report.md", "--fallback-on-mismatch")
+    assert (tmp_path / "o" / "report.md").exists()
+
+
+@pytest.mark.parametrize(
+    "error_name, expected_code",
+    [("InputError", 2), ("StrictError", 2), ("BackendError", 2), ("CaptureError", 2), ("VerificationError", 1)],
+)
+def test_translator_errors_map_to_exit_codes(error_name, expected_code, tmp_path, capsys, monkeypatch):
+    import translator
+    from translator import errors
+
+    exc = getattr(errors, error_name)("the reason; the fix")
+    monkeypatch.setattr(translator, "translate", fake_translate(raises=exc), raising=False)
+    script = write_script(tmp_path, GOOD)
+    code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert code == expected_code
+    assert_one_error_line(err, "the reason; the fix")
+
+
+def test_internal_error_exits_3(tmp_path, capsys, monkeypatch):
+    import translator
+
+    monkeypatch.setattr(translator, "translate", fake_translate(raises=KeyError("oops")), raising=False)
+    script = write_script(tmp_path, GOOD)
+    code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert code == 3
+    assert "internal error: KeyError" in err and "--debug" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- the real thing
+
+
+def test_convert_mlp_reference(tmp_path, capsys):
+    out = tmp_path / "mlp"
+    code, stdout, err = run_main(capsys, "convert", MODELS / "mlp.py", "--backend", "reference", "--out", out)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "translated.py"]
+    assert json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().strip()
+    compile((out / "translated.py").read_text(), "translated.py", "exec")  # readable *and* valid Python
+    assert str(out / "report.md") in stdout
+
+
+def test_ops_lists_supported_ops(capsys):
+    code, out, _ = run_main(capsys, "ops")
+    assert code == 0
+    assert out.lstrip().startswith("|") and "flydsl." in out
+
+
+def test_console_script_bad_input_and_version(tmp_path):
+    assert EXE.exists(), f"{EXE} missing: install the project (pip install -e .)"
+    script = write_script(tmp_path, GOOD.replace("def get_inputs(", "def make_inputs("))
+    proc = subprocess.run([str(EXE), "convert", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert_one_error_line(proc.stderr, "no `get_inputs()`")
+    proc = subprocess.run([str(EXE), "convert", str(script), "--arch", "gfx1100"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert_one_error_line(proc.stderr, "--arch", "gfx1100")
+    proc = subprocess.run([str(EXE), "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("flydsl-translate ")
