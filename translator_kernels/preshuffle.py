@@ -11,7 +11,8 @@ so for one 16-column tile of N and one 32-deep slice of K, the 16 rows' kpack-el
 chunks of K sit next to each other: lane (n, kc) reads elements [kc*kpack, (kc+1)*kpack)
 of row n with a single 128-bit load. This is the "(16, 16)" layout of FlyDSL's own
 preshuffle GEMM. The shuffled tensor is stored flat as (N_pad, K_pad) so it prints and
-saves as an ordinary weight.
+saves as an ordinary weight. The kernel that reads this layout is gemm_kernel.py (its
+docstring derives why the K permutation inside a 32-slice leaves the dot product unchanged).
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ def shuffle_weight(w: torch.Tensor) -> torch.Tensor:
     wp[:n, :k] = w
     v = wp.view(n_pad // N_TILE, N_TILE, k_pad // K_TILE, K_TILE // kp, kp)
     return v.permute(0, 2, 3, 1, 4).contiguous().view(n_pad, k_pad)
+
+
+def shuffle_weight_batched(w: torch.Tensor) -> torch.Tensor:
+    """[B, N, K] (any strides) -> [B, N_pad, K_pad]: shuffle_weight applied to every batch entry."""
+    b, n, k = w.shape
+    n_pad, k_pad = padded_shape(n, k)
+    kp = kpack_for(w.dtype)
+    wp = torch.zeros((b, n_pad, k_pad), dtype=w.dtype, device=w.device)
+    wp[:, :n, :k] = w
+    v = wp.view(b, n_pad // N_TILE, N_TILE, k_pad // K_TILE, K_TILE // kp, kp)
+    return v.permute(0, 1, 3, 4, 2, 5).contiguous().view(b, n_pad, k_pad)
 
 
 def unshuffle_weight(ws: torch.Tensor, n: int, k: int) -> torch.Tensor:

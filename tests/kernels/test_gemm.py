@@ -1,0 +1,213 @@
+"""Preshuffle MFMA GEMM under flysim (both archs) against eager torch, plus layout/heuristic checks.
+
+Every flysim test also asserts that flysim's MFMA counter equals the count the tile grid implies
+(tiles x 16x16x32 blocks x MFMAs per block). References for bf16/fp16 are computed in fp32 from the
+same (rounded) inputs. Default run: a covering subset; the full issue sweep is `-m slow`.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import flysim
+from translator_kernels import gemm as G
+from translator_kernels.gemm_kernel import mfma_per_block
+from translator_kernels.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
+                                           unshuffle_weight)
+
+ARCHS = ("gfx942", "gfx950")
+DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# One dtype-keyed table. fp32 override: rtol 1e-4 because the kernel sums K products in MFMA
+# order (4-deep partial sums per 16x16x4 step), not torch's order; K up to 4096.
+TOL = {"f32": dict(atol=1e-5, rtol=1e-4), "bf16": dict(atol=1.6e-2, rtol=1.6e-2), "f16": dict(atol=1e-3, rtol=1e-3)}
+MFMA_NAME = {("f32", "gfx942"): "mfma.f32.16x16x4f32", ("f32", "gfx950"): "mfma.f32.16x16x4f32",
+             ("bf16", "gfx942"): "mfma.f32.16x16x16bf16.1k", ("bf16", "gfx950"): "mfma.f32.16x16x32.bf16",
+             ("f16", "gfx942"): "mfma.f32.16x16x16f16", ("f16", "gfx950"): "mfma.f32.16x16x32.f16"}
+ACTS = {None: lambda y: y, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"), "silu": torch.nn.functional.silu}
+
+
+def _inputs(dt, m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) / k**0.5).to(DT[dt])
+    w = torch.randn(n, k, generator=g).to(DT[dt])
+    return a, w, g
+
+
+def _ref(a, w, *, bias=None, activation=None, residual=None, scale=1.0):
+    y = scale * (a.float() @ w.float().T)
+    if bias is not None:
+        y = y + bias.float()
+    y = ACTS[activation](y)
+    if residual is not None:
+        y = y + residual.float()
+    return y
+
+
+def _check(out, ref, dt):
+    torch.testing.assert_close(out.float(), ref.to(out.dtype).float(), **TOL[dt])
+
+
+def _mfma_total(rec):
+    return sum(rec.counters["mfma_by_kind"].values())
+
+
+def run_gemm(arch, dt, m, n, k, *, bias=False, activation=None, residual=False, scale=1.0, seed=0):
+    a, w, g = _inputs(dt, m, n, k, seed)
+    b = torch.randn(n, generator=g) if bias else None
+    r = torch.randn(m, n, generator=g).to(DT[dt]) if residual else None
+    ws = shuffle_weight(w)
+    with flysim.simulate(arch=arch) as sim:
+        out = G.gemm(a, ws, n, k, bias=b, activation=activation, residual=r, scale=scale)
+    assert out.shape == (m, n) and out.dtype == DT[dt]
+    _check(out, _ref(a, w, bias=b, activation=activation, residual=r, scale=scale), dt)
+    (rec,) = sim.launches
+    cfg = G.choose_config(G.m_bucket(m), n, k, DT[dt], arch)
+    assert rec.counters["mfma_by_kind"] == {MFMA_NAME[dt, arch]: G.expected_mfma_count(m, n, k, dt, arch, cfg)}
+    return rec
+
+
+# (dtype, M, N, K, epilogue) -- covers each dtype, M tail, N and K not multiples of the tile,
+# a multi-step K loop, single-step K, and every epilogue piece.
+EPI_FULL = dict(bias=True, activation="gelu", residual=True, scale=0.5)
+CASES = [
+    ("f32", 17, 96, 1000, EPI_FULL),
+    ("bf16", 17, 96, 1000, EPI_FULL),
+    ("f16", 17, 96, 1000, EPI_FULL),
+    ("bf16", 1, 64, 64, {}),
+    ("bf16", 128, 1000, 96, dict(bias=True, activation="relu")),
+    ("f32", 300, 64, 768, dict(activation="silu")),
+    ("bf16", 33, 160, 768, dict(activation="gelu_tanh", residual=True)),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt,m,n,k,epi", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in CASES])
+def test_gemm_flysim(arch, dt, m, n, k, epi):
+    run_gemm(arch, dt, m, n, k, **epi)
+
+
+def test_one_compile_serves_all_m():
+    """M is a runtime argument: two M in one bucket reuse one launcher and one compiled kernel."""
+    k, n = 64, 64
+    w = torch.randn(n, k)
+    ws = shuffle_weight(w)
+    with flysim.simulate(arch="gfx942"):
+        for m in (3, 11):
+            a = torch.randn(m, k) / 8
+            _check(G.gemm(a, ws, n, k), _ref(a, w), "f32")
+    info = G.build_gemm.cache_info()
+    assert info.hits >= 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gemm_precision_mode_bf16_weight(arch):
+    """fp32 activation x bf16 preshuffled weight: A is cast to bf16, output stays fp32."""
+    m, n, k = 5, 64, 96
+    a = torch.randn(m, k) / k**0.5
+    w = torch.randn(n, k).to(torch.bfloat16)
+    with flysim.simulate(arch=arch):
+        out = G.gemm(a, shuffle_weight(w), n, k)
+    assert out.dtype == torch.float32
+    _check(out, _ref(a.to(torch.bfloat16), w), "bf16")
+
+
+def test_gemm_k_not_multiple_of_kpack_and_3d_input():
+    """K=250 (not a multiple of 8 bf16): A is zero-padded to 16-byte rows; [..., K] inputs flatten."""
+    n, k = 70, 250
+    a = (torch.randn(2, 3, k) / k**0.5).to(torch.bfloat16)
+    w = torch.randn(n, k).to(torch.bfloat16)
+    with flysim.simulate(arch="gfx950"):
+        out = G.gemm(a, shuffle_weight(w), n, k, out_dtype=torch.float32)
+    assert out.shape == (2, 3, n) and out.dtype == torch.float32
+    _check(out, _ref(a.reshape(6, k), w).reshape(2, 3, n), "bf16")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bmm_3d_and_broadcast_4d(arch):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 17, 40, generator=g) / 6
+    b = torch.randn(3, 40, 70, generator=g)
+    a4 = (torch.randn(2, 1, 9, 64, generator=g) / 8).to(torch.bfloat16)
+    b4 = torch.randn(1, 3, 64, 32, generator=g).to(torch.bfloat16)
+    with flysim.simulate(arch=arch) as sim:
+        out = G.bmm(a, b)
+        out4 = G.bmm(a4, b4)
+    _check(out, a @ b, "f32")
+    _check(out4, a4.float() @ b4.float(), "bf16")
+    assert out4.shape == (2, 3, 9, 32)
+    cfg = G.choose_config(16, 70, 40, torch.float32, arch)
+    assert _mfma_total(sim.launches[0]) == G.expected_mfma_count(17, 70, 40, "f32", arch, cfg, batch=3)
+
+
+def test_entry_point_errors_name_the_fix():
+    w = shuffle_weight(torch.randn(64, 64))
+    with pytest.raises(ValueError, match="padded|expected"):
+        G.gemm(torch.randn(4, 64), w[:, :32], 64, 64)
+    with pytest.raises(ValueError, match="float64"):
+        G.gemm(torch.randn(4, 64, dtype=torch.float64), w, 64, 64)
+    with pytest.raises(ValueError, match="activation"):
+        G.gemm(torch.randn(4, 64), w, 64, 64, activation="tanh")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_preshuffle_roundtrip_and_batched(dtype):
+    w = torch.randn(3, 70, 100).to(dtype)
+    ws = shuffle_weight_batched(w)
+    assert ws.shape == (3,) + padded_shape(70, 100)
+    for i in range(3):
+        assert torch.equal(ws[i], shuffle_weight(w[i]))
+        assert torch.equal(unshuffle_weight(ws[i], 70, 100), w[i])
+
+
+def test_choose_config_is_legal_everywhere():
+    for mb, n, k, dt, arch in itertools.product((16, 32, 64, 128), (64, 96, 768, 1000, 4096),
+                                                (64, 96, 768, 1000, 4096), ("f32", "bf16", "f16"), ARCHS):
+        cfg = G.choose_config(mb, n, k, dt, arch)
+        assert G.config_fits(cfg, dt, arch) is None
+        assert padded_shape(n, k)[1] % cfg.bk == 0 and cfg.bm <= mb
+        assert mfma_per_block(dt, arch) in (1, 2, 8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_isa_chosen_tile_no_spills(arch):
+    """The large-M bf16 tile compiles to ISA with 0 spills and the arch's MFMA (full table: notes/gemm.md)."""
+    from translator_kernels.gemm_isa import isa_stats
+
+    cfg = G.choose_config(128, 4096, 4096, "bf16", arch)
+    s = isa_stats(4096, 4096, "bf16", arch, cfg.bm, cfg.bn, cfg.bk)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0
+    assert s["mfma_ops"] == (["v_mfma_f32_16x16x32_bf16"] if arch == "gfx950" else ["v_mfma_f32_16x16x16_bf16"])
+    assert s["lds_bytes"] == 2 * cfg.bm * cfg.bk * 2
+
+
+SWEEP_MNK = list(itertools.product((1, 17, 128, 300), (64, 96, 768, 1000, 4096), (64, 96, 768, 1000, 4096)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt", list(DT))
+@pytest.mark.parametrize("m,n,k", SWEEP_MNK)
+def test_gemm_sweep(arch, dt, m, n, k):
+    run_gemm(arch, dt, m, n, k, **EPI_FULL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dt", list(DT))
+def test_gemm_epilogue_sweep(arch, act, dt):
+    run_gemm(arch, dt, 17, 96, 1000, bias=True, activation=act, residual=True, scale=0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("mb", [16, 32, 64, 128])
+def test_isa_sweep_no_spills(arch, dt, mb):
+    from translator_kernels.gemm_isa import isa_stats
+
+    cfg = G.choose_config(mb, 4096, 4096, dt, arch)
+    s = isa_stats(4096, 4096, dt, arch, cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0
