@@ -330,6 +330,18 @@ def _operand(x, kind, arch, N, fmt=None):
     return x.float()
 
 
+def _int_attr(a):
+    from flydsl._mlir import ir
+
+    try:
+        return ir.IntegerAttr(a).value
+    except ValueError:
+        text = str(a)
+        if text.endswith(" none>"):
+            return 0
+        raise UnsupportedOpError(f"MFMA modifier {text} is not simulated")
+
+
 def _split_kinds(kind):
     parts = [p for p in kind.split(".") if p and p != "1k"]
     return (parts[0], parts[-1]) if parts else ("f32", "f32")
@@ -348,8 +360,10 @@ def _mfma(d, o):
     ka, kb = _split_kinds(kind) if kind else ("f32", "f32")
     if kind in ("", "f32") or kind == "xf32":
         ka = kb = "f32"
-    attrs = {n: ir.IntegerAttr(o.attributes[n]).value for n in o.attributes
+    attrs = {n: _int_attr(o.attributes[n]) for n in o.attributes
              if n in ("cbsz", "abid", "blgp", "opselA", "opselB")}
+    if not scaled and any(attrs.get(n, 0) for n in ("cbsz", "abid", "blgp")):
+        raise UnsupportedOpError(f"{o.name}: broadcast/permute modifiers (cbsz/abid/blgp) are not simulated")
     MN = M
     GK = 64 // MN
     KPT = K // GK

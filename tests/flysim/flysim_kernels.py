@@ -1,0 +1,98 @@
+"""Small FlyDSL kernels that flysim's tests run (written for these tests)."""
+
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu
+
+WAVE = 64
+
+
+def build_add(block=64, guarded=True):
+    """C[i] = A[i] + B[i] for i < n; the unguarded variant reads past the end."""
+
+    @flyc.kernel
+    def add_kernel(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, n: fx.Int32):
+        i = fx.block_idx.x * block + fx.thread_idx.x
+        if guarded:
+            if i < n:
+                C[i] = A[i] + B[i]
+        else:
+            C[i] = A[i] + B[i]
+
+    @flyc.jit
+    def add(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, n: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        add_kernel(A, B, C, n).launch(grid=((n + block - 1) // block, 1, 1), block=(block, 1, 1), stream=stream)
+
+    return add
+
+
+def build_row_sum(threads=256, barrier=True):
+    """out[row] = sum(x[row, :threads]): wave shuffles, then LDS across waves."""
+    waves = threads // WAVE
+
+    @fx.struct
+    class Smem:
+        part: fx.Array[fx.Float32, waves, 16]
+
+    @flyc.kernel
+    def row_sum_kernel(X: fx.Tensor, Out: fx.Tensor):
+        row = fx.block_idx.x
+        tid = fx.thread_idx.x
+        lane = tid % WAVE
+        wave = tid // WAVE
+        smem = fx.SharedAllocator().allocate(Smem).peek()
+        part = smem.part.view(fx.make_layout(waves, 1))
+        v = X[row * threads + tid]
+        for k in fx.range_constexpr(6):
+            v = v + v.shuffle_xor(WAVE >> (k + 1), WAVE)
+        if lane == 0:
+            fx.memref_store(v, part, wave)
+        if barrier:
+            gpu.barrier()
+        if tid == 0:
+            total = fx.memref_load(part, 0)
+            for w in fx.range_constexpr(1, waves):
+                total = total + fx.memref_load(part, w)
+            Out[row] = total
+
+    @flyc.jit
+    def row_sum(X: fx.Tensor, Out: fx.Tensor, rows: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        row_sum_kernel(X, Out).launch(grid=(rows, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    return row_sum
+
+
+def build_mma_tile(m, n, k, elem, elem_bits):
+    """C = A @ B.T for one MFMA atom tile (A: m x k, B: n x k, C: m x n f32), one wave."""
+
+    @flyc.kernel
+    def mma_tile_kernel(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor):
+        tid = fx.thread_idx.x
+        A = fx.rocdl.make_buffer_tensor(A)
+        B = fx.rocdl.make_buffer_tensor(B)
+        C = fx.rocdl.make_buffer_tensor(C)
+        A = fx.slice(fx.zipped_divide(A, (m, k)), (None, 0))
+        B = fx.slice(fx.zipped_divide(B, (n, k)), (None, 0))
+        C = fx.slice(fx.zipped_divide(C, (m, n)), (None, 0))
+        mma_atom = fx.make_mma_atom(fx.rocdl.MFMA(m, n, k, elem))
+        tiled = fx.make_tiled_mma(mma_atom, fx.make_layout((1, 1, 1), (0, 0, 0)))
+        thr = tiled.thr_slice(tid)
+        ab_copy = fx.make_copy_atom(fx.rocdl.BufferCopy32b() if elem_bits == 32 else
+                                    fx.rocdl.BufferCopy16b() if elem_bits == 16 else fx.rocdl.BufferCopy8b(), elem_bits)
+        c_copy = fx.make_copy_atom(fx.rocdl.BufferCopy32b(), fx.Float32)
+        ca = fx.make_tiled_copy_A(ab_copy, tiled).get_slice(tid)
+        cb = fx.make_tiled_copy_B(ab_copy, tiled).get_slice(tid)
+        cc = fx.make_tiled_copy_C(c_copy, tiled).get_slice(tid)
+        fa, fb, fc = thr.make_fragment_A(A), thr.make_fragment_B(B), thr.make_fragment_C(C)
+        fx.copy(ab_copy, ca.partition_S(A), ca.retile(fa), pred=None)
+        fx.copy(ab_copy, cb.partition_S(B), cb.retile(fb), pred=None)
+        fc.fill(0)
+        fx.gemm(mma_atom, fc, fa, fb, fc)
+        fx.copy(c_copy, cc.retile(fc), cc.partition_S(C), pred=None)
+
+    @flyc.jit
+    def mma_tile(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        mma_tile_kernel(A, B, C).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return mma_tile
