@@ -140,13 +140,20 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     deny: dict = {}
     fallbacks: list = []
     with _eval_mode(model):
+        try:
+            with torch.no_grad():
+                model(*inputs)
+        except Exception as e:
+            raise InputError(f"the model failed on the example inputs in eager PyTorch, before any translation: "
+                             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
+                             f"— fix the model or the inputs so that model(*inputs) runs") from e
         while True:
             tm = _translate_once(model, inputs, arch, backend, precision, deny, name)
-            tm.report.verification.fallbacks = list(fallbacks)
             if not verify:
                 break
             _verify(model, inputs, tm, precision)
             v = tm.report.verification
+            v.fallbacks = list(fallbacks)
             if v.passed or not fallback_on_mismatch or v.divergence is None:
                 break
             d = v.divergence
