@@ -69,6 +69,12 @@ class Simulation:
         self.check_races = check_races
         self.strict_oob = strict_oob
         self.launches = []
+        self.extra_tensors = []
+
+    def register(self, *tensors):
+        """Declare tensors that raw-pointer arguments (``fx.Pointer``) of later launches address."""
+        self.extra_tensors.extend(tensors)
+        return self
 
     @property
     def last(self):
@@ -98,6 +104,7 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
     orig_backend = B._registry.get("rocm")
     orig_call = JF.JitFunction.__call__
     orig_compile = JF.MlirCompiler.__dict__["compile"]
+    orig_compile_impl = JF._compile_impl
     B.register_backend("rocm", _make_backend_class(), force=True)
     B._make_backend.cache_clear()
 
@@ -113,7 +120,16 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
             return orig_call(self, *args, **kwargs)
         return _simulated_call(_sim(), self, args, kwargs)
 
+    def compile_impl(func, *args, **kwargs):
+        """flyc.compile() under simulation: a callable that simulates each call."""
+        jf, bound_self = JF._unwrap_jit_function(func)
+        if jf is None:
+            return orig_compile_impl(func, *args, **kwargs)
+        pre = (bound_self,) if bound_self is not None else ()
+        return lambda *a: _simulated_call(_sim() or sim, jf, pre + a, {})
+
     JF.JitFunction.__call__ = call
+    JF._compile_impl = compile_impl
     JF.MlirCompiler.compile = classmethod(compile_and_keep_locations)
     _state.sim = sim
     try:
@@ -121,6 +137,7 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
     finally:
         _state.sim = None
         JF.JitFunction.__call__ = orig_call
+        JF._compile_impl = orig_compile_impl
         JF.MlirCompiler.compile = orig_compile
         if orig_backend is not None:
             B.register_backend("rocm", orig_backend, force=True)
@@ -160,7 +177,7 @@ def _simulated_call(sim, jf, args, kwargs):
         if fill is not None:
             fill(args_tuple[i], s)
         raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
-    tensors = _collect_tensors(args_tuple)
+    tensors = _collect_tensors(args_tuple) + list(sim.extra_tensors)
     records = program.run_host(raw, tensors, sim)
     sim.launches.extend(records)
     if records:
