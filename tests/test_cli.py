@@ -329,3 +329,19 @@ def test_console_script_bad_input_and_version(tmp_path):
     assert_one_error_line(proc.stderr, "--arch", "gfx1100")
     proc = subprocess.run([str(EXE), "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("flydsl-translate ")
+
+
+def test_script_may_import_its_siblings(tmp_path, capsys, monkeypatch):
+    import translator
+
+    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    (tmp_path / "flydsl_cli_test_sibling_layers.py").write_text("import torch.nn as nn\nWIDTH = 8\nLayer = nn.Linear\n")
+    script = write_script(
+        tmp_path,
+        GOOD.replace("import torch.nn as nn", "import torch.nn as nn\nfrom flydsl_cli_test_sibling_layers import WIDTH"),
+    )
+    path_before = list(sys.path)
+    code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert code == 0, err
+    assert sys.path == path_before
+    sys.modules.pop("flydsl_cli_test_sibling_layers", None)
