@@ -30,9 +30,11 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     if kind not in ("layer", "rms"):
         raise ValueError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
     plan = rc.plan_row(n, vec)
-    if not rc.row_fits(plan):
-        raise ValueError(f"{kind}_norm: row length N={n} exceeds the register-resident limit "
-                         f"({rc.MAX_BLOCK * rc.MAX_ELEMS_PER_THREAD} elements)")
+    STREAM = not rc.row_fits(plan)
+    if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
+        plan = rc.stream_plan(n, vec)
+    U = rc.STREAM_VECS_PER_THREAD
+    NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
     if affine == "channel" and hw % vec:
         raise ValueError(f"group_norm: vector width {vec} must divide HW={hw}")
     BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
@@ -98,61 +100,103 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
         s_b = lds.red_b.view(fx.make_layout(W, 1))
         zero = fx.Float32(0.0)
 
-        # pass 1: load (and add the residual), first statistic
-        xs = []
-        valid = []
-        acc = None
-        for t in range_constexpr(NT):
-            idx = tid + t * BLOCK
-            ok = None
-            if const_expr(PARTIAL and t == NT - 1):
-                ok = idx < NV
-                idx = ok.select(idx, 0)
+        def load_row(idx):
+            """(x in x's dtype -- the rounded sum when a residual is added, x in fp32)."""
             x_e = rc.load_vec(atom, VEC, edt, xv, idx)
             if const_expr(residual):
                 s_e = x_e.to(fx.Float32) + rc.load_vec(atom, VEC, edt, rv, idx).to(fx.Float32)
                 x_e = s_e.to(edt) if const_expr(dtype_str != "f32") else s_e
-            x = x_e.to(fx.Float32)
-            if const_expr(ok is not None):
-                x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
-            xs.append((x_e, x))
-            valid.append(ok)
-            term = x if const_expr(kind == "layer") else x * x
-            acc = term if t == 0 else acc + term
-        total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
+            return x_e, x_e.to(fx.Float32)
 
-        if const_expr(kind == "layer"):
-            mean = total * INV_N
-            acc2 = None
-            for t in range_constexpr(NT):
-                d = xs[t][1] - mean
-                if const_expr(valid[t] is not None):
-                    d = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(d, zero)
-                acc2 = d * d if t == 0 else acc2 + d * d
-            var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N
-            rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
-        else:
-            rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)
-
-        # pass 2: normalize, affine, store
-        for t in range_constexpr(NT):
-            idx = tid + t * BLOCK
-            x_e, x = xs[t]
-            y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+        def affine_store(y, idx, x_e):
             if const_expr(w_dtype is not None):
                 y = y * load_param(Wt, w_dtype, idx)
             if const_expr(b_dtype is not None):
                 y = y + load_param(Bs, b_dtype, idx)
             y = y.to(edt) if const_expr(dtype_str != "f32") else y
-            if const_expr(valid[t] is not None):
-                if idx < NV:
-                    rc.store_vec(atom, VEC, edt, y, ov, idx)
-                    if const_expr(residual):
-                        rc.store_vec(atom, VEC, edt, x_e, sv, idx)
+            rc.store_vec(atom, VEC, edt, y, ov, idx)
+            if const_expr(residual):
+                rc.store_vec(atom, VEC, edt, x_e, sv, idx)
+
+        def resident():
+            # pass 1: load (and add the residual), first statistic
+            xs = []
+            valid = []
+            acc = None
+            for t in range_constexpr(NT):
+                idx = tid + t * BLOCK
+                ok = None
+                if const_expr(PARTIAL and t == NT - 1):
+                    ok = idx < NV
+                    idx = ok.select(idx, 0)
+                x_e, x = load_row(idx)
+                if const_expr(ok is not None):
+                    x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
+                xs.append((x_e, x))
+                valid.append(ok)
+                term = x if const_expr(kind == "layer") else x * x
+                acc = term if t == 0 else acc + term
+            total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
+
+            if const_expr(kind == "layer"):
+                mean = total * INV_N
+                acc2 = None
+                for t in range_constexpr(NT):
+                    d = xs[t][1] - mean
+                    if const_expr(valid[t] is not None):
+                        d = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(d, zero)
+                    acc2 = d * d if t == 0 else acc2 + d * d
+                var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N
+                rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
             else:
-                rc.store_vec(atom, VEC, edt, y, ov, idx)
-                if const_expr(residual):
-                    rc.store_vec(atom, VEC, edt, x_e, sv, idx)
+                rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)
+
+            # pass 2: normalize, affine, store
+            for t in range_constexpr(NT):
+                idx = tid + t * BLOCK
+                x_e, x = xs[t]
+                y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+                if const_expr(valid[t] is not None):
+                    if idx < NV:
+                        affine_store(y, idx, x_e)
+                else:
+                    affine_store(y, idx, x_e)
+
+        def streamed():
+            # pass 1: shifted sums (shift = the row's first element, against cancellation)
+            k = load_row(0)[1][0] if const_expr(kind == "layer") else zero
+            acc1 = zero
+            acc2 = zero
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    d = load_row(ok.select(idx, 0))[1] - k
+                    d = fx.Vector.filled(VEC, ok, fx.Boolean).select(d, zero)
+                    acc1 = acc1 + rc.lane_sum(d, VEC)
+                    acc2 = acc2 + rc.lane_sum(d * d, VEC)
+            s2 = block_allreduce(acc2, s_b) * INV_N
+            if const_expr(kind == "layer"):
+                s1 = block_allreduce(acc1, s_a) * INV_N
+                mean = k + s1
+                var = fx.max(s2 - s1 * s1, zero)
+                rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
+            else:
+                rstd = fx.math.rsqrt(s2 + eps, fastmath=AFN)
+            # pass 2: re-read (and re-add), normalize, store
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    x_e, x = load_row(ok.select(idx, 0))
+                    y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+                    if ok:
+                        affine_store(y, idx, x_e)
+
+        if const_expr(STREAM):
+            streamed()
+        else:
+            resident()
 
     @flyc.jit
     def launch(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor, Sum: fx.Tensor,

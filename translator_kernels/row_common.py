@@ -204,3 +204,12 @@ def launch(launcher, *args) -> None:
         launcher(*args, stream=torch.cuda.current_stream(first.device))
     else:
         launcher(*args)
+
+
+STREAM_VECS_PER_THREAD = 4
+
+
+def stream_plan(n: int, vec: int) -> RowPlan:
+    """Plan for rows too long to keep in registers: MAX_BLOCK threads loop over chunks."""
+    nv = n // vec
+    return RowPlan(n=n, vec=vec, block=MAX_BLOCK, nt=-(-nv // MAX_BLOCK))

@@ -26,9 +26,11 @@ AFN = fx.arith.FastMathFlags.afn  # exp2 -> hardware v_exp_f32; keeps inf/NaN se
 def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     """Compiled launcher `launch(x, out, m)` for rows of length `n` (arch keys the cache)."""
     plan = rc.plan_row(n, vec)
-    if not rc.row_fits(plan):
-        raise ValueError(f"softmax: row length N={n} exceeds the register-resident limit "
-                         f"({rc.MAX_BLOCK * rc.MAX_ELEMS_PER_THREAD} elements)")
+    STREAM = not rc.row_fits(plan)
+    if STREAM:  # too long for registers: two streaming passes (online max/sum, then write)
+        plan = rc.stream_plan(n, vec)
+    U = rc.STREAM_VECS_PER_THREAD
+    NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
     BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
     PARTIAL = plan.partial
     ebits = rc.elem_bits(dtype_str)
@@ -71,53 +73,103 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
         neg_inf = fx.Float32(float("-inf"))
         zero = fx.Float32(0.0)
 
-        xs = []
-        valid = []
-        tmax = None
-        for t in range_constexpr(NT):
-            idx = tid + t * BLOCK
-            if const_expr(PARTIAL and t == NT - 1):
-                ok = idx < NV
-                idx_safe = ok.select(idx, 0)
-                x = rc.load_vec(atom, VEC, edt, xv, idx_safe).to(fx.Float32)
-                x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, neg_inf)
-                valid.append(ok)
-            else:
-                x = rc.load_vec(atom, VEC, edt, xv, idx).to(fx.Float32)
-                valid.append(None)
-            xs.append(x)
-            tmax = x if t == 0 else fx.max(tmax, x)
-        rmax = block_allreduce(rc.lane_max(tmax, VEC), "max", s_max)
+        def resident():
+            xs = []
+            valid = []
+            tmax = None
+            for t in range_constexpr(NT):
+                idx = tid + t * BLOCK
+                if const_expr(PARTIAL and t == NT - 1):
+                    ok = idx < NV
+                    idx_safe = ok.select(idx, 0)
+                    x = rc.load_vec(atom, VEC, edt, xv, idx_safe).to(fx.Float32)
+                    x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, neg_inf)
+                    valid.append(ok)
+                else:
+                    x = rc.load_vec(atom, VEC, edt, xv, idx).to(fx.Float32)
+                    valid.append(None)
+                xs.append(x)
+                tmax = x if t == 0 else fx.max(tmax, x)
+            rmax = block_allreduce(rc.lane_max(tmax, VEC), "max", s_max)
 
-        tsum = None
-        es = []
-        for t in range_constexpr(NT):
-            # masked lanes hold -inf: exp2(-inf) = 0 unless the whole row is -inf (then NaN,
-            # which only reaches lanes that are never stored)
-            d = xs[t] - rmax
-            e = fx.math.exp2(d * LOG2E, fastmath=AFN)
-            if const_expr(valid[t] is not None):
-                e = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(e, zero)
-            es.append(e)
+            tsum = None
+            es = []
+            for t in range_constexpr(NT):
+                # masked lanes hold -inf: exp2(-inf) = 0 unless the whole row is -inf (then NaN,
+                # which only reaches lanes that are never stored)
+                d = xs[t] - rmax
+                e = fx.math.exp2(d * LOG2E, fastmath=AFN)
+                if const_expr(valid[t] is not None):
+                    e = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(e, zero)
+                es.append(e)
+                if const_expr(log):
+                    xs[t] = d
+                tsum = e if t == 0 else tsum + e
+            rsum = block_allreduce(rc.lane_sum(tsum, VEC), "sum", s_sum)
+
             if const_expr(log):
-                xs[t] = d
-            tsum = e if t == 0 else tsum + e
-        rsum = block_allreduce(rc.lane_sum(tsum, VEC), "sum", s_sum)
-
-        if const_expr(log):
-            # rocdl.log is v_log_f32 (log2); math.log2 would need the ocml device library
-            shift = fx.Float32(fx.rocdl.log(fx.Float32.ir_type, fx.Float32(rsum).ir_value())) * LN2
-        else:
-            inv = 1.0 / rsum
-        for t in range_constexpr(NT):
-            idx = tid + t * BLOCK
-            y = xs[t] - shift if const_expr(log) else es[t] * inv
-            y = y.to(edt) if const_expr(dtype_str != "f32") else y
-            if const_expr(valid[t] is not None):
-                if idx < NV:
-                    rc.store_vec(atom, VEC, edt, y, ov, idx)
+                # rocdl.log is v_log_f32 (log2); math.log2 would need the ocml device library
+                shift = fx.Float32(fx.rocdl.log(fx.Float32.ir_type, fx.Float32(rsum).ir_value())) * LN2
             else:
-                rc.store_vec(atom, VEC, edt, y, ov, idx)
+                inv = 1.0 / rsum
+            for t in range_constexpr(NT):
+                idx = tid + t * BLOCK
+                y = xs[t] - shift if const_expr(log) else es[t] * inv
+                y = y.to(edt) if const_expr(dtype_str != "f32") else y
+                if const_expr(valid[t] is not None):
+                    if idx < NV:
+                        rc.store_vec(atom, VEC, edt, y, ov, idx)
+                else:
+                    rc.store_vec(atom, VEC, edt, y, ov, idx)
+
+        def streamed():
+            # pass 1: per-thread online max / rescaled sum over chunks of U vectors
+            m = neg_inf
+            acc = zero
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                cm = neg_inf
+                xs = []
+                oks = []
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    x = rc.load_vec(atom, VEC, edt, xv, ok.select(idx, 0)).to(fx.Float32)
+                    x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, neg_inf)
+                    xs.append(x)
+                    cm = fx.max(cm, rc.lane_max(x, VEC))
+                m_new = fx.max(m, cm)
+                # exp2 of -inf - -inf would be NaN: a thread that has seen only -inf keeps 0
+                safe = (m_new == neg_inf).select(zero, m_new)
+                acc = acc * fx.math.exp2((m - safe) * LOG2E, fastmath=AFN)
+                for u in range_constexpr(U):
+                    acc = acc + rc.lane_sum(fx.math.exp2((xs[u] - safe) * LOG2E, fastmath=AFN), VEC)
+                m = m_new
+            rmax = block_allreduce(m, "max", s_max)
+            safe_r = (rmax == neg_inf).select(zero, rmax)
+            mine = acc * fx.math.exp2((m - safe_r) * LOG2E, fastmath=AFN)
+            rsum = block_allreduce(mine, "sum", s_sum)  # 0 for an all -inf row -> NaN below
+            if const_expr(log):
+                shift = rmax + fx.Float32(fx.rocdl.log(fx.Float32.ir_type, fx.Float32(rsum).ir_value())) * LN2
+            else:
+                inv = 1.0 / rsum
+            # pass 2: re-read, normalize, store
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    x = rc.load_vec(atom, VEC, edt, xv, ok.select(idx, 0)).to(fx.Float32)
+                    if const_expr(log):
+                        y = x - shift
+                    else:
+                        y = fx.math.exp2((x - rmax) * LOG2E, fastmath=AFN) * inv
+                    y = y.to(edt) if const_expr(dtype_str != "f32") else y
+                    if ok:
+                        rc.store_vec(atom, VEC, edt, y, ov, idx)
+
+        if const_expr(STREAM):
+            streamed()
+        else:
+            resident()
 
     @flyc.jit
     def launch(X: fx.Tensor, Out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
