@@ -89,7 +89,9 @@ def kernel_entry_available(entry: str) -> bool:
         mod, _, attr = entry.partition(":")
         try:
             _AVAILABLE[entry] = callable(getattr(importlib.import_module(mod), attr, None))
-        except ImportError:
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # the kernel module exists but is broken: that is a bug to see, not hide
+                raise
             _AVAILABLE[entry] = False
     return _AVAILABLE[entry]
 
@@ -126,5 +128,25 @@ def _target_name(t) -> str:
     return getattr(t, "__name__", str(t))
 
 
+BEGIN, END = "<!-- ops-table:begin (generated: python -m translator.registry --update-readme) -->", "<!-- ops-table:end -->"
+
+
+def readme_with_table(text: str) -> str:
+    """README text with the generated table between the markers."""
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return f"{head}{BEGIN}\n{supported_ops_markdown()}\n{END}{tail}"
+
+
 if __name__ == "__main__":
-    print(supported_ops_markdown())
+    import sys
+    from pathlib import Path
+
+    from translator import registry as _reg  # the registry the lowerings fill, not this __main__ copy
+
+    if "--update-readme" in sys.argv:
+        p = Path(__file__).resolve().parent.parent / "README.md"
+        p.write_text(_reg.readme_with_table(p.read_text()))
+        print(f"updated {p}")
+    else:
+        print(_reg.supported_ops_markdown())

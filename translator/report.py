@@ -129,6 +129,7 @@ class Report:
 
     def render(self, console=None) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         console = console or Console(width=max(Console().width, 150))
@@ -139,16 +140,17 @@ class Report:
         for r in self.rows:
             if _is_layout(r):
                 continue
-            t.add_row(r.node, r.op, r.shapes, r.dtype, r.where, r.detail, f"{r.flops:,}", style=style[r.where])
+            t.add_row(*map(escape, (r.node, r.op, r.shapes, r.dtype, r.where, r.detail)), f"{r.flops:,}",
+                      style=style[r.where])
         console.print(t)
         s = self.summary()
         console.print(f"({s['layout_nodes']} view/layout ops not shown; see report.md)")
-        console.print(self.headline())
+        console.print(escape(self.headline()))
         v = self.verification
         if v.ran and not v.passed:
-            console.print(f"[red]verification failed: {v.message}[/red]")
+            console.print(f"verification failed: {escape(v.message)}", style="red")
             if v.divergence:
-                console.print(f"[red]{v.divergence.describe()}[/red]")
+                console.print(escape(v.divergence.describe()), style="red")
 
 
 def _is_layout(r: Row) -> bool:
