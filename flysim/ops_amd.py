@@ -306,7 +306,8 @@ def _inline_asm(d, o):
 
 _MFMA_RE = re.compile(r"rocdl\.mfma\.(?:scale\.)?(f32|i32)\.(\d+)x(\d+)x(\d+)\.?([a-z0-9.]*?)(\.1k)?$")
 _FP8 = {"gfx942": (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz), "gfx950": (torch.float8_e4m3fn, torch.float8_e5m2)}
-_F8F6F4 = {0: 0, 1: 1}  # cbsz/blgp format code -> (fp8, bf8) index
+_F8F6F4 = {0: 0, 1: 1}
+_FORMATS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp6_e2m3": 2, "fp6_e3m2": 3, "fp4_e2m1": 4}  # cbsz/blgp format code -> (fp8, bf8) index
 
 
 def _operand(x, kind, arch, N, fmt=None):
@@ -339,7 +340,22 @@ def _int_attr(a):
         text = str(a)
         if text.endswith(" none>"):
             return 0
+        for name, code in _FORMATS.items():
+            if text.endswith(f" {name}>"):
+                return code
         raise UnsupportedOpError(f"MFMA modifier {text} is not simulated")
+
+
+def _is_const_zero(v):
+    from flydsl._mlir import ir
+
+    try:
+        owner = v.owner
+        if owner.name not in ("arith.constant", "llvm.mlir.constant"):
+            return False
+        return ir.IntegerAttr(owner.attributes["value"]).value == 0
+    except (AttributeError, ValueError):
+        return False
 
 
 def _split_kinds(kind):
@@ -370,6 +386,10 @@ def _mfma(d, o):
     GM = 64 // N_
     V1 = M // 4 // GM
     short = o.name[len("rocdl."):]
+    # Scale operands that are the constant 0 make LLVM select the unscaled
+    # v_mfma_*_f8f6f4 (FlyDSL's fp8 GEMM relies on it); other values are E8M0
+    # exponents with bias 127, one per lane's 32 K-values (byte chosen by opsel).
+    unscaled = scaled and all(_is_const_zero(v) for v in list(o.operands)[3:])
 
     def f(ex):
         R = ex.R
@@ -384,9 +404,10 @@ def _mfma(d, o):
         b = _operand(R[ins[1]], kb, ex.arch, Nl, fb)
         if a.shape[1] != KPT or b.shape[1] != KPT:
             raise UnsupportedOpError(f"{o.name}: expected {KPT} values per lane, got {a.shape[1]} (multi-block MFMA?)")
-        if scaled:
-            sa = (R[ins[4]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselA", 0))) & 0xFF
-            sb = (R[ins[6]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselB", 0))) & 0xFF
+        if scaled and not unscaled:
+            ia, ib = (3, 4) if len(ins) == 5 else (4, 6)
+            sa = (R[ins[ia]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselA", 0))) & 0xFF
+            sb = (R[ins[ib]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselB", 0))) & 0xFF
             a = a * torch.exp2(sa.float() - 127).unsqueeze(1)
             b = b * torch.exp2(sb.float() - 127).unsqueeze(1)
         c = R[ins[2]]

@@ -28,7 +28,7 @@ def _from_bits(raw, ti, N):
 
 def _to_bits(x, ti, N):
     if x.dtype == torch.bool:
-        x = x.to(torch.uint8)
+        x = x.to(torch.int8)
     x = x.view(INT_OF[x.element_size()]) if x.dtype.is_floating_point else x
     count = max(1, ti.nbytes // _esize(ti))
     return x.expand(N, *ti.vshape).reshape(N, count) if x.dim() <= len(ti.vshape) else x.reshape(N, count)
