@@ -72,5 +72,24 @@ def _compile_one(spec):
            w.numel() * w.element_size(), c.numel() * c.element_size())
 
 
+def markdown_table(n=4096, k=4096, archs=("gfx942", "gfx950"), dtypes=("f32", "bf16", "f16"),
+                   buckets=(16, 32, 64, 128)):
+    """The chosen tile of every (arch, dtype, M bucket) at N x K, compiled with the full epilogue."""
+    from .gemm import choose_config
+
+    rows = ["| arch | dtype | M bucket | tile BMxBNxBK | VGPR | AGPR | SGPR | spills (v/s) | LDS B | waves/SIMD | MFMA op (static count) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arch, dt, mb in ((a, d, b) for a in archs for d in dtypes for b in buckets):
+        c = choose_config(mb, n, k, dt, arch)
+        s = isa_stats(n, k, dt, arch, c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True)
+        rows.append(f"| {arch} | {dt} | {mb} | {c.bm}x{c.bn}x{c.bk} | {s['vgpr']} | {s['agpr']} | {s['sgpr']} | "
+                    f"{s['vgpr_spill']}/{s['sgpr_spill']} | {s['lds_bytes']} | {s['waves_per_simd']} | "
+                    f"{', '.join(s['mfma_ops'])} ({s['mfma_static']}) |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    _compile_one(json.loads(sys.argv[1]))
+    if sys.argv[1] == "--table":  # python -m translator_kernels.gemm_isa --table  (regenerates notes/gemm.md's table)
+        print(markdown_table())
+    else:
+        _compile_one(json.loads(sys.argv[1]))

@@ -162,8 +162,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         a_base = bz * a_bs
 
         def a_chunk(i):
+            # chunk c -> (row r, k-chunk kc) with 16 consecutive rows fastest: a wave reads 16 rows x
+            # 4 chunks (64 contiguous bytes per row) and its LDS writes land at unit c, conflict-free.
             c = tid + i * THREADS
-            return c, c // a_cpr, c % a_cpr
+            rest = c // 16
+            return c, (rest // a_cpr) * 16 + c % 16, rest % a_cpr
 
         def load_a(kt):
             regs = []
@@ -179,8 +182,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             return regs
 
         def lds_a_dw(c, r, kc):
-            # chunk (r, kc) -> LDS dword offset in the (BM/16, BK/32, cpb, 16, kp) layout
-            return ((((r // 16) * k_blk + kc // cpb) * cpb + kc % cpb) * 16 + r % 16) * 4
+            # (BM/16, BK/32, cpb, 16, kp) layout: unit ((r//16*a_cpr + kc)*16 + r%16), which is c itself
+            return c * 4
 
         def store_a(regs, stage_off):
             for i in range_constexpr(a_loads):

@@ -77,7 +77,7 @@ CASES = [
     ("f16", 17, 96, 1000, EPI_FULL),
     ("bf16", 1, 64, 64, {}),
     ("bf16", 128, 1000, 96, dict(bias=True, activation="relu")),
-    ("f32", 300, 64, 768, dict(activation="silu")),
+    ("f32", 300, 64, 96, dict(activation="silu")),
     ("bf16", 33, 160, 768, dict(activation="gelu_tanh", residual=True)),
 ]
 
