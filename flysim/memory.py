@@ -203,23 +203,20 @@ class LDS:
             self.reader.fill_(-1)
 
     def _conflicts(self, ex, lanes, off, nbytes):
-        width = max(4, nbytes)
-        group = max(1, 128 // width)
-        lw = ex.lane_in_wave if lanes is None else ex.lane_in_wave[lanes]
-        gw = ex.wave if lanes is None else ex.wave[lanes]
-        gid = gw * 64 + lw // group
         ndw = max(1, nbytes // 4)
+        group = max(1, 128 // max(4, nbytes))
         dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
-        g = gid.unsqueeze(1).expand_as(dw).reshape(-1)
-        dw = dw.reshape(-1)
-        key = torch.unique(g * (1 << 32) + dw)
-        g2, d2 = key >> 32, key & 0xFFFFFFFF
-        per_bank = torch.unique(g2 * 32 + d2 % 32, return_counts=True)[1]
-        cycles = torch.zeros(int(g2.max()) + 1 if g2.numel() else 1, dtype=torch.int64, device=off.device)
-        bank_group = torch.unique(g2 * 32 + d2 % 32)
-        cycles.scatter_reduce_(0, bank_group // 32, per_bank, reduce="amax", include_self=True)
-        used = torch.unique(g2)
-        self.bank_conflicts += int((cycles[used] - 1).clamp(min=0).sum())
+        if lanes is None:
+            full = dw
+        else:
+            full = torch.full((ex.N, ndw), -1, dtype=torch.int64, device=off.device)
+            full[lanes] = dw
+        x = full.reshape(ex.N // group, group * ndw).sort(1).values
+        keep = x >= 0
+        keep[:, 1:] &= x[:, 1:] != x[:, :-1]  # distinct dwords only: a broadcast is free
+        bank = torch.where(keep, x % 32, torch.full_like(x, 32))
+        cnt = torch.zeros(x.shape[0], 33, dtype=torch.int64, device=x.device).scatter_add_(1, bank, torch.ones_like(bank))
+        self.bank_conflicts += int((cnt[:, :32].amax(1) - 1).clamp(min=0).sum())
 
     def load(self, ex, ptr, esize, count, loc):
         nbytes = esize * count

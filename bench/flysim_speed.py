@@ -1,0 +1,84 @@
+"""flysim speed: wall time and lane-ops/s for FlyDSL's own softmax, preshuffle GEMM and flash attention.
+
+FlyDSL's kernels come from an extracted copy of its source tree (never part of
+this repo): set FLYDSL_SRC (default /tmp/flydsl-src). Usage:
+    python bench/flysim_speed.py [softmax] [gemm] [attn] [--device cuda] [--races]
+lane-ops = executed ops x active lanes (every lane of every workgroup).
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+import flysim
+
+SRC = os.environ.get("FLYDSL_SRC", "/tmp/flydsl-src")
+sys.path.insert(0, SRC)
+
+
+def softmax(device):
+    from kernels.norm.softmax_kernel import build_softmax_module
+
+    M = N = 4096
+    x = torch.randn(M, N, device=device)
+    out = torch.empty_like(x)
+    fn = build_softmax_module(M, N, "f32")
+    return "softmax 4096x4096 f32", lambda: fn(x, out, M), lambda: (out - torch.softmax(x, 1)).abs().max().item()
+
+
+def gemm(device):
+    from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
+    from tests.utils import shuffle_weight
+
+    M = N = K = 512
+    a = torch.randn(M, K, device=device).to(torch.bfloat16)
+    b = torch.randn(N, K, device=device).to(torch.bfloat16)
+    c = torch.empty(M, N, dtype=torch.bfloat16, device=device)
+    bs = shuffle_weight(b, layout=(16, 16)).contiguous().view(-1)
+    fn = compile_preshuffle_gemm(N=N, K=K, tile_m=64, tile_n=128, tile_k=64, in_dtype="bf16", out_dtype="bf16")
+    e = torch.empty(0, device=device)
+    run = lambda: fn(c.view(-1), a.view(-1), bs, e, e, torch.empty(0, dtype=torch.bfloat16, device=device), M, N, None)  # noqa: E731
+    return "preshuffle GEMM 512^3 bf16", run, lambda: ((c.float() - a.float() @ b.float().T).abs().max().item())
+
+
+def attn(device):
+    from kernels.attention.flash_attn_generic import build_flash_attn_func_module
+
+    B, S, H, D = 1, 512, 8, 128
+    q, k, v = (torch.empty(B, S, H, D, device=device).uniform_(-1, 1).to(torch.bfloat16) for _ in range(3))
+    o = torch.zeros_like(q)
+    fn = build_flash_attn_func_module(num_heads=H, head_dim=D, causal=True, dtype_str="bf16", num_kv_heads=H,
+                                      cross_seqlen=False, block_m=128, flat_work_group_size=256, path_tag="auto",
+                                      waves_per_eu=2, daz=True, return_lse=False)
+
+    def err():
+        t = lambda x: x.float().transpose(1, 2)  # noqa: E731
+        ref = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True).transpose(1, 2)
+        return (o.float() - ref).abs().max().item()
+
+    return "flash attn B1 H8 S512 D128 causal bf16", lambda: fn(q, k, v, o, B, S, lse=None, stream=None), err
+
+
+def main():
+    args = sys.argv[1:]
+    device = args[args.index("--device") + 1] if "--device" in args else "cpu"
+    which = [a for a in args if a in ("softmax", "gemm", "attn")] or ["softmax", "gemm", "attn"]
+    print(f"| case | device | launch wall (s) | sim only (s) | lanes | lane-ops | lane-ops/s | max err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in which:
+        with flysim.simulate(arch="gfx942", check_races="--races" in args) as sim:
+            title, run, err = globals()[name](device)
+            run()  # compile + first run
+            t = time.perf_counter()
+            run()
+            wall = time.perf_counter() - t
+        rec = sim.launches[-1]
+        lanes = rec.grid[0] * rec.grid[1] * rec.grid[2] * rec.block[0] * rec.block[1] * rec.block[2]
+        print(f"| {title} | {device} | {wall:.2f} | {rec.wall_s:.2f} | {lanes} | {rec.lane_ops:.3g} | "
+              f"{rec.lane_ops / rec.wall_s:.3g} | {err():.3g} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
