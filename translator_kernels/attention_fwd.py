@@ -28,14 +28,13 @@ Rows whose keys are all masked end with l == 0 and are written as 0, as torch SD
 Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k <= q.
 """
 
-from __future__ import annotations
 
 import math
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
-from flydsl.expr import const_expr, range_constexpr, rocdl
+from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
@@ -45,6 +44,10 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 _FX_DTYPES = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
 _ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def gpu_barrier():
+    gpu.barrier()
 
 
 def _ir_elem(name: str):
@@ -62,12 +65,21 @@ def _chunk(n: int, elem_bytes: int) -> int:
 def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
     """Static tile parameters of one specialization (also used by the notes/bench)."""
     eb = _ELEM_BYTES[dtype]
-    n_tiles = max(1, min(4, 1024 // (head_dim * eb)))
+    use_lds = num_waves > 1
+    # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
+    # staging with padding) so that three workgroups fit the 64 KB LDS of a gfx942 CU
+    budget = 8192 if use_lds else 16384
+    n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
+    block_n = 16 * n_tiles
+    kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
     return dict(
         n_tiles=n_tiles,
-        block_n=16 * n_tiles,
+        block_n=block_n,
         block_m=16 * num_waves,
         threads=64 * num_waves,
+        use_lds=use_lds,
+        lds_stride=kstride,
+        lds_bytes=2 * block_n * kstride * eb if use_lds else 0,
     )
 
 
@@ -86,6 +98,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     KSTEPS = D // 4 if is_f32 else D // 16
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
+    USE_LDS, LSTR = cfg["use_lds"], cfg["lds_stride"]
+    CE = 16 // eb                    # elements per 16-byte cooperative chunk
+    ROW_CH = D // CE                 # chunks per K/V row
+    TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
+    CH_ITERS = -(-TILE_CH // THREADS)
+    CH_EXACT = TILE_CH % THREADS == 0
+
+    @fx.struct
+    class KVStage:
+        k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
+        v: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
 
     def f32v4():
         return ir.VectorType.get([4], ir.F32Type.get())
@@ -166,6 +189,61 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(f32v4(), [a16, b16, c, 0, 0, 0]))
             return fx.Vector(rocdl.mfma_f32_16x16x16f16(f32v4(), [a, b_, c, 0, 0, 0]))
 
+        if const_expr(USE_LDS):
+            stage = fx.SharedAllocator().allocate(KVStage).peek()
+            lds_k = stage.k.ptr
+            lds_v = stage.v.ptr
+
+        def gload_tile(kb):
+            """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
+            per thread and tensor (keys clamped in range)."""
+            ks, vs = [], []
+            for it in range_constexpr(CH_ITERS):
+                c = tid + it * THREADS
+                c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
+                key = kb + c // ROW_CH
+                key = (key < sk).select(key, sk_last)
+                col = (c % ROW_CH) * CE
+                ks.append(load_vec(k_ptr, k_base + key * k_ss + col, CE))
+                vs.append(load_vec(v_ptr, v_base + key * v_ss + col, CE))
+            return ks, vs
+
+        def lds_store_tile(ks, vs):
+            for it in range_constexpr(CH_ITERS):
+                c = tid + it * THREADS
+                off = (c // ROW_CH) * LSTR + (c % ROW_CH) * CE
+                if const_expr(CH_EXACT):
+                    fx.ptr_store(ks[it], lds_k + fx.Int64(off))
+                    fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+                else:
+                    if c < TILE_CH:
+                        fx.ptr_store(ks[it], lds_k + fx.Int64(off))
+                        fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+
+        def lds_chunks(ptr, off, total, chunk):
+            ty = ir.VectorType.get([chunk], _ir_elem(dtype))
+            if const_expr(chunk == 1):
+                return [fx.Vector.from_elements([fx.ptr_load(ptr + fx.Int64(off + c), result_type=Elem)], Elem)
+                        for c in range_constexpr(total)]
+            return [fx.ptr_load(ptr + fx.Int64(off + c * chunk), result_type=ty)
+                    for c in range_constexpr(total // chunk)]
+
+        def k_operand(kb, t):
+            """This lane's K row (key kb + 16t + r), d in [g*QN, (g+1)*QN)."""
+            if const_expr(USE_LDS):
+                return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
+            key = kb + 16 * t + r
+            key_c = (key < sk).select(key, sk_last)
+            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC)
+
+        def v_operand(kb, t, j):
+            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN)."""
+            if const_expr(USE_LDS):
+                return lds_chunks(lds_v, (16 * t + 4 * g + j) * LSTR + r * VN, VN, VC)
+            key = kb + 16 * t + 4 * g + j
+            key_c = (key < sk).select(key, sk_last)
+            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC)
+
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC)
 
@@ -176,18 +254,28 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             kv_end = (blk_end < sk).select(blk_end, sk)
 
         init = [neg_inf, zero_f] + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(VN)]
+        if const_expr(USE_LDS):
+            pk, pv = gload_tile(zero_i)
+            init = init + pk + pv
         for kb_idx, state in range(fx.Index(0), fx.Index(kv_end), fx.Index(BLOCK_N), init=init):
             kb = fx.Int32(kb_idx)
             m_old = state[0]
             l_old = state[1]
             o_acc = [state[2 + i] for i in range_constexpr(VN)]
+            nxt = []
+            if const_expr(USE_LDS):
+                # stage the prefetched tile, then prefetch the next one while computing
+                gpu_barrier()
+                lds_store_tile([state[2 + VN + i] for i in range_constexpr(CH_ITERS)],
+                               [state[2 + VN + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
+                gpu_barrier()
+                nk, nv = gload_tile(kb + BLOCK_N)
+                nxt = nk + nv
 
             # ---- Sᵀ = K Qᵀ per 16-key tile ----
             s_tiles = []
             for t in range_constexpr(N_TILES):
-                key = kb + 16 * t + r
-                key_c = (key < sk).select(key, sk_last)
-                k_chunks = load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC)
+                k_chunks = k_operand(kb, t)
                 acc = fx.Vector.filled(4, 0.0, fx.Float32)
                 for s in range_constexpr(KSTEPS):
                     if const_expr(is_f32):
@@ -237,11 +325,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
             # ---- Oᵀ += Vᵀ Pᵀ ----
             for t in range_constexpr(N_TILES):
-                v_rows = []
-                for j in range_constexpr(4):
-                    key = kb + 16 * t + 4 * g + j
-                    key_c = (key < sk).select(key, sk_last)
-                    v_rows.append(load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC))
+                v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
                         acc = o_acc[dt]
@@ -254,7 +338,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
                         o_acc[dt] = mfma(va, pb, o_acc[dt])
 
-            results = yield [m_new, l_new] + o_acc
+            results = yield [m_new, l_new] + o_acc + nxt
 
         # ---- epilogue: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
         l_part = results[1]
