@@ -126,13 +126,15 @@ def choose_backend(requested: str, families_used: set[str]) -> tuple[str, str]:
 
 def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "auto", precision: str = "fp32",
               verify: bool = True, strict: bool = False, fallback_on_mismatch: bool = False,
-              name: str | None = None) -> TranslatedModule:
+              dynamic_shapes="auto", name: str | None = None) -> TranslatedModule:
     """Translate `model` so its hot ops run as FlyDSL ops; verify against eager; report.
 
     arch: gfx942 (MI300X) | gfx950 (MI350X/MI355X). backend: auto | rocm | flysim | reference.
     precision: fp32 keeps the model's dtypes; bf16 / fp16 run fp32 FlyDSL ops in that dtype.
     strict: raise StrictError if any compute op stays in PyTorch or runs only as a reference.
     fallback_on_mismatch: return each diverging FlyDSL node to PyTorch and re-verify.
+    dynamic_shapes: "auto" (batch and sequence dims dynamic where the model allows), None (every
+    dim fixed to the examples), or a torch.export dynamic_shapes spec.
     """
     _validate(model, arch, backend, precision)
     inputs = check_inputs(example_inputs)
@@ -148,7 +150,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
                              f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
                              f"— fix the model or the inputs so that model(*inputs) runs") from e
         while True:
-            tm = _translate_once(model, inputs, arch, backend, precision, deny, name)
+            tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
             if not verify:
                 break
             _verify(model, inputs, tm, precision)
@@ -163,14 +165,14 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
             deny[d.replaces] = reason
     if strict:
         bad = [f"{r.node} ({r.op}): {r.detail}" for r in tm.report.rows
-               if r.where != "flydsl-kernel" and not r.detail.startswith("view/layout op")]
+               if r.where != "flydsl-kernel" and not r.layout]
         if bad:
             raise StrictError("strict=True, but these ops do not run as FlyDSL kernels:\n  " + "\n  ".join(bad))
     return tm
 
 
-def _translate_once(model, inputs, arch, backend, precision, deny, name) -> TranslatedModule:
-    cap = capture(model, inputs)
+def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
+    cap = capture(model, inputs, dynamic_shapes)
     gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
     snapshot = [(n.meta["orig_name"], op_name(n), describe_shapes(n), node_dtype(n), n.target)
@@ -197,29 +199,30 @@ def _rows(gm, snapshot, flops, ctx, backend):
     rows = []
     for name, op, shapes, dtype, target in snapshot:
         f = flops.get(name, 0)
+        short = op.split(".")[-1]
+        layout = short in LAYOUT_OPS or short.startswith("sym_")
         if name in absorbed:
             info = absorbed[name]
             fam = FAMILIES[info["family"]]
             head = f"flydsl.{fam.name} [{info['lowering']}]"
             if fam.kernel_available() and backend != "reference":
-                rows.append(Row(name, op, shapes, dtype, "flydsl-kernel", f"{head} — FlyDSL kernel {fam.kernel_entry}", f))
+                where, detail = "flydsl-kernel", f"{head} — FlyDSL kernel {fam.kernel_entry}"
             elif not fam.kernel_available():
-                rows.append(Row(name, op, shapes, dtype, "flydsl-reference",
-                                f"{head} — torch reference (FlyDSL kernel not landed yet)", f))
+                where, detail = "flydsl-reference", f"{head} — torch reference (FlyDSL kernel not landed yet)"
             else:
-                rows.append(Row(name, op, shapes, dtype, "flydsl-reference", f"{head} — torch reference (backend=reference)", f))
+                where, detail = "flydsl-reference", f"{head} — torch reference (backend=reference)"
+            rows.append(Row(name, op, shapes, dtype, where, detail, f, layout))
             continue
         packet = getattr(target, "overloadpacket", None)
-        short = op.split(".")[-1]
         if packet in BY_DESIGN:
             detail = "kept in PyTorch by design"
         elif name in ctx.reasons:
             detail = ctx.reasons[name]
-        elif short in LAYOUT_OPS or short.startswith("sym_"):
+        elif layout:
             detail = "view/layout op (no arithmetic)"
         else:
             detail = f"no FlyDSL lowering for {op} yet"
-        rows.append(Row(name, op, shapes, dtype, "pytorch", detail, f))
+        rows.append(Row(name, op, shapes, dtype, "pytorch", detail, f, layout))
     return rows
 
 
@@ -236,7 +239,7 @@ def _verify(model, inputs, tm: TranslatedModule, precision):
     v = verify_outputs(eager, got, precision)
     if not v.passed:
         try:
-            ref = capture(model, inputs).gm
+            ref = capture(model, inputs, None).gm
             v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
                                             lambda: runtime.use_backend(tm.backend, tm.arch))
         except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands

@@ -10,6 +10,9 @@ fails the capture is retried with static shapes, then with `torch.fx.symbolic_tr
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 from dataclasses import dataclass, field
 
 import torch
@@ -44,12 +47,39 @@ def check_inputs(example_inputs) -> tuple:
     return tuple(example_inputs)
 
 
-def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
+def default_dynamic_dims(x: torch.Tensor) -> list[int]:
+    """Which dims of an example input to offer as dynamic: batch and sequence.
+
+    dim 0 always (batch); token ids [B, T] (integer) also dim 1; float activations of rank >= 3
+    ([B, T, C], [B, H, T, D], [B, C, H, W]) also dim -2 (sequence / rows). Feature, head and
+    head_dim sizes stay static, so kernels specialize on them. torch.export keeps a dim
+    static anyway when the model constrains it (or when its example size is 0 or 1).
+    """
+    if x.dim() == 0:
+        return []
+    dims = {0}
+    if x.dim() == 2 and not x.is_floating_point():
+        dims.add(1)
+    if x.dim() >= 3:
+        dims.add(x.dim() - 2)
+    return sorted(dims)
+
+
+def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Captured:
+    """`dynamic_shapes`: "auto" (batch / sequence dims, see default_dynamic_dims), None (all
+    static), or a torch.export dynamic_shapes spec passed through as given."""
     notes = []
-    dyn = tuple({i: Dim.AUTO for i in range(x.dim())} if isinstance(x, torch.Tensor) else None for x in inputs)
-    for label, shapes in (("torch.export (dynamic dims)", dyn), ("torch.export (static)", None)):
+    if isinstance(dynamic_shapes, str) and dynamic_shapes == "auto":
+        dyn = tuple({d: Dim.AUTO for d in default_dynamic_dims(x)} if isinstance(x, torch.Tensor) else None
+                    for x in inputs)
+    else:
+        dyn = dynamic_shapes
+    attempts = [("torch.export (dynamic dims)", dyn), ("torch.export (static)", None)] if dyn is not None else \
+        [("torch.export (static)", None)]
+    for label, shapes in attempts:
         try:
-            ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
+            with _quiet_export():
+                ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
             gm = ep.module()
             _tag(gm)
             dims = _dynamic_dims(gm)
@@ -73,6 +103,20 @@ def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
     except Exception as e:  # noqa: BLE001
         notes.append(f"torch.fx.symbolic_trace failed: {type(e).__name__}: {_first_line(e)}")
     raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes))
+
+
+@contextlib.contextmanager
+def _quiet_export():
+    """torch.export logs a warning for every dim it specializes; the report states the dims."""
+    loggers = [logging.getLogger(n) for n in ("torch._export", "torch.export", "torch._dynamo", "torch.fx.experimental.symbolic_shapes")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
 
 
 def _tag(gm):

@@ -38,6 +38,7 @@ class Row:
     where: str  # "flydsl-kernel" | "flydsl-reference" | "pytorch"
     detail: str  # FlyDSL op and kernel, or the reason it stays in PyTorch
     flops: int = 0
+    layout: bool = False  # a view / shape op: no arithmetic
 
 
 @dataclass
@@ -154,7 +155,7 @@ class Report:
 
 
 def _is_layout(r: Row) -> bool:
-    return r.where == "pytorch" and r.detail.startswith("view/layout op")
+    return r.layout
 
 
 def op_name(node: torch.fx.Node) -> str:

@@ -2,7 +2,8 @@
 
 For each node whose target a lowering inspects: a node the user (or verification's
 fallback) pinned to PyTorch stays; else the lowering's support check runs on fake-tensor
-metadata; None means rewrite, a string is the reason the report quotes.
+metadata; None means rewrite, a string is the reason the report quotes, and False means
+"not this pattern" (a fusion pattern that does not apply says nothing).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def lower_stage(ctx, stage: str) -> int:
                 ctx.not_lowered(node, ctx.deny[name])
                 break
             reason = rule.supported(node, ctx)
+            if reason is False:  # not this pattern at all: nothing to report
+                continue
             if reason:
                 ctx.not_lowered(node, f"{rule.name}: {reason}")
                 continue
