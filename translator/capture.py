@@ -62,7 +62,7 @@ def default_dynamic_dims(x: torch.Tensor) -> list[int]:
         dims.add(1)
     if x.dim() >= 3:
         dims.add(x.dim() - 2)
-    return sorted(dims)
+    return sorted(d for d in dims if x.shape[d] > 1)  # export fixes sizes 0 and 1 anyway
 
 
 def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Captured:
@@ -78,7 +78,9 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
         [("torch.export (static)", None)]
     for label, shapes in attempts:
         try:
-            with _quiet_export():
+            # under no_grad: inference graphs, and @torch.no_grad() helpers (HF rotary embeddings)
+            # are inlined instead of kept as a set_grad_enabled higher-order op
+            with _quiet_export(), torch.no_grad():
                 ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
             gm = ep.module()
             _tag(gm)

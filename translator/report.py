@@ -105,7 +105,8 @@ class Report:
         out = [f"# flydsl-translator report: {self.model}", "",
                f"- arch: {self.arch}; precision: {self.precision}",
                f"- backend: **{self.backend}** — {self.backend_reason}",
-               f"- capture: {self.capture}" + (f" (dynamic dims: {self.dynamic_dims})" if self.dynamic_dims else ""),
+               f"- capture: {self.capture}" + (f" (dynamic dims, as (input, dim): {self.dynamic_dims}; "
+                                               "marked * in shapes)" if self.dynamic_dims else ""),
                *[f"  - {n}" for n in self.capture_notes],
                f"- compute ops: {s['compute_nodes']} — on FlyDSL kernels {s['flydsl_kernel_nodes']}, "
                f"FlyDSL ops on the torch reference {s['flydsl_reference_nodes']}, in PyTorch {s['pytorch_nodes']} "
@@ -168,11 +169,21 @@ def op_name(node: torch.fx.Node) -> str:
 
 
 def _fmt_shape(v) -> str:
+    """Example sizes; a dynamic dim is marked with * (e.g. 2*x16*x128)."""
     if isinstance(v, torch.Tensor):
-        return "x".join(str(s) for s in v.shape) or "scalar"
+        return "x".join(_fmt_dim(s) for s in v.shape) or "scalar"
     if isinstance(v, (list, tuple)):
         return "(" + ", ".join(_fmt_shape(x) for x in v) + ")"
     return ""
+
+
+def _fmt_dim(s) -> str:
+    if isinstance(s, torch.SymInt):
+        if not s.node.expr.free_symbols:
+            return str(int(s))
+        hint = s.node.hint
+        return f"{hint}*" if hint is not None else str(s)
+    return str(s)
 
 
 def describe_shapes(node: torch.fx.Node) -> str:
