@@ -10,8 +10,9 @@ along N, each wave BM x BN/4:
   - BM follows the M bucket (16, 32, 64, 128): small M is bandwidth-bound on the weight, so
     the tile does not waste MFMAs on padded rows; M > 64 takes 128 rows for A reuse.
   - BN = 128 when M > 64 and N_pad has >= 2 such tiles, else 64 (more workgroups for skinny M).
-  - BK = the largest of 128/64/32 that divides K_pad, capped so one workgroup keeps
-    <= 32 KiB of weight+A bytes in flight per step (bf16 BM<=32: 128; fp32 BM>64: 32).
+  - BK = the largest of 128/64/32 that divides K_pad and is <= the cap: 256 bytes of K per row
+    (bf16/fp16 128, fp32 64) when BM <= 32, where more bytes in flight per step hide load
+    latency of the weight stream; 128 bytes (64 / 32) otherwise, to bound registers and LDS.
   - Checked: 2 LDS stages of BM x BK fit the arch's LDS (64 KiB gfx942, 160 KiB gfx950) and
     the register estimate (accumulators + 2 W stages + A staging) stays under 224 VGPRs.
 `register_config` overrides the choice for one key; `autotune` times candidates on a real GPU
