@@ -7,7 +7,8 @@ read as NV = N / VEC vectors of VEC elements (VEC * elem_bits == 128 when N, the
 the base address allow it, smaller otherwise) in NT tiles of BLOCK vectors; thread t holds
 vectors t, t + BLOCK, ... in registers, so the input is read once and the output written
 once. The last tile is partial when BLOCK does not divide NV: its out-of-row threads load
-index 0 (in bounds), neutralize the value, and skip the store.
+index 0 (in bounds), neutralize the value, and skip the store. Rows longer than
+MAX_BLOCK * MAX_ELEMS_PER_THREAD elements use `stream_plan` (the kernels loop over chunks).
 """
 
 from __future__ import annotations

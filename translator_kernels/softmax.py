@@ -5,6 +5,8 @@ all from registers: m = max(x); e = exp2((x - m) * log2e), s = sum(e); out = e /
 log-softmax out = (x - m) - ln(s). Statistics are fp32 whatever the input dtype. A row of all
 -inf gives m = -inf, x - m = NaN, hence NaN, as torch does. Out-of-row lanes of a partial tile
 take -inf for the max and 0 for the sum. No fast-math flags that assume finite values.
+Rows longer than 64K elements stream instead: pass 1 keeps a per-thread running max and a sum
+rescaled whenever the max grows (online softmax), pass 2 re-reads x and writes.
 """
 
 import functools

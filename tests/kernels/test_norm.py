@@ -166,3 +166,9 @@ def test_norm_sweep(n, rows, dtype, arch):
     check_rms_norm(arch, rows, n, dtype, dtype)
     check_add_norm(arch, "layer", rows, n, dtype, dtype)
     check_add_norm(arch, "rms", rows, n, dtype, dtype)
+
+
+def test_long_rows_stream_through_two_passes():
+    # rows too long for registers (> 64K elements): a statistics pass, then a normalize pass
+    check_layer_norm("gfx942", 2, 70001, torch.float32, torch.float32)
+    check_add_norm("gfx950", "rms", 1, 70000, torch.bfloat16, torch.float32)
