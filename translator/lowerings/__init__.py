@@ -1,3 +1,5 @@
 """One file per op family; importing this package registers them all (see translator.registry)."""
 
-from . import attention, attention_patterns, by_design, gemm, gemm_epilogue, norm, softmax  # noqa: F401
+# op families first (each registers its flydsl op), then the lowerings that target them
+from . import attention, by_design, gemm, norm, softmax  # noqa: F401,I001
+from . import attention_patterns, einsum, gemm_epilogue  # noqa: F401,I001
