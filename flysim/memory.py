@@ -197,10 +197,16 @@ class LDS:
             self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
             self.rloc[idx] = lid
 
-    def barrier(self):
-        if self.check:
+    def barrier(self, wgs=None):
+        """Close the barrier interval of every workgroup, or of those where ``wgs`` [nwg] is True."""
+        if not self.check:
+            return
+        if wgs is None:
             self.writer.fill_(-1)
             self.reader.fill_(-1)
+        else:
+            self.writer.view(self.nwg, self.size)[wgs] = -1
+            self.reader.view(self.nwg, self.size)[wgs] = -1
 
     def _conflicts(self, ex, lanes, off, nbytes):
         ndw = max(1, nbytes // 4)

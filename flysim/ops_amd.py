@@ -277,31 +277,6 @@ def _call_intrinsic(d, o):
     raise UnsupportedOpError(f"flysim does not implement intrinsic {name}")
 
 
-def _bf16_bits(x):
-    return x.to(torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
-
-
-@op("llvm.inline_asm")
-def _inline_asm(d, o):
-    text = str(o.attributes["asm_string"])
-    ins = d.ins(o)
-    outs = d.outs(o)
-    rt = _ti(o.results[0]) if len(o.results) else None
-    if "v_cvt_pk_bf16_f32" in text:
-        def f(ex):
-            lo, hi = _bf16_bits(ex.R[ins[0]]), _bf16_bits(ex.R[ins[1]])
-            packed = (lo | (hi << 16)).to(torch.int64)
-            packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
-            if rt.kind == "vector":
-                ex.R[outs[0]] = packed.unsqueeze(-1).view(rt.dtype) if rt.dtype != torch.int32 else packed
-            else:
-                ex.R[outs[0]] = packed.view(rt.dtype)
-        return f
-    if text.strip().strip('"').startswith(("s_waitcnt", "s_nop", "; ", "s_setprio")) or text.strip('"') == "":
-        return None
-    raise UnsupportedOpError(f"flysim does not implement inline asm {text[:60]}")
-
-
 # -- MFMA -----------------------------------------------------------------------
 
 _MFMA_RE = re.compile(r"rocdl\.mfma\.(?:scale\.)?(f32|i32)\.(\d+)x(\d+)x(\d+)\.?([a-z0-9.]*?)(\.1k)?$")
@@ -427,3 +402,30 @@ def _mfma(d, o):
 from .program import PREFIX_OPS  # noqa: E402
 
 PREFIX_OPS.update({"rocdl.mfma.": _mfma, "rocdl.mfma.scale.": _mfma})
+
+
+@op("rocdl.ballot")
+def _ballot_op(d, o):
+    (a,) = d.ins(o)[:1]
+    (out,) = d.outs(o)
+    wide = _ti(o.results[0]).nbytes == 8
+
+    def f(ex):
+        b = ex.R[a].expand(ex.N).reshape(-1, 64).to(torch.int64)
+        if ex.mask is not None:
+            b = b & ex.mask.reshape(-1, 64).to(torch.int64)
+        w = (b << torch.arange(64, device=b.device)).sum(1).repeat_interleave(64)
+        ex.R[out] = w if wide else (w & 0xFFFFFFFF).to(torch.int32)
+
+    return f
+
+
+@op("llvm.intr.expect")
+def _expect(d, o):
+    a = d.ins(o)[0]
+    (out,) = d.outs(o)
+
+    def f(ex):
+        ex.R[out] = ex.R[a]
+
+    return f

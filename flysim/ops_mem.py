@@ -295,3 +295,46 @@ def _first_active(ex, x):
     first = torch.where(m.any(1), m.to(torch.int8).argmax(1), 0)
     sel = xw[torch.arange(W, device=x.device), first]
     return sel.repeat_interleave(64, dim=0)
+
+
+# -- gfx950 LDS transpose reads -------------------------------------------------
+
+_TR = {"rocdl.ds.read.tr4.b64": (4, 8), "rocdl.ds.read.tr8.b64": (8, 8),
+       "rocdl.ds.read.tr6.b96": (6, 12), "rocdl.ds.read.tr16.b64": (16, 8)}
+
+
+def transpose_read(raw, w):
+    """ds_read_tr<w>: exchange of w-bit elements within each group of 16 lanes.
+
+    Each lane of a 16-lane group reads its own ``S`` bits (64, or 96 for tr6):
+    E = S / w elements. The group's 16*E elements, lane-major, form a matrix of
+    E rows x 16 columns (row r = lanes (16/E)*r.. of the group, for tr16 a 4x16
+    tile whose row r is lanes 4r..4r+3); lane t receives column t, so element v
+    of lane t is element ``t + 16 v`` of the group's stream. This is FlyDSL's
+    CDNA4 LdsReadTranspose copy atom (source layout (16 thr, S bits):(S, 1),
+    destination (16 thr, (w, E)):(w, (1, 16 w)) in bits). ``raw``: uint8 [N, S/8].
+    """
+    N, nb = raw.shape
+    E = nb * 8 // w
+    if w in (8, 16):
+        el = raw.contiguous().view(torch.int8 if w == 8 else torch.int16)  # [N, E]
+        return el.reshape(N // 16, E, 16).transpose(1, 2).reshape(N, E).contiguous().view(torch.uint8)
+    bits = (raw.to(torch.int32).unsqueeze(-1) >> torch.arange(8, device=raw.device)) & 1  # [N, nb, 8] lsb first
+    bits = bits.reshape(N // 16, E, 16, w).transpose(1, 2).reshape(N, nb, 8)
+    return (bits << torch.arange(8, device=raw.device)).sum(-1).to(torch.uint8)
+
+
+@op(*_TR)
+def _ds_read_tr(d, o):
+    (p,) = d.ins(o)[:1]
+    (out,) = d.outs(o)
+    w, nbytes = _TR[o.name]
+    ti = _ti(o.results[0])
+    es, cnt = _esize(ti), _count(ti)
+
+    def f(ex):
+        raw = ex.lds.load(ex, ex.R[p], 1, nbytes, f.loc).view(torch.uint8)
+        tr = transpose_read(raw, w).view(INT_OF[es])
+        ex.R[out] = _from_bits(tr, ti, ex.N)
+
+    return f

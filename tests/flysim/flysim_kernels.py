@@ -96,3 +96,39 @@ def build_mma_tile(m, n, k, elem, elem_bits):
         mma_tile_kernel(A, B, C).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
     return mma_tile
+
+
+def build_transpose_read(gran=16):
+    """gfx950 ds_read_tr<gran>_b64: lane l stages X[8l:8l+8) bytes in LDS, then reads transposed."""
+    from flydsl._mlir import ir
+    from flydsl.expr import rocdl
+    from flydsl.expr.typing import Vector as Vec
+
+    def read(ptr):
+        if gran == 16:
+            return Vec(rocdl.ds_read_tr16_b64(ir.VectorType.get([4], ir.IntegerType.get_signless(16)), ptr).result)
+        i32x2 = ir.VectorType.get([2], ir.IntegerType.get_signless(32))
+        return Vec(rocdl.ds_read_tr8_b64(i32x2, ptr).result).bitcast(fx.Int16)
+
+    @fx.struct
+    class Smem:
+        buf: fx.Array[fx.Int16, 4 * WAVE, 16]
+
+    @flyc.kernel
+    def tr_kernel(X: fx.Tensor, Out: fx.Tensor):
+        tid = fx.thread_idx.x
+        smem = fx.SharedAllocator().allocate(Smem).peek()
+        buf = smem.buf.view(fx.make_layout(4 * WAVE, 1))
+        for j in fx.range_constexpr(4):
+            fx.memref_store(X[4 * tid + j], buf, 4 * tid + j)
+        gpu.barrier()
+        ptr = fx.to_llvm_ptr(fx.add_offset(smem.buf.ptr, 4 * tid))
+        v = read(ptr)
+        for j in fx.range_constexpr(4):
+            Out[4 * tid + j] = v[j]
+
+    @flyc.jit
+    def transpose_read(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        tr_kernel(X, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return transpose_read

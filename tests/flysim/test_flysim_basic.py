@@ -93,3 +93,21 @@ def test_single_mfma_tile(arch, m, n, k, dt):
     ref = A.double() @ B.double().T
     torch.testing.assert_close(C.double(), ref, rtol=1e-5, atol=1e-5)
     assert sum(sim.launches[-1].counters["mfma_by_kind"].values()) == 1
+
+
+@pytest.mark.parametrize("gran", [16, 8])
+def test_gfx950_lds_transpose_read(gran):
+    """ds_read_tr16_b64 / tr8_b64: lane t of each 16-lane group gets column t of the group's tile."""
+    X = torch.randint(-30000, 30000, (256,), dtype=torch.int16, generator=torch.Generator().manual_seed(gran))
+    out = torch.zeros_like(X)
+    with flysim.simulate(arch="gfx950") as sim:
+        K.build_transpose_read(gran)(X, out)
+    src = X.view(torch.uint8).view(64, 8) if gran == 8 else X.view(64, 4)
+    per = 64 // gran  # elements per lane: element v of lane t is element t + 16v of the group, lane-major
+    ref = torch.empty_like(src)
+    for lane in range(64):
+        g, t = divmod(lane, 16)
+        for v in range(per):
+            ref[lane, v] = src[16 * g + (t + 16 * v) // per, (t + 16 * v) % per]
+    assert torch.equal(out.view(torch.uint8).view(64, 8) if gran == 8 else out.view(64, 4), ref)
+    assert sim.launches[-1].counters["lds_bytes_read"] == 64 * 8
