@@ -47,7 +47,7 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"attention: head_dim {head_dim} not supported; use one of {HEAD_DIMS}")
-    return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves)
+    return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch)
 
 
 def _fail(msg: str):

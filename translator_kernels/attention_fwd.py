@@ -84,7 +84,7 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
-                          num_waves: int):
+                          num_waves: int, arch: str = "gfx942"):
     """Return the @flyc.jit launcher for one specialization (not cached here)."""
     D = head_dim
     is_f32 = dtype == "f32"
@@ -96,6 +96,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
     VC = _chunk(VN, eb)
     KSTEPS = D // 4 if is_f32 else D // 16
+    # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
+    # splits into 8-element steps, and for PV over pairs of 16-key tiles
+    QK32 = arch.startswith("gfx950") and not is_f32 and (D // 4) % 8 == 0
+    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR = cfg["use_lds"], cfg["lds_stride"]
@@ -244,6 +248,12 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             key_c = (key < sk).select(key, sk_last)
             return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC)
 
+        def mfma32(a, b_, c):
+            """gfx950 16x16x32 step: lane (g, r) supplies k = 8g .. 8g+7 as an 8-vector."""
+            if const_expr(dtype == "bf16"):
+                return fx.Vector(rocdl.mfma_f32_16x16x32_bf16(f32v4(), [a, b_, c, 0, 0, 0]))
+            return fx.Vector(rocdl.mfma_f32_16x16x32_f16(f32v4(), [a, b_, c, 0, 0, 0]))
+
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC)
 
@@ -277,11 +287,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             for t in range_constexpr(N_TILES):
                 k_chunks = k_operand(kb, t)
                 acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                for s in range_constexpr(KSTEPS):
-                    if const_expr(is_f32):
-                        acc = mfma(elem(k_chunks, QC, s), elem(q_chunks, QC, s), acc)
-                    else:
-                        acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks, QC, 4 * s), acc)
+                if const_expr(QK32):
+                    for s in range_constexpr(D // 32):
+                        acc = mfma32(k_chunks[s], q_chunks[s], acc)
+                else:
+                    for s in range_constexpr(KSTEPS):
+                        if const_expr(is_f32):
+                            acc = mfma(elem(k_chunks, QC, s), elem(q_chunks, QC, s), acc)
+                        else:
+                            acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks, QC, 4 * s), acc)
                 acc = fx.Vector(acc)
                 # scale, mask, tails: element i is key kb + 16t + 4g + i of row `row`
                 vals = []
@@ -324,7 +338,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             o_acc = [fx.Vector(o_acc[i]) * alpha for i in range_constexpr(VN)]
 
             # ---- Oᵀ += Vᵀ Pᵀ ----
-            for t in range_constexpr(N_TILES):
+            if const_expr(PV32):
+                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
+                for tp in range_constexpr(N_TILES // 2):
+                    t0 = 2 * tp
+                    v_rows = [v_operand(kb, t0 + j // 4, j % 4) for j in range_constexpr(8)]
+                    pb = fx.Vector.from_elements(p_tiles[t0] + p_tiles[t0 + 1], fx.Float32).to(Elem)
+                    for dt in range_constexpr(VN):
+                        va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
+                        o_acc[dt] = mfma32(va, pb, o_acc[dt])
+            for t in range_constexpr(0 if PV32 else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
