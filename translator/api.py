@@ -200,7 +200,9 @@ def _rows(gm, snapshot, flops, ctx, backend):
     for name, op, shapes, dtype, target in snapshot:
         f = flops.get(name, 0)
         short = op.split(".")[-1]
-        layout = short in LAYOUT_OPS or short.startswith("sym_")
+        # Python operator.* / math.* on SymInts: shape arithmetic, no tensor data
+        layout = short in LAYOUT_OPS or short.startswith("sym_") or \
+            getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch.sym")
         if name in absorbed:
             info = absorbed[name]
             fam = FAMILIES[info["family"]]
