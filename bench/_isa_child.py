@@ -1,0 +1,114 @@
+"""Child process of bench.isa: compile one kernel at one shape under COMPILE_ONLY (no GPU).
+
+    python -m bench._isa_child '{"impl": "ours"|"flydsl", "family": ..., "dtype": ..., "shape": [...]}'
+
+The parent sets COMPILE_ONLY, ARCH, FLYDSL_DUMP_IR and FLYDSL_DUMP_DIR; the kernel launch compiles
+to AMDGPU ISA and returns without executing. Tensors are torch.empty on CPU (never touched).
+FlyDSL's own kernels are imported from the source checkout named by $FLYDSL_SRC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+TD = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def ours(family, dt, shape):
+    if family in ("softmax", "layer_norm", "rms_norm"):
+        m, n = shape
+        x = torch.empty(m, n, dtype=TD[dt])
+        if family == "softmax":
+            from translator_kernels.softmax import softmax
+
+            softmax(x)
+        elif family == "layer_norm":
+            from translator_kernels.norm import layer_norm
+
+            layer_norm(x, torch.empty(n), torch.empty(n))
+        else:
+            from translator_kernels.norm import rms_norm
+
+            rms_norm(x, torch.empty(n, dtype=TD[dt]))
+    elif family == "gemm":
+        from translator_kernels.gemm import choose_config, m_bucket
+        from translator_kernels.gemm_isa import _compile_one
+
+        m, n, k = shape
+        c = choose_config(m_bucket(m), n, k, dt, os.environ["ARCH"])
+        _compile_one(dict(n=n, k=k, dtype=dt, arch=os.environ["ARCH"], bm=c.bm, bn=c.bn, bk=c.bk, activation=None,
+                          bias=False, residual=False, out_dtype=dt))
+        print(json.dumps({"config": f"{c.bm}x{c.bn}x{c.bk}"}))
+    elif family == "attention":
+        from translator_kernels.attention import attention
+
+        b, s, h, d = shape
+        q = torch.empty(b, h, s, d, dtype=TD[dt])
+        attention(q, torch.empty_like(q), torch.empty_like(q), causal=True)
+    else:
+        raise SystemExit(f"unknown family {family}")
+
+
+def flydsl(family, dt, shape):
+    src = os.environ.get("FLYDSL_SRC")
+    if not src:
+        raise SystemExit("FLYDSL_SRC is not set")
+    sys.path.insert(0, src)
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    fxt = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
+
+    def ptr(t):
+        return flyc.from_c_void_p(fxt[dt], t.data_ptr())
+
+    if family in ("softmax", "layer_norm", "rms_norm"):
+        m, n = shape
+        x, o = torch.empty(m, n, dtype=TD[dt]), torch.empty(m, n, dtype=TD[dt])
+        g, b = torch.empty(n, dtype=TD[dt]), torch.empty(n, dtype=TD[dt])
+        if family == "softmax":
+            from kernels.norm.softmax_kernel import build_softmax_module
+
+            build_softmax_module(m, n, dt)(x, o, m)
+        elif family == "layer_norm":
+            from kernels.norm.layernorm_kernel import build_layernorm_module
+
+            build_layernorm_module(n, dt)(ptr(x), ptr(g), ptr(b), ptr(o), m)
+        else:
+            from kernels.norm.rmsnorm_kernel import build_rmsnorm_module
+
+            build_rmsnorm_module(n, dt)(x, g, o, m)
+    elif family == "gemm":
+        if dt not in ("bf16", "f16"):
+            raise SystemExit("NOKERNEL: FlyDSL's preshuffle GEMM takes fp8/int8/fp16/bf16 inputs, not " + dt)
+        from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
+
+        m, n, k = shape
+        tm, tn, tk = 128, 128, 128  # FlyDSL's own large-shape test tile
+        fn = compile_preshuffle_gemm(N=n, K=k, tile_m=tm, tile_n=tn, tile_k=tk, in_dtype={"bf16": "bf16", "f16": "fp16"}[dt],
+                                     out_dtype=dt)
+        a, w, c = torch.empty(m * k, dtype=TD[dt]), torch.empty(n * k, dtype=TD[dt]), torch.empty(m * n, dtype=TD[dt])
+        e = torch.empty(0, dtype=torch.float32)
+        fn(c, a, w, e, e, torch.empty(0, dtype=TD[dt]), m, n, None)
+        print(json.dumps({"config": f"{tm}x{tn}x{tk}"}))
+    elif family == "attention":
+        from kernels.attention.flash_attn_generic import build_flash_attn_func_module
+
+        b, s, h, d = shape
+        q = torch.empty(b, s, h, d, dtype=TD[dt])
+        exe = build_flash_attn_func_module(num_heads=h, head_dim=d, causal=True, dtype_str=dt, num_kv_heads=h,
+                                           cross_seqlen=False, block_m=128, flat_work_group_size=256, path_tag="auto",
+                                           waves_per_eu=2, daz=True, return_lse=False)
+        exe(q, torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), b, s, lse=None, stream=None)
+        print(json.dumps({"config": "generic block_m=128, 256 threads"}))
+    else:
+        raise SystemExit(f"unknown family {family}")
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    {"ours": ours, "flydsl": flydsl}[spec["impl"]](spec["family"], spec["dtype"], spec["shape"])

@@ -1,0 +1,106 @@
+"""A roofline MODEL (not a measurement) of kernel and model time on MI300X and MI355X.
+
+    time >= max(bytes / HBM bandwidth, FLOPs / peak matrix FLOPs) / efficiency(occupancy)
+
+Peaks are the vendor's dense numbers (MI300X: 5.3 TB/s, 1307 TFLOPS bf16, 163.4 TFLOPS fp32
+matrix; MI355X: 8 TB/s, 2517 TFLOPS bf16, 157.3 TFLOPS fp32 matrix). Occupancy penalty (our
+assumption, documented here, not calibrated on hardware): a memory-bound kernel needs
+`NEED_WAVES["memory"]` = 4 waves per SIMD in flight to cover HBM latency, an MFMA-bound one
+`NEED_WAVES["compute"]` = 2; below that the kernel reaches waves / need of the roof.
+
+Model traffic (`graph_traffic`): every non-view op of a graph reads each tensor input once and
+writes each output once from / to HBM (no cache between ops), which is how eager PyTorch runs
+op by op; a translated graph is counted the same way, so fused FlyDSL ops save the
+intermediate round trips. Both graphs are captured at static shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GPUS = {
+    "gfx942": dict(name="MI300X", bw=5.3e12, peak={"bf16": 1307e12, "f16": 1307e12, "f32": 163.4e12}),
+    "gfx950": dict(name="MI355X", bw=8.0e12, peak={"bf16": 2517e12, "f16": 2517e12, "f32": 157.3e12}),
+}
+NEED_WAVES = {"memory": 4, "compute": 2}
+_VIEWS = {"view", "_unsafe_view", "transpose", "t", "permute", "unsqueeze", "squeeze", "expand", "slice", "select",
+          "split", "split_with_sizes", "chunk", "unbind", "flatten", "unflatten", "getitem", "alias", "detach",
+          "size", "sym_size", "narrow", "movedim", "dropout", "lift_fresh_copy", "_assert_tensor_metadata",
+          "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size", "scalar_tensor", "arange", "zeros",
+          "ones", "full", "empty"}
+_COPY_IF_STRIDED = {"reshape", "contiguous", "flatten"}
+
+
+def kernel_time(flops: float, nbytes: float, dtype: str, arch: str, waves: int | None = None) -> dict:
+    """Modeled time of one kernel (seconds) and what bounds it."""
+    g = GPUS[arch]
+    t_mem, t_cmp = nbytes / g["bw"], flops / g["peak"][dtype]
+    bound = "compute" if t_cmp > t_mem else "memory"
+    eff = 1.0 if waves is None else min(1.0, waves / NEED_WAVES[bound])
+    return dict(gpu=g["name"], t_mem=t_mem, t_compute=t_cmp, bound=bound, efficiency=eff,
+                t=max(t_mem, t_cmp) / eff)
+
+
+def _tensors(v):
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors(x)]
+    return []
+
+
+def _nbytes(t) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+def node_bytes(node) -> int:
+    """HBM bytes of one op under the op-by-op model (0 for views)."""
+    if node.op != "call_function":
+        return 0
+    short = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+    if "flydsl" in node.meta:
+        short = "flydsl"
+    if short in _VIEWS or short.startswith("sym_"):
+        return 0
+    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    if short in _COPY_IF_STRIDED and ins and isinstance(ins[0], torch.Tensor) and ins[0].is_contiguous():
+        return 0
+    seen, total = set(), 0
+    for v in ins:
+        for t in _tensors(v):
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += _nbytes(t)
+    return total + sum(_nbytes(t) for t in _tensors(node.meta.get("val")))
+
+
+def graph_traffic(gm, flops_by_name: dict, arch: str, dtype: str = "f32") -> dict:
+    """Modeled bytes, FLOPs, kernel count and op-by-op roofline time of a graph."""
+    total_b = total_f = kernels = 0
+    t = 0.0
+    for n in gm.graph.nodes:
+        b = node_bytes(n)
+        info = n.meta.get("flydsl")
+        names = info["sources"] if info else [n.meta.get("orig_name", n.name)]
+        f = sum(flops_by_name.get(s, 0) for s in names)
+        if not b and not f:
+            continue
+        kernels += 1
+        total_b += b
+        total_f += f
+        t += kernel_time(f, b, dtype, arch)["t"]
+    return dict(bytes=total_b, flops=total_f, kernels=kernels, t=t)
+
+
+def model_traffic(model, inputs, arch: str = "gfx942") -> dict:
+    """Eager (captured aten graph) vs translated graph, under the op-by-op traffic model."""
+    from translator import translate
+    from translator.capture import capture
+    from translator.report import measure_flops
+
+    with torch.no_grad():
+        eager_gm = capture(model.eval(), tuple(inputs), None).gm
+        flops = measure_flops(eager_gm, list(inputs))
+        tm = translate(model, tuple(inputs), arch=arch, backend="reference", verify=False, dynamic_shapes=None)
+    dt = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(inputs[0].dtype, "f32")
+    return dict(eager=graph_traffic(eager_gm, flops, arch, dt), translated=graph_traffic(tm.gm, flops, arch, dt))
