@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from .cleanup import cleanup
 from .lower import lower_stage
+from .partition import fuse_elementwise
 
 PIPELINE = [
     # hand-written forms are matched first (they consume the nodes the canonical rules would take)
     ("fuse_patterns", lambda ctx: lower_stage(ctx, "fuse")),
     ("lower_canonical", lambda ctx: lower_stage(ctx, "lower")),
+    ("fuse_elementwise", fuse_elementwise),  # elementwise regions -> generated kernels
     ("fuse_epilogues", lambda ctx: lower_stage(ctx, "epilogue")),
     ("cleanup", cleanup),
 ]

@@ -1,0 +1,158 @@
+"""Generated fused elementwise kernels (translator_kernels.elementwise) on flysim against eager.
+
+References are eager torch on fp32 copies of the inputs; each case asserts the FlyDSL kernel
+was launched exactly once. fp32 tolerance: rtol 1e-5 instead of 1.3e-6 for the transcendental
+ops (exp / log / erf / tanh are short 1-2 ulp sequences, not correctly rounded).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flysim
+from translator_kernels.elementwise import build_elementwise, fused_elementwise
+from translator_kernels.elementwise_program import DTYPES, Program
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+       torch.float16: dict(atol=1e-3, rtol=1e-3)}
+
+
+def run(arch, inputs, prog):
+    with flysim.simulate(arch=arch) as sim:
+        outs = fused_elementwise(inputs, prog.text())
+    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
+    return outs
+
+
+def close(got, ref, dtype, what):
+    if ref.dtype == torch.bool:
+        assert got.dtype == torch.bool and torch.equal(got, ref), what
+        return
+    torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype], msg=lambda m: f"{what}: {m}")
+
+
+# unary ops: (program op, params, eager fn, needs a positive input)
+UNARY = [
+    ("neg", (), torch.neg, False), ("abs", (), torch.abs, False), ("exp", (), torch.exp, False),
+    ("exp2", (), torch.exp2, False), ("expm1", (), torch.expm1, False), ("log", (), torch.log, True),
+    ("log2", (), torch.log2, True), ("log1p", (), torch.log1p, True), ("sqrt", (), torch.sqrt, True),
+    ("rsqrt", (), torch.rsqrt, True), ("reciprocal", (), torch.reciprocal, True), ("relu", (), torch.relu, False),
+    ("sigmoid", (), torch.sigmoid, False), ("tanh", (), torch.tanh, False), ("erf", (), torch.erf, False),
+    ("gelu", (), F.gelu, False), ("gelu_tanh", (), lambda x: F.gelu(x, approximate="tanh"), False),
+    ("silu", (), F.silu, False), ("mish", (), F.mish, False), ("softsign", (), F.softsign, False),
+    ("hardsigmoid", (), F.hardsigmoid, False), ("hardswish", (), F.hardswish, False),
+    ("sign", (), torch.sign, False), ("floor", (), torch.floor, False), ("ceil", (), torch.ceil, False),
+    ("round", (), torch.round, False), ("trunc", (), torch.trunc, False),
+    ("softplus", (2.0, 3.0), lambda x: F.softplus(x, 2.0, 3.0), False),
+    ("elu", (0.7, 1.0, 1.0), lambda x: F.elu(x, 0.7), False), ("celu", (1.5,), lambda x: F.celu(x, 1.5), False),
+    ("leaky_relu", (0.2,), lambda x: F.leaky_relu(x, 0.2), False),
+    ("pow_scalar", (3.0,), lambda x: x ** 3, False), ("pow_scalar", (-2.0,), lambda x: x ** -2, True),
+    ("pow_scalar", (1.5,), lambda x: x ** 1.5, True), ("pow_scalar", (0.5,), lambda x: x ** 0.5, True),
+    ("clamp", (-0.5, 0.75), lambda x: x.clamp(-0.5, 0.75), False), ("clamp", (None, 1.0), lambda x: x.clamp(max=1.0), False),
+]
+
+
+@pytest.mark.parametrize("dtype,arch", [(torch.float32, "gfx942"), (torch.bfloat16, "gfx950"),
+                                        (torch.float16, "gfx942")])
+def test_every_unary_op_one_kernel(dtype, arch):
+    """All unary ops as outputs of one kernel (one compile), on a signed and a positive input."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 40, generator=g) * 2.5).to(dtype)
+    p = (torch.rand(3, 40, generator=g) * 4 + 0.05).to(dtype)
+    ops = tuple((name, (1 if pos else 0,), params) for name, params, _, pos in UNARY)
+    prog = Program(2, ops, tuple((2 + i, DTYPES[dtype]) for i in range(len(ops))))
+    outs = run(arch, [x, p], prog)
+    for (name, params, fn, pos), got in zip(UNARY, outs):
+        ref = fn((p if pos else x).float())
+        close(got, ref, dtype, f"{name}{params} {dtype} {arch}")
+
+
+BCAST = [  # (shape a, shape b, dtype): row, column, batch, scalar, odd tails, size-1 dims
+    ((6, 40), (40,), torch.float32), ((5, 33), (5, 1), torch.bfloat16), ((2, 3, 8), (2, 1, 8), torch.float16),
+    ((4, 7), (), torch.float32), ((3, 1000), (3, 1000), torch.bfloat16), ((1, 9, 1, 12), (9, 1, 1), torch.float32),
+]
+
+
+@pytest.mark.parametrize("sa,sb,dtype", BCAST)
+def test_binary_broadcast_where_compare(sa, sb, dtype):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(sa, generator=g).to(dtype)
+    b = (torch.rand(sb, generator=g) + 0.5).to(dtype)
+    ops = (("add", (0, 1), ()), ("sub", (0, 1), ()), ("mul", (0, 1), ()), ("div", (0, 1), ()),
+           ("maximum", (0, 1), ()), ("minimum", (0, 1), ()), ("div_floor", (0, 1), ()), ("div_trunc", (0, 1), ()),
+           ("gt", (0, 1), ()), ("where", (10, 0, 1), ()), ("const", (), (2.0,)), ("mul", (12, 2), ()))
+    outs_dt = DTYPES[dtype]
+    prog = Program(2, ops, tuple((2 + i, outs_dt) for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 11)) + ((10, "bool"),))
+    outs = run("gfx942", [a, b], prog)
+    af, bf = a.float(), b.float()
+    refs = [af + bf, af - bf, af * bf, af / bf, torch.maximum(af, bf), torch.minimum(af, bf),
+            torch.div(af, bf, rounding_mode="floor"), torch.div(af, bf, rounding_mode="trunc"),
+            torch.where(af > bf, af, bf), (af + bf) * 2, af > bf]
+    for i, (got, ref) in enumerate(zip(outs, refs)):
+        assert got.shape == torch.broadcast_shapes(a.shape, b.shape)
+        close(got, ref, dtype, f"output {i} {sa} {sb} {dtype}")
+
+
+def test_bool_mask_input_and_logical_ops():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 24, generator=g)
+    m = torch.rand(4, 24, generator=g) > 0.5
+    c = torch.rand(1, 24, generator=g) > 0.3
+    ops = (("logical_and", (1, 2), ()), ("logical_not", (3,), ()), ("const", (), (float("-inf"),)),
+           ("where", (4, 0, 5), ()), ("logical_xor", (1, 2), ()), ("cast", (7,), ("f32",)))
+    prog = Program(3, ops, ((6, "f32"), (7, "bool"), (8, "bf16")))
+    outs = run("gfx950", [x, m, c], prog)
+    close(outs[0], torch.where(~(m & c), x, float("-inf")), torch.float32, "masked fill")
+    close(outs[1], m ^ c, torch.float32, "logical_xor")
+    close(outs[2], (m ^ c).float(), torch.bfloat16, "bool -> bf16")
+
+
+def test_explicit_cast_rounds_mid_chain():
+    """x.to(bf16).float() * 3 rounds to bf16 in the middle, as eager does."""
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
+    prog = Program(1, (("cast", (0,), ("bf16",)), ("const", (), (3.0,)), ("mul", (1, 2), ())), ((3, "f32"),))
+    (out,) = run("gfx942", [x], prog)
+    ref = x.to(torch.bfloat16).float() * 3
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    assert not torch.equal(out, x * 3), "the cast did not round"
+
+
+def test_launcher_cached_by_program_and_shape():
+    prog = Program(1, (("silu", (0,), ()),), ((1, "f32"),))
+    x = torch.randn(8, 16)
+    before = build_elementwise.cache_info()
+    run("gfx942", [x], prog)
+    run("gfx942", [torch.randn(8, 16)], prog)
+    after = build_elementwise.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 1
+
+
+def test_clear_errors():
+    prog = Program(2, (("add", (0, 1), ()),), ((2, "f32"),))
+    with pytest.raises(ValueError, match="int64.*not supported"):
+        fused_elementwise([torch.zeros(4, dtype=torch.int64), torch.zeros(4)], prog.text())
+    with pytest.raises(ValueError, match="do not broadcast"):
+        fused_elementwise([torch.zeros(4, 3), torch.zeros(5)], prog.text())
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        fused_elementwise([torch.zeros(4)], prog.text())
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_isa_no_spills_128bit_access(arch):
+    from translator_kernels.elementwise_isa import isa_stats
+
+    prog = Program(3, (("mul", (0, 1), ()), ("gelu", (3,), ()), ("add", (4, 2), ()), ("tanh", (5,), ())),
+                   ((6, "bf16"), (5, "bf16")))
+    s = isa_stats(prog.text(), [(64, 256), (256,), (64, 1)], ["bf16", "bf16", "bf16"], arch)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
+    assert "buffer_load_dwordx4" in s["loads"] and "buffer_store_dwordx4" in s["stores"], s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 3, 255, 257, 4097])
+def test_tail_sizes_slow(dtype, n):
+    x = torch.randn(n).to(dtype)
+    prog = Program(1, (("gelu", (0,), ()), ("mul", (0, 1), ())), ((2, DTYPES[dtype]),))
+    (out,) = run("gfx942", [x], prog)
+    close(out, F.gelu(x.float()) * x.float(), dtype, f"n={n}")

@@ -1,0 +1,135 @@
+"""Elementwise partitioning + the fused_elementwise lowering: every test checks the counter
+and numerics against eager (reference backend for graph logic; flysim for the kernel)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the flysim package, not the tests/flysim folder of its tests
+import flysim  # noqa: E402,F401
+
+from translator import translate  # noqa: E402
+from translator.passes.partition import partition  # noqa: E402
+
+FUSED = torch.ops.flydsl.fused_elementwise.default
+
+
+def fused_nodes(tm):
+    return [n for n in tm.gm.graph.nodes if n.target is FUSED]
+
+
+def check(model, inputs, backend="reference", **kw):
+    tm = translate(model.eval(), inputs, backend=backend, **kw)
+    assert tm.report.verification.passed, tm.report.verification.message
+    with torch.no_grad():
+        want, got = model(*inputs), tm(*inputs)
+    for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    return tm
+
+
+class Chain(nn.Module):
+    def forward(self, x, y):
+        z = torch.sigmoid(x * 2.0) + y
+        return F.silu(z) * torch.tanh(z), z  # z is used outside: an extra output
+
+
+def test_chain_is_one_kernel_with_extra_output():
+    tm = check(Chain(), (torch.randn(4, 32), torch.randn(32)))
+    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise_ops"] == 6
+    (n,) = fused_nodes(tm)
+    assert len(n.meta["val"]) == 2
+
+
+class ThroughReduction(nn.Module):
+    def forward(self, x):
+        a = torch.exp(x)
+        s = a.sum(-1, keepdim=True)  # stays in PyTorch; fusing exp with the mul would make a cycle
+        return a * s + 1.0
+
+
+def test_no_cycle_through_pytorch_op():
+    tm = check(ThroughReduction(), (torch.randn(3, 8),))
+    assert tm.report.counters["fused_elementwise"] == 2
+    ep = torch.export.export(ThroughReduction(), (torch.randn(3, 8),))
+    gm = ep.module()
+    fusable = {n for n in gm.graph.nodes if n.op == "call_function" and "sum" not in str(n.target)
+               and n.target is not torch.ops.aten.sym_size.int}
+    for region in partition(gm, fusable):
+        names = {str(n.target) for n in region}
+        assert not ({"aten.exp.default", "aten.mul.Tensor"} <= names), names
+
+
+class AfterLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = F.gelu(self.fc(x))  # the GEMM epilogue takes the gelu
+        return h * torch.sigmoid(h) + x  # this chain is ours
+
+
+def test_gemm_epilogue_left_alone():
+    tm = check(AfterLinear(), (torch.randn(4, 16),))
+    assert tm.report.counters.get("epilogue_activation") == 1
+    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise_ops"] == 3
+
+
+class Mixed(nn.Module):
+    def forward(self, x, mask, idx):
+        y = torch.where(mask, x, torch.full_like(x, -1e4)).to(torch.bfloat16)
+        return F.hardswish(y) * 0.5, (idx * 2) + 1  # the integer chain stays in PyTorch
+
+
+def test_bool_cast_and_integer_left_in_pytorch():
+    x, mask, idx = torch.randn(2, 5, 7), torch.rand(2, 5, 7) > 0.5, torch.arange(6)
+    tm = translate(Mixed().eval(), (x, mask, idx), backend="reference")
+    assert tm.report.verification.passed
+    assert tm.report.counters["fused_elementwise"] == 1
+    want = Mixed()(x, mask, idx)
+    got = tm(x, mask, idx)
+    torch.testing.assert_close(got[0].float(), want[0].float(), atol=1.6e-2, rtol=1.6e-2)
+    assert torch.equal(got[1], want[1])
+
+
+class Acts(nn.Module):
+    def forward(self, x):
+        a = F.elu(x) + F.selu(x) + F.celu(x, 0.5) + F.leaky_relu(x, 0.1) + F.softplus(x, 2.0, 5.0)
+        b = F.hardtanh(x, -0.5, 0.5) + F.relu6(x * 4) + F.hardsigmoid(x) + F.mish(x) + F.softsign(x)
+        c = torch.clamp(x, min=-1.0) + x.clamp_max(0.3) + torch.rsqrt(x.abs() + 1) + x.pow(2) + torch.log1p(x.abs())
+        d = torch.maximum(a, b) - torch.minimum(b, c) / (c.abs() + 1.0) + torch.div(a, 1.7, rounding_mode="floor")
+        return F.dropout(d, 0.5, training=False) * (x > 0).float()
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_many_activations_one_kernel(backend):
+    tm = check(Acts(), (torch.randn(3, 20),), backend=backend)
+    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise_ops"] >= 30
+
+
+def test_flysim_chain_and_model_bf16():
+    tm = check(Chain(), (torch.randn(5, 33), torch.randn(33)), backend="flysim")
+    assert tm.report.counters["fused_elementwise"] == 1
+
+
+def test_llama_block_elementwise_in_flydsl():
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "models"))
+    mod = importlib.import_module("llama_block")
+    torch.manual_seed(0)
+    m = mod.Model(*mod.get_init_inputs()).eval()
+    tm = translate(m, tuple(mod.get_inputs()), backend="reference")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert tm.report.counters["fused_elementwise"] >= 3  # rotary mul-add, SwiGLU gate mul, rotate_half neg
+    left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
+    assert "aten.mul.Tensor" not in left and "aten.add.Tensor" not in left, left

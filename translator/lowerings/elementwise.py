@@ -1,0 +1,350 @@
+"""Fused elementwise family: `flydsl.fused_elementwise(inputs, program) -> outputs`.
+
+One node runs a whole region of elementwise aten ops (found by translator.passes.partition)
+as one generated FlyDSL kernel (translator_kernels.elementwise). The region's expression DAG
+is carried as the node's `program` string (JSON; see translator_kernels.elementwise_program),
+so the node is an ordinary custom op: traceable, printable, cacheable by its text.
+
+Forms matched (where they appear): the activation / scale / residual / mask chains between
+the big ops. ``x * torch.sigmoid(x)`` and ``F.silu`` in Llama MLPs, ``0.5 * x * (1 + tanh(...))``
+written out in GPT-2 code, ``h * scale + bias`` / ``torch.where(mask, x, -inf)``, residual
+adds and dtype casts around norms, eval dropout. Each table entry below maps one aten op to
+program ops; `ELEMENTWISE` lists what a region may contain.
+
+Semantics: math is fp32 (bool for comparisons); a value is rounded to bf16 / fp16 only where
+the graph casts explicitly, and outputs are stored in each node's own dtype (torch's type
+promotion, read from the captured metadata). Integer tensors stay in PyTorch.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, val
+
+from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
+
+
+@torch.library.custom_op("flydsl::fused_elementwise", mutates_args=())
+def fused_elementwise(inputs: list[torch.Tensor], program: str) -> list[torch.Tensor]:
+    return dispatch("fused_elementwise", inputs, program)
+
+
+@fused_elementwise.register_fake
+def _(inputs, program):
+    prog = parse(program)
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    return [inputs[0].new_empty(shape, dtype=TORCH[dt]) for _, dt in prog.out]
+
+
+# --- reference: the program interpreted with torch ops (fp32 math) -----------------------------
+
+_REF_UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
+    "log": torch.log, "log2": torch.log2, "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+    "reciprocal": torch.reciprocal, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "erf": torch.erf, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"), "mish": torch.nn.functional.mish,
+    "softsign": torch.nn.functional.softsign, "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "hardswish": torch.nn.functional.hardswish, "sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil,
+    "round": torch.round, "trunc": torch.trunc, "logical_not": torch.logical_not,
+}
+_REF_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+    "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+}
+
+
+def _ref_op(name, xs, params, like):
+    F = torch.nn.functional
+    if name in _REF_UNARY:
+        return _REF_UNARY[name](xs[0])
+    if name in _REF_BINARY:
+        return _REF_BINARY[name](xs[0], xs[1])
+    if name == "where":
+        return torch.where(xs[0].bool(), xs[1], xs[2])
+    if name == "const":
+        return torch.tensor(float(params[0]), dtype=torch.float32, device=like.device)
+    if name == "cast":
+        return xs[0].to(TORCH[params[0]]) if params[0] == "bool" else xs[0].to(TORCH[params[0]]).float()
+    if name == "pow_scalar":
+        return torch.pow(xs[0], params[0])
+    if name == "clamp":
+        return torch.clamp(xs[0], params[0], params[1])
+    if name == "softplus":
+        return F.softplus(xs[0], params[0], params[1])
+    if name == "elu":
+        return F.elu(xs[0] * params[2], params[0]) * params[1] if params[2] == 1 else \
+            torch.where(xs[0] > 0, xs[0] * params[1], torch.expm1(xs[0] * params[2]) * params[0] * params[1])
+    if name == "celu":
+        return F.celu(xs[0], params[0])
+    if name == "leaky_relu":
+        return F.leaky_relu(xs[0], params[0])
+    raise ValueError(f"fused_elementwise reference: unknown op {name!r}")
+
+
+def ref_fused_elementwise(inputs, program):
+    prog = parse(program)
+    vals = [t.float() if t.dtype != torch.bool else t for t in inputs]
+    for name, args, params in prog.ops:
+        xs = [vals[a] for a in args]
+        if name not in ("where", "cast") and name not in _REF_BINARY or name in ("add", "sub", "mul", "div"):
+            xs = [x.float() if x.dtype == torch.bool else x for x in xs]
+        vals.append(_ref_op(name, xs, params, inputs[0]))
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    outs = [torch.empty(shape, dtype=TORCH[dt], device=inputs[0].device) for _, dt in prog.out]
+    for o, (v, _) in zip(outs, prog.out):
+        o.copy_(vals[v])  # fresh tensors: a custom op must not return an alias of an input
+    return outs
+
+
+def kernel_fused_elementwise(inputs, program):
+    from translator_kernels.elementwise import fused_elementwise as run
+
+    return run(inputs, program)
+
+
+def _sample(dt):
+    prog = Program(2, (("mul", (0, 1), ()), ("gelu", (2,), ())), ((3, DTYPES[dt]),))
+    return ([torch.randn(4, 33).to(dt), torch.randn(33).to(dt)], prog.text())
+
+
+register_family(OpFamily(
+    name="fused_elementwise",
+    description="a fused region of elementwise ops as one generated kernel (fp32 math)",
+    reference=ref_fused_elementwise, kernel=kernel_fused_elementwise,
+    kernel_entry="translator_kernels.elementwise:fused_elementwise", sample_inputs=_sample,
+    tolerance_overrides={torch.float32: (1e-5, 1e-5, "exp / log / erf / tanh are 1-2 ulp sequences, "
+                                         "not correctly rounded; chains compound it")},
+))
+
+
+# --- aten op -> program ops ------------------------------------------------------------------
+
+def _kw(node, name, pos, default=None):
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[pos] if len(node.args) > pos else default
+
+
+def _alpha(b, node, x, y, name):
+    a = node.kwargs.get("alpha", 1)
+    if a != 1:
+        y = b.op("mul", [y, b.const(a)])
+    return b.op(name, [x, y])
+
+
+def _unary(name):
+    return lambda b, n: b.op(name, [b.arg(n.args[0])])
+
+
+def _binary(name):
+    return lambda b, n: b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+
+
+def _gelu(b, n):
+    return b.op("gelu_tanh" if _kw(n, "approximate", 1, "none") == "tanh" else "gelu", [b.arg(n.args[0])])
+
+
+def _clamp(b, n, lo=None, hi=None):
+    return b.op("clamp", [b.arg(n.args[0])], [lo, hi])
+
+
+def _div(b, n):
+    mode = _kw(n, "rounding_mode", 2)
+    name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
+    return b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+
+
+def _cast(b, n):
+    if is_identity(n):
+        return b.arg(n.args[0])
+    return b.op("cast", [b.arg(n.args[0])], [DTYPES[val(n).dtype]])
+
+
+def _identity(b, n):
+    return b.arg(n.args[0])
+
+
+IDENTITY = {aten.dropout.default, aten.clone.default, aten.alias.default}
+
+
+def is_identity(n) -> bool:
+    """Ops that compute nothing: eval dropout, clone, a cast to the dtype the value has."""
+    if n.target in IDENTITY:
+        return True
+    return n.target in (aten._to_copy.default, aten.to.dtype, aten.type_as.default) and \
+        val(n).dtype == val(n.args[0]).dtype
+
+
+SELU = (1.6732632423543772, 1.0507009873554805)
+
+TABLE = {
+    aten.add.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
+    aten.add.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
+    aten.sub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
+    aten.sub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
+    aten.rsub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
+    aten.rsub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
+    aten.mul.Tensor: _binary("mul"), aten.mul.Scalar: _binary("mul"),
+    aten.div.Tensor: _div, aten.div.Scalar: _div, aten.div.Tensor_mode: _div,
+    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
+    aten.where.self: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(n.args[0])], [float(n.args[1])]),
+    aten.clamp.default: lambda b, n: _clamp(b, n, _kw(n, "min", 1), _kw(n, "max", 2)),
+    aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
+    aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=n.args[1]),
+    aten.hardtanh.default: lambda b, n: _clamp(b, n, _kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
+    aten.relu6.default: lambda b, n: _clamp(b, n, 0.0, 6.0),
+    aten.gelu.default: _gelu,
+    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(n.args[0])], [float(_kw(n, "negative_slope", 1, 0.01))]),
+    aten.elu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [float(_kw(n, "alpha", 1, 1.0)),
+                                                                      float(_kw(n, "scale", 2, 1.0)),
+                                                                      float(_kw(n, "input_scale", 3, 1.0))]),
+    aten.selu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [SELU[0], SELU[1], 1.0]),
+    aten.celu.default: lambda b, n: b.op("celu", [b.arg(n.args[0])], [float(_kw(n, "alpha", 1, 1.0))]),
+    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(n.args[0])], [float(_kw(n, "beta", 1, 1.0)),
+                                                                              float(_kw(n, "threshold", 2, 20.0))]),
+    aten._to_copy.default: _cast, aten.to.dtype: _cast, aten.type_as.default: _cast,
+    aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
+}
+for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
+              "relu", "sigmoid", "tanh", "erf", "silu", "mish", "hardsigmoid", "hardswish", "sign", "floor",
+              "ceil", "trunc", "logical_not"):
+    TABLE[getattr(aten, _name).default] = _unary(_name)
+TABLE[aten.round.default] = _unary("round")
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    TABLE[getattr(aten, _name).Tensor] = _binary(_name)
+    TABLE[getattr(aten, _name).Scalar] = _binary(_name)
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    TABLE[getattr(aten, _name).default] = _binary(_name)
+TABLE[aten.bitwise_not.default] = _unary("logical_not")  # bool only (dtype check)
+
+ELEMENTWISE = frozenset(TABLE)
+
+
+def node_supported(node) -> str | None:
+    """None when `node` may join an elementwise region, else the reason it stays in PyTorch."""
+    if node.op != "call_function" or node.target not in TABLE:
+        return "not an elementwise op"
+    out = val(node)
+    if not isinstance(out, torch.Tensor):
+        return "output is not a tensor"
+    for a in node.all_input_nodes + [node]:
+        v = val(a)
+        if not isinstance(v, torch.Tensor):
+            return f"argument {a.name} has no tensor metadata"
+        if v.dtype not in DTYPES:
+            return (f"dtype {str(v.dtype).replace('torch.', '')} of {a.name} is not supported "
+                    "(fused kernels take float32, bfloat16, float16, bool)")
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return "a symbolic scalar argument"
+    if node.target is aten.dropout.default and _kw(node, "train", 2, False):
+        return "dropout in training mode"
+    if node.target in (aten._to_copy.default, aten.to.dtype):
+        extra = set(node.kwargs) - {"dtype", "memory_format"}
+        if extra and any(node.kwargs[k] is not None for k in extra):
+            return f"_to_copy with {sorted(extra)} (device / layout changes stay in PyTorch)"
+    if node.target is aten.where.self and val(node.args[0]).dtype != torch.bool:
+        return "where with a non-bool condition"
+    if node.target is aten.bitwise_not.default and val(node).dtype != torch.bool:
+        return "bitwise_not of an integer tensor"
+    if node.target is aten.pow.Tensor_Scalar and not isinstance(node.args[1], (int, float)):
+        return "pow exponent is not a number"
+    return None
+
+
+class ProgramBuilder:
+    """Collects a region's ops into a Program; nodes outside the region become inputs."""
+
+    def __init__(self, members):
+        self.members = set(members)
+        self.inputs: list[torch.fx.Node] = []
+        self.ops: list[tuple] = []
+        self.values: dict = {}  # fx node -> value id
+
+    def _new(self, name, args, params=()) -> int:
+        self.ops.append((name, tuple(args), tuple(params)))
+        return len(self.ops) - 1  # provisional: op index; renumbered in program()
+
+    def op(self, name, args, params=()):
+        return ("op", self._new(name, args, params))
+
+    def const(self, c):
+        return self.op("const", [], [float(c)])
+
+    def arg(self, a):
+        if isinstance(a, torch.fx.Node):
+            if a in self.members:
+                return self.values[a]
+            if a not in self.inputs:
+                self.inputs.append(a)
+            return ("in", self.inputs.index(a))
+        if isinstance(a, (bool, int, float)):
+            return self.const(a)
+        raise ValueError(f"fused_elementwise: unsupported argument {a!r}")
+
+    def add(self, node):
+        self.values[node] = TABLE[node.target](self, node)
+
+    def program(self, outputs) -> Program:
+        n = len(self.inputs)
+
+        def vid(ref):
+            return ref[1] if ref[0] == "in" else n + ref[1]
+
+        ops = tuple((name, tuple(vid(a) for a in args), params) for name, args, params in self.ops)
+        out = tuple((vid(self.values[o]), DTYPES[val(o).dtype]) for o in outputs)
+        return Program(n, ops, out)
+
+
+def lower_region(ctx, members, outputs, anchor) -> torch.fx.Node:
+    """Replace `members` (graph order) by one fused node; `outputs` are used outside the region."""
+    b = ProgramBuilder(members)
+    for m in members:
+        b.add(m)
+    prog = b.program(outputs)
+    g = ctx.gm.graph
+    with g.inserting_after(anchor):
+        fused = g.call_function(torch.ops.flydsl.fused_elementwise.default, (list(b.inputs), prog.text()))
+    ctx.infer(fused)
+    fused.meta["flydsl"] = {
+        "family": "fused_elementwise", "lowering": "fused_elementwise",
+        "sources": [m.meta.get("orig_name", m.name) for m in members],
+        "anchor": outputs[-1].meta.get("orig_name", outputs[-1].name),
+    }
+    fused.meta["orig_name"] = None
+    prev = fused
+    for j, o in enumerate(outputs):
+        with g.inserting_after(prev):
+            gi = g.call_function(operator.getitem, (fused, j))
+        gi.meta["val"] = fused.meta["val"][j]
+        o.replace_all_uses_with(gi)
+        prev = gi
+    for m in reversed(members):
+        if not m.users:
+            g.erase_node(m)
+    ctx.counters["fused_elementwise"] = ctx.counters.get("fused_elementwise", 0) + 1
+    ctx.counters["fused_elementwise_ops"] = ctx.counters.get("fused_elementwise_ops", 0) + len(members)
+    return fused
+
+
+def _check(node, ctx):
+    return node_supported(node)
+
+
+def _no_rewrite(node, ctx):  # regions are rewritten by translator.passes.partition, not per node
+    raise NotImplementedError
+
+
+register_lowering(Lowering("fused_elementwise", "fused_elementwise", tuple(TABLE), _check, _no_rewrite,
+                           doc="chains of elementwise ops -> one generated kernel", stage="elementwise"))

@@ -1,0 +1,197 @@
+"""Elementwise partitioning: group fusable elementwise nodes into regions, one kernel each.
+
+Runs after the canonical lowerings (gemm, norms, softmax ... are already `flydsl.*` nodes)
+and before GEMM epilogue fusion. Walking the graph in order, each fusable node joins the
+regions of its fusable producers when the union stays legal:
+
+- convex: no path leaves the region and comes back into it (through a PyTorch op or another
+  FlyDSL node); otherwise contracting it into one node would make a cycle. Checked with
+  networkx ancestor sets of the region's external inputs on the captured graph.
+- one shape: every value used outside the region has the region's full (broadcast) shape.
+  Such a value becomes an extra output of the fused kernel, never recomputed or lost;
+  smaller intermediates (a scaled bias) are recomputed per element inside the kernel.
+
+Left alone for the epilogue stage: the ops a `flydsl.gemm` can absorb. From a gemm whose
+output has one user, the chain scale -> bias -> activation -> residual (eval dropout passes
+through), each at most once and in that order, is what translator/lowerings/gemm_epilogue.py
+folds into the GEMM; those nodes never join a region, so `linear -> gelu` stays one GEMM.
+
+A region is rewritten only if it holds a real op (a lone eval dropout is not a kernel). The
+fused node goes after the region's last member; the graph is then re-sorted topologically
+(stable), since users of an early member may sit before a later member's inputs.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch
+
+from ..lowerings._common import aten, shape_of, val
+from ..lowerings.elementwise import TABLE, is_identity, lower_region, node_supported
+
+_ACTS = {aten.relu.default, aten.silu.default, aten.gelu.default}
+
+
+def epilogue_chain(node) -> list:
+    """Nodes after flydsl.gemm `node` that the epilogue stage will fold into it."""
+    chain, stage, cur = [], 0, node
+    while len(cur.users) == 1:
+        u = next(iter(cur.users))
+        if u.op != "call_function":
+            break
+        t = u.target
+        if t is aten.dropout.default:
+            chain.append(u)
+            cur = u
+            continue
+        if t in (aten.mul.Tensor, aten.mul.Scalar) and isinstance(u.args[1], (int, float)) and stage == 0:
+            stage = 1
+        elif t is aten.add.Tensor and u.kwargs.get("alpha", 1) == 1 and stage <= 1 and _is_bias(u, cur):
+            stage = 2
+        elif t in _ACTS and stage <= 2:
+            stage = 3
+        elif t is aten.add.Tensor and u.kwargs.get("alpha", 1) == 1 and stage <= 3:
+            stage = 4
+        else:
+            break
+        chain.append(u)
+        cur = u
+    return chain
+
+
+def _is_bias(add, cur) -> bool:
+    other = add.args[1] if add.args[0] is cur else add.args[0]
+    s = shape_of(other)
+    return s is not None and len(s) == 1
+
+
+def _full_shape(shapes):
+    """The broadcast of symbolic shapes compared by their printed dims, or None if they clash."""
+    r = max(len(s) for s in shapes)
+    out = ["1"] * r
+    for s in shapes:
+        s = ["1"] * (r - len(s)) + [str(d) for d in s]
+        for i, d in enumerate(s):
+            if d != "1":
+                if out[i] not in ("1", d):
+                    return None
+                out[i] = d
+    return out
+
+
+class _Partitioner:
+    def __init__(self, gm):
+        self.g = nx.DiGraph()
+        for n in gm.graph.nodes:
+            self.g.add_node(n)
+            for i in n.all_input_nodes:
+                self.g.add_edge(i, n)
+        self._anc = {}
+
+    def ancestors(self, n):
+        if n not in self._anc:
+            self._anc[n] = nx.ancestors(self.g, n)
+        return self._anc[n]
+
+    def legal(self, region: set) -> bool:
+        for m in region:
+            for i in m.all_input_nodes:
+                if i not in region and self.ancestors(i) & region:
+                    return False  # a path leaves the region and re-enters it at m
+        shapes = [shape_of(m) for m in region]
+        full = _full_shape(shapes)
+        if full is None:
+            return False
+        for m in region:
+            if any(u not in region for u in m.users) and [str(d) for d in shape_of(m)] != full:
+                return False
+        return True
+
+
+def partition(gm, fusable) -> list[list]:
+    """Regions (each a list of nodes in graph order) of the fusable nodes."""
+    p = _Partitioner(gm)
+    region_of: dict = {}
+    regions: dict[int, set] = {}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in gm.graph.nodes:
+        if n not in fusable:
+            continue
+        mine = {n}
+        cands = []
+        for i in n.all_input_nodes:
+            r = region_of.get(i)
+            if r is not None and r not in cands:
+                cands.append(r)
+        cands.sort(key=lambda r: -len(regions[r]))
+        absorbed = []
+        for r in cands:
+            merged = regions[r] | mine
+            if p.legal(merged):
+                mine = merged
+                absorbed.append(r)
+        for r in absorbed:
+            del regions[r]
+        rid = len(order) + order[n]
+        regions[rid] = mine
+        for m in mine:
+            region_of[m] = rid
+    return [sorted(r, key=order.get) for r in regions.values()]
+
+
+def fuse_elementwise(ctx) -> int:
+    """The pipeline pass: partition, then one `flydsl.fused_elementwise` node per region."""
+    gm = ctx.gm
+    skip = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.flydsl.gemm.default:
+            skip.update(epilogue_chain(n))
+    fusable = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in TABLE or n in skip:
+            continue
+        name = n.meta.get("orig_name", n.name)
+        if name in ctx.deny:
+            ctx.not_lowered(n, ctx.deny[name])
+            continue
+        reason = node_supported(n)
+        if reason:
+            ctx.not_lowered(n, f"fused_elementwise: {reason}")
+            continue
+        fusable.add(n)
+    count = 0
+    for members in partition(gm, fusable):
+        if all(is_identity(m) for m in members):
+            continue
+        region = set(members)
+        outputs = [m for m in members if any(u not in region for u in m.users)]
+        if not outputs:
+            continue
+        lower_region(ctx, members, outputs, members[-1])
+        count += 1
+    if count:
+        _stable_toposort(gm.graph)
+    return count
+
+
+def _stable_toposort(graph) -> None:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    dg = nx.DiGraph()
+    for n in graph.nodes:
+        dg.add_node(n)
+        for i in n.all_input_nodes:
+            dg.add_edge(i, n)
+    new = list(nx.lexicographical_topological_sort(dg, key=order.get))
+    if new == list(graph.nodes):
+        return
+    prev = None
+    for n in new:
+        if n.op == "placeholder" or prev is None:
+            prev = n
+            continue
+        if n.prev is not prev:
+            prev.append(n)
+        prev = n
+
+
+__all__ = ["partition", "fuse_elementwise", "epilogue_chain", "val"]
