@@ -138,7 +138,8 @@ def test_non_contiguous_inputs(arch):
 
 @pytest.mark.parametrize("shape,groups,dtype,arch", [
     ((2, 6, 5, 7), 3, torch.float32, "gfx942"), ((3, 32, 8, 8), 8, torch.bfloat16, "gfx950"),
-    ((2, 16, 64), 16, torch.float16, "gfx942"), ((1, 4, 3, 3, 3), 1, torch.float32, "gfx950")])
+    ((2, 16, 64), 16, torch.float16, "gfx942"), ((1, 4, 3, 3, 3), 1, torch.float32, "gfx950"),
+    ((2, 8, 4, 4), 8, torch.bfloat16, "gfx942")])  # groups == C: InstanceNorm
 def test_group_norm(shape, groups, dtype, arch):
     x = rnd(shape, dtype, 11, 2.0, 0.3)
     c = shape[1]
