@@ -1,0 +1,57 @@
+"""Child process of bench.models: time one model's translation stages in a fresh process.
+
+    python -m bench._model_child <model> <arch>
+
+The parent sets COMPILE_ONLY=1 and FLYDSL_RUNTIME_CACHE_DIR (empty for a cold run, filled by a
+previous run for a warm one). Compiling = running the translated graph once on the `rocm`
+backend under COMPILE_ONLY: every FlyDSL launch compiles its kernel to a code object and
+returns without executing. Verification runs on the `reference` backend (graph logic only; the
+kernels' numerics are covered by the flysim tests). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+def main(name, arch):
+    t0 = time.perf_counter()
+    from bench.models import build
+
+    from translator import runtime, translate
+    from translator.capture import capture
+    from translator.lowerings._common import LowerCtx
+    from translator.passes import run_pipeline
+    from translator.registry import load_all
+
+    model, inputs = build(name)
+    load_all()
+    t_import = time.perf_counter() - t0
+    with torch.no_grad():
+        t = time.perf_counter()
+        cap = capture(model, tuple(inputs))
+        t_capture = time.perf_counter() - t
+        ctx = LowerCtx(gm=cap.gm, arch=arch, precision="fp32")
+        t = time.perf_counter()
+        run_pipeline(ctx)
+        t_passes = time.perf_counter() - t
+        gm = cap.gm
+        flydsl_nodes = [n for n in gm.graph.nodes if "flydsl" in n.meta]
+        t = time.perf_counter()
+        with runtime.use_backend("rocm", arch):
+            gm(*inputs)
+        t_compile = time.perf_counter() - t
+        t = time.perf_counter()
+        tm = translate(model, tuple(inputs), arch=arch, backend="reference")
+        t_verify = time.perf_counter() - t
+    print(json.dumps(dict(model=name, import_s=t_import, capture_s=t_capture, passes_s=t_passes,
+                          compile_s=t_compile, translate_verify_ref_s=t_verify, flydsl_ops=len(flydsl_nodes),
+                          counters=ctx.counters, verified=bool(tm.report.verification.passed))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
