@@ -133,3 +133,16 @@ def test_llama_block_elementwise_in_flydsl():
     assert tm.report.counters["fused_elementwise"] >= 3  # rotary mul-add, SwiGLU gate mul, rotate_half neg
     left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
     assert "aten.mul.Tensor" not in left and "aten.add.Tensor" not in left, left
+
+
+def test_after_conv_batchnorm_inplace_relu_goes_to_flydsl():
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "models"))
+    mod = importlib.import_module("small_cnn")
+    torch.manual_seed(0)
+    m = mod.Model(*mod.get_init_inputs()).eval()
+    tm = translate(m, tuple(mod.get_inputs()), backend="reference")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert tm.report.counters["fused_elementwise"] == 3  # conv -> bn -> relu_ (x2), linear -> relu_
+    assert not any("relu" in str(n.target) for n in tm.gm.graph.nodes)

@@ -221,6 +221,9 @@ for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqr
               "ceil", "trunc", "logical_not"):
     TABLE[getattr(aten, _name).default] = _unary(_name)
 TABLE[aten.round.default] = _unary("round")
+for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
+    TABLE[getattr(aten, _name).default] = _unary(_name[:-1])
+TABLE[aten.hardtanh_.default] = TABLE[aten.hardtanh.default]
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     TABLE[getattr(aten, _name).Tensor] = _binary(_name)
     TABLE[getattr(aten, _name).Scalar] = _binary(_name)
@@ -248,6 +251,10 @@ def node_supported(node) -> str | None:
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return "a symbolic scalar argument"
+    if node.target._opname.endswith("_"):
+        x = node.args[0]
+        if x.op != "call_function" or len(x.users) != 1:
+            return "in-place op on a value that is read elsewhere (its mutation must stay visible)"
     if node.target is aten.dropout.default and _kw(node, "train", 2, False):
         return "dropout in training mode"
     if node.target in (aten._to_copy.default, aten.to.dtype):
