@@ -1,0 +1,118 @@
+"""translator.save / translator.load, torch.export of translated modules, and refusal of
+files that are not ours (or that carry pickles)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import translator
+from translator import InputError
+
+
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return torch.softmax(self.ln(x + self.fc2(F.gelu(self.fc1(x)))), -1)
+
+
+@pytest.fixture(scope="module")
+def translated():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 8, 32)
+    return m, x, translator.translate(m, (x,), backend="reference")
+
+
+def flydsl_targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "flydsl" in str(n.target)]
+
+
+def test_torch_export_of_translated_module(translated):
+    m, x, tm = translated
+    ep = torch.export.export(tm, (x,), strict=False)
+    assert any("flydsl.gemm" in t for t in flydsl_targets(ep.graph_module))
+    torch.testing.assert_close(ep.module()(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_save_load_round_trip_keeps_ops_weights_report_and_dynamic_dims(translated, tmp_path):
+    m, x, tm = translated
+    p = translator.save(tm, tmp_path / "block.pt2")
+    tm2 = translator.load(p)
+    assert isinstance(tm2, translator.TranslatedModule)
+    assert tm2.backend == "reference" and tm2.arch == tm.arch
+    assert sorted(flydsl_targets(tm2.gm)) == sorted(flydsl_targets(tm.gm))
+    assert tm2.report.headline() == tm.report.headline()
+    assert tm2.report.verification.passed
+    with torch.no_grad():
+        torch.testing.assert_close(tm2(x), m(x), atol=1e-5, rtol=1e-5)
+        x2 = torch.randn(3, 5, 32)  # batch and sequence were captured as dynamic
+        torch.testing.assert_close(tm2(x2), m(x2), atol=1e-5, rtol=1e-5)
+    # preshuffled weights are in the archive as raw bytes, and nothing is pickled
+    with zipfile.ZipFile(p) as z:
+        cfg = json.loads(z.read(next(n for n in z.namelist() if n.endswith("model_weights_config.json"))))
+        assert any(k.startswith("_flydsl_") for k in cfg["config"])
+        assert not any(v["use_pickle"] for v in cfg["config"].values())
+        assert all(i.file_size == 0 for i in z.infolist() if i.filename.endswith(".pt"))
+
+
+def test_load_on_another_backend(translated, tmp_path):
+    m, x, tm = translated
+    p = translator.save(tm, tmp_path / "b.pt2")
+    with pytest.raises(InputError, match="needs an AMD GPU"):
+        translator.load(p, backend="rocm")
+
+
+def test_refuses_files_that_are_not_ours(translated, tmp_path):
+    m, x, tm = translated
+    plain = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(m, (x,)), str(plain))
+    with pytest.raises(InputError, match="not a file written by translator.save"):
+        translator.load(plain)
+    pickled = tmp_path / "weights.pt"
+    torch.save(m.state_dict(), pickled)
+    with pytest.raises(InputError, match="not a file written by translator.save"):
+        translator.load(pickled)
+    text = tmp_path / "model.onnx"
+    text.write_text("hello")
+    with pytest.raises(InputError, match="not a zip archive"):
+        translator.load(text)
+    with pytest.raises(InputError, match="no such file"):
+        translator.load(tmp_path / "missing.pt2")
+    with pytest.raises(InputError, match="takes a TranslatedModule"):
+        translator.save(m, tmp_path / "x.pt2")
+
+
+def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path):
+    m, x, tm = translated
+    good = translator.save(tm, tmp_path / "good.pt2")
+    with zipfile.ZipFile(good) as z:
+        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    sample = next(n for n in entries if n.endswith("sample_inputs/model.pt"))
+
+    def write(name, changes):
+        p = tmp_path / name
+        with zipfile.ZipFile(p, "w") as z:
+            for k, v in {**entries, **changes}.items():
+                z.writestr(k, v)
+        return p
+
+    with pytest.raises(InputError, match="is a pickle"):
+        translator.load(write("pickle.pt2", {sample: b"\x80\x04N."}))
+    graph = next(n for n in entries if n.endswith("models/model.json"))
+    with pytest.raises(InputError, match="could not read the graph"):
+        translator.load(write("damaged.pt2", {graph: entries[graph][: len(entries[graph]) // 2]}))
+    truncated = tmp_path / "truncated.pt2"
+    truncated.write_bytes(good.read_bytes()[:1000])
+    with pytest.raises(InputError):
+        translator.load(truncated)
