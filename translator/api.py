@@ -129,6 +129,9 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
               dynamic_shapes="auto", name: str | None = None) -> TranslatedModule:
     """Translate `model` so its hot ops run as FlyDSL ops; verify against eager; report.
 
+    model: an nn.Module (HuggingFace models included) or the path of an .onnx file
+    (example_inputs may then be None: inputs are made from the file's input types).
+
     arch: gfx942 (MI300X) | gfx950 (MI350X/MI355X). backend: auto | rocm | flysim | reference.
     precision: fp32 keeps the model's dtypes; bf16 / fp16 run fp32 FlyDSL ops in that dtype.
     strict: raise StrictError if any compute op stays in PyTorch or runs only as a reference.
@@ -136,6 +139,12 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     dynamic_shapes: "auto" (batch and sequence dims dynamic where the model allows), None (every
     dim fixed to the examples), or a torch.export dynamic_shapes spec.
     """
+    from . import hf, onnx_import
+
+    if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
+        model, example_inputs = onnx_import.import_onnx(model, example_inputs)
+    name = name or getattr(model, "onnx_name", None) or type(model).__name__
+    model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
     _validate(model, arch, backend, precision)
     inputs = check_inputs(example_inputs)
     load_all()
@@ -163,6 +172,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
                       f"max rel err {d.max_rel:.3g})")
             fallbacks.append({"node": d.node, "op": d.op, "reason": reason})
             deny[d.replaces] = reason
+    tm.report.capture_notes[:0] = adapt_notes
     if strict:
         bad = [f"{r.node} ({r.op}): {r.detail}" for r in tm.report.rows
                if r.where != "flydsl-kernel" and not r.layout]
@@ -195,7 +205,7 @@ def _rows(gm, snapshot, flops, ctx, backend):
         info = n.meta.get("flydsl")
         if info:
             for s in info["sources"]:
-                absorbed[s] = info
+                absorbed[s] = dict(info, node=n.name)
     rows = []
     for name, op, shapes, dtype, target in snapshot:
         f = flops.get(name, 0)
@@ -213,7 +223,7 @@ def _rows(gm, snapshot, flops, ctx, backend):
                 where, detail = "flydsl-reference", f"{head} — torch reference (FlyDSL kernel not landed yet)"
             else:
                 where, detail = "flydsl-reference", f"{head} — torch reference (backend=reference)"
-            rows.append(Row(name, op, shapes, dtype, where, detail, f, layout))
+            rows.append(Row(name, op, shapes, dtype, where, detail, f, layout, info["node"]))
             continue
         packet = getattr(target, "overloadpacket", None)
         if packet in BY_DESIGN:

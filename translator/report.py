@@ -39,6 +39,7 @@ class Row:
     detail: str  # FlyDSL op and kernel, or the reason it stays in PyTorch
     flops: int = 0
     layout: bool = False  # a view / shape op: no arithmetic
+    flydsl_node: str = ""  # the translated graph's flydsl node this captured node now runs inside
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Report:
     # ---- summaries ---------------------------------------------------------------------
     def summary(self) -> dict:
         where = Counter(r.where for r in self.rows if not _is_layout(r))
-        fam = Counter(r.detail.split()[0] for r in self.rows if r.where != "pytorch")
+        fam = Counter(op for op, _ in {(r.detail.split()[0], r.flydsl_node) for r in self.rows if r.where != "pytorch"})
         total = sum(r.flops for r in self.rows)
         in_fly = sum(r.flops for r in self.rows if r.where != "pytorch")
         in_kernel = sum(r.flops for r in self.rows if r.where == "flydsl-kernel")
