@@ -141,7 +141,7 @@ def lower_layer_norm(node, ctx):
     args = (ctx.cast_in(x, node), shape, ctx.cast_in(w, node), ctx.cast_in(b, node), float(eps))
     if node.target is aten.native_layer_norm.default:
         get0 = _output0(node)
-        return ctx.replace(get0, "layer_norm", "layer_norm", args, [get0, *node.users, node], out_dtype=dtype_of(x))
+        return ctx.replace(get0, "layer_norm", "layer_norm", args, [*node.users, node], out_dtype=dtype_of(x))
     return ctx.replace(node, "layer_norm", "layer_norm", args, [node])
 
 
@@ -301,7 +301,7 @@ def lower_group_norm(node, ctx):
     if node.target is aten.native_group_norm.default:
         w, b, groups, eps = node.args[1], node.args[2], node.args[6], node.args[7]
         root = _output0(node)
-        sources = [root, *node.users, node]
+        sources = [*node.users, node]
     else:
         groups, w, b, eps = _arg(node, 1, "num_groups"), _arg(node, 2, "weight"), _arg(node, 3, "bias"), \
             _arg(node, 4, "eps", 1e-5)

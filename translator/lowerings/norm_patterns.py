@@ -1,4 +1,5 @@
-"""Hand-written RMSNorm / LayerNorm, and residual add + norm -> the norm family's FlyDSL ops.
+"""Hand-written RMSNorm / LayerNorm -> `flydsl.rms_norm` / `flydsl.layer_norm` (or, when a residual
+add feeds them and is used later, `flydsl.add_rms_norm` / `flydsl.add_layer_norm`: norm_residual.py).
 
 Anchored on the statistic (``mean(x²)``, ``mean((x - mean)²)``, ``var``, ``var_mean``), the
 matcher walks forward through what real code writes after it:
@@ -21,18 +22,6 @@ normalized shape) and, for LayerNorm, one bias add. A widening cast of the input
 (bf16/fp16 -> fp32) is undone: the kernel reads the input in its own dtype and keeps fp32
 statistics. The result is `flydsl.rms_norm` / `flydsl.layer_norm` over the reduced dims.
 
-Residual add + norm (both the hand-written forms and aten.layer_norm / aten.rms_norm):
-
-    hidden = residual + hidden                # the sum feeds the norm AND is used later
-    residual = hidden; hidden = self.post_attention_layernorm(hidden)   # pre-norm blocks
-
-becomes ``s, y = flydsl.add_rms_norm(residual, hidden, ...)`` (or add_layer_norm): one pass
-that writes both the residual stream and the normalized value; the graph gets getitem nodes
-for the two results. When one addend is a linear whose only use is this add (every
-transformer's ``x + o_proj(attn)``), the add is left to the GEMM epilogue, which folds the
-residual for one extra read (4 tensor passes: gemm writes x + r, norm reads and writes)
-where add + norm costs 5 (gemm writes, add+norm reads two and writes two).
-
 Stays in PyTorch with a reason: float64 or integer input / weight, a norm over dims that are
 not the trailing ones (ConvNeXt channels_first ``x.mean(1, keepdim=True)``), dynamic
 normalized dims, the unbiased variance, statistics that are also used outside the norm.
@@ -45,16 +34,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import FAMILIES, Lowering, lowerings_for, register_lowering
+from ..registry import Lowering, register_lowering
 from ._common import FLOAT_DTYPES, aten, dtype_of, dtype_reason, shape_of, static_int
-from .norm import layer_norm_supported, rms_norm_supported
+from .norm_residual import (ASSERT, captured_name, cast_to, denied, insert_point, is_call, param_arg,
+                            replace_fused, residual_of, same_shape, users_of)
 
 Node = torch.fx.Node
-ASSERT = aten._assert_tensor_metadata.default
 CASTS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
 STATS = (aten.mean.dim, aten.var.dim, aten.var.correction, aten.var_mean.correction)
 RULE = {"rms": "rms_norm_handwritten", "layer": "layer_norm_handwritten"}
-GEMMS = (aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default)
 
 
 @dataclass
@@ -73,22 +61,14 @@ class NormMatch:
 
 # --- small graph predicates ----------------------------------------------------------------
 
-def _call(n, *targets) -> bool:
-    return isinstance(n, Node) and n.op == "call_function" and n.target in targets
-
-
-def _users(n) -> list:
-    return [u for u in n.users if u.target is not ASSERT]
-
-
 def _only_user(n):
-    us = _users(n)
+    us = users_of(n)
     return us[0] if len(us) == 1 else None
 
 
 def _next(n, pred):
     """The one user of n that pred accepts (other users are checked when absorbing), else None."""
-    us = [u for u in _users(n) if pred(u)]
+    us = [u for u in users_of(n) if pred(u)]
     return us[0] if len(us) == 1 else None
 
 
@@ -97,7 +77,7 @@ def _scalar(x):
 
 
 def _is_cast(n) -> bool:
-    if not _call(n, *CASTS):
+    if not is_call(n, *CASTS):
         return False
     if n.target is aten._to_copy.default:
         return set(n.kwargs) <= {"dtype"} and len(n.args) == 1
@@ -119,11 +99,6 @@ def _origin(n):
     return n, chain
 
 
-def _same_shape(a, b) -> bool:
-    sa, sb = shape_of(a), shape_of(b)
-    return sa is not None and sb is not None and [str(s) for s in sa] == [str(s) for s in sb]
-
-
 def _dims(x, dims) -> tuple | None:
     rank = len(shape_of(x) or ())
     if rank == 0:
@@ -136,9 +111,9 @@ def _dims(x, dims) -> tuple | None:
 
 def _is_mean_of(m, x, dims) -> bool:
     """m == x.mean(dims, keepdim=True), or the mean output of torch.var_mean(x, dims, keepdim=True)."""
-    if _call(m, aten.mean.dim):
+    if is_call(m, aten.mean.dim):
         return _origin(m.args[0])[0] is _origin(x)[0] and _keepdim(m, 2) and _dims(m.args[0], m.args[1]) == dims
-    if _call(m, operator.getitem) and m.args[1] == 1 and _call(m.args[0], aten.var_mean.correction):
+    if is_call(m, operator.getitem) and m.args[1] == 1 and is_call(m.args[0], aten.var_mean.correction):
         vm = m.args[0]
         return _origin(vm.args[0])[0] is _origin(x)[0] and vm.kwargs.get("keepdim", False) and \
             _dims(vm.args[0], vm.args[1] if len(vm.args) > 1 else vm.kwargs.get("dim")) == dims
@@ -153,23 +128,23 @@ def _keepdim(n, i) -> bool:
 
 def _statistic(anchor):
     """(kind, x, dims, mean, stat node, nodes, correction) for a norm statistic, else None."""
-    if _call(anchor, aten.mean.dim):
+    if is_call(anchor, aten.mean.dim):
         if not _keepdim(anchor, 2) or anchor.kwargs.get("dtype") is not None:
             return None
         sq = anchor.args[0]
-        if _call(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2 or _call(sq, aten.square.default):
+        if is_call(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2 or is_call(sq, aten.square.default):
             b = sq.args[0]
-        elif _call(sq, aten.mul.Tensor) and sq.args[0] is sq.args[1]:
+        elif is_call(sq, aten.mul.Tensor) and sq.args[0] is sq.args[1]:
             b = sq.args[0]
         else:
             return None
         dims = _dims(sq, anchor.args[1])
         if _only_user(sq) is not anchor:
             return None
-        if _call(b, aten.sub.Tensor) and _is_mean_of(b.args[1], b.args[0], dims):
+        if is_call(b, aten.sub.Tensor) and _is_mean_of(b.args[1], b.args[0], dims):
             return "layer", b.args[0], dims, b.args[1], anchor, [sq, anchor], 0, [b]
         return "rms", b, dims, None, anchor, [sq, anchor], 0, []
-    if _call(anchor, aten.var.dim, aten.var.correction):
+    if is_call(anchor, aten.var.dim, aten.var.correction):
         x = anchor.args[0]
         dims = _dims(x, anchor.args[1] if len(anchor.args) > 1 else anchor.kwargs.get("dim"))
         if anchor.target is aten.var.dim:
@@ -179,10 +154,10 @@ def _statistic(anchor):
             c = anchor.kwargs.get("correction")
             keep, corr = anchor.kwargs.get("keepdim", False), 1 if c is None else c
         return ("layer", x, dims, None, anchor, [anchor], corr, []) if keep else None
-    if _call(anchor, aten.var_mean.correction) and anchor.kwargs.get("keepdim", False):
+    if is_call(anchor, aten.var_mean.correction) and anchor.kwargs.get("keepdim", False):
         x = anchor.args[0]
         dims = _dims(x, anchor.args[1] if len(anchor.args) > 1 else anchor.kwargs.get("dim"))
-        gets = {u.args[1]: u for u in anchor.users if _call(u, operator.getitem)}
+        gets = {u.args[1]: u for u in anchor.users if is_call(u, operator.getitem)}
         if 0 not in gets or 1 not in gets:
             return None
         c = anchor.kwargs.get("correction")
@@ -209,26 +184,26 @@ def match(anchor, ctx):
     kind, x, dims, mean, stat, core, corr, inputs = st
     if dims is None:
         return False
-    e = _next(stat, lambda u: _call(u, aten.add.Tensor, aten.add.Scalar) and u.kwargs.get("alpha", 1) == 1
+    e = _next(stat, lambda u: is_call(u, aten.add.Tensor, aten.add.Scalar) and u.kwargs.get("alpha", 1) == 1
               and _scalar(u.args[1] if u.args[0] is stat else u.args[0]) is not None)
     if e is None:
         return False
     eps = _scalar(e.args[1] if e.args[0] is stat else e.args[0])
     core.append(e)
-    f = _next(e, lambda u: _call(u, aten.rsqrt.default, aten.sqrt.default)
-              or _call(u, aten.pow.Tensor_Scalar) and u.args[1] == -0.5)
+    f = _next(e, lambda u: is_call(u, aten.rsqrt.default, aten.sqrt.default)
+              or is_call(u, aten.pow.Tensor_Scalar) and u.args[1] == -0.5)
     if f is None:
         return False
     core.append(f)
     inv, op = f, aten.mul.Tensor
     if f.target is aten.sqrt.default:
-        g = _next(f, lambda u: _call(u, aten.reciprocal.default))
+        g = _next(f, lambda u: is_call(u, aten.reciprocal.default))
         if g is not None:
             inv = g
             core.append(g)
         else:
             op = aten.div.Tensor
-    n = _next(inv, lambda u: _call(u, op) and (op is aten.mul.Tensor or u.args[1] is inv))
+    n = _next(inv, lambda u: is_call(u, op) and (op is aten.mul.Tensor or u.args[1] is inv))
     if n is None:
         return False
     num = n.args[1] if n.args[0] is inv else n.args[0]
@@ -238,7 +213,7 @@ def match(anchor, ctx):
         x, xcasts = _origin(x)
         inputs += xcasts + _origin(num)[1]
     else:
-        if not (_call(num, aten.sub.Tensor) and _origin(num.args[0])[0] is _origin(x)[0]):
+        if not (is_call(num, aten.sub.Tensor) and _origin(num.args[0])[0] is _origin(x)[0]):
             return False
         if mean is None:
             mean = num.args[1]
@@ -248,9 +223,9 @@ def match(anchor, ctx):
             return False
         x, xcasts = _origin(x)
         inputs += [num, mean, *_origin(num.args[0])[1], *xcasts]
-        if _call(mean, operator.getitem):
+        if is_call(mean, operator.getitem):
             inputs.append(mean.args[0])
-        elif _call(mean, aten.mean.dim):
+        elif is_call(mean, aten.mean.dim):
             inputs += _origin(mean.args[0])[1]
     core.append(n)
     m = NormMatch(kind, x, dims, float(eps), n, core, inputs, correction=corr)
@@ -267,11 +242,11 @@ def _epilogue(m: NormMatch) -> None:
             pass
         elif dtype_of(u) != dtype_of(cur):
             break  # a wider weight promotes a value eager rounded first: keep that multiply as written
-        elif _call(u, aten.mul.Tensor) and m.weight is None and m.bias is None and _param_ok(other, m.x, m.dims) \
-                and _same_shape(u, cur):
+        elif is_call(u, aten.mul.Tensor) and m.weight is None and m.bias is None and _param_ok(other, m.x, m.dims) \
+                and same_shape(u, cur):
             m.weight = other
-        elif _call(u, aten.add.Tensor) and m.kind == "layer" and m.bias is None and u.kwargs.get("alpha", 1) == 1 \
-                and _param_ok(other, m.x, m.dims) and _same_shape(u, cur):
+        elif is_call(u, aten.add.Tensor) and m.kind == "layer" and m.bias is None and u.kwargs.get("alpha", 1) == 1 \
+                and _param_ok(other, m.x, m.dims) and same_shape(u, cur):
             m.bias = other
         else:
             break
@@ -287,7 +262,7 @@ def _absorb(m: NormMatch):
     while changed:
         changed = False
         for n in list(keep):
-            if n is not m.root and any(u not in keep for u in _users(n)):
+            if n is not m.root and any(u not in keep for u in users_of(n)):
                 keep.discard(n)
                 changed = True
     for n in m.core:
@@ -296,10 +271,6 @@ def _absorb(m: NormMatch):
     order = {n: i for i, n in enumerate(m.root.graph.nodes)}
     nodes = sorted(keep, key=order.get)
     return [a for n in nodes for a in (*[u for u in n.users if u.target is ASSERT], n)]
-
-
-def _name(n) -> str:
-    return n.meta.get("orig_name") or n.name
 
 
 def _norm_checks(m: NormMatch, ctx):
@@ -325,123 +296,14 @@ def _norm_checks(m: NormMatch, ctx):
     return None
 
 
-# --- residual add + norm ------------------------------------------------------------------------
-
-def _gemm_takes(add, ctx) -> bool:
-    """One addend is a linear read only by this add, which the GEMM epilogue folds as its residual."""
-    if not any(low.name == "gemm_epilogue" for low in lowerings_for("epilogue")):
-        return False
-    if ctx.precision != "fp32" and dtype_of(add) == torch.float32:
-        return False  # the gemm's output is cast back first: its epilogue does not fold the add
-    order = {n: i for i, n in enumerate(add.graph.nodes)}
-    for p, other in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
-        while _call(p, aten.dropout.default) and not (len(p.args) > 2 and p.args[2]) and len(_users(p)) == 1:
-            p = p.args[0]
-        if not _call(p, *GEMMS) or len(_users(p)) != 1 or order.get(other, 1 << 62) >= order[p]:
-            continue
-        w = p.args[2] if p.target is aten.addmm.default else p.args[1]
-        if _call(w, aten.t.default, aten.transpose.int, aten.permute.default):
-            w = w.args[0]
-        if not (isinstance(w, Node) and w.op == "get_attr"):
-            continue  # activation @ activation becomes flydsl.bmm, which has no residual epilogue
-        if any(low.supported(p, ctx) is None for low in lowerings_for("lower")
-               if low.family == "gemm" and p.target in low.targets):
-            return True
-    return False
-
-
-def residual_of(x, absorbed, ctx):
-    """(a, b) when x = a + b is a residual add also used outside the norm, else None."""
-    if not _call(x, aten.add.Tensor) or x.kwargs.get("alpha", 1) != 1 or len(x.args) != 2:
-        return None
-    a, b = x.args
-    if not (isinstance(a, Node) and isinstance(b, Node) and _same_shape(a, x) and _same_shape(b, x)):
-        return None
-    if not dtype_of(a) == dtype_of(b) == dtype_of(x):
-        return None
-    if not [u for u in _users(x) if u not in absorbed] or _gemm_takes(x, ctx):
-        return None
-    return a, b
-
-
-def _insert_point(add, params, absorbed):
-    """The node after which the fused op goes: its inputs are ready and the sum's other users follow."""
-    g = add.graph
-    order = {n: i for i, n in enumerate(g.nodes)}
-    after = max([add, *[p for p in params if isinstance(p, Node)]], key=order.get)
-    if any(order[u] <= order[after] for u in _users(add) if u not in absorbed):
-        return None
-    return after
-
-
-def _param(ctx, p, shape, before):
-    """p reshaped to `shape` (from [1, .., N]) and cast to the compute dtype."""
-    if p is None:
-        return None
-    if [str(s) for s in shape_of(p)] != [str(s) for s in shape]:
-        with ctx.gm.graph.inserting_before(before):
-            p = ctx.gm.graph.call_function(aten.reshape.default, (p, list(shape)))
-        ctx.infer(p)
-    return ctx.cast_in(p, before)
-
-
-def _cast_to(ctx, n, dtype, before):
-    if dtype_of(n) == dtype:
-        return n
-    with ctx.gm.graph.inserting_before(before):
-        c = ctx.gm.graph.call_function(aten._to_copy.default, (n,), {"dtype": dtype})
-    return ctx.infer(c)
-
-
-def replace_fused(ctx, kind, add, shape, weight, bias, eps, root, absorbed, after):
-    """``s, y = flydsl.add_<kind>_norm(a, b, ...)``: s takes the add's uses, y the norm's."""
-    g = ctx.gm.graph
-    family = "add_layer_norm" if kind == "layer" else "add_rms_norm"
-    nxt = after.next
-    a, b = (ctx.cast_in(t, nxt) for t in add.args)
-    w = _param(ctx, weight, shape, nxt)
-    args = (a, b, list(shape), w, *((_param(ctx, bias, shape, nxt),) if kind == "layer" else ()), float(eps))
-    with g.inserting_before(nxt):
-        new = g.call_function(FAMILIES[family].op.default, args)
-    ctx.infer(new)
-    info = {"family": family, "lowering": family, "anchor": _name(root)}
-    new.meta["flydsl"] = {**info, "sources": [_name(s) for s in [add, *absorbed]]}
-    outs = []
-    for i, replaced in ((0, add), (1, root)):
-        with g.inserting_before(nxt):
-            gi = g.call_function(operator.getitem, (new, i))
-        gi.meta["val"] = new.meta["val"][i]
-        gi.meta["flydsl"] = {**info, "sources": [], "anchor": _name(replaced)}
-        gi.meta["orig_name"] = None
-        outs.append(_cast_to(ctx, gi, dtype_of(replaced), nxt))
-    for n in (new, *outs):
-        n.meta["orig_name"] = None
-    root.replace_all_uses_with(outs[1])
-    order = {n: i for i, n in enumerate(g.nodes)}
-    for s in sorted(absorbed, key=lambda n: -order[n]):
-        if not s.users:
-            g.erase_node(s)
-    add.replace_all_uses_with(outs[0])
-    g.erase_node(add)
-    ctx.counters[family] = ctx.counters.get(family, 0) + 1
-    return new
-
-
 # --- the hand-written rule -------------------------------------------------------------------
-
-def _denied(nodes, ctx):
-    for n in nodes:
-        if _name(n) in ctx.deny:
-            return ctx.deny[_name(n)]
-    return None
-
 
 def handwritten_supported(node, ctx):
     m = match(node, ctx)
     if m is False:
         return False
     absorbed = _absorb(m)
-    reason = absorbed if isinstance(absorbed, str) else _denied(absorbed, ctx) or _norm_checks(m, ctx)
+    reason = absorbed if isinstance(absorbed, str) else denied(absorbed, ctx) or _norm_checks(m, ctx)
     if reason:  # the report shows it on every op of the norm, not only on the statistic
         for n in m.core:
             if n is not node:
@@ -455,13 +317,13 @@ def lower_handwritten(node, ctx):
     shape = [static_int(shape_of(m.x)[d]) for d in m.dims]
     out = dtype_of(m.root)
     res = residual_of(m.x, absorbed, ctx) if out.itemsize <= m.x.meta["val"].dtype.itemsize else None
-    after = _insert_point(m.x, (m.weight, m.bias), absorbed) if res else None
-    if after is not None and not _denied([m.x], ctx):
+    after = insert_point(m.x, (m.weight, m.bias), absorbed) if res else None
+    if after is not None and not denied([m.x], ctx):
         return replace_fused(ctx, m.kind, m.x, shape, m.weight, m.bias, m.eps, m.root, absorbed, after)
-    x = m.x if m.x.meta["val"].dtype.itemsize >= out.itemsize else _cast_to(ctx, m.x, out, m.root)
-    args = (ctx.cast_in(x, m.root), shape, _param(ctx, m.weight, shape, m.root))
+    x = m.x if m.x.meta["val"].dtype.itemsize >= out.itemsize else cast_to(ctx, m.x, out, m.root)
+    args = (ctx.cast_in(x, m.root), shape, param_arg(ctx, m.weight, shape, m.root))
     if m.kind == "layer":
-        args += (_param(ctx, m.bias, shape, m.root),)
+        args += (param_arg(ctx, m.bias, shape, m.root),)
     family = "layer_norm" if m.kind == "layer" else "rms_norm"
     return ctx.replace(m.root, family, f"{family}_handwritten", args + (m.eps,), absorbed)
 
@@ -479,39 +341,3 @@ register_lowering(Lowering(
 register_lowering(Lowering(
     RULE["layer"], "layer_norm", STATS, _for("layer"), lower_handwritten, stage="fuse",
     doc="(x-mean)/sqrt(var+eps)·w+b, var biased or mean((x-mean)²) (+ residual add)"))
-
-
-# --- aten.layer_norm / aten.rms_norm whose input is a residual add used later ------------------
-
-def _canonical(node):
-    x, shape = node.args[0], list(node.args[1])
-    kw = node.kwargs
-    w = node.args[2] if len(node.args) > 2 else kw.get("weight")
-    if node.target is aten.layer_norm.default:
-        b = node.args[3] if len(node.args) > 3 else kw.get("bias")
-        eps = node.args[4] if len(node.args) > 4 else kw.get("eps", 1e-5)
-        return "layer", x, shape, w, b, eps
-    eps = node.args[3] if len(node.args) > 3 else kw.get("eps")
-    if eps is None:
-        eps = torch.finfo(dtype_of(x)).eps
-    return "rms", x, shape, w, None, eps
-
-
-def add_norm_supported(node, ctx):
-    kind, x, shape, w, b, eps = _canonical(node)
-    if residual_of(x, [node], ctx) is None or _insert_point(x, (w, b), [node]) is None:
-        return False
-    return _denied([node, x], ctx) or (layer_norm_supported if kind == "layer" else rms_norm_supported)(node, ctx)
-
-
-def lower_add_norm(node, ctx):
-    kind, x, shape, w, b, eps = _canonical(node)
-    return replace_fused(ctx, kind, x, shape, w, b, eps, node, [node], _insert_point(x, (w, b), [node]))
-
-
-register_lowering(Lowering(
-    "add_layer_norm", "add_layer_norm", (aten.layer_norm.default,), add_norm_supported, lower_add_norm,
-    stage="fuse", doc="layer_norm(x + r) where x + r is also used later -> (x + r, norm) in one pass"))
-register_lowering(Lowering(
-    "add_rms_norm", "add_rms_norm", (aten.rms_norm.default,), add_norm_supported, lower_add_norm,
-    stage="fuse", doc="rms_norm(x + r) where x + r is also used later -> (x + r, norm) in one pass"))
