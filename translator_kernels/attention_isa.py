@@ -1,6 +1,7 @@
 """ISA statistics of the attention kernel per config and arch (no GPU needed).
 
-    ROCM_PATH=/work/main/.toolchain/rocm .venv/bin/python -m translator_kernels.attention_isa [--quick]
+    ROCM_PATH=/work/main/.toolchain/rocm .venv/bin/python -m translator_kernels.attention_isa \
+        [--quick] [--gfx942-only | --gfx950-only]
 
 Each config is compiled to AMDGPU ISA with COMPILE_ONLY=1 in a subprocess (the arch is read
 from the environment) with FLYDSL_DUMP_IR, and the metadata of 22_final_isa.s is read back:
@@ -66,7 +67,9 @@ def main(argv):
     configs = QUICK if "--quick" in argv else CONFIGS
     print("| arch | dtype | D | causal | mask | VGPR | AGPR | SGPR | spills (v/s) | LDS B | waves/SIMD |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for arch in ("gfx942", "gfx950"):
+    only = [x for x in argv if x.endswith("-only")]
+    archs = [a for a in ("gfx942", "gfx950") if not only or f"--{a}-only" in only]
+    for arch in archs:
         for dt, d, c, m in configs:
             s = isa_stats(arch, dt, d, c, m)
             print(f"| {arch} | {dt} | {d} | {int(c)} | {m} | {s['vgpr_count']} | {s['agpr_count']} | "
