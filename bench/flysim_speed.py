@@ -2,8 +2,10 @@
 
 FlyDSL's kernels come from an extracted copy of its source tree (never part of
 this repo): set FLYDSL_SRC (default /tmp/flydsl-src). Usage:
-    python bench/flysim_speed.py [softmax] [gemm] [attn] [--device cuda] [--races]
-lane-ops = executed ops x active lanes (every lane of every workgroup).
+    python bench/flysim_speed.py [softmax] [gemm] [attn] [--device cuda] [--races] [--threads N]
+lane-ops = executed ops x active lanes (every lane of every workgroup). Each case
+compiles and runs once, then times a second run; "cpu" is the process CPU time of
+that run (on a shared machine wall time also measures the other tenants).
 """
 
 import os
@@ -65,18 +67,25 @@ def main():
     args = sys.argv[1:]
     device = args[args.index("--device") + 1] if "--device" in args else "cpu"
     which = [a for a in args if a in ("softmax", "gemm", "attn")] or ["softmax", "gemm", "attn"]
-    print(f"| case | device | launch wall (s) | sim only (s) | lanes | lane-ops | lane-ops/s | max err |")
-    print("|---|---|---|---|---|---|---|---|")
+    if "--threads" in args:
+        torch.set_num_threads(int(args[args.index("--threads") + 1]))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}"
+          + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""))
+    print("| case | device | launch wall (s) | cpu (s) | sim only (s) | lanes | lane-ops | lane-ops/s | max err |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in which:
         with flysim.simulate(arch="gfx942", check_races="--races" in args) as sim:
             title, run, err = globals()[name](device)
             run()  # compile + first run
-            t = time.perf_counter()
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            sync()
+            t, c = time.perf_counter(), time.process_time()
             run()
-            wall = time.perf_counter() - t
+            sync()
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
         rec = sim.launches[-1]
         lanes = rec.grid[0] * rec.grid[1] * rec.grid[2] * rec.block[0] * rec.block[1] * rec.block[2]
-        print(f"| {title} | {device} | {wall:.2f} | {rec.wall_s:.2f} | {lanes} | {rec.lane_ops:.3g} | "
+        print(f"| {title} | {device} | {wall:.2f} | {cpu:.2f} | {rec.wall_s:.2f} | {lanes} | {rec.lane_ops:.3g} | "
               f"{rec.lane_ops / rec.wall_s:.3g} | {err():.3g} |", flush=True)
 
 

@@ -163,8 +163,6 @@ def _simulated_call(sim, jf, args, kwargs):
             os.makedirs(dump, exist_ok=True)
             with open(os.path.join(dump, f"{jf.func.__name__}_{sim.arch}.mlir"), "w") as fh:
                 fh.write(artifact._flysim_asm)
-    program = program_for(artifact, sim.arch)
-
     bound_self, rest = jf._split_self(args)
     bound = jf._sig.bind(*rest, **kwargs)
     bound.apply_defaults()
@@ -178,6 +176,8 @@ def _simulated_call(sim, jf, args, kwargs):
             fill(args_tuple[i], s)
         raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
     tensors = _collect_tensors(args_tuple) + list(sim.extra_tensors)
+    device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
+    program = program_for(artifact, sim.arch, device)
     records = program.run_host(raw, tensors, sim)
     sim.launches.extend(records)
     if records:

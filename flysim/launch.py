@@ -62,14 +62,14 @@ class Kernel:
 
 
 class Program:
-    def __init__(self, asm, entry, arch):
+    def __init__(self, asm, entry, arch, device=None):
         from flydsl._mlir import ir
         from flydsl.compiler.jit_function import _create_mlir_context
 
         from . import ops_arith, ops_mem, ops_amd, ops_asm  # noqa: F401  (register ops)
 
         self.arch = arch
-        self.info = ModuleInfo()
+        self.info = ModuleInfo(device)
         self.kernels = {}
         with _create_mlir_context():
             module = ir.Module.parse(asm)
@@ -142,13 +142,15 @@ def _decode_arg(blob, ti, device):
     return take(ti, 0)[0]
 
 
-def program_for(artifact, arch):
+def program_for(artifact, arch, device=None):
+    """The decoded program of an artifact, per arch and device (constants live on the device)."""
     progs = getattr(artifact, "_flysim_programs", None)
     if progs is None:
         progs = artifact._flysim_programs = {}
-    p = progs.get(arch)
+    key = (arch, str(device))
+    p = progs.get(key)
     if p is None:
-        p = progs[arch] = Program(artifact._flysim_asm, artifact._entry, arch)
+        p = progs[key] = Program(artifact._flysim_asm, artifact._entry, arch, device)
     return p
 
 
@@ -220,6 +222,8 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     for slot, v in zip(kernel.arg_slots, args):
         ex.R[slot] = v
     run_block(ex, kernel.body)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     c = {
         "global_bytes_read": ex.mem.bytes_read,
         "global_bytes_written": ex.mem.bytes_written,

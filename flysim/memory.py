@@ -8,11 +8,21 @@ accesses gather whole elements from a same-width view of the storage.
 LDS: one byte array of ``nwg * size``; lane address = ``wg * size + ptr``.
 Race detection keeps, per LDS byte, the wave that last wrote it and the wave
 that last read it in the current barrier interval (-1 none, -2 several); a
-barrier clears both. Bank conflicts follow this model of the CDNA3 LDS (32
-banks x 4 bytes): a wave's access is served in groups of ``128 / width`` lanes
-(32 lanes for <= 4-byte accesses, 16 for 8-byte, 8 for 16-byte); within a
-group, a bank holding k distinct dwords costs k cycles; conflicts counted are
-the extra cycles (broadcast of one dword is free).
+barrier clears both (a workgroup's own bytes only, for a barrier that a
+scalar branch lets only some workgroups reach).
+
+Bank conflicts. AMD's documentation (ROCm Composable Kernel, "Understanding
+AMD GPU LDS and Bank Conflicts"; ROCm blog "Avoiding LDS Bank Conflicts on AMD
+GPUs Using CK-Tile") states the rule for CDNA3: 32 banks of 4 bytes, bank =
+(byte address / 4) mod 32; the hardware serves a wave's LDS instruction in
+phases whose lanes depend on the access width (for ds_write_b128, eight phases
+of 8 consecutive lanes: 0-7, 8-15, ...); lanes of one phase that hit different
+dwords of one bank serialize, the same dword is broadcast. flysim counts, per
+phase of ``128 / width`` consecutive lanes (32 lanes for <= 4-byte accesses,
+16 for 8-byte, 8 for 16-byte), max over banks of the distinct dwords minus
+one. Not modelled: the 64-bank LDS that the same page says some architectures
+have (gfx950 is counted with 32), and any non-consecutive lane grouping the
+hardware may use for reads (AMD's page documents the write grouping only).
 """
 
 from __future__ import annotations
@@ -32,8 +42,21 @@ def _typed(u8, esize):
     return u8[:n].view(INT_OF[esize])
 
 
+def _rows(u8, off, esize, count):
+    """u8 viewed as rows of ``count`` esize-byte elements, and each lane's row, when every
+    access is one whole aligned row (the common vector access); else None."""
+    nb = esize * count
+    if esize not in INT_OF or not bool((off % nb == 0).all()):
+        return None
+    base = _typed(u8, esize)
+    return base[: base.numel() // count * count].view(-1, count), off // nb
+
+
 def _gather(u8, off, esize, count, mask):
     """Read count elements of esize bytes at byte offsets off [n] -> int tensor [n, count]."""
+    rows = _rows(u8, off, esize, count)
+    if rows is not None:
+        return rows[0].index_select(0, rows[1])
     if esize in INT_OF and bool(((off % esize) == 0).all()):
         base = _typed(u8, esize)
         idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
@@ -45,6 +68,11 @@ def _gather(u8, off, esize, count, mask):
 
 
 def _scatter(u8, off, esize, count, vals):
+    rows = _rows(u8, off, esize, count)
+    if rows is not None:
+        base, r = rows
+        base.index_copy_(0, r, vals if vals.dtype == base.dtype else vals.view(base.dtype))
+        return
     if esize in INT_OF and bool(((off % esize) == 0).all()):
         base = _typed(u8, esize)
         idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
@@ -101,8 +129,30 @@ class GlobalMemory:
                 leftover.append(left)
         return out
 
+    def _single(self, addr, nbytes, mask):
+        """The region holding every active lane's access, or None (then take the per-lane path)."""
+        if mask is None:
+            lo, hi = int(addr.min()), int(addr.max())
+        else:
+            if not bool(mask.any()):
+                return None
+            big = torch.iinfo(torch.int64).max
+            lo = int(torch.where(mask, addr, big).min())
+            hi = int(torch.where(mask, addr, -big).max())
+        for r in self.regions:
+            if lo >= r[0] and hi + nbytes <= r[1]:
+                return r
+        return None
+
     def load(self, addr, dtype, esize, count, mask, N):
         addr = addr.expand(N) if addr.dim() == 0 else addr
+        r = self._single(addr, esize * count, mask)
+        if r is not None:  # fast path: one tensor holds every active access
+            off = addr - r[3] if mask is None else torch.where(mask, addr - r[3], r[0] - r[3])
+            vals = _gather(r[2], off, esize, count, None)
+            n = N if mask is None else int(mask.sum())
+            self.bytes_read += n * esize * count
+            return vals if mask is None else vals * mask.unsqueeze(1).to(vals.dtype)
         out = torch.zeros(N, count, dtype=INT_OF.get(esize, torch.uint8), device=addr.device)
         left = []
         for lanes, (lo, hi, u8, base) in self._locate(addr, esize * count, mask, "load", leftover=left):
@@ -118,6 +168,11 @@ class GlobalMemory:
     def store(self, addr, vals, esize, count, mask, N):
         addr = addr.expand(N) if addr.dim() == 0 else addr
         vals = vals.expand(N, count) if vals.dim() < 2 or vals.shape[0] != N else vals
+        r = self._single(addr, esize * count, mask) if mask is None else None
+        if r is not None:
+            _scatter(r[2], addr - r[3], esize, count, vals)
+            self.bytes_written += N * esize * count
+            return
         for lanes, (lo, hi, u8, base) in self._locate(addr, esize * count, mask, "store"):
             _scatter(u8, addr[lanes] - base, esize, count, vals[lanes])
             self.bytes_written += lanes.numel() * esize * count
@@ -214,10 +269,12 @@ class LDS:
         dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
         if lanes is None:
             full = dw
-        else:
+        else:  # only the waves that have an active lane
             full = torch.full((ex.N, ndw), -1, dtype=torch.int64, device=off.device)
             full[lanes] = dw
-        x = full.reshape(ex.N // group, group * ndw).sort(1).values
+            waves = torch.unique(lanes // 64)
+            full = full.view(-1, 64, ndw)[waves].reshape(-1, ndw)
+        x = full.reshape(-1, group * ndw).sort(1).values
         keep = x >= 0
         keep[:, 1:] &= x[:, 1:] != x[:, :-1]  # distinct dwords only: a broadcast is free
         bank = torch.where(keep, x % 32, torch.full_like(x, 32))

@@ -115,33 +115,50 @@ def _gather_lanes(x, src, N):
     return xw[torch.arange(W, device=s.device).unsqueeze(1), s].reshape(N, *xw.shape[2:])
 
 
+def _shuffle_dst(mode, lane, k, w):
+    """Source lane and validity of gpu.shuffle for lanes ``lane`` (offset k, width w)."""
+    start = lane - lane % w
+    if mode == "xor":
+        dst = lane ^ k
+        ok = (dst >= start) & (dst < start + w)
+    elif mode == "down":
+        dst = lane + k
+        ok = dst < start + w
+    elif mode == "up":
+        dst = lane - k
+        ok = dst >= start
+    else:
+        dst = start + k
+        ok = dst < start + w
+    return torch.where(ok, dst, lane), ok
+
+
 @op("gpu.shuffle")
 def _shuffle(d, o):
     v, off, width = d.ins(o)
     out, valid = d.outs(o)
     mode = str(o.attributes["mode"]).split()[-1].rstrip(">")
+    need_valid = any(True for _ in o.results[1].uses)
+    perms = {}  # uniform (offset, width) -> the same 64-lane permutation for every wave
 
     def f(ex):
-        x, k, w = ex.R[v], ex.R[off].to(torch.int64), ex.R[width].to(torch.int64)
-        lane = ex.lane_in_wave
-        start = lane - lane % w
-        if mode == "xor":
-            dst = lane ^ k
-            ok = (dst >= start) & (dst < start + w)
-        elif mode == "down":
-            dst = lane + k
-            ok = dst < start + w
-        elif mode == "up":
-            dst = lane - k
-            ok = dst >= start
-        else:
-            dst = start + k
-            ok = dst < start + w
-        dst = torch.where(ok, dst, lane)
-        if x.dim() == 0:
-            ex.R[out] = x
-        else:
-            ex.R[out] = _gather_lanes(x, dst, ex.N)
+        x, k, w = ex.R[v], ex.R[off], ex.R[width]
+        if k.dim() == 0 and w.dim() == 0:
+            key = (int(k), int(w), x.device)
+            p = perms.get(key)
+            if p is None:
+                p = perms[key] = _shuffle_dst(mode, torch.arange(64, device=x.device), key[0], key[1])
+            dst, ok = p
+            if x.dim() == 0:
+                ex.R[out] = x
+            else:
+                xw = _wave(x, ex.N)
+                ex.R[out] = xw.index_select(1, dst).reshape(ex.N, *xw.shape[2:])
+            if need_valid:
+                ex.R[valid] = ok.repeat(ex.N // 64)
+            return
+        dst, ok = _shuffle_dst(mode, ex.lane_in_wave, k.to(torch.int64), w.to(torch.int64))
+        ex.R[out] = x if x.dim() == 0 else _gather_lanes(x, dst, ex.N)
         ex.R[valid] = ok
 
     return f

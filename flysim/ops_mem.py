@@ -197,6 +197,14 @@ def _buffer_offsets(ex, rsrc, voff, soff, imm):
     return off
 
 
+def _all_inside(off, nrec, nbytes, mask):
+    """Every active lane's whole access lies inside num_records (uniform nrec only)."""
+    if nrec.dim() != 0:
+        return False
+    hi = off.max() if mask is None else torch.where(mask, off, 0).max()
+    return int(hi) + nbytes <= int(nrec)
+
+
 def _oob_mask(ex, off, nrec, es, cnt):
     """[N, cnt] bool: element j of lane l lies inside num_records."""
     ends = off.reshape(-1, 1) + torch.arange(1, cnt + 1, device=off.device) * es
@@ -216,8 +224,11 @@ def _buf_load(d, o):
         base, nrec = ex.R[rs]
         N = ex.N
         off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)
-        inb = _oob_mask(ex, off, nrec, es, cnt)
         m = ex.mask
+        if _all_inside(off, nrec, es * cnt, m):
+            ex.R[out] = _from_bits(ex.mem.load(base + off, ti.dtype, es, cnt, m, N), ti, N)
+            return
+        inb = _oob_mask(ex, off, nrec, es, cnt)
         act = inb if m is None else inb & m.view(-1, 1)
         lane_ok = act.all(1)
         partial = act.any(1) & ~lane_ok
@@ -244,11 +255,14 @@ def _buf_store(d, o):
         base, nrec = ex.R[rs]
         N = ex.N
         off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)
-        inb = _oob_mask(ex, off, nrec, es, cnt)
         m = ex.mask
+        bits = _to_bits(ex.R[v], ti, N)
+        if _all_inside(off, nrec, es * cnt, m):
+            ex.mem.store(base + off, bits, es, cnt, m, N)
+            return
+        inb = _oob_mask(ex, off, nrec, es, cnt)
         act = inb if m is None else inb & m.view(-1, 1)
         ex.oob_buffer += int(((~inb).any(1) if m is None else ((~inb).any(1) & m)).sum())
-        bits = _to_bits(ex.R[v], ti, N)
         lane_ok = act.all(1)
         if bool((act.any(1) & ~lane_ok).any()):
             for j in range(cnt):

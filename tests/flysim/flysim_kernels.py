@@ -132,3 +132,30 @@ def build_transpose_read(gran=16):
         tr_kernel(X, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
     return transpose_read
+
+
+def build_asm_select(thr=3):
+    """Out[i] = X[i] < thr ? Fill : Y[i] and Mask[i] = the wave's compare mask, through inline asm."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import llvm
+
+    asm = f"v_cmp_lt_i32_e64 $0, $3, {thr}\n\tv_cndmask_b32_e64 $1, $2, $4, $0"
+
+    def pick(x, y, fill):
+        i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+        ret = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i64, i32)>"), [y.ir_value(), x.ir_value(), fill.ir_value()],
+                              asm, "=s,=v,1,v,v,~{vcc}", has_side_effects=True)
+        return fx.Int32(llvm.extractvalue(i32, ret, [1])), fx.Int64(llvm.extractvalue(i64, ret, [0]))
+
+    @flyc.kernel
+    def asm_kernel(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor, Mask: fx.Tensor):
+        i = fx.thread_idx.x
+        v, m = pick(X[i], Y[i], fx.Int32(-7))
+        Out[i] = v
+        Mask[i] = m
+
+    @flyc.jit
+    def asm_select(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor, Mask: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        asm_kernel(X, Y, Out, Mask).launch(grid=(1, 1, 1), block=(2 * WAVE, 1, 1), stream=stream)
+
+    return asm_select

@@ -111,3 +111,19 @@ def test_gfx950_lds_transpose_read(gran):
             ref[lane, v] = src[16 * g + (t + 16 * v) // per, (t + 16 * v) % per]
     assert torch.equal(out.view(torch.uint8).view(64, 8) if gran == 8 else out.view(64, 4), ref)
     assert sim.launches[-1].counters["lds_bytes_read"] == 64 * 8
+
+
+def test_inline_asm_compare_and_select():
+    """v_cmp_lt_i32 into an SGPR pair + v_cndmask: per-lane select, and the pair read back is the wave's ballot."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randint(-10, 10, (128,), dtype=torch.int32, generator=g)
+    Y = torch.randint(100, 200, (128,), dtype=torch.int32, generator=g)
+    out, mask = torch.zeros_like(X), torch.zeros(128, dtype=torch.int64)
+    with flysim.simulate() as sim:
+        K.build_asm_select(3)(X, Y, out, mask)
+    assert torch.equal(out, torch.where(X < 3, -7, Y))
+    for w in range(2):
+        bits = sum(1 << j for j in range(64) if X[64 * w + j] < 3)
+        ballot = bits - (1 << 64) if bits >= 1 << 63 else bits
+        assert (mask[64 * w:64 * w + 64] == ballot).all()
+    assert sim.launches[-1].counters["ops_by_kind"]["llvm.inline_asm"] == 1
