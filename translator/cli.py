@@ -287,6 +287,7 @@ def _write_outputs(tm: Any, out: Path) -> list:
             ("report.md", tm.report.to_markdown()),
             ("report.json", tm.report.to_json()),
             ("translated.py", tm.code),
+            ("report.html", _html(tm.report)),
         ):
             target = out / name
             target.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
@@ -294,6 +295,12 @@ def _write_outputs(tm: Any, out: Path) -> list:
     except OSError as exc:
         raise CliError(f"cannot write into --out {out} ({_describe(exc)}); pass a writable directory")
     return written
+
+
+def _html(report: Any) -> str:
+    from translator.report_html import render_html
+
+    return render_html(report)
 
 
 def _verification_passed(report: Any) -> Optional[bool]:
@@ -305,8 +312,9 @@ def _run_convert(script: Path, out: Optional[Path], options: dict) -> int:
     import translator
     from translator.errors import TranslatorError, VerificationError
 
-    with loaded_script(script) as module:
-        model, inputs = build_model(module, script)
+    onnx = script.suffix.lower() == ".onnx"  # an ONNX file: inputs come from its input types
+    with contextlib.nullcontext() if onnx else loaded_script(script) as module:
+        model, inputs = (script, None) if onnx else build_model(module, script)
         try:
             tm = translator.translate(model, inputs, name=script.stem, **options)
         except VerificationError as exc:
@@ -333,7 +341,7 @@ def _run_convert(script: Path, out: Optional[Path], options: dict) -> int:
 
 @app.command()
 def convert(
-    script: Annotated[Path, typer.Argument(help="Model script: defines Model, get_inputs(), get_init_inputs().", show_default=False)],
+    script: Annotated[Path, typer.Argument(help="Model script (defines Model, get_inputs(), get_init_inputs()) or an .onnx file.", show_default=False)],
     arch: Annotated[Arch, typer.Option(help="Target GPU: gfx942 (MI300X) or gfx950 (MI350X/MI355X).")] = Arch.gfx942,
     backend: Annotated[Backend, typer.Option(help="Where FlyDSL ops run: auto picks rocm when an AMD GPU is present.")] = Backend.auto,
     precision: Annotated[Precision, typer.Option(help="Compute precision of the FlyDSL kernels.")] = Precision.fp32,
@@ -345,7 +353,7 @@ def convert(
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
-    """Translate the Model of SCRIPT, verify it, print the report and write report.md, report.json, translated.py."""
+    """Translate the Model of SCRIPT (or an .onnx file), verify it, print the report and write report.md, report.json, report.html, translated.py."""
     if not debug:  # torch.export's capture chatter (dims specialized, ...) is for --debug only
         logging.getLogger("torch._export").setLevel(logging.ERROR)
     else:

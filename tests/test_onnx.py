@@ -1,0 +1,125 @@
+"""ONNX input: ONNX exports of every bundled model (torch.onnx.export, dynamo and TorchScript
+exporters) through translate(), compared against the original PyTorch model; malformed files."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import translator
+from translator import InputError, cli
+from translator.onnx_import import import_onnx
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
+
+
+def load_model(name):
+    spec = importlib.util.spec_from_file_location(f"_onnx_model_{name}", REPO / "models" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    return mod.Model(*mod.get_init_inputs()).eval(), tuple(mod.get_inputs())
+
+
+def export(model, inputs, path, dynamo):
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, inputs, str(path), dynamo=dynamo, verbose=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    return path
+
+
+# every model through the default (dynamo) exporter; the TorchScript exporter's shape arithmetic
+# (Shape / Gather / ConstantOfShape / Where on sizes) through the two models that have the most
+CASES = [(m, True) for m in MODELS] + [("llama_block", False), ("mini_gpt", False)]
+
+
+@pytest.mark.parametrize("name,dynamo", CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
+def test_onnx_export_of_bundled_model(name, dynamo, tmp_path):
+    model, x = load_model(name)
+    path = export(model, x, tmp_path / f"{name}.onnx", dynamo)
+    tm = translator.translate(path, x, backend="reference")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert tm.report.model == name
+    fams = {r.detail.split()[0] for r in tm.report.rows if r.where != "pytorch"}
+    assert "flydsl.gemm" in fams  # Gemm / MatMul with initializer weights are linears
+    fresh = tuple(torch.randn_like(t) for t in x)
+    with torch.no_grad():
+        torch.testing.assert_close(tm(*x), model(*x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tm(*fresh), model(*fresh), atol=1e-4, rtol=1e-4)
+
+
+def test_inputs_made_from_the_file_when_not_given(tmp_path):
+    model, x = load_model("mlp")
+    path = export(model, x, tmp_path / "mlp.onnx", True)
+    tm = translator.translate(str(path), None, backend="reference")
+    assert tm.report.verification.passed
+    with torch.no_grad():
+        torch.testing.assert_close(tm(*x), model(*x), atol=1e-5, rtol=1e-5)
+
+
+def test_flysim_runs_an_imported_linear(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(32, 16)).eval()
+    x = torch.randn(4, 32)
+    path = export(lin, (x,), tmp_path / "lin.onnx", True)
+    tm = translator.translate(path, (x,), backend="flysim")
+    assert tm.report.verification.passed
+    assert any(r.where == "flydsl-kernel" for r in tm.report.rows)
+    assert tm.last_launches
+
+
+def test_truncated_file_is_one_clear_error(tmp_path):
+    model, x = load_model("mlp")
+    good = export(model, x, tmp_path / "mlp.onnx", True).read_bytes()
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes(good[: len(good) // 3])
+    with pytest.raises(InputError, match="truncated|not a readable ONNX|checker"):
+        translator.translate(bad, x, backend="reference")
+    with pytest.raises(InputError, match="no such file"):
+        translator.translate(tmp_path / "missing.onnx", x)
+
+
+def test_op_we_cannot_import_is_named(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    g = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g", [x], [y])
+    p = tmp_path / "hardmax.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    with pytest.raises(InputError, match=r"cannot import Hardmax \(first at node hm"):
+        translator.translate(p, None)
+    g2 = helper.make_graph([helper.make_node("Foo", ["x"], ["y"], name="f", domain="com.example")], "g", [x], [y])
+    p2 = tmp_path / "custom.onnx"
+    onnx.save(helper.make_model(g2, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)]), p2)
+    with pytest.raises(InputError, match="com.example::Foo"):
+        import_onnx(p2)
+
+
+def test_wrong_number_of_inputs(tmp_path):
+    model, x = load_model("bert_layer")
+    path = export(model, x, tmp_path / "bert.onnx", True)
+    with pytest.raises(InputError, match="takes 2 inputs"):
+        translator.translate(path, x[:1])
+
+
+def test_cli_convert_accepts_onnx(tmp_path):
+    model, x = load_model("mlp")
+    path = export(model, x, tmp_path / "mlp.onnx", True)
+    out = tmp_path / "out"
+    rc = cli.main(["convert", str(path), "--backend", "reference", "--out", str(out)])
+    assert rc == 0
+    assert (out / "report.md").exists() and (out / "report.html").exists()

@@ -1,0 +1,101 @@
+"""The report as one self-contained HTML page (no network, no script): report.html.
+
+A bar chart (inline SVG) of the model's FLOPs by op family — each FlyDSL op family, and the
+PyTorch ops left — coloured by where they run (FlyDSL kernel, FlyDSL op on the torch
+reference, PyTorch); the summary lines of report.md; per-kernel ISA statistics when the
+report carries them (`report.isa`: one dict per compiled kernel); and the per-node table
+with each fallback's reason. Every text is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from html import escape
+
+COLOURS = {"flydsl-kernel": "#2e7d32", "flydsl-reference": "#f9a825", "pytorch": "#757575"}
+LABELS = {"flydsl-kernel": "FlyDSL kernel", "flydsl-reference": "FlyDSL op, torch reference", "pytorch": "PyTorch"}
+
+
+def flops_by_family(report) -> list[tuple[str, str, int]]:
+    """[(family, where, FLOPs)], largest first; PyTorch rows are grouped by aten op."""
+    acc: dict = defaultdict(int)
+    for r in report.rows:
+        fam = r.detail.split()[0] if r.where != "pytorch" else r.op
+        acc[(fam, r.where)] += r.flops
+    return sorted(((f, w, n) for (f, w), n in acc.items() if n > 0), key=lambda t: -t[2])
+
+
+def _chart(report) -> str:
+    bars = flops_by_family(report)
+    total = sum(n for _, _, n in bars) or 1
+    if not bars:
+        return "<p>No FLOPs were counted for this model.</p>"
+    row_h, label_w, bar_w = 22, 260, 420
+    h = row_h * len(bars) + 10
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" height="{h}" role="img" '
+             f'aria-label="share of FLOPs by op family">']
+    for i, (fam, where, n) in enumerate(bars):
+        y = 5 + i * row_h
+        w = max(1.0, bar_w * n / total)
+        parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">{escape(fam)}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="{COLOURS[where]}">'
+                     f'<title>{escape(fam)}: {n:,} FLOPs ({LABELS[where]})</title></rect>')
+        parts.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 15}" font-size="12">{100 * n / total:.1f}%</text>')
+    parts.append("</svg>")
+    legend = " ".join(f'<span class="key" style="background:{c}"></span>{LABELS[k]}' for k, c in COLOURS.items())
+    return "".join(parts) + f'<p class="legend">{legend}</p>'
+
+
+def _isa(report) -> str:
+    rows = getattr(report, "isa", None) or []
+    if not rows:
+        return ("<p>No per-kernel ISA statistics in this report (they are listed for kernels compiled "
+                "during translation).</p>")
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(report) -> str:
+    s = report.summary()
+    v = report.verification
+    ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
+    rows = "".join(
+        f'<tr class="{escape(r.where)}{" layout" if r.layout else ""}"><td>{escape(r.node)}</td><td>{escape(r.op)}</td>'
+        f"<td>{escape(r.shapes)}</td><td>{escape(r.dtype)}</td><td>{escape(LABELS.get(r.where, r.where))}</td>"
+        f"<td>{escape(r.detail)}</td><td class=num>{r.flops:,}</td></tr>" for r in report.rows)
+    facts = [
+        f"arch {escape(report.arch)}; precision {escape(report.precision)}",
+        f"backend <b>{escape(report.backend)}</b> — {escape(report.backend_reason)}",
+        f"capture: {escape(report.capture)}",
+        f"compute ops: {s['compute_nodes']} — on FlyDSL kernels {s['flydsl_kernel_nodes']}, FlyDSL ops on the torch "
+        f"reference {s['flydsl_reference_nodes']}, in PyTorch {s['pytorch_nodes']}",
+        f"FLOPs: {s['flops_total']:,} total, {100 * s['flydsl_flop_share']:.1f}% in FlyDSL ops, "
+        f"{s['flops_in_flydsl_kernels']:,} on FlyDSL kernels",
+        f"verification: <b>{ver}</b> — {escape(v.message)}",
+    ] + [escape(n) for n in report.capture_notes]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>flydsl-translator report: {escape(report.model)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+td, th {{ border: 1px solid #ddd; padding: 2px 6px; text-align: left; vertical-align: top; }}
+td.num {{ text-align: right; }}
+tr.flydsl-kernel td:nth-child(5) {{ color: {COLOURS['flydsl-kernel']}; font-weight: bold; }}
+tr.flydsl-reference td:nth-child(5) {{ color: #b07800; }}
+tr.layout {{ color: #999; }}
+.key {{ display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 12px; vertical-align: middle; }}
+</style></head><body>
+<h1>flydsl-translator report: {escape(report.model)}</h1>
+<ul>{''.join(f'<li>{f}</li>' for f in facts)}</ul>
+<h2>Share of FLOPs by op family</h2>
+{_chart(report)}
+<h2>Per-kernel ISA statistics</h2>
+{_isa(report)}
+<h2>Nodes</h2>
+<table><tr><th>node</th><th>op</th><th>shapes</th><th>dtype</th><th>runs on</th><th>detail / reason</th>
+<th>FLOPs</th></tr>{rows}</table>
+</body></html>
+"""
