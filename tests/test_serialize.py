@@ -1,10 +1,15 @@
-"""translator.save / translator.load, torch.export of translated modules, and refusal of
-files that are not ours (or that carry pickles)."""
+"""What a translation leaves for the user: translator.save / translator.load, torch.export of
+translated modules, refusal of files that are not ours (or that carry pickles), and
+report.html (structure always; rendering in a real headless Chromium from the OS packages:
+apt-get install chromium-headless-shell)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import zipfile
+from html.parser import HTMLParser
 
 import pytest
 import torch
@@ -13,6 +18,7 @@ import torch.nn.functional as F
 
 import translator
 from translator import InputError
+from translator.report_html import flops_by_family, render_html
 
 
 class Block(nn.Module):
@@ -116,3 +122,70 @@ def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path
     truncated.write_bytes(good.read_bytes()[:1000])
     with pytest.raises(InputError):
         translator.load(truncated)
+
+
+# ---- report.html --------------------------------------------------------------------------------
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 8 * 8, 16)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return torch.softmax(self.ln(self.fc(torch.relu(self.conv(x)).flatten(1))), -1)
+
+
+@pytest.fixture(scope="module")
+def small_report():
+    torch.manual_seed(0)
+    m = Small().eval()
+    return translator.translate(m, (torch.randn(2, 3, 8, 8),), backend="reference", name="small <&> model").report
+
+
+class Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_has_chart_table_and_reasons(small_report):
+    html = render_html(small_report)
+    p = Collect()
+    p.feed(html)
+    assert "script" not in p.tags and "http" not in html.split("xmlns")[0]  # no scripts, no network
+    assert p.tags.count("rect") == len(flops_by_family(small_report)) >= 2
+    text = "".join(p.text)
+    assert "flydsl.gemm" in text and "aten.conv2d" in text
+    assert "kept in PyTorch by design" in text  # the conv's fallback reason
+    assert "small <&> model" in text and "small <&> model" not in html  # escaped
+    fams = dict(((f, w), n) for f, w, n in flops_by_family(small_report))
+    assert sum(fams.values()) == sum(r.flops for r in small_report.rows)
+
+
+BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
+
+
+def test_html_renders_in_headless_chromium(small_report, tmp_path):
+    exe = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if exe is None:
+        pytest.skip("no Chromium installed (apt-get install chromium-headless-shell)")
+    page = tmp_path / "report.html"
+    page.write_text(render_html(small_report), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    common = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run(common + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<svg" in dom.stdout and "flydsl.gemm" in dom.stdout and "</table>" in dom.stdout
+    for bad in ("Uncaught", "SyntaxError", "ReferenceError"):
+        assert bad not in dom.stderr
+    out = subprocess.run(common + [f"--screenshot={shot}", "--window-size=1000,800", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and shot.exists() and shot.stat().st_size > 5000

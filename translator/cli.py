@@ -287,7 +287,7 @@ def _write_outputs(tm: Any, out: Path) -> list:
             ("report.md", tm.report.to_markdown()),
             ("report.json", tm.report.to_json()),
             ("translated.py", tm.code),
-            ("report.html", _html(tm.report)),
+            *_html(tm.report),
         ):
             target = out / name
             target.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
@@ -297,10 +297,12 @@ def _write_outputs(tm: Any, out: Path) -> list:
     return written
 
 
-def _html(report: Any) -> str:
+def _html(report: Any) -> list:
+    """[("report.html", page)] for a translator Report (the page reads its rows and summary)."""
+    from translator.report import Report
     from translator.report_html import render_html
 
-    return render_html(report)
+    return [("report.html", render_html(report))] if isinstance(report, Report) else []
 
 
 def _verification_passed(report: Any) -> Optional[bool]:
