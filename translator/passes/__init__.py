@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from .cleanup import cleanup
 from .lower import lower_stage
-from .partition import fuse_elementwise
+from .partition import fuse_elementwise, fuse_reduce_prologue
 
 PIPELINE = [
     # hand-written forms are matched first (they consume the nodes the canonical rules would take)
     ("fuse_patterns", lambda ctx: lower_stage(ctx, "fuse")),
     ("lower_canonical", lambda ctx: lower_stage(ctx, "lower")),
     ("fuse_elementwise", fuse_elementwise),  # elementwise regions -> generated kernels
+    ("fuse_reduce_prologue", fuse_reduce_prologue),  # a region read only by a reduction joins its kernel
     ("fuse_epilogues", lambda ctx: lower_stage(ctx, "epilogue")),
     ("cleanup", cleanup),
 ]

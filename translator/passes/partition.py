@@ -23,6 +23,8 @@ fused node goes after the region's last member; the graph is then re-sorted topo
 
 from __future__ import annotations
 
+import operator
+
 import networkx as nx
 import torch
 
@@ -194,4 +196,49 @@ def _stable_toposort(graph) -> None:
         prev = n
 
 
-__all__ = ["partition", "fuse_elementwise", "epilogue_chain", "val"]
+def compose(pf, nf, j, pr, nr, g):
+    """The program of reduction `pr` (inputs `nr`) with elementwise program `pf` (inputs `nf`)
+    inlined where `pr` reads `g` (output `j` of `pf`); returns (program, inputs)."""
+    from translator_kernels.elementwise_program import Program
+
+    inputs = list(nf) + [a for a in dict.fromkeys(nr) if a is not g and a not in nf]
+    n = len(inputs)
+    fmap = list(range(pf.n)) + [n + k for k in range(len(pf.ops))]
+    rmap = [fmap[pf.out[j][0]] if a is g else inputs.index(a) for a in nr]
+    rmap += [n + len(pf.ops) + k for k in range(len(pr.ops))]
+    ops = [(o, tuple(fmap[a] for a in args), p) for o, args, p in pf.ops]
+    ops += [(o, tuple(rmap[a] for a in args), p) for o, args, p in pr.ops]
+    return Program(n, tuple(ops), ((rmap[pr.out[0][0]], pr.out[0][1]),)), inputs
+
+
+def fuse_reduce_prologue(ctx) -> int:
+    """Fold a fused_elementwise region read only by a fused_reduce into the reduction's program."""
+    from translator_kernels.elementwise_program import parse
+
+    g_ = ctx.gm.graph
+    fe, fr = torch.ops.flydsl.fused_elementwise.default, torch.ops.flydsl.fused_reduce.default
+    count = 0
+    for r in list(g_.nodes):
+        if r.op != "call_function" or r.target is not fr:
+            continue
+        for g in dict.fromkeys(r.args[0]):
+            if not (g.op == "call_function" and g.target is operator.getitem and g.args[0].target is fe
+                    and list(g.users) == [r] and len(g.args[0].users) == 1):
+                continue
+            f = g.args[0]
+            pf = parse(f.args[1])
+            if len(pf.out) != 1:
+                continue
+            prog, inputs = compose(pf, f.args[0], g.args[1], parse(r.args[1]), r.args[0], g)
+            r.args = (inputs, prog.text()) + tuple(r.args[2:])
+            meta = r.meta["flydsl"]
+            meta["sources"] = list(f.meta["flydsl"]["sources"]) + list(meta["sources"])
+            g_.erase_node(g)
+            g_.erase_node(f)
+            ctx.counters["reduce_prologue_fused"] = ctx.counters.get("reduce_prologue_fused", 0) + 1
+            count += 1
+            break
+    return count
+
+
+__all__ = ["partition", "fuse_elementwise", "fuse_reduce_prologue", "compose", "epilogue_chain", "val"]

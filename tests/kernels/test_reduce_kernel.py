@@ -1,0 +1,159 @@
+"""Generated fused reduction kernels (translator_kernels.reduce) on flysim against eager.
+
+References are eager torch on fp32 copies; each case asserts the FlyDSL kernel launched once.
+fp32 tolerance: atol 1e-5, rtol 1e-5 instead of 1.3e-6: the kernel sums in a tree (per lane,
+then butterfly, then across waves), torch sums in its own order; N-term sums differ by a few
+ulp of the magnitudes summed, and exp / log / sqrt are 1-ulp sequences.
+"""
+
+import math
+
+import pytest
+import torch
+
+import flysim
+from translator_kernels.elementwise_program import DTYPES, Program
+from translator_kernels.reduce import build_reduce, fused_reduce
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+       torch.float16: dict(atol=1e-3, rtol=1e-3)}
+
+
+def ident(dtype):
+    return Program(1, (), ((0, DTYPES[dtype]),)).text()
+
+
+def run(inputs, program, kind, dims, keepdim=False, params=(), arch="gfx942"):
+    with flysim.simulate(arch=arch) as sim:
+        outs = fused_reduce(inputs, program, kind, dims, keepdim, params)
+    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
+    return outs
+
+
+def close(got, ref, dtype, what):
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    if ref.dtype == torch.int64:
+        assert got.dtype == torch.int64 and torch.equal(got, ref), f"{what}: {got} vs {ref}"
+        return
+    assert got.dtype == dtype, (what, got.dtype)
+    torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype], msg=lambda m: f"{what}: {m}")
+
+
+REF = {
+    "sum": lambda x, d, k, p: x.sum(d, keepdim=k), "mean": lambda x, d, k, p: x.mean(d, keepdim=k),
+    "amax": lambda x, d, k, p: x.amax(d, keepdim=k), "amin": lambda x, d, k, p: x.amin(d, keepdim=k),
+    "var": lambda x, d, k, p: x.var(d, correction=p[0], keepdim=k),
+    "std": lambda x, d, k, p: x.std(d, correction=p[0], keepdim=k),
+    "logsumexp": lambda x, d, k, p: torch.logsumexp(x, d, keepdim=k),
+    "argmax": lambda x, d, k, p: x.argmax(d[0], keepdim=k), "argmin": lambda x, d, k, p: x.argmin(d[0], keepdim=k),
+    "max": lambda x, d, k, p: x.max(d[0], keepdim=k), "min": lambda x, d, k, p: x.min(d[0], keepdim=k),
+    "norm": lambda x, d, k, p: torch.linalg.vector_norm(x, p[0], d, keepdim=k),
+}
+CASES = [("sum", ()), ("mean", ()), ("amax", ()), ("amin", ()), ("var", (1,)), ("std", (0,)), ("logsumexp", ()),
+         ("argmax", ()), ("argmin", ()), ("max", ()), ("min", ()), ("norm", (2.0,)), ("norm", (1.0,)),
+         ("norm", (math.inf,)), ("norm", (3.0,)), ("norm", (0.0,))]
+
+
+def check_kind(kind, params, x, dims, keepdim, dtype, arch="gfx942"):
+    outs = run([x], ident(dtype), kind, dims, keepdim, params, arch)
+    ref = REF[kind](x.float(), dims, keepdim, params)
+    if kind in ("max", "min"):
+        refs = [ref.values.to(dtype), ref.indices]
+    else:
+        refs = [ref if ref.dtype == torch.int64 else ref.to(dtype)]
+    for o, r in zip(outs, refs):
+        close(o, r, dtype, f"{kind}{params} {tuple(x.shape)} dims={dims} {dtype}")
+
+
+@pytest.mark.parametrize("kind,params", CASES)
+def test_last_dim_kinds_short_rows(kind, params):
+    """Short rows (several rows per wave), an odd N (VEC 1, masked tile), fp32."""
+    x = torch.randn(7, 37, generator=torch.Generator().manual_seed(0))
+    check_kind(kind, params, x, [-1], False, torch.float32)
+
+
+@pytest.mark.parametrize("kind,params,dtype,shape", [
+    ("sum", (), torch.bfloat16, (3, 2048)), ("var", (1,), torch.float32, (2, 3000)),
+    ("logsumexp", (), torch.float16, (2, 1544)), ("argmax", (), torch.float32, (2, 5000)),
+    ("max", (), torch.bfloat16, (3, 1032)), ("norm", (2.0,), torch.float16, (2, 4096)),
+])
+def test_long_rows_cross_wave(kind, params, dtype, shape):
+    """Rows over several waves: butterfly inside waves, LDS across them; 128-bit loads."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    check_kind(kind, params, x, [-1], True, dtype, arch="gfx950")
+
+
+@pytest.mark.parametrize("kind,dims", [("sum", [0]), ("mean", [0, 2]), ("amax", [1]), ("var", [0, 1, 2]),
+                                       ("argmin", [1]), ("logsumexp", [0, 2]), ("max", [0])])
+def test_other_and_several_dims(kind, dims):
+    """Dims moved last on the host: any dim or set of dims, keepdim on and off."""
+    x = torch.randn(4, 6, 10, generator=torch.Generator().manual_seed(2))
+    params = (1,) if kind == "var" else ()
+    for keepdim in (False, True):
+        check_kind(kind, params, x, dims, keepdim, torch.float32)
+
+
+def test_nan_and_inf_semantics():
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    x[0, 5] = float("nan")
+    x[1, :] = float("-inf")
+    x[2, 3] = x[2, 9] = 7.0  # tie: first index wins
+    x[3, 2] = float("inf")
+    for kind in ("argmax", "argmin", "amax", "logsumexp", "max"):
+        outs = run([x], ident(torch.float32), kind, [-1])
+        ref = REF[kind](x, [-1], False, ())
+        refs = [ref.values, ref.indices] if kind == "max" else [ref]
+        for o, r in zip(outs, refs):
+            if r.dtype == torch.int64:
+                assert torch.equal(o, r), (kind, o, r)
+            else:
+                torch.testing.assert_close(o, r, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_prologue_with_col_and_row_operands():
+    """sum(exp(x - m) * w) over the last dim: m is per row ("col"), w per column ("row")."""
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(6, 40, generator=g), torch.rand(40, generator=g)
+    m = x.amax(-1, keepdim=True)
+    prog = Program(3, (("sub", (0, 1), ()), ("exp", (3,), ()), ("mul", (4, 2), ())), ((5, "f32"),))
+    (out,) = run([x, m, w], prog.text(), "sum", [-1])
+    close(out, (torch.exp(x - m) * w).sum(-1), torch.float32, "sum(exp(x - m) * w)")
+    # the same over dim 0 of a [40, 6] problem: roles swap, the answer must not change
+    (out0,) = run([x.t().contiguous(), m.t(), w[:, None]], prog.text(), "sum", [0])
+    close(out0, (torch.exp(x - m) * w).sum(-1), torch.float32, "over dim 0")
+
+
+def test_bf16_prologue_mean_of_squares():
+    """mean(x * x) of bf16 x stored as bf16: fp32 math inside, one rounding at the end."""
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    prog = Program(1, (("mul", (0, 0), ()),), ((1, "bf16"),))
+    (out,) = run([x], prog.text(), "mean", [-1], True)
+    close(out, (x.float() * x.float()).mean(-1, keepdim=True).to(torch.bfloat16), torch.bfloat16, "mean(x*x)")
+
+
+def test_cache_and_errors():
+    x = torch.randn(3, 8)
+    before = build_reduce.cache_info()
+    run([x], ident(torch.float32), "sum", [-1])
+    run([torch.randn(3, 8)], ident(torch.float32), "sum", [-1])
+    after = build_reduce.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 1
+    with pytest.raises(ValueError, match="unknown reduction kind"):
+        fused_reduce([x], ident(torch.float32), "median", [-1], False)
+    with pytest.raises(ValueError, match="int64.*not supported"):
+        fused_reduce([x.long()], ident(torch.float32), "sum", [-1], False)
+    with pytest.raises(ValueError, match="longer than a workgroup"):
+        fused_reduce([torch.zeros(1, 70000)], ident(torch.float32), "sum", [-1], False)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_isa_no_spills(arch):
+    from translator_kernels.reduce_isa import isa_stats
+
+    prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),))
+    for kind, shape in (("sum", (64, 4096)), ("argmax", (64, 4096)), ("var", (256, 96))):
+        s = isa_stats(prog.text(), [shape, (shape[0], 1)], ["bf16", "f32"], kind, [1], (1,) if kind == "var" else (),
+                      arch)
+        assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, (kind, s)
+        if shape[1] % 8 == 0:
+            assert "buffer_load_dwordx4" in s["loads"], (kind, s)

@@ -1,0 +1,224 @@
+"""Fused reduction family: `flydsl.fused_reduce(inputs, program, kind, dims, keepdim, params)`.
+
+One node reduces, over `dims` of the broadcast shape, the value an elementwise `program`
+computes from `inputs` (the fused_elementwise program format). Canonical lowerings here map
+each aten reduction with an identity program; `fuse_reduce_prologue` (a pipeline pass after
+the elementwise partitioning) then folds a fused elementwise region whose only reader is the
+reduction into its program, so ``(x * x).mean(-1)``, ``torch.exp(x - m).sum(-1)`` or a loss's
+``(a - b).abs().sum()`` is one kernel reading only the region's inputs.
+
+Forms matched (where they appear): ``x.sum(dim)`` / ``mean`` (pooling over tokens, loss
+reductions), ``amax`` / ``amin`` (stable softmax written by hand, quantization scales),
+``var`` / ``std`` (hand-written LayerNorm, statistics), ``torch.logsumexp`` (LM losses),
+``argmax`` / ``max(dim)`` (greedy decoding, classifier heads), ``torch.linalg.vector_norm`` /
+``x.norm(dim=-1)`` (cosine similarity, CLIP / triplet embeddings). Any dim or set of dims:
+the kernel adapter moves reduced dims last, so none gives a wrong answer.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, static_int, val
+from .elementwise import ref_fused_elementwise
+
+from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
+from translator_kernels.reduce import max_row_length, out_shape  # noqa: E402
+
+
+@torch.library.custom_op("flydsl::fused_reduce", mutates_args=())
+def fused_reduce(inputs: list[torch.Tensor], program: str, kind: str, dims: list[int], keepdim: bool,
+                 params: list[float]) -> list[torch.Tensor]:
+    return dispatch("fused_reduce", inputs, program, kind, dims, keepdim, params)
+
+
+def _shape(inputs, dims, keepdim):
+    shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+    return out_shape(shape, {d % len(shape) for d in dims} if shape else set(), keepdim)
+
+
+@fused_reduce.register_fake
+def _(inputs, program, kind, dims, keepdim, params):
+    shape = _shape(inputs, dims, keepdim)
+    vdt = TORCH[parse(program).out[0][1]]
+    x = inputs[0]
+    if kind in ("argmax", "argmin"):
+        return [x.new_empty(shape, dtype=torch.int64)]
+    if kind in ("max", "min"):
+        return [x.new_empty(shape, dtype=vdt), x.new_empty(shape, dtype=torch.int64)]
+    return [x.new_empty(shape, dtype=vdt)]
+
+
+def ref_fused_reduce(inputs, program, kind, dims, keepdim, params):
+    prog = parse(program)
+    as_f32 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
+    (y,) = ref_fused_elementwise(inputs, as_f32)
+    vdt = TORCH[prog.out[0][1]]
+    dims = sorted({d % y.dim() for d in dims}) if y.dim() else []
+    if kind in ("argmax", "argmin", "max", "min"):
+        shape = _shape([y], dims, keepdim)
+        if y.dim() == 0:
+            t = y.reshape(1)
+        else:  # reduced dims last and flattened: indices count along them in row-major order
+            t = y.movedim(dims, list(range(y.dim() - len(dims), y.dim()))).flatten(y.dim() - len(dims))
+        if kind in ("max", "min"):
+            r = getattr(torch, kind)(t, -1, keepdim=True)
+            return [r.values.reshape(shape).to(vdt), r.indices.reshape(shape)]
+        return [getattr(torch, kind)(t, -1, keepdim=True).reshape(shape)]
+    f = {"sum": lambda: y.sum(dims, keepdim=keepdim), "mean": lambda: y.mean(dims, keepdim=keepdim),
+         "amax": lambda: y.amax(dims, keepdim=keepdim), "amin": lambda: y.amin(dims, keepdim=keepdim),
+         "var": lambda: y.var(dims, correction=params[0], keepdim=keepdim),
+         "std": lambda: y.std(dims, correction=params[0], keepdim=keepdim),
+         "logsumexp": lambda: torch.logsumexp(y, dims, keepdim=keepdim),
+         "norm": lambda: torch.linalg.vector_norm(y, params[0], dims, keepdim=keepdim)}[kind]
+    return [f().to(vdt)]
+
+
+def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params):
+    from translator_kernels.reduce import fused_reduce as run
+
+    return run(inputs, program, kind, dims, keepdim, params)
+
+
+def _sample(dt):
+    prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, DTYPES[dt]),))
+    return ([torch.randn(4, 33).to(dt), torch.randn(4, 1).to(dt)], prog.text(), "sum", [-1], False, [])
+
+
+register_family(OpFamily(
+    name="fused_reduce",
+    description="a reduction (sum/mean/amax/amin/var/std/logsumexp/arg*/max/min/norm) over any dims, "
+                "with its fused elementwise prologue, as one generated kernel",
+    reference=ref_fused_reduce, kernel=kernel_fused_reduce,
+    kernel_entry="translator_kernels.reduce:fused_reduce", sample_inputs=_sample,
+    tolerance_overrides={torch.float32: (1e-5, 1e-5, "tree summation order differs from torch's; "
+                                         "exp / log are 1-ulp sequences")},
+))
+
+
+# --- aten reductions -> (kind, dims, keepdim, params) ----------------------------------------
+
+def _kw(node, name, pos, default=None):
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[pos] if len(node.args) > pos else default
+
+
+def _dims(d, rank):
+    if d is None or (isinstance(d, (list, tuple)) and len(d) == 0):
+        return list(range(rank))
+    d = [d] if isinstance(d, int) else list(d)
+    return sorted({x % rank for x in d}) if rank else []
+
+
+def _correction(node):
+    if node.target in (aten.var.dim, aten.std.dim):
+        return 1.0 if _kw(node, "unbiased", 2, True) else 0.0
+    c = node.kwargs.get("correction")
+    return 1.0 if c is None else float(c)
+
+
+def describe(node):
+    """(kind, dims, keepdim, params) of an aten reduction node, or None."""
+    t = node.target
+    rank = len(val(node.args[0]).shape)
+    if t in (aten.sum.default, aten.mean.default):
+        return ("sum" if t is aten.sum.default else "mean"), list(range(rank)), False, []
+    if t in (aten.max.default, aten.min.default):
+        return ("amax" if t is aten.max.default else "amin"), list(range(rank)), False, []
+    if t in (aten.sum.dim_IntList, aten.mean.dim):
+        kind = "sum" if t is aten.sum.dim_IntList else "mean"
+        return kind, _dims(_kw(node, "dim", 1), rank), bool(_kw(node, "keepdim", 2, False)), []
+    if t in (aten.amax.default, aten.amin.default, aten.logsumexp.default):
+        kind = t._overloadpacket.__name__
+        return kind, _dims(_kw(node, "dim", 1, []), rank), bool(_kw(node, "keepdim", 2, False)), []
+    if t in (aten.var.dim, aten.var.correction, aten.std.dim, aten.std.correction):
+        kind = t._overloadpacket.__name__
+        keep = _kw(node, "keepdim", 3, False) if t in (aten.var.dim, aten.std.dim) else node.kwargs.get("keepdim", False)
+        return kind, _dims(_kw(node, "dim", 1), rank), bool(keep), [_correction(node)]
+    if t in (aten.argmax.default, aten.argmin.default):
+        return t._overloadpacket.__name__, _dims(_kw(node, "dim", 1), rank), bool(_kw(node, "keepdim", 2, False)), []
+    if t in (aten.max.dim, aten.min.dim):
+        kind = "max" if t is aten.max.dim else "min"
+        return kind, _dims(node.args[1], rank), bool(_kw(node, "keepdim", 2, False)), []
+    if t is aten.linalg_vector_norm.default:
+        return ("norm", _dims(_kw(node, "dim", 2), rank), bool(_kw(node, "keepdim", 3, False)),
+                [float(_kw(node, "ord", 1, 2))])
+    return None
+
+
+TARGETS = (aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim, aten.amax.default,
+           aten.amin.default, aten.max.default, aten.min.default, aten.var.dim, aten.var.correction,
+           aten.std.dim, aten.std.correction, aten.logsumexp.default, aten.argmax.default, aten.argmin.default,
+           aten.max.dim, aten.min.dim, aten.linalg_vector_norm.default)
+
+
+def _hint(d) -> int:
+    s = static_int(d)
+    return s if s is not None else int(d.node.hint)
+
+
+def reduce_supported(node, ctx):
+    x = node.args[0]
+    xv, out = val(x), val(node)
+    if not isinstance(xv, torch.Tensor) or xv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        dt = getattr(xv, "dtype", None)
+        return f"input dtype {str(dt).replace('torch.', '')} is not supported (reductions take float32, bfloat16, float16)"
+    vout = out[0] if isinstance(out, (tuple, list)) else out
+    if vout.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        return f"result dtype {vout.dtype} is not supported"
+    if node.target is aten.linalg_vector_norm.default and _kw(node, "dtype", 4) is not None:
+        return "linalg_vector_norm with dtype= stays in PyTorch"
+    kind, dims, _, _ = describe(node)
+    # a dynamic reduced dim (batch / sequence) is fine: kernels are generated per row length at
+    # run time; the example size is checked here, longer rows at run time raise a clear error
+    n = math.prod(_hint(xv.shape[d]) for d in dims)
+    if n == 0:
+        return "reduction over an empty dim (torch's result depends on the op)"
+    if n > max_row_length():
+        return f"reduced size {n} exceeds {max_row_length()} elements per row (a workgroup's registers)"
+    numel = [static_int(s) for s in xv.shape]
+    if None not in numel and math.prod(numel) >= 2**31:
+        return "more than 2^31 - 1 elements (buffer offsets are 32-bit)"
+    return None
+
+
+def identity_program(dtype) -> str:
+    return Program(1, (), ((0, DTYPES[dtype]),)).text()
+
+
+def lower_reduce(node, ctx):
+    kind, dims, keepdim, params = describe(node)
+    x = node.args[0]
+    out = val(node)
+    vdt = (out[0] if isinstance(out, (tuple, list)) else out).dtype
+    if kind in ("argmax", "argmin"):
+        vdt = val(x).dtype
+    g = ctx.gm.graph
+    with g.inserting_before(node):
+        new = g.call_function(torch.ops.flydsl.fused_reduce.default,
+                              ([x], identity_program(vdt), kind, dims, keepdim, params))
+    ctx.infer(new)
+    name = node.meta.get("orig_name", node.name)
+    new.meta["flydsl"] = {"family": "fused_reduce", "lowering": f"reduce_{kind}", "sources": [name], "anchor": name}
+    new.meta["orig_name"] = None
+    if kind in ("max", "min"):
+        node.replace_all_uses_with(new)  # users are getitem(., 0) values and getitem(., 1) indices
+    else:
+        with g.inserting_after(new):
+            gi = g.call_function(operator.getitem, (new, 0))
+        gi.meta["val"] = new.meta["val"][0]
+        node.replace_all_uses_with(gi)
+    g.erase_node(node)
+    ctx.counters[f"reduce_{kind}"] = ctx.counters.get(f"reduce_{kind}", 0) + 1
+    return new
+
+
+register_lowering(Lowering("reduce", "fused_reduce", TARGETS, reduce_supported, lower_reduce,
+                           doc="sum / mean / amax / amin / var / std / logsumexp / argmax / argmin / max / min / "
+                               "vector_norm over any dims"))
