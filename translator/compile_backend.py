@@ -183,18 +183,19 @@ def _fallback(rec: GraphRecord, reason: str) -> None:
 
 
 def _register() -> None:
-    """Register the name "flydsl" unless the installed entry point will (lookup_backend loads it)."""
-    from torch._dynamo.backends import registry
+    """Register the name "flydsl" unless our installed entry point will (torch's lookup_backend
+    loads it on first use); that check needs no torch._dynamo import, which costs ~1 s."""
+    from importlib.metadata import entry_points
 
-    if NAME in registry._COMPILER_FNS:
-        return
     try:
-        registry._discover_entrypoint_backends()
+        if any(ep.name == NAME and ep.value.startswith(__name__) for ep in entry_points(group="torch_dynamo_backends")):
+            return
     except Exception:  # noqa: BLE001 — broken metadata elsewhere must not stop the import
         pass
-    if registry._BACKENDS.get(NAME) is not None:  # our entry point: lookup_backend registers it on first use
-        return
-    registry.register_backend(compiler_fn=flydsl_backend, name=NAME)
+    from torch._dynamo.backends import registry
+
+    if NAME not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=flydsl_backend, name=NAME)
 
 
 _register()
