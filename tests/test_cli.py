@@ -305,7 +305,7 @@ def test_convert_mlp_reference(tmp_path, capsys):
     out = tmp_path / "mlp"
     code, stdout, err = run_main(capsys, "convert", MODELS / "mlp.py", "--backend", "reference", "--out", out)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "translated.py"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md", "translated.py"]
     assert json.loads((out / "report.json").read_text())
     assert (out / "report.md").read_text().strip()
     compile((out / "translated.py").read_text(), "translated.py", "exec")  # readable *and* valid Python

@@ -24,7 +24,7 @@ def build(kind, attn):
                            eos_token_id=0)
         m = T.GPT2LMHeadModel(cfg)
     elif kind == "llama":
-        cfg = T.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+        cfg = T.LlamaConfig(vocab_size=100, hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
                             num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
         m = T.LlamaForCausalLM(cfg)
     elif kind == "vit":

@@ -237,7 +237,10 @@ def _epilogue(m: NormMatch) -> None:
     """Absorb casts, one weight multiply and (LayerNorm) one bias add after the normalized value."""
     cur = m.root
     while (u := _only_user(cur)) is not None:
-        other = u.args[1] if u.args and u.args[0] is cur else (u.args[0] if u.args else None)
+        if u.args and u.args[0] is cur:  # a unary user (neg, a cast) has no second operand
+            other = u.args[1] if len(u.args) > 1 else None
+        else:
+            other = u.args[0] if u.args else None
         if _is_cast(u) and u.args[0] is cur:
             pass
         elif dtype_of(u) != dtype_of(cur):
