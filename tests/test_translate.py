@@ -146,3 +146,18 @@ def test_fallback_on_mismatch_returns_node_to_pytorch(block, broken_layer_norm):
     assert row.where == "pytorch" and "verification mismatch" in row.detail
     assert "layer_norm" not in [n.target._opname for n in tm.gm.graph.nodes
                                 if getattr(n.target, "namespace", "") == "flydsl"]
+
+
+def test_a_crashing_support_check_leaves_the_op_in_pytorch(block, monkeypatch):
+    from translator.registry import LOWERINGS
+
+    rule = next(r for r in LOWERINGS if r.name == "layer_norm")
+
+    def boom(node, ctx):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(rule, "supported", boom)
+    tm = translate(block.eval(), (torch.randn(2, 8, 32),), backend="reference")
+    row = [r for r in tm.report.rows if r.op == "aten.layer_norm"][0]
+    assert row.where == "pytorch" and "support check raised IndexError" in row.detail
+    assert tm.report.summary()["flydsl_ops"]["flydsl.gemm"] == 2 and tm.report.verification.passed

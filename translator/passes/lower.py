@@ -3,14 +3,20 @@
 For each node whose target a lowering inspects: a node the user (or verification's
 fallback) pinned to PyTorch stays; else the lowering's support check runs on fake-tensor
 metadata; None means rewrite, a string is the reason the report quotes, and False means
-"not this pattern" (a fusion pattern that does not apply says nothing).
+"not this pattern" (a fusion pattern that does not apply says nothing). A support check that
+raises is a translator bug: the node stays in PyTorch with that stated as its reason, and the
+rest of the model is still translated.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..registry import lowerings_for
+
+log = logging.getLogger(__name__)
 
 
 def lower_stage(ctx, stage: str) -> int:
@@ -28,7 +34,12 @@ def lower_stage(ctx, stage: str) -> int:
             if name in ctx.deny:
                 ctx.not_lowered(node, ctx.deny[name])
                 break
-            reason = rule.supported(node, ctx)
+            try:
+                reason = rule.supported(node, ctx)
+            except Exception as e:  # noqa: BLE001 — one broken pattern must not sink the whole model
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                reason = f"its support check raised {type(e).__name__}: {msg} (a translator bug; the op stays in PyTorch)"
+                log.warning("lowering %s on %s: %s", rule.name, node.name, reason)
             if reason is False:  # not this pattern at all: nothing to report
                 continue
             if reason:
