@@ -5,4 +5,4 @@ from . import attention, by_design, gemm, norm, softmax  # noqa: F401,I001
 from . import attention_patterns, einsum, gemm_epilogue  # noqa: F401,I001
 from . import norm_patterns  # noqa: F401,I001
 from . import elementwise  # noqa: F401,I001
-from . import reduce  # noqa: F401,I001
+from . import reduce, losses  # noqa: F401,I001
