@@ -20,21 +20,24 @@ SRC = os.environ.get("FLYDSL_SRC", "/tmp/flydsl-src")
 sys.path.insert(0, SRC)
 
 
+SCALE = 1  # --scale k: softmax rows x k, GEMM M x k, attention S x k
+
+
 def softmax(device):
     from kernels.norm.softmax_kernel import build_softmax_module
 
-    M = N = 4096
+    M, N = 4096 * SCALE, 4096
     x = torch.randn(M, N, device=device)
     out = torch.empty_like(x)
     fn = build_softmax_module(M, N, "f32")
-    return "softmax 4096x4096 f32", lambda: fn(x, out, M), lambda: (out - torch.softmax(x, 1)).abs().max().item()
+    return f"softmax {M}x{N} f32", lambda: fn(x, out, M), lambda: (out - torch.softmax(x, 1)).abs().max().item()
 
 
 def gemm(device):
     from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
     from tests.utils import shuffle_weight
 
-    M = N = K = 512
+    M, N, K = 512 * SCALE, 512, 512
     a = torch.randn(M, K, device=device).to(torch.bfloat16)
     b = torch.randn(N, K, device=device).to(torch.bfloat16)
     c = torch.empty(M, N, dtype=torch.bfloat16, device=device)
@@ -42,13 +45,13 @@ def gemm(device):
     fn = compile_preshuffle_gemm(N=N, K=K, tile_m=64, tile_n=128, tile_k=64, in_dtype="bf16", out_dtype="bf16")
     e = torch.empty(0, device=device)
     run = lambda: fn(c.view(-1), a.view(-1), bs, e, e, torch.empty(0, dtype=torch.bfloat16, device=device), M, N, None)  # noqa: E731
-    return "preshuffle GEMM 512^3 bf16", run, lambda: ((c.float() - a.float() @ b.float().T).abs().max().item())
+    return f"preshuffle GEMM {M}x{N}x{K} bf16", run, lambda: ((c.float() - a.float() @ b.float().T).abs().max().item())
 
 
 def attn(device):
     from kernels.attention.flash_attn_generic import build_flash_attn_func_module
 
-    B, S, H, D = 1, 512, 8, 128
+    B, S, H, D = 1, 512 * SCALE, 8, 128
     q, k, v = (torch.empty(B, S, H, D, device=device).uniform_(-1, 1).to(torch.bfloat16) for _ in range(3))
     o = torch.zeros_like(q)
     fn = build_flash_attn_func_module(num_heads=H, head_dim=D, causal=True, dtype_str="bf16", num_kv_heads=H,
@@ -60,13 +63,15 @@ def attn(device):
         ref = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True).transpose(1, 2)
         return (o.float() - ref).abs().max().item()
 
-    return "flash attn B1 H8 S512 D128 causal bf16", lambda: fn(q, k, v, o, B, S, lse=None, stream=None), err
+    return f"flash attn B{B} H{H} S{S} D{D} causal bf16", lambda: fn(q, k, v, o, B, S, lse=None, stream=None), err
 
 
 def main():
     args = sys.argv[1:]
     device = args[args.index("--device") + 1] if "--device" in args else "cpu"
     which = [a for a in args if a in ("softmax", "gemm", "attn")] or ["softmax", "gemm", "attn"]
+    global SCALE
+    SCALE = int(args[args.index("--scale") + 1]) if "--scale" in args else 1
     if "--threads" in args:
         torch.set_num_threads(int(args[args.index("--threads") + 1]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}"
