@@ -9,7 +9,8 @@ vector because VEC divides HW). Statistics are fp32.
 
 Three shapes of work, chosen at build time:
 - resident (rows up to 64K elements): the row sits in registers; LayerNorm is two-pass
-  (mean, then the mean of squared deviations), so no cancellation.
+  (mean, then the mean of squared deviations), so no cancellation. Short rows share a wave
+  (row_common.plan_row) and reduce with shuffles only.
 - multi-row (resident + row weights): each workgroup loads weight / bias into registers once
   and walks rows bid, bid + G, ...; the host picks G so the weight re-reads stay within
   PARAM_TRAFFIC of the compulsory bytes (flysim counts 1.04x at 4096 x 8192 bf16 RMSNorm).
@@ -49,6 +50,9 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     if affine == "channel" and hw % vec:
         raise ValueError(f"group_norm: vector width {vec} must divide HW={hw}")
     BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
+    SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
+    if SUB:
+        W = 1  # rows live inside one wave: no LDS
     PARTIAL = plan.partial
     ebits = rc.elem_bits(dtype_str)
     INV_N = 1.0 / n
@@ -66,11 +70,19 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     def row_norm_kernel(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor,
                         Sum: fx.Tensor, M: fx.Int32, G: fx.Int32):
         tid = fx.thread_idx.x
+        lane = tid % LPR if const_expr(SUB) else tid
         edt = rc.elem_type(dtype_str)
         atom = rc.copy_atom(VEC * ebits, ebits)
         views = {}
 
-        def set_row(row):
+        def set_row(rb):
+            """Select this thread's row in row-block rb (RPB rows of LPR lanes each)."""
+            if const_expr(SUB):
+                row_raw = rb * RPB + tid // LPR
+                views["ok"] = row_raw < M
+                row = views["ok"].select(row_raw, M - 1)  # rows past M re-read M - 1, store nothing
+            else:
+                row = rb
             views["row"] = row
             views["x"] = rc.row_view(X, row, VEC)
             views["out"] = rc.row_view(Out, row, VEC)
@@ -79,6 +91,8 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 views["sum"] = rc.row_view(Sum, row, VEC)
 
         def block_allreduce(val, slots):
+            if const_expr(SUB):
+                return rc.wave_allreduce(val, "sum", LPR)
             w = rc.wave_allreduce(val, "sum")
             if const_expr(W == 1):
                 return w
@@ -126,6 +140,13 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             return x_e, x_e.to(fx.Float32)
 
         def affine_store(y, idx, x_e, pre=None):
+            if const_expr(SUB):
+                if views["ok"]:
+                    store_one(y, idx, x_e, pre)
+            else:
+                store_one(y, idx, x_e, pre)
+
+        def store_one(y, idx, x_e, pre):
             if const_expr(w_dtype is not None):
                 y = y * (pre[0] if const_expr(pre is not None) else load_param(Wt, w_dtype, idx))
             if const_expr(b_dtype is not None):
@@ -141,7 +162,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             valid = []
             acc = None
             for t in range_constexpr(NT):
-                idx = tid + t * BLOCK
+                idx = lane + t * LPR
                 ok = None
                 if const_expr(PARTIAL and t == NT - 1):
                     ok = idx < NV
@@ -170,7 +191,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
 
             # pass 2: normalize, affine, store
             for t in range_constexpr(NT):
-                idx = tid + t * BLOCK
+                idx = lane + t * LPR
                 x_e, x = xs[t]
                 y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
                 p = pre[t] if const_expr(MULTI) else None
@@ -215,16 +236,16 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             # weights / bias stay in registers while this workgroup walks rows bid, bid + G, ...
             pre = []
             for t in range_constexpr(NT):
-                idx = tid + t * BLOCK
+                idx = lane + t * LPR
                 if const_expr(PARTIAL and t == NT - 1):
                     idx = (idx < NV).select(idx, 0)
                 pre.append((load_param(Wt, w_dtype, idx) if const_expr(w_dtype is not None) else None,
                             load_param(Bs, b_dtype, idx) if const_expr(b_dtype is not None) else None))
-            for row in range(fx.Int32(fx.block_idx.x), M, G):
-                set_row(row)
+            for rb in range(fx.Int32(fx.block_idx.x), (M + (RPB - 1)) // RPB, G):
+                set_row(rb)
                 resident(pre)
         else:
-            set_row(fx.block_idx.x)
+            set_row(fx.Int32(fx.block_idx.x))
             if const_expr(STREAM):
                 streamed()
             else:
@@ -282,15 +303,17 @@ def _multi_rows(n, vec, affine, has_params):
 
 
 def _grid(m, n, vec, esize, residual, weight, bias, affine):
-    """Workgroups for m rows. With row weights, each workgroup loads them once and walks rows
-    bid, bid + G, ...; G keeps the weight re-reads under PARAM_TRAFFIC of the compulsory bytes
-    (x in, out (and residual, sum) once), but never below MIN_GRID workgroups."""
+    """Workgroups for m rows (a workgroup takes a row-block: one row, or RPB short rows). With
+    row weights, each workgroup loads them once and walks row-blocks bid, bid + G, ...; G keeps
+    the weight re-reads under PARAM_TRAFFIC of the compulsory bytes (x in, out (and residual,
+    sum) once), but never below MIN_GRID workgroups."""
     pbytes = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
+    blocks = -(-m // rc.plan_row(n, vec).rows_per_block) if rc.row_fits(rc.plan_row(n, vec)) else m
     if not _multi_rows(n, vec, affine, pbytes > 0):
-        return m
+        return blocks
     compulsory = m * n * esize * (4 if residual else 2) + pbytes
     g = int(PARAM_TRAFFIC * compulsory / pbytes)
-    return max(1, min(m, max(MIN_GRID, g)))
+    return max(1, min(blocks, max(MIN_GRID, g)))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):

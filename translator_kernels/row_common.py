@@ -46,6 +46,20 @@ class RowPlan:
     vec: int  # elements per vector access
     block: int  # threads per workgroup
     nt: int  # tiles (vectors per thread)
+    lanes: int = 0  # threads per row: block, or a power of two < WAVE for short rows
+
+    @property
+    def lpr(self) -> int:
+        return self.lanes or self.block
+
+    @property
+    def sub(self) -> bool:
+        """Short rows: each wave holds WAVE / lpr rows, reduced by shuffles alone."""
+        return self.lpr < WAVE
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.block // self.lpr
 
     @property
     def nv(self) -> int:
@@ -58,7 +72,7 @@ class RowPlan:
     @property
     def partial(self) -> bool:
         """Whether the last tile has threads past the end of the row."""
-        return self.nv % self.block != 0
+        return self.nv % self.lpr != 0
 
 
 def pick_vec(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
@@ -81,8 +95,17 @@ def pick_vec(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
     return 1
 
 
+SUB_BLOCK = 256  # workgroup size when several short rows share a wave
+SUB_VECS_PER_THREAD = 2  # short rows: spread over more lanes, fewer registers per thread
+
+
 def plan_row(n: int, vec: int) -> RowPlan:
     nv = n // vec
+    lanes = 1
+    while lanes < WAVE and -(-nv // lanes) > SUB_VECS_PER_THREAD:
+        lanes *= 2
+    if lanes < WAVE:
+        return RowPlan(n=n, vec=vec, block=SUB_BLOCK, nt=-(-nv // lanes), lanes=lanes)
     block = WAVE
     while block < MAX_BLOCK and -(-nv // block) > TARGET_VECS_PER_THREAD:
         block *= 2
@@ -144,10 +167,11 @@ def lane_sum(v, vec: int):
     return s
 
 
-def wave_allreduce(x, op: str):
-    """Butterfly reduction over the 64 lanes of a wave; every lane ends with the result."""
-    for k in range_constexpr(int(math.log2(WAVE))):
-        peer = x.shuffle_xor(WAVE >> (k + 1), WAVE)
+def wave_allreduce(x, op: str, width: int = WAVE):
+    """Butterfly reduction over aligned groups of `width` lanes (a power of two <= 64);
+    every lane ends with its group's result."""
+    for k in range_constexpr(int(math.log2(width))):
+        peer = x.shuffle_xor(width >> (k + 1), WAVE)
         x = fx.max(x, peer) if op == "max" else x + peer
     return x
 

@@ -1,6 +1,6 @@
 """Softmax and log-softmax over the last dimension of a 2-D tensor.
 
-One workgroup per row (see row_common for the row plan). Numerically stable three-step form,
+One workgroup per row, or for short rows several rows per wave (see row_common's plan). Numerically stable three-step form,
 all from registers: m = max(x); e = exp2((x - m) * log2e), s = sum(e); out = e / s, or for
 log-softmax out = (x - m) - ln(s). Statistics are fp32 whatever the input dtype. A row of all
 -inf gives m = -inf, x - m = NaN, hence NaN, as torch does. Out-of-row lanes of a partial tile
@@ -34,6 +34,9 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     U = rc.STREAM_VECS_PER_THREAD
     NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
     BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
+    SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
+    if SUB:
+        W = 1  # rows live inside one wave: no LDS
     PARTIAL = plan.partial
     ebits = rc.elem_bits(dtype_str)
 
@@ -45,15 +48,25 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     kwargs = {"known_block_size": [BLOCK, 1, 1]} if BLOCK > 256 else {}
 
     @flyc.kernel(**kwargs)
-    def softmax_kernel(X: fx.Tensor, Out: fx.Tensor):
-        row = fx.block_idx.x
+    def softmax_kernel(X: fx.Tensor, Out: fx.Tensor, M: fx.Int32):
         tid = fx.thread_idx.x
+        if const_expr(SUB):
+            # RPB rows per workgroup, LPR lanes each; rows past M re-read row M - 1, store nothing
+            lane = tid % LPR
+            row_raw = fx.Int32(fx.block_idx.x) * RPB + tid // LPR
+            row_ok = row_raw < M
+            row = row_ok.select(row_raw, M - 1)
+        else:
+            lane = tid
+            row = fx.block_idx.x
         edt = rc.elem_type(dtype_str)
         atom = rc.copy_atom(VEC * ebits, ebits)
         xv = rc.row_view(X, row, VEC)
         ov = rc.row_view(Out, row, VEC)
 
         def block_allreduce(val, op, slots):
+            if const_expr(SUB):
+                return rc.wave_allreduce(val, op, LPR)
             w = rc.wave_allreduce(val, op)
             if const_expr(W == 1):
                 return w
@@ -80,7 +93,7 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
             valid = []
             tmax = None
             for t in range_constexpr(NT):
-                idx = tid + t * BLOCK
+                idx = lane + t * LPR
                 if const_expr(PARTIAL and t == NT - 1):
                     ok = idx < NV
                     idx_safe = ok.select(idx, 0)
@@ -115,14 +128,21 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
             else:
                 inv = 1.0 / rsum
             for t in range_constexpr(NT):
-                idx = tid + t * BLOCK
+                idx = lane + t * LPR
                 y = xs[t] - shift if const_expr(log) else es[t] * inv
                 y = y.to(edt) if const_expr(dtype_str != "f32") else y
-                if const_expr(valid[t] is not None):
-                    if idx < NV:
-                        rc.store_vec(atom, VEC, edt, y, ov, idx)
+                if const_expr(SUB):
+                    if row_ok:
+                        store(y, idx, valid[t])
                 else:
+                    store(y, idx, valid[t])
+
+        def store(y, idx, ok):
+            if const_expr(ok is not None):
+                if idx < NV:
                     rc.store_vec(atom, VEC, edt, y, ov, idx)
+            else:
+                rc.store_vec(atom, VEC, edt, y, ov, idx)
 
         def streamed():
             # pass 1: per-thread online max / rescaled sum over chunks of U vectors
@@ -175,7 +195,7 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
 
     @flyc.jit
     def launch(X: fx.Tensor, Out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        softmax_kernel(X, Out).launch(grid=(m, 1, 1), block=(BLOCK, 1, 1), stream=stream)
+        softmax_kernel(X, Out, m).launch(grid=((m + RPB - 1) // RPB, 1, 1), block=(BLOCK, 1, 1), stream=stream)
 
     return launch
 
