@@ -161,6 +161,14 @@ def kernel_source(prog: Program, p: Plan, name: str) -> str:
     return "\n".join(L)
 
 
+def emit_sources(directory) -> list[Path]:
+    """Write every generated kernel this process used (elementwise and reduction), each with a
+    check script; returns the written paths. See translator_kernels.elementwise_emit."""
+    from .elementwise_emit import emit_sources as emit
+
+    return emit(directory)
+
+
 def cache_dir() -> Path:
     d = os.environ.get("FLYDSL_TRANSLATOR_KERNEL_CACHE") or os.path.join(
         tempfile.gettempdir(), f"flydsl_translator_{os.getuid()}", "elementwise")
@@ -169,16 +177,24 @@ def cache_dir() -> Path:
     return p
 
 
+GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
+CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
+
+
+def kernel_name(text: str, p: Plan) -> str:
+    return f"fused_elementwise_{hashlib.sha1(f'{text}|{p}'.encode()).hexdigest()[:16]}"
+
+
 def source_path(text: str, p: Plan) -> tuple[Path, str]:
     """Write (once) and return the generated file for (program, plan) and its kernel name."""
-    key = hashlib.sha1(f"{text}|{p}".encode()).hexdigest()[:16]
-    name = f"fused_elementwise_{key}"
+    name = kernel_name(text, p)
     path = cache_dir() / f"{name}.py"
     src = kernel_source(parse(text), p, name)
     if not path.exists() or path.read_text() != src:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(src)
         os.replace(tmp, path)
+    GENERATED[name] = str(path)
     return path, name
 
 
@@ -248,6 +264,9 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     if p is None:
         return outs
     launch = build_elementwise(prog.text(), p, current_arch())
+    CALLS.setdefault(kernel_name(prog.text(), p), dict(
+        family="elementwise", program=prog.text(), shapes=[list(t.shape) for t in inputs],
+        dtypes=[DTYPES[t.dtype] for t in inputs]))
     args = flat_in + flat_out
     if args[0].is_cuda:
         launch(*args, stream=torch.cuda.current_stream(args[0].device))

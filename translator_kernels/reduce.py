@@ -34,6 +34,12 @@ from .elementwise_program import BITS, DTYPES, TORCH, parse
 from .reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
+CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
+
+
+def kernel_name(text, roles, dtypes, kind, params, n, plan) -> str:
+    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}".encode()).hexdigest()[:16]
+    return f"fused_reduce_{key}"
 
 
 def _write(src: str, name: str):
@@ -49,8 +55,7 @@ def _write(src: str, name: str):
 @functools.lru_cache(maxsize=None)
 def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, arch: str):
     """Compiled launcher `launch(*inputs, *outputs, M)` of one fused reduction for `arch`."""
-    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}".encode()).hexdigest()[:16]
-    name = f"fused_reduce_{key}"
+    name = kernel_name(text, roles, dtypes, kind, params, n, plan)
     src = kernel_source(parse(text), roles, dtypes, kind, params, n, plan, name)
     path = _write(src, name)
     spec = importlib.util.spec_from_file_location(f"_flydsl_red_{name}", path)
@@ -83,9 +88,8 @@ def _role(t, shape, dims, perm):
     return role, flat.view(torch.uint8) if flat.dtype == torch.bool else flat
 
 
-def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> list[torch.Tensor]:
-    """Run prologue `program` on `inputs` and reduce its value over `dims`; returns the outputs
-    (one tensor, or values and int64 indices for kind max / min)."""
+def prepare(inputs, program, kind: str, dims, keepdim: bool, params=()):
+    """Validate; return (outputs, launch arguments or None when there is nothing to do, build key)."""
     prog = parse(program) if isinstance(program, str) else program
     op = f"fused_reduce({kind})"
     if kind not in KINDS:
@@ -118,7 +122,7 @@ def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> 
     else:
         outs = [torch.empty(oshape, dtype=val_dt, device=dev)]
     if m == 0:
-        return outs
+        return outs, None, None
     if n == 0:
         raise ValueError(f"{op}: reducing an empty dim of shape {shape} over {dims}; keep it in PyTorch")
     if m * n > 2**31 - 1:
@@ -134,14 +138,25 @@ def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> 
     if not plan.fits:
         raise ValueError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
                          f"({max_row_length()}); keep this reduction in PyTorch")
-    launch = build_reduce(prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan,
-                          current_arch())
-    flat_out = [o.view(-1) for o in outs]
-    args = list(flat) + flat_out
+    key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan)
+    return outs, list(flat) + [o.view(-1) for o in outs] + [m], key
+
+
+def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> list[torch.Tensor]:
+    """Run prologue `program` on `inputs` and reduce its value over `dims`; returns the outputs
+    (one tensor, or values and int64 indices for kind max / min)."""
+    outs, args, key = prepare(inputs, program, kind, dims, keepdim, params)
+    if args is None:
+        return outs
+    launch = build_reduce(*key, current_arch())
+    CALLS.setdefault(kernel_name(*key), dict(
+        family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
+        params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
+        dtypes=[DTYPES[t.dtype] for t in inputs]))
     if args[0].is_cuda:
-        launch(*args, m, stream=torch.cuda.current_stream(args[0].device))
+        launch(*args, stream=torch.cuda.current_stream(args[0].device))
     else:
-        launch(*args, m)
+        launch(*args)
     return outs
 
 
