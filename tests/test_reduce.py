@@ -51,8 +51,7 @@ def test_every_reduction_lowers_any_dims():
         assert tm.report.counters[f"reduce_{k}"] >= 1, k
 
 
-@pytest.mark.slow
-def test_every_reduction_on_flysim_slow():
+def test_every_reduction_on_flysim():
     check(AllKinds(), (torch.randn(3, 5, 9),), backend="flysim")
 
 
