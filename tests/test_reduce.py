@@ -105,12 +105,13 @@ def test_region_used_elsewhere_is_not_folded():
 def test_reasons_for_what_stays_in_pytorch():
     class M(nn.Module):
         def forward(self, x, i):
-            return x.sum(-1), i.sum(-1), x.reshape(2, -1).sum(-1)
+            return x.var(-1), i.sum(-1), x.sum(-1)  # sum of 70000: two stages; var has none
 
     x = torch.randn(2, 70000)
     tm = translate(M().eval(), (x, torch.arange(6).reshape(2, 3)), backend="reference", dynamic_shapes=None)
     text = " ".join(r.detail for r in tm.report.fallbacks())
-    assert "exceeds 65536" in text and "int64" in text, text
+    assert "exceeds 65536" in text and "var has no two-stage form" in text and "int64" in text, text
+    assert tm.report.counters["reduce_sum"] == 1
 
 
 def test_bf16_statistics_and_argmax_flysim():

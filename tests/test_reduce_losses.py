@@ -101,3 +101,12 @@ def test_cross_entropy_on_flysim():
     x, t = torch.randn(8, 40), torch.randint(0, 40, (8,))
     tm = run(lambda x, t: F.cross_entropy(x, t), (x, t), backend="flysim")
     assert len(tm.last_launches) >= 2
+
+
+def test_large_mse_mean_in_two_stages_on_flysim():
+    """A global mean over 76800 elements (> one workgroup's row): one fused_reduce node whose
+    kernel runs in two launches (chunk partials, then the partials)."""
+    x, y = xy(4, 3, 80, 80, seed=3)
+    tm = run(lambda x, y: F.mse_loss(x, y), (x, y), backend="flysim")
+    assert kernels(tm) == 1 and tm.report.counters["reduce_prologue_fused"] == 1
+    assert len(tm.last_launches) == 2

@@ -30,7 +30,7 @@ import os
 import torch
 
 from .elementwise import cache_dir, current_arch
-from .elementwise_program import BITS, DTYPES, TORCH, parse
+from .elementwise_program import BITS, DTYPES, TORCH, Program, parse
 from .reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
@@ -129,35 +129,95 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=()):
         raise ValueError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
     roles, flat = zip(*[_role(t, shape, dims, perm) for t in inputs])
     dtypes = tuple(DTYPES[t.dtype] for t in inputs)
-    wide = [BITS[dt] for role, dt in zip(roles, dtypes) if role != "col"] or [32]
-    vec = min(8, 128 // max(wide))
-    while vec > 1 and (n % vec or any(f.data_ptr() % (vec * f.element_size()) for f, role in zip(flat, roles)
-                                      if role != "col")):
-        vec //= 2
-    plan = plan_rows(n, vec)
+    plan = _plan(n, roles, dtypes, flat)
     if not plan.fits:
+        if kind in SPLIT:
+            return outs, None, ("split", prog, roles, list(flat), dtypes, m, n)
         raise ValueError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
                          f"({max_row_length()}); keep this reduction in PyTorch")
     key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan)
     return outs, list(flat) + [o.view(-1) for o in outs] + [m], key
 
 
-def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> list[torch.Tensor]:
-    """Run prologue `program` on `inputs` and reduce its value over `dims`; returns the outputs
-    (one tensor, or values and int64 indices for kind max / min)."""
-    outs, args, key = prepare(inputs, program, kind, dims, keepdim, params)
-    if args is None:
-        return outs
+def _plan(n, roles, dtypes, flat):
+    wide = [BITS[dt] for role, dt in zip(roles, dtypes) if role != "col"] or [32]
+    vec = min(8, 128 // max(wide))
+    while vec > 1 and (n % vec or any(f.data_ptr() % (vec * f.element_size()) for f, role in zip(flat, roles)
+                                      if role != "col")):
+        vec //= 2
+    return plan_rows(n, vec)
+
+
+# kinds that reduce in two stages when a row is too long: stage-1 kind, stage-2 kind
+SPLIT = {"sum": ("sum", "sum"), "mean": ("sum", "mean"), "amax": ("amax", "amax"), "amin": ("amin", "amin"),
+         "logsumexp": ("logsumexp", "logsumexp"), "norm": ("norm", "norm")}
+
+
+def _launch(key, args):
     launch = build_reduce(*key, current_arch())
-    CALLS.setdefault(kernel_name(*key), dict(
-        family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
-        params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
-        dtypes=[DTYPES[t.dtype] for t in inputs]))
     if args[0].is_cuda:
         launch(*args, stream=torch.cuda.current_stream(args[0].device))
     else:
         launch(*args)
+
+
+def _two_stage(out, kind, params, split):
+    """Rows too long for one workgroup: each row is cut into K chunks (K divides N); stage 1
+    reduces the [M * K, N / K] chunks to fp32 partials, stage 2 reduces the [M, K] partials."""
+    _, prog, roles, flat, dtypes, m, n = split
+    k = split_factor(n)
+    if k is None:
+        raise ValueError(f"fused_reduce({kind}): rows of N={n} cannot be cut into <= {max_row_length()} equal "
+                         "chunks; keep this reduction in PyTorch")
+    f1 = []
+    for role, f in zip(roles, flat):
+        if role == "col":
+            f1.append(f.repeat_interleave(k))
+        elif role == "row":
+            f1.append(f.reshape(1, n).expand(m, n).reshape(-1))
+        else:
+            f1.append(f)
+    r1 = tuple("col" if r == "col" else "full" for r in roles)
+    n1 = n // k
+    k1, k2 = SPLIT[kind]
+    p = float(params[0]) if kind == "norm" else None
+    p1 = (p,) if kind == "norm" else ()
+    part = torch.empty(m * k, dtype=torch.float32, device=flat[0].device)
+    text1 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
+    _launch((text1, r1, dtypes, k1, p1, n1, _plan(n1, r1, dtypes, f1)), f1 + [part, m * k])
+    if kind == "norm" and p == 0:
+        k2 = "sum"
+    p2 = (float(n),) if kind == "mean" else p1 if k2 == "norm" else ()
+    text2 = Program(1, (), ((0, prog.out[0][1]),)).text()
+    pl2 = _plan(k, ("full",), ("f32",), [part])
+    _launch((text2, ("full",), ("f32",), k2, p2, k, pl2), [part, out.view(-1), m])
+
+
+def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> list[torch.Tensor]:
+    """Run prologue `program` on `inputs` and reduce its value over `dims`; returns the outputs
+    (one tensor, or values and int64 indices for kind max / min)."""
+    outs, args, key = prepare(inputs, program, kind, dims, keepdim, params)
+    if key is not None and key[0] == "split":
+        _two_stage(outs[0], kind, params, key)
+        return outs
+    if args is None:
+        return outs
+    CALLS.setdefault(kernel_name(*key), dict(
+        family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
+        params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
+        dtypes=[DTYPES[t.dtype] for t in inputs]))
+    _launch(key, args)
     return outs
+
+
+def split_factor(n: int) -> int | None:
+    """Chunks K per row for a two-stage reduction of rows of length n (None: no usable divisor);
+    prefers chunk lengths that allow 128-bit accesses."""
+    limit = max_row_length()
+    ks = [k for k in range(2, limit + 1) if n % k == 0 and n // k <= limit]
+    if not ks:
+        return None
+    return next((k for k in ks if (n // k) % 8 == 0 and k <= 4 * ks[0]), ks[0])
 
 
 def max_row_length() -> int:

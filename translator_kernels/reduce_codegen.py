@@ -176,8 +176,8 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
             L.append(f"    acc = {'' if t == 0 else 'acc + '}rd.lanes({e}, VEC, 'sum')")
         L += _cross("acc", "s", "sum", lpr, waves, 1)
         L.append("    r = rd.log(s) + shift")
-    elif kind == "mean":
-        L.append("    r = r / float(N)")
+    elif kind == "mean":  # params: an explicit count (the second stage of a split row), else N
+        L.append(f"    r = r / {float(params[0]) if params else float(n)!r}")
     elif kind == "norm":
         p = params[0]
         if p == 2:

@@ -143,7 +143,25 @@ def test_cache_and_errors():
     with pytest.raises(ValueError, match="int64.*not supported"):
         fused_reduce([x.long()], ident(torch.float32), "sum", [-1], False)
     with pytest.raises(ValueError, match="longer than a workgroup"):
-        fused_reduce([torch.zeros(1, 70000)], ident(torch.float32), "sum", [-1], False)
+        fused_reduce([torch.zeros(1, 70000)], ident(torch.float32), "var", [-1], False, (1,))
+    with pytest.raises(ValueError, match="cannot be cut"):
+        fused_reduce([torch.zeros(1, 65537)], ident(torch.float32), "sum", [-1], False)  # a prime
+
+
+@pytest.mark.parametrize("kind,params", [("sum", ()), ("mean", ()), ("amax", ()), ("logsumexp", ()),
+                                         ("norm", (2.0,)), ("norm", (0.0,))])
+def test_two_stage_long_rows(kind, params):
+    """Rows over 65536 elements: K chunks per row to fp32 partials, then one pass over the partials
+    (two launches); here mean((x - c)^2)-style prologues over 2 x 72000 bf16 with a per-row c."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 72000, generator=g).to(torch.bfloat16)
+    c = torch.randn(2, 1, generator=g)
+    prog = Program(2, (("sub", (0, 1), ()),), ((2, "bf16"),))
+    with flysim.simulate(arch="gfx942") as sim:
+        (out,) = fused_reduce([x, c], prog.text(), kind, [-1], False, params)
+    assert len(sim.launches) == 2
+    ref = REF[kind](x.float() - c, [-1], False, params).to(torch.bfloat16)
+    close(out, ref, torch.bfloat16, f"two-stage {kind}{params}")
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])

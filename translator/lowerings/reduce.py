@@ -28,7 +28,7 @@ from ._common import aten, static_int, val
 from .elementwise import ref_fused_elementwise
 
 from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.reduce import max_row_length, out_shape  # noqa: E402
+from translator_kernels.reduce import SPLIT, max_row_length, out_shape, split_factor  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::fused_reduce", mutates_args=())
@@ -180,8 +180,9 @@ def reduce_supported(node, ctx):
     n = math.prod(_hint(xv.shape[d]) for d in dims)
     if n == 0:
         return "reduction over an empty dim (torch's result depends on the op)"
-    if n > max_row_length():
-        return f"reduced size {n} exceeds {max_row_length()} elements per row (a workgroup's registers)"
+    if n > max_row_length() and (kind not in SPLIT or split_factor(n) is None):
+        why = "cannot be cut into equal chunks" if kind in SPLIT else f"{kind} has no two-stage form"
+        return f"reduced size {n} exceeds {max_row_length()} elements per row and {why}"
     numel = [static_int(s) for s in xv.shape]
     if None not in numel and math.prod(numel) >= 2**31:
         return "more than 2^31 - 1 elements (buffer offsets are 32-bit)"
