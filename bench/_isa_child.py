@@ -1,15 +1,14 @@
-"""Child process of bench.isa: compile one kernel at one shape under COMPILE_ONLY (no GPU).
+"""Entry points of bench.isa's compiles: launch one kernel at one shape under COMPILE_ONLY (no GPU).
 
-    python -m bench._isa_child '{"impl": "ours"|"flydsl", "family": ..., "dtype": ..., "shape": [...]}'
-
-The parent sets COMPILE_ONLY, ARCH, FLYDSL_DUMP_IR and FLYDSL_DUMP_DIR; the kernel launch compiles
-to AMDGPU ISA and returns without executing. Tensors are torch.empty on CPU (never touched).
-FlyDSL's own kernels are imported from the source checkout named by $FLYDSL_SRC.
+`ours(family, dtype, shape)` / `flydsl(family, dtype, shape)` run in translator_kernels.isa's child,
+which sets COMPILE_ONLY, ARCH and the dump switches; the launch compiles to AMDGPU ISA and returns
+without executing. Tensors are torch.empty on CPU (never touched). They return {"config": ...}
+when the tile config is worth naming. FlyDSL's own kernels are imported from the source checkout
+named by $FLYDSL_SRC; a case FlyDSL has no kernel for raises LookupError.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -42,7 +41,7 @@ def ours(family, dt, shape):
         c = choose_config(m_bucket(m), n, k, dt, os.environ["ARCH"])
         _compile_one(dict(n=n, k=k, dtype=dt, arch=os.environ["ARCH"], bm=c.bm, bn=c.bn, bk=c.bk, activation=None,
                           bias=False, residual=False, out_dtype=dt))
-        print(json.dumps({"config": f"{c.bm}x{c.bn}x{c.bk}"}))
+        return {"config": f"{c.bm}x{c.bn}x{c.bk}"}
     elif family == "attention":
         from translator_kernels.attention import attention
 
@@ -50,13 +49,13 @@ def ours(family, dt, shape):
         q = torch.empty(b, h, s, d, dtype=TD[dt])
         attention(q, torch.empty_like(q), torch.empty_like(q), causal=True)
     else:
-        raise SystemExit(f"unknown family {family}")
+        raise ValueError(f"unknown family {family}")
 
 
 def flydsl(family, dt, shape):
     src = os.environ.get("FLYDSL_SRC")
     if not src:
-        raise SystemExit("FLYDSL_SRC is not set")
+        raise LookupError("FLYDSL_SRC is not set")
     sys.path.insert(0, src)
     import flydsl.compiler as flyc
     import flydsl.expr as fx
@@ -84,7 +83,7 @@ def flydsl(family, dt, shape):
             build_rmsnorm_module(n, dt)(x, g, o, m)
     elif family == "gemm":
         if dt not in ("bf16", "f16"):
-            raise SystemExit("NOKERNEL: FlyDSL's preshuffle GEMM takes fp8/int8/fp16/bf16 inputs, not " + dt)
+            raise LookupError("FlyDSL's preshuffle GEMM takes fp8/int8/fp16/bf16 inputs, not " + dt)
         from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
 
         m, n, k = shape
@@ -94,7 +93,7 @@ def flydsl(family, dt, shape):
         a, w, c = torch.empty(m * k, dtype=TD[dt]), torch.empty(n * k, dtype=TD[dt]), torch.empty(m * n, dtype=TD[dt])
         e = torch.empty(0, dtype=torch.float32)
         fn(c, a, w, e, e, torch.empty(0, dtype=TD[dt]), m, n, None)
-        print(json.dumps({"config": f"{tm}x{tn}x{tk}"}))
+        return {"config": f"{tm}x{tn}x{tk}"}
     elif family == "attention":
         from kernels.attention.flash_attn_generic import build_flash_attn_func_module
 
@@ -104,11 +103,6 @@ def flydsl(family, dt, shape):
                                            cross_seqlen=False, block_m=128, flat_work_group_size=256, path_tag="auto",
                                            waves_per_eu=2, daz=True, return_lse=False)
         exe(q, torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), b, s, lse=None, stream=None)
-        print(json.dumps({"config": "generic block_m=128, 256 threads"}))
+        return {"config": "generic block_m=128, 256 threads"}
     else:
-        raise SystemExit(f"unknown family {family}")
-
-
-if __name__ == "__main__":
-    spec = json.loads(sys.argv[1])
-    {"ours": ours, "flydsl": flydsl}[spec["impl"]](spec["family"], spec["dtype"], spec["shape"])
+        raise ValueError(f"unknown family {family}")

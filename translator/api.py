@@ -126,7 +126,7 @@ def choose_backend(requested: str, families_used: set[str]) -> tuple[str, str]:
 
 def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "auto", precision: str = "fp32",
               verify: bool = True, strict: bool = False, fallback_on_mismatch: bool = False,
-              dynamic_shapes="auto", name: str | None = None) -> TranslatedModule:
+              dynamic_shapes="auto", name: str | None = None, isa: bool = False) -> TranslatedModule:
     """Translate `model` so its hot ops run as FlyDSL ops; verify against eager; report.
 
     model: an nn.Module (HuggingFace models included) or the path of an .onnx file
@@ -138,6 +138,8 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     fallback_on_mismatch: return each diverging FlyDSL node to PyTorch and re-verify.
     dynamic_shapes: "auto" (batch and sequence dims dynamic where the model allows), None (every
     dim fixed to the examples), or a torch.export dynamic_shapes spec.
+    isa: compile each distinct FlyDSL kernel specialization for `arch` (no GPU needed; seconds
+    per kernel, cached in-process) and put its ISA statistics in `report.kernels`.
     """
     from . import hf, onnx_import
 
@@ -173,6 +175,10 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
             fallbacks.append({"node": d.node, "op": d.op, "reason": reason})
             deny[d.replaces] = reason
     tm.report.capture_notes[:0] = adapt_notes
+    if isa:
+        from .isa_report import collect
+
+        tm.report.kernels = collect(tm.gm, arch)
     if strict:
         bad = [f"{r.node} ({r.op}): {r.detail}" for r in tm.report.rows
                if r.where != "flydsl-kernel" and not r.layout]

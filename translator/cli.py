@@ -353,6 +353,9 @@ def convert(
     fallback_on_mismatch: Annotated[
         bool, typer.Option("--fallback-on-mismatch", help="Run ops whose output diverges in PyTorch instead of failing.")
     ] = False,
+    isa: Annotated[
+        bool, typer.Option("--isa", help="Compile each FlyDSL kernel for --arch (no GPU) and add its ISA statistics to the report.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
     """Translate the Model of SCRIPT (or an .onnx file), verify it, print the report and write report.md, report.json, report.html, translated.py."""
@@ -371,6 +374,7 @@ def convert(
         verify=verify,
         strict=strict,
         fallback_on_mismatch=fallback_on_mismatch,
+        **({"isa": True} if isa else {}),  # off by default: compiling every kernel costs seconds
     )
     try:
         code = _run_convert(script, out, options)

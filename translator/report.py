@@ -4,8 +4,9 @@ One row per node of the captured graph: its op, shapes and dtype, and where it r
 inside a FlyDSL op (with our FlyDSL kernel, or on the op's torch reference when the kernel
 has not landed or backend='reference'), or in PyTorch with the reason. Plus the share of
 the model's FLOPs inside FlyDSL ops (torch.utils.flop_counter, measured per captured node
-on the example inputs), op counts, pass counters and the verification result. Rendered as
-a rich terminal table, JSON and Markdown.
+on the example inputs), op counts, pass counters and the verification result; with
+translate(isa=True), `kernels`: ISA statistics per compiled kernel (translator.isa_report).
+Rendered as a rich terminal table, JSON and Markdown.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Report:
     pass_counts: dict = field(default_factory=dict)
     verification: Verification = field(default_factory=lambda: Verification(False, None, message="not run"))
     dynamic_dims: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)  # per compiled kernel: ISA statistics (translate(isa=True))
 
     # ---- summaries ---------------------------------------------------------------------
     def summary(self) -> dict:
@@ -128,6 +130,11 @@ class Report:
         out += ["", "| node | op | shapes | dtype | runs on | detail | FLOPs |", "|---|---|---|---|---|---|---|"]
         for r in self.rows:
             out.append(f"| {r.node} | {r.op} | {r.shapes} | {r.dtype} | {r.where} | {r.detail} | {r.flops:,} |")
+        if self.kernels:
+            cols = _kernel_columns(self.kernels)
+            out += ["", f"## Per-kernel ISA statistics ({self.arch}; static counts; waves/SIMD is a model)", "",
+                    "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            out += ["| " + " | ".join(str(k.get(c, "")).replace("|", "/") for c in cols) + " |" for k in self.kernels]
         return "\n".join(out) + "\n"
 
     def render(self, console=None) -> None:
@@ -146,6 +153,14 @@ class Report:
             t.add_row(*map(escape, (r.node, r.op, r.shapes, r.dtype, r.where, r.detail)), f"{r.flops:,}",
                       style=style[r.where])
         console.print(t)
+        if self.kernels:
+            cols = [c for c in _kernel_columns(self.kernels) if c in _TERMINAL_COLUMNS]
+            k = Table(title=f"per-kernel ISA statistics ({self.arch}; static; waves/SIMD is a model)")
+            for col in cols:
+                k.add_column(col, overflow="fold")
+            for row in self.kernels:
+                k.add_row(*(escape(str(row.get(c, ""))) for c in cols), style="red" if "error" in row else None)
+            console.print(k)
         s = self.summary()
         console.print(f"({s['layout_nodes']} view/layout ops not shown; see report.md)")
         console.print(escape(self.headline()))
@@ -154,6 +169,15 @@ class Report:
             console.print(f"verification failed: {escape(v.message)}", style="red")
             if v.divergence:
                 console.print(escape(v.divergence.describe()), style="red")
+
+
+_TERMINAL_COLUMNS = ("op", "nodes", "kernel", "VGPR", "SGPR", "spills (v/s)", "LDS B", "waves/SIMD", "limit", "MFMA",
+                     "VALU", "VMEM loads", "VMEM stores", "error")
+
+
+def _kernel_columns(kernels: list) -> list:
+    """The columns of the ISA table: every key any kernel row has, in first-seen order."""
+    return list(dict.fromkeys(c for k in kernels for c in k))
 
 
 def _is_layout(r: Row) -> bool:

@@ -3,7 +3,7 @@
 A bar chart (inline SVG) of the model's FLOPs by op family — each FlyDSL op family, and the
 PyTorch ops left — coloured by where they run (FlyDSL kernel, FlyDSL op on the torch
 reference, PyTorch); the summary lines of report.md; per-kernel ISA statistics when the
-report carries them (`report.isa`: one dict per compiled kernel); and the per-node table
+report carries them (`report.kernels`: one dict per compiled kernel); and the per-node table
 with each fallback's reason. Every text is HTML-escaped.
 """
 
@@ -47,14 +47,14 @@ def _chart(report) -> str:
 
 
 def _isa(report) -> str:
-    rows = getattr(report, "isa", None) or []
+    rows = getattr(report, "kernels", None) or []
     if not rows:
-        return ("<p>No per-kernel ISA statistics in this report (they are listed for kernels compiled "
-                "during translation).</p>")
+        return ""
     cols = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return (f"<h2>Per-kernel ISA statistics ({escape(report.arch)})</h2>\n<p>Static instruction counts from "
+            f"the compiled ISA; waves/SIMD is an occupancy model.</p>\n<table><tr>{head}</tr>{body}</table>")
 
 
 def render_html(report) -> str:
@@ -92,7 +92,6 @@ tr.layout {{ color: #999; }}
 <ul>{''.join(f'<li>{f}</li>' for f in facts)}</ul>
 <h2>Share of FLOPs by op family</h2>
 {_chart(report)}
-<h2>Per-kernel ISA statistics</h2>
 {_isa(report)}
 <h2>Nodes</h2>
 <table><tr><th>node</th><th>op</th><th>shapes</th><th>dtype</th><th>runs on</th><th>detail / reason</th>
