@@ -131,3 +131,20 @@ def test_norm_orders():
             return tuple(torch.linalg.vector_norm(x, p, dim=-1) for p in (0, 1, 2, 3, math.inf, -math.inf))
 
     check(M(), (torch.randn(4, 10),))
+
+
+class SharedDiff(nn.Module):
+    def forward(self, x, y):
+        d = (x - y) * 0.5
+        return (d * d).mean(-1), torch.tanh(d)  # the region keeps tanh(d); the mean recomputes d * d
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_multi_output_region_recomputed_in_reduction(backend):
+    x, y = torch.randn(4, 24), torch.randn(24)
+    tm = check(SharedDiff(), (x, y), backend=backend)
+    assert tm.report.counters["reduce_prologue_fused"] == 1
+    (ew,) = nodes(tm, EW)
+    assert len(__import__("json").loads(ew.args[1])["out"]) == 1  # the squared value is no longer stored
+    if backend == "flysim":
+        assert len(tm.last_launches) == 2

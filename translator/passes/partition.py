@@ -211,9 +211,29 @@ def compose(pf, nf, j, pr, nr, g):
     return Program(n, tuple(ops), ((rmap[pr.out[0][0]], pr.out[0][1]),)), inputs
 
 
+def prune(prog):
+    """`prog` without ops no output needs and without unread inputs; returns (program, kept inputs)."""
+    from translator_kernels.elementwise_program import Program
+
+    live = {v for v, _ in prog.out}
+    for k in range(len(prog.ops) - 1, -1, -1):
+        if prog.n + k in live:
+            live.update(prog.ops[k][1])
+    ins = [i for i in range(prog.n) if i in live]
+    ops = [k for k in range(len(prog.ops)) if prog.n + k in live]
+    new = {old: i for i, old in enumerate(ins)}
+    new.update({prog.n + k: len(ins) + i for i, k in enumerate(ops)})
+    body = tuple((prog.ops[k][0], tuple(new[a] for a in prog.ops[k][1]), prog.ops[k][2]) for k in ops)
+    return Program(len(ins), body, tuple((new[v], dt) for v, dt in prog.out)), ins
+
+
 def fuse_reduce_prologue(ctx) -> int:
-    """Fold a fused_elementwise region read only by a fused_reduce into the reduction's program."""
-    from translator_kernels.elementwise_program import parse
+    """Fold the fused_elementwise output that only a fused_reduce reads into the reduction's program.
+
+    A region with one output disappears into the reduction. A region with several outputs keeps the
+    others; the reduction recomputes its value from the region's inputs (cheaper than writing the
+    value and reading it back)."""
+    from translator_kernels.elementwise_program import Program, parse
 
     g_ = ctx.gm.graph
     fe, fr = torch.ops.flydsl.fused_elementwise.default, torch.ops.flydsl.fused_reduce.default
@@ -223,22 +243,29 @@ def fuse_reduce_prologue(ctx) -> int:
             continue
         for g in dict.fromkeys(r.args[0]):
             if not (g.op == "call_function" and g.target is operator.getitem and g.args[0].target is fe
-                    and list(g.users) == [r] and len(g.args[0].users) == 1):
+                    and list(g.users) == [r]):
                 continue
-            f = g.args[0]
+            f, j = g.args[0], g.args[1]
             pf = parse(f.args[1])
-            if len(pf.out) != 1:
-                continue
-            prog, inputs = compose(pf, f.args[0], g.args[1], parse(r.args[1]), r.args[0], g)
-            r.args = (inputs, prog.text()) + tuple(r.args[2:])
+            prog, inputs = compose(pf, f.args[0], j, parse(r.args[1]), r.args[0], g)
+            prog, keep = prune(prog)
+            r.args = ([inputs[i] for i in keep], prog.text()) + tuple(r.args[2:])
             meta = r.meta["flydsl"]
-            meta["sources"] = list(f.meta["flydsl"]["sources"]) + list(meta["sources"])
             g_.erase_node(g)
-            g_.erase_node(f)
+            if len(pf.out) == 1:
+                meta["sources"] = list(f.meta["flydsl"]["sources"]) + list(meta["sources"])
+                g_.erase_node(f)
+            else:  # the region keeps its other outputs; later getitems shift down by one
+                rest, kin = prune(Program(pf.n, pf.ops, pf.out[:j] + pf.out[j + 1:]))
+                f.args = ([f.args[0][i] for i in kin], rest.text())
+                f.meta["val"] = [v for i, v in enumerate(f.meta["val"]) if i != j]
+                for u in list(f.users):
+                    if u.args[1] > j:
+                        u.args = (f, u.args[1] - 1)
             ctx.counters["reduce_prologue_fused"] = ctx.counters.get("reduce_prologue_fused", 0) + 1
             count += 1
             break
     return count
 
 
-__all__ = ["partition", "fuse_elementwise", "fuse_reduce_prologue", "compose", "epilogue_chain", "val"]
+__all__ = ["partition", "fuse_elementwise", "fuse_reduce_prologue", "compose", "prune", "epilogue_chain", "val"]
