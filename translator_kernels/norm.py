@@ -98,9 +98,9 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 return w
             if const_expr(MULTI):
                 gpu.barrier()  # the previous row's readers are done with the slots
-            lane = tid % rc.WAVE
+            wave_lane = tid % rc.WAVE
             wave = tid // rc.WAVE
-            if lane == 0:
+            if wave_lane == 0:
                 fx.memref_store(w, slots, wave)
             gpu.barrier()
             r = fx.memref_load(slots, 0)

@@ -70,9 +70,9 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
             w = rc.wave_allreduce(val, op)
             if const_expr(W == 1):
                 return w
-            lane = tid % rc.WAVE
+            wave_lane = tid % rc.WAVE
             wave = tid // rc.WAVE
-            if lane == 0:
+            if wave_lane == 0:
                 fx.memref_store(w, slots, wave)
             gpu.barrier()
             r = fx.memref_load(slots, 0)

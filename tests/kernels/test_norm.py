@@ -173,3 +173,9 @@ def test_long_rows_stream_through_two_passes():
     # rows too long for registers (> 64K elements): a statistics pass, then a normalize pass
     check_layer_norm("gfx942", 2, 70001, torch.float32, torch.float32)
     check_add_norm("gfx950", "rms", 1, 70000, torch.bfloat16, torch.float32)
+
+
+def test_group_norm_without_affine():
+    x = rnd((2, 6, 10), torch.float16, 21, 2.0)
+    out = run_kernel("gfx950", norm.group_norm, x, 2, None, None, 1e-5)
+    close(out, F.group_norm(x.float(), 2, None, None, 1e-5), torch.float16, "group_norm no affine")
