@@ -229,6 +229,8 @@ def _rows(gm, snapshot, flops, ctx, backend):
                 where, detail = "flydsl-reference", f"{head} — torch reference (FlyDSL kernel not landed yet)"
             else:
                 where, detail = "flydsl-reference", f"{head} — torch reference (backend=reference)"
+            if name in ctx.reasons:  # a pattern declined it before this lowering took it: say why
+                detail += f"; not taken by {ctx.reasons[name]}"
             rows.append(Row(name, op, shapes, dtype, where, detail, f, layout, info["node"]))
             continue
         packet = getattr(target, "overloadpacket", None)
