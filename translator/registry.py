@@ -112,7 +112,8 @@ def supported_ops_markdown() -> str:
         forms = []
         for low in LOWERINGS:
             if low.family == fam.name:
-                forms.append(f"{low.name} ({', '.join(_target_name(t) for t in low.targets)})")
+                names = list(dict.fromkeys(_target_name(t) for t in low.targets))  # overloads share a name
+                forms.append(f"{low.name} ({', '.join(names)})")
         status = "FlyDSL kernel" if fam.kernel_available() else "reference only (kernel not landed)"
         lines.append(f"| `flydsl.{fam.name}` | {status} | {'; '.join(forms)} | `{fam.kernel_entry}` |")
     lines.append("")
