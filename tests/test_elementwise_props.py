@@ -3,12 +3,14 @@
 Hypothesis draws a DAG of up to 6 ops (unary, binary with broadcasting, scalar, where,
 clamp) over 1-3 inputs whose shapes broadcast against a random output shape (size-1 and odd
 dims, dropped leading dims) and whose dtypes are fp32 / bf16 / fp16 (mixed: torch promotes).
-Every leaf value is summed into the output so no op is dead. Checks: the translated graph
+Every leaf value is summed into the output so no op is dead; a second pair of properties ends
+the DAG in a random reduction (sum / mean / amax / amin / var / logsumexp / norm over random
+dims) and asserts ONE fused_reduce node with the whole DAG folded in. Checks: the translated graph
 holds exactly one `flydsl.fused_elementwise` and no aten compute op, and its result matches
 the model run on fp32 copies of the inputs (the contract's fp32-computed reference) rounded
 to the output dtype. Tolerances: bf16 / fp16 as the kernel contract; fp32 1e-4 because a
 chain of up to 6 transcendental ops compounds 1-2 ulp per op. Example counts are bounded
-(reference 80, flysim 30) so the file runs in well under a minute.
+(reference 80 + 40, flysim 30 + 15) so the file runs in well under a minute.
 """
 
 import torch
@@ -20,6 +22,7 @@ import flysim  # noqa: F401  (the package; conftest puts the repo root first)
 from translator import translate
 
 FUSED = torch.ops.flydsl.fused_elementwise.default
+REDUCED = torch.ops.flydsl.fused_reduce.default
 UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
     "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
@@ -62,9 +65,9 @@ def dags(draw):
 
 
 class Dag(torch.nn.Module):
-    def __init__(self, steps, n_in):
+    def __init__(self, steps, n_in, reduce=None):
         super().__init__()
-        self.steps, self.n_in = steps, n_in
+        self.steps, self.n_in, self.reduce = steps, n_in, reduce
 
     def forward(self, *xs):
         vals = list(xs)
@@ -77,17 +80,28 @@ class Dag(torch.nn.Module):
         out = leaves[0]
         for v in leaves[1:]:
             out = out + v
+        if self.reduce is not None:
+            kind, dims = self.reduce
+            dims = sorted({d % out.dim() for d in dims})
+            return REDUCE[kind](out, dims)
         return out
 
 
-def check(case, backend):
+REDUCE = {"sum": lambda y, d: y.sum(d), "mean": lambda y, d: y.mean(d, keepdim=True),
+          "amax": lambda y, d: y.amax(d), "amin": lambda y, d: y.amin(d, keepdim=True),
+          "var": lambda y, d: y.var(d), "logsumexp": lambda y, d: torch.logsumexp(y, d),
+          "norm": lambda y, d: torch.linalg.vector_norm(y, dim=d)}
+
+
+def check(case, backend, reduce=None):
     shapes, dtypes, steps, seed = case
     g = torch.Generator().manual_seed(seed)
     xs = tuple((torch.rand(s, generator=g) * 4 - 2).to(dt) for s, dt in zip(shapes, dtypes))
-    model = Dag(steps, len(xs)).eval()
+    model = Dag(steps, len(xs), reduce).eval()
     tm = translate(model, xs, backend=backend, verify=False, dynamic_shapes=None)
-    fused = [n for n in tm.gm.graph.nodes if n.target is FUSED]
-    left = [str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function" and n.target is not FUSED
+    kernel = FUSED if reduce is None else REDUCED
+    fused = [n for n in tm.gm.graph.nodes if n.target is kernel]
+    left = [str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function" and n.target is not kernel
             and "getitem" not in str(n.target)]
     assert len(fused) == 1 and not left, (steps, shapes, dtypes, len(fused), left)
     with torch.no_grad():
@@ -98,7 +112,8 @@ def check(case, backend):
         assert len(tm.last_launches) == 1, "the fused FlyDSL kernel did not run"
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
     tol = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[want.dtype]
-    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol, equal_nan=True,
+    atol = tol if reduce is None else max(tol, 1e-3)  # sums of up to ~10^4 terms in another order
+    torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=tol, equal_nan=True,
                                msg=lambda m: f"{steps} {shapes} {dtypes}: {m}")
 
 
@@ -115,3 +130,19 @@ def test_random_dags_reference(case):
 @given(dags())
 def test_random_dags_flysim(case):
     check(case, "flysim")
+
+
+reductions = st.tuples(st.sampled_from(sorted(REDUCE)), st.sampled_from([[-1], [0], [0, -1], [1, 2], [-2]]))
+
+
+@settings(max_examples=40, **_SETTINGS)
+@given(dags(), reductions)
+def test_random_dag_then_reduction_reference(case, red):
+    """The DAG feeding a reduction over random dims becomes ONE fused_reduce node (prologue folded)."""
+    check(case, "reference", red)
+
+
+@settings(max_examples=15, **_SETTINGS)
+@given(dags(), reductions)
+def test_random_dag_then_reduction_flysim(case, red):
+    check(case, "flysim", red)
