@@ -99,3 +99,10 @@ def test_long_rows_stream_through_two_passes(n, dtype, arch, log):
     ref = ref_softmax(x, log)
     assert torch.isnan(out[1]).all()
     torch.testing.assert_close(out[:1].float(), ref[:1], **TOL[dtype])
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_inf_and_nan_rows_match_torch(log):
+    x = torch.tensor([[float("inf"), 1.0, 2.0], [float("nan"), 1.0, 2.0], [1.0, 2.0, 3.0]])
+    out = run_kernel("gfx950", x, log)
+    torch.testing.assert_close(out, ref_softmax(x, log), equal_nan=True, **TOL[torch.float32])
