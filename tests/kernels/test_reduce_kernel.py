@@ -203,3 +203,25 @@ def test_emit_sources_with_checks(tmp_path):
                               cwd=str(tmp_path))
         assert proc.returncode == 0 and "ok on flysim" in proc.stdout, proc.stderr[-2000:]
     assert all(p.exists() for p in paths)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 127, 255, 256, 257, 1000, 1023, 2049, 4097, 9999, 20000, 65536])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_row_length_sweep_slow(n, dtype):
+    """Every kind over row lengths that exercise each plan: 1..32 lanes per row, whole workgroups of
+    64..1024 lanes, VEC 1..8, partial last tiles. Arg results compare the values at the indices
+    (rounding to bf16 / fp16 makes real ties)."""
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    for kind, params in CASES:
+        outs = run([x], ident(dtype), kind, [-1], False, params)
+        ref = REF[kind](x.float(), [-1], False, params)
+        refs = [ref.values.to(dtype), ref.indices] if kind in ("max", "min") else \
+            [ref if ref.dtype == torch.int64 else ref.to(dtype)]
+        for o, r in zip(outs, refs):
+            if r.dtype == torch.int64:
+                assert torch.equal(x.float().gather(1, o[:, None]), x.float().gather(1, r[:, None])), (kind, o, r)
+            else:  # sums of n terms in another order: atol grows like sqrt(n) ulps
+                tol = TOL[dtype]
+                torch.testing.assert_close(o.float(), r.float(), atol=max(tol["atol"], 1e-4 * math.sqrt(n)),
+                                           rtol=tol["rtol"], equal_nan=True, msg=lambda m: f"{kind}{params}: {m}")
