@@ -148,3 +148,19 @@ def test_multi_output_region_recomputed_in_reduction(backend):
     assert len(__import__("json").loads(ew.args[1])["out"]) == 1  # the squared value is no longer stored
     if backend == "flysim":
         assert len(tm.last_launches) == 2
+
+
+class LseByHand(nn.Module):
+    def forward(self, x):
+        m = x.amax(-1)
+        s = torch.exp(x - m[:, None]).sum(-1)
+        return torch.log(s) + m  # the epilogue: [M]-shaped, reads the result and m
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_epilogue_after_reduction_folds(backend):
+    tm = check(LseByHand(), (torch.randn(5, 40),), backend=backend)
+    assert tm.report.counters["reduce_epilogue_fused"] == 1 and tm.report.counters["reduce_prologue_fused"] == 1
+    assert len(nodes(tm, RED)) == 2 and not nodes(tm, EW)  # amax; then exp-sum-log-add in one kernel
+    if backend == "flysim":
+        assert len(tm.last_launches) == 2

@@ -45,12 +45,12 @@ def load():
     return mod
 
 
-def inputs(device):
+def inputs(device, shapes, dtypes, seed=0):
     from translator_kernels.elementwise_program import TORCH
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     out = []
-    for shape, dt in zip(CALL["shapes"], CALL["dtypes"]):
+    for shape, dt in zip(shapes, dtypes):
         x = torch.rand(shape, generator=g) * 2 + 0.25  # positive: safe for log / sqrt / pow
         out.append((x > 1.0) if dt == "bool" else x.to(TORCH[dt]))
     return [x.to(device) for x in out]
@@ -58,7 +58,8 @@ def inputs(device):
 
 def main():
     gpu = torch.cuda.is_available()
-    xs = inputs("cuda" if gpu else "cpu")
+    dev = "cuda" if gpu else "cpu"
+    xs = inputs(dev, CALL["shapes"], CALL["dtypes"])
     mod = load()
     if CALL["family"] == "elementwise":
         from translator.lowerings.elementwise import ref_fused_elementwise as ref
@@ -70,9 +71,10 @@ def main():
         from translator.lowerings.reduce import ref_fused_reduce as ref
         from translator_kernels.reduce import prepare
 
-        extra = (CALL["kind"], CALL["dims"], CALL["keepdim"], CALL["params"])
-        outs, args, _ = prepare(xs, CALL["program"], *extra)
-        want = ref(xs, CALL["program"], *extra)
+        es = inputs(dev, CALL.get("epi_shapes", []), CALL.get("epi_dtypes", []), seed=1)
+        extra = (CALL["kind"], CALL["dims"], CALL["keepdim"], CALL["params"], es)
+        outs, args, _ = prepare(xs, CALL["program"], *extra, CALL.get("epilogue"))
+        want = ref(xs, CALL["program"], *extra, CALL.get("epilogue") or "")
     if gpu:
         ctx = contextlib.nullcontext()
     else:

@@ -37,8 +37,9 @@ GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_s
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
-def kernel_name(text, roles, dtypes, kind, params, n, plan) -> str:
-    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}".encode()).hexdigest()[:16]
+def kernel_name(text, roles, dtypes, kind, params, n, plan, epi=None) -> str:
+    tail = "" if epi is None else f"|{epi}"
+    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}{tail}".encode()).hexdigest()[:16]
     return f"fused_reduce_{key}"
 
 
@@ -53,10 +54,12 @@ def _write(src: str, name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, arch: str):
-    """Compiled launcher `launch(*inputs, *outputs, M)` of one fused reduction for `arch`."""
-    name = kernel_name(text, roles, dtypes, kind, params, n, plan)
-    src = kernel_source(parse(text), roles, dtypes, kind, params, n, plan, name)
+def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, epi, arch: str):
+    """Compiled launcher `launch(*inputs, *epilogue inputs, *outputs, M)` of one fused reduction for
+    `arch`; `epi` is None or (epilogue program text, epilogue input dtypes)."""
+    name = kernel_name(text, roles, dtypes, kind, params, n, plan, epi)
+    src = kernel_source(parse(text), roles, dtypes, kind, params, n, plan, name,
+                        None if epi is None else (parse(epi[0]), epi[1]))
     path = _write(src, name)
     spec = importlib.util.spec_from_file_location(f"_flydsl_red_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -88,10 +91,21 @@ def _role(t, shape, dims, perm):
     return role, flat.view(torch.uint8) if flat.dtype == torch.bool else flat
 
 
-def prepare(inputs, program, kind: str, dims, keepdim: bool, params=()):
-    """Validate; return (outputs, launch arguments or None when there is nothing to do, build key)."""
+def prepare(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inputs=(), epilogue=None):
+    """Validate; return (outputs, launch arguments or None when there is nothing to do, build key).
+
+    `epilogue` (optional) is an elementwise program applied to each result: value 0 is the reduced
+    value (fp32), values 1.. are `epi_inputs` (broadcast to the output's shape, read once per row);
+    its output dtype is the result's."""
     prog = parse(program) if isinstance(program, str) else program
     op = f"fused_reduce({kind})"
+    epi = parse(epilogue) if epilogue else None
+    if epi is not None:
+        if kind in ("argmax", "argmin", "max", "min") or epi.n != 1 + len(epi_inputs) or len(epi.out) != 1 \
+                or epi.out[0][1] == "bool":
+            raise ValueError(f"{op}: the epilogue must take the result and {len(epi_inputs)} extra input(s) and "
+                             "return one float value; arg / max / min reductions take none")
+        prog = Program(prog.n, prog.ops, ((prog.out[0][0], epi.out[0][1]),))
     if kind not in KINDS:
         raise ValueError(f"{op}: unknown reduction kind; expected one of {sorted(KINDS)}")
     if len(inputs) != prog.n or len(prog.out) != 1:
@@ -123,6 +137,20 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=()):
         outs = [torch.empty(oshape, dtype=val_dt, device=dev)]
     if m == 0:
         return outs, None, None
+    eflat, edt = [], ()
+    if epi is not None:
+        for i, t in enumerate(epi_inputs):
+            if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.device != dev:
+                raise ValueError(f"{op}: epilogue input {i} must be a float32 / bfloat16 / float16 / bool tensor "
+                                 f"on {dev}")
+            try:
+                e = t.expand(oshape).contiguous().reshape(-1)
+            except RuntimeError:
+                raise ValueError(f"{op}: epilogue input {i} of shape {tuple(t.shape)} does not broadcast to the "
+                                 f"result shape {oshape}") from None
+            eflat.append(e.view(torch.uint8) if e.dtype == torch.bool else e)
+        edt = tuple(DTYPES[t.dtype] for t in epi_inputs)
+    epik = None if epi is None else (epi.text(), edt)
     if n == 0:
         raise ValueError(f"{op}: reducing an empty dim of shape {shape} over {dims}; keep it in PyTorch")
     if m * n > 2**31 - 1:
@@ -132,11 +160,11 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=()):
     plan = _plan(n, roles, dtypes, flat)
     if not plan.fits:
         if kind in SPLIT:
-            return outs, None, ("split", prog, roles, list(flat), dtypes, m, n)
+            return outs, None, ("split", prog, roles, list(flat), dtypes, m, n, epik, eflat)
         raise ValueError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
                          f"({max_row_length()}); keep this reduction in PyTorch")
-    key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan)
-    return outs, list(flat) + [o.view(-1) for o in outs] + [m], key
+    key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan, epik)
+    return outs, list(flat) + eflat + [o.view(-1) for o in outs] + [m], key
 
 
 def _plan(n, roles, dtypes, flat):
@@ -164,7 +192,7 @@ def _launch(key, args):
 def _two_stage(out, kind, params, split):
     """Rows too long for one workgroup: each row is cut into K chunks (K divides N); stage 1
     reduces the [M * K, N / K] chunks to fp32 partials, stage 2 reduces the [M, K] partials."""
-    _, prog, roles, flat, dtypes, m, n = split
+    _, prog, roles, flat, dtypes, m, n, epik, eflat = split
     k = split_factor(n)
     if k is None:
         raise ValueError(f"fused_reduce({kind}): rows of N={n} cannot be cut into <= {max_row_length()} equal "
@@ -184,19 +212,20 @@ def _two_stage(out, kind, params, split):
     p1 = (p,) if kind == "norm" else ()
     part = torch.empty(m * k, dtype=torch.float32, device=flat[0].device)
     text1 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
-    _launch((text1, r1, dtypes, k1, p1, n1, _plan(n1, r1, dtypes, f1)), f1 + [part, m * k])
+    _launch((text1, r1, dtypes, k1, p1, n1, _plan(n1, r1, dtypes, f1), None), f1 + [part, m * k])
     if kind == "norm" and p == 0:
         k2 = "sum"
     p2 = (float(n),) if kind == "mean" else p1 if k2 == "norm" else ()
     text2 = Program(1, (), ((0, prog.out[0][1]),)).text()
     pl2 = _plan(k, ("full",), ("f32",), [part])
-    _launch((text2, ("full",), ("f32",), k2, p2, k, pl2), [part, out.view(-1), m])
+    _launch((text2, ("full",), ("f32",), k2, p2, k, pl2, epik), [part] + eflat + [out.view(-1), m])
 
 
-def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> list[torch.Tensor]:
-    """Run prologue `program` on `inputs` and reduce its value over `dims`; returns the outputs
-    (one tensor, or values and int64 indices for kind max / min)."""
-    outs, args, key = prepare(inputs, program, kind, dims, keepdim, params)
+def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inputs=(),
+                 epilogue=None) -> list[torch.Tensor]:
+    """Run prologue `program` on `inputs` and reduce its value over `dims` (then `epilogue`, see
+    prepare); returns the outputs (one tensor, or values and int64 indices for kind max / min)."""
+    outs, args, key = prepare(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue)
     if key is not None and key[0] == "split":
         _two_stage(outs[0], kind, params, key)
         return outs
@@ -205,7 +234,8 @@ def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=()) -> 
     CALLS.setdefault(kernel_name(*key), dict(
         family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
         params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
-        dtypes=[DTYPES[t.dtype] for t in inputs]))
+        dtypes=[DTYPES[t.dtype] for t in inputs], epilogue=epilogue or None,
+        epi_shapes=[list(t.shape) for t in epi_inputs], epi_dtypes=[DTYPES[t.dtype] for t in epi_inputs]))
     _launch(key, args)
     return outs
 

@@ -57,8 +57,9 @@ def _lit(c: float) -> str:
     return repr(float(c)) if math.isfinite(c) else f"float({str(float(c))!r})"
 
 
-def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int, plan, name: str) -> str:
-    """`in_roles[i]`: "full" ([M, N] flat), "row" ([N], same for every row), "col" ([M], one per row)."""
+def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int, plan, name: str, epi=None) -> str:
+    """`in_roles[i]`: "full" ([M, N] flat), "row" ([N], same for every row), "col" ([M], one per row).
+    `epi`: None or (epilogue Program, its extra inputs' dtypes): applied to each row's result."""
     vec, lpr, block, nt = plan.vec, plan.lpr, plan.block, plan.nt
     nv = n // vec
     rpb = block // lpr
@@ -68,7 +69,7 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
     op = norm_op(params[0]) if kind == "norm" else KINDS[kind]
     out_dt = prog.out[0][1]
     kinds = prog.kinds(in_dtypes)
-    ins = [f"In{i}" for i in range(prog.n)]
+    ins = [f"In{i}" for i in range(prog.n)] + [f"E{i}" for i in range(len(epi[1]) if epi else 0)]
     outs = ["Out0", "Out1"] if kind in ("max", "min") else ["Out0"]
     sig = ", ".join(f"{t}: fx.Tensor" for t in ins + outs)
     args = ", ".join(f"x{i}" for i in range(prog.n))
@@ -105,6 +106,16 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
     v = prog.out[0][0]
     L.append(f"    return em.from_bool(x{v})" if kinds[v] == "b" else f"    return x{v}")
     L += ["", ""]
+    if epi:
+        ep, edts = epi
+        ekinds = ep.kinds(["f32"] + list(edts))
+        L += [f"def epilogue({', '.join(f'x{i}' for i in range(ep.n))}):",
+              '    """The fused elementwise chain after the reduction (x0: the result, one lane vector)."""']
+        for k, (o, a, p) in enumerate(ep.ops):
+            L.append(f"    x{ep.n + k} = {_expr(o, a, p, ekinds, '1')}  # {o}")
+        v = ep.out[0][0]
+        L.append(f"    return em.from_bool(x{v})" if ekinds[v] == "b" else f"    return x{v}")
+        L += ["", ""]
     if waves > 1:
         L += ["@fx.struct", "class Scratch:"]
         L += [f"    s{j}: fx.Array[fx.Float32, W, 16]" for j in range(3)]
@@ -184,6 +195,9 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
             L.append("    r = rd.sqrt(r)")
         elif p not in (0, 1, math.inf, -math.inf):
             L.append(f"    r = rd.pow_pos(r, {1.0 / p!r})")
+    if epi:
+        extra = "".join(f", em.load_vec(E{i}, {dt!r}, 1, row)" for i, dt in enumerate(epi[1]))
+        L.append(f"    r = epilogue(fx.Vector.filled(1, r, fx.Float32){extra})[0]")
     L.append("    st = (lane == 0) & row_ok" if sub else "    st = lane == 0")
     L.append("    if st:")
     if kind in ("argmax", "argmin"):

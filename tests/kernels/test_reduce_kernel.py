@@ -189,9 +189,10 @@ def test_emit_sources_with_checks(tmp_path):
     x, w = torch.randn(4, 24, generator=g), torch.rand(24, generator=g)
     ew = Program(2, (("mul", (0, 1), ()), ("silu", (2,), ())), ((3, "f32"),)).text()
     red = Program(2, (("mul", (0, 1), ()), ("mul", (2, 2), ())), ((3, "f32"),)).text()
+    epi = Program(2, (("add", (0, 1), ()), ("rsqrt", (2,), ())), ((3, "f32"),)).text()  # rsqrt(mean + eps[row])
     with flysim.simulate(arch="gfx942"):
         fused_elementwise([x, w], ew)
-        fused_reduce([x, w], red, "mean", [-1], True)
+        fused_reduce([x, w], red, "mean", [-1], True, (), [torch.full((4, 1), 1e-5)], epi)
     paths = emit_sources(tmp_path)
     index = json.loads((tmp_path / "index.json").read_text())
     mine = [e for e in index if e.get("program") in (ew, red) and e["shapes"] == [[4, 24], [24]]]
@@ -225,3 +226,18 @@ def test_row_length_sweep_slow(n, dtype):
                 tol = TOL[dtype]
                 torch.testing.assert_close(o.float(), r.float(), atol=max(tol["atol"], 1e-4 * math.sqrt(n)),
                                            rtol=tol["rtol"], equal_nan=True, msg=lambda m: f"{kind}{params}: {m}")
+
+
+@pytest.mark.parametrize("n", [40, 72000])
+def test_epilogue_per_row(n):
+    """log(sum(exp(x - m))) + m with the log and add as the epilogue (m a per-row input), in one
+    launch, and for 72000-long rows in the second stage of two."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, n, generator=g)
+    m = x.amax(-1)
+    prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "f32"),))
+    epi = Program(2, (("log", (0,), ()), ("add", (2, 1), ())), ((3, "bf16"),))
+    with flysim.simulate(arch="gfx950") as sim:
+        (out,) = fused_reduce([x, m[:, None]], prog.text(), "sum", [-1], False, (), [m], epi.text())
+    assert len(sim.launches) == (1 if n < 65536 else 2)
+    close(out, torch.logsumexp(x, -1).to(torch.bfloat16), torch.bfloat16, f"epilogue n={n}")

@@ -1,4 +1,5 @@
-"""Fused reduction family: `flydsl.fused_reduce(inputs, program, kind, dims, keepdim, params)`.
+"""Fused reduction family: `flydsl.fused_reduce(inputs, program, kind, dims, keepdim, params,
+epi_inputs, epilogue)`.
 
 One node reduces, over `dims` of the broadcast shape, the value an elementwise `program`
 computes from `inputs` (the fused_elementwise program format). Canonical lowerings here map
@@ -33,8 +34,8 @@ from translator_kernels.reduce import SPLIT, max_row_length, out_shape, split_fa
 
 @torch.library.custom_op("flydsl::fused_reduce", mutates_args=())
 def fused_reduce(inputs: list[torch.Tensor], program: str, kind: str, dims: list[int], keepdim: bool,
-                 params: list[float]) -> list[torch.Tensor]:
-    return dispatch("fused_reduce", inputs, program, kind, dims, keepdim, params)
+                 params: list[float], epi_inputs: list[torch.Tensor], epilogue: str) -> list[torch.Tensor]:
+    return dispatch("fused_reduce", inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue)
 
 
 def _shape(inputs, dims, keepdim):
@@ -43,9 +44,9 @@ def _shape(inputs, dims, keepdim):
 
 
 @fused_reduce.register_fake
-def _(inputs, program, kind, dims, keepdim, params):
+def _(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue):
     shape = _shape(inputs, dims, keepdim)
-    vdt = TORCH[parse(program).out[0][1]]
+    vdt = TORCH[parse(epilogue or program).out[0][1]]
     x = inputs[0]
     if kind in ("argmax", "argmin"):
         return [x.new_empty(shape, dtype=torch.int64)]
@@ -54,7 +55,18 @@ def _(inputs, program, kind, dims, keepdim, params):
     return [x.new_empty(shape, dtype=vdt)]
 
 
-def ref_fused_reduce(inputs, program, kind, dims, keepdim, params):
+def ref_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
+    if not epilogue:
+        return _ref_reduce(inputs, program, kind, dims, keepdim, params)
+    p = parse(program)  # the result enters the epilogue unrounded, as in the kernel
+    outs = _ref_reduce(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text(), kind, dims, keepdim, params)
+    e = parse(epilogue)
+    f32 = Program(e.n, e.ops, ((e.out[0][0], "f32"),)).text()
+    (y,) = ref_fused_elementwise([outs[0].float()] + list(epi_inputs), f32)
+    return [y.expand(outs[0].shape).to(TORCH[e.out[0][1]]).contiguous()]
+
+
+def _ref_reduce(inputs, program, kind, dims, keepdim, params):
     prog = parse(program)
     as_f32 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
     (y,) = ref_fused_elementwise(inputs, as_f32)
@@ -79,15 +91,17 @@ def ref_fused_reduce(inputs, program, kind, dims, keepdim, params):
     return [f().to(vdt)]
 
 
-def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params):
+def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
     from translator_kernels.reduce import fused_reduce as run
 
-    return run(inputs, program, kind, dims, keepdim, params)
+    return run(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue or None)
 
 
 def _sample(dt):
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, DTYPES[dt]),))
-    return ([torch.randn(4, 33).to(dt), torch.randn(4, 1).to(dt)], prog.text(), "sum", [-1], False, [])
+    epi = Program(2, (("log", (0,), ()), ("add", (2, 1), ())), ((3, DTYPES[dt]),))  # logsumexp by hand
+    m = torch.randn(4, 1).to(dt)
+    return ([torch.randn(4, 33).to(dt), m], prog.text(), "sum", [-1], False, [], [m[:, 0]], epi.text())
 
 
 register_family(OpFamily(
@@ -203,7 +217,7 @@ def lower_reduce(node, ctx):
     g = ctx.gm.graph
     with g.inserting_before(node):
         new = g.call_function(torch.ops.flydsl.fused_reduce.default,
-                              ([x], identity_program(vdt), kind, dims, keepdim, params))
+                              ([x], identity_program(vdt), kind, dims, keepdim, params, [], ""))
     ctx.infer(new)
     name = node.meta.get("orig_name", node.name)
     new.meta["flydsl"] = {"family": "fused_reduce", "lowering": f"reduce_{kind}", "sources": [name], "anchor": name}

@@ -265,7 +265,54 @@ def fuse_reduce_prologue(ctx) -> int:
             ctx.counters["reduce_prologue_fused"] = ctx.counters.get("reduce_prologue_fused", 0) + 1
             count += 1
             break
-    return count
+    epi = sum(_fold_epilogue(ctx, r) for r in list(g_.nodes) if r.op == "call_function" and r.target is fr)
+    if epi:
+        _stable_toposort(g_)
+    return count + epi
+
+
+def _fold_epilogue(ctx, r) -> int:
+    """Fold the one-output region that alone reads reduction `r`'s result, at the result's shape,
+    into `r` as its epilogue program."""
+    from translator_kernels.elementwise_program import Program, parse
+
+    fe = torch.ops.flydsl.fused_elementwise.default
+    if r.args[2] in ("argmax", "argmin", "max", "min") or r.args[7] or len(r.users) != 1:
+        return 0
+    g = next(iter(r.users))
+    if g.target is not operator.getitem or len(g.users) != 1:
+        return 0
+    f = next(iter(g.users))
+    if f.target is not fe or len(f.users) != 1 or [str(d) for d in val(f)[0].shape] != [str(d) for d in shape_of(g)]:
+        return 0
+    pf = parse(f.args[1])
+    if len(pf.out) != 1 or pf.out[0][1] == "bool":
+        return 0
+    others = [a for a in f.args[0] if a is not g]
+    for a in others:  # an input computed from the result would make a cycle
+        stack, seen = [a], set()
+        while stack:
+            n = stack.pop()
+            if n is g or n is r:
+                return 0
+            if n not in seen:
+                seen.add(n)
+                stack.extend(n.all_input_nodes)
+    order = [f.args[0].index(g)] + [i for i, a in enumerate(f.args[0]) if a is not g]
+    vmap = {old: new for new, old in enumerate(order)}
+    vmap.update({pf.n + k: pf.n + k for k in range(len(pf.ops))})
+    ops = tuple((o, tuple(vmap[a] for a in args), p) for o, args, p in pf.ops)
+    epi = Program(pf.n, ops, ((vmap[pf.out[0][0]], pf.out[0][1]),))
+    r.args = tuple(r.args[:6]) + (others, epi.text())
+    ctx.infer(r)
+    g.meta["val"] = r.meta["val"][0]
+    (fg,) = f.users
+    fg.replace_all_uses_with(g)
+    ctx.gm.graph.erase_node(fg)
+    ctx.gm.graph.erase_node(f)
+    r.meta["flydsl"]["sources"] = list(r.meta["flydsl"]["sources"]) + list(f.meta["flydsl"]["sources"])
+    ctx.counters["reduce_epilogue_fused"] = ctx.counters.get("reduce_epilogue_fused", 0) + 1
+    return 1
 
 
 __all__ = ["partition", "fuse_elementwise", "fuse_reduce_prologue", "compose", "prune", "epilogue_chain", "val"]
