@@ -345,3 +345,35 @@ def test_script_may_import_its_siblings(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     assert sys.path == path_before
     sys.modules.pop("flydsl_cli_test_sibling_layers", None)
+
+
+EMIT_SCRIPT = '''
+import torch, torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.sigmoid(x) * y + 1.5
+
+
+def get_inputs():
+    return [torch.randn(4, 64), torch.randn(4, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_emit_kernels_writes_generated_sources_with_checks(tmp_path, capsys):
+    script = tmp_path / "chain.py"
+    script.write_text(EMIT_SCRIPT)
+    kdir = tmp_path / "kernels"
+    code, stdout, err = run_main(capsys, "convert", script, "--backend", "flysim", "--out", tmp_path / "o",
+                                 "--emit-kernels", kdir)
+    assert code == 0, err
+    gen = sorted(p.name for p in kdir.glob("fused_elementwise_*.py"))
+    assert len(gen) == 1 and (kdir / f"check_{gen[0]}").exists()
+    index = (kdir / "KERNELS.md").read_text()
+    assert "flydsl.fused_elementwise" in index and gen[0] in index
+    assert "@flyc.kernel" in (kdir / gen[0]).read_text()

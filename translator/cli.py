@@ -310,7 +310,7 @@ def _verification_passed(report: Any) -> Optional[bool]:
     return None if verification is None else bool(verification.passed)
 
 
-def _run_convert(script: Path, out: Optional[Path], options: dict) -> int:
+def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None) -> int:
     import translator
     from translator.errors import TranslatorError, VerificationError
 
@@ -330,6 +330,13 @@ def _run_convert(script: Path, out: Optional[Path], options: dict) -> int:
     _print_report(tm.report)
     out = out if out is not None else Path("out") / script.stem
     written = _write_outputs(tm, out)
+    if emit_kernels is not None:
+        from translator.emit import emit_kernels as emit
+
+        try:
+            written += emit(tm, emit_kernels)[:1]
+        except OSError as exc:
+            raise CliError(f"cannot write into --emit-kernels {emit_kernels} ({_describe(exc)}); pass a writable directory")
     typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     if _verification_passed(tm.report) is False:
         typer.echo(
@@ -356,6 +363,9 @@ def convert(
     isa: Annotated[
         bool, typer.Option("--isa", help="Compile each FlyDSL kernel for --arch (no GPU) and add its ISA statistics to the report.")
     ] = False,
+    emit_kernels: Annotated[
+        Optional[Path], typer.Option("--emit-kernels", help="Write the FlyDSL kernel sources this model used (generated ones with a check script each) into this folder.", show_default=False)
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
     """Translate the Model of SCRIPT (or an .onnx file), verify it, print the report and write report.md, report.json, report.html, translated.py."""
@@ -377,7 +387,7 @@ def convert(
         **({"isa": True} if isa else {}),  # off by default: compiling every kernel costs seconds
     )
     try:
-        code = _run_convert(script, out, options)
+        code = _run_convert(script, out, options, emit_kernels)
     except CliError as exc:
         if debug:
             traceback.print_exc()
