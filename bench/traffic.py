@@ -73,6 +73,15 @@ def norm_grid(family, dt, shape) -> int:
     return norm._grid(m, n, vec, x.element_size(), False, w, b, "row")
 
 
+def norm_rows_per_block(dt, shape) -> int:
+    from translator_kernels import row_common as rc
+
+    m, n = shape
+    x = torch.empty(m, n, dtype=TD[dt], device="meta")
+    plan = rc.plan_row(n, rc.pick_vec(n, x.dtype, x))
+    return plan.rows_per_block if rc.row_fits(plan) else 1
+
+
 def gemm_tile(dt, shape, arch):
     from translator_kernels.gemm import choose_config, m_bucket
 
@@ -88,7 +97,9 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
     if family in ("layer_norm", "rms_norm"):
         m, n = shape
         pbytes = compulsory_bytes(family, dt, shape) - 2 * m * n * e
-        return 2 * m * n * e + norm_grid(family, dt, shape) * pbytes
+        # each row group of a workgroup (rows_per_block of them when short rows share it) loads the
+        # weights once; a workgroup keeps them in registers while it walks further row-blocks
+        return 2 * m * n * e + norm_grid(family, dt, shape) * min(m, norm_rows_per_block(dt, shape)) * pbytes
     if family == "gemm":
         from translator_kernels.preshuffle import padded_shape
 
