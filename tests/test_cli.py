@@ -366,6 +366,15 @@ def get_init_inputs():
 
 
 def test_emit_kernels_writes_generated_sources_with_checks(tmp_path, capsys):
+    import torch
+
+    import translator
+
+    class Other(torch.nn.Module):  # generates another kernel in this process first: it must not be emitted
+        def forward(self, x):
+            return torch.tanh(x) - 2.0
+
+    translator.translate(Other(), (torch.randn(8, 32),), backend="flysim")
     script = tmp_path / "chain.py"
     script.write_text(EMIT_SCRIPT)
     kdir = tmp_path / "kernels"

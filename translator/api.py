@@ -36,6 +36,7 @@ class TranslatedModule(torch.nn.Module):
         self.report = report
         self._input_spec = input_spec  # per input: None, or [(dim, static size or None)]
         self.last_launches: list = []
+        self.last_generated_kernels: set = set()
 
     @property
     def code(self) -> str:
@@ -43,9 +44,12 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
-        with runtime.use_backend(self.backend, self.arch) as st:
+        from translator_kernels.elementwise_emit import record_kernels
+
+        with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
             out = self.gm(*args)
         self.last_launches = st.launches
+        self.last_generated_kernels = used  # generated kernels this call ran (for --emit-kernels)
         return out
 
     def _check(self, args):

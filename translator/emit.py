@@ -1,7 +1,7 @@
 """Take-away kernel sources: `flydsl-translate convert ... --emit-kernels DIR`.
 
 Writes, for a translated model that has run on a kernel backend (flysim or rocm — verification
-runs it), every generated FlyDSL kernel it used (fused elementwise chains and reductions: the
+runs it), every generated FlyDSL kernel its last call used (fused elementwise chains and reductions: the
 exact source that was compiled, with a check script that runs it on a GPU if present, else
 on flysim, against the torch reference) and a KERNELS.md index that also names the library
 kernels (GEMM, attention, norms, softmax) by module and entry point.
@@ -23,7 +23,7 @@ def emit_kernels(tm, directory) -> list[Path]:
     if tm.backend != "reference":
         from translator_kernels.elementwise import emit_sources
 
-        written += emit_sources(out)
+        written += emit_sources(out, names=tm.last_generated_kernels)
     lines = ["# FlyDSL kernels of this translation", "",
              f"backend: {tm.backend}; arch: {tm.arch}", ""]
     if tm.backend == "reference":

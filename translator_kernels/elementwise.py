@@ -161,12 +161,12 @@ def kernel_source(prog: Program, p: Plan, name: str) -> str:
     return "\n".join(L)
 
 
-def emit_sources(directory) -> list[Path]:
+def emit_sources(directory, names=None) -> list[Path]:
     """Write every generated kernel this process used (elementwise and reduction), each with a
     check script; returns the written paths. See translator_kernels.elementwise_emit."""
     from .elementwise_emit import emit_sources as emit
 
-    return emit(directory)
+    return emit(directory, names=names)
 
 
 def cache_dir() -> Path:
@@ -176,6 +176,8 @@ def cache_dir() -> Path:
     p.mkdir(parents=True, exist_ok=True)
     return p
 
+
+from .elementwise_emit import note_use  # noqa: E402
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
@@ -264,9 +266,11 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     if p is None:
         return outs
     launch = build_elementwise(prog.text(), p, current_arch())
-    CALLS.setdefault(kernel_name(prog.text(), p), dict(
+    name = kernel_name(prog.text(), p)
+    CALLS.setdefault(name, dict(
         family="elementwise", program=prog.text(), shapes=[list(t.shape) for t in inputs],
         dtypes=[DTYPES[t.dtype] for t in inputs]))
+    note_use(name)
     args = flat_in + flat_out
     if args[0].is_cuda:
         launch(*args, stream=torch.cuda.current_stream(args[0].device))

@@ -34,6 +34,8 @@ from .elementwise_program import BITS, DTYPES, TORCH, Program, parse
 from .reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
+from .elementwise_emit import note_use  # noqa: E402
+
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
@@ -231,6 +233,7 @@ def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi
         return outs
     if args is None:
         return outs
+    note_use(kernel_name(*key))
     CALLS.setdefault(kernel_name(*key), dict(
         family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
         params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
