@@ -131,3 +131,28 @@ def test_probabilities_returned_are_not_fused_and_say_why():
     tm = translate(M().eval(), (q, q.clone(), q.clone()), backend="reference")
     assert "attention" not in ops(tm)
     assert tm.report.verification.passed
+
+
+class T5Attention(nn.Module):
+    """HF T5: no scaling, position bias and the padding mask both added to the scores."""
+
+    def forward(self, q, k, v, position_bias, mask):
+        scores = torch.matmul(q, k.transpose(3, 2))
+        scores += position_bias
+        scores = scores + mask
+        w = nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
+        return torch.matmul(w, v)
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_t5_two_additive_masks(backend):
+    q, k, v = (torch.randn(2, 2, 6, 32) for _ in range(3))
+    bias = torch.randn(1, 2, 6, 6)
+    mask = torch.zeros(2, 1, 1, 6)
+    mask[1, ..., 4:] = torch.finfo(torch.float32).min
+    m = T5Attention().eval()
+    tm = translate(m, (q, k, v, bias, mask), backend=backend)
+    assert tm.report.counters.get("attention_handwritten") == 1, tm.report.counters
+    assert tm.report.verification.passed, tm.report.verification.message
+    n = attention_node(tm)
+    assert n.args[3] is not None and n.args[5] == 1.0

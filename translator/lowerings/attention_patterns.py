@@ -16,7 +16,7 @@ between the two matmuls and the softmax:
     w = softmax(w, dim=-1, dtype=torch.float32).to(q.dtype); out = torch.matmul(w, repeat_kv(v, n))
 
 Accepted between the matmuls, in any order: a scalar mul/div (the scale; 1.0 when absent),
-one additive float mask, masked_fill with -inf or a finfo.min-like value (boolean mask; a
+additive float masks (several add up to one: T5's position bias + padding mask), masked_fill with -inf or a finfo.min-like value (boolean mask; a
 lower-triangular ones buffer sliced to [:Sq, :Sk] is recognized as causal), the softmax over
 the last dim (optionally in fp32), then casts and eval-mode dropout. Llama's repeat_kv
 (unsqueeze/expand/reshape of K and V) is undone so GQA runs without repeated K/V.
@@ -47,6 +47,7 @@ class Match:
     v: torch.fx.Node
     scale: float = 1.0
     mask: torch.fx.Node | None = None  # additive float mask node
+    more_masks: list = field(default_factory=list)  # further additive masks (T5: position bias + padding mask)
     keep_if_not: torch.fx.Node | None = None  # masked_fill condition: True = masked out
     causal: bool = False
     absorbed: list = field(default_factory=list)
@@ -58,6 +59,12 @@ def _scalar(x):
 
 def _only_user(n, user) -> bool:
     return isinstance(n, torch.fx.Node) and [u for u in n.users if u.target is not ASSERT] == [user]
+
+
+def _real_users(n) -> list:
+    """Users that read n's values: not export's dtype asserts, nor a type_as that only reads its dtype."""
+    return [u for u in n.users if u.target is not ASSERT
+            and not (u.target is aten.type_as.default and u.args[1] is n and u.args[0] is not n)]
 
 
 def _asserts(n) -> list:
@@ -160,7 +167,7 @@ def match(pv, ctx):
     m = Match(q=None, k=None, v=v)
     s = p.args[0]
     seen_mask = seen_scale = False  # walking backwards: what was applied later is seen first
-    while s.op == "call_function" and len(s.users) == 1:
+    while s.op == "call_function" and len(_real_users(s)) == 1:
         t = s.target
         if t in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and _scalar(s.args[1]) is not None:
             c = _scalar(s.args[1])
@@ -170,12 +177,20 @@ def match(pv, ctx):
             m.scale *= c if t in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / c
             absorbed.append(s)
             s = s.args[0]
-        elif t is aten.add.Tensor and isinstance(s.args[1], torch.fx.Node) and not seen_mask:
+        elif t in (aten._to_copy.default, aten.to.dtype) and dtype_of(s) in (torch.float32, torch.bfloat16,
+                                                                         torch.float16):
+            absorbed += [s, *_asserts(s)]  # scores.float() before the softmax (T5, HF fp32 softmax)
+            s = s.args[0]
+        elif t in (aten.add.Tensor, aten.add_.Tensor) and isinstance(s.args[1], torch.fx.Node) \
+                and m.keep_if_not is None \
+                and not m.causal:
             mk = s.args[1]
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
             if seen_scale:
                 return "the scale multiplies the additive mask too (softmax(c * (qk + mask)))"
+            if m.mask is not None:
+                m.more_masks.append(m.mask)
             m.mask, seen_mask = mk, True
             absorbed.append(s)
             s = s.args[0]
@@ -225,7 +240,7 @@ def handwritten_supported(node, ctx):
         return f"head_dim={shape_of(m.q)[-1]} is not one of {HEAD_DIMS}"
     if h is None or hkv is None or h % hkv or static_int(shape_of(m.v)[1]) != hkv:
         return f"head counts {shape_of(m.q)[1]} / {shape_of(m.k)[1]} are not a multiple of each other"
-    if m.mask is not None and len(shape_of(m.mask)) > 4:
+    if m.mask is not None and any(len(shape_of(x)) > 4 for x in [m.mask, *m.more_masks]):
         return "mask has more than 4 dims"
     return None
 
@@ -239,6 +254,10 @@ def lower_handwritten(node, ctx):
             mask = g.call_function(aten.logical_not.default, (m.keep_if_not,))
         ctx.infer(mask)
     elif mask is not None:
+        for other in m.more_masks:  # several additive masks add up to one (broadcast as eager does)
+            with g.inserting_before(node):
+                mask = g.call_function(aten.add.Tensor, (mask, other))
+            ctx.infer(mask)
         mask = ctx.cast_in(mask, node)
     args = (ctx.cast_in(m.q, node), ctx.cast_in(m.k, node), ctx.cast_in(m.v, node), mask, m.causal, float(m.scale))
     return ctx.replace(node, "attention", "attention_handwritten", args, m.absorbed)
