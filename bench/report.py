@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def commands(quick: bool):
     yield ["python", "-m", "bench.kernels"] + (["--arch", "gfx942"] if quick else [])
     yield ["python", "-m", "bench.models"] + (["--no-gpt2"] if quick else [])
+    yield ["python", "-m", "bench.flydsl_traffic"]
     yield ["python", "-m", "bench.rocm"]
 
 

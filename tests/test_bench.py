@@ -72,3 +72,11 @@ def test_bench_rocm_exits_0_without_gpu(capsys):
         pytest.skip("a ROCm GPU is present: bench.rocm times for real")
     assert rocm.main([]) == 0
     assert "needs a ROCm GPU" in capsys.readouterr().out
+
+
+def test_flydsl_traffic_without_source_says_so(capsys, monkeypatch):
+    from bench import flydsl_traffic
+
+    monkeypatch.delenv("FLYDSL_SRC", raising=False)
+    assert flydsl_traffic.main([]) == 0
+    assert "FLYDSL_SRC is not set" in capsys.readouterr().out
