@@ -6,3 +6,4 @@ from . import attention_patterns, einsum, gemm_epilogue  # noqa: F401,I001
 from . import norm_patterns  # noqa: F401,I001
 from . import elementwise  # noqa: F401,I001
 from . import reduce, losses  # noqa: F401,I001
+from . import scan  # noqa: F401,I001

@@ -1,0 +1,253 @@
+"""Scan family: `flydsl.scan(inputs, program, kind, dim, reverse, exclusive)`.
+
+One node scans (cumsum / cumprod / logcumsumexp), along `dim` of the broadcast shape, the value
+an elementwise `program` (the fused_elementwise format) computes from `inputs`; the kernel
+(translator_kernels.scan) moves `dim` last, so every dim gives the right answer.
+
+Forms matched (where they appear):
+- ``torch.cumsum(x, d)`` / ``x.cumsum(d, dtype=...)`` (positions from attention masks in HF
+  models, prefix sums in MoE routing, CDFs for top-p sampling), ``torch.cumprod`` (discount /
+  survival products), ``torch.logcumsumexp`` (CTC / CRF style log-space prefix sums).
+- reversed, ``x.flip(d).cumsum(d).flip(d)`` (returns-to-go, suffix sums): one reversed scan,
+  no flipped copies.
+- exclusive, ``torch.cumsum(x, d) - x`` (offsets, "tokens before this one"): one exclusive
+  scan, free of the subtraction's cancellation.
+- masked, ``torch.cumsum(x * mask, d)`` and any elementwise chain read only by the scan: the
+  epilogue-stage rule `scan_prologue` folds the fused elementwise region into the scan's
+  program, so the kernel reads x and the mask and writes only the scan.
+Stays in PyTorch, with the reason: integer and bool inputs (torch scans them in int64),
+float64, 0-d tensors, rows longer than one workgroup's unrolled tiles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, single_user, static_int, val
+from .elementwise import ref_fused_elementwise
+
+from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
+from translator_kernels.scan import max_row_length, row_vec  # noqa: E402
+
+
+@torch.library.custom_op("flydsl::scan", mutates_args=())
+def scan(inputs: list[torch.Tensor], program: str, kind: str, dim: int, reverse: bool,
+         exclusive: bool) -> torch.Tensor:
+    return dispatch("scan", inputs, program, kind, dim, reverse, exclusive)
+
+
+@scan.register_fake
+def _(inputs, program, kind, dim, reverse, exclusive):
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    return inputs[0].new_empty(shape, dtype=TORCH[parse(program).out[0][1]])
+
+
+def ref_scan(inputs, program, kind, dim, reverse, exclusive):
+    """fp32 reference: the program's value unrounded, scanned in fp32, rounded once (as the kernel)."""
+    p = parse(program)
+    (y,) = ref_fused_elementwise(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text())
+    d = dim % max(y.dim(), 1)
+    if y.dim() == 0:
+        y = y.reshape(1)
+    if reverse:
+        y = y.flip(d)
+    if exclusive:  # shift by one along d, identity first
+        ident = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}[kind]
+        y = torch.cat([torch.full_like(y.narrow(d, 0, 1), ident), y.narrow(d, 0, y.shape[d] - 1)], d)
+    r = getattr(torch, kind)(y, d)
+    if reverse:
+        r = r.flip(d)
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    return r.reshape(shape).to(TORCH[p.out[0][1]]).contiguous()
+
+
+def kernel_scan(inputs, program, kind, dim, reverse, exclusive):
+    from translator_kernels.scan import scan as run
+
+    return run(inputs, program, kind, dim, reverse, exclusive)
+
+
+def _sample(dt):
+    mask = torch.rand(4, 67) > 0.3
+    prog = Program(2, (("mul", (0, 1), ()),), ((2, DTYPES[dt]),))  # masked cumsum
+    return ([torch.randn(4, 67).to(dt), mask], prog.text(), "cumsum", -1, False, False)
+
+
+register_family(OpFamily(
+    name="scan",
+    description="cumsum / cumprod / logcumsumexp along any dim (reversed, exclusive), with its fused "
+                "elementwise prologue, as one generated kernel",
+    reference=ref_scan, kernel=kernel_scan, kernel_entry="translator_kernels.scan:scan", sample_inputs=_sample,
+    tolerance_overrides={torch.float32: (1e-5, 1e-5, "lane / wave / tile combine order differs from torch's "
+                                         "sequential scan; logaddexp is a 1-ulp exp / log sequence")},
+))
+
+
+# --- aten scans ----------------------------------------------------------------------------
+
+SCANS = {aten.cumsum.default: "cumsum", aten.cumprod.default: "cumprod", aten.logcumsumexp.default: "logcumsumexp"}
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _dtype_arg(node):
+    return node.kwargs.get("dtype", node.args[2] if len(node.args) > 2 else None)
+
+
+def _hint(d) -> int:
+    s = static_int(d)
+    return s if s is not None else int(d.node.hint)
+
+
+def scan_reason(node) -> str | None:
+    """None when aten scan `node` can run as a flydsl.scan, else why not."""
+    xv, out = val(node.args[0]), val(node)
+    kind = SCANS[node.target]
+    if not isinstance(xv, torch.Tensor):
+        return "input is not a tensor with known metadata"
+    if xv.dtype not in FLOATS:
+        dt = str(xv.dtype).replace("torch.", "")
+        why = "torch scans integer and bool inputs in int64" if not xv.dtype.is_floating_point else \
+            "the kernels take float32, bfloat16, float16"
+        return f"{kind} on {dt} input stays in PyTorch ({why})"
+    if out.dtype not in FLOATS:
+        return f"{kind} with result dtype {str(out.dtype).replace('torch.', '')} stays in PyTorch"
+    if xv.dim() == 0:
+        return f"{kind} of a 0-d tensor (nothing to scan)"
+    n = _hint(xv.shape[node.args[1] % xv.dim()])
+    limit = max_row_length(row_vec(n, (DTYPES[xv.dtype],)))
+    if n > limit:
+        return f"scanned dim of {n} elements exceeds one workgroup's {limit} (row scans are not split)"
+    return None
+
+
+def _emit(ctx, root, x, kind, dim, reverse, exclusive, lowering, sources):
+    rank = len(val(x).shape)
+    prog = Program(1, (), ((0, DTYPES[val(root).dtype]),)).text()
+    return ctx.replace(root, "scan", lowering, ([x], prog, kind, dim % rank, reverse, exclusive), sources)
+
+
+def scan_supported(node, ctx):
+    return scan_reason(node)
+
+
+def lower_scan(node, ctx):
+    return _emit(ctx, node, node.args[0], SCANS[node.target], node.args[1], False, False,
+                 SCANS[node.target], [node])
+
+
+register_lowering(Lowering("scan", "scan", tuple(SCANS), scan_supported, lower_scan,
+                           doc="cumsum / cumprod / logcumsumexp over any dim (float32 / bfloat16 / float16)"))
+
+
+# --- reversed: flip(scan(flip(x, d), d), d) ----------------------------------------------------
+
+def _flip_dim(node):
+    """The one dim a flip node flips (normalized), else None."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.flip.default):
+        return None
+    dims = node.args[1]
+    rank = len(val(node).shape)
+    return dims[0] % rank if len(dims) == 1 and rank else None
+
+
+def _reversed_parts(node):
+    """(scan node, inner flip, x, dim) of the reversed-scan pattern ending at flip `node`, else None."""
+    d = _flip_dim(node)
+    s = node.args[0]
+    if d is None or not (isinstance(s, torch.fx.Node) and s.target in SCANS) or single_user(s) is not node:
+        return None
+    f = s.args[0]
+    if _flip_dim(f) != d or s.args[1] % len(val(s).shape) != d or single_user(f) is not s:
+        return None
+    return s, f, f.args[0], d
+
+
+def reversed_supported(node, ctx):
+    parts = _reversed_parts(node)
+    if parts is None:
+        return False
+    return scan_reason(parts[0])
+
+
+def lower_reversed(node, ctx):
+    s, f, x, d = _reversed_parts(node)
+    return _emit(ctx, node, x, SCANS[s.target], d, True, False, "scan_reversed", [node, s, f])
+
+
+register_lowering(Lowering("scan_reversed", "scan", (aten.flip.default,), reversed_supported, lower_reversed,
+                           doc="x.flip(d).cumsum(d).flip(d) (and cumprod / logcumsumexp) -> one reversed scan",
+                           stage="fuse"))
+
+
+# --- exclusive: cumsum(x, d) - x ------------------------------------------------------------
+
+def _exclusive_parts(node):
+    if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    s, x = node.args
+    if not (isinstance(s, torch.fx.Node) and s.target is aten.cumsum.default and s.args[0] is x):
+        return None
+    if single_user(s) is not node or _dtype_arg(s) is not None or val(node).shape != val(s).shape:
+        return None
+    if val(node).dtype != val(s).dtype:
+        return None
+    return s, x
+
+
+def exclusive_supported(node, ctx):
+    parts = _exclusive_parts(node)
+    if parts is None:
+        return False
+    return scan_reason(parts[0])
+
+
+def lower_exclusive(node, ctx):
+    s, x = _exclusive_parts(node)
+    return _emit(ctx, node, x, "cumsum", s.args[1], False, True, "scan_exclusive", [node, s])
+
+
+register_lowering(Lowering("scan_exclusive", "scan", (aten.sub.Tensor,), exclusive_supported, lower_exclusive,
+                           doc="torch.cumsum(x, d) - x -> one exclusive scan", stage="fuse"))
+
+
+# --- masked / any prologue: a fused elementwise region read only by the scan -----------------
+
+def _region(node):
+    import operator
+
+    g = node.args[0][0]
+    if len(node.args[0]) != 1 or not (g.op == "call_function" and g.target is operator.getitem):
+        return None
+    f = g.args[0]
+    if f.target is not torch.ops.flydsl.fused_elementwise.default or single_user(g) is not node:
+        return None
+    if len(parse(f.args[1]).out) != 1:
+        return None
+    return g, f
+
+
+def prologue_supported(node, ctx):
+    return None if _region(node) is not None else False
+
+
+def fold_prologue(node, ctx):
+    from ..passes.partition import compose, prune
+
+    g, f = _region(node)
+    pf = parse(f.args[1])
+    prog, inputs = compose(pf, f.args[0], g.args[1], parse(node.args[1]), node.args[0], g)
+    prog, keep = prune(prog)
+    node.args = ([inputs[i] for i in keep], prog.text()) + tuple(node.args[2:])
+    meta = node.meta["flydsl"]
+    meta["sources"] = list(f.meta["flydsl"]["sources"]) + list(meta["sources"])
+    ctx.gm.graph.erase_node(g)
+    ctx.gm.graph.erase_node(f)
+    ctx.counters["scan_prologue"] = ctx.counters.get("scan_prologue", 0) + 1
+    return node
+
+
+register_lowering(Lowering("scan_prologue", "scan", (torch.ops.flydsl.scan.default,), prologue_supported,
+                           fold_prologue, doc="a fused elementwise region read only by a scan joins its kernel "
+                           "(masked cumsum: cumsum(x * mask))", stage="epilogue"))
