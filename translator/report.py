@@ -213,7 +213,7 @@ def _fmt_dim(s) -> str:
 
 def describe_shapes(node: torch.fx.Node) -> str:
     ins = [a.meta.get("val") for a in node.all_input_nodes if a.op != "get_attr"]
-    return ", ".join(_fmt_shape(v) for v in ins) + " -> " + _fmt_shape(node.meta.get("val"))
+    return ", ".join(f for f in (_fmt_shape(v) for v in ins) if f) + " -> " + _fmt_shape(node.meta.get("val"))
 
 
 def node_dtype(node) -> str:
