@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from . import jit_memo
 from .attention_fwd import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel
 
 HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -137,7 +138,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     nw = num_waves_for(Sq)
     block_m = kernel_config(dtype, D, nw)["block_m"]
     launch = build_attention(_arch(), dtype, D, bool(causal), kind, mname, nw)
-    launch(q, k, v, out, mflat, Sq, Sk, H // Hkv, scale * 1.4426950408889634,
+    jit_memo.call(launch, q, k, v, out, mflat, Sq, Sk, H // Hkv, scale * 1.4426950408889634,
            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr,
            -(-Sq // block_m), H, B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from . import jit_memo
 from .elementwise_program import (BINARY, COMPARE, DTYPES, LOGICAL, TORCH, Plan, Program, parse,
                                   plan as make_plan)
 
@@ -275,5 +276,5 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     if args[0].is_cuda:
         launch(*args, stream=torch.cuda.current_stream(args[0].device))
     else:
-        launch(*args)
+        jit_memo.call(launch, *args)
     return outs

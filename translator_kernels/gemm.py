@@ -25,6 +25,7 @@ import dataclasses
 
 import torch
 
+from . import jit_memo
 from .gemm_kernel import ACTIVATIONS, THREADS, build_gemm, mfma_per_block
 from .preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 
@@ -162,7 +163,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res)
     w_bs = n_pad * k_pad if ws.shape[0] > 1 else 0
-    launcher(out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
+    jit_memo.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
              a3.numel() * a3.element_size(), ws.numel() * ws.element_size(),
              out.numel() * out.element_size())
     return out

@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from . import jit_memo
 from .elementwise import cache_dir, current_arch
 from .elementwise_program import BITS, DTYPES, TORCH, Program, parse
 from .reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
@@ -188,7 +189,7 @@ def _launch(key, args):
     if args[0].is_cuda:
         launch(*args, stream=torch.cuda.current_stream(args[0].device))
     else:
-        launch(*args)
+        jit_memo.call(launch, *args)
 
 
 def _two_stage(out, kind, params, split):

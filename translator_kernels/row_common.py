@@ -224,11 +224,13 @@ def check_vector(op: str, t, n: int, what: str, device) -> torch.Tensor | None:
 
 def launch(launcher, *args) -> None:
     """Call a compiled launcher on the tensors' stream (the current HIP stream on a GPU)."""
+    from .jit_memo import call
+
     first = args[0]
     if first.is_cuda:
         launcher(*args, stream=torch.cuda.current_stream(first.device))
     else:
-        launcher(*args)
+        call(launcher, *args)
 
 
 STREAM_VECS_PER_THREAD = 4
