@@ -41,8 +41,11 @@ def shuffle_weight(w: torch.Tensor) -> torch.Tensor:
     kp = kpack_for(w.dtype)
     if K_TILE % kp:
         raise ValueError(f"dtype {w.dtype}: kpack {kp} does not divide the K tile {K_TILE}")
-    wp = torch.zeros((n_pad, k_pad), dtype=w.dtype, device=w.device)
-    wp[:n, :k] = w
+    if (n_pad, k_pad) == (n, k):  # no padding: one permuting copy
+        wp = w.contiguous()
+    else:
+        wp = torch.zeros((n_pad, k_pad), dtype=w.dtype, device=w.device)
+        wp[:n, :k] = w
     v = wp.view(n_pad // N_TILE, N_TILE, k_pad // K_TILE, K_TILE // kp, kp)
     return v.permute(0, 2, 3, 1, 4).contiguous().view(n_pad, k_pad)
 

@@ -67,10 +67,22 @@ class LowerCtx:
     reasons: dict = field(default_factory=dict)  # captured node name -> why it was not lowered
     _n_attr: int = 0
 
+    _fake: Any = field(default=None, repr=False, compare=False)  # (graph, fake mode) found last
+
     @property
     def fake_mode(self):
-        vals = [n.meta["val"] for n in self.gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-        return detect_fake_mode(vals)
+        """The fake mode of the captured graph's metadata (found once per graph, then reused)."""
+        g = self.gm.graph
+        if self._fake is not None and self._fake[0] is g:
+            return self._fake[1]
+        for n in g.nodes:  # every fake tensor of one export shares its mode: the first one tells
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                mode = detect_fake_mode([v])
+                if mode is not None:
+                    self._fake = (g, mode)
+                    return mode
+        return detect_fake_mode([])
 
     # --- metadata -------------------------------------------------------------------
     def infer(self, node: torch.fx.Node) -> torch.fx.Node:
@@ -98,8 +110,9 @@ class LowerCtx:
         self.gm.register_buffer(name, tensor.detach())
         with self.gm.graph.inserting_before(before):
             node = self.gm.graph.get_attr(name)
-        with self.fake_mode:
-            node.meta["val"] = self.fake_mode.from_tensor(tensor)
+        with self.fake_mode:  # a fresh fake of the same layout (from_tensor would fake the view's base too)
+            node.meta["val"] = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                                   device=tensor.device)
         return node
 
     # --- precision policy -------------------------------------------------------------
@@ -145,8 +158,7 @@ class LowerCtx:
                 result = g.call_function(aten._to_copy.default, (new,), {"dtype": want})
             self.infer(result)
         root.replace_all_uses_with(result)
-        order = {n: i for i, n in enumerate(g.nodes)}
-        for s in sorted(sources, key=lambda n: -order.get(n, -1)):
+        for s in sorted(sources, key=_position, reverse=True):  # users before what they read
             if not s.users:
                 g.erase_node(s)
         self.counters[lowering] = self.counters.get(lowering, 0) + 1
@@ -155,6 +167,11 @@ class LowerCtx:
     def not_lowered(self, node: torch.fx.Node, reason: str) -> None:
         name = node.meta.get("orig_name", node.name)
         self.reasons.setdefault(name, reason)
+
+
+def _position(node: torch.fx.Node):
+    """Sort key of a node's place in its graph (FX keeps one per node); erased nodes sort first."""
+    return (-1,) if getattr(node, "_erased", False) else node._sort_key
 
 
 def single_user(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -25,6 +25,7 @@ A masked_fill with finfo.min instead of -inf differs from -inf only on fully mas
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -120,6 +121,23 @@ def _full_slice(n):
     return start in (None, 0) and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
 
 
+_TRIL_SEEN: dict = {}  # id(buffer) -> (weakref to it, its _version, answer)
+
+
+def _is_tril(buf: torch.Tensor) -> bool:
+    """Every [..., n, n] plane of buf is nonzero exactly on and below the diagonal (remembered per
+    buffer until it is written to: the support check and the rewrite ask about the same one)."""
+    seen = _TRIL_SEEN.get(id(buf))
+    if seen is not None and seen[0]() is buf and seen[1] == buf._version:
+        return seen[2]
+    planes = buf.reshape(-1, *buf.shape[-2:]).bool()
+    ok = torch.equal(planes, torch.tril(torch.ones_like(planes[0])).expand_as(planes))
+    if len(_TRIL_SEEN) > 256:
+        _TRIL_SEEN.clear()
+    _TRIL_SEEN[id(buf)] = (weakref.ref(buf), buf._version, ok)
+    return ok
+
+
 def _causal_buffer(cond, ctx, scores, absorbed) -> bool:
     """cond == (tril_buffer[..., :Sq, :Sk] == 0): the nanoGPT causal mask."""
     if not (cond.op == "call_function" and cond.target in (aten.eq.Scalar,) and cond.args[1] == 0):
@@ -136,8 +154,7 @@ def _causal_buffer(cond, ctx, scores, absorbed) -> bool:
     buf = ctx.constant(n)
     if buf is None or buf.dim() < 2 or buf.shape[-1] != buf.shape[-2]:
         return False
-    planes = buf.reshape(-1, *buf.shape[-2:]).bool()
-    if not torch.equal(planes, torch.tril(torch.ones_like(planes)).expand_as(planes)):
+    if not _is_tril(buf):
         return False
     if [str(s) for s in shape_of(cond)[-2:]] != [str(s) for s in shape_of(scores)[-2:]]:
         return False

@@ -72,12 +72,9 @@ def _feeds(x, g, absorbed) -> bool:
 
 def _before(x, g) -> bool:
     """x is computed before g (so g may read it): not g itself nor anything after it."""
-    for m in g.graph.nodes:
-        if m is x:
-            return True
-        if m is g:
-            return False
-    return False
+    if not isinstance(x, torch.fx.Node) or x is g or x.graph is not g.graph or x._erased or g._erased:
+        return False
+    return x < g  # FX orders the nodes of one graph by their place (Node._sort_key)
 
 
 def epilogue_check(node, ctx):
