@@ -17,7 +17,6 @@ scale are runtime arguments.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -42,7 +41,7 @@ def num_waves_for(sq: int) -> int:
     return 1 if sq <= 16 else 2 if sq <= 32 else 4
 
 
-@functools.lru_cache(maxsize=None)
+@jit_memo.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""

@@ -15,7 +15,6 @@ broadcast shape of the inputs.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import math
@@ -201,7 +200,7 @@ def source_path(text: str, p: Plan) -> tuple[Path, str]:
     return path, name
 
 
-@functools.lru_cache(maxsize=None)
+@jit_memo.builder
 def build_elementwise(text: str, p: Plan, arch: str):
     """Compiled launcher `launch(*inputs, *outputs)` of program `text` under plan `p` for `arch`."""
     path, name = source_path(text, p)

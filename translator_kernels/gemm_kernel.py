@@ -28,14 +28,14 @@ C = y cast to the output dtype.
 """
 
 
-import functools
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import scf, vector
 from flydsl.expr import const_expr, gpu, math as fmath, range_constexpr, rocdl
 from flydsl.expr.typing import T, as_ir_value
+
+from . import jit_memo
 
 WAVES = 4
 THREADS = 64 * WAVES
@@ -64,7 +64,7 @@ def _i32(v):
     return fx.Int32(v)
 
 
-@functools.lru_cache(maxsize=None)
+@jit_memo.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher

@@ -18,7 +18,6 @@ Three shapes of work, chosen at build time:
   a pass that re-reads x (and the residual), normalizes and stores.
 """
 
-import functools
 
 import torch
 
@@ -26,6 +25,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
+from . import jit_memo
 from . import row_common as rc
 
 AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32
@@ -33,7 +33,7 @@ PARAM_TRAFFIC = 0.04  # weight/bias re-reads allowed, as a share of the compulso
 MIN_GRID = 64
 
 
-@functools.lru_cache(maxsize=None)
+@jit_memo.builder
 def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
                    w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
                    affine: str = "row", groups: int = 1, hw: int = 1):

@@ -21,7 +21,6 @@ fp32; values are stored in the program's output dtype.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import math
@@ -56,7 +55,7 @@ def _write(src: str, name: str):
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@jit_memo.builder
 def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, epi, arch: str):
     """Compiled launcher `launch(*inputs, *epilogue inputs, *outputs, M)` of one fused reduction for
     `arch`; `epi` is None or (epilogue program text, epilogue input dtypes)."""
