@@ -144,5 +144,6 @@ def test_after_conv_batchnorm_inplace_relu_goes_to_flydsl():
     m = mod.Model(*mod.get_init_inputs()).eval()
     tm = translate(m, tuple(mod.get_inputs()), backend="reference")
     assert tm.report.verification.passed, tm.report.verification.message
-    assert tm.report.counters["fused_elementwise"] == 3  # conv -> bn -> relu_ (x2), linear -> relu_
+    assert tm.report.counters["fused_elementwise"] == 2  # conv -> bn -> relu_ (x2)
+    assert tm.report.counters["epilogue_activation"] == 1  # linear -> relu_: the GEMM's epilogue
     assert not any("relu" in str(n.target) for n in tm.gm.graph.nodes)

@@ -4,12 +4,17 @@ on flysim (the FlyDSL GEMM's fused epilogue)."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class MLPBlock(nn.Module):
@@ -88,4 +93,101 @@ def test_scale_after_bias_is_not_folded():
     x = torch.randn(3, 32)
     tm = translate(m, (x,), backend="reference")
     assert "epilogue_scale" not in tm.report.counters  # 2 * (xW + b) != (2 * xW) + b
+    assert tm.report.counters["epilogue_arith"] == 1  # it is a step of the epilogue program instead
+    (g,) = gemm_nodes(tm)
+    assert g.args[5] == "mul(2.0)" and g.args[7] == 1.0
     assert tm.report.verification.passed
+
+
+class Chain(nn.Module):
+    """linear followed by `fn` (ops on the running value with scalar constants)."""
+
+    def __init__(self, fn, d_in=32, d_out=48, bias=True):
+        super().__init__()
+        self.fc, self.fn = nn.Linear(d_in, d_out, bias=bias), fn
+
+    def forward(self, x):
+        return self.fn(self.fc(x))
+
+
+CHAINS = {  # name -> (chain, epilogue program the gemm must carry)
+    "hardtanh_relu6": (lambda y: F.relu6(F.hardtanh(y * 3.0, -2.0, 2.5)), "mul(3.0);clamp(-2.0,2.5);clamp(0.0,6.0)"),
+    "leaky_softplus": (lambda y: F.softplus(F.leaky_relu(y, 0.2), beta=2.0), "leaky_relu(0.2);softplus(2.0,20.0)"),
+    "div_sub_tanh": (lambda y: torch.tanh(y / 2.0 - 0.5), "div(2.0);sub(0.5);tanh"),
+    "rsub_exp_neg_abs": (lambda y: torch.abs(-torch.exp(1.0 - y)), "rsub(1.0);exp;neg;abs"),
+    "hardswish_hardsigmoid": (lambda y: F.hardsigmoid(F.hardswish(y)) + 1.0, "hardswish;hardsigmoid;add(1.0)"),
+    "clamp_min_max": (lambda y: torch.clamp_max(torch.clamp_min(torch.sigmoid(y), 0.2), 0.7),
+                      "sigmoid;clamp(0.2,inf);clamp(-inf,0.7)"),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_unary_chain_becomes_epilogue_program(name):
+    fn, prog = CHAINS[name]
+    torch.manual_seed(0)
+    m = Chain(fn).eval()
+    x = torch.randn(6, 32)
+    tm = translate(m, (x,), backend="reference")
+    (g,) = gemm_nodes(tm)
+    assert g.args[5] == prog, g.args
+    left = [n for n in tm.gm.graph.nodes if n.op == "call_function" and getattr(n.target, "namespace", "") == "aten"]
+    assert not left, tm.code
+    assert tm.report.verification.passed, tm.report.verification.message
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_chain_stops_at_a_tensor_operand_and_a_second_user():
+    """y = sigmoid(fc(x)); y * x2 (tensor) is not a step; a gemm read twice keeps its users."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = torch.sigmoid(self.fc(x)) * x
+            z = self.fc2(x)
+            return y + torch.tanh(z) + z
+
+    torch.manual_seed(0)
+    m = M().eval()
+    x = torch.randn(4, 16)
+    tm = translate(m, (x,), backend="reference")
+    g1, g2 = gemm_nodes(tm)[:2]
+    assert g1.args[5] == "sigmoid" and g2.args[5] is None
+    assert tm.report.verification.passed, tm.report.verification.message
+
+
+def _load_model(stem):
+    spec = importlib.util.spec_from_file_location(f"_model_{stem}", REPO / "models" / f"{stem}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("stem,prog,counters", [
+    ("gemm_scale_sigmoid_residual", "mul(2.0);sigmoid", {"epilogue_arith": 1, "epilogue_activation": 1,
+                                                          "epilogue_residual": 1}),
+    ("gemm_gelu_clamp", "gelu;clamp(-0.25,0.75)", {"epilogue_activation": 2, "epilogue_dropout": 1}),
+])
+def test_fusion_models_are_one_kernel_on_flysim(stem, prog, counters):
+    """KernelBench-style GEMM + elementwise models: the whole forward is ONE FlyDSL launch."""
+    mod = _load_model(stem)
+    torch.manual_seed(0)
+    model = mod.Model(*mod.get_init_inputs()).eval()
+    inputs = mod.get_inputs()
+    tm = translate(model, inputs, backend="flysim", name=stem)
+    assert tm.report.verification.passed, tm.report.verification.message
+    c = tm.report.counters
+    assert all(c.get(k) == v for k, v in counters.items()), c
+    (g,) = gemm_nodes(tm)
+    assert g.args[5] == prog
+    torch.manual_seed(1)
+    fresh = mod.get_inputs()
+    with torch.no_grad():
+        out = tm(*fresh)
+        torch.testing.assert_close(out, model(*fresh), atol=1e-4, rtol=1e-4)
+    assert len(tm.last_launches) == 1, tm.last_launches
+    assert all(r.where == "flydsl-kernel" for r in tm.report.rows if r.op.startswith("aten.")), \
+        [(r.op, r.where) for r in tm.report.rows]

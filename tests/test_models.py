@@ -55,6 +55,17 @@ EXPECTED = {
         "aten.layer_norm": ("flydsl.layer_norm", 2),
         "aten.scaled_dot_product_attention": ("flydsl.attention", 1),
     },
+    "gemm_scale_sigmoid_residual": {  # one GEMM with the whole chain in its epilogue
+        "aten.linear": ("flydsl.gemm", 1),
+        "aten.mul": ("flydsl.gemm", 1),
+        "aten.sigmoid": ("flydsl.gemm", 1),
+        "aten.add": ("flydsl.gemm", 1),
+    },
+    "gemm_gelu_clamp": {
+        "aten.linear": ("flydsl.gemm", 1),
+        "aten.gelu": ("flydsl.gemm", 1),
+        "aten.clamp": ("flydsl.gemm", 1),
+    },
     "small_cnn": {
         "aten.linear": ("flydsl.gemm", 2),
         "aten.conv2d": (BY_DESIGN, 2),

@@ -3,7 +3,8 @@
 
 The kernel itself lives in gemm_kernel.py (design notes there); the weight layout in
 preshuffle.py. Epilogue order: ``out = act(scale * (a @ W.T) + bias) + residual``, computed in
-fp32 and cast once to ``out_dtype``.
+fp32 and cast once to ``out_dtype``; ``act`` is an epilogue program (gemm_kernel.STEPS: a chain of
+per-element steps with scalar constants; a lone activation name is one step).
 
 Tile heuristic (`choose_config`), per (M bucket, N, K, dtype, arch), 256 lanes = 4 waves split
 along N, each wave BM x BN/4:
@@ -26,7 +27,7 @@ import dataclasses
 import torch
 
 from . import jit_memo
-from .gemm_kernel import ACTIVATIONS, THREADS, build_gemm, mfma_per_block
+from .gemm_kernel import THREADS, build_gemm, canonical_epilogue, mfma_per_block
 from .preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 
 _DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -189,11 +190,12 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
 
+    activation: None, an activation name, or an epilogue program ("mul(2.0);sigmoid", see
+    gemm_kernel.STEPS) applied in fp32 after the bias and before the residual.
     a: [..., k] float32/bfloat16/float16 (fp32 a with a bf16/fp16 weight is cast: precision mode).
     Returns [..., n] in out_dtype (default: a's dtype)."""
     op = "gemm"
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation {activation!r} not in {ACTIVATIONS}")
+    activation = canonical_epilogue(activation)  # ValueError names an unknown / malformed step
     if w_shuffled.dtype not in _DT:
         raise ValueError(f"{op}: weight dtype {w_shuffled.dtype} unsupported; use float32/bfloat16/float16")
     if tuple(w_shuffled.shape) != padded_shape(n, k):

@@ -23,8 +23,12 @@ kpack (the entry point pads A otherwise); A chunks with row >= M or k >= K, W ch
 N_pad, and C elements with row >= M or col >= N get a sentinel byte offset beyond the
 buffer descriptor's num_records, so the hardware returns 0 / drops the store.
 
-Epilogue, in this order: y = scale * acc; y += bias[col]; y = act(y); y += residual[row, col];
-C = y cast to the output dtype.
+Epilogue, in this order: y = scale * acc; y += bias[col]; y = program(y); y += residual[row, col];
+C = y cast to the output dtype. `program` is an epilogue program (below): a short chain of
+per-element steps with compile-time scalar constants, e.g. "mul(0.5);sigmoid" or "gelu;clamp(-1.0,1.0)";
+a single activation name ("relu", "gelu", ...) is a one-step program. It runs on each lane's
+4-accumulator vector with translator_kernels.elementwise_math (the same device math the
+generated elementwise kernels use), and is part of the kernel's cache key.
 """
 
 
@@ -32,9 +36,13 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import scf, vector
-from flydsl.expr import const_expr, gpu, math as fmath, range_constexpr, rocdl
+from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T, as_ir_value
 
+import torch
+import torch.nn.functional as F
+
+from . import elementwise_math as em
 from . import jit_memo
 
 WAVES = 4
@@ -46,7 +54,84 @@ _ELEM = {  # name -> (bytes, DSL type)
     "bf16": (2, fx.BFloat16),
     "f16": (2, fx.Float16),
 }
-ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")  # the one-step programs of the original epilogue
+
+# ---- the epilogue program: one table for the kernel (device) and the reference (torch) ----
+# name -> (number of scalar params, torch fn(y, *p) on fp32, device fn(v, *p) on an fp32 fx.Vector)
+STEPS = {
+    "mul": (1, lambda y, c: y * c, lambda v, c: v * c),
+    "div": (1, lambda y, c: y / c, lambda v, c: v / c),
+    "add": (1, lambda y, c: y + c, lambda v, c: v + c),
+    "sub": (1, lambda y, c: y - c, lambda v, c: v - c),
+    "rsub": (1, lambda y, c: c - y, lambda v, c: em.const_like(v, c) - v),
+    "neg": (0, torch.neg, lambda v: -v),
+    "abs": (0, torch.abs, em.absf),
+    "exp": (0, torch.exp, em.exp),
+    "relu": (0, torch.relu, em.relu),
+    "gelu": (0, F.gelu, em.gelu),
+    "gelu_tanh": (0, lambda y: F.gelu(y, approximate="tanh"), em.gelu_tanh),
+    "silu": (0, F.silu, em.silu),
+    "sigmoid": (0, torch.sigmoid, em.sigmoid),
+    "tanh": (0, torch.tanh, em.tanh),
+    "mish": (0, F.mish, em.mish),
+    "softsign": (0, F.softsign, em.softsign),
+    "hardswish": (0, F.hardswish, em.hardswish),
+    "hardsigmoid": (0, F.hardsigmoid, em.hardsigmoid),
+    "clamp": (2, lambda y, lo, hi: torch.clamp(y, lo, hi), em.clamp),  # +-inf for a missing bound
+    "leaky_relu": (1, F.leaky_relu, em.leaky_relu),
+    "softplus": (2, F.softplus, em.softplus),  # (beta, threshold)
+    "elu": (1, lambda y, a: F.elu(y, a), lambda v, a: em.elu(v, a)),
+}
+
+
+def parse_epilogue(text) -> tuple:
+    """Epilogue program text -> ((name, (params...)), ...); None or "" -> (). Raises ValueError."""
+    if not text:
+        return ()
+    if not isinstance(text, str):
+        raise ValueError(f"gemm: epilogue program must be a string, got {text!r}")
+    steps = []
+    for part in text.split(";"):
+        part = part.strip()
+        name, _, rest = part.partition("(")
+        if name not in STEPS:
+            raise ValueError(f"gemm: activation / epilogue step {name!r} unknown in {text!r}; "
+                             f"known steps: {sorted(STEPS)}")
+        params = ()
+        if rest:
+            if not rest.endswith(")"):
+                raise ValueError(f"gemm: malformed epilogue step {part!r} in {text!r}")
+            params = tuple(float(p) for p in rest[:-1].split(",") if p.strip())
+        if len(params) != STEPS[name][0]:
+            raise ValueError(f"gemm: epilogue step {name!r} takes {STEPS[name][0]} params, got {part!r}")
+        steps.append((name, params))
+    return tuple(steps)
+
+
+def epilogue_text(steps) -> str | None:
+    """The canonical text of a step list (None for no steps): what nodes carry and caches key on."""
+    if not steps:
+        return None
+    return ";".join(name + (f"({','.join(repr(float(p)) for p in params)})" if params else "")
+                    for name, params in steps)
+
+
+def canonical_epilogue(text) -> str | None:
+    return epilogue_text(parse_epilogue(text))
+
+
+def apply_epilogue_torch(y, text):
+    """The program on an fp32 tensor (the reference)."""
+    for name, params in parse_epilogue(text):
+        y = STEPS[name][1](y, *params)
+    return y
+
+
+def apply_epilogue_device(v, text):
+    """The program on an fp32 fx.Vector while tracing the kernel."""
+    for name, params in parse_epilogue(text):
+        v = STEPS[name][2](v, *params)
+    return v
 
 
 def mfma_per_block(dtype: str, arch: str) -> int:
@@ -73,8 +158,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     (batch strides in elements; bias/residual are ignored placeholders when absent)."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise ValueError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"gemm: activation {activation!r} not in {ACTIVATIONS}")
+    parse_epilogue(activation)  # validates
     esz, _ = _ELEM[dtype]
     osz, out_t = _ELEM[out_dtype]
     kp = 16 // esz  # elements per 16-byte chunk
@@ -122,18 +206,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             sel = [4 * s + i for i in range(4)]
             acc = op(_v4f32(), [vector.shuffle(av, av, sel), vector.shuffle(bv, bv, sel), acc])
         return acc
-
-    def act(y):
-        if activation == "relu":
-            return (y > fx.Float32(0.0)).select(y, fx.Float32(0.0))
-        if activation == "gelu":
-            return y * fx.Float32(0.5) * (fx.Float32(1.0) + _erf(y * fx.Float32(0.7071067811865476)))
-        if activation == "gelu_tanh":
-            inner = fx.Float32(0.7978845608028654) * (y + fx.Float32(0.044715) * y * y * y)
-            return y * fx.Float32(0.5) * (fx.Float32(1.0) + _tanh(inner))
-        if activation == "silu":
-            return y / (fx.Float32(1.0) + fmath.exp(-y))
-        return y
 
     @flyc.kernel
     def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor,
@@ -266,15 +338,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 b_off = col_ok.select(col * 4, fx.Int32(OOB))
                 bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
             for mr in range_constexpr(m_rep):
-                acc = accs[mr * n_rep + nr]
+                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                if const_expr(has_bias):
+                    yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
+                yv = apply_epilogue_device(yv, activation)
                 for i in range_constexpr(4):
                     row = a_row0 + mr * 16 + q * 4 + i
                     ok = (row < m) & col_ok
                     c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                    y = fx.Float32(vector.extract(_raw(acc), [], [i])) * scale
-                    if const_expr(has_bias):
-                        y = y + bias_v
-                    y = act(y)
+                    y = yv[i]
                     if const_expr(has_residual):
                         rv = rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(c_off), zero)
                         y = y + out_t(rv).to(fx.Float32)
@@ -289,24 +361,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             grid=((m + (bm - 1)) // bm, -(-n_pad // bn), batch), block=(THREADS, 1, 1), stream=stream)
 
     return launch
-
-
-def _erf(x):
-    """erf from exp alone (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7): no device-library
-    call, so the kernel links without ROCm's ocml bitcode and flysim needs only math.exp."""
-    neg = x < fx.Float32(0.0)
-    ax = neg.select(-x, x)
-    t = fx.Float32(1.0) / (fx.Float32(1.0) + fx.Float32(0.3275911) * ax)
-    p = fx.Float32(1.061405429)
-    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
-        p = p * t + fx.Float32(c)
-    r = fx.Float32(1.0) - p * t * fmath.exp(-(ax * ax))
-    return neg.select(-r, r)
-
-
-def _tanh(x):
-    """tanh(x) = 1 - 2 / (exp(2x) + 1); saturates correctly at +-inf of exp."""
-    return fx.Float32(1.0) - fx.Float32(2.0) / (fmath.exp(x * fx.Float32(2.0)) + fx.Float32(1.0))
 
 
 def _v4i32():

@@ -1,7 +1,9 @@
 """GEMM family: linear layers and matmuls -> `flydsl.gemm` / `flydsl.bmm`.
 
 `flydsl.gemm(a, w, n, k, bias, activation, residual, scale)` computes
-``act(scale * a @ W.T + bias) + residual`` for ``a[..., k]`` and a weight ``W[n, k]`` that was
+``act(scale * a @ W.T + bias) + residual`` (``act``: an epilogue program, a chain of per-element
+steps such as "gelu;clamp(-1.0,1.0)"; its step table, torch and device, is
+translator_kernels.gemm_kernel.STEPS) for ``a[..., k]`` and a weight ``W[n, k]`` that was
 preshuffled once at translate time (translator_kernels.preshuffle: the layout lives there,
 next to the kernel). The reference un-shuffles it, so the layout is exercised even when
 only the reference runs. `flydsl.bmm(a, b)` multiplies two activations
@@ -21,22 +23,13 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
+from translator_kernels.gemm_kernel import apply_epilogue_torch
 from translator_kernels.preshuffle import shuffle_weight, unshuffle_weight
 
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, dtype_of, dtype_reason, shape_of
-
-ACTIVATIONS = {
-    None: lambda y: y,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-}
-
 
 # ---- the ops ------------------------------------------------------------------------------
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
@@ -66,7 +59,7 @@ def ref_gemm(a, w, n, k, bias, activation, residual, scale):
     y = (a.float() @ wt.t()) * scale
     if bias is not None:
         y = y + bias.float()
-    y = ACTIVATIONS[activation](y)
+    y = apply_epilogue_torch(y, activation)
     if residual is not None:
         y = y + residual.float()
     return y.to(a.dtype)

@@ -1,73 +1,158 @@
 """GEMM epilogue fusion: fold what follows a `flydsl.gemm` into its epilogue.
 
-The kernel's epilogue is ``out = act(scale * (a @ W.T) + bias) + residual`` in fp32. Walking
-forward from a gemm whose output has one user, each of these is absorbed in turn while the
-order above still holds:
+The kernel's epilogue is ``out = program(scale * (a @ W.T) + bias) + residual`` in fp32, where
+``program`` is a chain of per-element steps with scalar constants (translator_kernels.gemm_kernel
+STEPS: mul/div/add/sub by a scalar, relu, gelu, silu, sigmoid, tanh, clamp, leaky_relu,
+hardswish, softplus, ...). Walking forward from a gemm, in graph order, while the running
+value has one user, each op is absorbed if it keeps the kernel's order exact:
 
-    y = x @ W.t()  * s                  scale      (only before bias / activation / residual)
-    y = torch.mm(x, W) + self.bias      bias       (HF Conv1D / hand-written projections)
-    y = F.gelu(self.fc1(x))             activation (relu, gelu erf / tanh, silu: every MLP)
-    x = x + self.dropout(self.proj(h))  residual   (eval dropout is the identity; GPT-2, ViT, BERT)
+    y = x @ W.t() * s                   scale      (only before bias / any step)
+    y = torch.mm(x, W) + self.bias      bias       (only before any step)
+    y = torch.sigmoid(y * 2.0)          steps      (ops whose only tensor operand is the running
+    y = F.gelu(y).clamp(-1, 1)                      value, the rest scalars; a scale after the
+                                                    bias is a step, not the scale argument)
+    x = x + self.dropout(y)             residual   (last; eval dropout passes through anywhere)
 
-so ``x + drop(proj(gelu(fc(h))))`` becomes two gemm nodes: fc with a gelu epilogue, proj
-with the residual add. Under precision bf16/fp16 the gemm's output is cast back to the
+so ``x + drop(proj(gelu(fc(h))))`` becomes two gemm nodes: fc with a gelu epilogue, proj with
+the residual add. Every absorbed op keeps the gemm's dtype and shape. `plan` is the one
+description of what gets absorbed: translator.passes.partition leaves exactly those nodes out
+of elementwise regions. Under precision bf16/fp16 the gemm's output is cast back to the
 model's dtype before its users; those gemms keep their epilogue unfused (the cast stands
 between), which is correct, just not fused.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from translator_kernels.gemm_kernel import epilogue_text, parse_epilogue
 
 from ..registry import Lowering, register_lowering
 from ._common import aten, dtype_of, shape_of
 
 GEMM = torch.ops.flydsl.gemm.default
-ACTS = {aten.relu.default: "relu", aten.silu.default: "silu", aten.gelu.default: None}
+INF = math.inf
+
+
+def _kw(node, name, pos, default=None):
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[pos] if len(node.args) > pos else default
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _bounds(lo, hi):
+    if lo is not None and not _num(lo) or hi is not None and not _num(hi):
+        return None
+    return ("clamp", (-INF if lo is None else float(lo), INF if hi is None else float(hi)))
+
+
+# aten op -> (node -> (step name, params) or None); the op's first argument is the running value.
+UNARY = {
+    aten.gelu.default: lambda n: ("gelu_tanh" if _kw(n, "approximate", 1, "none") == "tanh" else "gelu", ()),
+    aten.clamp.default: lambda n: _bounds(_kw(n, "min", 1), _kw(n, "max", 2)),
+    aten.clamp_min.default: lambda n: _bounds(n.args[1], None),
+    aten.clamp_max.default: lambda n: _bounds(None, n.args[1]),
+    aten.hardtanh.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
+    aten.hardtanh_.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
+    aten.relu6.default: lambda n: ("clamp", (0.0, 6.0)),
+    aten.leaky_relu.default: lambda n: ("leaky_relu", (float(_kw(n, "negative_slope", 1, 0.01)),)),
+    aten.softplus.default: lambda n: ("softplus", (float(_kw(n, "beta", 1, 1.0)), float(_kw(n, "threshold", 2, 20.0)))),
+    aten.elu.default: lambda n: (("elu", (float(_kw(n, "alpha", 1, 1.0)),))
+                                 if _kw(n, "scale", 2, 1.0) == 1 and _kw(n, "input_scale", 3, 1.0) == 1 else None),
+}
+for _name in ("relu", "silu", "sigmoid", "tanh", "neg", "abs", "exp", "mish", "hardswish", "hardsigmoid"):
+    UNARY[getattr(aten, _name).default] = (lambda s: lambda n: (s, ()))(_name)
+for _name in ("relu_", "silu_", "sigmoid_", "tanh_", "hardswish_", "hardsigmoid_"):  # nn.ReLU(inplace=True)
+    UNARY[getattr(aten, _name).default] = (lambda s: lambda n: (s, ()))(_name[:-1])
+
+MUL = (aten.mul.Tensor, aten.mul.Scalar)
+DIV = (aten.div.Tensor, aten.div.Scalar)
+ADD = (aten.add.Tensor, aten.add.Scalar)
+SUB = (aten.sub.Tensor, aten.sub.Scalar)
+SCALAR_PARAMS = {aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default,
+                 aten.hardtanh_.default, aten.leaky_relu.default, aten.softplus.default, aten.elu.default}
 
 
 def _identity_dropout(n) -> bool:
-    return n.target is aten.dropout.default and len(n.args) > 2 and not n.args[2]
+    return n.target is aten.dropout.default and not _kw(n, "train", 2, False)
 
 
-def _step(g, ctx):
-    """(kind, user, new args, absorbed nodes) for the next op to fold into gemm node `g`, or None."""
-    a, w, n, k, bias, act, residual, scale = g.args
-    users = list(g.users)
-    if len(users) != 1:
-        return None
-    u = users[0]
-    absorbed = [u]
-    while u.op == "call_function" and _identity_dropout(u) and len(u.users) == 1:
-        u = next(iter(u.users))
-        absorbed.append(u)
-    if u.op != "call_function" or u.kwargs.get("alpha", 1) != 1:
-        return None
-    if residual is not None:
-        return None
+def _classify(u, cur, g, fresh):
+    """(kind, payload) for op `u` applied to the running value `cur`, or None (not absorbable).
+
+    fresh: no bias and no step yet (a scalar multiply may still become the scale argument)."""
     t = u.target
-    if t in (aten.mul.Tensor, aten.mul.Scalar) and isinstance(u.args[1], (int, float)) and bias is None and act is None:
-        return "scale", u, (a, w, n, k, bias, act, residual, scale * float(u.args[1])), absorbed
-    if t in ACTS and act is None:
-        name = ACTS[t]
-        if t is aten.gelu.default:
-            approx = u.kwargs.get("approximate", u.args[1] if len(u.args) > 1 else "none")
-            name = "gelu_tanh" if approx == "tanh" else "gelu"
-        return "activation", u, (a, w, n, k, bias, name, residual, scale), absorbed
-    if t is aten.add.Tensor:
-        other = u.args[1] if _feeds(u.args[0], g, absorbed) else u.args[0] if _feeds(u.args[1], g, absorbed) else None
-        if not isinstance(other, torch.fx.Node) or dtype_of(other) != dtype_of(g):
+    args = u.args
+    if not args or args[0] is not cur and t not in MUL + ADD:
+        return None
+    if _identity_dropout(u):
+        return "dropout", None
+    if t in UNARY:
+        if any(isinstance(a, torch.fx.Node) for a in list(args[1:]) + list(u.kwargs.values())):
+            return None  # a tensor bound: not a per-element constant
+        if t not in SCALAR_PARAMS and (len(args) > 1 or u.kwargs) and t is not aten.gelu.default:
             return None
-        so, sg = shape_of(other), shape_of(g)
-        if bias is None and act is None and len(so) == 1 and str(so[0]) == str(n):
-            return "bias", u, (a, w, n, k, other, act, residual, scale), absorbed
-        if [str(s) for s in so] == [str(s) for s in sg] and _before(other, g):
-            return "residual", u, (a, w, n, k, bias, act, other, scale), absorbed
+        step = UNARY[t](u)
+        return ("activation", step) if step else None
+    alpha = u.kwargs.get("alpha", 1)
+    if len(args) != 2 or set(u.kwargs) - {"alpha"} or not _num(alpha):
+        return None
+    other = args[1] if args[0] is cur else args[0]
+    if _num(other):
+        c = float(other)
+        if t in MUL:
+            return ("scale", c) if fresh else ("arith", ("mul", (c,)))
+        if t in DIV and args[0] is cur:
+            return "arith", ("div", (c,))
+        if t in ADD:
+            return "arith", ("add", (c * alpha,))
+        if t in SUB and args[0] is cur:
+            return "arith", ("sub", (c * alpha,))
+        if t is aten.rsub.Scalar and alpha == 1:
+            return "arith", ("rsub", (c,))
+        return None
+    if t is not aten.add.Tensor or alpha != 1 or not isinstance(other, torch.fx.Node) \
+            or dtype_of(other) != dtype_of(g):
+        return None
+    so = [str(s) for s in shape_of(other) or ()]
+    if fresh and g.args[4] is None and so == [str(g.args[2])]:
+        return "bias", other
+    if so == [str(s) for s in shape_of(g)] and _before(other, g):
+        return "residual", other
     return None
 
 
-def _feeds(x, g, absorbed) -> bool:
-    return x is g or (len(absorbed) > 1 and x is absorbed[-2])
+def plan(g) -> list:
+    """What to fold into gemm node `g`, in graph order: [(kind, absorbed node, gemm args after it)]."""
+    a, w, n, k, bias, act, residual, scale = g.args
+    steps = list(parse_epilogue(act))
+    out, cur = [], g
+    while residual is None and len(cur.users) == 1:
+        u = next(iter(cur.users))
+        if u.op != "call_function" or dtype_of(u) != dtype_of(g) or \
+                [str(s) for s in shape_of(u) or ()] != [str(s) for s in shape_of(g)]:
+            break
+        r = _classify(u, cur, g, bias is None and not steps)
+        if r is None:
+            break
+        kind, p = r
+        if kind == "scale":
+            scale = scale * p
+        elif kind == "bias":
+            bias = p
+        elif kind == "residual":
+            residual = p
+        elif kind in ("activation", "arith"):
+            steps.append(p)
+        out.append((kind, u, (a, w, n, k, bias, epilogue_text(steps), residual, scale)))
+        cur = u
+    return out
 
 
 def _before(x, g) -> bool:
@@ -78,23 +163,24 @@ def _before(x, g) -> bool:
 
 
 def epilogue_check(node, ctx):
-    return None if _step(node, ctx) is not None else False
+    return None if plan(node) else False
 
 
 def fuse_epilogue(node, ctx):
     g = node
-    while (step := _step(g, ctx)) is not None:
-        kind, user, args, absorbed = step
+    steps = plan(g)
+    info = g.meta["flydsl"]
+    for kind, user, args in steps:
         g.args = args
         user.replace_all_uses_with(g)
-        info = g.meta["flydsl"]
-        info["sources"] = info["sources"] + [s.meta.get("orig_name", s.name) for s in absorbed]
+        info["sources"] = info["sources"] + [user.meta.get("orig_name", user.name)]
         info["anchor"] = user.meta.get("orig_name", user.name)
-        for s in reversed(absorbed):
-            ctx.gm.graph.erase_node(s)
         ctx.counters[f"epilogue_{kind}"] = ctx.counters.get(f"epilogue_{kind}", 0) + 1
+    for _, user, _ in reversed(steps):
+        ctx.gm.graph.erase_node(user)
     return g
 
 
 register_lowering(Lowering("gemm_epilogue", "gemm", (GEMM,), epilogue_check, fuse_epilogue,
-                           doc="scale / bias / activation / residual after a gemm -> its epilogue", stage="epilogue"))
+                           doc="scale / bias / elementwise steps / residual after a gemm -> its epilogue",
+                           stage="epilogue"))

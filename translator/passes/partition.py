@@ -11,10 +11,11 @@ regions of its fusable producers when the union stays legal:
   Such a value becomes an extra output of the fused kernel, never recomputed or lost;
   smaller intermediates (a scaled bias) are recomputed per element inside the kernel.
 
-Left alone for the epilogue stage: the ops a `flydsl.gemm` can absorb. From a gemm whose
-output has one user, the chain scale -> bias -> activation -> residual (eval dropout passes
-through), each at most once and in that order, is what translator/lowerings/gemm_epilogue.py
-folds into the GEMM; those nodes never join a region, so `linear -> gelu` stays one GEMM.
+Left alone for the epilogue stage: the ops a `flydsl.gemm` can absorb. From a gemm, the
+single-user chain scale -> bias -> per-element steps with scalar constants (activations, clamp,
+scalar mul / add ...) -> residual (eval dropout passes through) is what
+translator/lowerings/gemm_epilogue.py folds into the GEMM (its `plan` decides, for both);
+those nodes never join a region, so `linear -> gelu -> clamp` stays one GEMM.
 
 A region is rewritten only if it holds a real op (a lone eval dropout is not a kernel). The
 fused node goes after the region's last member; the graph is then re-sorted topologically
@@ -28,43 +29,13 @@ import operator
 import networkx as nx
 import torch
 
-from ..lowerings._common import aten, shape_of, val
+from ..lowerings._common import shape_of, val
 from ..lowerings.elementwise import TABLE, is_identity, lower_region, node_supported
-
-_ACTS = {aten.relu.default, aten.silu.default, aten.gelu.default}
-
+from ..lowerings.gemm_epilogue import plan as plan_epilogue
 
 def epilogue_chain(node) -> list:
-    """Nodes after flydsl.gemm `node` that the epilogue stage will fold into it."""
-    chain, stage, cur = [], 0, node
-    while len(cur.users) == 1:
-        u = next(iter(cur.users))
-        if u.op != "call_function":
-            break
-        t = u.target
-        if t is aten.dropout.default:
-            chain.append(u)
-            cur = u
-            continue
-        if t in (aten.mul.Tensor, aten.mul.Scalar) and isinstance(u.args[1], (int, float)) and stage == 0:
-            stage = 1
-        elif t is aten.add.Tensor and u.kwargs.get("alpha", 1) == 1 and stage <= 1 and _is_bias(u, cur):
-            stage = 2
-        elif t in _ACTS and stage <= 2:
-            stage = 3
-        elif t is aten.add.Tensor and u.kwargs.get("alpha", 1) == 1 and stage <= 3:
-            stage = 4
-        else:
-            break
-        chain.append(u)
-        cur = u
-    return chain
-
-
-def _is_bias(add, cur) -> bool:
-    other = add.args[1] if add.args[0] is cur else add.args[0]
-    s = shape_of(other)
-    return s is not None and len(s) == 1
+    """Nodes after flydsl.gemm `node` that the epilogue stage will fold into it (gemm_epilogue.plan)."""
+    return [u for _, u, _ in plan_epilogue(node)]
 
 
 def _full_shape(shapes):
