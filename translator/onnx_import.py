@@ -247,8 +247,14 @@ def _split(n, x, split=None):
     return tuple(torch.split(x, list(sizes), axis))
 
 
+def _clip(n, x, lo=None, hi=None):  # opset >= 11: bounds are optional inputs; before: attributes
+    lo = n.attrs.get("min") if lo is None else lo
+    hi = n.attrs.get("max") if hi is None else hi
+    return torch.clamp(x, lo, hi)
+
+
 OPS = {
-    "Identity": lambda n, x: x, "Dropout": lambda n, x, *r: x,
+    "Identity": lambda n, x: x, "Dropout": lambda n, x, *r: x, "Clip": _clip,
     "Add": _ew(lambda a, b: a + b), "Sub": _ew(lambda a, b: a - b), "Mul": _ew(lambda a, b: a * b),
     "Div": _ew(_div), "Pow": _ew(torch.pow),
     "Equal": _ew(lambda a, b: a == b), "Less": _ew(lambda a, b: a < b), "Greater": _ew(lambda a, b: a > b),
