@@ -187,27 +187,38 @@ def kernel_name(text: str, p: Plan) -> str:
     return f"fused_elementwise_{hashlib.sha1(f'{text}|{p}'.encode()).hexdigest()[:16]}"
 
 
-def source_path(text: str, p: Plan) -> tuple[Path, str]:
-    """Write (once) and return the generated file for (program, plan) and its kernel name."""
-    name = kernel_name(text, p)
+def write_source(src: str, name: str, registry: dict) -> Path:
+    """Write a generated kernel module into the cache folder (atomically, only when it changed) and
+    record it in `registry` (kernel name -> path) for emit_sources. Shared by the elementwise,
+    reduction and scan generators."""
     path = cache_dir() / f"{name}.py"
-    src = kernel_source(parse(text), p, name)
     if not path.exists() or path.read_text() != src:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(src)
         os.replace(tmp, path)
-    GENERATED[name] = str(path)
-    return path, name
+    registry[name] = str(path)
+    return path
+
+
+def load_launch(path: Path, prefix: str):
+    """Import a generated kernel module and return its `launch` (a @flyc.jit launcher)."""
+    spec = importlib.util.spec_from_file_location(f"{prefix}{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.launch
+
+
+def source_path(text: str, p: Plan) -> tuple[Path, str]:
+    """Write (once) and return the generated file for (program, plan) and its kernel name."""
+    name = kernel_name(text, p)
+    return write_source(kernel_source(parse(text), p, name), name, GENERATED), name
 
 
 @jit_memo.builder
 def build_elementwise(text: str, p: Plan, arch: str):
     """Compiled launcher `launch(*inputs, *outputs)` of program `text` under plan `p` for `arch`."""
-    path, name = source_path(text, p)
-    spec = importlib.util.spec_from_file_location(f"_flydsl_ew_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.launch
+    path, _ = source_path(text, p)
+    return load_launch(path, "_flydsl_ew_")
 
 
 def current_arch() -> str:

@@ -22,14 +22,12 @@ fp32; values are stored in the program's output dtype.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
-import os
 
 import torch
 
 from . import jit_memo
-from .elementwise import cache_dir, current_arch
+from .elementwise import current_arch, load_launch, write_source
 from .elementwise_program import BITS, DTYPES, TORCH, Program, parse
 from .reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
 
@@ -46,13 +44,7 @@ def kernel_name(text, roles, dtypes, kind, params, n, plan, epi=None) -> str:
 
 
 def _write(src: str, name: str):
-    path = cache_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    GENERATED[name] = str(path)
-    return path
+    return write_source(src, name, GENERATED)
 
 
 @jit_memo.builder
@@ -62,11 +54,7 @@ def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tupl
     name = kernel_name(text, roles, dtypes, kind, params, n, plan, epi)
     src = kernel_source(parse(text), roles, dtypes, kind, params, n, plan, name,
                         None if epi is None else (parse(epi[0]), epi[1]))
-    path = _write(src, name)
-    spec = importlib.util.spec_from_file_location(f"_flydsl_red_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.launch
+    return load_launch(_write(src, name), "_flydsl_red_")
 
 
 def out_shape(shape, dims, keepdim):

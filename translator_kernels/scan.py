@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import math
-import os
 
 import torch
 
-from .elementwise import cache_dir, current_arch
+from .elementwise import current_arch, load_launch, write_source
 from .elementwise_program import BITS, DTYPES, TORCH, parse
 from .scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
 
@@ -42,16 +40,7 @@ def build_scan(text: str, dtypes: tuple, kind: str, plan, reverse: bool, exclusi
     """Compiled launcher `launch(*inputs, out, M)` of one row scan for `arch`."""
     name = kernel_name(text, dtypes, kind, plan, reverse, exclusive)
     src = kernel_source(parse(text), dtypes, kind, plan, reverse, exclusive, name)
-    path = cache_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    GENERATED[name] = str(path)
-    spec = importlib.util.spec_from_file_location(f"_flydsl_scan_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.launch
+    return load_launch(write_source(src, name, GENERATED), "_flydsl_scan_")
 
 
 def max_row_length(vec: int = 1) -> int:

@@ -12,11 +12,11 @@ stores the combine of the elements before each one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .elementwise import _expr
 from .elementwise_program import Program
+from .reduce_codegen import _lit, plan_rows
 from .scan_device import IDENTITY
 
 WAVE = 64
@@ -41,16 +41,10 @@ class ScanPlan:
 
 
 def plan_scan(n: int, vec: int) -> ScanPlan:
-    nv = n // vec
-    lpr = 1
-    while lpr < MAX_BLOCK and -(-nv // lpr) > VECS_PER_LANE:
-        lpr *= 2
-    block = 256 if lpr < WAVE else lpr
-    return ScanPlan(n, vec, lpr, block, -(-nv // lpr))
-
-
-def _lit(c: float) -> str:
-    return repr(float(c)) if math.isfinite(c) else f"float({str(float(c))!r})"
+    """The reduction's row plan (lanes per row, block, tiles per lane); a scan only adds its own
+    limit on unrolled tiles (`fits`)."""
+    rp = plan_rows(n, vec)
+    return ScanPlan(n, vec, rp.lpr, rp.block, rp.nt)
 
 
 def kernel_source(prog: Program, in_dtypes, kind: str, plan: ScanPlan, reverse: bool, exclusive: bool,
