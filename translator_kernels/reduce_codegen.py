@@ -53,6 +53,17 @@ def norm_op(p: float) -> str:
     return "max" if p == math.inf else "min" if p == -math.inf else "sum"
 
 
+def prologue_source(prog: Program, kinds, args: str, feeds: str) -> list[str]:
+    """Lines of the generated `prologue(...)`: the fused elementwise chain feeding a reduction or a
+    scan, one fp32 vector expression per op (shared by reduce_codegen and scan_codegen)."""
+    L = [f"def prologue({args}):", f'    """The fused elementwise chain feeding the {feeds} (fp32 math)."""']
+    for k, (o, a, p) in enumerate(prog.ops):
+        L.append(f"    x{prog.n + k} = {_expr(o, a, p, kinds, 'VEC')}  # {o}")
+    v = prog.out[0][0]
+    L.append(f"    return em.from_bool(x{v})" if kinds[v] == "b" else f"    return x{v}")
+    return L + ["", ""]
+
+
 def _lit(c: float) -> str:
     return repr(float(c)) if math.isfinite(c) else f"float({str(float(c))!r})"
 
@@ -98,14 +109,8 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
         f"W = {waves}  # waves per row (LDS combine when > 1)",
         "",
         "",
-        f"def prologue({args}):",
-        '    """The fused elementwise chain feeding the reduction (fp32 math)."""',
     ]
-    for k, (o, a, p) in enumerate(prog.ops):
-        L.append(f"    x{prog.n + k} = {_expr(o, a, p, kinds, 'VEC')}  # {o}")
-    v = prog.out[0][0]
-    L.append(f"    return em.from_bool(x{v})" if kinds[v] == "b" else f"    return x{v}")
-    L += ["", ""]
+    L += prologue_source(prog, kinds, args, "reduction")
     if epi:
         ep, edts = epi
         ekinds = ep.kinds(["f32"] + list(edts))
@@ -135,7 +140,6 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
     for i, (role, dt) in enumerate(zip(in_roles, in_dtypes)):
         if role == "col":
             L.append(f"    c{i} = em.load_splat(In{i}, {dt!r}, VEC, row)  # one value per row")
-    keep = kind in ("var", "std", "logsumexp")
     arg = kind in ARG
     fill = _lit({"sum": 0.0, "max": -math.inf, "min": math.inf}[op])
     for t in range(nt):

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .elementwise import _expr
 from .elementwise_program import Program
-from .reduce_codegen import _lit, plan_rows
+from .reduce_codegen import _lit, plan_rows, prologue_source
 from .scan_device import IDENTITY
 
 WAVE = 64
@@ -89,14 +88,8 @@ def kernel_source(prog: Program, in_dtypes, kind: str, plan: ScanPlan, reverse: 
         f"OP = {op!r}",
         "",
         "",
-        f"def prologue({', '.join(f'x{i}' for i in range(prog.n))}):",
-        '    """The fused elementwise chain feeding the scan (fp32 math)."""',
     ]
-    for k, (o, a, p) in enumerate(prog.ops):
-        L.append(f"    x{prog.n + k} = {_expr(o, a, p, kinds, 'VEC')}  # {o}")
-    v = prog.out[0][0]
-    L.append(f"    return em.from_bool(x{v})" if kinds[v] == "b" else f"    return x{v}")
-    L += ["", ""]
+    L += prologue_source(prog, kinds, ", ".join(f"x{i}" for i in range(prog.n)), "scan")
     if waves > 1:
         L += ["@fx.struct", "class Scratch:", "    s0: fx.Array[fx.Float32, W, 16]", "", ""]
     deco = f"@flyc.kernel(known_block_size=[{block}, 1, 1])" if block > 256 else "@flyc.kernel"
