@@ -386,3 +386,4 @@ def test_emit_kernels_writes_generated_sources_with_checks(tmp_path, capsys):
     index = (kdir / "KERNELS.md").read_text()
     assert "flydsl.fused_elementwise" in index and gen[0] in index
     assert "@flyc.kernel" in (kdir / gen[0]).read_text()
+    assert str((kdir / "KERNELS.md").resolve()) in (tmp_path / "o" / "report.md").read_text()  # the report links them

@@ -329,14 +329,16 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
 
     _print_report(tm.report)
     out = out if out is not None else Path("out") / script.stem
-    written = _write_outputs(tm, out)
-    if emit_kernels is not None:
+    emitted = []
+    if emit_kernels is not None:  # first, so the reports written below link the kernel sources
         from translator.emit import emit_kernels as emit
 
         try:
-            written += emit(tm, emit_kernels)[:1]
+            emitted = emit(tm, emit_kernels)[:1]
         except OSError as exc:
             raise CliError(f"cannot write into --emit-kernels {emit_kernels} ({_describe(exc)}); pass a writable directory")
+        tm.report.kernel_sources = str(emitted[0].resolve())
+    written = _write_outputs(tm, out) + emitted
     typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     if _verification_passed(tm.report) is False:
         typer.echo(

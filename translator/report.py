@@ -57,7 +57,8 @@ class Report:
     pass_counts: dict = field(default_factory=dict)
     verification: Verification = field(default_factory=lambda: Verification(False, None, message="not run"))
     dynamic_dims: list = field(default_factory=list)
-    kernels: list = field(default_factory=list)  # per compiled kernel: ISA statistics (translate(isa=True))
+    kernels: list = field(default_factory=list)
+    kernel_sources: str = ""  # KERNELS.md written by --emit-kernels (the take-away kernel sources)  # per compiled kernel: ISA statistics (translate(isa=True))
 
     # ---- summaries ---------------------------------------------------------------------
     def summary(self) -> dict:
@@ -125,6 +126,8 @@ class Report:
         for c in v.outputs:
             out.append(f"  - output {c.index} {c.shape} {c.dtype}: max abs {c.max_abs:.3g}, max rel {c.max_rel:.3g} "
                        f"(atol {c.atol:g}, rtol {c.rtol:g})")
+        if self.kernel_sources:
+            out.append(f"- kernel sources: [{self.kernel_sources}]({self.kernel_sources})")
         if self.counters:
             out.append(f"- rewrites: {', '.join(f'{k} ×{n}' for k, n in sorted(self.counters.items()))}")
         out += ["", "| node | op | shapes | dtype | runs on | detail | FLOPs |", "|---|---|---|---|---|---|---|"]
