@@ -48,8 +48,10 @@ def build(name):
 
 
 def time_model(name, arch):
-    env = dict(os.environ, COMPILE_ONLY="1", ARCH=arch, FLYDSL_GPU_ARCH=arch, PYTHONPATH=ROOT)
-    env.setdefault("ROCM_PATH", os.path.join(ROOT, ".toolchain", "rocm"))
+    from flysim.toolchain import compile_env  # finds an ld.lld (or names the fix) without touching os.environ
+
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.update(compile_env(arch))
     runs = []
     with tempfile.TemporaryDirectory() as cache:
         env["FLYDSL_RUNTIME_CACHE_DIR"] = cache

@@ -1,6 +1,6 @@
 """ISA statistics of the attention kernel per config and arch (no GPU needed).
 
-    ROCM_PATH=/work/main/.toolchain/rocm .venv/bin/python -m translator_kernels.attention_isa \
+    .venv/bin/python -m translator_kernels.attention_isa \
         [--quick] [--gfx942-only | --gfx950-only]
 
 Each config is compiled to AMDGPU ISA through translator_kernels.isa (COMPILE_ONLY in a child
