@@ -147,3 +147,21 @@ def test_after_conv_batchnorm_inplace_relu_goes_to_flydsl():
     assert tm.report.counters["fused_elementwise"] == 2  # conv -> bn -> relu_ (x2)
     assert tm.report.counters["epilogue_activation"] == 1  # linear -> relu_: the GEMM's epilogue
     assert not any("relu" in str(n.target) for n in tm.gm.graph.nodes)
+
+
+class Rotary(nn.Module):
+    """A rotation by per-element angles (position broadcast + x2): angle, sin, cos and mix fuse."""
+
+    def forward(self, x1, x2, pos):
+        ang = x2 * 0.5 + pos
+        return x1 * torch.cos(ang) - torch.sin(ang) * torch.sin(x1 * 3.0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_sin_cos_chain_one_kernel(backend):
+    x1, x2, pos = torch.randn(4, 24), torch.randn(4, 24), torch.arange(24, dtype=torch.float32) * 4.1
+    tm = check(Rotary(), (x1, x2, pos), backend=backend)  # angles up to ~36 rad
+    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise_ops"] == 9
+    left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
+    assert not {"aten.sin.default", "aten.cos.default"} & left, left

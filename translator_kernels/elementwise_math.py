@@ -4,13 +4,19 @@ Generated kernels (translator_kernels.elementwise) call these while tracing; eac
 Python over `fx.Vector` values, so it inlines into the kernel. Only operations that lower to
 AMDGPU instructions without the ocml device library are used (this toolchain has none):
 exp / log (llvm.exp / llvm.log, 1-ulp hardware sequences), sqrt (correctly rounded), divide,
-min / max (NaN-propagating), trunc / roundeven, select. Everything else is built from those:
+min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is built from those:
 
 - expm1, log1p: Kahan's tricks (u = exp(x); (u - 1) * x / log(u)), accurate near 0.
 - tanh: (1 - e) / (1 + e) with e = exp(-2|x|), an odd Taylor polynomial below |x| < 2^-8.
 - erf: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 absolute), the classic rational form.
 - floor / ceil from trunc and a compare.
-sin / cos are not offered: they need ocml's range reduction.
+- sin / cos: Cody-Waite reduction x = k * pi/2 + r, k = roundeven(x * 2/pi), pi/2 split in three
+  fp32 parts applied with fma (the first step is exact); degree-7 / degree-8 polynomials (Cephes
+  sinf / cosf coefficients) for sin(r) / cos(r) on [-pi/4, pi/4], chosen and negated by k mod 4.
+  Measured against fp64: <= 1.6 ulp for |x| <= 1e5, <= 2 ulp to 1e6; past ~4e6 (k beyond 2^21)
+  the three-part pi/2 is too short and the error grows without bound (no Payne-Hanek reduction).
+  sin(+-0) = +-0; sin / cos of +-inf and NaN are NaN. The hardware v_sin_f32 is not used (flysim
+  has no llvm.amdgcn.sin, and its input in revolutions needs the same reduction anyway).
 """
 
 from __future__ import annotations
@@ -171,6 +177,39 @@ def hardswish(x):
 
 def sign(x):
     return (x > 0.0).select(1.0, (x < 0.0).select(-1.0, x * 0.0))  # sign(NaN) = NaN
+
+
+_PIO2 = (1.5707963705062866, -4.371138828673793e-08, -1.7151245100058819e-15)  # pi/2 = sum, fp32 each
+_TWO_OVER_PI = 0.6366197466850281
+
+
+def _sincos_reduced(x):
+    """(k mod 4, sin r, cos r) for x = k * pi/2 + r, |r| <= ~pi/4."""
+    k = fx.math.roundeven(x * _TWO_OVER_PI)
+    nk = -k
+    r = fx.math.fma(nk, const_like(x, _PIO2[0]), x)
+    r = fx.math.fma(nk, const_like(x, _PIO2[1]), r)
+    r = fx.math.fma(nk, const_like(x, _PIO2[2]), r)
+    z = r * r
+    ps = (z * -1.9515295891e-4 + 8.3321608736e-3) * z - 1.6666654611e-1
+    s = fx.math.fma(r * z, ps, r)
+    pc = ((z * 2.443315711809948e-5 - 1.388731625493765e-3) * z + 4.166664568298827e-2) * (z * z)
+    c = (pc - z * 0.5) + 1.0
+    q = k - floor(k * 0.25) * 4.0  # 0..3, exact while k is an integer in fp32
+    return q, s, c
+
+
+def sin(x):
+    q, s, c = _sincos_reduced(x)
+    v = ((q == 1.0) | (q == 3.0)).select(c, s)
+    v = (q >= 2.0).select(-v, v)
+    return (x == 0.0).select(x, v)  # keeps the sign of -0
+
+
+def cos(x):
+    q, s, c = _sincos_reduced(x)
+    v = ((q == 1.0) | (q == 3.0)).select(s, c)
+    return ((q == 1.0) | (q == 2.0)).select(-v, v)
 
 
 def trunc(x):

@@ -30,7 +30,7 @@ BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8}
 # name -> (arity, number of constant params, result kind "f" float / "b" bool)
 UNARY = ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
          "relu", "sigmoid", "tanh", "erf", "gelu", "gelu_tanh", "silu", "mish", "softsign", "hardsigmoid",
-         "hardswish", "sign", "floor", "ceil", "round", "trunc")
+         "hardswish", "sign", "floor", "ceil", "round", "trunc", "sin", "cos")
 PARAM_UNARY = {"softplus": 2, "elu": 3, "celu": 1, "leaky_relu": 1, "pow_scalar": 1, "clamp": 2,
                "cast": 1, "const": 1}
 BINARY = ("add", "sub", "mul", "div", "div_trunc", "div_floor", "maximum", "minimum")

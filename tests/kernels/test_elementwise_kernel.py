@@ -42,7 +42,8 @@ UNARY = [
     ("silu", (), F.silu, False), ("mish", (), F.mish, False), ("softsign", (), F.softsign, False),
     ("hardsigmoid", (), F.hardsigmoid, False), ("hardswish", (), F.hardswish, False),
     ("sign", (), torch.sign, False), ("floor", (), torch.floor, False), ("ceil", (), torch.ceil, False),
-    ("round", (), torch.round, False), ("trunc", (), torch.trunc, False),
+    ("round", (), torch.round, False), ("trunc", (), torch.trunc, False), ("sin", (), torch.sin, False),
+    ("cos", (), torch.cos, False),
     ("softplus", (2.0, 3.0), lambda x: F.softplus(x, 2.0, 3.0), False),
     ("elu", (0.7, 1.0, 1.0), lambda x: F.elu(x, 0.7), False), ("celu", (1.5,), lambda x: F.celu(x, 1.5), False),
     ("leaky_relu", (0.2,), lambda x: F.leaky_relu(x, 0.2), False),
@@ -65,6 +66,47 @@ def test_every_unary_op_one_kernel(dtype, arch):
     for (name, params, fn, pos), got in zip(UNARY, outs):
         ref = fn((p if pos else x).float())
         close(got, ref, dtype, f"{name}{params} {dtype} {arch}")
+
+
+SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1.5707963705062866, 3.1415927410125732,
+           -4.71238899230957, 100.0, -100.0, 1e-30, 7.0]
+
+
+def ulp_error(got, x):
+    """|got - f(x)| in units of the fp32 ulp of the exact (fp64) result, per element."""
+    ref = torch.stack([torch.sin(x.double()), torch.cos(x.double())])
+    e = torch.frexp(ref.float().abs().clamp_min(1e-37))[1]
+    return (got.double() - ref).abs() / torch.ldexp(torch.ones_like(ref), e - 24)
+
+
+@pytest.mark.parametrize("dtype,arch", [(torch.float32, "gfx942"), (torch.float32, "gfx950"),
+                                        (torch.bfloat16, "gfx950"), (torch.float16, "gfx942")])
+def test_sin_cos_range_and_special_values(dtype, arch):
+    """|x| up to 100 plus +-0, +-inf (-> NaN), NaN, multiples of pi/2; sign of -0 kept by sin."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.cat([(torch.rand(2000, generator=g) * 200 - 100), torch.tensor(SPECIAL)]).to(dtype)
+    prog = Program(1, (("sin", (0,), ()), ("cos", (0,), ())), ((1, DTYPES[dtype]), (2, DTYPES[dtype])))
+    s, c = run(arch, [x], prog)
+    xf = x.float()
+    for got, ref, what in ((s, torch.sin(xf), "sin"), (c, torch.cos(xf), "cos")):
+        torch.testing.assert_close(got.float(), ref, **TOL[dtype], equal_nan=True, msg=lambda m: f"{what}: {m}")
+    n = len(SPECIAL)
+    assert torch.equal(torch.signbit(s[-n:-n + 2]), torch.tensor([False, True])), s[-n:]
+    assert s[-n + 2:-n + 5].isnan().all() and c[-n + 2:-n + 5].isnan().all(), (s[-n:], c[-n:])
+    if dtype == torch.float32:
+        finite = xf.isfinite()
+        err = ulp_error(torch.stack([s, c])[:, finite], xf[finite])
+        assert err.max() <= 2.0, f"max {err.max().item():.2f} ulp"
+
+
+def test_sin_cos_fp32_ulp_up_to_1e5():
+    """The documented range: <= 2 ulp (fp32 result vs fp64) for |x| <= 1e5."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([(torch.rand(4096, generator=g) * 2 - 1) * 1e5, (torch.rand(4096, generator=g) * 2 - 1) * 1e3])
+    prog = Program(1, (("sin", (0,), ()), ("cos", (0,), ())), ((1, "f32"), (2, "f32")))
+    s, c = run("gfx942", [x], prog)
+    err = ulp_error(torch.stack([s, c]), x)
+    assert err.max() <= 2.0, f"max {err.max().item():.2f} ulp"
 
 
 BCAST = [  # (shape a, shape b, dtype): row, column, batch, scalar, odd tails, size-1 dims
@@ -146,6 +188,17 @@ def test_isa_no_spills_128bit_access(arch):
     s = isa_stats(prog.text(), [(64, 256), (256,), (64, 1)], ["bf16", "bf16", "bf16"], arch)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
     assert "buffer_load_dwordx4" in s["loads"] and "buffer_store_dwordx4" in s["stores"], s
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_isa_sin_cos_no_spills(arch):
+    from translator_kernels.elementwise_isa import isa_stats
+
+    prog = Program(2, (("sin", (0,), ()), ("cos", (0,), ()), ("mul", (2, 1), ()), ("add", (4, 3), ())),
+                   ((5, "bf16"),))
+    s = isa_stats(prog.text(), [(64, 256), (64, 256)], ["bf16", "bf16"], arch)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
+    print(arch, s)
 
 
 @pytest.mark.slow

@@ -51,7 +51,8 @@ _REF_UNARY = {
     "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"), "mish": torch.nn.functional.mish,
     "softsign": torch.nn.functional.softsign, "hardsigmoid": torch.nn.functional.hardsigmoid,
     "hardswish": torch.nn.functional.hardswish, "sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil,
-    "round": torch.round, "trunc": torch.trunc, "logical_not": torch.logical_not,
+    "round": torch.round, "trunc": torch.trunc, "logical_not": torch.logical_not, "sin": torch.sin,
+    "cos": torch.cos,
 }
 _REF_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -218,7 +219,7 @@ TABLE = {
 }
 for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
               "relu", "sigmoid", "tanh", "erf", "silu", "mish", "hardsigmoid", "hardswish", "sign", "floor",
-              "ceil", "trunc", "logical_not"):
+              "ceil", "trunc", "logical_not", "sin", "cos"):
     TABLE[getattr(aten, _name).default] = _unary(_name)
 TABLE[aten.round.default] = _unary("round")
 for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
