@@ -80,7 +80,15 @@ def main():
     dev = "cuda" if gpu else "cpu"
     xs = inputs(dev, CALL["shapes"], CALL["dtypes"])
     mod = load()
-    if CALL["family"] == "elementwise":
+    if CALL["family"] == "scan":  # the emitted kernel behind the library's host-side preparation
+        import translator_kernels.scan as S
+        from translator.lowerings.scan import ref_scan as ref
+
+        S.build_scan = lambda *a, **k: mod.launch
+        extra = (CALL["kind"], CALL["dim"], CALL["reverse"], CALL["exclusive"])
+        want = [ref(xs, CALL["program"], *extra)]
+        run = lambda: [S.scan(xs, CALL["program"], *extra)]  # noqa: E731
+    elif CALL["family"] == "elementwise":
         from translator.lowerings.elementwise import ref_fused_elementwise as ref
         from translator_kernels.elementwise import prepare
 
@@ -94,6 +102,8 @@ def main():
         extra = (CALL["kind"], CALL["dims"], CALL["keepdim"], CALL["params"], es)
         outs, args, _ = prepare(xs, CALL["program"], *extra, CALL.get("epilogue"))
         want = ref(xs, CALL["program"], *extra, CALL.get("epilogue") or "")
+    if CALL["family"] != "scan":
+        run = lambda: (mod.launch(*args), outs)[1]  # noqa: E731
     if gpu:
         ctx = contextlib.nullcontext()
     else:
@@ -101,7 +111,7 @@ def main():
 
         ctx = flysim.simulate(arch=ARCH)
     with ctx:
-        mod.launch(*args)
+        outs = run()
     for i, (o, w) in enumerate(zip(outs, want)):
         if w.dtype in (torch.bool, torch.int64):
             assert torch.equal(o.cpu(), w.cpu()), f"output {{i}} differs"
@@ -119,12 +129,13 @@ if __name__ == "__main__":
 def emit_sources(directory, arch: str = "gfx942", names=None) -> list[Path]:
     """Write the generated kernels this process used (only `names`, when given: e.g. the set a
     `record_kernels()` block collected for one model)."""
-    from . import elementwise, reduce
+    from . import elementwise, reduce, scan
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written, index = [], []
-    for gen, calls in ((elementwise.GENERATED, elementwise.CALLS), (reduce.GENERATED, reduce.CALLS)):
+    for gen, calls in ((elementwise.GENERATED, elementwise.CALLS), (reduce.GENERATED, reduce.CALLS),
+                       (scan.GENERATED, scan.CALLS)):
         for name, path in sorted(gen.items()):
             if names is not None and name not in names:
                 continue

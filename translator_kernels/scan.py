@@ -24,10 +24,12 @@ import math
 import torch
 
 from .elementwise import current_arch, load_launch, write_source
+from .elementwise_emit import note_use
 from .elementwise_program import BITS, DTYPES, TORCH, parse
 from .scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path
+CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
 def kernel_name(text, dtypes, kind, plan, reverse, exclusive) -> str:
@@ -100,6 +102,10 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
                          f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
     res = torch.empty(m * n, dtype=out_dt, device=out.device)
     launch = build_scan(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive), current_arch())
+    name = kernel_name(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive))
+    CALLS.setdefault(name, dict(family="scan", program=prog.text(), kind=kind, dim=dim, reverse=bool(reverse),
+                                exclusive=bool(exclusive), shapes=[list(t.shape) for t in inputs], dtypes=list(dtypes)))
+    note_use(name)
     args = flat + [res.view(torch.uint8) if out_dt == torch.bool else res, m]
     if res.is_cuda:
         launch(*args, stream=torch.cuda.current_stream(res.device))

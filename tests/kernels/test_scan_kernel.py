@@ -94,6 +94,28 @@ def test_special_values():
     torch.testing.assert_close(s, torch.cumsum(x[:, :3], -1), equal_nan=True)
 
 
+def test_emit_sources_writes_scan_with_a_passing_check(tmp_path):
+    """--emit-kernels' source writer includes scan kernels, with a check script that passes on flysim."""
+    import json
+    import subprocess
+    import sys
+
+    from translator_kernels.elementwise import emit_sources
+    from translator_kernels.elementwise_emit import record_kernels
+
+    x = torch.randn(3, 40)
+    prog = Program(1, (("mul", (0, 0), ()),), ((1, "f32"),)).text()  # cumsum(x * x, -1), reversed
+    with flysim.simulate(arch="gfx942"), record_kernels() as used:
+        scan([x], prog, "cumsum", -1, reverse=True)
+    assert len(used) == 1
+    emit_sources(tmp_path, names=used)
+    (entry,) = json.loads((tmp_path / "index.json").read_text())
+    assert entry["family"] == "scan" and entry["reverse"] is True
+    proc = subprocess.run([sys.executable, str(tmp_path / entry["check"])], capture_output=True, text=True,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0 and "ok on flysim" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_empty_and_errors():
     with flysim.simulate(arch="gfx942"):
         assert scan([torch.randn(0, 5)], ident(torch.float32), "cumsum", -1).shape == (0, 5)
