@@ -64,6 +64,20 @@ def prologue_source(prog: Program, kinds, args: str, feeds: str) -> list[str]:
     return L + ["", ""]
 
 
+def row_kernel_header(name: str, sig: str, block: int, sub: bool) -> list[str]:
+    """Lines opening a generated row kernel: decorator, signature, and each lane's row and lane
+    index (several rows per workgroup when `sub`; rows past M recompute row M - 1, store nothing).
+    Shared by reduce_codegen and scan_codegen."""
+    deco = f"@flyc.kernel(known_block_size=[{block}, 1, 1])" if block > 256 else "@flyc.kernel"
+    L = [deco, f"def {name}({sig}, M: fx.Int32):", "    tid = fx.thread_idx.x"]
+    if sub:
+        return L + ["    lane = tid % LPR",
+                    "    row_raw = fx.Int32(fx.block_idx.x) * RPB + tid // LPR",
+                    "    row_ok = row_raw < M",
+                    "    row = row_ok.select(row_raw, M - 1)  # rows past M recompute row M - 1 and store nothing"]
+    return L + ["    lane = tid", "    row = fx.Int32(fx.block_idx.x)"]
+
+
 def _lit(c: float) -> str:
     return repr(float(c)) if math.isfinite(c) else f"float({str(float(c))!r})"
 
@@ -125,15 +139,7 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
         L += ["@fx.struct", "class Scratch:"]
         L += [f"    s{j}: fx.Array[fx.Float32, W, 16]" for j in range(3)]
         L += ["", ""]
-    deco = f"@flyc.kernel(known_block_size=[{block}, 1, 1])" if block > 256 else "@flyc.kernel"
-    L += [deco, f"def {name}({sig}, M: fx.Int32):", "    tid = fx.thread_idx.x"]
-    if sub:
-        L += ["    lane = tid % LPR",
-              "    row_raw = fx.Int32(fx.block_idx.x) * RPB + tid // LPR",
-              "    row_ok = row_raw < M",
-              "    row = row_ok.select(row_raw, M - 1)  # rows past M recompute row M - 1 and store nothing"]
-    else:
-        L += ["    lane = tid", "    row = fx.Int32(fx.block_idx.x)"]
+    L += row_kernel_header(name, sig, block, sub)
     if waves > 1:
         L += ["    lds = fx.SharedAllocator().allocate(Scratch).peek()"]
         L += [f"    slot{j} = lds.s{j}.view(fx.make_layout(W, 1))" for j in range(3)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .elementwise_program import Program
-from .reduce_codegen import _lit, plan_rows, prologue_source
+from .reduce_codegen import _lit, plan_rows, prologue_source, row_kernel_header
 from .scan_device import IDENTITY
 
 WAVE = 64
@@ -92,15 +92,7 @@ def kernel_source(prog: Program, in_dtypes, kind: str, plan: ScanPlan, reverse: 
     L += prologue_source(prog, kinds, ", ".join(f"x{i}" for i in range(prog.n)), "scan")
     if waves > 1:
         L += ["@fx.struct", "class Scratch:", "    s0: fx.Array[fx.Float32, W, 16]", "", ""]
-    deco = f"@flyc.kernel(known_block_size=[{block}, 1, 1])" if block > 256 else "@flyc.kernel"
-    L += [deco, f"def {name}({sig}, M: fx.Int32):", "    tid = fx.thread_idx.x"]
-    if sub:
-        L += ["    lane = tid % LPR",
-              "    row_raw = fx.Int32(fx.block_idx.x) * RPB + tid // LPR",
-              "    row_ok = row_raw < M",
-              "    row = row_ok.select(row_raw, M - 1)  # rows past M recompute row M - 1 and store nothing"]
-    else:
-        L += ["    lane = tid", "    row = fx.Int32(fx.block_idx.x)"]
+    L += row_kernel_header(name, sig, block, sub)
     L.append(f"    ls = tid % {width}  # lane inside its shuffle group")
     if waves == 1 and lpr > 1:
         L.append(f"    last = tid % 64 - ls + {width - 1}  # the group's last lane (holds the tile total)")

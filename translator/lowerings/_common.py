@@ -24,6 +24,13 @@ def val(node) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
 
 
+def kw_arg(node, name: str, pos: int, default=None):
+    """An aten call's argument given by keyword `name` or at position `pos`, else `default`."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[pos] if len(node.args) > pos else default
+
+
 def dtype_of(node):
     v = val(node)
     return getattr(v, "dtype", None)

@@ -13,7 +13,6 @@ Hand-written attention (q @ kᵀ, mask, softmax, @ v) arrives with the attention
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch

@@ -24,7 +24,7 @@ import torch
 
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
-from ._common import aten, val
+from ._common import aten, val, kw_arg as _kw
 
 from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
 
@@ -129,12 +129,6 @@ register_family(OpFamily(
 
 
 # --- aten op -> program ops ------------------------------------------------------------------
-
-def _kw(node, name, pos, default=None):
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
-
 
 def _alpha(b, node, x, y, name):
     a = node.kwargs.get("alpha", 1)

@@ -30,16 +30,10 @@ import torch
 from translator_kernels.gemm_kernel import epilogue_text, parse_epilogue
 
 from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, shape_of
+from ._common import aten, dtype_of, shape_of, kw_arg as _kw
 
 GEMM = torch.ops.flydsl.gemm.default
 INF = math.inf
-
-
-def _kw(node, name, pos, default=None):
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
 
 
 def _num(x) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import Lowering, register_lowering
-from ._common import aten, val
+from ._common import aten, val, kw_arg as _arg
 
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -50,12 +50,6 @@ class _Emit:
         if reduction == 2:
             return self(aten.sum.default, x)
         return x
-
-
-def _arg(node, name, pos, default):
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
 
 
 def _finish(ctx, node, out, name):

@@ -36,7 +36,7 @@ import torch
 
 from ..registry import Lowering, register_lowering
 from ._common import FLOAT_DTYPES, aten, dtype_of, dtype_reason, shape_of, static_int
-from .norm_residual import (ASSERT, captured_name, cast_to, denied, insert_point, is_call, param_arg,
+from .norm_residual import (ASSERT, cast_to, denied, insert_point, is_call, param_arg,
                             replace_fused, residual_of, same_shape, users_of)
 
 Node = torch.fx.Node

@@ -25,7 +25,7 @@ import torch
 
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
-from ._common import aten, static_int, val
+from ._common import aten, static_int, val, kw_arg as _kw
 from .elementwise import ref_fused_elementwise
 
 from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
@@ -116,12 +116,6 @@ register_family(OpFamily(
 
 
 # --- aten reductions -> (kind, dims, keepdim, params) ----------------------------------------
-
-def _kw(node, name, pos, default=None):
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
-
 
 def _dims(d, rank):
     if d is None or (isinstance(d, (list, tuple)) and len(d) == 0):
