@@ -124,6 +124,61 @@ def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path
         translator.load(truncated)
 
 
+def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path, monkeypatch):
+    """The attack: two copies of model_constants_config.json. torch reads the first (marking a
+    constant as a pickle, unpickled with weights_only=False); a check reading the last copy
+    passes. load must refuse before torch sees the archive, and never unpickle anything."""
+    m, x, tm = translated
+    good = translator.save(tm, tmp_path / "good.pt2")
+    with zipfile.ZipFile(good) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    names = [n for n, _ in entries]
+    top = names[0].split("/", 1)[0]
+
+    def write(name, items):
+        p = tmp_path / name
+        with zipfile.ZipFile(p, "w") as z, __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore")  # zipfile warns on duplicate names
+            for k, v in items:
+                z.writestr(k if isinstance(k, zipfile.ZipInfo) else k, v)
+        return p
+
+    import pickle
+    unpickled = []
+    monkeypatch.setattr(pickle, "loads", lambda *a, **k: unpickled.append(a) or None)
+    evil_cfg = json.dumps({"config": {"c": {"path_name": "tensor_0", "is_param": False, "use_pickle": True}}})
+    cfg = f"{top}/data/constants/model_constants_config.json"
+    honest = dict(entries)[cfg] if cfg in names else json.dumps({"config": {}}).encode()
+    dup = [(n, v) for n, v in entries if n != cfg] + [(cfg, evil_cfg), (cfg, honest)]
+    with pytest.raises(InputError, match="more than once"):
+        translator.load(write("dup.pt2", dup))
+    with pytest.raises(InputError, match="not one translator.save writes"):
+        translator.load(write("extra.pt2", entries + [(f"{top}/data/custom_objects/obj_0", b"\x80\x04N.")]))
+    link = zipfile.ZipInfo(f"{top}/data/weights/weight_999")
+    link.external_attr = (0o120777 << 16)  # a symlink entry
+    with pytest.raises(InputError, match="not a regular file"):
+        translator.load(write("link.pt2", entries + [(link, b"/etc/passwd")]))
+    with pytest.raises(InputError, match="top folders"):
+        translator.load(write("two.pt2", entries + [("other/archive_format", b"pt2")]))
+    assert not unpickled
+
+
+def test_load_refuses_metadata_without_its_fields(translated, tmp_path):
+    m, x, tm = translated
+    good = translator.save(tm, tmp_path / "good.pt2")
+    with zipfile.ZipFile(good) as z:
+        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    meta_name = next(n for n in entries if n.endswith("flydsl_translator.json"))
+    meta = json.loads(entries[meta_name])
+    del meta["report"]
+    p = tmp_path / "nometa.pt2"
+    with zipfile.ZipFile(p, "w") as z:
+        for k, v in {**entries, meta_name: json.dumps(meta)}.items():
+            z.writestr(k, v)
+    with pytest.raises(InputError, match="report"):
+        translator.load(p)
+
+
 # ---- report.html --------------------------------------------------------------------------------
 
 class Small(nn.Module):

@@ -11,6 +11,7 @@ fails the capture is retried with static shapes, then with `torch.fx.symbolic_tr
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 
 from dataclasses import dataclass, field
@@ -89,7 +90,11 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
         except Exception as e:  # noqa: BLE001 — every failure is recorded and the next method tried
             notes.append(f"{label} failed: {type(e).__name__}: {_first_line(e)}")
     try:
-        gm = torch.fx.symbolic_trace(model)
+        # symbolic_trace's GraphModule holds the traced model's own submodules: trace a private
+        # copy, so that no later pass (cleanup deletes the parameters no node reads) can touch
+        # the user's model
+        gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+        _linear_modules_to_aten(gm)
         from torch.fx.passes.shape_prop import ShapeProp
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -99,12 +104,35 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
         for n in gm.graph.nodes:
             tm = n.meta.get("tensor_meta")
             if tm is not None and "val" not in n.meta:
-                n.meta["val"] = torch.empty(tm.shape, dtype=tm.dtype, device="meta")
+                with mode:  # fake tensors, as torch.export's metadata: passes find the fake mode there
+                    n.meta["val"] = torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype)
         _tag(gm)
         return Captured(gm, "torch.fx.symbolic_trace", notes, [])
     except Exception as e:  # noqa: BLE001
         notes.append(f"torch.fx.symbolic_trace failed: {type(e).__name__}: {_first_line(e)}")
     raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes))
+
+
+def _linear_modules_to_aten(gm: torch.fx.GraphModule) -> int:
+    """symbolic_trace keeps `nn.Linear` as a `call_module` node, which no lowering matches:
+    rewrite each into `aten.linear(x, weight, bias)` reading the (copied) module's parameters,
+    the form torch.export gives, so the fallback capture lowers linears too."""
+    aten = torch.ops.aten
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_module" or type(gm.get_submodule(n.target)) is not torch.nn.Linear or n.kwargs:
+            continue
+        lin = gm.get_submodule(n.target)
+        with gm.graph.inserting_before(n):
+            w = gm.graph.get_attr(f"{n.target}.weight")
+            b = gm.graph.get_attr(f"{n.target}.bias") if lin.bias is not None else None
+            new = gm.graph.call_function(aten.linear.default, (n.args[0], w, b))
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
 
 
 @contextlib.contextmanager

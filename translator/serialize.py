@@ -16,6 +16,8 @@ anything else, so a file from another tool is refused with one clear error.
 from __future__ import annotations
 
 import json
+import re
+import stat
 import zipfile
 from pathlib import Path
 
@@ -101,23 +103,60 @@ def _read_meta(path: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise InputError(f"{path}: format {got!r} is not {FORMAT!r}; save it again with this translator version")
+    missing = [k for k in ("arch", "backend", "input_spec", "report") if k not in meta]
+    if missing:
+        raise InputError(f"{path}: the translator metadata lacks {', '.join(missing)}; the file is damaged or was "
+                         "not written by translator.save — save the translated module again")
     return meta
+
+
+# Every entry translator.save writes, after the archive's top folder. Nothing else is accepted.
+_ALLOWED = (
+    (re.compile(r"data/weights/weight_\d+"), "raw tensor bytes"),
+    (re.compile(r"data/constants/tensor_\d+"), "raw tensor bytes"),
+    (re.compile(r"data/(weights|constants)/model_(weights|constants)_config\.json"), "config"),
+    (re.compile(r"models/model\.json"), "graph JSON"),
+    (re.compile(r"data/sample_inputs/model\.pt"), "empty"),
+    (re.compile(r"extra/" + re.escape(META)), "our metadata"),
+    (re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"), "small text"),
+)
 
 
 def _refuse_pickles(path: Path, z: zipfile.ZipFile) -> None:
     """torch.export.load unpickles (weights_only=False as a fallback) any weight, constant or
-    sample-input entry stored as a pickle; save() writes none, so a file that has one is refused."""
-    for info in z.infolist():
-        name = info.filename
-        if name.endswith(".pt") and info.file_size > 0:
-            raise InputError(f"{path}: entry {name} is a pickle, which translator.save never writes; refusing to "
-                             "load it (unpickling can run code)")
-        if "/data/" in name and name.endswith("_config.json"):
+    sample-input entry stored as a pickle, so before torch sees the archive every entry is
+    checked by name and kind against what save() writes: one top folder, no duplicate names
+    (zip readers disagree on which copy of a duplicate they read), regular files only, an
+    empty sample-inputs entry, and weight / constant configs that mark nothing as a pickle."""
+    infos = z.infolist()
+    names = [i.filename for i in infos]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"{path}: entry {dup[0]} appears more than once, which translator.save never writes; "
+                         "refusing to load it (a duplicate entry can hide a pickle)")
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) != 1:
+        raise InputError(f"{path}: entries lie under {len(tops)} top folders ({', '.join(sorted(tops)[:3])}); "
+                         "translator.save writes one; refusing to load it")
+    for info in infos:
+        rel = info.filename.split("/", 1)[1] if "/" in info.filename else ""
+        kind = next((k for rx, k in _ALLOWED if rx.fullmatch(rel)), None)
+        if kind is None:
+            raise InputError(f"{path}: entry {info.filename} is not one translator.save writes; refusing to load "
+                             "the file (torch.export.load may unpickle unknown entries, which can run code)")
+        mode = info.external_attr >> 16
+        if info.is_dir() or stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+            raise InputError(f"{path}: entry {info.filename} is not a regular file (a folder or a link); "
+                             "translator.save writes only regular files; refusing to load it")
+        if kind == "empty" and info.file_size:
+            raise InputError(f"{path}: entry {info.filename} is a pickle, which translator.save never writes; "
+                             "refusing to load it (unpickling can run code)")
+        if kind == "config":
             try:
-                cfg = json.loads(z.read(name)).get("config", {})
+                cfg = json.loads(z.read(info)).get("config", {})
+                pickled = [k for k, v in cfg.items() if not isinstance(v, dict) or v.get("use_pickle", True)]
             except (ValueError, AttributeError) as e:
-                raise InputError(f"{path}: {name} is not valid JSON ({e})") from e
-            pickled = [k for k, v in cfg.items() if isinstance(v, dict) and v.get("use_pickle")]
+                raise InputError(f"{path}: {info.filename} is not valid JSON of translator.save ({e})") from e
             if pickled:
                 raise InputError(f"{path}: {', '.join(pickled[:3])} stored as pickles, which translator.save never "
                                  "writes; refusing to load them (unpickling can run code)")

@@ -19,7 +19,7 @@ import hashlib
 import importlib.util
 import math
 import os
-import tempfile
+import stat
 from pathlib import Path
 
 import torch
@@ -170,10 +170,32 @@ def emit_sources(directory, names=None) -> list[Path]:
 
 
 def cache_dir() -> Path:
+    """The folder generated kernel sources are written to and imported from.
+
+    Importing a file runs it, so the folder must be the user's alone: by default
+    ~/.cache/flydsl-translator/kernels (or $XDG_CACHE_HOME/...), or FLYDSL_TRANSLATOR_KERNEL_CACHE.
+    It is created 0700; one that is a symlink, owned by someone else, or writable by others is
+    refused. Never a guessable folder in the shared temp directory."""
     d = os.environ.get("FLYDSL_TRANSLATOR_KERNEL_CACHE") or os.path.join(
-        tempfile.gettempdir(), f"flydsl_translator_{os.getuid()}", "elementwise")
-    p = Path(d)
-    p.mkdir(parents=True, exist_ok=True)
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "flydsl-translator", "kernels")
+    return private_dir(Path(d))
+
+
+def private_dir(p: Path) -> Path:
+    """Create `p` (mode 0700) if missing and check it is a real folder only this user can write."""
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(p)
+    fix = ("point FLYDSL_TRANSLATOR_KERNEL_CACHE at a folder of your own (created 0700), or remove "
+           f"{p} and let it be created again")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"kernel cache {p} is a symlink or not a folder; generated kernels are imported from "
+                              f"it, so it must be a real folder of yours: {fix}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise PermissionError(f"kernel cache {p} is owned by uid {st.st_uid}, not you; generated kernels are "
+                              f"imported from it: {fix}")
+    if st.st_mode & 0o022:
+        os.chmod(p, 0o700)  # ours, but group/world-writable: close it before anything is imported
     return p
 
 

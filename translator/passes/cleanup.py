@@ -9,9 +9,11 @@ def cleanup(ctx) -> int:
     before = len(g.nodes)
     g.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_module" or n.is_impure())
     used = {n.target for n in g.nodes if n.op == "get_attr"}
+    # a call_module node reads every parameter of its module without a get_attr node
+    called = tuple(n.target + "." for n in g.nodes if n.op == "call_module")
     removed = 0
     for name, _ in list(ctx.gm.named_parameters()) + list(ctx.gm.named_buffers()):
-        if name not in used and _delete(ctx.gm, name):
+        if name not in used and not name.startswith(called) and _delete(ctx.gm, name):
             removed += 1
     return before - len(g.nodes) + removed
 

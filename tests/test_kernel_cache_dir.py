@@ -1,0 +1,47 @@
+"""Generated kernel sources are imported (run) from a cache folder: it must be private."""
+
+import os
+import stat
+
+import pytest
+
+from translator_kernels.elementwise import cache_dir
+
+
+def test_default_cache_is_private_and_not_in_tmp(monkeypatch, tmp_path):
+    monkeypatch.delenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    d = cache_dir()
+    assert d == tmp_path / "xdg" / "flydsl-translator" / "kernels"
+    assert stat.S_IMODE(os.lstat(d).st_mode) & 0o077 == 0
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    import tempfile
+    assert not str(cache_dir()).startswith(tempfile.gettempdir())
+
+
+def test_symlinked_cache_is_refused(monkeypatch, tmp_path):
+    shared = tmp_path / "world"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    link = tmp_path / "cache"
+    link.symlink_to(shared)
+    monkeypatch.setenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", str(link))
+    with pytest.raises(PermissionError, match="symlink"):
+        cache_dir()
+
+
+def test_group_writable_cache_of_ours_is_closed(monkeypatch, tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    monkeypatch.setenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", str(d))
+    assert stat.S_IMODE(os.lstat(cache_dir()).st_mode) == 0o700
+
+
+def test_cache_owned_by_someone_else_is_refused(monkeypatch, tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    monkeypatch.setenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", str(d))
+    monkeypatch.setattr(os, "getuid", lambda: os.lstat(d).st_uid + 1)
+    with pytest.raises(PermissionError, match="owned by uid"):
+        cache_dir()
