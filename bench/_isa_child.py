@@ -22,20 +22,20 @@ def ours(family, dt, shape):
         m, n = shape
         x = torch.empty(m, n, dtype=TD[dt])
         if family == "softmax":
-            from translator_kernels.softmax import softmax
+            from translator_kernels.rows.softmax import softmax
 
             softmax(x)
         elif family == "layer_norm":
-            from translator_kernels.norm import layer_norm
+            from translator_kernels.rows.norm import layer_norm
 
             layer_norm(x, torch.empty(n), torch.empty(n))
         else:
-            from translator_kernels.norm import rms_norm
+            from translator_kernels.rows.norm import rms_norm
 
             rms_norm(x, torch.empty(n, dtype=TD[dt]))
     elif family == "gemm":
         from translator_kernels.gemm import choose_config, m_bucket
-        from translator_kernels.gemm_isa import _compile_one
+        from bench.isa_gemm import _compile_one
 
         m, n, k = shape
         c = choose_config(m_bucket(m), n, k, dt, os.environ["ARCH"])

@@ -31,7 +31,7 @@ def gemm_case(arch, m=256, n=512, k=512):
     from tests.utils import shuffle_weight as flydsl_shuffle
 
     from translator_kernels.gemm import GemmConfig, gemm, register_config, m_bucket
-    from translator_kernels.preshuffle import shuffle_weight
+    from translator_kernels.gemm.preshuffle import shuffle_weight
 
     torch.manual_seed(0)
     a = torch.randn(m, k).to(torch.bfloat16)
@@ -58,7 +58,7 @@ def gemm_case(arch, m=256, n=512, k=512):
 def softmax_case(arch, m=64, n=4096):
     from kernels.norm.softmax_kernel import build_softmax_module
 
-    from translator_kernels.softmax import softmax
+    from translator_kernels.rows.softmax import softmax
 
     torch.manual_seed(0)
     x = torch.randn(m, n)

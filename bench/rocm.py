@@ -67,7 +67,7 @@ def eager_op(family, args):
 
 def kernel_rows(only, iters):
     from translator_kernels.gemm import gemm
-    from translator_kernels.preshuffle import shuffle_weight
+    from translator_kernels.gemm.preshuffle import shuffle_weight
 
     print(f"## Kernels on {torch.cuda.get_device_name()} (device events, us per call, median of 5 x {iters})\n")
     print("| kernel | shape | FlyDSL us | torch eager us | eager / FlyDSL |")

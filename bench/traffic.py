@@ -63,7 +63,8 @@ def compulsory_bytes(family, dt, shape) -> int:
 
 def norm_grid(family, dt, shape) -> int:
     """Workgroups of our norm kernel (its own `_grid` on meta tensors of the same shape)."""
-    from translator_kernels import norm, row_common as rc
+    from translator_kernels.rows import norm
+    from translator_kernels.rows import common as rc
 
     m, n = shape
     x = torch.empty(m, n, dtype=TD[dt], device="meta")
@@ -74,7 +75,7 @@ def norm_grid(family, dt, shape) -> int:
 
 
 def norm_rows_per_block(dt, shape) -> int:
-    from translator_kernels import row_common as rc
+    from translator_kernels.rows import common as rc
 
     m, n = shape
     x = torch.empty(m, n, dtype=TD[dt], device="meta")
@@ -101,7 +102,7 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
         # weights once; a workgroup keeps them in registers while it walks further row-blocks
         return 2 * m * n * e + norm_grid(family, dt, shape) * min(m, norm_rows_per_block(dt, shape)) * pbytes
     if family == "gemm":
-        from translator_kernels.preshuffle import padded_shape
+        from translator_kernels.gemm.preshuffle import padded_shape
 
         m, n, k = shape
         c = gemm_tile(dt, shape, arch)
@@ -109,7 +110,7 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
         return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e
     if family == "attention":
         from translator_kernels.attention import num_waves_for
-        from translator_kernels.attention_fwd import kernel_config
+        from translator_kernels.attention.fwd import kernel_config
 
         b, s, h, d = shape
         cfg = kernel_config(dt, d, num_waves_for(s))
@@ -124,20 +125,20 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
 
 def run_ours(family, dt, args):
     if family == "softmax":
-        from translator_kernels.softmax import softmax
+        from translator_kernels.rows.softmax import softmax
 
         return softmax(*args)
     if family == "layer_norm":
-        from translator_kernels.norm import layer_norm
+        from translator_kernels.rows.norm import layer_norm
 
         return layer_norm(*args)
     if family == "rms_norm":
-        from translator_kernels.norm import rms_norm
+        from translator_kernels.rows.norm import rms_norm
 
         return rms_norm(*args)
     if family == "gemm":
         from translator_kernels.gemm import gemm
-        from translator_kernels.preshuffle import shuffle_weight
+        from translator_kernels.gemm.preshuffle import shuffle_weight
 
         a, w = args
         return gemm(a, shuffle_weight(w), w.shape[0], w.shape[1])

@@ -1,6 +1,6 @@
 """flydsl-translate: exit codes, one-line errors, the files `convert` writes.
 
-Most cases call `translator.cli.main(argv)` in-process (it returns the exit code);
+Most cases call `translator.frontends.cli.main(argv)` in-process (it returns the exit code);
 a few run the installed console script, as a user would.
 """
 
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from translator import cli
+from translator.frontends import cli
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import translator  # noqa: F401  (registers the backend)
-from translator import compile_backend
+from translator.frontends import compile_backend
 from translator.registry import FAMILIES, load_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def test_backend_name_works_without_importing_translator():
             "assert 'translator' not in sys.modules\n"
             "y = torch.compile(m, backend='flydsl', options={'backend': 'reference'})(x)\n"
             "assert 'translator' in sys.modules\n"
-            "from translator import compile_backend\n"
+            "from translator.frontends import compile_backend\n"
             "assert compile_backend.reports()[0].report.verification.passed\n"
             "print('ok', float((y - m(x)).abs().max()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

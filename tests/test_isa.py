@@ -13,8 +13,10 @@ import textwrap
 import pytest
 import torch
 
-from translator import cli, isa_report, translate
-from translator.report_html import render_html
+from translator import translate
+from translator.frontends import cli
+from translator.report import isa as isa_report
+from translator.report.html import render_html
 from translator_kernels import isa
 
 SNIPPET = """\
@@ -74,9 +76,9 @@ def test_compile_many_isolates_jobs_and_retries_cached_launchers():
     """One child runs every job: a failing job does not sink the others, and a job whose launcher the
     child already built (same softmax specialization, another M) is recompiled in a fresh child."""
     x4, x8 = isa.TensorSpec((4, 512), "bfloat16"), isa.TensorSpec((8, 512), "bfloat16")
-    jobs = [("translator_kernels.softmax:softmax", (x4,), {}),
-            ("translator_kernels.softmax:no_such_entry", (), {}),
-            ("translator_kernels.softmax:softmax", (x8,), {})]
+    jobs = [("translator_kernels.rows.softmax:softmax", (x4,), {}),
+            ("translator_kernels.rows.softmax:no_such_entry", (), {}),
+            ("translator_kernels.rows.softmax:softmax", (x8,), {})]
     first, bad, again = isa.compile_many(jobs, "gfx950")
     assert isinstance(bad, isa.IsaCompileError) and bad.error_type == "AttributeError"
     for c in (first, again):
@@ -89,9 +91,9 @@ def test_compile_many_isolates_jobs_and_retries_cached_launchers():
 
 def test_compile_isa_raises_with_the_child_error():
     with pytest.raises(isa.IsaCompileError, match="ValueError"):
-        isa.compile_isa("translator_kernels.softmax:softmax", (isa.TensorSpec((4, 8), "float64"),), arch="gfx942")
+        isa.compile_isa("translator_kernels.rows.softmax:softmax", (isa.TensorSpec((4, 8), "float64"),), arch="gfx942")
     with pytest.raises(ValueError, match="gfx1100"):
-        isa.compile_isa("translator_kernels.softmax:softmax", (), arch="gfx1100")
+        isa.compile_isa("translator_kernels.rows.softmax:softmax", (), arch="gfx1100")
 
 
 class TwoLinears(torch.nn.Module):

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
-from translator_kernels.preshuffle import shuffle_weight
+from translator_kernels.gemm.preshuffle import shuffle_weight
 
 
 def flydsl_ops(tm):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import translator
-from translator import cli
+from translator.frontends import cli
 from translator.tolerances import model_tolerance
 
 REPO = Path(__file__).resolve().parents[1]

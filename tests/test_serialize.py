@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import translator
 from translator import InputError
-from translator.report_html import flops_by_family, render_html
+from translator.report.html import flops_by_family, render_html
 
 
 class Block(nn.Module):

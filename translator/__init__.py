@@ -8,8 +8,8 @@
 from .errors import (BackendError, CaptureError, InputError, ShapeError, StrictError,  # noqa: F401
                      TranslatorError, VerificationError)
 from .api import TranslatedModule, translate  # noqa: F401
-from .serialize import load, save  # noqa: F401
-from . import compile_backend  # noqa: F401,E402  (registers torch.compile(backend="flydsl"))
+from .frontends.serialize import load, save  # noqa: F401
+from .frontends import compile_backend  # noqa: F401,E402  (registers torch.compile(backend="flydsl"))
 
 __version__ = "0.1.0"
 __all__ = ["translate", "TranslatedModule", "save", "load", "TranslatorError", "InputError", "CaptureError", "StrictError",

@@ -44,7 +44,7 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
-        from translator_kernels.elementwise_emit import record_kernels
+        from translator_kernels.generated.emit import record_kernels
 
         with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
             out = self.gm(*args)
@@ -145,7 +145,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     isa: compile each distinct FlyDSL kernel specialization for `arch` (no GPU needed; seconds
     per kernel, cached in-process) and put its ISA statistics in `report.kernels`.
     """
-    from . import hf, onnx_import
+    from .frontends import hf, onnx_import
 
     if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
         model, example_inputs = onnx_import.import_onnx(model, example_inputs)
@@ -180,7 +180,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
             deny[d.replaces] = reason
     tm.report.capture_notes[:0] = adapt_notes
     if isa:
-        from .isa_report import collect
+        from .report.isa import collect
 
         tm.report.kernels = collect(tm.gm, arch)
     if strict:

@@ -29,7 +29,7 @@ class OpFamily:
     description: str
     reference: Callable[..., Any]  # ref_<op>(*op_args): plain torch math, never reported as a kernel
     kernel: Callable[..., Any]  # adapter: same signature as the op, launches our FlyDSL kernel
-    kernel_entry: str  # "translator_kernels.softmax:softmax": the kernel library entry it needs
+    kernel_entry: str  # "translator_kernels.rows.softmax:softmax": the kernel library entry it needs
     sample_inputs: Callable[[torch.dtype], tuple] | None = None
     # per-dtype (atol, rtol) overrides of translator.tolerances.TOLERANCES, with the reason
     tolerance_overrides: dict[torch.dtype, tuple[float, float, str]] = field(default_factory=dict)

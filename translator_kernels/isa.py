@@ -1,7 +1,7 @@
 """ISA statistics of compiled kernels, without a GPU: the one place that compiles and parses.
 
 `compile_isa(entry, args, arch=...)` calls a kernel-library entry point ("module:function",
-e.g. "translator_kernels.softmax:softmax") in a child process with COMPILE_ONLY=1 and
+e.g. "translator_kernels.rows.softmax:softmax") in a child process with COMPILE_ONLY=1 and
 FLYDSL_DUMP_IR=1 — FlyDSL reads those switches from the process environment, so they cannot
 be flipped inside the caller — and parses every `22_final_isa.s` the call dumped. Tensor
 arguments travel as `TensorSpec`s (shape, dtype, strides) and become zero tensors on CPU in

@@ -89,7 +89,7 @@ def _code_hash() -> str:
     from flydsl.compiler import jit_function as JF
 
     h = hashlib.sha256(JF._flydsl_key().encode())
-    for p in sorted(Path(__file__).parent.glob("*.py")):
+    for p in sorted(Path(__file__).parent.rglob("*.py")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 

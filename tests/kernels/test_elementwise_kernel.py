@@ -1,4 +1,4 @@
-"""Generated fused elementwise kernels (translator_kernels.elementwise) on flysim against eager.
+"""Generated fused elementwise kernels (translator_kernels.generated.elementwise) on flysim against eager.
 
 References are eager torch on fp32 copies of the inputs; each case asserts the FlyDSL kernel
 was launched exactly once. fp32 tolerance: rtol 1e-5 instead of 1.3e-6 for the transcendental
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import flysim
-from translator_kernels.elementwise import build_elementwise, fused_elementwise
-from translator_kernels.elementwise_program import DTYPES, Program
+from translator_kernels.generated.elementwise import build_elementwise, fused_elementwise
+from translator_kernels.program import DTYPES, Program
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}
@@ -181,7 +181,7 @@ def test_clear_errors():
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills_128bit_access(arch):
-    from translator_kernels.elementwise_isa import isa_stats
+    from bench.isa_elementwise import isa_stats
 
     prog = Program(3, (("mul", (0, 1), ()), ("gelu", (3,), ()), ("add", (4, 2), ()), ("tanh", (5,), ())),
                    ((6, "bf16"), (5, "bf16")))
@@ -192,7 +192,7 @@ def test_isa_no_spills_128bit_access(arch):
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_sin_cos_no_spills(arch):
-    from translator_kernels.elementwise_isa import isa_stats
+    from bench.isa_elementwise import isa_stats
 
     prog = Program(2, (("sin", (0,), ()), ("cos", (0,), ()), ("mul", (2, 1), ()), ("add", (4, 3), ())),
                    ((5, "bf16"),))

@@ -12,8 +12,8 @@ import torch
 
 import flysim
 from translator_kernels import gemm as G
-from translator_kernels.gemm_kernel import mfma_per_block
-from translator_kernels.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
+from translator_kernels.gemm.kernel import mfma_per_block
+from translator_kernels.gemm.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
                                            unshuffle_weight)
 
 ARCHS = ("gfx942", "gfx950")
@@ -175,7 +175,7 @@ def test_choose_config_is_legal_everywhere():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_isa_chosen_tile_no_spills(arch):
     """The large-M bf16 tile compiles to ISA with 0 spills and the arch's MFMA (full table: notes/gemm.md)."""
-    from translator_kernels.gemm_isa import isa_stats
+    from bench.isa_gemm import isa_stats
 
     cfg = G.choose_config(128, 4096, 4096, "bf16", arch)
     s = isa_stats(4096, 4096, "bf16", arch, cfg.bm, cfg.bn, cfg.bk)
@@ -208,7 +208,7 @@ def test_gemm_epilogue_sweep(arch, act, dt):
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("mb", [16, 32, 64, 128])
 def test_isa_sweep_no_spills(arch, dt, mb):
-    from translator_kernels.gemm_isa import isa_stats
+    from bench.isa_gemm import isa_stats
 
     cfg = G.choose_config(mb, 4096, 4096, dt, arch)
     s = isa_stats(4096, 4096, dt, arch, cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True)
@@ -261,7 +261,7 @@ def test_epilogue_program_is_in_the_cache_key():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_isa_long_epilogue_program_no_spills(arch):
     """The largest bf16 tile with a long program (every transcendental kind) still has 0 spills."""
-    from translator_kernels.gemm_isa import isa_stats
+    from bench.isa_gemm import isa_stats
 
     cfg = G.choose_config(128, 4096, 4096, "bf16", arch)
     s = isa_stats(4096, 4096, "bf16", arch, cfg.bm, cfg.bn, cfg.bk, bias=True, residual=True,

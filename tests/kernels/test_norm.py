@@ -1,4 +1,4 @@
-"""Row-norm kernels (translator_kernels.norm) on flysim against eager torch.
+"""Row-norm kernels (translator_kernels.rows.norm) on flysim against eager torch.
 
 LayerNorm, RMSNorm, residual-add + LayerNorm / RMSNorm (two outputs) and GroupNorm.
 References are computed in fp32 from the same inputs (for add+norm: from the sum rounded to
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import flysim
-from translator_kernels import norm
+from translator_kernels.rows import norm
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1.3e-6), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}

@@ -1,4 +1,4 @@
-"""Generated fused reduction kernels (translator_kernels.reduce) on flysim against eager.
+"""Generated fused reduction kernels (translator_kernels.generated.reduce) on flysim against eager.
 
 References are eager torch on fp32 copies; each case asserts the FlyDSL kernel launched once.
 fp32 tolerance: atol 1e-5, rtol 1e-5 instead of 1.3e-6: the kernel sums in a tree (per lane,
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import flysim
-from translator_kernels.elementwise_program import DTYPES, Program
-from translator_kernels.reduce import build_reduce, fused_reduce
+from translator_kernels.program import DTYPES, Program
+from translator_kernels.generated.reduce import build_reduce, fused_reduce
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}
@@ -166,7 +166,7 @@ def test_two_stage_long_rows(kind, params):
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills(arch):
-    from translator_kernels.reduce_isa import isa_stats
+    from bench.isa_reduce import isa_stats
 
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),))
     for kind, shape in (("sum", (64, 4096)), ("argmax", (64, 4096)), ("var", (256, 96))):
@@ -183,7 +183,7 @@ def test_emit_sources_with_checks(tmp_path):
     import subprocess
     import sys
 
-    from translator_kernels.elementwise import emit_sources, fused_elementwise
+    from translator_kernels.generated.elementwise import emit_sources, fused_elementwise
 
     g = torch.Generator().manual_seed(6)
     x, w = torch.randn(4, 24, generator=g), torch.rand(24, generator=g)

@@ -1,4 +1,4 @@
-"""translator_kernels.scan on flysim against eager torch scans computed in fp32.
+"""translator_kernels.generated.scan on flysim against eager torch scans computed in fp32.
 
 Tolerances: the dtype table, fp32 relaxed to atol=rtol=1e-5 (the kernel combines lanes, waves
 and tiles in a tree, torch scans sequentially; logaddexp is a 1-ulp exp / log sequence); for
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import flysim
-from translator_kernels.elementwise_program import DTYPES, Program
-from translator_kernels.scan import scan
+from translator_kernels.program import DTYPES, Program
+from translator_kernels.generated.scan import scan
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (1e-3, 1e-3)}
 IDENT = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}
@@ -100,8 +100,8 @@ def test_emit_sources_writes_scan_with_a_passing_check(tmp_path):
     import subprocess
     import sys
 
-    from translator_kernels.elementwise import emit_sources
-    from translator_kernels.elementwise_emit import record_kernels
+    from translator_kernels.generated.elementwise import emit_sources
+    from translator_kernels.generated.emit import record_kernels
 
     x = torch.randn(3, 40)
     prog = Program(1, (("mul", (0, 0), ()),), ((1, "f32"),)).text()  # cumsum(x * x, -1), reversed

@@ -1,4 +1,4 @@
-"""Softmax / log-softmax kernel (translator_kernels.softmax) on flysim against eager torch.
+"""Softmax / log-softmax kernel (translator_kernels.rows.softmax) on flysim against eager torch.
 
 References are computed in fp32 from the same inputs; outputs are compared in fp32 with the
 project's dtype tolerance table. Every case asserts the FlyDSL kernel was launched.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flysim
-from translator_kernels.softmax import softmax
+from translator_kernels.rows.softmax import softmax
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1.3e-6), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}

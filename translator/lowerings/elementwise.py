@@ -1,8 +1,8 @@
 """Fused elementwise family: `flydsl.fused_elementwise(inputs, program) -> outputs`.
 
 One node runs a whole region of elementwise aten ops (found by translator.passes.partition)
-as one generated FlyDSL kernel (translator_kernels.elementwise). The region's expression DAG
-is carried as the node's `program` string (JSON; see translator_kernels.elementwise_program),
+as one generated FlyDSL kernel (translator_kernels.generated.elementwise). The region's expression DAG
+is carried as the node's `program` string (JSON; see translator_kernels.program),
 so the node is an ordinary custom op: traceable, printable, cacheable by its text.
 
 Forms matched (where they appear): the activation / scale / residual / mask chains between
@@ -26,7 +26,7 @@ from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, val, kw_arg as _kw
 
-from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
+from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::fused_elementwise", mutates_args=())
@@ -108,7 +108,7 @@ def ref_fused_elementwise(inputs, program):
 
 
 def kernel_fused_elementwise(inputs, program):
-    from translator_kernels.elementwise import fused_elementwise as run
+    from translator_kernels.generated.elementwise import fused_elementwise as run
 
     return run(inputs, program)
 
@@ -122,7 +122,7 @@ register_family(OpFamily(
     name="fused_elementwise",
     description="a fused region of elementwise ops as one generated kernel (fp32 math)",
     reference=ref_fused_elementwise, kernel=kernel_fused_elementwise,
-    kernel_entry="translator_kernels.elementwise:fused_elementwise", sample_inputs=_sample,
+    kernel_entry="translator_kernels.generated.elementwise:fused_elementwise", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "exp / log / erf / tanh are 1-2 ulp sequences, "
                                          "not correctly rounded; chains compound it")},
 ))

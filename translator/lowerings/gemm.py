@@ -3,8 +3,8 @@
 `flydsl.gemm(a, w, n, k, bias, activation, residual, scale)` computes
 ``act(scale * a @ W.T + bias) + residual`` (``act``: an epilogue program, a chain of per-element
 steps such as "gelu;clamp(-1.0,1.0)"; its step table, torch and device, is
-translator_kernels.gemm_kernel.STEPS) for ``a[..., k]`` and a weight ``W[n, k]`` that was
-preshuffled once at translate time (translator_kernels.preshuffle: the layout lives there,
+translator_kernels.gemm.kernel.STEPS) for ``a[..., k]`` and a weight ``W[n, k]`` that was
+preshuffled once at translate time (translator_kernels.gemm.preshuffle: the layout lives there,
 next to the kernel). The reference un-shuffles it, so the layout is exercised even when
 only the reference runs. `flydsl.bmm(a, b)` multiplies two activations
 (``a[..., m, k] @ b[..., k, n]`` with broadcast batch dims): attention scores, einsum.
@@ -24,8 +24,8 @@ from typing import Optional
 
 import torch
 
-from translator_kernels.gemm_kernel import apply_epilogue_torch
-from translator_kernels.preshuffle import shuffle_weight, unshuffle_weight
+from translator_kernels.gemm.kernel import apply_epilogue_torch
+from translator_kernels.gemm.preshuffle import shuffle_weight, unshuffle_weight
 
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch

@@ -1,7 +1,7 @@
 """GEMM epilogue fusion: fold what follows a `flydsl.gemm` into its epilogue.
 
 The kernel's epilogue is ``out = program(scale * (a @ W.T) + bias) + residual`` in fp32, where
-``program`` is a chain of per-element steps with scalar constants (translator_kernels.gemm_kernel
+``program`` is a chain of per-element steps with scalar constants (translator_kernels.gemm.kernel
 STEPS: mul/div/add/sub by a scalar, relu, gelu, silu, sigmoid, tanh, clamp, leaky_relu,
 hardswish, softplus, ...). Walking forward from a gemm, in graph order, while the running
 value has one user, each op is absorbed if it keeps the kernel's order exact:
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from translator_kernels.gemm_kernel import epilogue_text, parse_epilogue
+from translator_kernels.gemm.kernel import epilogue_text, parse_epilogue
 
 from ..registry import Lowering, register_lowering
 from ._common import aten, dtype_of, shape_of, kw_arg as _kw

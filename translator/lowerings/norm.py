@@ -69,7 +69,7 @@ def _rows(x, normalized_shape):
 
 
 def kernel_layer_norm(x, normalized_shape, weight, bias, eps):
-    from translator_kernels.norm import layer_norm as run
+    from translator_kernels.rows.norm import layer_norm as run
 
     x2, n = _rows(x, normalized_shape)
     w = weight.reshape(n) if weight is not None else None
@@ -78,7 +78,7 @@ def kernel_layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def kernel_rms_norm(x, normalized_shape, weight, eps):
-    from translator_kernels.norm import rms_norm as run
+    from translator_kernels.rows.norm import rms_norm as run
 
     x2, n = _rows(x, normalized_shape)
     w = weight.reshape(n) if weight is not None else None
@@ -87,12 +87,12 @@ def kernel_rms_norm(x, normalized_shape, weight, eps):
 
 register_family(OpFamily(
     name="layer_norm", description="LayerNorm over trailing dims, fp32 statistics",
-    reference=ref_layer_norm, kernel=kernel_layer_norm, kernel_entry="translator_kernels.norm:layer_norm",
+    reference=ref_layer_norm, kernel=kernel_layer_norm, kernel_entry="translator_kernels.rows.norm:layer_norm",
     sample_inputs=lambda dt: (torch.randn(4, 48).to(dt), [48], torch.randn(48).to(dt), torch.randn(48).to(dt), 1e-5),
 ))
 register_family(OpFamily(
     name="rms_norm", description="RMSNorm over trailing dims, fp32 statistics",
-    reference=ref_rms_norm, kernel=kernel_rms_norm, kernel_entry="translator_kernels.norm:rms_norm",
+    reference=ref_rms_norm, kernel=kernel_rms_norm, kernel_entry="translator_kernels.rows.norm:rms_norm",
     sample_inputs=lambda dt: (torch.randn(4, 48).to(dt), [48], torch.randn(48).to(dt), 1e-6),
 ))
 
@@ -205,7 +205,7 @@ def ref_add_rms_norm(x, residual, normalized_shape, weight, eps):
 
 
 def kernel_add_layer_norm(x, residual, normalized_shape, weight, bias, eps):
-    from translator_kernels.norm import add_layer_norm as run
+    from translator_kernels.rows.norm import add_layer_norm as run
 
     x2, n = _rows(x, normalized_shape)
     w = weight.reshape(n) if weight is not None else None
@@ -215,7 +215,7 @@ def kernel_add_layer_norm(x, residual, normalized_shape, weight, bias, eps):
 
 
 def kernel_add_rms_norm(x, residual, normalized_shape, weight, eps):
-    from translator_kernels.norm import add_rms_norm as run
+    from translator_kernels.rows.norm import add_rms_norm as run
 
     x2, n = _rows(x, normalized_shape)
     w = weight.reshape(n) if weight is not None else None
@@ -225,13 +225,13 @@ def kernel_add_rms_norm(x, residual, normalized_shape, weight, eps):
 
 register_family(OpFamily(
     name="add_layer_norm", description="(x + r, LayerNorm(x + r)) in one pass, fp32 statistics",
-    reference=ref_add_layer_norm, kernel=kernel_add_layer_norm, kernel_entry="translator_kernels.norm:add_layer_norm",
+    reference=ref_add_layer_norm, kernel=kernel_add_layer_norm, kernel_entry="translator_kernels.rows.norm:add_layer_norm",
     sample_inputs=lambda dt: (torch.randn(4, 48).to(dt), torch.randn(4, 48).to(dt), [48], torch.randn(48).to(dt),
                               torch.randn(48).to(dt), 1e-5),
 ))
 register_family(OpFamily(
     name="add_rms_norm", description="(x + r, RMSNorm(x + r)) in one pass, fp32 statistics",
-    reference=ref_add_rms_norm, kernel=kernel_add_rms_norm, kernel_entry="translator_kernels.norm:add_rms_norm",
+    reference=ref_add_rms_norm, kernel=kernel_add_rms_norm, kernel_entry="translator_kernels.rows.norm:add_rms_norm",
     sample_inputs=lambda dt: (torch.randn(4, 48).to(dt), torch.randn(4, 48).to(dt), [48], torch.randn(48).to(dt), 1e-6),
 ))
 
@@ -254,14 +254,14 @@ def ref_group_norm(x, num_groups, weight, bias, eps):
 
 
 def kernel_group_norm(x, num_groups, weight, bias, eps):
-    from translator_kernels.norm import group_norm as run
+    from translator_kernels.rows.norm import group_norm as run
 
     return run(x, num_groups, weight, bias, eps)
 
 
 register_family(OpFamily(
     name="group_norm", description="GroupNorm / InstanceNorm: stats per (sample, group), per-channel affine",
-    reference=ref_group_norm, kernel=kernel_group_norm, kernel_entry="translator_kernels.norm:group_norm",
+    reference=ref_group_norm, kernel=kernel_group_norm, kernel_entry="translator_kernels.rows.norm:group_norm",
     sample_inputs=lambda dt: (torch.randn(2, 8, 3, 5).to(dt), 4, torch.randn(8).to(dt), torch.randn(8).to(dt), 1e-5),
 ))
 

@@ -28,8 +28,8 @@ from ..runtime.ops import dispatch
 from ._common import aten, static_int, val, kw_arg as _kw
 from .elementwise import ref_fused_elementwise
 
-from translator_kernels.elementwise_program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.reduce import SPLIT, max_row_length, out_shape, split_factor  # noqa: E402
+from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
+from translator_kernels.generated.reduce import SPLIT, max_row_length, out_shape, split_factor  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::fused_reduce", mutates_args=())
@@ -92,7 +92,7 @@ def _ref_reduce(inputs, program, kind, dims, keepdim, params):
 
 
 def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
-    from translator_kernels.reduce import fused_reduce as run
+    from translator_kernels.generated.reduce import fused_reduce as run
 
     return run(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue or None)
 
@@ -109,7 +109,7 @@ register_family(OpFamily(
     description="a reduction (sum/mean/amax/amin/var/std/logsumexp/arg*/max/min/norm) over any dims, "
                 "with its fused elementwise prologue, as one generated kernel",
     reference=ref_fused_reduce, kernel=kernel_fused_reduce,
-    kernel_entry="translator_kernels.reduce:fused_reduce", sample_inputs=_sample,
+    kernel_entry="translator_kernels.generated.reduce:fused_reduce", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "tree summation order differs from torch's; "
                                          "exp / log are 1-ulp sequences")},
 ))

@@ -37,7 +37,7 @@ def ref_softmax(x, dim, log):
 
 
 def kernel_softmax(x, dim, log):
-    from translator_kernels.softmax import softmax as run
+    from translator_kernels.rows.softmax import softmax as run
 
     if x.dim() == 0:
         x = x.reshape(1)
@@ -50,7 +50,7 @@ def kernel_softmax(x, dim, log):
 
 register_family(OpFamily(
     name="softmax", description="softmax / log-softmax along one dim (numerically stable)",
-    reference=ref_softmax, kernel=kernel_softmax, kernel_entry="translator_kernels.softmax:softmax",
+    reference=ref_softmax, kernel=kernel_softmax, kernel_entry="translator_kernels.rows.softmax:softmax",
     sample_inputs=lambda dt: (torch.randn(6, 33).to(dt), -1, False),
 ))
 

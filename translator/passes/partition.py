@@ -170,7 +170,7 @@ def _stable_toposort(graph) -> None:
 def compose(pf, nf, j, pr, nr, g):
     """The program of reduction `pr` (inputs `nr`) with elementwise program `pf` (inputs `nf`)
     inlined where `pr` reads `g` (output `j` of `pf`); returns (program, inputs)."""
-    from translator_kernels.elementwise_program import Program
+    from translator_kernels.program import Program
 
     inputs = list(nf) + [a for a in dict.fromkeys(nr) if a is not g and a not in nf]
     n = len(inputs)
@@ -184,7 +184,7 @@ def compose(pf, nf, j, pr, nr, g):
 
 def prune(prog):
     """`prog` without ops no output needs and without unread inputs; returns (program, kept inputs)."""
-    from translator_kernels.elementwise_program import Program
+    from translator_kernels.program import Program
 
     live = {v for v, _ in prog.out}
     for k in range(len(prog.ops) - 1, -1, -1):
@@ -204,7 +204,7 @@ def fuse_reduce_prologue(ctx) -> int:
     A region with one output disappears into the reduction. A region with several outputs keeps the
     others; the reduction recomputes its value from the region's inputs (cheaper than writing the
     value and reading it back)."""
-    from translator_kernels.elementwise_program import Program, parse
+    from translator_kernels.program import Program, parse
 
     g_ = ctx.gm.graph
     fe, fr = torch.ops.flydsl.fused_elementwise.default, torch.ops.flydsl.fused_reduce.default
@@ -245,7 +245,7 @@ def fuse_reduce_prologue(ctx) -> int:
 def _fold_epilogue(ctx, r) -> int:
     """Fold the one-output region that alone reads reduction `r`'s result, at the result's shape,
     into `r` as its epilogue program."""
-    from translator_kernels.elementwise_program import Program, parse
+    from translator_kernels.program import Program, parse
 
     fe = torch.ops.flydsl.fused_elementwise.default
     if r.args[2] in ("argmax", "argmin", "max", "min") or r.args[7] or len(r.users) != 1:

@@ -1,0 +1,3 @@
+from .frontends.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""save / load of translated modules: a torch.export archive plus our metadata.
+
+    translator.save(tm, "model.pt2")
+    tm = translator.load("model.pt2")          # runs on the saved backend, or picks one here
+
+The translated graph (its `torch.ops.flydsl.*` calls, whose fake implementations make it
+exportable) is exported again with `torch.export.export` — the dims that were dynamic at
+translate time stay dynamic — and written with `torch.export.save`: the graph as JSON and
+every weight (preshuffled ones included) as raw bytes. The example inputs are left out
+(their entry stays empty), so the archive holds no pickle; `load` refuses an archive that has
+one, since torch.export.load would unpickle it with code execution allowed. Our metadata (format tag, arch, backend, input
+spec, the report) goes in as an extra file; `load` checks that tag before torch reads
+anything else, so a file from another tool is refused with one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import zipfile
+from pathlib import Path
+
+import torch
+from torch.export import Dim
+
+from ..errors import InputError
+
+FORMAT = "flydsl-translator/1"
+META = "flydsl_translator.json"
+
+
+def save(module, path, example_inputs=None) -> Path:
+    """Write a TranslatedModule to `path` (a .pt2 archive). `example_inputs` are optional:
+    without them, inputs of the captured example sizes are made from the graph's metadata."""
+    from .. import __version__
+    from ..api import TranslatedModule
+
+    if not isinstance(module, TranslatedModule):
+        raise InputError(f"translator.save takes a TranslatedModule (what translate() returns), got "
+                         f"{type(module).__name__}; for a plain nn.Module use torch.export.save")
+    inputs = tuple(example_inputs) if example_inputs is not None else _inputs_from_meta(module.gm)
+    dyn = _dynamic_spec(module.gm, module.report.dynamic_dims)
+    with torch.no_grad():
+        ep = torch.export.export(module.gm, inputs, dynamic_shapes=dyn, strict=False)
+    ep.example_inputs = None  # torch.export.save would pickle them
+    meta = {"format": FORMAT, "translator_version": __version__, "torch_version": torch.__version__,
+            "arch": module.arch, "backend": module.backend, "input_spec": module._input_spec,
+            "report": module.report.to_dict()}
+    path = Path(path)
+    torch.export.save(ep, str(path), extra_files={META: json.dumps(meta, default=str)})
+    return path
+
+
+def load(path, backend: str | None = None):
+    """Read a file written by `translator.save`. `backend`: None keeps the saved backend when it
+    can run here (else chooses as translate(backend="auto") would); or rocm | flysim | reference."""
+    from ..api import TranslatedModule, choose_backend
+    from ..registry import load_all
+
+    path = Path(path)
+    meta = _read_meta(path)
+    load_all()  # the flydsl custom ops must exist before the graph is deserialized
+    extra = {META: ""}
+    try:
+        ep = torch.export.load(str(path), extra_files=extra)
+    except Exception as e:  # noqa: BLE001 — a damaged archive is the user's input, not our bug
+        raise InputError(f"{path}: our metadata is present but torch.export could not read the graph "
+                         f"({type(e).__name__}: {_first_line(e)}); the file is damaged or was written by an "
+                         f"incompatible torch (it was saved with torch {meta.get('torch_version')})") from e
+    report = _report_from_dict(meta["report"])
+    families = {r.detail.split()[0].removeprefix("flydsl.") for r in report.rows if r.where != "pytorch"}
+    if backend is None:
+        want = meta["backend"]
+        try:
+            chosen, _ = choose_backend(want, families)
+        except InputError:
+            chosen, why = choose_backend("auto", families)
+            report.backend_reason = f"saved with backend {want}, which cannot run here; {why}"
+    else:
+        chosen, _ = choose_backend(backend, families)
+    report.backend = chosen
+    spec = [list(s) if s is not None else None for s in meta["input_spec"]]
+    return TranslatedModule(ep.module(), chosen, meta["arch"], report, spec)
+
+
+def _read_meta(path: Path) -> dict:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path} is not a file written by translator.save (not a zip archive; "
+                         "translator.save writes a torch.export .pt2 archive with our metadata)")
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if n.endswith(f"/extra/{META}")]
+        if not names:
+            raise InputError(f"{path} is not a file written by translator.save (it has no {META}; a plain "
+                             "torch.export archive or torch.save file loads with torch.export.load / torch.load)")
+        try:
+            meta = json.loads(z.read(names[0]))
+        except (ValueError, zipfile.BadZipFile) as e:
+            raise InputError(f"{path}: the translator metadata is damaged ({e})") from e
+        _refuse_pickles(path, z)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise InputError(f"{path}: format {got!r} is not {FORMAT!r}; save it again with this translator version")
+    missing = [k for k in ("arch", "backend", "input_spec", "report") if k not in meta]
+    if missing:
+        raise InputError(f"{path}: the translator metadata lacks {', '.join(missing)}; the file is damaged or was "
+                         "not written by translator.save — save the translated module again")
+    return meta
+
+
+# Every entry translator.save writes, after the archive's top folder. Nothing else is accepted.
+_ALLOWED = (
+    (re.compile(r"data/weights/weight_\d+"), "raw tensor bytes"),
+    (re.compile(r"data/constants/tensor_\d+"), "raw tensor bytes"),
+    (re.compile(r"data/(weights|constants)/model_(weights|constants)_config\.json"), "config"),
+    (re.compile(r"models/model\.json"), "graph JSON"),
+    (re.compile(r"data/sample_inputs/model\.pt"), "empty"),
+    (re.compile(r"extra/" + re.escape(META)), "our metadata"),
+    (re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"), "small text"),
+)
+
+
+def _refuse_pickles(path: Path, z: zipfile.ZipFile) -> None:
+    """torch.export.load unpickles (weights_only=False as a fallback) any weight, constant or
+    sample-input entry stored as a pickle, so before torch sees the archive every entry is
+    checked by name and kind against what save() writes: one top folder, no duplicate names
+    (zip readers disagree on which copy of a duplicate they read), regular files only, an
+    empty sample-inputs entry, and weight / constant configs that mark nothing as a pickle."""
+    infos = z.infolist()
+    names = [i.filename for i in infos]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"{path}: entry {dup[0]} appears more than once, which translator.save never writes; "
+                         "refusing to load it (a duplicate entry can hide a pickle)")
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) != 1:
+        raise InputError(f"{path}: entries lie under {len(tops)} top folders ({', '.join(sorted(tops)[:3])}); "
+                         "translator.save writes one; refusing to load it")
+    for info in infos:
+        rel = info.filename.split("/", 1)[1] if "/" in info.filename else ""
+        kind = next((k for rx, k in _ALLOWED if rx.fullmatch(rel)), None)
+        if kind is None:
+            raise InputError(f"{path}: entry {info.filename} is not one translator.save writes; refusing to load "
+                             "the file (torch.export.load may unpickle unknown entries, which can run code)")
+        mode = info.external_attr >> 16
+        if info.is_dir() or stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+            raise InputError(f"{path}: entry {info.filename} is not a regular file (a folder or a link); "
+                             "translator.save writes only regular files; refusing to load it")
+        if kind == "empty" and info.file_size:
+            raise InputError(f"{path}: entry {info.filename} is a pickle, which translator.save never writes; "
+                             "refusing to load it (unpickling can run code)")
+        if kind == "config":
+            try:
+                cfg = json.loads(z.read(info)).get("config", {})
+                pickled = [k for k, v in cfg.items() if not isinstance(v, dict) or v.get("use_pickle", True)]
+            except (ValueError, AttributeError) as e:
+                raise InputError(f"{path}: {info.filename} is not valid JSON of translator.save ({e})") from e
+            if pickled:
+                raise InputError(f"{path}: {', '.join(pickled[:3])} stored as pickles, which translator.save never "
+                                 "writes; refusing to load them (unpickling can run code)")
+
+
+def _inputs_from_meta(gm) -> tuple:
+    """Zero tensors of each placeholder's example sizes and dtype (a dynamic dim at its example size)."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            raise InputError(f"input {n.name} is not a tensor ({type(v).__name__}); pass example_inputs to save()")
+        shape = [int(s.node.hint) if isinstance(s, torch.SymInt) else int(s) for s in v.shape]
+        out.append(torch.zeros(shape, dtype=v.dtype))
+    return tuple(out)
+
+
+def _dynamic_spec(gm, dynamic_dims):
+    if not dynamic_dims:
+        return None
+    n = sum(1 for p in gm.graph.nodes if p.op == "placeholder")
+    spec = [None] * n
+    for i, d in dynamic_dims:
+        spec[i] = {**(spec[i] or {}), d: Dim.AUTO}
+    return tuple(spec)
+
+
+def _report_from_dict(d: dict):
+    from ..report import Report, Row
+    from ..verify import Divergence, OutputCheck, Verification
+
+    v = dict(d.get("verification") or {})
+    v["outputs"] = [OutputCheck(**o) for o in v.get("outputs", [])]
+    v["divergence"] = Divergence(**v["divergence"]) if v.get("divergence") else None
+    fields = {k: d[k] for k in ("model", "arch", "backend", "backend_reason", "precision", "capture",
+                                "capture_notes", "counters", "pass_counts", "dynamic_dims", "kernels", "kernel_sources") if k in d}
+    r = Report(**fields)
+    r.rows = [Row(**row) for row in d.get("rows", [])]
+    r.verification = Verification(**v) if v else r.verification
+    r.dynamic_dims = [tuple(x) for x in r.dynamic_dims]
+    return r
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else ""

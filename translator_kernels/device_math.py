@@ -1,0 +1,306 @@
+"""Device math for generated elementwise kernels: fp32 vectors in, fp32 vectors out.
+
+Generated kernels (translator_kernels.generated.elementwise) call these while tracing; each is plain
+Python over `fx.Vector` values, so it inlines into the kernel. Only operations that lower to
+AMDGPU instructions without the ocml device library are used (this toolchain has none):
+exp / log (llvm.exp / llvm.log, 1-ulp hardware sequences), sqrt (correctly rounded), divide,
+min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is built from those:
+
+- expm1, log1p: Kahan's tricks (u = exp(x); (u - 1) * x / log(u)), accurate near 0.
+- tanh: (1 - e) / (1 + e) with e = exp(-2|x|), an odd Taylor polynomial below |x| < 2^-8.
+- erf: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 absolute), the classic rational form.
+- floor / ceil from trunc and a compare.
+- sin / cos: Cody-Waite reduction x = k * pi/2 + r, k = roundeven(x * 2/pi), pi/2 split in three
+  fp32 parts applied with fma (the first step is exact); degree-7 / degree-8 polynomials (Cephes
+  sinf / cosf coefficients) for sin(r) / cos(r) on [-pi/4, pi/4], chosen and negated by k mod 4.
+  Measured against fp64: <= 1.6 ulp for |x| <= 1e5, <= 2 ulp to 1e6; past ~4e6 (k beyond 2^21)
+  the three-part pi/2 is too short and the error grows without bound (no Payne-Hanek reduction).
+  sin(+-0) = +-0; sin / cos of +-inf and NaN are NaN. The hardware v_sin_f32 is not used (flysim
+  has no llvm.amdgcn.sin, and its input in revolutions needs the same reduction anyway).
+"""
+
+from __future__ import annotations
+
+import flydsl.expr as fx
+
+F32 = fx.Float32
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+INF = float("inf")
+
+
+def splat(x, n: int, dtype=F32):
+    return fx.Vector.filled(n, x, dtype)
+
+
+def const_like(x, c):
+    return fx.Vector.filled_like(x, float(c), F32)
+
+
+def where(c, a, b):
+    return c.select(a, b)
+
+
+def to_bool(x):
+    return x != 0.0
+
+
+def from_bool(b):
+    return b.select(1.0, 0.0)
+
+
+def absf(x):
+    return fx.math.absf(x)
+
+
+def relu(x):
+    return fx.max(x, const_like(x, 0.0))  # maximumf: relu(NaN) = NaN as torch
+
+
+def clamp(x, lo, hi):
+    if lo is not None:
+        x = fx.max(x, const_like(x, lo))
+    if hi is not None:
+        x = fx.min(x, const_like(x, hi))
+    return x
+
+
+def exp(x):
+    return fx.math.exp(x)
+
+
+def exp2(x):
+    return fx.math.exp(x * LN2)
+
+
+def log(x):
+    return fx.math.log(x)
+
+
+def log2(x):
+    return fx.math.log(x) * LOG2E
+
+
+def sqrt(x):
+    return fx.math.sqrt(x)
+
+
+def rsqrt(x):
+    return 1.0 / fx.math.sqrt(x)
+
+
+def expm1(x):
+    u = fx.math.exp(x)
+    um1 = u - 1.0
+    r = um1 * (x / fx.math.log(u))
+    r = (u == 1.0).select(x, r)
+    r = (um1 == -1.0).select(const_like(x, -1.0), r)
+    return (u == INF).select(u, r)
+
+
+def log1p(x):
+    u = x + 1.0
+    d = u - 1.0
+    r = fx.math.log(u) * (x / d)
+    r = (d == 0.0).select(x, r)
+    return (u == INF).select(u, r)
+
+
+def sigmoid(x):
+    return 1.0 / (fx.math.exp(-x) + 1.0)
+
+
+def tanh(x):
+    a = fx.math.absf(x)
+    e = fx.math.exp(a * -2.0)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    small = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0)))
+    r = (x < 0.0).select(-big, big)
+    return (a < 0.00390625).select(small, r)
+
+
+def erf(x):
+    a = fx.math.absf(x)
+    t = 1.0 / (a * 0.3275911 + 1.0)
+    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    r = 1.0 - p * fx.math.exp(-(a * a))
+    return (x < 0.0).select(-r, r)
+
+
+def gelu(x):
+    return x * 0.5 * (erf(x * 0.7071067811865476) + 1.0)
+
+
+def gelu_tanh(x):
+    return x * 0.5 * (tanh((x + x * x * x * 0.044715) * 0.7978845608028654) + 1.0)
+
+
+def silu(x):
+    return x * sigmoid(x)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    bx = x * beta
+    soft = log1p(fx.math.exp(bx)) * (1.0 / beta)
+    return (bx > threshold).select(x, soft)
+
+
+def mish(x):
+    return x * tanh(softplus(x))
+
+
+def softsign(x):
+    return x / (fx.math.absf(x) + 1.0)
+
+
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    neg = expm1(x * input_scale) * (alpha * scale)
+    return (x > 0.0).select(x * scale, neg)
+
+
+def celu(x, alpha=1.0):
+    return (x > 0.0).select(x, expm1(x * (1.0 / alpha)) * alpha)
+
+
+def leaky_relu(x, slope=0.01):
+    return (x > 0.0).select(x, x * slope)
+
+
+def hardsigmoid(x):
+    return clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0)
+
+
+def hardswish(x):
+    return x * clamp(x + 3.0, 0.0, 6.0) * (1.0 / 6.0)
+
+
+def sign(x):
+    return (x > 0.0).select(1.0, (x < 0.0).select(-1.0, x * 0.0))  # sign(NaN) = NaN
+
+
+_PIO2 = (1.5707963705062866, -4.371138828673793e-08, -1.7151245100058819e-15)  # pi/2 = sum, fp32 each
+_TWO_OVER_PI = 0.6366197466850281
+
+
+def _sincos_reduced(x):
+    """(k mod 4, sin r, cos r) for x = k * pi/2 + r, |r| <= ~pi/4."""
+    k = fx.math.roundeven(x * _TWO_OVER_PI)
+    nk = -k
+    r = fx.math.fma(nk, const_like(x, _PIO2[0]), x)
+    r = fx.math.fma(nk, const_like(x, _PIO2[1]), r)
+    r = fx.math.fma(nk, const_like(x, _PIO2[2]), r)
+    z = r * r
+    ps = (z * -1.9515295891e-4 + 8.3321608736e-3) * z - 1.6666654611e-1
+    s = fx.math.fma(r * z, ps, r)
+    pc = ((z * 2.443315711809948e-5 - 1.388731625493765e-3) * z + 4.166664568298827e-2) * (z * z)
+    c = (pc - z * 0.5) + 1.0
+    q = k - floor(k * 0.25) * 4.0  # 0..3, exact while k is an integer in fp32
+    return q, s, c
+
+
+def sin(x):
+    q, s, c = _sincos_reduced(x)
+    v = ((q == 1.0) | (q == 3.0)).select(c, s)
+    v = (q >= 2.0).select(-v, v)
+    return (x == 0.0).select(x, v)  # keeps the sign of -0
+
+
+def cos(x):
+    q, s, c = _sincos_reduced(x)
+    v = ((q == 1.0) | (q == 3.0)).select(s, c)
+    return ((q == 1.0) | (q == 2.0)).select(-v, v)
+
+
+def trunc(x):
+    return fx.math.trunc(x)
+
+
+def floor(x):
+    t = fx.math.trunc(x)
+    return (t > x).select(t - 1.0, t)
+
+
+def ceil(x):
+    t = fx.math.trunc(x)
+    return (t < x).select(t + 1.0, t)
+
+
+def round_even(x):
+    return fx.math.roundeven(x)
+
+
+def pow_scalar(x, c: float):
+    """x ** c for a compile-time exponent: multiplies for small integers, else exp(c * log x)."""
+    if c == 0:
+        return const_like(x, 1.0)
+    if c == 0.5:
+        return fx.math.sqrt(x)
+    if c == -0.5:
+        return rsqrt(x)
+    if float(c).is_integer() and abs(c) <= 16:
+        n, base, acc = int(abs(c)), x, None
+        while n:
+            if n & 1:
+                acc = base if acc is None else acc * base
+            n >>= 1
+            if n:
+                base = base * base
+        return 1.0 / acc if c < 0 else acc
+    mag = fx.math.exp(fx.math.log(fx.math.absf(x)) * c)
+    if float(c).is_integer():  # large integer exponent: sign from parity, negative bases allowed
+        return (x < 0.0).select(-mag, mag) if int(c) % 2 else mag
+    return (x < 0.0).select(const_like(x, float("nan")), mag)
+
+
+def cast(x, dtype_str: str):
+    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph)."""
+    if dtype_str == "f32":
+        return x
+    t = {"bf16": fx.BFloat16, "f16": fx.Float16}[dtype_str]
+    return x.to(t).to(F32)
+
+
+# ---------------------------------------------------------------------------
+# memory: 128-bit (or narrower) buffer loads/stores of one vector, single-element loads
+# ---------------------------------------------------------------------------
+
+_ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16, "bool": fx.Uint8}
+_BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8}
+_COPY = {8: fx.rocdl.BufferCopy8b, 16: fx.rocdl.BufferCopy16b, 32: fx.rocdl.BufferCopy32b,
+         64: fx.rocdl.BufferCopy64b, 128: fx.rocdl.BufferCopy128b}
+
+
+def _access(tensor, dt: str, vec: int):
+    bits = _BITS[dt]
+    atom = fx.make_copy_atom(_COPY[vec * bits](), bits)
+    view = fx.logical_divide(fx.rocdl.make_buffer_tensor(tensor), fx.make_layout(vec, 1))
+    return atom, view, _ELEM[dt]
+
+
+def load_vec(tensor, dt: str, vec: int, idx):
+    """Vector `idx` (VEC contiguous elements) of a flat tensor, as fp32 (bool: i1)."""
+    atom, view, et = _access(tensor, dt, vec)
+    r = fx.make_rmem_tensor(vec, et)
+    fx.copy(atom, fx.slice(view, (None, idx)), r)
+    x = fx.memref_load_vec(r)
+    if dt == "bool":
+        return x != fx.Vector.filled(vec, 0, fx.Uint8)
+    return x if dt == "f32" else x.to(F32)
+
+
+def load_splat(tensor, dt: str, vec: int, idx):
+    """Element `idx` of a flat tensor broadcast to a vector of `vec` lanes."""
+    x = load_vec(tensor, dt, 1, idx)
+    return fx.Vector.filled(vec, x[0], fx.Boolean if dt == "bool" else F32)
+
+
+def store_vec(tensor, dt: str, vec: int, x, idx):
+    atom, view, et = _access(tensor, dt, vec)
+    if dt == "bool":
+        x = x.select(fx.Vector.filled(vec, 1, fx.Uint8), fx.Vector.filled(vec, 0, fx.Uint8))
+    elif dt != "f32":
+        x = x.to(et)
+    r = fx.make_rmem_tensor(vec, et)
+    fx.memref_store_vec(x, r)
+    fx.copy(atom, r, fx.slice(view, (None, idx)))

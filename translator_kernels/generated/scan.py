@@ -1,0 +1,123 @@
+"""Row scans: cumsum / cumprod / logcumsumexp along one dim, with a fused elementwise prologue.
+
+`scan(inputs, program, kind, dim, reverse=False, exclusive=False)` scans, along `dim` of the
+inputs' broadcast shape, the value that `program` (translator_kernels.program; its
+one output names the value and the result dtype) computes from `inputs`, so a masked cumsum
+``cumsum(x * mask)`` reads x and the mask once and writes the scan. The host moves `dim` last
+and views the problem as [M, N] rows (a copy only when `dim` was not already last and
+contiguous; broadcast inputs are materialized); scan_codegen writes one kernel per (program,
+dtypes, kind, N, plan, reverse, exclusive) into the kernel cache folder beside the elementwise
+kernels, and its compiled launcher is cached with the arch.
+
+Accumulation is fp32 for every dtype, as torch's CPU cumsum / cumprod accumulate bf16 / fp16;
+the result is rounded once per element to the program's output dtype. `reverse` scans from the
+row end (``x.flip(d).cumsum(d).flip(d)``); `exclusive` stores the combine of the elements
+before each one (identity first: ``cumsum(x) - x`` without its cancellation).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+
+import torch
+
+from translator_kernels.generated.elementwise import current_arch, load_launch, write_source
+from translator_kernels.generated.emit import note_use
+from translator_kernels.program import BITS, DTYPES, TORCH, parse
+from translator_kernels.generated.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
+
+GENERATED: dict[str, str] = {}  # kernel name -> generated file path
+CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
+
+
+def kernel_name(text, dtypes, kind, plan, reverse, exclusive) -> str:
+    key = hashlib.sha1(f"{text}|{dtypes}|{kind}|{plan}|{reverse}|{exclusive}".encode()).hexdigest()[:16]
+    return f"scan_{key}"
+
+
+@functools.lru_cache(maxsize=None)
+def build_scan(text: str, dtypes: tuple, kind: str, plan, reverse: bool, exclusive: bool, arch: str):
+    """Compiled launcher `launch(*inputs, out, M)` of one row scan for `arch`."""
+    name = kernel_name(text, dtypes, kind, plan, reverse, exclusive)
+    src = kernel_source(parse(text), dtypes, kind, plan, reverse, exclusive, name)
+    return load_launch(write_source(src, name, GENERATED), "_flydsl_scan_")
+
+
+def max_row_length(vec: int = 1) -> int:
+    return MAX_BLOCK * MAX_TILES * vec
+
+
+def row_vec(n: int, dtypes, flat=()) -> int:
+    """Elements per access: 128 bits of the widest input, halved until it divides N and the bases."""
+    vec = min(8, 128 // max([BITS[d] for d in dtypes] or [32]))
+    while vec > 1 and (n % vec or any(f.data_ptr() % (vec * f.element_size()) for f in flat)):
+        vec //= 2
+    return vec
+
+
+def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
+    """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor."""
+    op = f"scan({kind})"
+    if kind not in KINDS:
+        raise ValueError(f"{op}: unknown scan kind; expected one of {sorted(KINDS)}")
+    prog = parse(program) if isinstance(program, str) else program
+    if len(inputs) != prog.n or len(prog.out) != 1 or prog.out[0][1] == "bool":
+        raise ValueError(f"{op}: program takes {prog.n} inputs and must have one float output, got {len(inputs)} "
+                         f"inputs and outputs {prog.out}")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool "
+                             "(integer and float64 scans stay in PyTorch)")
+        if t.device != inputs[0].device:
+            raise ValueError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; move them to one device")
+    try:
+        shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+    except RuntimeError as e:
+        raise ValueError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+    r = max(len(shape), 1)
+    if not -r <= dim < r:
+        raise ValueError(f"{op}: dim {dim} is out of range for shape {shape}")
+    dim %= r
+    shape1 = shape or (1,)
+    out_dt = TORCH[prog.out[0][1]]
+    out = torch.empty(shape, dtype=out_dt, device=inputs[0].device)
+    n = shape1[dim]
+    m = math.prod(shape1) // n if n else 0
+    if m == 0 or n == 0:
+        return out
+    if m * n > 2**31 - 1:
+        raise ValueError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
+    flat = []
+    for t in inputs:
+        f = t.reshape((1,) * (len(shape1) - t.dim()) + tuple(t.shape)).expand(shape1).movedim(dim, -1)
+        f = f.contiguous().reshape(-1)
+        flat.append(f.view(torch.uint8) if f.dtype == torch.bool else f)
+    dtypes = tuple(DTYPES[t.dtype] for t in inputs)
+    plan = plan_scan(n, row_vec(n, dtypes, flat))
+    if not plan.fits:
+        raise ValueError(f"{op}: rows of N={n} elements are longer than one workgroup scans "
+                         f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
+    res = torch.empty(m * n, dtype=out_dt, device=out.device)
+    launch = build_scan(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive), current_arch())
+    name = kernel_name(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive))
+    CALLS.setdefault(name, dict(family="scan", program=prog.text(), kind=kind, dim=dim, reverse=bool(reverse),
+                                exclusive=bool(exclusive), shapes=[list(t.shape) for t in inputs], dtypes=list(dtypes)))
+    note_use(name)
+    args = flat + [res.view(torch.uint8) if out_dt == torch.bool else res, m]
+    if res.is_cuda:
+        launch(*args, stream=torch.cuda.current_stream(res.device))
+    else:
+        launch(*args)
+    moved = list(shape1)
+    moved.append(moved.pop(dim))
+    out.copy_(res.view(moved).movedim(-1, dim).reshape(shape))
+    return out
+
+
+def identity_program(dtype) -> str:
+    from translator_kernels.program import Program
+
+    return Program(1, (), ((0, DTYPES[dtype]),)).text()

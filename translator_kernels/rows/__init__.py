@@ -1,0 +1,1 @@
+"""Row kernels: one workgroup per row (norms, softmax) and their shared host code."""

@@ -1,0 +1,357 @@
+"""LayerNorm, RMSNorm, residual-add + norm and GroupNorm: one row-norm kernel family.
+
+`build_row_norm` specializes one kernel body at compile time on: the norm kind ("layer":
+(x - mean) * rstd, "rms": x * rstd), whether a residual is added first (the sum is stored as a
+second output, rounded to x's dtype before the statistics, as eager computes norm(x + r)),
+whether weight / bias exist and their dtypes, and how the affine is indexed ("row": weight[j]
+along the row; "channel": GroupNorm's per-channel weight[g * Cg + j // HW], one weight per
+vector because VEC divides HW). Statistics are fp32.
+
+Three shapes of work, chosen at build time:
+- resident (rows up to 64K elements): the row sits in registers; LayerNorm is two-pass
+  (mean, then the mean of squared deviations), so no cancellation. Short rows share a wave
+  (row_common.plan_row) and reduce with shuffles only.
+- multi-row (resident + row weights): each workgroup loads weight / bias into registers once
+  and walks rows bid, bid + G, ...; the host picks G so the weight re-reads stay within
+  PARAM_TRAFFIC of the compulsory bytes (flysim counts 1.04x at 4096 x 8192 bf16 RMSNorm).
+- streamed (longer rows): a statistics pass (sums shifted by the row's first element), then
+  a pass that re-reads x (and the residual), normalizes and stores.
+"""
+
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import const_expr, gpu, range_constexpr
+
+from translator_kernels import jit_memo
+from translator_kernels.rows import common as rc
+
+AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32
+PARAM_TRAFFIC = 0.04  # weight/bias re-reads allowed, as a share of the compulsory bytes
+MIN_GRID = 64
+
+
+@jit_memo.builder
+def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
+                   w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
+                   affine: str = "row", groups: int = 1, hw: int = 1):
+    """Compiled launcher `launch(X, R, W, B, Out, Sum, m, g)` over m rows with g workgroups;
+    operands a specialization does not use may be any tensor."""
+    if kind not in ("layer", "rms"):
+        raise ValueError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
+    plan = rc.plan_row(n, vec)
+    STREAM = not rc.row_fits(plan)
+    if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
+        plan = rc.stream_plan(n, vec)
+    U = rc.STREAM_VECS_PER_THREAD
+    NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
+    if affine == "channel" and hw % vec:
+        raise ValueError(f"group_norm: vector width {vec} must divide HW={hw}")
+    BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
+    SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
+    if SUB:
+        W = 1  # rows live inside one wave: no LDS
+    PARTIAL = plan.partial
+    ebits = rc.elem_bits(dtype_str)
+    INV_N = 1.0 / n
+    MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None)
+    CG = n // hw  # channels per group (GroupNorm)
+
+    @fx.struct
+    class Scratch:
+        red_a: fx.Array[fx.Float32, W, 16]
+        red_b: fx.Array[fx.Float32, W, 16]
+
+    kwargs = {"known_block_size": [BLOCK, 1, 1]} if BLOCK > 256 else {}
+
+    @flyc.kernel(**kwargs)
+    def row_norm_kernel(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor,
+                        Sum: fx.Tensor, M: fx.Int32, G: fx.Int32):
+        tid = fx.thread_idx.x
+        lane = tid % LPR if const_expr(SUB) else tid
+        edt = rc.elem_type(dtype_str)
+        atom = rc.copy_atom(VEC * ebits, ebits)
+        views = {}
+
+        def set_row(rb):
+            """Select this thread's row in row-block rb (RPB rows of LPR lanes each)."""
+            if const_expr(SUB):
+                row_raw = rb * RPB + tid // LPR
+                views["ok"] = row_raw < M
+                row = views["ok"].select(row_raw, M - 1)  # rows past M re-read M - 1, store nothing
+            else:
+                row = rb
+            views["row"] = row
+            views["x"] = rc.row_view(X, row, VEC)
+            views["out"] = rc.row_view(Out, row, VEC)
+            if const_expr(residual):
+                views["r"] = rc.row_view(R, row, VEC)
+                views["sum"] = rc.row_view(Sum, row, VEC)
+
+        def block_allreduce(val, slots):
+            if const_expr(SUB):
+                return rc.wave_allreduce(val, "sum", LPR)
+            w = rc.wave_allreduce(val, "sum")
+            if const_expr(W == 1):
+                return w
+            if const_expr(MULTI):
+                gpu.barrier()  # the previous row's readers are done with the slots
+            wave_lane = tid % rc.WAVE
+            wave = tid // rc.WAVE
+            if wave_lane == 0:
+                fx.memref_store(w, slots, wave)
+            gpu.barrier()
+            r = fx.memref_load(slots, 0)
+            for i in range_constexpr(1, W):
+                r = r + fx.memref_load(slots, i)
+            return r
+
+        def load_param(T, pdtype_str, idx):
+            """VEC fp32 values of a weight/bias for vector `idx` of the row."""
+            pbits = rc.elem_bits(pdtype_str)
+            pdt = rc.elem_type(pdtype_str)
+            if const_expr(affine == "channel"):
+                ch = (views["row"] % groups) * CG + (idx * VEC) // hw
+                pview = rc.vec_view(T, 1)
+                p = rc.load_vec(rc.copy_atom(pbits, pbits), 1, pdt, pview, ch).to(fx.Float32)
+                return fx.Vector.filled(VEC, p[0], fx.Float32)
+            per = min(VEC, 128 // pbits)  # elements per <= 128-bit access
+            pview = rc.vec_view(T, per)
+            patom = rc.copy_atom(per * pbits, pbits)
+            parts = [rc.load_vec(patom, per, pdt, pview, idx * (VEC // per) + k).to(fx.Float32)
+                     for k in range_constexpr(VEC // per)]
+            if const_expr(len(parts) == 1):
+                return parts[0]
+            return fx.Vector.from_elements([p[i] for p in parts for i in range_constexpr(per)], fx.Float32)
+
+        lds = fx.SharedAllocator().allocate(Scratch).peek()
+        s_a = lds.red_a.view(fx.make_layout(W, 1))
+        s_b = lds.red_b.view(fx.make_layout(W, 1))
+        zero = fx.Float32(0.0)
+
+        def load_row(idx):
+            """(x in x's dtype -- the rounded sum when a residual is added, x in fp32)."""
+            x_e = rc.load_vec(atom, VEC, edt, views["x"], idx)
+            if const_expr(residual):
+                s_e = x_e.to(fx.Float32) + rc.load_vec(atom, VEC, edt, views["r"], idx).to(fx.Float32)
+                x_e = s_e.to(edt) if const_expr(dtype_str != "f32") else s_e
+            return x_e, x_e.to(fx.Float32)
+
+        def affine_store(y, idx, x_e, pre=None):
+            if const_expr(SUB):
+                if views["ok"]:
+                    store_one(y, idx, x_e, pre)
+            else:
+                store_one(y, idx, x_e, pre)
+
+        def store_one(y, idx, x_e, pre):
+            if const_expr(w_dtype is not None):
+                y = y * (pre[0] if const_expr(pre is not None) else load_param(Wt, w_dtype, idx))
+            if const_expr(b_dtype is not None):
+                y = y + (pre[1] if const_expr(pre is not None) else load_param(Bs, b_dtype, idx))
+            y = y.to(edt) if const_expr(dtype_str != "f32") else y
+            rc.store_vec(atom, VEC, edt, y, views["out"], idx)
+            if const_expr(residual):
+                rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
+
+        def resident(pre):
+            # pass 1: load (and add the residual), first statistic
+            xs = []
+            valid = []
+            acc = None
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                ok = None
+                if const_expr(PARTIAL and t == NT - 1):
+                    ok = idx < NV
+                    idx = ok.select(idx, 0)
+                x_e, x = load_row(idx)
+                if const_expr(ok is not None):
+                    x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
+                xs.append((x_e, x))
+                valid.append(ok)
+                term = x if const_expr(kind == "layer") else x * x
+                acc = term if t == 0 else acc + term
+            total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
+
+            if const_expr(kind == "layer"):
+                mean = total * INV_N
+                acc2 = None
+                for t in range_constexpr(NT):
+                    d = xs[t][1] - mean
+                    if const_expr(valid[t] is not None):
+                        d = fx.Vector.filled(VEC, valid[t], fx.Boolean).select(d, zero)
+                    acc2 = d * d if t == 0 else acc2 + d * d
+                var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N
+                rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
+            else:
+                rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)
+
+            # pass 2: normalize, affine, store
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                x_e, x = xs[t]
+                y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+                p = pre[t] if const_expr(MULTI) else None
+                if const_expr(valid[t] is not None):
+                    if idx < NV:
+                        affine_store(y, idx, x_e, p)
+                else:
+                    affine_store(y, idx, x_e, p)
+
+        def streamed():
+            # pass 1: shifted sums (shift = the row's first element, against cancellation)
+            k = load_row(0)[1][0] if const_expr(kind == "layer") else zero
+            acc1 = zero
+            acc2 = zero
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    d = load_row(ok.select(idx, 0))[1] - k
+                    d = fx.Vector.filled(VEC, ok, fx.Boolean).select(d, zero)
+                    acc1 = acc1 + rc.lane_sum(d, VEC)
+                    acc2 = acc2 + rc.lane_sum(d * d, VEC)
+            s2 = block_allreduce(acc2, s_b) * INV_N
+            if const_expr(kind == "layer"):
+                s1 = block_allreduce(acc1, s_a) * INV_N
+                mean = k + s1
+                var = fx.max(s2 - s1 * s1, zero)
+                rstd = fx.math.rsqrt(var + eps, fastmath=AFN)
+            else:
+                rstd = fx.math.rsqrt(s2 + eps, fastmath=AFN)
+            # pass 2: re-read (and re-add), normalize, store
+            for c in range(fx.Int32(0), fx.Int32(NCH), fx.Int32(1)):
+                for u in range_constexpr(U):
+                    idx = tid + (c * U + u) * BLOCK
+                    ok = idx < NV
+                    x_e, x = load_row(ok.select(idx, 0))
+                    y = (x - mean) * rstd if const_expr(kind == "layer") else x * rstd
+                    if ok:
+                        affine_store(y, idx, x_e)
+
+        if const_expr(MULTI):
+            # weights / bias stay in registers while this workgroup walks rows bid, bid + G, ...
+            pre = []
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                if const_expr(PARTIAL and t == NT - 1):
+                    idx = (idx < NV).select(idx, 0)
+                pre.append((load_param(Wt, w_dtype, idx) if const_expr(w_dtype is not None) else None,
+                            load_param(Bs, b_dtype, idx) if const_expr(b_dtype is not None) else None))
+            for rb in range(fx.Int32(fx.block_idx.x), (M + (RPB - 1)) // RPB, G):
+                set_row(rb)
+                resident(pre)
+        else:
+            set_row(fx.Int32(fx.block_idx.x))
+            if const_expr(STREAM):
+                streamed()
+            else:
+                resident(None)
+
+    @flyc.jit
+    def launch(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor, Sum: fx.Tensor,
+               m: fx.Int32, g: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        row_norm_kernel(X, R, Wt, Bs, Out, Sum, m, g).launch(grid=(g, 1, 1), block=(BLOCK, 1, 1), stream=stream)
+
+    return launch
+
+
+def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None):
+    """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view)."""
+    xr = x if rows_view is None else rows_view
+    rc.check_rows(op, xr)
+    if xr.stride(-1) != 1:
+        xr = xr.contiguous()
+    m, n = xr.shape
+    plen = n if affine == "row" else groups * (n // hw)
+    weight = rc.check_vector(op, weight, plen, "weight", x.device)
+    bias = rc.check_vector(op, bias, plen, "bias", x.device)
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor) or residual.shape != xr.shape or residual.dtype != xr.dtype:
+            got = (tuple(residual.shape), residual.dtype) if isinstance(residual, torch.Tensor) else type(residual)
+            raise ValueError(f"{op}: residual must match x's shape {tuple(xr.shape)} and dtype {xr.dtype}, "
+                             f"got {got}")
+        rc.check_rows(op, residual, "residual")
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
+    out = torch.empty((m, n), dtype=xr.dtype, device=xr.device)
+    total = torch.empty((m, n), dtype=xr.dtype, device=xr.device) if residual is not None else None
+    if m == 0 or n == 0:
+        return out, total
+    row_tensors = [xr, out, residual, total]
+    vec = rc.pick_vec(n, xr.dtype, *row_tensors, *([weight, bias] if affine == "row" else []))
+    if affine == "channel":
+        while hw % vec:
+            vec //= 2
+    launch = build_row_norm(n, rc.DTYPES[xr.dtype], vec, kind, float(eps), rc.current_arch(),
+                            w_dtype=rc.DTYPES.get(weight.dtype) if weight is not None else None,
+                            b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None else None,
+                            residual=residual is not None, affine=affine, groups=groups, hw=hw)
+    dummy = xr
+    rc.launch(launch, xr, residual if residual is not None else dummy, weight if weight is not None else dummy,
+              bias if bias is not None else dummy, out, total if total is not None else out, m,
+              _grid(m, n, vec, xr.element_size(), residual is not None, weight, bias, affine))
+    return out, total
+
+
+def _multi_rows(n, vec, affine, has_params):
+    """Whether a workgroup keeps row weights in registers and walks several rows."""
+    return rc.row_fits(rc.plan_row(n, vec)) and affine == "row" and has_params
+
+
+def _grid(m, n, vec, esize, residual, weight, bias, affine):
+    """Workgroups for m rows (a workgroup takes a row-block: one row, or RPB short rows). With
+    row weights, each workgroup loads them once and walks row-blocks bid, bid + G, ...; G keeps
+    the weight re-reads under PARAM_TRAFFIC of the compulsory bytes (x in, out (and residual,
+    sum) once), but never below MIN_GRID workgroups."""
+    pbytes = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
+    blocks = -(-m // rc.plan_row(n, vec).rows_per_block) if rc.row_fits(rc.plan_row(n, vec)) else m
+    if not _multi_rows(n, vec, affine, pbytes > 0):
+        return blocks
+    compulsory = m * n * esize * (4 if residual else 2) + pbytes
+    g = int(PARAM_TRAFFIC * compulsory / pbytes)
+    return max(1, min(blocks, max(MIN_GRID, g)))
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """LayerNorm over the last dim of a 2-D [M, N] x; returns a new contiguous tensor of x's dtype."""
+    return _run("layer_norm", x, None, weight, bias, eps, "layer")[0]
+
+
+def rms_norm(x, weight=None, eps=1e-6):
+    """RMSNorm over the last dim of a 2-D [M, N] x: x * rsqrt(mean(x^2) + eps) * weight."""
+    return _run("rms_norm", x, None, weight, None, eps, "rms")[0]
+
+
+def add_layer_norm(x, residual, weight, bias, eps):
+    """(x + residual, layer_norm(x + residual)) in one pass."""
+    out, total = _run("add_layer_norm", x, residual, weight, bias, eps, "layer")
+    return total, out
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(x + residual, rms_norm(x + residual)) in one pass."""
+    out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
+    return total, out
+
+
+def group_norm(x, num_groups, weight, bias, eps):
+    """GroupNorm of x [B, C, *spatial]: statistics per (sample, group), per-channel affine."""
+    op = "group_norm"
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"{op}: x must be a tensor [B, C, *spatial], got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    b, c = x.shape[0], x.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise ValueError(f"{op}: C={c} (shape {tuple(x.shape)}) is not divisible by num_groups={num_groups}")
+    hw = 1
+    for s in x.shape[2:]:
+        hw *= s
+    xc = x.contiguous()
+    rows = xc.view(b * num_groups, (c // num_groups) * hw)
+    out, _ = _run(op, xc, None, weight, bias, eps, "layer", affine="channel", groups=num_groups, hw=hw,
+                  rows_view=rows)
+    return out.view(x.shape)
