@@ -63,37 +63,55 @@ def build_row_sum(threads=256, barrier=True):
     return row_sum
 
 
-def build_mma_tile(m, n, k, elem, elem_bits):
-    """C = A @ B.T for one MFMA atom tile (A: m x k, B: n x k, C: m x n f32), one wave."""
+def _mma_and_store(mma_atom, fa, fb, fc, c_copy, cc, C):
+    fx.gemm(mma_atom, fc, fa, fb, fc)
+    fx.copy(c_copy, cc.retile(fc), cc.partition_S(C), pred=None)
+
+
+def build_mma_tile(m, n, k, elem, elem_bits, *, acc=None, tiles=1, load_c=False, active=None, atom=None):
+    """C = A @ B.T (+ C when ``load_c``) for one MFMA atom tile per workgroup of one wave.
+
+    A: (tiles*m) x k, B: (tiles*n) x k, C: (tiles*m) x n (f32, or ``acc`` = fx.Int32 for i8);
+    workgroup b works on tile b. With ``active``, only workgroups b < active run the MFMA
+    (a branch the other waves skip entirely); the others leave their C tile untouched.
+    """
+    acc_t = acc or fx.Float32
 
     @flyc.kernel
     def mma_tile_kernel(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor):
         tid = fx.thread_idx.x
+        bid = fx.block_idx.x
         A = fx.rocdl.make_buffer_tensor(A)
         B = fx.rocdl.make_buffer_tensor(B)
         C = fx.rocdl.make_buffer_tensor(C)
-        A = fx.slice(fx.zipped_divide(A, (m, k)), (None, 0))
-        B = fx.slice(fx.zipped_divide(B, (n, k)), (None, 0))
-        C = fx.slice(fx.zipped_divide(C, (m, n)), (None, 0))
-        mma_atom = fx.make_mma_atom(fx.rocdl.MFMA(m, n, k, elem))
+        A = fx.slice(fx.zipped_divide(A, (m, k)), (None, bid))
+        B = fx.slice(fx.zipped_divide(B, (n, k)), (None, bid))
+        C = fx.slice(fx.zipped_divide(C, (m, n)), (None, bid))
+        mma_atom = fx.make_mma_atom(atom() if atom else fx.rocdl.MFMA(m, n, k, elem, acc))
         tiled = fx.make_tiled_mma(mma_atom, fx.make_layout((1, 1, 1), (0, 0, 0)))
         thr = tiled.thr_slice(tid)
         ab_copy = fx.make_copy_atom(fx.rocdl.BufferCopy32b() if elem_bits == 32 else
                                     fx.rocdl.BufferCopy16b() if elem_bits == 16 else fx.rocdl.BufferCopy8b(), elem_bits)
-        c_copy = fx.make_copy_atom(fx.rocdl.BufferCopy32b(), fx.Float32)
+        c_copy = fx.make_copy_atom(fx.rocdl.BufferCopy32b(), acc_t)
         ca = fx.make_tiled_copy_A(ab_copy, tiled).get_slice(tid)
         cb = fx.make_tiled_copy_B(ab_copy, tiled).get_slice(tid)
         cc = fx.make_tiled_copy_C(c_copy, tiled).get_slice(tid)
         fa, fb, fc = thr.make_fragment_A(A), thr.make_fragment_B(B), thr.make_fragment_C(C)
         fx.copy(ab_copy, ca.partition_S(A), ca.retile(fa), pred=None)
         fx.copy(ab_copy, cb.partition_S(B), cb.retile(fb), pred=None)
-        fc.fill(0)
-        fx.gemm(mma_atom, fc, fa, fb, fc)
-        fx.copy(c_copy, cc.retile(fc), cc.partition_S(C), pred=None)
+        if load_c:
+            fx.copy(c_copy, cc.partition_S(C), cc.retile(fc), pred=None)
+        else:
+            fc.fill(0)
+        if active is None:
+            _mma_and_store(mma_atom, fa, fb, fc, c_copy, cc, C)
+        else:
+            if bid < active:
+                _mma_and_store(mma_atom, fa, fb, fc, c_copy, cc, C)
 
     @flyc.jit
     def mma_tile(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-        mma_tile_kernel(A, B, C).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+        mma_tile_kernel(A, B, C).launch(grid=(tiles, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
     return mma_tile
 

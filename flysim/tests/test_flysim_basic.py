@@ -69,32 +69,6 @@ def test_out_of_bounds_is_reported_with_source_line():
             K.build_add(guarded=False)(a, a, c, 100)
 
 
-MMA_CASES = [
-    ("gfx942", 16, 16, 4, "f32"),
-    ("gfx942", 16, 16, 16, "bf16"),
-    ("gfx942", 32, 32, 8, "bf16"),
-    ("gfx942", 16, 16, 16, "f16"),
-    ("gfx950", 16, 16, 32, "bf16"),
-    ("gfx950", 16, 16, 32, "f16"),
-]
-ELEM = {"f32": (fx.Float32, 32, torch.float32), "bf16": (fx.BFloat16, 16, torch.bfloat16),
-        "f16": (fx.Float16, 16, torch.float16)}
-
-
-@pytest.mark.parametrize("arch,m,n,k,dt", MMA_CASES)
-def test_single_mfma_tile(arch, m, n, k, dt):
-    el, bits, tdt = ELEM[dt]
-    g = torch.Generator().manual_seed(m * k)
-    A = torch.randn(m, k, generator=g).to(tdt)
-    B = torch.randn(n, k, generator=g).to(tdt)
-    C = torch.zeros(m, n)
-    with flysim.simulate(arch=arch) as sim:
-        K.build_mma_tile(m, n, k, el, bits)(A, B, C)
-    ref = A.double() @ B.double().T
-    torch.testing.assert_close(C.double(), ref, rtol=1e-5, atol=1e-5)
-    assert sum(sim.launches[-1].counters["mfma_by_kind"].values()) == 1
-
-
 @pytest.mark.parametrize("gran", [16, 8])
 def test_gfx950_lds_transpose_read(gran):
     """ds_read_tr16_b64 / tr8_b64: lane t of each 16-lane group gets column t of the group's tile."""

@@ -411,9 +411,17 @@ def _mfma(d, o):
         D = torch.baddbmm(C, A.to(cdt), B.to(cdt))
         dv = D.reshape(W, V1, GM, 4, N_).permute(0, 2, 4, 1, 3).reshape(Nl, V1 * 4)
         R[out] = dv.to(torch.int32) if acc == "i32" else dv
-        ex.mfma[short] = ex.mfma.get(short, 0) + W
+        ex.mfma[short] = ex.mfma.get(short, 0) + _waves_executing(ex, W)
 
     return f
+
+
+def _waves_executing(ex, W):
+    """Waves that issue the instruction: those with an active lane (a wave whose lanes all
+    skip a branch jumps over it on the hardware, so its MFMAs are not executed)."""
+    if ex.mask is None:
+        return W
+    return int(ex.mask.reshape(W, 64).any(1).sum())
 
 
 from .program import PREFIX_OPS  # noqa: E402
