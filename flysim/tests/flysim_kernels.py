@@ -177,3 +177,76 @@ def build_asm_select(thr=3):
         asm_kernel(X, Y, Out, Mask).launch(grid=(1, 1, 1), block=(2 * WAVE, 1, 1), stream=stream)
 
     return asm_select
+
+
+def _i32(x):
+    return fx.Int32(x).ir_value()
+
+
+def build_buffer_offsets(nbytes=None):
+    """Raw buffer load and store at byte offset voffset + soffset (the soffsets runtime arguments).
+
+    Lane t loads the dword at 4 t + load_soff of X (a descriptor of ``nbytes`` bytes, None:
+    the whole tensor) and stores it at 4 t + store_soff of Out.
+    """
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import rocdl
+
+    def rsrc(t, n=None):
+        buf = fx.rocdl.make_buffer_tensor(t, num_records_bytes=n) if n is not None else fx.rocdl.make_buffer_tensor(t)
+        return fx.rocdl.get_buffer_rsrc(fx.get_iter(buf))
+
+    @flyc.kernel
+    def offsets_kernel(X: fx.Tensor, Out: fx.Tensor, load_soff: fx.Int32, store_soff: fx.Int32):
+        tid = fx.thread_idx.x
+        i32 = ir.IntegerType.get_signless(32)
+        v = rocdl.raw_ptr_buffer_load(i32, rsrc(X, nbytes), _i32(tid * 4), load_soff.ir_value())
+        rocdl.raw_ptr_buffer_store(v, rsrc(Out), _i32(tid * 4), store_soff.ir_value())
+
+    @flyc.jit
+    def buffer_offsets(X: fx.Tensor, Out: fx.Tensor, load_soff: fx.Int32, store_soff: fx.Int32,
+                       stream: fx.Stream = fx.Stream(None)):
+        offsets_kernel(X, Out, load_soff, store_soff).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return buffer_offsets
+
+
+def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
+    """Buffer loads written straight into LDS (``rocdl.raw.ptr.buffer.load[.async].lds``).
+
+    Thread t (lane l of wave w) loads ``size`` bytes of X at byte t * size + soff + imm into
+    LDS at byte w * 64 * size + imm + l * size (the wave's base, the immediate offset, the
+    lane's slot); after a barrier, thread t copies those size/4 dwords to Out[t * size/4 ...].
+    """
+    from flydsl._mlir.dialects import rocdl
+
+    dw = size // 4
+    threads = waves * WAVE
+    words = threads * dw + imm // 4
+
+    @fx.struct
+    class Smem:
+        buf: fx.Array[fx.Int32, words, 16]
+
+    @flyc.kernel
+    def lds_dma_kernel(X: fx.Tensor, Out: fx.Tensor, soff: fx.Int32):
+        tid = fx.thread_idx.x
+        wave = tid // WAVE
+        smem = fx.SharedAllocator().allocate(Smem).peek()
+        buf = smem.buf.view(fx.make_layout(words, 1))
+        rs = fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(X)))
+        lds = fx.to_llvm_ptr(fx.add_offset(smem.buf.ptr, wave * WAVE * dw))
+        op = rocdl.raw_ptr_buffer_load_async_lds if asynchronous else rocdl.raw_ptr_buffer_load_lds
+        op(rs, lds, _i32(size), _i32(tid * size), soff.ir_value(), _i32(imm))
+        if asynchronous:
+            fx.rocdl.asyncmark()
+            fx.rocdl.wait_asyncmark(0)
+        gpu.barrier()
+        for j in fx.range_constexpr(dw):
+            Out[tid * dw + j] = fx.memref_load(buf, imm // 4 + tid * dw + j)
+
+    @flyc.jit
+    def buffer_to_lds(X: fx.Tensor, Out: fx.Tensor, soff: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        lds_dma_kernel(X, Out, soff).launch(grid=(1, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    return buffer_to_lds

@@ -19,10 +19,11 @@ phases whose lanes depend on the access width (for ds_write_b128, eight phases
 of 8 consecutive lanes: 0-7, 8-15, ...); lanes of one phase that hit different
 dwords of one bank serialize, the same dword is broadcast. flysim counts, per
 phase of ``128 / width`` consecutive lanes (32 lanes for <= 4-byte accesses,
-16 for 8-byte, 8 for 16-byte), max over banks of the distinct dwords minus
-one. Not modelled: the 64-bank LDS that the same page says some architectures
-have (gfx950 is counted with 32), and any non-consecutive lane grouping the
-hardware may use for reads (AMD's page documents the write grouping only).
+16 for 8-byte, 8 for 12- and 16-byte; 12-byte is our assumption, the page does
+not cover it), max over banks of the distinct dwords minus one. Not modelled:
+the 64-bank LDS that the same page says some architectures have (gfx950 is
+counted with 32), and any non-consecutive lane grouping the hardware may use
+for reads (AMD's page documents the write grouping only).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ class LDS:
 
     def _conflicts(self, ex, lanes, off, nbytes):
         ndw = max(1, nbytes // 4)
-        group = max(1, 128 // max(4, nbytes))
+        group = 128 // (1 << (max(4, nbytes) - 1).bit_length())  # 12-byte accesses phase like 16-byte ones
         dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
         if lanes is None:
             full = dw

@@ -91,7 +91,8 @@ def _barrier(d, o):
 
 _NOOPS = ("rocdl.s.waitcnt", "rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
           "rocdl.s.nop", "rocdl.sched.setprio", "rocdl.s.sleep", "rocdl.iglp.opt", "llvm.intr.assume",
-          "rocdl.s.waitcnt.vscnt", "rocdl.s.wait.loadcnt", "rocdl.s.wait.dscnt", "gpu.dealloc")
+          "rocdl.s.waitcnt.vscnt", "rocdl.s.wait.loadcnt", "rocdl.s.wait.dscnt", "gpu.dealloc",
+          "rocdl.asyncmark", "rocdl.wait.asyncmark")  # async LDS loads complete at issue
 
 
 @op(*_NOOPS)

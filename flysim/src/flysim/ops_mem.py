@@ -273,8 +273,16 @@ def _buf_store(d, o):
     return f
 
 
-@op("rocdl.raw.ptr.buffer.load.lds")
+@op("rocdl.raw.ptr.buffer.load.lds", "rocdl.raw.ptr.buffer.load.async.lds")
 def _buf_load_lds(d, o):
+    """Buffer load written straight into LDS (LDS DMA; gfx950 adds 12- and 16-byte sizes).
+
+    Global byte offset voffset + soffset + imm, bounds-checked per lane like any buffer load
+    (an out-of-range lane writes zeros); LDS byte address: the wave's first active lane's
+    LDS pointer (the hardware takes it from M0) + imm + lane-in-wave * size. The async form
+    (completion tracked by asyncmark / wait_asyncmark instead of the compiler's waits) is
+    executed at issue like the synchronous one: flysim does not check its waits.
+    """
     from flydsl._mlir import ir
 
     rs, ldsptr, size, voff, soff, imm, aux = d.ins(o)[:7] if len(o.operands) >= 7 else (d.ins(o) + [None] * 7)[:7]
@@ -290,6 +298,7 @@ def _buf_load_lds(d, o):
         inb = (off + nbytes) <= nrec
         m = ex.mask
         act = inb if m is None else inb & m
+        ex.oob_buffer += int((~inb).sum() if m is None else (~inb & m).sum())
         es = nbytes if nbytes in INT_OF else 1
         cnt = nbytes // es
         raw = ex.mem.load(base + off, None, es, cnt, act, N)
