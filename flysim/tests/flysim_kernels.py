@@ -250,3 +250,47 @@ def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
         lds_dma_kernel(X, Out, soff).launch(grid=(1, 1, 1), block=(threads, 1, 1), stream=stream)
 
     return buffer_to_lds
+
+
+def build_atomic(kind, block=128, lds_bins=None):
+    """Old[t] = atomicrmw <kind> Acc[Idx[t]], X[t] (monotonic, agent scope); returns the launcher.
+
+    With ``lds_bins``, the atomics hit an LDS copy of Acc[:lds_bins] (one per workgroup, loaded
+    before and added back with a global atomic add after, by threads < lds_bins).
+    """
+    from flydsl._mlir.dialects import llvm
+
+    def rmw(ptr, x, how=None):
+        return llvm.AtomicRMWOp(getattr(llvm.AtomicBinOp, how or kind), ptr, x.ir_value(),
+                                llvm.AtomicOrdering.monotonic, syncscope="agent", alignment=4).res
+
+    def elem(t, i):
+        return fx.to_llvm_ptr(fx.add_offset(fx.get_iter(t), i))
+
+    @fx.struct
+    class Smem:
+        bins: fx.Array[fx.Int32, lds_bins or 1, 16]
+
+    @flyc.kernel
+    def atomic_kernel(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, Old: fx.Tensor):
+        tid = fx.thread_idx.x
+        t = fx.block_idx.x * block + tid
+        if lds_bins is None:
+            Old[t] = X.element_type(rmw(elem(Acc, Idx[t]), X[t]))
+        else:
+            smem = fx.SharedAllocator().allocate(Smem).peek()
+            bins = smem.bins.view(fx.make_layout(lds_bins, 1))
+            if tid < lds_bins:
+                fx.memref_store(fx.Int32(0), bins, tid)
+            gpu.barrier()
+            Old[t] = fx.Int32(rmw(fx.to_llvm_ptr(fx.add_offset(smem.bins.ptr, Idx[t])), X[t]))
+            gpu.barrier()
+            if tid < lds_bins:
+                rmw(elem(Acc, tid), fx.memref_load(bins, tid), "add")
+
+    @flyc.jit
+    def atomic(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, Old: fx.Tensor, n: fx.Int32,
+               stream: fx.Stream = fx.Stream(None)):
+        atomic_kernel(X, Idx, Acc, Old).launch(grid=(n // block, 1, 1), block=(block, 1, 1), stream=stream)
+
+    return atomic

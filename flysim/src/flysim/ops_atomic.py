@@ -1,0 +1,175 @@
+"""``llvm.atomicrmw`` on global memory and LDS.
+
+One instruction of N lanes may hit the same address many times (FlyDSL's RMSNorm backward
+adds every row's contribution into one dweight row). The hardware serializes those
+read-modify-writes in an order it does not specify; flysim picks one: lanes in increasing
+global lane id (workgroup, then thread), element by element for vector operands. Each lane
+gets the value its own update replaced (LLVM's result), and memory ends with the result of
+the whole chain, so the returned old values form one valid serialization.
+
+- add / sub / fadd / fsub: one pass. Per address, an exclusive prefix sum in lane order
+  (int64 for integers, wrapped to the width; float64 for floats, rounded once) gives
+  every lane's old value, the segment total the final one. The hardware rounds after each
+  float addition, so float results may differ from it in the last bits.
+- every other operation (xchg, and, or, xor, nand, max, min, umax, umin, fmax, fmin,
+  fmaximum, fminimum, uinc_wrap, udec_wrap): rounds; round r applies the r-th update of
+  every address at once, so the rounds are as many as the most repeated address.
+
+Byte counters count each lane's update once as read and once as written. Ordering and
+syncscope are ignored: within a launch flysim executes each instruction for
+all lanes before the next. LDS atomics are not part of the LDS race detector.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import UnsupportedOpError
+from .memory import _gather, _scatter
+from .program import op
+from .types import INT_OF, tinfo
+
+_SUMS = {"add": 1, "sub": -1, "fadd": 1, "fsub": -1}
+
+
+def _unsigned(x, bits):
+    return x.to(torch.int64) & ((1 << bits) - 1)
+
+
+def _update(kind, old, x, bits):
+    """The value an atomic of ``kind`` stores, from the old value and the operand."""
+    if kind == "xchg":
+        return x
+    if kind == "and":
+        return old & x
+    if kind == "or":
+        return old | x
+    if kind == "xor":
+        return old ^ x
+    if kind == "nand":
+        return ~(old & x)
+    if kind in ("max", "min"):
+        return torch.maximum(old, x) if kind == "max" else torch.minimum(old, x)
+    if kind in ("umax", "umin"):
+        uo, ux = _unsigned(old, bits), _unsigned(x, bits)
+        return torch.where((ux > uo) if kind == "umax" else (ux < uo), x, old)
+    if kind in ("fmax", "fmaximumnum"):
+        return torch.fmax(old, x)
+    if kind in ("fmin", "fminimumnum"):
+        return torch.fmin(old, x)
+    if kind in ("fmaximum", "fminimum"):
+        return torch.maximum(old, x) if kind == "fmaximum" else torch.minimum(old, x)
+    if kind == "uinc_wrap":
+        uo, ux = _unsigned(old, bits), _unsigned(x, bits)
+        return torch.where(uo >= ux, 0, uo + 1).to(old.dtype)
+    if kind == "udec_wrap":
+        uo, ux = _unsigned(old, bits), _unsigned(x, bits)
+        return torch.where((uo == 0) | (uo > ux), ux, uo - 1).to(old.dtype)
+    raise UnsupportedOpError(f"flysim does not implement llvm.atomicrmw {kind}")
+
+
+def serialize(kind, addr, x, read, write, bits):
+    """Apply the updates ``x`` [n] at element addresses ``addr`` [n] in index order.
+
+    ``read(uniq)`` returns the current values at distinct addresses, ``write(uniq, vals)``
+    stores them. Returns each update's old value [n].
+    """
+    order = torch.argsort(addr, stable=True)
+    a, xs = addr[order], x[order]
+    uniq, inv, counts = torch.unique_consecutive(a, return_inverse=True, return_counts=True)
+    cur = read(uniq)
+    starts = torch.cumsum(counts, 0) - counts
+    if kind in _SUMS:
+        wide_dt = torch.float64 if x.dtype.is_floating_point else torch.int64
+        w = xs.to(wide_dt) * _SUMS[kind]
+        cs = torch.cumsum(w, 0)
+        before = cs - w  # inclusive sum of the earlier updates (of every address)
+        seg0 = before[starts]
+        old = (cur.to(wide_dt)[inv] + before - seg0[inv]).to(x.dtype)
+        final = (cur.to(wide_dt) + cs[starts + counts - 1] - seg0).to(x.dtype)
+    else:
+        old = torch.empty_like(xs)
+        rank = torch.arange(a.numel(), device=a.device) - starts[inv]
+        final = cur.clone()
+        for r in range(int(counts.max()) if counts.numel() else 0):
+            sel = (rank == r).nonzero().squeeze(1)
+            seg = inv[sel]
+            old[sel] = final[seg]
+            final[seg] = _update(kind, final[seg], xs[sel], bits)
+    write(uniq, final)
+    out = torch.empty_like(old)
+    out[order] = old
+    return out
+
+
+def _bits_of(v, es):
+    return v.view(INT_OF[es]) if v.dtype.is_floating_point else v.to(INT_OF[es])
+
+
+def _of_bits(b, dtype):
+    return b.view(dtype) if dtype.is_floating_point else b.to(dtype)
+
+
+def _bin_op(attr):
+    """The operation's name (LLVM's enum spelling without a leading underscore)."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects.llvm import AtomicBinOp
+
+    try:
+        return str(AtomicBinOp(ir.IntegerAttr(attr).value)).lstrip("_")
+    except (ValueError, TypeError):
+        return str(attr).split()[-1].rstrip(">")
+
+
+@op("llvm.atomicrmw")
+def _atomicrmw(d, o):
+    p, v = d.ins(o)
+    (out,) = d.outs(o)
+    kind = _bin_op(o.attributes["bin_op"])
+    pt, ti = tinfo(str(o.operands[0].type)), tinfo(str(o.operands[1].type))
+    cnt = 1
+    for s in ti.vshape:
+        cnt *= s
+    es = ti.nbytes // cnt
+    if kind not in _SUMS:
+        _update(kind, torch.zeros(1, dtype=ti.dtype), torch.zeros(1, dtype=ti.dtype), 8 * es)  # unknown kind: fail at decode
+
+    def f(ex):
+        N = ex.N
+        val = ex.R[v]
+        val = val.expand(N, *ti.vshape) if val.dim() <= len(ti.vshape) else val
+        val = val.reshape(N, cnt)
+        ptr = ex.R[p].to(torch.int64).expand(N)
+        if pt.addrspace == 3:
+            lanes, base = ex.lds._lanes(ex, ptr, es * cnt, "atomic")
+            u8 = ex.lds.mem
+
+            counted = ex.lds
+
+            def read(a):
+                return _of_bits(_gather(u8, a, es, 1, None)[:, 0], ti.dtype)
+
+            def write(a, vals):
+                _scatter(u8, a, es, 1, _bits_of(vals, es).unsqueeze(1))
+        else:
+            lanes = None if ex.mask is None else ex.mask.nonzero().squeeze(1)
+            base = ptr if lanes is None else ptr[lanes]
+            counted = ex.mem
+            nr, nw = counted.bytes_read, counted.bytes_written
+
+            def read(a):
+                return _of_bits(ex.mem.load(a, ti.dtype, es, 1, None, a.numel())[:, 0], ti.dtype)
+
+            def write(a, vals):
+                ex.mem.store(a, _bits_of(vals, es).unsqueeze(1), es, 1, None, a.numel())
+        x = val if lanes is None else val[lanes]
+        addr = (base.unsqueeze(1) + torch.arange(cnt, device=base.device) * es).reshape(-1)
+        old = serialize(kind, addr, x.reshape(-1), read, write, 8 * es).reshape(-1, cnt)
+        if counted is ex.mem:  # the byte counters count every lane's update, read and written
+            counted.bytes_read, counted.bytes_written = nr, nw
+        counted.bytes_read += addr.numel() * es
+        counted.bytes_written += addr.numel() * es
+        res = old if lanes is None else torch.zeros(N, cnt, dtype=old.dtype, device=old.device).index_copy_(0, lanes, old)
+        ex.R[out] = res.reshape(N, *ti.vshape) if ti.vshape else res.reshape(N)
+
+    return f
