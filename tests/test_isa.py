@@ -96,6 +96,28 @@ def test_compile_isa_raises_with_the_child_error():
         isa.compile_isa("translator_kernels.rows.softmax:softmax", (), arch="gfx1100")
 
 
+def test_ld_lld_comes_from_flysim_toolchain_and_the_library_imports_without_flysim(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import flysim.toolchain
+    from translator import runtime
+
+    monkeypatch.setattr(flysim.toolchain, "find_ld_lld", lambda: None)  # the one finder: nothing else looks
+    with pytest.raises(isa.IsaCompileError, match="lld-19"):
+        isa.compile_env("gfx942", "unused")
+    assert "no ld.lld" in runtime.flysim_available()
+    code = ("import sys; sys.modules['flysim'] = None\n"
+            "import translator_kernels.isa as isa, translator_kernels.gemm, translator_kernels.rows.softmax\n"
+            "try:\n    isa.compile_env('gfx942', 'unused')\nexcept isa.IsaCompileError as e:\n    print('raised', e)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=root))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "raised" in p.stdout and "flydsl-flysim" in p.stdout
+
+
 class TwoLinears(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -8,6 +8,10 @@ arguments travel as `TensorSpec`s (shape, dtype, strides) and become zero tensor
 the child: under COMPILE_ONLY the launch compiles and returns without touching them.
 `compile_many` runs several such calls in one child (one Python + torch + FlyDSL start-up);
 the dump directory is per call since FlyDSL reads FLYDSL_DUMP_DIR at each compile.
+The child's ROCM_PATH (FlyDSL links the code object with its llvm/bin/ld.lld) comes from
+flysim.toolchain, the project's one ld.lld finder. It is imported only when a compile starts,
+so the kernel library imports without flysim; without it a compile raises IsaCompileError
+naming the fix.
 
 Parsed per kernel (`parse_isa` -> `IsaStats`): the metadata (.vgpr_count, .agpr_count,
 .sgpr_count, spills, .group_segment_fixed_size = LDS bytes, workgroup size), the static
@@ -216,23 +220,29 @@ def main_kernel(kernels: list[IsaStats]) -> IsaStats:
 
 
 # ---- compiling in a child process ----------------------------------------------------------------
-def _rocm_path() -> str | None:
-    for cand in (os.environ.get("ROCM_PATH"), os.path.join(ROOT, ".toolchain", "rocm")):
-        if cand and os.path.exists(os.path.join(cand, "llvm", "bin", "ld.lld")):
-            return cand
-    return None  # the child asks flysim.toolchain to find an ld.lld
+def _toolchain_env(arch: str) -> dict:
+    """ROCM_PATH (a folder whose llvm/bin holds an ld.lld) and the GPU-less compile switches.
+
+    flysim.toolchain is the one ld.lld finder; it is imported here, when a compile needs it,
+    so the kernel library imports without flysim."""
+    try:
+        from flysim import toolchain
+    except ImportError as e:
+        raise IsaCompileError(f"ISA statistics need flysim's ld.lld finder, and flysim is not importable ({e}). "
+                              "Fix: pip install -e ./flysim (distribution flydsl-flysim)", "ToolchainMissing") from e
+    try:
+        return toolchain.compile_env(arch)
+    except toolchain.ToolchainError as e:
+        raise IsaCompileError(str(e), "ToolchainError") from e
 
 
 def compile_env(arch: str, dump_dir: str) -> dict:
     """The environment of a GPU-less compile for `arch` that dumps its IR and ISA into `dump_dir`."""
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHS)}")
-    env = dict(os.environ, COMPILE_ONLY="1", ARCH=arch, FLYDSL_GPU_ARCH=arch, FLYDSL_DUMP_IR="1",
-               FLYDSL_DUMP_DIR=dump_dir, FLYDSL_RUNTIME_ENABLE_CACHE="0",
+    env = dict(os.environ, **_toolchain_env(arch), FLYDSL_DUMP_IR="1", FLYDSL_DUMP_DIR=dump_dir,
+               FLYDSL_RUNTIME_ENABLE_CACHE="0",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    rocm = _rocm_path()
-    if rocm:
-        env["ROCM_PATH"] = rocm
     return env
 
 
@@ -315,10 +325,6 @@ def _materialize(v):
 
 
 def _child(spec_path: str, out_path: str) -> None:
-    if not os.environ.get("ROCM_PATH") or not os.path.exists(os.path.join(os.environ["ROCM_PATH"], "llvm/bin/ld.lld")):
-        from flysim.toolchain import ensure_compile_env  # finds an ld.lld for the ISA link step
-
-        ensure_compile_env(os.environ["ARCH"])
     spec = pickle.load(open(spec_path, "rb"))
     results = []
     for i, (entry, args, kwargs) in enumerate(spec["jobs"]):

@@ -14,8 +14,6 @@ by the backend active on this thread when it runs, not baked into the graph:
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 
@@ -83,12 +81,6 @@ def flysim_available() -> str | None:
         return f"flysim is not importable ({e})"
     if not hasattr(flysim, "simulate"):
         return "flysim has no simulate() yet"
-    if not (shutil.which("ld.lld") or _glob_lld() or os.path.exists(os.path.join(os.environ.get("ROCM_PATH", "/opt/rocm"), "llvm/bin/ld.lld"))):
+    if flysim.toolchain.find_ld_lld() is None:  # flysim.toolchain is the one ld.lld finder
         return "no ld.lld found (FlyDSL links the AMDGPU code object with it): apt-get install lld-19"
     return None
-
-
-def _glob_lld() -> bool:
-    import glob
-
-    return bool(glob.glob("/usr/lib/llvm-*/bin/ld.lld"))
