@@ -1,8 +1,13 @@
-"""flysim speed: wall time and lane-ops/s for FlyDSL's own softmax, preshuffle GEMM and flash attention.
+"""flysim speed: wall time and lane-ops/s for FlyDSL's own kernels under flysim.
 
+Cases: softmax, preshuffle GEMM and flash attention (gfx942), and two that use the ops
+flysim added last: the RMSNorm backward (llvm.atomicrmw into dweight, gfx942) and the gfx950
+a16w16 GEMM (async buffer loads into LDS; its default half-tile-interleaved schedule stages
+barriers across wave groups, which flysim's lockstep waves cannot run, so the plain schedule).
 FlyDSL's kernels come from an extracted copy of its source tree (never part of
 this repo): set FLYDSL_SRC (default /tmp/flydsl-src). Usage:
-    python bench/flysim_speed.py [softmax] [gemm] [attn] [--device cuda] [--races] [--threads N]
+    python bench/flysim_speed.py [softmax] [gemm] [attn] [rmsnorm_bwd] [gemm950] [--device cuda] [--races]
+                                 [--threads N]
 lane-ops = executed ops x active lanes (every lane of every workgroup). Each case
 compiles and runs once, then times a second run; "cpu" is the process CPU time of
 that run (on a shared machine wall time also measures the other tenants).
@@ -66,10 +71,48 @@ def attn(device):
     return f"flash attn B{B} H{H} S{S} D{D} causal bf16", lambda: fn(q, k, v, o, B, S, lse=None, stream=None), err
 
 
+def rmsnorm_bwd(device):
+    from kernels.norm.rmsnorm_bwd_kernel import build_rmsnorm_bwd_module
+
+    M, N = 256 * SCALE, 4096
+    x, dy, w = torch.randn(M, N, device=device), torch.randn(M, N, device=device), torch.rand(N, device=device)
+    rstd = torch.rsqrt((x * x).mean(1) + 1e-5)
+    dx, dw = torch.empty_like(x), torch.zeros(N, device=device)
+    fn = build_rmsnorm_bwd_module(N, "f32")
+
+    def run():
+        dw.zero_()
+        fn(x, w, dy, rstd, dx, dw, M)
+
+    def err():
+        xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        gx, gw = torch.autograd.grad(xr * torch.rsqrt((xr * xr).mean(1, keepdim=True) + 1e-5) * wr, [xr, wr], dy)
+        return max((dx - gx).abs().max().item(), (dw - gw).abs().max().item())
+
+    return f"rmsnorm backward {M}x{N} f32 (atomics)", run, err
+
+
+def gemm950(device):
+    import kernels.gemm.gemm_a16w16_gfx950 as G
+
+    M, N, K = 256 * SCALE, 256, 256
+    a, b = torch.randn(M, K, device=device).bfloat16(), torch.randn(K, N, device=device).bfloat16()
+    c = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+    flags = torch.zeros(1024, dtype=torch.int32, device=device)
+    G.get_split_k_buffers = lambda stream, dev: (flags, flags)  # split_k = 1 never touches them
+    G.run_cached = lambda fn, *args, dispatch_args, **kw: fn(*dispatch_args)  # the launcher itself, no HIP stream
+    run = lambda: G.gemm_a16w16(a, b, c, stream=0, layout="nn", user_kwargs={"use_half_tile_interleaved": False})  # noqa: E731
+    return f"gfx950 a16w16 GEMM {M}x{N}x{K} bf16 (async LDS)", run, lambda: (c.float() - a.float() @ b.float()).abs().max().item()
+
+
+ARCH = {"gemm950": "gfx950"}
+
+
 def main():
     args = sys.argv[1:]
     device = args[args.index("--device") + 1] if "--device" in args else "cpu"
-    which = [a for a in args if a in ("softmax", "gemm", "attn")] or ["softmax", "gemm", "attn"]
+    cases = ("softmax", "gemm", "attn", "rmsnorm_bwd", "gemm950")
+    which = [a for a in args if a in cases] or list(cases)
     global SCALE
     SCALE = int(args[args.index("--scale") + 1]) if "--scale" in args else 1
     if "--threads" in args:
@@ -79,7 +122,7 @@ def main():
     print("| case | device | launch wall (s) | cpu (s) | sim only (s) | lanes | lane-ops | lane-ops/s | max err |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in which:
-        with flysim.simulate(arch="gfx942", check_races="--races" in args) as sim:
+        with flysim.simulate(arch=ARCH.get(name, "gfx942"), check_races="--races" in args) as sim:
             title, run, err = globals()[name](device)
             run()  # compile + first run
             sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

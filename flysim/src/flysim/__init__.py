@@ -4,6 +4,7 @@
 launcher for the arch (pipeline cut after convert-fly-to-rocdl), interprets the
 kernel's MLIR on the argument tensors (all lanes of all workgroups at once),
 writes results into them and appends a LaunchRecord to ``sim.launches``.
+The distribution's README.md (flysim/README.md in the repository): the execution model, what it detects, the counters, limits.
 """
 
 from .errors import LDSRaceError, OutOfBoundsError, SimulationError, UnsupportedOpError

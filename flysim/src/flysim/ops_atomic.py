@@ -12,7 +12,7 @@ the whole chain, so the returned old values form one valid serialization.
   every lane's old value, the segment total the final one. The hardware rounds after each
   float addition, so float results may differ from it in the last bits.
 - every other operation (xchg, and, or, xor, nand, max, min, umax, umin, fmax, fmin,
-  fmaximum, fminimum, uinc_wrap, udec_wrap): rounds; round r applies the r-th update of
+  fmaximum, fminimum, uinc_wrap, udec_wrap, usub_cond, usub_sat): rounds; round r applies the r-th update of
   every address at once, so the rounds are as many as the most repeated address.
 
 Byte counters count each lane's update once as read and once as written. Ordering and
@@ -65,6 +65,10 @@ def _update(kind, old, x, bits):
     if kind == "udec_wrap":
         uo, ux = _unsigned(old, bits), _unsigned(x, bits)
         return torch.where((uo == 0) | (uo > ux), ux, uo - 1).to(old.dtype)
+    if kind in ("usub_cond", "usub_sat"):
+        uo, ux = _unsigned(old, bits), _unsigned(x, bits)
+        keep = uo if kind == "usub_cond" else torch.zeros_like(uo)
+        return torch.where(uo >= ux, uo - ux, keep).to(old.dtype)
     raise UnsupportedOpError(f"flysim does not implement llvm.atomicrmw {kind}")
 
 

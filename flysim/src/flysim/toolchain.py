@@ -4,7 +4,9 @@ FlyDSL lowers all the way through ``gpu-module-to-binary`` only if it finds an
 ``ld.lld`` at ``$ROCM_PATH/llvm/bin/ld.lld``. flysim stops the pipeline well
 before that, but the real compile (ISA statistics, ``flydsl-translate``) needs
 it, so this module finds one and, when ROCM_PATH lacks it, builds a private
-folder whose ``llvm/bin/ld.lld`` links to it.
+folder whose ``llvm/bin/ld.lld`` links to it. It is the repository's one ld.lld finder:
+the translator's backend check and the ISA compile scripts call ``find_ld_lld`` /
+``compile_env`` instead of looking themselves.
 """
 
 from __future__ import annotations
