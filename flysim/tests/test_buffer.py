@@ -25,17 +25,19 @@ def test_buffer_load_and_store_add_soffset():
     assert c["oob_buffer_accesses"] == 0
 
 
-def test_buffer_load_bounds_include_soffset():
-    """A descriptor of 100 bytes: lanes whose 4 t + 12 + 4 passes 100 read zero (lanes 22..63)."""
+def test_buffer_bounds_check_excludes_soffset():
+    """A 100-byte descriptor, soffset 12: the check compares voffset + 4 <= 100 (lanes 0..24 read),
+    while the data comes from byte 12 + voffset. LLVM's AMDGPU buffer intrinsics: soffset is
+    "excluded from bounds checking", voffset and the immediate offset are included."""
     X = torch.arange(1000, 1200, dtype=torch.int32)
     out = torch.full((200,), -1, dtype=torch.int32)
     with flysim.simulate() as sim:
         K.build_buffer_offsets(nbytes=100)(X, out, 12, 0)
     ref = torch.full_like(out, -1)
     ref[:64] = 0
-    ref[:22] = X[3:25]
+    ref[:25] = X[3:28]
     assert torch.equal(out, ref)
-    assert sim.launches[-1].counters["oob_buffer_accesses"] == 64 - 22
+    assert sim.launches[-1].counters["oob_buffer_accesses"] == 64 - 25
 
 
 @pytest.mark.parametrize("arch,size,imm,asynchronous", [

@@ -2,10 +2,12 @@
 
 A pointer is an int64 address. Address space 3 is LDS (offset inside the
 workgroup's allocation), 8 a buffer resource, anything else global memory.
-A buffer resource is a tuple ``(base, num_records)``; a buffer access at byte
-offset ``voffset + soffset + imm`` (unsigned 32-bit) whose bytes lie past
-num_records reads 0 and writes nothing, per element, as the hardware does;
-such accesses are counted in ``oob_buffer_accesses``.
+A buffer resource is a tuple ``(base, num_records)``; a buffer access reads
+byte ``base + soffset + voffset + imm``. Its bounds check compares only
+``voffset + imm`` (unsigned 32-bit) with num_records: soffset is excluded, as
+LLVM's AMDGPU buffer intrinsics document. Elements past num_records read 0 and
+write nothing, per element, as the hardware does; such accesses are counted in
+``oob_buffer_accesses``.
 """
 
 from __future__ import annotations
@@ -192,9 +194,13 @@ def _make_rsrc(d, o):
     return f
 
 
-def _buffer_offsets(ex, rsrc, voff, soff, imm):
-    off = (ex.R[voff].to(torch.int64) & 0xFFFFFFFF) + (ex.R[soff].to(torch.int64) & 0xFFFFFFFF) + imm
-    return off
+def _buffer_offsets(ex, voff, soff, imm):
+    """(checked, soffset): the bounds-checked part voffset + imm, and the unchecked soffset.
+
+    The access reads base + soffset + voffset + imm; only voffset + imm is compared with
+    num_records (LLVM's AMDGPU buffer intrinsics: soffset is "excluded from bounds checking")."""
+    checked = (ex.R[voff].to(torch.int64) & 0xFFFFFFFF) + imm
+    return checked.expand(ex.N), ex.R[soff].to(torch.int64) & 0xFFFFFFFF
 
 
 def _all_inside(off, nrec, nbytes, mask):
@@ -223,7 +229,8 @@ def _buf_load(d, o):
     def f(ex):
         base, nrec = ex.R[rs]
         N = ex.N
-        off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)
+        off, soffset = _buffer_offsets(ex, voff, soff, 0)
+        base = base + soffset
         m = ex.mask
         if _all_inside(off, nrec, es * cnt, m):
             ex.R[out] = _from_bits(ex.mem.load(base + off, ti.dtype, es, cnt, m, N), ti, N)
@@ -254,7 +261,8 @@ def _buf_store(d, o):
     def f(ex):
         base, nrec = ex.R[rs]
         N = ex.N
-        off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)
+        off, soffset = _buffer_offsets(ex, voff, soff, 0)
+        base = base + soffset
         m = ex.mask
         bits = _to_bits(ex.R[v], ti, N)
         if _all_inside(off, nrec, es * cnt, m):
@@ -294,7 +302,8 @@ def _buf_load_lds(d, o):
         ioff = int(R[imm]) if imm is not None else 0
         base, nrec = R[rs]
         N = ex.N
-        off = _buffer_offsets(ex, rs, voff, soff, ioff).expand(N)
+        off, soffset = _buffer_offsets(ex, voff, soff, ioff)
+        base = base + soffset
         inb = (off + nbytes) <= nrec
         m = ex.mask
         act = inb if m is None else inb & m
