@@ -36,6 +36,8 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
+from translator_kernels.device_math import tanh
+
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
 # gfx950 16x16x32 MFMA for PV too: flysim-verified, but gathering 8 V keys per operand costs
@@ -65,9 +67,15 @@ def _chunk(n: int, elem_bytes: int) -> int:
     return c
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the MFMA tiles cover: the next multiple of 16 (padding masked in the kernel)."""
+    return -(-head_dim // 16) * 16
+
+
 def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
     """Static tile parameters of one specialization (also used by the notes/bench)."""
     eb = _ELEM_BYTES[dtype]
+    head_dim = padded_head_dim(head_dim)
     use_lds = num_waves > 1
     # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
     # staging with padding) so that three workgroups fit the 64 KB LDS of a gfx942 CU
@@ -87,27 +95,31 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
-                          num_waves: int, arch: str = "gfx942"):
+                          num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False):
     """Return the @flyc.jit launcher for one specialization (not cached here)."""
-    D = head_dim
+    D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
+    DV = head_dim                    # the real head dim
+    PADDED = D != DV
     is_f32 = dtype == "f32"
     eb = _ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, D, num_waves)
+    cfg = kernel_config(dtype, DV, num_waves)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
-    QC = _chunk(QN, eb)              # load chunk (elements)
+    QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
-    VC = _chunk(VN, eb)
+    VC = _chunk(math.gcd(VN, DV), eb)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
-    QK32 = arch.startswith("gfx950") and not is_f32 and (D // 4) % 8 == 0
+    QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
     PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and PV32_ON
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR = cfg["use_lds"], cfg["lds_stride"]
-    CE = 16 // eb                    # elements per 16-byte cooperative chunk
-    ROW_CH = D // CE                 # chunks per K/V row
+    CE = _chunk(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
+    ROW_CH = DV // CE                # chunks per K/V row
+    PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
+    PAD_ITERS = -(-PAD_EL // THREADS)
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
@@ -122,8 +134,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
-        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor,
-        sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32,
+        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+        sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
         q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
         k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
         v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -145,6 +157,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         v_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(V))
         o_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(O))
         m_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(M))
+        if const_expr(head_scale):  # per-head multiplier of the scores (cosine attention)
+            hs_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(HS))
+            c_qk = c_qk * fx.Float32(fx.ptr_load(hs_ptr + fx.Int64(h), result_type=fx.Float32))
 
         q_base = b * q_sb + h * q_sh
         k_base = b * k_sb + kvh * k_sh
@@ -166,8 +181,19 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return fx.Vector.from_elements([x], Elem)
             return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], _ir_elem(dtype)))
 
-        def load_chunks(ptr, off, total, chunk):
-            return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+        def load_chunks(ptr, off, total, chunk, start=None, zero=True):
+            """`total` elements at off in `chunk`s; with `start` (the first element's column) the
+            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0."""
+            if const_expr(not PADDED or start is None):
+                return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+            out = []
+            for c in range_constexpr(total // chunk):
+                ok = start + c * chunk < DV
+                x = load_vec(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
+                if const_expr(zero):
+                    x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, Elem))
+                out.append(x)
+            return out
 
         def elem(chunks, chunk, idx):
             return fx.Vector(chunks[idx // chunk])[idx % chunk]
@@ -241,7 +267,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
             key = kb + 16 * t + r
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC)
+            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN)
 
         def v_operand(kb, t, j):
             """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN)."""
@@ -249,7 +275,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return lds_chunks(lds_v, (16 * t + 4 * g + j) * LSTR + r * VN, VN, VC)
             key = kb + 16 * t + 4 * g + j
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC)
+            # padding columns only feed padding rows of Oᵀ, which are never stored
+            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False)
 
         def mfma32(a, b_, c):
             """gfx950 16x16x32 step: lane (g, r) supplies k = 8g .. 8g+7 as an 8-vector."""
@@ -258,7 +285,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             return fx.Vector(rocdl.mfma_f32_16x16x32_f16(f32v4(), [a, b_, c, 0, 0, 0]))
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
-        q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC)
+        q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC, g * QN)
+        if const_expr(USE_LDS and PADDED):
+            # the padding columns of the LDS tiles are never written by the tile copies: zero them
+            # once (the loop's first barrier orders this before any read)
+            for it in range_constexpr(PAD_ITERS):
+                e = tid + it * THREADS
+                off = (e // (D - DV)) * LSTR + DV + e % (D - DV)
+                if e < PAD_EL:
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64(off))
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64(off))
 
         # ---- key range ----
         kv_end = sk
@@ -305,6 +341,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 for i in range_constexpr(4):
                     kidx = kb + 16 * t + 4 * g + i
                     sc = acc[i] * c_qk
+                    if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
+                        sc = fx.Float32(tanh(sc / cap)) * cap
                     ok = kidx < sk
                     if const_expr(causal):
                         ok = ok & (kidx <= row)
@@ -374,7 +412,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         o_fin = [fx.Vector(results[2 + dt]) for dt in range_constexpr(VN)]
         if row < sq:
             for i in range_constexpr(4):
-                off = o_base + row * o_ss + (4 * g + i) * VN
+                col = (4 * g + i) * VN
+                off = o_base + row * o_ss + col
                 for c in range_constexpr(VN // VC):
                     vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
                     if const_expr(VC == 1):
@@ -385,11 +424,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         out = fx.Vector.from_elements(vals, fx.Float32)
                         if const_expr(not is_f32):
                             out = out.to(Elem)
-                    fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                    if const_expr(PADDED):
+                        if col + c * VC < DV:
+                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                    else:
+                        fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
 
     @flyc.jit
-    def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor,
-               sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32,
+    def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+               sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
                q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
                k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
                v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -397,7 +440,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32,
                grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
-        attention_fwd_kernel(Q, K, V, O, M, sq, sk, group, c_qk, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+        attention_fwd_kernel(Q, K, V, O, M, HS, sq, sk, group, c_qk, cap, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
                              v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk).launch(
             grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
 
