@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from translator_kernels.attention import attention
+from translator_kernels.attention import CUS, attention, split_plan
 
 flysim = pytest.importorskip("flysim")
 
@@ -82,7 +82,9 @@ def run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask_kind, scale=None, o
     kw = options(opt, H) if opt else {"scale": scale}
     with _simulate(arch) as sim:
         out = attention(q, k, v, mask=mask, causal=causal, **kw)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run under flysim"
+    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch)
+    expect = ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
+    assert [ln.kernel.rsplit("_", 1)[0] for ln in sim.launches] == expect, "the FlyDSL kernels did not run under flysim"
     assert out.dtype == q.dtype and out.shape == q.shape
     ref = reference(q, k, v, mask, causal, **kw)
     atol, rtol = TOL[dtype]
@@ -134,6 +136,31 @@ def _sweep():
 @pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,causal,mask,opt", list(_sweep()))
 def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
     run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt=opt)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("D", [64, 128])
+def test_decode_split_covers_twice_the_cus(arch, D):
+    """B=1, H=32, Sq=1, Sk=4096: the KV split makes the grid >= 2x the CUs (plan only, no launch)."""
+    nsplit, chunk = split_plan(1, 32, 1, 4096, D, "bf16", arch)
+    assert 32 * nsplit >= 2 * CUS[arch] and nsplit * chunk >= 4096 > (nsplit - 1) * chunk
+
+
+@pytest.mark.parametrize("arch,B,H,Hkv,Sq,Sk,D,dtype,causal,mask,splits", [
+    ("gfx942", 1, 2, 1, 1, 300, 64, "bf16", False, None, None),   # MQA decode: splits by itself (5 slices)
+    ("gfx950", 1, 2, 2, 3, 200, 40, "f32", True, "bool", None),   # padded D, causal, a fully masked row
+    ("gfx942", 1, 2, 1, 40, 150, 24, "bf16", True, None, 3),      # forced: LDS path, empty causal slices
+])
+def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, splits):
+    q, k, v, m = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask)
+    with _simulate(arch) as sim:
+        out = attention(q, k, v, mask=m, causal=causal, num_splits=splits)
+    fwd, comb = sim.launches
+    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch, splits)
+    assert nsplit > 1 and fwd.kernel.startswith("attention_fwd") and comb.kernel.startswith("attention_combine")
+    assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B) and comb.grid == (Sq, H, B)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), reference(q, k, v, m, causal), atol=atol, rtol=rtol)
 
 
 def test_custom_scale_and_strided_inputs():

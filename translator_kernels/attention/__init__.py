@@ -10,6 +10,12 @@ precision="bf16"/"fp16" asks for a cast). `mask` is an additive float mask or a 
 keep-mask (True = attend, as SDPA) broadcastable to [B, H, Sq, Sk]; `causal` is SDPA's top-left
 aligned is_causal. Any Sq, Sk >= 1.
 
+Decode (flash-decoding): when the grid of (query blocks, heads, batch) would cover fewer than
+twice the CUs (304 on MI300X, 256 on MI355X) and the query fits one wave (Sq <= 16), the keys
+are split into slices of whole KV tiles, one workgroup each, so that the grid reaches 2x the
+CUs where Sk allows; the forward kernel writes fp32 partial results and combine.py merges them
+in slice order (deterministic). `num_splits` forces a split count (tests, benchmarks).
+
 Score options, applied in this order before the mask: `scale` (default 1/sqrt(D)) times
 `head_scale[h]` when given (a tensor of H per-head multipliers: Swin-V2's cosine attention
 passes exp(logit_scale) with scale=1), then `softcap`: s -> softcap * tanh(s / softcap)
@@ -29,13 +35,16 @@ import math
 import torch
 
 from translator_kernels import jit_memo
-from translator_kernels.attention.fwd import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel
+from translator_kernels.attention.combine import make_combine_kernel
+from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
+                                              padded_head_dim)
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
 _I32_LIMIT = 2**31
 LOG2E = 1.4426950408889634
+CUS = {"gfx942": 304, "gfx950": 256}
 
 
 def _arch() -> str:
@@ -51,13 +60,34 @@ def num_waves_for(sq: int) -> int:
 
 @jit_memo.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
-                    mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False):
+                    mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
+                    split: bool = False):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise ValueError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale)
+                                 head_scale, split)
 
+
+@jit_memo.builder
+def build_combine(arch: str, dtype: str, head_dim: int):
+    """The split-KV combine launcher (arch keys the cache)."""
+    return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim))
+
+
+def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
+    """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above)."""
+    nw = num_waves_for(Sq)
+    cfg = kernel_config(dtype, head_dim, nw)
+    tiles = -(-Sk // cfg["block_n"])
+    grid = -(-Sq // cfg["block_m"]) * H * B
+    if num_splits is None:
+        want = -(-2 * CUS.get(arch, 304) // grid)
+        if nw > 1 or want <= 1 or tiles < 2:
+            return 1, Sk
+        num_splits = want
+    per = max(1, tiles // max(1, int(num_splits)))
+    return -(-tiles // per), per * cfg["block_n"]
 
 def head_dim_supported(d) -> bool:
     return isinstance(d, int) and MIN_HEAD_DIM <= d <= MAX_HEAD_DIM
@@ -118,7 +148,7 @@ def _prepare_head_scale(head_scale, H, device):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
-              scale=None, softcap=None, head_scale=None, precision=None) -> torch.Tensor:
+              scale=None, softcap=None, head_scale=None, precision=None, num_splits=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -166,11 +196,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
             _fail(f"{name} spans {span * t.element_size()} bytes; the kernel addresses with "
                   f"32-bit offsets (< 2 GiB per tensor); split the batch")
 
+    arch = _arch()
     nw = num_waves_for(Sq)
-    block_m = kernel_config(dtype, D, nw)["block_m"]
-    launch = build_attention(_arch(), dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs)
+    nq = -(-Sq // kernel_config(dtype, D, nw)["block_m"])
+    nsplit, chunk = split_plan(B, H, Sq, Sk, D, dtype, arch, num_splits)
+    if nsplit > 1:
+        w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
+        wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
+    else:
+        w = wml = mflat.new_zeros(1, dtype=torch.float32)
+    launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
-    args = (q, k, v, out, mflat, hs, Sq, Sk, H // Hkv, scale * LOG2E, cap,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, -(-Sq // block_m), H, B)
+    args = (q, k, v, out, mflat, hs, w, wml, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, nq * nsplit, H, B)
     jit_memo.call(launch, *args)
+    if nsplit > 1:
+        jit_memo.call(build_combine(arch, dtype, D), w, wml, out, Sq, H, nsplit, *out.stride()[:3], B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -95,7 +95,8 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
-                          num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False):
+                          num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
+                          split: bool = False):
     """Return the @flyc.jit launcher for one specialization (not cached here)."""
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -108,6 +109,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
     VC = _chunk(math.gcd(VN, DV), eb)
+    WC = _chunk(VN, 4)               # fp32 partial-output store chunk (split KV)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
@@ -135,7 +137,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
         Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+        W: fx.Tensor, WML: fx.Tensor,
         sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
+        nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
         q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
         k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
         v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -144,6 +148,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     ):
         tid = fx.Int32(fx.thread_idx.x)
         qblk = fx.Int32(fx.block_idx.x)
+        if const_expr(split):  # block_idx.x = query block + nq * KV split
+            part = qblk // nq
+            qblk = qblk % nq
         h = fx.Int32(fx.block_idx.y)
         b = fx.Int32(fx.block_idx.z)
         lane = tid % 64
@@ -301,12 +308,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(causal):
             blk_end = qblk * BLOCK_M + BLOCK_M
             kv_end = (blk_end < sk).select(blk_end, sk)
+        kv_start = zero_i
+        if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
+            kv_start = part * chunk
+            kv_stop = kv_start + chunk
+            kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
 
         init = [neg_inf, zero_f] + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(VN)]
         if const_expr(USE_LDS):
-            pk, pv = gload_tile(zero_i)
+            pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        for kb_idx, state in range(fx.Index(0), fx.Index(kv_end), fx.Index(BLOCK_N), init=init):
+        for kb_idx, state in range(fx.Index(kv_start), fx.Index(kv_end), fx.Index(BLOCK_N), init=init):
             kb = fx.Int32(kb_idx)
             m_old = state[0]
             l_old = state[1]
@@ -404,35 +416,56 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
             results = yield [m_new, l_new] + o_acc + nxt
 
+        def store_output(o_fin, inv_l):
+            """O[row, (4g+i)*VN + dt] = acc_dt[i] / l, real head-dim columns only."""
+            if row < sq:
+                for i in range_constexpr(4):
+                    col = (4 * g + i) * VN
+                    off = o_base + row * o_ss + col
+                    for c in range_constexpr(VN // VC):
+                        vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
+                        if const_expr(VC == 1):
+                            out = fx.Float32(vals[0])
+                        else:
+                            out = fx.Vector.from_elements(vals, fx.Float32)
+                        if const_expr(not is_f32):
+                            out = out.to(Elem)
+                        if const_expr(PADDED):
+                            if col + c * VC < DV:
+                                fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                        else:
+                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+
         # ---- epilogue: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
         l_part = results[1]
         l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
         l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
         inv_l = (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot)
         o_fin = [fx.Vector(results[2 + dt]) for dt in range_constexpr(VN)]
-        if row < sq:
-            for i in range_constexpr(4):
-                col = (4 * g + i) * VN
-                off = o_base + row * o_ss + col
-                for c in range_constexpr(VN // VC):
-                    vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
-                    if const_expr(VC == 1):
-                        out = fx.Float32(vals[0])
-                        if const_expr(not is_f32):
-                            out = out.to(Elem)
-                    else:
-                        out = fx.Vector.from_elements(vals, fx.Float32)
-                        if const_expr(not is_f32):
-                            out = out.to(Elem)
-                    if const_expr(PADDED):
-                        if col + c * VC < DV:
-                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
-                    else:
-                        fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+        if const_expr(split):
+            # partial results, fp32 and unnormalized: W [B, H, nsplit, Sq, D], WML [..., Sq, 2] = (m, l)
+            # in log2 units; an empty slice leaves m = -inf, l = 0, O = 0 (weight 0 in the combine)
+            w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
+            ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
+            prow = ((b * nh + h) * nsplit + part) * sq + row
+            if row < sq:
+                if g == 0:
+                    fx.ptr_store(fx.Vector.from_elements([results[0], l_tot], fx.Float32),
+                                 ml_ptr + fx.Int64(prow * 2))
+                for i in range_constexpr(4):
+                    off = prow * D + (4 * g + i) * VN
+                    for c in range_constexpr(VN // WC):
+                        vals = [o_fin[c * WC + e][i] for e in range_constexpr(WC)]
+                        out = fx.Vector.from_elements(vals, fx.Float32) if WC > 1 else fx.Float32(vals[0])
+                        fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
+        if const_expr(not split):
+            store_output(o_fin, inv_l)
 
     @flyc.jit
     def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+               W: fx.Tensor, WML: fx.Tensor,
                sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
+               nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
                q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
                k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
                v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -440,7 +473,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32,
                grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
-        attention_fwd_kernel(Q, K, V, O, M, HS, sq, sk, group, c_qk, cap, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
                              v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk).launch(
             grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
 
