@@ -216,6 +216,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             """Hardware v_exp_f32 (afn: no device-library call); exp2(-inf) = 0."""
             return fx.math.exp2(x, fastmath=AFN)
 
+        def p_to_elem(ps):
+            """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
+            instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
+            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5."""
+            pv = fx.Vector.from_elements(ps, fx.Float32)
+            if const_expr(dtype != "bf16" or not arch.startswith("gfx942")):
+                return pv.to(Elem)
+            bits = fx.Vector(pv.bitcast(fx.Int32)) + fx.Vector.filled(4, 0x8000, fx.Int32)
+            halves = fx.Vector(fx.Vector(bits).bitcast(fx.Int16))
+            return fx.Vector(halves.shuffle(halves, [1, 3, 5, 7])).bitcast(fx.BFloat16)
+
         def mfma(a, b_, c):
             """One 16x16 MFMA step: fp32 16x16x4 (scalar operands) or 16x16x16 (4-vectors)."""
             if const_expr(is_f32):
@@ -313,13 +324,24 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             kv_start = part * chunk
             kv_stop = kv_start + chunk
             kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
+        # [kv_start, full_end): whole tiles below Sk (and below the block's first row when causal)
+        # run without any mask; the rest, and every tile under a user mask, run masked
+        full_end = kv_start
+        if const_expr(mask_kind == MASK_NONE):
+            lim = kv_end
+            if const_expr(causal):
+                first_row = qblk * BLOCK_M + 1
+                lim = (first_row < lim).select(first_row, lim)
+            lim = (lim < kv_start).select(kv_start, lim)
+            full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
 
         init = [neg_inf, zero_f] + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(VN)]
         if const_expr(USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        for kb_idx, state in range(fx.Index(kv_start), fx.Index(kv_end), fx.Index(BLOCK_N), init=init):
-            kb = fx.Int32(kb_idx)
+        def kv_step(kb, state, masked):
+            """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
+            user-mask checks (only the tiles that straddle them need those)."""
             m_old = state[0]
             l_old = state[1]
             o_acc = [state[2 + i] for i in range_constexpr(VN)]
@@ -355,6 +377,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     sc = acc[i] * c_qk
                     if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
                         sc = fx.Float32(tanh(sc / cap)) * cap
+                    if const_expr(not masked):
+                        vals.append(sc)
+                        continue
                     ok = kidx < sk
                     if const_expr(causal):
                         ok = ok & (kidx <= row)
@@ -374,9 +399,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             m_loc = m_old
             for t in range_constexpr(N_TILES):
                 for i in range_constexpr(4):
-                    m_loc = fx.arith.maximumf(m_loc, s_tiles[t][i])
-            m_loc = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
-            m_new = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
+                    m_loc = fx.arith.maxnumf(m_loc, s_tiles[t][i])
+            m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
+            m_new = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
             m_use = (m_new == neg_inf).select(zero_f, m_new)
             alpha = exp2(m_old - m_use)
             l_new = l_old * alpha
@@ -396,7 +421,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 for tp in range_constexpr(N_TILES // 2):
                     t0 = 2 * tp
                     v_rows = [v_operand(kb, t0 + j // 4, j % 4) for j in range_constexpr(8)]
-                    pb = fx.Vector.from_elements(p_tiles[t0] + p_tiles[t0 + 1], fx.Float32).to(Elem)
+                    pb = fx.Vector.from_elements(p_tiles[t0] + p_tiles[t0 + 1], fx.Float32).to(Elem)  # gfx950 only
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
                         o_acc[dt] = mfma32(va, pb, o_acc[dt])
@@ -409,12 +434,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                             acc = mfma(elem(v_rows[j], VC, dt), p_tiles[t][j], acc)
                         o_acc[dt] = acc
                 else:
-                    pb = fx.Vector.from_elements(p_tiles[t], fx.Float32).to(Elem)
+                    pb = p_to_elem(p_tiles[t])
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
                         o_acc[dt] = mfma(va, pb, o_acc[dt])
 
-            results = yield [m_new, l_new] + o_acc + nxt
+            return [m_new, l_new] + o_acc + nxt
+
+        for kb_idx, state in range(fx.Index(kv_start), fx.Index(full_end), fx.Index(BLOCK_N), init=init):
+            res_full = yield kv_step(fx.Int32(kb_idx), state, False)
+        for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
+            results = yield kv_step(fx.Int32(kb_idx), state, True)
 
         def store_output(o_fin, inv_l):
             """O[row, (4g+i)*VN + dt] = acc_dt[i] / l, real head-dim columns only."""
