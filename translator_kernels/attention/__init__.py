@@ -53,20 +53,30 @@ def _arch() -> str:
     return get_rocm_arch()
 
 
-def num_waves_for(sq: int) -> int:
-    """Waves per workgroup (16 query rows each): fewer for short Sq such as decode."""
-    return 1 if sq <= 16 else 2 if sq <= 32 else 4
+def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
+    """(waves per workgroup, 16-row groups per wave). A wave takes 32 query rows (two groups
+    sharing each K / V operand read: half the LDS bytes and per-tile overhead per score) for
+    16-bit inputs up to D=128 when Sq > 16; fp32 and D > 128 keep 16 rows (registers); decode
+    (Sq <= 16) takes one 16-row wave. Fewer waves for short Sq."""
+    rg = 2 if sq > 16 and dtype != "f32" and padded_head_dim(head_dim) <= 128 else 1
+    rows = 16 * rg
+    return (1 if sq <= rows else 2 if sq <= 2 * rows else 4), rg
+
+
+def attention_config(dtype: str, head_dim: int, sq: int) -> dict:
+    """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
+    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim))
 
 
 @jit_memo.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
-                    split: bool = False):
+                    split: bool = False, row_groups: int = 1):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise ValueError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale, split)
+                                 head_scale, split, row_groups)
 
 
 @jit_memo.builder
@@ -77,8 +87,8 @@ def build_combine(arch: str, dtype: str, head_dim: int):
 
 def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
     """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above)."""
-    nw = num_waves_for(Sq)
-    cfg = kernel_config(dtype, head_dim, nw)
+    nw, _ = tile_plan(Sq, dtype, head_dim)
+    cfg = attention_config(dtype, head_dim, Sq)
     tiles = -(-Sk // cfg["block_n"])
     grid = -(-Sq // cfg["block_m"]) * H * B
     if num_splits is None:
@@ -197,15 +207,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
                   f"32-bit offsets (< 2 GiB per tensor); split the batch")
 
     arch = _arch()
-    nw = num_waves_for(Sq)
-    nq = -(-Sq // kernel_config(dtype, D, nw)["block_m"])
+    nw, rg = tile_plan(Sq, dtype, D)
+    nq = -(-Sq // kernel_config(dtype, D, nw, rg)["block_m"])
     nsplit, chunk = split_plan(B, H, Sq, Sk, D, dtype, arch, num_splits)
     if nsplit > 1:
         w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
         wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
     else:
         w = wml = mflat.new_zeros(1, dtype=torch.float32)
-    launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1)
+    launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
+                             rg)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
     args = (q, k, v, out, mflat, hs, w, wml, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, nq * nsplit, H, B)

@@ -72,7 +72,7 @@ def padded_head_dim(head_dim: int) -> int:
     return -(-head_dim // 16) * 16
 
 
-def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
+def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1) -> dict:
     """Static tile parameters of one specialization (also used by the notes/bench)."""
     eb = _ELEM_BYTES[dtype]
     head_dim = padded_head_dim(head_dim)
@@ -86,7 +86,8 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
     return dict(
         n_tiles=n_tiles,
         block_n=block_n,
-        block_m=16 * num_waves,
+        block_m=16 * row_groups * num_waves,
+        rows_per_wave=16 * row_groups,
         threads=64 * num_waves,
         use_lds=use_lds,
         lds_stride=kstride,
@@ -96,14 +97,15 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
-                          split: bool = False):
+                          split: bool = False, row_groups: int = 1):
     """Return the @flyc.jit launcher for one specialization (not cached here)."""
+    RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
     PADDED = D != DV
     is_f32 = dtype == "f32"
     eb = _ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, DV, num_waves)
+    cfg = kernel_config(dtype, DV, num_waves, row_groups)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
     QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
@@ -179,8 +181,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         zero_f = fx.Float32(0.0)
         sk_last = sk - 1
 
-        row = qblk * BLOCK_M + wave * 16 + r
-        row_c = (row < sq).select(row, sq - 1)
+        rows = [qblk * BLOCK_M + wave * (16 * RG) + 16 * u + r for u in range_constexpr(RG)]
+        rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
 
         def load_vec(ptr, off, n):
             if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
@@ -303,7 +305,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             return fx.Vector(rocdl.mfma_f32_16x16x32_f16(f32v4(), [a, b_, c, 0, 0, 0]))
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
-        q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC, g * QN)
+        q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
+                    for u in range_constexpr(RG)]
         if const_expr(USE_LDS and PADDED):
             # the padding columns of the LDS tiles are never written by the tile copies: zero them
             # once (the loop's first barrier orders this before any read)
@@ -335,118 +338,134 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             lim = (lim < kv_start).select(kv_start, lim)
             full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
 
-        init = [neg_inf, zero_f] + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(VN)]
+        # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
+        init = ([neg_inf] * RG + [zero_f] * RG
+                + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(RG * VN)])
         if const_expr(USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
+        def score_tile(acc, kb, t, u, masked):
+            """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
+            element i is key kb + 16t + 4g + i of row rows[u]."""
+            vals = []
+            for i in range_constexpr(4):
+                kidx = kb + 16 * t + 4 * g + i
+                sc = acc[i] * c_qk
+                if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
+                    sc = fx.Float32(tanh(sc / cap)) * cap
+                if const_expr(not masked):
+                    vals.append(sc)
+                    continue
+                ok = kidx < sk
+                if const_expr(causal):
+                    ok = ok & (kidx <= rows[u])
+                if const_expr(mask_kind != MASK_NONE):
+                    kc = (kidx < sk).select(kidx, sk_last)
+                    moff = m_base + rows_c[u] * m_sq + kc * m_sk
+                    if const_expr(mask_kind == MASK_BOOL):
+                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                        ok = ok & (mv != fx.Uint8(0))
+                    else:
+                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                        sc = sc + fx.Float32(mv) * LOG2E
+                vals.append(ok.select(sc, neg_inf))
+            return vals
+
         def kv_step(kb, state, masked):
             """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
             user-mask checks (only the tiles that straddle them need those)."""
-            m_old = state[0]
-            l_old = state[1]
-            o_acc = [state[2 + i] for i in range_constexpr(VN)]
+            m_old = state[:RG]
+            l_old = state[RG:2 * RG]
+            o_acc = [[state[2 * RG + u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+            ST = 2 * RG + RG * VN        # first prefetch entry of the state
             nxt = []
             if const_expr(USE_LDS):
                 # stage the prefetched tile, then prefetch the next one while computing
                 gpu_barrier()
-                lds_store_tile([state[2 + VN + i] for i in range_constexpr(CH_ITERS)],
-                               [state[2 + VN + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
+                lds_store_tile([state[ST + i] for i in range_constexpr(CH_ITERS)],
+                               [state[ST + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
                 gpu_barrier()
                 nk, nv = gload_tile(kb + BLOCK_N)
                 nxt = nk + nv
 
-            # ---- Sᵀ = K Qᵀ per 16-key tile ----
-            s_tiles = []
+            # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
+            s_tiles = [[] for _ in range_constexpr(RG)]
             for t in range_constexpr(N_TILES):
                 k_chunks = k_operand(kb, t)
-                acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                if const_expr(QK32):
-                    for s in range_constexpr(D // 32):
-                        acc = mfma32(k_chunks[s], q_chunks[s], acc)
-                else:
-                    for s in range_constexpr(KSTEPS):
-                        if const_expr(is_f32):
-                            acc = mfma(elem(k_chunks, QC, s), elem(q_chunks, QC, s), acc)
-                        else:
-                            acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks, QC, 4 * s), acc)
-                acc = fx.Vector(acc)
-                # scale, mask, tails: element i is key kb + 16t + 4g + i of row `row`
-                vals = []
-                for i in range_constexpr(4):
-                    kidx = kb + 16 * t + 4 * g + i
-                    sc = acc[i] * c_qk
-                    if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
-                        sc = fx.Float32(tanh(sc / cap)) * cap
-                    if const_expr(not masked):
-                        vals.append(sc)
-                        continue
-                    ok = kidx < sk
-                    if const_expr(causal):
-                        ok = ok & (kidx <= row)
-                    if const_expr(mask_kind != MASK_NONE):
-                        kc = (kidx < sk).select(kidx, sk_last)
-                        moff = m_base + row_c * m_sq + kc * m_sk
-                        if const_expr(mask_kind == MASK_BOOL):
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                            ok = ok & (mv != fx.Uint8(0))
-                        else:
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                            sc = sc + fx.Float32(mv) * LOG2E
-                    vals.append(ok.select(sc, neg_inf))
-                s_tiles.append(vals)
+                for u in range_constexpr(RG):
+                    acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                    if const_expr(QK32):
+                        for s in range_constexpr(D // 32):
+                            acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
+                    else:
+                        for s in range_constexpr(KSTEPS):
+                            if const_expr(is_f32):
+                                acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
+                            else:
+                                acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
+                    s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
-            # ---- online softmax ----
-            m_loc = m_old
-            for t in range_constexpr(N_TILES):
-                for i in range_constexpr(4):
-                    m_loc = fx.arith.maxnumf(m_loc, s_tiles[t][i])
-            m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
-            m_new = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
-            m_use = (m_new == neg_inf).select(zero_f, m_new)
-            alpha = exp2(m_old - m_use)
-            l_new = l_old * alpha
-            p_tiles = []
-            for t in range_constexpr(N_TILES):
-                ps = []
-                for i in range_constexpr(4):
-                    p = exp2(s_tiles[t][i] - m_use)
-                    l_new = l_new + p
-                    ps.append(p)
-                p_tiles.append(ps)
-            o_acc = [fx.Vector(o_acc[i]) * alpha for i in range_constexpr(VN)]
+            # ---- online softmax, per row group ----
+            m_new, l_new, p_tiles = [], [], []
+            for u in range_constexpr(RG):
+                m_loc = m_old[u]
+                for t in range_constexpr(N_TILES):
+                    for i in range_constexpr(4):
+                        m_loc = fx.arith.maxnumf(m_loc, s_tiles[u][t][i])
+                m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
+                m_n = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
+                m_use = (m_n == neg_inf).select(zero_f, m_n)
+                alpha = exp2(m_old[u] - m_use)
+                l_n = l_old[u] * alpha
+                pt = []
+                for t in range_constexpr(N_TILES):
+                    ps = []
+                    for i in range_constexpr(4):
+                        p = exp2(s_tiles[u][t][i] - m_use)
+                        l_n = l_n + p
+                        ps.append(p)
+                    pt.append(ps)
+                o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
+                m_new.append(m_n)
+                l_new.append(l_n)
+                p_tiles.append(pt)
 
-            # ---- Oᵀ += Vᵀ Pᵀ ----
+            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
             if const_expr(PV32):
                 # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
                 for tp in range_constexpr(N_TILES // 2):
                     t0 = 2 * tp
                     v_rows = [v_operand(kb, t0 + j // 4, j % 4) for j in range_constexpr(8)]
-                    pb = fx.Vector.from_elements(p_tiles[t0] + p_tiles[t0 + 1], fx.Float32).to(Elem)  # gfx950 only
+                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
+                           for u in range_constexpr(RG)]
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
-                        o_acc[dt] = mfma32(va, pb, o_acc[dt])
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
             for t in range_constexpr(0 if PV32 else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
-                        acc = o_acc[dt]
-                        for j in range_constexpr(4):
-                            acc = mfma(elem(v_rows[j], VC, dt), p_tiles[t][j], acc)
-                        o_acc[dt] = acc
+                        for u in range_constexpr(RG):
+                            acc = o_acc[u][dt]
+                            for j in range_constexpr(4):
+                                acc = mfma(elem(v_rows[j], VC, dt), p_tiles[u][t][j], acc)
+                            o_acc[u][dt] = acc
                 else:
-                    pb = p_to_elem(p_tiles[t])
+                    pbs = [p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
-                        o_acc[dt] = mfma(va, pb, o_acc[dt])
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
 
-            return [m_new, l_new] + o_acc + nxt
+            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt
 
         for kb_idx, state in range(fx.Index(kv_start), fx.Index(full_end), fx.Index(BLOCK_N), init=init):
             res_full = yield kv_step(fx.Int32(kb_idx), state, False)
         for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
             results = yield kv_step(fx.Int32(kb_idx), state, True)
 
-        def store_output(o_fin, inv_l):
+        def store_output(row, o_fin, inv_l):
             """O[row, (4g+i)*VN + dt] = acc_dt[i] / l, real head-dim columns only."""
             if row < sq:
                 for i in range_constexpr(4):
@@ -466,30 +485,33 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         else:
                             fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
 
-        # ---- epilogue: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
-        l_part = results[1]
-        l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
-        l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
-        inv_l = (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot)
-        o_fin = [fx.Vector(results[2 + dt]) for dt in range_constexpr(VN)]
-        if const_expr(split):
-            # partial results, fp32 and unnormalized: W [B, H, nsplit, Sq, D], WML [..., Sq, 2] = (m, l)
-            # in log2 units; an empty slice leaves m = -inf, l = 0, O = 0 (weight 0 in the combine)
-            w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
-            ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
+        def store_partials(row, o_fin, m, l_tot):
+            """Split KV: fp32 unnormalized partials, W [B, H, nsplit, Sq, D] and WML [..., Sq, 2] =
+            (m, l) in log2 units; an empty slice leaves m = -inf, l = 0, O = 0 (combine weight 0)."""
             prow = ((b * nh + h) * nsplit + part) * sq + row
             if row < sq:
                 if g == 0:
-                    fx.ptr_store(fx.Vector.from_elements([results[0], l_tot], fx.Float32),
-                                 ml_ptr + fx.Int64(prow * 2))
+                    fx.ptr_store(fx.Vector.from_elements([m, l_tot], fx.Float32), ml_ptr + fx.Int64(prow * 2))
                 for i in range_constexpr(4):
                     off = prow * D + (4 * g + i) * VN
                     for c in range_constexpr(VN // WC):
                         vals = [o_fin[c * WC + e][i] for e in range_constexpr(WC)]
                         out = fx.Vector.from_elements(vals, fx.Float32) if WC > 1 else fx.Float32(vals[0])
                         fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
-        if const_expr(not split):
-            store_output(o_fin, inv_l)
+
+        # ---- epilogue, per row group: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
+        if const_expr(split):
+            w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
+            ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
+        for u in range_constexpr(RG):
+            l_part = results[RG + u]
+            l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
+            l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
+            o_fin = [fx.Vector(results[2 * RG + u * VN + dt]) for dt in range_constexpr(VN)]
+            if const_expr(split):
+                store_partials(rows[u], o_fin, results[u], l_tot)
+            else:
+                store_output(rows[u], o_fin, (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot))
 
     @flyc.jit
     def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
