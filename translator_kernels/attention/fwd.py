@@ -83,6 +83,7 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1
     n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
     block_n = 16 * n_tiles
     kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
+    vstride = block_n + 4                  # Vᵀ row (one d, all keys): 16 lanes' 8-byte reads hit 32 banks
     return dict(
         n_tiles=n_tiles,
         block_n=block_n,
@@ -91,7 +92,8 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1
         threads=64 * num_waves,
         use_lds=use_lds,
         lds_stride=kstride,
-        lds_bytes=2 * block_n * kstride * eb if use_lds else 0,
+        lds_vstride=vstride,
+        lds_bytes=(block_n * kstride + head_dim * vstride) * eb if use_lds else 0,
     )
 
 
@@ -112,6 +114,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
     VC = _chunk(math.gcd(VN, DV), eb)
     WC = _chunk(VN, 4)               # fp32 partial-output store chunk (split KV)
+    OC = _chunk(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
@@ -119,7 +122,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and PV32_ON
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
-    USE_LDS, LSTR = cfg["use_lds"], cfg["lds_stride"]
+    USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
+    # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
+    # contiguous read, and MFMA row m of Oᵀ tile dt stands for d = 16 dt + m ("tile" order);
+    # without LDS a lane reads V rows from global memory and row m stands for d = m VN + dt.
+    VT = USE_LDS
     CE = _chunk(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
     ROW_CH = DV // CE                # chunks per K/V row
     PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
@@ -131,7 +138,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @fx.struct
     class KVStage:
         k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
-        v: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
+        v: fx.Array[Elem, max(1, D * VSTR), 16]
 
     def f32v4():
         return ir.VectorType.get([4], ir.F32Type.get())
@@ -258,20 +265,28 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 key = (key < sk).select(key, sk_last)
                 col = (c % ROW_CH) * CE
                 ks.append(load_vec(k_ptr, k_base + key * k_ss + col, CE))
-                vs.append(load_vec(v_ptr, v_base + key * v_ss + col, CE))
+                # V: consecutive lanes take consecutive keys of one column chunk, so that the
+                # transposed LDS writes of a wave land on consecutive addresses
+                vkey = kb + c % BLOCK_N
+                vkey = (vkey < sk).select(vkey, sk_last)
+                vs.append(load_vec(v_ptr, v_base + vkey * v_ss + (c // BLOCK_N) * CE, CE))
             return ks, vs
+
+        def lds_store_chunk(k_chunk, v_chunk, c):
+            fx.ptr_store(k_chunk, lds_k + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
+            vt = (c // BLOCK_N) * CE * VSTR + c % BLOCK_N  # Vᵀ[col][key], one element at a time
+            vv = fx.Vector(v_chunk)
+            for e in range_constexpr(CE):
+                fx.ptr_store(vv[e], lds_v + fx.Int64(vt + e * VSTR))
 
         def lds_store_tile(ks, vs):
             for it in range_constexpr(CH_ITERS):
                 c = tid + it * THREADS
-                off = (c // ROW_CH) * LSTR + (c % ROW_CH) * CE
                 if const_expr(CH_EXACT):
-                    fx.ptr_store(ks[it], lds_k + fx.Int64(off))
-                    fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+                    lds_store_chunk(ks[it], vs[it], c)
                 else:
                     if c < TILE_CH:
-                        fx.ptr_store(ks[it], lds_k + fx.Int64(off))
-                        fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+                        lds_store_chunk(ks[it], vs[it], c)
 
         def lds_chunks(ptr, off, total, chunk):
             ty = ir.VectorType.get([chunk], _ir_elem(dtype))
@@ -289,10 +304,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             key_c = (key < sk).select(key, sk_last)
             return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN)
 
+        def vt_operand(t, dt):
+            """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
+            ty = ir.VectorType.get([4], _ir_elem(dtype))
+            return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * VSTR + 16 * t + 4 * g), result_type=ty)
+
         def v_operand(kb, t, j):
-            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN)."""
-            if const_expr(USE_LDS):
-                return lds_chunks(lds_v, (16 * t + 4 * g + j) * LSTR + r * VN, VN, VC)
+            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN) (global memory, no LDS)."""
             key = kb + 16 * t + 4 * g + j
             key_c = (key < sk).select(key, sk_last)
             # padding columns only feed padding rows of Oᵀ, which are never stored
@@ -312,10 +330,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             # once (the loop's first barrier orders this before any read)
             for it in range_constexpr(PAD_ITERS):
                 e = tid + it * THREADS
-                off = (e // (D - DV)) * LSTR + DV + e % (D - DV)
                 if e < PAD_EL:
-                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64(off))
-                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64(off))
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((DV + e // BLOCK_N) * VSTR + e % BLOCK_N))
 
         # ---- key range ----
         kv_end = sk
@@ -431,7 +448,31 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 p_tiles.append(pt)
 
             # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
-            if const_expr(PV32):
+            if const_expr(VT and PV32):
+                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
+                for tp in range_constexpr(N_TILES // 2):
+                    t0 = 2 * tp
+                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
+                           for u in range_constexpr(RG)]
+                    for dt in range_constexpr(VN):
+                        lo, hi = fx.Vector(vt_operand(t0, dt)), fx.Vector(vt_operand(t0 + 1, dt))
+                        va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
+            elif const_expr(VT):
+                for t in range_constexpr(N_TILES):
+                    pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
+                    for dt in range_constexpr(VN):
+                        va = fx.Vector(vt_operand(t, dt))
+                        for u in range_constexpr(RG):
+                            if const_expr(is_f32):
+                                acc = o_acc[u][dt]
+                                for j in range_constexpr(4):
+                                    acc = mfma(va[j], pbs[u][j], acc)
+                                o_acc[u][dt] = acc
+                            else:
+                                o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
+            elif const_expr(PV32):
                 # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
                 for tp in range_constexpr(N_TILES // 2):
                     t0 = 2 * tp
@@ -442,7 +483,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
                         for u in range_constexpr(RG):
                             o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
-            for t in range_constexpr(0 if PV32 else N_TILES):
+            for t in range_constexpr(0 if PV32 or VT else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
@@ -466,7 +507,22 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             results = yield kv_step(fx.Int32(kb_idx), state, True)
 
         def store_output(row, o_fin, inv_l):
-            """O[row, (4g+i)*VN + dt] = acc_dt[i] / l, real head-dim columns only."""
+            """O[row, d] = acc / l over this lane's d (see VT), real head-dim columns only."""
+            if const_expr(VT):
+                if row < sq:
+                    for dt in range_constexpr(VN):
+                        col = 16 * dt + 4 * g
+                        for c in range_constexpr(4 // OC):
+                            vals = [o_fin[dt][c * OC + e] * inv_l for e in range_constexpr(OC)]
+                            out = fx.Vector.from_elements(vals, fx.Float32) if OC > 1 else fx.Float32(vals[0])
+                            if const_expr(not is_f32):
+                                out = out.to(Elem)
+                            if const_expr(PADDED):
+                                if col + c * OC < DV:
+                                    fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                            else:
+                                fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                return
             if row < sq:
                 for i in range_constexpr(4):
                     col = (4 * g + i) * VN
@@ -492,7 +548,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             if row < sq:
                 if g == 0:
                     fx.ptr_store(fx.Vector.from_elements([m, l_tot], fx.Float32), ml_ptr + fx.Int64(prow * 2))
-                for i in range_constexpr(4):
+                if const_expr(VT):
+                    for dt in range_constexpr(VN):
+                        fx.ptr_store(fx.Vector(o_fin[dt]), w_ptr + fx.Int64(prow * D + 16 * dt + 4 * g))
+                for i in range_constexpr(0 if VT else 4):
                     off = prow * D + (4 * g + i) * VN
                     for c in range_constexpr(VN // WC):
                         vals = [o_fin[c * WC + e][i] for e in range_constexpr(WC)]
