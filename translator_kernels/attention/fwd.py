@@ -40,8 +40,8 @@ from translator_kernels.device_math import tanh
 
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
-# gfx950 16x16x32 MFMA for PV too: flysim-verified, but gathering 8 V keys per operand costs
-# ~56 VGPRs (bf16 D=128: 170 vs 114, 2 vs 4 waves/SIMD), so it is off by default
+# gfx950 16x16x32 MFMA for PV: always with the transposed LDS V (an operand is two 8-byte reads);
+# from global V rows gathering 8 keys per operand costs ~56 VGPRs, so that path keeps it off
 PV32_ON = False
 
 # mask kinds (constexpr)
@@ -119,7 +119,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
     QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
-    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and PV32_ON
+    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and (PV32_ON or cfg["use_lds"])
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
