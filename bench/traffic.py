@@ -109,11 +109,10 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
         n_pad, k_pad = padded_shape(n, k)
         return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e
     if family == "attention":
-        from translator_kernels.attention import num_waves_for
-        from translator_kernels.attention.fwd import kernel_config
+        from translator_kernels.attention import attention_config
 
         b, s, h, d = shape
-        cfg = kernel_config(dt, d, num_waves_for(s))
+        cfg = attention_config(dt, d, s)
         bm, bn = cfg["block_m"], cfg["block_n"]
         # causal: q tile i walks keys [0, min(s, (i+1)*bm)) in blocks of bn; with LDS staging the
         # kernel prefetches one more (clamped, in-bounds) block after the last one

@@ -1,9 +1,9 @@
 """Flash attention kernel vs eager torch SDPA (fp32-computed reference), run under flysim.
 
 One table of cases drives one test; the default set is a covering subset (dtypes, causal,
-mask kinds, GQA/MQA, tails, Sq=1 decode, every head dim at least once), the full sweep of
-issue #6 (B, H, Hkv, Sq, Sk, D, causal, mask, dtype, arch) is marked slow. Every numeric test
-asserts that the FlyDSL kernel was launched under the simulator.
+mask kinds, GQA/MQA, tails, Sq=1 decode, padded head dims, soft-cap, per-head scale), the full
+sweep (B, H, Hkv, Sq, Sk, D, causal, mask, dtype, options, arch) is marked slow. Every numeric
+test asserts that the FlyDSL kernel was launched under the simulator.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from translator_kernels.attention import attention
+from translator_kernels.attention import CUS, attention, split_plan
 
 flysim = pytest.importorskip("flysim")
 
@@ -49,56 +49,118 @@ def make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask_kind, seed=0):
     return q, k, v, mask
 
 
-def reference(q, k, v, mask, causal, scale=None):
+def reference(q, k, v, mask, causal, scale=None, softcap=None, head_scale=None):
     m = mask if mask is None or mask.dtype == torch.bool else mask.float()
-    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal,
-                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if softcap is None and head_scale is None:
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal,
+                                              scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    s = q.float() @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if head_scale is not None:
+        s = s * head_scale.view(1, -1, 1, 1)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
+    return (torch.softmax(s, -1).nan_to_num(0.0) @ v)
 
 
-def run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask_kind, scale=None):
+def options(opt, H, seed=0):
+    """"cap": a soft-cap of 5 over unscaled scores (so it bites); "hs": per-head scales in [0, 4)."""
+    if opt == "cap":
+        return {"softcap": 5.0, "scale": 1.0}
+    if opt == "hs":
+        return {"head_scale": torch.rand(H, generator=torch.Generator().manual_seed(seed)) * 4, "scale": 1.0}
+    return {}
+
+
+def run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask_kind, scale=None, opt=None):
     q, k, v, mask = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask_kind)
+    kw = options(opt, H) if opt else {"scale": scale}
     with _simulate(arch) as sim:
-        out = attention(q, k, v, mask=mask, causal=causal, scale=scale)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run under flysim"
+        out = attention(q, k, v, mask=mask, causal=causal, **kw)
+    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch)
+    expect = ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
+    assert [ln.kernel.rsplit("_", 1)[0] for ln in sim.launches] == expect, "the FlyDSL kernels did not run under flysim"
     assert out.dtype == q.dtype and out.shape == q.shape
-    ref = reference(q, k, v, mask, causal, scale)
+    ref = reference(q, k, v, mask, causal, **kw)
     atol, rtol = TOL[dtype]
+    if opt == "hs" and dtype == "f32":  # scores up to 4x the default scale: fp32 rounding grows with them
+        atol, rtol = 4 * atol, 4 * rtol
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
 
 
-#       B  H Hkv  Sq   Sk   D   dtype   causal mask
+#       B  H Hkv  Sq   Sk   D   dtype   causal mask   option
 FAST = [
-    (1, 1, 1, 17, 64, 64, "bf16", False, None),
-    (1, 2, 2, 64, 64, 64, "bf16", True, None),
-    (2, 4, 2, 130, 100, 128, "bf16", True, None),    # GQA, tails on both axes, 4 waves
-    (1, 4, 1, 1, 130, 128, "bf16", False, None),     # MQA decode, Sq = 1
-    (1, 1, 1, 17, 64, 32, "f32", False, None),
-    (1, 2, 2, 64, 17, 64, "f32", True, None),        # Sq > Sk causal
-    (1, 1, 1, 33, 70, 80, "f16", False, "add"),
-    (1, 2, 1, 40, 50, 96, "bf16", False, "bool"),    # fully masked row 0
-    (1, 1, 1, 20, 40, 256, "bf16", True, "add"),
-    (1, 1, 1, 17, 17, 256, "f32", False, "bool"),
+    (1, 1, 1, 17, 64, 64, "bf16", False, None, None),
+    (1, 2, 2, 64, 64, 64, "bf16", True, None, None),
+    (2, 4, 2, 130, 100, 128, "bf16", True, None, None),    # GQA, tails on both axes, 4 waves
+    (1, 4, 1, 1, 130, 128, "bf16", False, None, None),     # MQA decode, Sq = 1
+    (1, 1, 1, 17, 64, 32, "f32", False, None, None),
+    (1, 2, 2, 64, 17, 64, "f32", True, None, None),        # Sq > Sk causal
+    (1, 1, 1, 33, 70, 80, "f16", False, "add", None),
+    (1, 2, 1, 40, 50, 96, "bf16", False, "bool", None),    # fully masked row 0
+    (1, 1, 1, 20, 40, 256, "bf16", True, "add", None),
+    (1, 1, 1, 17, 17, 256, "f32", False, "bool", None),
+    # padded head dims (tiles cover D rounded up to 16): register path and LDS path
+    (1, 2, 1, 10, 33, 12, "f32", False, None, None),
+    (1, 2, 2, 40, 50, 24, "bf16", True, None, None),
+    (1, 4, 2, 20, 40, 40, "f16", False, "add", "cap"),     # GQA 2 + Gemma-2 soft-cap
+    (1, 8, 1, 33, 20, 8, "bf16", True, None, "hs"),        # MQA + per-head scale
 ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,causal,mask", FAST)
-def test_attention(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask):
-    run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask)
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,causal,mask,opt", FAST)
+def test_attention(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
+    run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt=opt)
 
 
 def _sweep():
     for B, H, Sq, Sk, D in itertools.product((1, 2), (1, 4), (1, 17, 64, 130), (1, 17, 64, 130), (32, 64, 80, 128)):
         for Hkv in sorted({1, H}):
             for dtype, causal, mask in itertools.product(DTYPES, (False, True), (None, "bool", "add")):
-                yield B, H, Hkv, Sq, Sk, D, dtype, causal, mask
+                yield B, H, Hkv, Sq, Sk, D, dtype, causal, mask, None
+    # issue #15: head dims 8..256 (padded ones), GQA ratios 1, 4, 8 and MQA, soft-cap, per-head scale
+    for D, (H, Hkv), (Sq, Sk), opt in itertools.product((8, 16, 24, 40, 64, 128, 256), ((8, 8), (8, 2), (8, 1)),
+                                                        ((1, 77), (33, 70), (70, 33)), (None, "cap", "hs")):
+        for dtype, causal in (("bf16", True), ("f32", False)):
+            yield 1, H, Hkv, Sq, Sk, D, dtype, causal, None, opt
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,causal,mask", list(_sweep()))
-def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask):
-    run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask)
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,causal,mask,opt", list(_sweep()))
+def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
+    run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt=opt)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("D", [64, 128])
+def test_decode_split_covers_twice_the_cus(arch, D):
+    """B=1, H=32, Sq=1, Sk=4096: the KV split makes the grid >= 2x the CUs (plan only, no launch)."""
+    nsplit, chunk = split_plan(1, 32, 1, 4096, D, "bf16", arch)
+    assert 32 * nsplit >= 2 * CUS[arch] and nsplit * chunk >= 4096 > (nsplit - 1) * chunk
+
+
+@pytest.mark.parametrize("arch,B,H,Hkv,Sq,Sk,D,dtype,causal,mask,splits", [
+    ("gfx942", 1, 2, 1, 1, 300, 64, "bf16", False, None, None),   # MQA decode: splits by itself (5 slices)
+    ("gfx950", 1, 2, 2, 3, 200, 40, "f32", True, "bool", None),   # padded D, causal, a fully masked row
+    ("gfx942", 1, 2, 1, 40, 150, 24, "bf16", True, None, 3),      # forced: LDS path, empty causal slices
+])
+def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, splits):
+    q, k, v, m = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask)
+    with _simulate(arch) as sim:
+        out = attention(q, k, v, mask=m, causal=causal, num_splits=splits)
+    fwd, comb = sim.launches
+    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch, splits)
+    assert nsplit > 1 and fwd.kernel.startswith("attention_fwd") and comb.kernel.startswith("attention_combine")
+    assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B) and comb.grid == (Sq, H, B)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), reference(q, k, v, m, causal), atol=atol, rtol=rtol)
 
 
 def test_custom_scale_and_strided_inputs():
@@ -132,7 +194,10 @@ def test_fp32_inputs_with_bf16_precision():
 
 
 @pytest.mark.parametrize("kwargs,shapes,match", [
-    ({}, ((1, 1, 8, 48), (1, 1, 8, 48)), "head_dim 48"),
+    ({}, ((1, 1, 8, 264), (1, 1, 8, 264)), "head_dim 264"),
+    ({}, ((1, 1, 8, 4), (1, 1, 8, 4)), "head_dim 4"),
+    ({"softcap": 0.0}, ((1, 1, 8, 64), (1, 1, 8, 64)), "softcap"),
+    ({"head_scale": torch.ones(3)}, ((1, 2, 8, 64), (1, 2, 8, 64)), "per head"),
     ({}, ((1, 3, 8, 64), (1, 2, 8, 64)), "must divide"),
     ({"mask": torch.zeros(3, 9)}, ((1, 1, 8, 64), (1, 1, 8, 64)), "does not broadcast"),
     ({"mask": torch.zeros(8, 8, dtype=torch.int32)}, ((1, 1, 8, 64), (1, 1, 8, 64)), "mask dtype"),

@@ -1,8 +1,11 @@
-"""Attention family: `flydsl.attention(q, k, v, mask, causal, scale)` — fused flash attention.
+"""Attention family: `flydsl.attention(q, k, v, mask, causal, scale, softcap, head_scale)`.
 
 q [B, H, Sq, D], k / v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA served without
-repeating K/V), mask None or an additive float / boolean (True = keep) tensor broadcastable
-to [B, H, Sq, Sk], causal with torch's top-left convention, scale default 1/sqrt(D).
+repeating K/V), any D from 8 to 256, mask None or an additive float / boolean (True = keep)
+tensor broadcastable to [B, H, Sq, Sk], causal with torch's top-left convention, scale default
+1/sqrt(D). Scores are s = q·kᵀ * scale * head_scale[h] (head_scale: H per-head multipliers, as
+Swin-V2's cosine attention), then softcap * tanh(s / softcap) when softcap is set (Gemma-2),
+then the mask.
 
 Forms matched (where they appear):
 - ``aten.scaled_dot_product_attention`` — F.scaled_dot_product_attention in HF "sdpa"
@@ -22,34 +25,50 @@ from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, dtype_of, dtype_reason, is_static, shape_of
 
-HEAD_DIMS = (32, 64, 80, 96, 128, 256)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
+HEAD_DIMS = range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1)
 
 
 @torch.library.custom_op("flydsl::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-              causal: bool, scale: Optional[float]) -> torch.Tensor:
-    return dispatch("attention", q, k, v, mask, causal, scale)
+              causal: bool, scale: Optional[float], softcap: Optional[float] = None,
+              head_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale)
 
 
 @attention.register_fake
-def _(q, k, v, mask, causal, scale):
+def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-def ref_attention(q, k, v, mask, causal, scale):
+def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
+    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V."""
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:
         k = k.repeat_interleave(h // hkv, dim=1)
         v = v.repeat_interleave(h // hkv, dim=1)
     m = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal, scale=scale)
-    return out.to(q.dtype)
+    if softcap is None and head_scale is None:
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal,
+                                             scale=scale)
+        return out.to(q.dtype)
+    s = q.float() @ k.float().transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if head_scale is not None:
+        s = s * head_scale.float().reshape(-1).expand(h).view(1, h, 1, 1)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # a fully masked row gives 0, as SDPA and the kernel do
+    return (p @ v.float()).to(q.dtype)
 
 
-def kernel_attention(q, k, v, mask, causal, scale):
+def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
     from translator_kernels.attention import attention as run
 
-    return run(q, k, v, mask=mask, causal=causal, scale=scale)
+    return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale)
 
 
 def _sample(dt):
@@ -88,8 +107,10 @@ def sdpa_supported(node, ctx):
     d = shape_of(q)[-1]
     if not is_static(d, shape_of(k)[1], shape_of(q)[1]):
         return "head count or head_dim is dynamic"
-    if d not in HEAD_DIMS or shape_of(v)[-1] != d:
-        return f"head_dim={d} (value head_dim {shape_of(v)[-1]}) is not one of {HEAD_DIMS}"
+    if d not in HEAD_DIMS:
+        return f"head_dim={d} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (the kernel pads up to 256)"
+    if shape_of(v)[-1] != d:
+        return f"value head_dim {shape_of(v)[-1]} differs from the query's {d} (not supported by the kernel)"
     h, hkv = shape_of(q)[1], shape_of(k)[1]
     if h % hkv:
         return f"{h} query heads are not a multiple of {hkv} key/value heads"

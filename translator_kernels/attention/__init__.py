@@ -1,12 +1,25 @@
 """Flash attention forward: torch entry point, validation and launcher cache.
 
-    out = attention(q, k, v, mask=None, causal=False, scale=None)
+    out = attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, head_scale=None)
 
-q [B, H, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA read the shared K/V head,
-nothing is repeated); D in {32, 64, 80, 96, 128, 256}; fp32, bf16 or fp16 (output dtype = q
-dtype; fp32 runs fp32 MFMA unless precision="bf16"/"fp16" asks for a cast). `mask` is an
-additive float mask or a boolean keep-mask (True = attend, as SDPA) broadcastable to
-[B, H, Sq, Sk]; `causal` is SDPA's top-left aligned is_causal. Any Sq, Sk >= 1.
+q [B, H, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA: query head h reads K/V
+head h // (H / Hkv), as repeat_interleave would lay them out; nothing is repeated); any D from
+8 to 256 (the kernel's tiles cover D rounded up to 16; the padding columns read as zero and are
+never stored); fp32, bf16 or fp16 (output dtype = q dtype; fp32 runs fp32 MFMA unless
+precision="bf16"/"fp16" asks for a cast). `mask` is an additive float mask or a boolean
+keep-mask (True = attend, as SDPA) broadcastable to [B, H, Sq, Sk]; `causal` is SDPA's top-left
+aligned is_causal. Any Sq, Sk >= 1.
+
+Decode (flash-decoding): when the grid of (query blocks, heads, batch) would cover fewer than
+twice the CUs (304 on MI300X, 256 on MI355X) and the query fits one wave (Sq <= 16), the keys
+are split into slices of whole KV tiles, one workgroup each, so that the grid reaches 2x the
+CUs where Sk allows; the forward kernel writes fp32 partial results and combine.py merges them
+in slice order (deterministic). `num_splits` forces a split count (tests, benchmarks).
+
+Score options, applied in this order before the mask: `scale` (default 1/sqrt(D)) times
+`head_scale[h]` when given (a tensor of H per-head multipliers: Swin-V2's cosine attention
+passes exp(logit_scale) with scale=1), then `softcap`: s -> softcap * tanh(s / softcap)
+(Gemma-2's attention logit soft-capping).
 
 The kernel (attention_fwd.py) takes element strides, so q/k/v/o only need a unit stride on
 the head dimension; a broadcast mask is passed as its own storage plus broadcast strides
@@ -22,12 +35,16 @@ import math
 import torch
 
 from translator_kernels import jit_memo
-from translator_kernels.attention.fwd import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel
+from translator_kernels.attention.combine import make_combine_kernel
+from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
+                                              padded_head_dim)
 
-HEAD_DIMS = (32, 64, 80, 96, 128, 256)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
 _I32_LIMIT = 2**31
+LOG2E = 1.4426950408889634
+CUS = {"gfx942": 304, "gfx950": 256}
 
 
 def _arch() -> str:
@@ -36,18 +53,54 @@ def _arch() -> str:
     return get_rocm_arch()
 
 
-def num_waves_for(sq: int) -> int:
-    """Waves per workgroup (16 query rows each): fewer for short Sq such as decode."""
-    return 1 if sq <= 16 else 2 if sq <= 32 else 4
+def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
+    """(waves per workgroup, 16-row groups per wave). A wave takes 32 query rows (two groups
+    sharing each K / V operand read: half the LDS bytes and per-tile overhead per score) for
+    16-bit inputs up to D=128 when Sq > 16; fp32 and D > 128 keep 16 rows (registers); decode
+    (Sq <= 16) takes one 16-row wave. Fewer waves for short Sq."""
+    rg = 2 if sq > 16 and dtype != "f32" and padded_head_dim(head_dim) <= 128 else 1
+    rows = 16 * rg
+    return (1 if sq <= rows else 2 if sq <= 2 * rows else 4), rg
+
+
+def attention_config(dtype: str, head_dim: int, sq: int) -> dict:
+    """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
+    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim))
 
 
 @jit_memo.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
-                    mask_dtype: str, num_waves: int):
+                    mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
+                    split: bool = False, row_groups: int = 1):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"attention: head_dim {head_dim} not supported; use one of {HEAD_DIMS}")
-    return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch)
+    if not head_dim_supported(head_dim):
+        raise ValueError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
+    return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
+                                 head_scale, split, row_groups)
+
+
+@jit_memo.builder
+def build_combine(arch: str, dtype: str, head_dim: int):
+    """The split-KV combine launcher (arch keys the cache)."""
+    return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim))
+
+
+def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
+    """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above)."""
+    nw, _ = tile_plan(Sq, dtype, head_dim)
+    cfg = attention_config(dtype, head_dim, Sq)
+    tiles = -(-Sk // cfg["block_n"])
+    grid = -(-Sq // cfg["block_m"]) * H * B
+    if num_splits is None:
+        want = -(-2 * CUS.get(arch, 304) // grid)
+        if nw > 1 or want <= 1 or tiles < 2:
+            return 1, Sk
+        num_splits = want
+    per = max(1, tiles // max(1, int(num_splits)))
+    return -(-tiles // per), per * cfg["block_n"]
+
+def head_dim_supported(d) -> bool:
+    return isinstance(d, int) and MIN_HEAD_DIM <= d <= MAX_HEAD_DIM
 
 
 def _fail(msg: str):
@@ -88,8 +141,24 @@ def _prepare_mask(mask, B, H, Sq, Sk, qdtype, device):
     return kind, mname, flat, tuple(int(s) for s in strides)
 
 
+def _prepare_head_scale(head_scale, H, device):
+    """-> (flag, f32 [H] tensor): one multiplier per query head."""
+    if head_scale is None:
+        return False, torch.zeros(1, dtype=torch.float32, device=device)
+    if not isinstance(head_scale, torch.Tensor) or not head_scale.is_floating_point():
+        _fail(f"head_scale must be a float tensor of {H} per-head multipliers, got "
+              f"{type(head_scale).__name__ if not isinstance(head_scale, torch.Tensor) else head_scale.dtype}")
+    if head_scale.device != device:
+        _fail(f"head_scale is on {head_scale.device} but q is on {device}; move it to the same device")
+    if head_scale.numel() not in (1, H) or (head_scale.numel() == H and H > 1 and
+                                            [s for s in head_scale.shape if s != 1] != [H]):
+        _fail(f"head_scale of shape {tuple(head_scale.shape)} is not one multiplier per head "
+              f"(H = {H}: pass shape [{H}] or [1, {H}, 1, 1])")
+    return True, head_scale.detach().float().reshape(-1).expand(H).contiguous()
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
-              scale=None, precision=None) -> torch.Tensor:
+              scale=None, softcap=None, head_scale=None, precision=None, num_splits=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -110,8 +179,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
         _fail(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head_dim")
     if Hkv == 0 or H % Hkv:
         _fail(f"q has {H} heads and k/v have {Hkv}; the kv head count must divide the q head count")
-    if D not in HEAD_DIMS:
-        _fail(f"head_dim {D} not supported; use one of {HEAD_DIMS} (pad the head dim otherwise)")
+    if not head_dim_supported(D):
+        _fail(f"head_dim {D} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM} (split or pad the head dim)")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+        _fail(f"softcap={softcap!r} must be a positive finite number (or None for no capping)")
     if Sk == 0:
         _fail("Sk = 0 keys: nothing to attend to")
     out_dtype = q.dtype
@@ -127,6 +198,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     kind, mname, mflat, mstr = _prepare_mask(mask, B, H, Sq, Sk, q.dtype, q.device)
+    has_hs, hs = _prepare_head_scale(head_scale, H, q.device)
     out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mflat)):
         span = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
@@ -134,10 +206,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
             _fail(f"{name} spans {span * t.element_size()} bytes; the kernel addresses with "
                   f"32-bit offsets (< 2 GiB per tensor); split the batch")
 
-    nw = num_waves_for(Sq)
-    block_m = kernel_config(dtype, D, nw)["block_m"]
-    launch = build_attention(_arch(), dtype, D, bool(causal), kind, mname, nw)
-    jit_memo.call(launch, q, k, v, out, mflat, Sq, Sk, H // Hkv, scale * 1.4426950408889634,
-           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr,
-           -(-Sq // block_m), H, B)
+    arch = _arch()
+    nw, rg = tile_plan(Sq, dtype, D)
+    nq = -(-Sq // kernel_config(dtype, D, nw, rg)["block_m"])
+    nsplit, chunk = split_plan(B, H, Sq, Sk, D, dtype, arch, num_splits)
+    if nsplit > 1:
+        w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
+        wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
+    else:
+        w = wml = mflat.new_zeros(1, dtype=torch.float32)
+    launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
+                             rg)
+    cap = 1.0 if softcap is None else float(softcap) * LOG2E
+    args = (q, k, v, out, mflat, hs, w, wml, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, nq * nsplit, H, B)
+    jit_memo.call(launch, *args)
+    if nsplit > 1:
+        jit_memo.call(build_combine(arch, dtype, D), w, wml, out, Sq, H, nsplit, *out.stride()[:3], B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -36,10 +36,12 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
+from translator_kernels.device_math import tanh
+
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
-# gfx950 16x16x32 MFMA for PV too: flysim-verified, but gathering 8 V keys per operand costs
-# ~56 VGPRs (bf16 D=128: 170 vs 114, 2 vs 4 waves/SIMD), so it is off by default
+# gfx950 16x16x32 MFMA for PV: always with the transposed LDS V (an operand is two 8-byte reads);
+# from global V rows gathering 8 keys per operand costs ~56 VGPRs, so that path keeps it off
 PV32_ON = False
 
 # mask kinds (constexpr)
@@ -65,9 +67,15 @@ def _chunk(n: int, elem_bytes: int) -> int:
     return c
 
 
-def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the MFMA tiles cover: the next multiple of 16 (padding masked in the kernel)."""
+    return -(-head_dim // 16) * 16
+
+
+def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1) -> dict:
     """Static tile parameters of one specialization (also used by the notes/bench)."""
     eb = _ELEM_BYTES[dtype]
+    head_dim = padded_head_dim(head_dim)
     use_lds = num_waves > 1
     # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
     # staging with padding) so that three workgroups fit the 64 KB LDS of a gfx942 CU
@@ -75,39 +83,54 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
     n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
     block_n = 16 * n_tiles
     kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
+    vstride = block_n + 4                  # Vᵀ row (one d, all keys): 16 lanes' 8-byte reads hit 32 banks
     return dict(
         n_tiles=n_tiles,
         block_n=block_n,
-        block_m=16 * num_waves,
+        block_m=16 * row_groups * num_waves,
+        rows_per_wave=16 * row_groups,
         threads=64 * num_waves,
         use_lds=use_lds,
         lds_stride=kstride,
-        lds_bytes=2 * block_n * kstride * eb if use_lds else 0,
+        lds_vstride=vstride,
+        lds_bytes=(block_n * kstride + head_dim * vstride) * eb if use_lds else 0,
     )
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
-                          num_waves: int, arch: str = "gfx942"):
+                          num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
+                          split: bool = False, row_groups: int = 1):
     """Return the @flyc.jit launcher for one specialization (not cached here)."""
-    D = head_dim
+    RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
+    D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
+    DV = head_dim                    # the real head dim
+    PADDED = D != DV
     is_f32 = dtype == "f32"
     eb = _ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, D, num_waves)
+    cfg = kernel_config(dtype, DV, num_waves, row_groups)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
-    QC = _chunk(QN, eb)              # load chunk (elements)
+    QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
-    VC = _chunk(VN, eb)
+    VC = _chunk(math.gcd(VN, DV), eb)
+    WC = _chunk(VN, 4)               # fp32 partial-output store chunk (split KV)
+    OC = _chunk(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
-    QK32 = arch.startswith("gfx950") and not is_f32 and (D // 4) % 8 == 0
-    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and PV32_ON
+    QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
+    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and (PV32_ON or cfg["use_lds"])
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
-    USE_LDS, LSTR = cfg["use_lds"], cfg["lds_stride"]
-    CE = 16 // eb                    # elements per 16-byte cooperative chunk
-    ROW_CH = D // CE                 # chunks per K/V row
+    USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
+    # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
+    # contiguous read, and MFMA row m of Oᵀ tile dt stands for d = 16 dt + m ("tile" order);
+    # without LDS a lane reads V rows from global memory and row m stands for d = m VN + dt.
+    VT = USE_LDS
+    CE = _chunk(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
+    ROW_CH = DV // CE                # chunks per K/V row
+    PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
+    PAD_ITERS = -(-PAD_EL // THREADS)
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
@@ -115,15 +138,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @fx.struct
     class KVStage:
         k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
-        v: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
+        v: fx.Array[Elem, max(1, D * VSTR), 16]
 
     def f32v4():
         return ir.VectorType.get([4], ir.F32Type.get())
 
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
-        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor,
-        sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32,
+        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+        W: fx.Tensor, WML: fx.Tensor,
+        sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
+        nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
         q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
         k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
         v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -132,6 +157,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     ):
         tid = fx.Int32(fx.thread_idx.x)
         qblk = fx.Int32(fx.block_idx.x)
+        if const_expr(split):  # block_idx.x = query block + nq * KV split
+            part = qblk // nq
+            qblk = qblk % nq
         h = fx.Int32(fx.block_idx.y)
         b = fx.Int32(fx.block_idx.z)
         lane = tid % 64
@@ -145,6 +173,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         v_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(V))
         o_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(O))
         m_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(M))
+        if const_expr(head_scale):  # per-head multiplier of the scores (cosine attention)
+            hs_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(HS))
+            c_qk = c_qk * fx.Float32(fx.ptr_load(hs_ptr + fx.Int64(h), result_type=fx.Float32))
 
         q_base = b * q_sb + h * q_sh
         k_base = b * k_sb + kvh * k_sh
@@ -157,8 +188,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         zero_f = fx.Float32(0.0)
         sk_last = sk - 1
 
-        row = qblk * BLOCK_M + wave * 16 + r
-        row_c = (row < sq).select(row, sq - 1)
+        rows = [qblk * BLOCK_M + wave * (16 * RG) + 16 * u + r for u in range_constexpr(RG)]
+        rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
 
         def load_vec(ptr, off, n):
             if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
@@ -166,8 +197,19 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return fx.Vector.from_elements([x], Elem)
             return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], _ir_elem(dtype)))
 
-        def load_chunks(ptr, off, total, chunk):
-            return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+        def load_chunks(ptr, off, total, chunk, start=None, zero=True):
+            """`total` elements at off in `chunk`s; with `start` (the first element's column) the
+            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0."""
+            if const_expr(not PADDED or start is None):
+                return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+            out = []
+            for c in range_constexpr(total // chunk):
+                ok = start + c * chunk < DV
+                x = load_vec(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
+                if const_expr(zero):
+                    x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, Elem))
+                out.append(x)
+            return out
 
         def elem(chunks, chunk, idx):
             return fx.Vector(chunks[idx // chunk])[idx % chunk]
@@ -182,6 +224,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def exp2(x):
             """Hardware v_exp_f32 (afn: no device-library call); exp2(-inf) = 0."""
             return fx.math.exp2(x, fastmath=AFN)
+
+        def p_to_elem(ps):
+            """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
+            instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
+            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5."""
+            pv = fx.Vector.from_elements(ps, fx.Float32)
+            if const_expr(dtype != "bf16" or not arch.startswith("gfx942")):
+                return pv.to(Elem)
+            bits = fx.Vector(pv.bitcast(fx.Int32)) + fx.Vector.filled(4, 0x8000, fx.Int32)
+            halves = fx.Vector(fx.Vector(bits).bitcast(fx.Int16))
+            return fx.Vector(halves.shuffle(halves, [1, 3, 5, 7])).bitcast(fx.BFloat16)
 
         def mfma(a, b_, c):
             """One 16x16 MFMA step: fp32 16x16x4 (scalar operands) or 16x16x16 (4-vectors)."""
@@ -212,20 +265,28 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 key = (key < sk).select(key, sk_last)
                 col = (c % ROW_CH) * CE
                 ks.append(load_vec(k_ptr, k_base + key * k_ss + col, CE))
-                vs.append(load_vec(v_ptr, v_base + key * v_ss + col, CE))
+                # V: consecutive lanes take consecutive keys of one column chunk, so that the
+                # transposed LDS writes of a wave land on consecutive addresses
+                vkey = kb + c % BLOCK_N
+                vkey = (vkey < sk).select(vkey, sk_last)
+                vs.append(load_vec(v_ptr, v_base + vkey * v_ss + (c // BLOCK_N) * CE, CE))
             return ks, vs
+
+        def lds_store_chunk(k_chunk, v_chunk, c):
+            fx.ptr_store(k_chunk, lds_k + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
+            vt = (c // BLOCK_N) * CE * VSTR + c % BLOCK_N  # Vᵀ[col][key], one element at a time
+            vv = fx.Vector(v_chunk)
+            for e in range_constexpr(CE):
+                fx.ptr_store(vv[e], lds_v + fx.Int64(vt + e * VSTR))
 
         def lds_store_tile(ks, vs):
             for it in range_constexpr(CH_ITERS):
                 c = tid + it * THREADS
-                off = (c // ROW_CH) * LSTR + (c % ROW_CH) * CE
                 if const_expr(CH_EXACT):
-                    fx.ptr_store(ks[it], lds_k + fx.Int64(off))
-                    fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+                    lds_store_chunk(ks[it], vs[it], c)
                 else:
                     if c < TILE_CH:
-                        fx.ptr_store(ks[it], lds_k + fx.Int64(off))
-                        fx.ptr_store(vs[it], lds_v + fx.Int64(off))
+                        lds_store_chunk(ks[it], vs[it], c)
 
         def lds_chunks(ptr, off, total, chunk):
             ty = ir.VectorType.get([chunk], _ir_elem(dtype))
@@ -241,15 +302,19 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
             key = kb + 16 * t + r
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC)
+            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN)
+
+        def vt_operand(t, dt):
+            """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
+            ty = ir.VectorType.get([4], _ir_elem(dtype))
+            return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * VSTR + 16 * t + 4 * g), result_type=ty)
 
         def v_operand(kb, t, j):
-            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN)."""
-            if const_expr(USE_LDS):
-                return lds_chunks(lds_v, (16 * t + 4 * g + j) * LSTR + r * VN, VN, VC)
+            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN) (global memory, no LDS)."""
             key = kb + 16 * t + 4 * g + j
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC)
+            # padding columns only feed padding rows of Oᵀ, which are never stored
+            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False)
 
         def mfma32(a, b_, c):
             """gfx950 16x16x32 step: lane (g, r) supplies k = 8g .. 8g+7 as an 8-vector."""
@@ -258,138 +323,260 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             return fx.Vector(rocdl.mfma_f32_16x16x32_f16(f32v4(), [a, b_, c, 0, 0, 0]))
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
-        q_chunks = load_chunks(q_ptr, q_base + row_c * q_ss + g * QN, QN, QC)
+        q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
+                    for u in range_constexpr(RG)]
+        if const_expr(USE_LDS and PADDED):
+            # the padding columns of the LDS tiles are never written by the tile copies: zero them
+            # once (the loop's first barrier orders this before any read)
+            for it in range_constexpr(PAD_ITERS):
+                e = tid + it * THREADS
+                if e < PAD_EL:
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
+                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((DV + e // BLOCK_N) * VSTR + e % BLOCK_N))
 
         # ---- key range ----
         kv_end = sk
         if const_expr(causal):
             blk_end = qblk * BLOCK_M + BLOCK_M
             kv_end = (blk_end < sk).select(blk_end, sk)
+        kv_start = zero_i
+        if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
+            kv_start = part * chunk
+            kv_stop = kv_start + chunk
+            kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
+        # [kv_start, full_end): whole tiles below Sk (and below the block's first row when causal)
+        # run without any mask; the rest, and every tile under a user mask, run masked
+        full_end = kv_start
+        if const_expr(mask_kind == MASK_NONE):
+            lim = kv_end
+            if const_expr(causal):
+                first_row = qblk * BLOCK_M + 1
+                lim = (first_row < lim).select(first_row, lim)
+            lim = (lim < kv_start).select(kv_start, lim)
+            full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
 
-        init = [neg_inf, zero_f] + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(VN)]
+        # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
+        init = ([neg_inf] * RG + [zero_f] * RG
+                + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(RG * VN)])
         if const_expr(USE_LDS):
-            pk, pv = gload_tile(zero_i)
+            pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        for kb_idx, state in range(fx.Index(0), fx.Index(kv_end), fx.Index(BLOCK_N), init=init):
-            kb = fx.Int32(kb_idx)
-            m_old = state[0]
-            l_old = state[1]
-            o_acc = [state[2 + i] for i in range_constexpr(VN)]
+        def score_tile(acc, kb, t, u, masked):
+            """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
+            element i is key kb + 16t + 4g + i of row rows[u]."""
+            vals = []
+            for i in range_constexpr(4):
+                kidx = kb + 16 * t + 4 * g + i
+                sc = acc[i] * c_qk
+                if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
+                    sc = fx.Float32(tanh(sc / cap)) * cap
+                if const_expr(not masked):
+                    vals.append(sc)
+                    continue
+                ok = kidx < sk
+                if const_expr(causal):
+                    ok = ok & (kidx <= rows[u])
+                if const_expr(mask_kind != MASK_NONE):
+                    kc = (kidx < sk).select(kidx, sk_last)
+                    moff = m_base + rows_c[u] * m_sq + kc * m_sk
+                    if const_expr(mask_kind == MASK_BOOL):
+                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                        ok = ok & (mv != fx.Uint8(0))
+                    else:
+                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                        sc = sc + fx.Float32(mv) * LOG2E
+                vals.append(ok.select(sc, neg_inf))
+            return vals
+
+        def kv_step(kb, state, masked):
+            """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
+            user-mask checks (only the tiles that straddle them need those)."""
+            m_old = state[:RG]
+            l_old = state[RG:2 * RG]
+            o_acc = [[state[2 * RG + u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+            ST = 2 * RG + RG * VN        # first prefetch entry of the state
             nxt = []
             if const_expr(USE_LDS):
                 # stage the prefetched tile, then prefetch the next one while computing
                 gpu_barrier()
-                lds_store_tile([state[2 + VN + i] for i in range_constexpr(CH_ITERS)],
-                               [state[2 + VN + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
+                lds_store_tile([state[ST + i] for i in range_constexpr(CH_ITERS)],
+                               [state[ST + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
                 gpu_barrier()
                 nk, nv = gload_tile(kb + BLOCK_N)
                 nxt = nk + nv
 
-            # ---- Sᵀ = K Qᵀ per 16-key tile ----
-            s_tiles = []
+            # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
+            s_tiles = [[] for _ in range_constexpr(RG)]
             for t in range_constexpr(N_TILES):
                 k_chunks = k_operand(kb, t)
-                acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                if const_expr(QK32):
-                    for s in range_constexpr(D // 32):
-                        acc = mfma32(k_chunks[s], q_chunks[s], acc)
-                else:
-                    for s in range_constexpr(KSTEPS):
-                        if const_expr(is_f32):
-                            acc = mfma(elem(k_chunks, QC, s), elem(q_chunks, QC, s), acc)
-                        else:
-                            acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks, QC, 4 * s), acc)
-                acc = fx.Vector(acc)
-                # scale, mask, tails: element i is key kb + 16t + 4g + i of row `row`
-                vals = []
-                for i in range_constexpr(4):
-                    kidx = kb + 16 * t + 4 * g + i
-                    sc = acc[i] * c_qk
-                    ok = kidx < sk
-                    if const_expr(causal):
-                        ok = ok & (kidx <= row)
-                    if const_expr(mask_kind != MASK_NONE):
-                        kc = (kidx < sk).select(kidx, sk_last)
-                        moff = m_base + row_c * m_sq + kc * m_sk
-                        if const_expr(mask_kind == MASK_BOOL):
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                            ok = ok & (mv != fx.Uint8(0))
-                        else:
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                            sc = sc + fx.Float32(mv) * LOG2E
-                    vals.append(ok.select(sc, neg_inf))
-                s_tiles.append(vals)
+                for u in range_constexpr(RG):
+                    acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                    if const_expr(QK32):
+                        for s in range_constexpr(D // 32):
+                            acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
+                    else:
+                        for s in range_constexpr(KSTEPS):
+                            if const_expr(is_f32):
+                                acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
+                            else:
+                                acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
+                    s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
-            # ---- online softmax ----
-            m_loc = m_old
-            for t in range_constexpr(N_TILES):
-                for i in range_constexpr(4):
-                    m_loc = fx.arith.maximumf(m_loc, s_tiles[t][i])
-            m_loc = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
-            m_new = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
-            m_use = (m_new == neg_inf).select(zero_f, m_new)
-            alpha = exp2(m_old - m_use)
-            l_new = l_old * alpha
-            p_tiles = []
-            for t in range_constexpr(N_TILES):
-                ps = []
-                for i in range_constexpr(4):
-                    p = exp2(s_tiles[t][i] - m_use)
-                    l_new = l_new + p
-                    ps.append(p)
-                p_tiles.append(ps)
-            o_acc = [fx.Vector(o_acc[i]) * alpha for i in range_constexpr(VN)]
+            # ---- online softmax, per row group ----
+            m_new, l_new, p_tiles = [], [], []
+            for u in range_constexpr(RG):
+                m_loc = m_old[u]
+                for t in range_constexpr(N_TILES):
+                    for i in range_constexpr(4):
+                        m_loc = fx.arith.maxnumf(m_loc, s_tiles[u][t][i])
+                m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
+                m_n = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
+                m_use = (m_n == neg_inf).select(zero_f, m_n)
+                alpha = exp2(m_old[u] - m_use)
+                l_n = l_old[u] * alpha
+                pt = []
+                for t in range_constexpr(N_TILES):
+                    ps = []
+                    for i in range_constexpr(4):
+                        p = exp2(s_tiles[u][t][i] - m_use)
+                        l_n = l_n + p
+                        ps.append(p)
+                    pt.append(ps)
+                o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
+                m_new.append(m_n)
+                l_new.append(l_n)
+                p_tiles.append(pt)
 
-            # ---- Oᵀ += Vᵀ Pᵀ ----
-            if const_expr(PV32):
+            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
+            if const_expr(VT and PV32):
+                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
+                for tp in range_constexpr(N_TILES // 2):
+                    t0 = 2 * tp
+                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
+                           for u in range_constexpr(RG)]
+                    for dt in range_constexpr(VN):
+                        lo, hi = fx.Vector(vt_operand(t0, dt)), fx.Vector(vt_operand(t0 + 1, dt))
+                        va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
+            elif const_expr(VT):
+                for t in range_constexpr(N_TILES):
+                    pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
+                    for dt in range_constexpr(VN):
+                        va = fx.Vector(vt_operand(t, dt))
+                        for u in range_constexpr(RG):
+                            if const_expr(is_f32):
+                                acc = o_acc[u][dt]
+                                for j in range_constexpr(4):
+                                    acc = mfma(va[j], pbs[u][j], acc)
+                                o_acc[u][dt] = acc
+                            else:
+                                o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
+            elif const_expr(PV32):
                 # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
                 for tp in range_constexpr(N_TILES // 2):
                     t0 = 2 * tp
                     v_rows = [v_operand(kb, t0 + j // 4, j % 4) for j in range_constexpr(8)]
-                    pb = fx.Vector.from_elements(p_tiles[t0] + p_tiles[t0 + 1], fx.Float32).to(Elem)
+                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
+                           for u in range_constexpr(RG)]
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
-                        o_acc[dt] = mfma32(va, pb, o_acc[dt])
-            for t in range_constexpr(0 if PV32 else N_TILES):
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
+            for t in range_constexpr(0 if PV32 or VT else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
-                        acc = o_acc[dt]
-                        for j in range_constexpr(4):
-                            acc = mfma(elem(v_rows[j], VC, dt), p_tiles[t][j], acc)
-                        o_acc[dt] = acc
+                        for u in range_constexpr(RG):
+                            acc = o_acc[u][dt]
+                            for j in range_constexpr(4):
+                                acc = mfma(elem(v_rows[j], VC, dt), p_tiles[u][t][j], acc)
+                            o_acc[u][dt] = acc
                 else:
-                    pb = fx.Vector.from_elements(p_tiles[t], fx.Float32).to(Elem)
+                    pbs = [p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
                     for dt in range_constexpr(VN):
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
-                        o_acc[dt] = mfma(va, pb, o_acc[dt])
+                        for u in range_constexpr(RG):
+                            o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
 
-            results = yield [m_new, l_new] + o_acc + nxt
+            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt
 
-        # ---- epilogue: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
-        l_part = results[1]
-        l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
-        l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
-        inv_l = (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot)
-        o_fin = [fx.Vector(results[2 + dt]) for dt in range_constexpr(VN)]
-        if row < sq:
-            for i in range_constexpr(4):
-                off = o_base + row * o_ss + (4 * g + i) * VN
-                for c in range_constexpr(VN // VC):
-                    vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
-                    if const_expr(VC == 1):
-                        out = fx.Float32(vals[0])
+        for kb_idx, state in range(fx.Index(kv_start), fx.Index(full_end), fx.Index(BLOCK_N), init=init):
+            res_full = yield kv_step(fx.Int32(kb_idx), state, False)
+        for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
+            results = yield kv_step(fx.Int32(kb_idx), state, True)
+
+        def store_output(row, o_fin, inv_l):
+            """O[row, d] = acc / l over this lane's d (see VT), real head-dim columns only."""
+            if const_expr(VT):
+                if row < sq:
+                    for dt in range_constexpr(VN):
+                        col = 16 * dt + 4 * g
+                        for c in range_constexpr(4 // OC):
+                            vals = [o_fin[dt][c * OC + e] * inv_l for e in range_constexpr(OC)]
+                            out = fx.Vector.from_elements(vals, fx.Float32) if OC > 1 else fx.Float32(vals[0])
+                            if const_expr(not is_f32):
+                                out = out.to(Elem)
+                            if const_expr(PADDED):
+                                if col + c * OC < DV:
+                                    fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                            else:
+                                fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                return
+            if row < sq:
+                for i in range_constexpr(4):
+                    col = (4 * g + i) * VN
+                    off = o_base + row * o_ss + col
+                    for c in range_constexpr(VN // VC):
+                        vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
+                        if const_expr(VC == 1):
+                            out = fx.Float32(vals[0])
+                        else:
+                            out = fx.Vector.from_elements(vals, fx.Float32)
                         if const_expr(not is_f32):
                             out = out.to(Elem)
-                    else:
-                        out = fx.Vector.from_elements(vals, fx.Float32)
-                        if const_expr(not is_f32):
-                            out = out.to(Elem)
-                    fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                        if const_expr(PADDED):
+                            if col + c * VC < DV:
+                                fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                        else:
+                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+
+        def store_partials(row, o_fin, m, l_tot):
+            """Split KV: fp32 unnormalized partials, W [B, H, nsplit, Sq, D] and WML [..., Sq, 2] =
+            (m, l) in log2 units; an empty slice leaves m = -inf, l = 0, O = 0 (combine weight 0)."""
+            prow = ((b * nh + h) * nsplit + part) * sq + row
+            if row < sq:
+                if g == 0:
+                    fx.ptr_store(fx.Vector.from_elements([m, l_tot], fx.Float32), ml_ptr + fx.Int64(prow * 2))
+                if const_expr(VT):
+                    for dt in range_constexpr(VN):
+                        fx.ptr_store(fx.Vector(o_fin[dt]), w_ptr + fx.Int64(prow * D + 16 * dt + 4 * g))
+                for i in range_constexpr(0 if VT else 4):
+                    off = prow * D + (4 * g + i) * VN
+                    for c in range_constexpr(VN // WC):
+                        vals = [o_fin[c * WC + e][i] for e in range_constexpr(WC)]
+                        out = fx.Vector.from_elements(vals, fx.Float32) if WC > 1 else fx.Float32(vals[0])
+                        fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
+
+        # ---- epilogue, per row group: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
+        if const_expr(split):
+            w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
+            ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
+        for u in range_constexpr(RG):
+            l_part = results[RG + u]
+            l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
+            l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
+            o_fin = [fx.Vector(results[2 * RG + u * VN + dt]) for dt in range_constexpr(VN)]
+            if const_expr(split):
+                store_partials(rows[u], o_fin, results[u], l_tot)
+            else:
+                store_output(rows[u], o_fin, (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot))
 
     @flyc.jit
-    def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor,
-               sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32,
+    def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
+               W: fx.Tensor, WML: fx.Tensor,
+               sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
+               nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
                q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
                k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
                v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
@@ -397,7 +584,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32,
                grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
-        attention_fwd_kernel(Q, K, V, O, M, sq, sk, group, c_qk, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
                              v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk).launch(
             grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
 
