@@ -8,10 +8,12 @@ correct, and returns how many rewrites it made. Per-pattern counters accumulate 
 from __future__ import annotations
 
 from .cleanup import cleanup
+from .functionalize import functionalize
 from .lower import lower_stage
 from .partition import fuse_elementwise, fuse_reduce_prologue
 
 PIPELINE = [
+    ("functionalize", functionalize),  # x += y as x = x + y, where nothing observes the mutation
     # hand-written forms are matched first (they consume the nodes the canonical rules would take)
     ("fuse_patterns", lambda ctx: lower_stage(ctx, "fuse")),
     ("lower_canonical", lambda ctx: lower_stage(ctx, "lower")),
