@@ -8,6 +8,7 @@ correct, and returns how many rewrites it made. Per-pattern counters accumulate 
 from __future__ import annotations
 
 from .cleanup import cleanup
+from .fold_shapes import fold_shapes
 from .functionalize import functionalize
 from .lower import lower_stage
 from .partition import fuse_elementwise, fuse_reduce_prologue
@@ -20,6 +21,7 @@ PIPELINE = [
     ("fuse_elementwise", fuse_elementwise),  # elementwise regions -> generated kernels
     ("fuse_reduce_prologue", fuse_reduce_prologue),  # a region read only by a reduction joins its kernel
     ("fuse_epilogues", lambda ctx: lower_stage(ctx, "epilogue")),
+    ("fold_shapes", fold_shapes),  # what depends only on shapes and constants: once per input shape, cached
     ("cleanup", cleanup),
 ]
 
