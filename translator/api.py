@@ -216,6 +216,7 @@ def _rows(gm, snapshot, flops, ctx, backend):
         if info:
             for s in info["sources"]:
                 absorbed[s] = dict(info, node=n.name)
+    folded = {s for n in gm.graph.nodes for s in n.meta.get("folded", ())}
     rows = []
     for name, op, shapes, dtype, target in snapshot:
         f = flops.get(name, 0)
@@ -238,7 +239,9 @@ def _rows(gm, snapshot, flops, ctx, backend):
             rows.append(Row(name, op, shapes, dtype, where, detail, f, layout, info["node"]))
             continue
         packet = getattr(target, "overloadpacket", None)
-        if packet in BY_DESIGN:
+        if name in folded:
+            detail = "folded at specialization: computed once per input shape and cached, not per forward"
+        elif packet in BY_DESIGN:
             detail = "kept in PyTorch by design"
         elif name in ctx.reasons:
             detail = ctx.reasons[name]

@@ -7,3 +7,4 @@ from . import norm_patterns  # noqa: F401,I001
 from . import elementwise  # noqa: F401,I001
 from . import reduce, losses  # noqa: F401,I001
 from . import scan  # noqa: F401,I001
+from . import embedding  # noqa: F401,I001

@@ -1,0 +1,73 @@
+"""Shape-only subgraphs (masks, position ids) are computed once per input shape and cached."""
+
+import torch
+import torch.nn as nn
+
+from translator import translate
+from translator.passes.fold_shapes import FoldedShapes
+
+
+class MaskedBlock(nn.Module):
+    def __init__(self, d=32, vocab=50):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.fc = nn.Linear(d, d)
+        self.register_buffer("causal", torch.tril(torch.ones(64, 64, dtype=torch.bool)))
+
+    def forward(self, ids):
+        b, t = ids.shape
+        mask = ids.new_ones((b, t))                       # HF: attention_mask of ones
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)          # HF: position ids from the mask
+        allowed = self.causal[:t, :t] & (mask[:, None, :] > 0)
+        bias = torch.where(allowed, 0.0, -1e9)            # additive mask
+        h = self.fc(self.emb(ids) + pos.unsqueeze(-1).float())
+        return (h @ h.transpose(-1, -2)) + bias
+
+
+def folded(tm):
+    return [m for m in tm.gm.modules() if isinstance(m, FoldedShapes)]
+
+
+def test_mask_setup_is_folded_and_cached():
+    torch.manual_seed(0)
+    m = MaskedBlock().eval()
+    ids = torch.randint(0, 50, (2, 8))
+    tm = translate(m, (ids,), backend="reference")
+    assert tm.report.counters.get("fold_shapes", 0) >= 5
+    (f,) = folded(tm)
+    assert {"new_ones", "cumsum", "where"} <= {s.split("_default")[0] for s in f.sources} | set(f.sources)
+    for op in ("cumsum", "new_ones", "where", "bitwise_and"):
+        assert f"aten.{op}" not in tm.gm.code  # no longer on the per-forward path
+    runs = f.computed
+    for _ in range(3):
+        torch.testing.assert_close(tm(ids), m(ids))
+    assert f.computed == runs  # same shapes: served from the cache
+    ids2 = torch.randint(0, 50, (3, 11))  # a new batch and sequence length (dynamic dims)
+    torch.testing.assert_close(tm(ids2), m(ids2))
+    assert f.computed == runs + 1
+
+
+def test_folded_results_follow_the_input_device_and_dtype_key():
+    m = MaskedBlock().eval()
+    tm = translate(m, (torch.randint(0, 50, (2, 8)),), backend="reference")
+    (f,) = folded(tm)
+    a = tm(torch.randint(0, 50, (2, 8)))
+    b = tm(torch.randint(0, 50, (2, 8)).int())  # another ids dtype: its own key
+    assert a.shape == b.shape and len(f._cache) >= 2
+
+
+def test_random_ops_are_never_folded():
+    class Noise(nn.Module):
+        def forward(self, x):
+            return x + torch.rand(x.shape[0], 1)
+
+    tm = translate(Noise().eval(), (torch.randn(4, 3),), backend="reference", verify=False)
+    assert not folded(tm)
+
+
+def test_report_says_folded_at_specialization():
+    tm = translate(MaskedBlock().eval(), (torch.randint(0, 50, (2, 8)),), backend="reference")
+    rows = {r.node: r for r in tm.report.rows}
+    (f,) = folded(tm)
+    for name in ("cumsum", "where"):
+        assert name in f.sources and "folded at specialization" in rows[name].detail

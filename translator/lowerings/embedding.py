@@ -1,0 +1,66 @@
+"""Embedding family: `flydsl.embedding(weight, ids)` — a row gather from a table.
+
+Forms matched (where they appear):
+- ``aten.embedding(weight, ids[, padding_idx, scale_grad_by_freq, sparse])`` — ``nn.Embedding``
+  token and position embeddings in every HF language model (GPT-2 wte / wpe, Llama embed_tokens,
+  BERT word / position / token-type embeddings).
+`padding_idx`, `scale_grad_by_freq` and `sparse` only change the gradient, so forward is the
+same gather whatever they are. Out-of-range ids raise IndexError where the check costs no device
+synchronization (flysim on CPU); the kernel never reads outside the table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..runtime.ops import dispatch
+from ._common import aten, dtype_of, dtype_reason, shape_of  # noqa: F401
+
+
+@torch.library.custom_op("flydsl::embedding", mutates_args=())
+def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return dispatch("embedding", weight, ids)
+
+
+@embedding.register_fake
+def _(weight, ids):
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
+def ref_embedding(weight, ids):
+    return torch.nn.functional.embedding(ids, weight)
+
+
+def kernel_embedding(weight, ids):
+    from translator_kernels.gather import embedding as run
+
+    return run(weight, ids)
+
+
+register_family(OpFamily(
+    name="embedding", description="row gather from a table (nn.Embedding forward)",
+    reference=ref_embedding, kernel=kernel_embedding, kernel_entry="translator_kernels.gather:embedding",
+    sample_inputs=lambda dt: (torch.randn(40, 24).to(dt), torch.randint(0, 40, (3, 5))),
+))
+
+
+def embedding_supported(node, ctx):
+    weight, ids = node.args[0], node.args[1]
+    r = dtype_reason(weight, "embedding table")
+    if r:
+        return r
+    if dtype_of(ids) not in (torch.int64, torch.int32):
+        return f"ids dtype {dtype_of(ids)} is not int64 / int32"
+    if len(shape_of(weight)) != 2:
+        return "embedding table is not 2-D"
+    return None
+
+
+def lower_embedding(node, ctx):
+    # a gather is exact in any dtype: the table keeps its dtype under precision bf16 / fp16
+    return ctx.replace(node, "embedding", "embedding", (node.args[0], node.args[1]), [node])
+
+
+register_lowering(Lowering("embedding", "embedding", (aten.embedding.default,), embedding_supported, lower_embedding,
+                           doc="nn.Embedding forward (token / position embeddings)"))

@@ -1,0 +1,199 @@
+"""Fold shape-only subgraphs: computed once per input shape, then served from a cache.
+
+HF models build their attention masks and position ids on every forward from nothing but
+shapes and constants: `new_ones(ids.shape)`, `cumsum`, `arange`, `diff`, `__and__`, `le`,
+`index` of a causal buffer, `where`, T5's relative-position buckets. Each is a small op
+between our kernels (an extra launch on a GPU), and their result only changes when a shape
+does. This pass, run after every lowering, finds the nodes whose values depend only on
+
+- constants (the translated module's parameters and buffers, read-only after translation),
+- shapes of the inputs (`sym_size`, SymInt arithmetic, and ops that read only an input's
+  shape / dtype / device: `new_ones`, `zeros_like`, `full_like`, ...),
+- literals,
+
+and replaces the tensors such a region hands to the rest of the graph with one call of a
+`FoldedShapes` module: on the first sight of an input-shape key it runs the region (in
+PyTorch, as eager would) and caches the results; later calls with the same key return them.
+The key is every input shape, dtype and device the region reads, and every SymInt it takes,
+so a new batch or sequence length computes its own. Random ops, in-place ops and FlyDSL ops
+are never folded (the first two are not pure; the last are reported as kernels). Folded
+results are read-only: a region whose result some op writes in place is not folded. The
+report counts the folded ops as "folded at specialization".
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+import threading
+
+import torch
+
+aten = torch.ops.aten
+
+# ops whose tensor inputs matter only through their shape, dtype and device
+_META_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
+              aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
+              aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
+CACHE_ENTRIES = 32  # input-shape keys kept per folded region (least recently used dropped)
+
+
+class FoldedShapes(torch.nn.Module):
+    """A shape-only region of a translated graph, evaluated once per input-shape key."""
+
+    def __init__(self, gm: torch.fx.GraphModule, sources: list[str]):
+        super().__init__()
+        self.region = gm
+        self.sources = sources  # captured names of the ops folded in (the report's rows)
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.computed = 0  # how many times the region ran (once per new key)
+
+    def forward(self, *args):
+        if any(isinstance(a, torch.SymInt) or _is_fake(a) for a in args):
+            return self.region(*args)  # tracing (torch.export, fake propagation): no cache
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        out = tuple(self.region(*args))
+        with self._lock:
+            self.computed += 1
+            self._cache[key] = out
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return out
+
+
+def _is_fake(a) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(a, FakeTensor)
+
+
+def _pure(node) -> bool:
+    t = node.target
+    if node.op != "call_function":
+        return False
+    if t in (operator.getitem,) or getattr(t, "__module__", "") in ("_operator", "operator", "math", "torch.sym"):
+        return True
+    if not isinstance(t, torch._ops.OpOverload) or t.namespace != "aten":
+        return False  # flydsl ops (reported as kernels) and unknown callables
+    if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
+        return False
+    return True
+
+
+def shape_only_nodes(gm) -> set:
+    """Nodes whose value depends on no tensor data of the graph's inputs."""
+    const = set()
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            const.add(n)
+        elif _pure(n):
+            ins = n.all_input_nodes
+            if n.target in _META_ONLY:
+                ins = [i for i in ins if not isinstance(i.meta.get("val"), torch.Tensor)]
+            if all(i in const for i in ins):
+                const.add(n)
+    return const
+
+
+def fold_shapes(ctx) -> int:
+    gm, g = ctx.gm, ctx.gm.graph
+    const = shape_only_nodes(gm)
+    for n in [n for n in const if n.target is aten._assert_tensor_metadata.default and not n.users]:
+        # export's dtype / device assertion on a shape-only value: fixed by construction, and
+        # it alone would keep the folded ops alive on the per-forward path
+        g.erase_node(n)
+        const.discard(n)
+    computed = {n for n in const if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)}
+    frontier = [n for n in computed
+                if any(u not in const for u in n.users) and not any(_writes(u, n) for u in n.users)]
+    while frontier:  # one call for the whole region, placed after its inputs and before its readers
+        region = _region(frontier, const)
+        ins = [i for n in region for i in n.all_input_nodes if i not in region]
+        last_in = max((i._sort_key for i in ins), default=None)
+        late = [f for f in frontier if last_in is not None and _first_reader(f, const)._sort_key <= last_in]
+        if not late:
+            break
+        frontier = [f for f in frontier if f not in late]  # read before an input exists: left as it is
+    if not frontier:
+        return 0
+    if not any(isinstance(n.meta.get("val"), torch.Tensor) and n.target not in _META_ONLY for n in region):
+        return 0
+    sub, inputs = _subgraph(gm, region, frontier)
+    sources = [n.meta.get("orig_name") or n.name for n in region if n.op == "call_function"]
+    name = f"_flydsl_folded_{sum(1 for k in gm._modules if k.startswith('_flydsl_folded_'))}"
+    gm.add_submodule(name, FoldedShapes(sub, sources))
+    first_user = min((_first_reader(f, const) for f in frontier), key=lambda u: u._sort_key)
+    with g.inserting_before(first_user):
+        call = g.call_module(name, tuple(inputs))
+    call.meta["val"] = tuple(f.meta["val"] for f in frontier)
+    call.meta["folded"] = sources
+    for i, f in enumerate(frontier):
+        with g.inserting_after(call):
+            item = g.call_function(operator.getitem, (call, i))
+        item.meta["val"] = f.meta["val"]
+        f.replace_all_uses_with(item, delete_user_cb=lambda u: u not in const)
+    ctx.counters["fold_shapes"] = ctx.counters.get("fold_shapes", 0) + len(sources)
+    return len(sources)
+
+
+def _first_reader(n, const):
+    return min((u for u in n.users if u not in const), key=lambda u: u._sort_key)
+
+
+def _writes(user, n) -> bool:
+    t = user.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    args = t._schema.arguments
+    return any(a.alias_info is not None and a.alias_info.is_write and i < len(user.args) and user.args[i] is n
+               for i, a in enumerate(args))
+
+
+def _region(frontier, const) -> list:
+    """Every shape-only node the frontier depends on, in graph order."""
+    seen, todo = set(), list(frontier)
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in const:
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+    return sorted(seen, key=lambda n: n._sort_key)
+
+
+def _subgraph(gm, region, frontier):
+    """A GraphModule computing `frontier` from the region's outside inputs (placeholders and
+    SymInt nodes read for their shape) plus the constants it reads."""
+    sub = torch.fx.Graph()
+    env, inputs = {}, []
+    owner = torch.nn.Module()
+
+    def outside(x):
+        if x not in env:
+            env[x] = sub.placeholder(f"in_{len(inputs)}")
+            env[x].meta["val"] = x.meta.get("val")
+            inputs.append(x)
+        return env[x]
+
+    for n in region:
+        for i in n.all_input_nodes:
+            if i not in env and i not in region:
+                outside(i)
+        if n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            attr = f"c_{len(owner._buffers)}"
+            owner.register_buffer(attr, obj, persistent=False)
+            env[n] = sub.get_attr(attr)
+        else:
+            env[n] = sub.node_copy(n, lambda x: env[x])
+        env[n].meta = dict(n.meta)
+    sub.output(tuple(env[f] for f in frontier))
+    return torch.fx.GraphModule(owner, sub), inputs
