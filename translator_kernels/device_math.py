@@ -1,7 +1,9 @@
-"""Device math for generated elementwise kernels: fp32 vectors in, fp32 vectors out.
+"""Device math of the per-element op table: fp32 vectors in, fp32 vectors out (i1 for bool ops).
 
-Generated kernels (translator_kernels.generated.elementwise) call these while tracing; each is plain
-Python over `fx.Vector` values, so it inlines into the kernel. Only operations that lower to
+Each row of translator_kernels.program.OPS names one function here, called as
+`fn(*value args, *constants)`. Generated kernels (elementwise, reduce, scan) call them from their
+source; the GEMM epilogue calls them through `run` while it traces. Each is plain Python over
+`fx.Vector` values, so it inlines into the kernel. Only operations that lower to
 AMDGPU instructions without the ocml device library are used (this toolchain has none):
 exp / log (llvm.exp / llvm.log, 1-ulp hardware sequences), sqrt (correctly rounded), divide,
 min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is built from those:
@@ -51,6 +53,86 @@ def from_bool(b):
 
 def absf(x):
     return fx.math.absf(x)
+
+
+def neg(x):
+    return -x
+
+
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+
+
+def div(a, b):
+    return a / b
+
+
+def reciprocal(x):
+    return 1.0 / x
+
+
+def maximum(a, b):
+    return fx.max(a, b)  # NaN-propagating, as torch
+
+
+def minimum(a, b):
+    return fx.min(a, b)
+
+
+def div_trunc(a, b):
+    return trunc(a / b)
+
+
+def div_floor(a, b):
+    return floor(a / b)
+
+
+def eq(a, b):
+    return a == b
+
+
+def ne(a, b):
+    return a != b
+
+
+def lt(a, b):
+    return a < b
+
+
+def le(a, b):
+    return a <= b
+
+
+def gt(a, b):
+    return a > b
+
+
+def ge(a, b):
+    return a >= b
+
+
+def logical_and(a, b):
+    return a & b
+
+
+def logical_or(a, b):
+    return a | b
+
+
+def logical_xor(a, b):
+    return a ^ b
+
+
+def logical_not(b):
+    return from_bool(b) == 0.0
 
 
 def relu(x):
@@ -254,11 +336,38 @@ def pow_scalar(x, c: float):
 
 
 def cast(x, dtype_str: str):
-    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph)."""
+    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph); "bool": x != 0."""
+    if dtype_str == "bool":
+        return to_bool(x)
     if dtype_str == "f32":
         return x
     t = {"bf16": fx.BFloat16, "f16": fx.Float16}[dtype_str]
     return x.to(t).to(F32)
+
+
+def run(prog, xs, width: int, in_dtypes=None) -> list:
+    """Every value of program `prog` (translator_kernels.program) on vectors `xs` while a kernel traces
+    (the GEMM epilogue's path; generated kernels write the same calls out as source): each op is its
+    table row's device function, each argument converted to the kind the op takes."""
+    from translator_kernels.program import OPS
+
+    vals = list(xs)
+    kinds = prog.kinds(in_dtypes or ["f32"] * prog.n)
+    for name, args, params in prog.ops:
+        op = OPS[name]
+        if name == "const":
+            vals.append(splat(float(params[0]), width))
+            continue
+        a = [as_kind(vals[i], kinds[i], k) for i, k in zip(args, op.takes)]
+        vals.append(globals()[op.device](*a, *params))
+    return vals
+
+
+def as_kind(x, have: str, want: str):
+    """A value of kind `have` ("f" fp32 / "b" i1) as kind `want`."""
+    if have == want:
+        return x
+    return to_bool(x) if want == "b" else from_bool(x)
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import flysim
 from translator_kernels.generated.elementwise import build_elementwise, fused_elementwise
-from translator_kernels.program import DTYPES, Program
+from translator_kernels.program import DTYPES, OPS, Program
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}
@@ -51,6 +51,12 @@ UNARY = [
     ("pow_scalar", (1.5,), lambda x: x ** 1.5, True), ("pow_scalar", (0.5,), lambda x: x ** 0.5, True),
     ("clamp", (-0.5, 0.75), lambda x: x.clamp(-0.5, 0.75), False), ("clamp", (None, 1.0), lambda x: x.clamp(max=1.0), False),
 ]
+
+
+def test_every_one_argument_op_of_the_table_has_a_case():
+    """A new row of the op table gets a kernel test (against eager, not against the table's reference)."""
+    ops = {o for o, op in OPS.items() if op.takes == "f" and op.gives == "f" and o not in ("cast", "const")}
+    assert ops <= {u[0] for u in UNARY}, sorted(ops - {u[0] for u in UNARY})
 
 
 @pytest.mark.parametrize("dtype,arch", [(torch.float32, "gfx942"), (torch.bfloat16, "gfx950"),
