@@ -198,7 +198,8 @@ FOLD_ANY = {  # name -> (chain after a linear, epilogue ops it must carry): ops 
     # it shared the elementwise kernels' op table (sqrt, log, erf, sin, cos, pow, reciprocal, ...)
     "sqrt_log_rsqrt": (lambda y: torch.rsqrt(torch.log(torch.sqrt(y * y + 1.0) + 1.0)),
                        ["mul", "const", "add", "sqrt", "const", "add", "log", "rsqrt"]),
-    "sin_erf": (lambda y: torch.erf(torch.sin(y) * 2.0), ["sin", "const", "mul", "erf"]),
+    "sin_erf_atan": (lambda y: torch.atan(torch.erf(torch.sin(y) * 2.0) * 3.0),
+                     ["sin", "const", "mul", "erf", "const", "mul", "atan"]),
     "pow_reciprocal_expm1": (lambda y: torch.reciprocal(torch.expm1(y.abs()).pow(1.5) + 2.0),
                              ["abs", "expm1", "pow_scalar", "const", "add", "reciprocal"]),
     "cos_log1p_sign": (lambda y: torch.sign(torch.log1p(torch.cos(y) + 1.5) - 0.5) * 3.0,

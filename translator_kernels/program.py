@@ -93,7 +93,7 @@ OPS = _table(
     Op("hardsigmoid", F.hardsigmoid, "hardsigmoid"), Op("hardswish", F.hardswish, "hardswish"),
     Op("sign", torch.sign, "sign"), Op("floor", torch.floor, "floor"), Op("ceil", torch.ceil, "ceil"),
     Op("round", torch.round, "round_even"), Op("trunc", torch.trunc, "trunc"), Op("sin", torch.sin, "sin"),
-    Op("cos", torch.cos, "cos"),
+    Op("cos", torch.cos, "cos"), Op("atan", torch.atan, "atan"),
     # unary with compile-time constants
     Op("softplus", F.softplus, "softplus", params=2, defaults=(1.0, 20.0)),  # (beta, threshold)
     Op("elu", _elu, "elu", params=3, defaults=(1.0, 1.0, 1.0)),  # (alpha, scale, input_scale); selu too
