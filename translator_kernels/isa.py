@@ -40,6 +40,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from translator_kernels.errors import KernelInputError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = ("gfx942", "gfx950")
 LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -226,7 +228,7 @@ def _rocm_path() -> str | None:
 def compile_env(arch: str, dump_dir: str) -> dict:
     """The environment of a GPU-less compile for `arch` that dumps its IR and ISA into `dump_dir`."""
     if arch not in ARCHS:
-        raise ValueError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHS)}")
+        raise KernelInputError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHS)}")
     env = dict(os.environ, COMPILE_ONLY="1", ARCH=arch, FLYDSL_GPU_ARCH=arch, FLYDSL_DUMP_IR="1",
                FLYDSL_DUMP_DIR=dump_dir, FLYDSL_RUNTIME_ENABLE_CACHE="0",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))

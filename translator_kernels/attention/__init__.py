@@ -23,6 +23,7 @@ import torch
 
 from translator_kernels import jit_memo
 from translator_kernels.attention.fwd import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel
+from translator_kernels.errors import KernelInputError
 
 HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -46,12 +47,12 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
                     mask_dtype: str, num_waves: int):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"attention: head_dim {head_dim} not supported; use one of {HEAD_DIMS}")
+        raise KernelInputError(f"attention: head_dim {head_dim} not supported; use one of {HEAD_DIMS}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch)
 
 
 def _fail(msg: str):
-    raise ValueError(f"attention: {msg}")
+    raise KernelInputError(f"attention: {msg}")
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ from flydsl.expr.typing import T, as_ir_value
 
 from translator_kernels import device_math as em
 from translator_kernels import jit_memo
+from translator_kernels.errors import KernelInputError
 from translator_kernels.program import epilogue, evaluate, parse
 
 WAVES = 4
@@ -103,7 +104,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     launch(C, A, W, bias, residual, m, batch, a_bstride, w_bstride, c_bstride, scale)
     (batch strides in elements; bias/residual are ignored placeholders when absent)."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
-        raise ValueError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
+        raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     activation = canonical_epilogue(activation)  # validates
     esz, _ = _ELEM[dtype]
     osz, out_t = _ELEM[out_dtype]
@@ -111,7 +112,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     cpb = 32 // kp  # chunks per row of a 16x16x32 block (bf16: 4, f32: 8)
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
     if bm % 16 or bn % (16 * WAVES) or bk % 32 or k_pad % bk or k % kp:
-        raise ValueError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
+        raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
     is950 = arch.startswith("gfx950")
     m_rep, n_rep, k_blk = bm // 16, bn // (16 * WAVES), bk // 32
     nk = k_pad // bk
