@@ -19,6 +19,8 @@ min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is 
   the three-part pi/2 is too short and the error grows without bound (no Payne-Hanek reduction).
   sin(+-0) = +-0; sin / cos of +-inf and NaN are NaN. The hardware v_sin_f32 is not used (flysim
   has no llvm.amdgcn.sin, and its input in revolutions needs the same reduction anyway).
+- atan: Cephes' reduction to |t| <= tan(pi/8) by 1/x and (x-1)/(x+1), a degree-9 odd polynomial,
+  pi/2 and pi/4 added in two fp32 parts; <= 1.25 ulp against fp64 measured on flysim.
 """
 
 from __future__ import annotations
