@@ -165,3 +165,22 @@ def test_sin_cos_chain_one_kernel(backend):
     assert tm.report.counters["fused_elementwise_ops"] == 9
     left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
     assert not {"aten.sin.default", "aten.cos.default"} & left, left
+
+
+class Angle(nn.Module):
+    """atan of a ratio (a phase / angle feature): one region with the scale and the residual."""
+
+    def forward(self, x, y):
+        return torch.atan(y / (x.abs() + 1e-3)) * 2.0 + x
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_atan_region_one_kernel(backend):
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 40, generator=g) * 3, torch.randn(4, 40, generator=g) * 3
+    tm = check(Angle(), (x, y), backend=backend)
+    assert tm.report.counters["fused_elementwise"] == 1 and tm.report.counters["fused_elementwise_ops"] == 6
+    left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
+    assert "aten.atan.default" not in left, left
+    if backend == "flysim":
+        assert len(tm.last_launches) == 1, tm.last_launches  # the FlyDSL kernel ran

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
+from translator_kernels.program import epilogue, parse
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def test_mlp_block_activation_and_residual(backend, approximate):
     c = tm.report.counters
     assert c["epilogue_activation"] == 1 and c["epilogue_residual"] == 1, c
     (fc, proj) = gemm_nodes(tm)
-    assert fc.args[5] == ("gelu_tanh" if approximate == "tanh" else "gelu") and proj.args[6] is not None
+    assert fc.args[5] == epilogue("gelu_tanh" if approximate == "tanh" else "gelu") and proj.args[6] is not None
     ops = [n.target for n in tm.gm.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.gelu.default not in ops and torch.ops.aten.add.Tensor not in ops
     assert tm.report.verification.passed, tm.report.verification.message
@@ -73,8 +74,8 @@ def test_bias_relu_scale_silu(backend):
     c = tm.report.counters
     assert c["epilogue_bias"] == 1 and c["epilogue_activation"] == 2 and c["epilogue_scale"] == 1, c
     g1, g2 = gemm_nodes(tm)
-    assert g1.args[4] is not None and g1.args[5] == "relu"
-    assert g2.args[7] == 0.5 and g2.args[5] == "silu"
+    assert g1.args[4] is not None and g1.args[5] == epilogue("relu")
+    assert g2.args[7] == 0.5 and g2.args[5] == epilogue("silu")
     assert tm.report.verification.passed, tm.report.verification.message
     rows = {r.op: r.where for r in tm.report.rows}
     assert rows["aten.relu"].startswith("flydsl") and rows["aten.silu"].startswith("flydsl")
@@ -95,7 +96,7 @@ def test_scale_after_bias_is_not_folded():
     assert "epilogue_scale" not in tm.report.counters  # 2 * (xW + b) != (2 * xW) + b
     assert tm.report.counters["epilogue_arith"] == 1  # it is a step of the epilogue program instead
     (g,) = gemm_nodes(tm)
-    assert g.args[5] == "mul(2.0)" and g.args[7] == 1.0
+    assert g.args[5] == epilogue("mul(2.0)") and g.args[7] == 1.0
     assert tm.report.verification.passed
 
 
@@ -110,14 +111,14 @@ class Chain(nn.Module):
         return self.fn(self.fc(x))
 
 
-CHAINS = {  # name -> (chain, epilogue program the gemm must carry)
+CHAINS = {  # name -> (chain, epilogue program the gemm must carry, in chain spelling)
     "hardtanh_relu6": (lambda y: F.relu6(F.hardtanh(y * 3.0, -2.0, 2.5)), "mul(3.0);clamp(-2.0,2.5);clamp(0.0,6.0)"),
     "leaky_softplus": (lambda y: F.softplus(F.leaky_relu(y, 0.2), beta=2.0), "leaky_relu(0.2);softplus(2.0,20.0)"),
     "div_sub_tanh": (lambda y: torch.tanh(y / 2.0 - 0.5), "div(2.0);sub(0.5);tanh"),
     "rsub_exp_neg_abs": (lambda y: torch.abs(-torch.exp(1.0 - y)), "rsub(1.0);exp;neg;abs"),
     "hardswish_hardsigmoid": (lambda y: F.hardsigmoid(F.hardswish(y)) + 1.0, "hardswish;hardsigmoid;add(1.0)"),
     "clamp_min_max": (lambda y: torch.clamp_max(torch.clamp_min(torch.sigmoid(y), 0.2), 0.7),
-                      "sigmoid;clamp(0.2,inf);clamp(-inf,0.7)"),
+                      "sigmoid;clamp(0.2,None);clamp(None,0.7)"),
 }
 
 
@@ -129,7 +130,7 @@ def test_unary_chain_becomes_epilogue_program(name):
     x = torch.randn(6, 32)
     tm = translate(m, (x,), backend="reference")
     (g,) = gemm_nodes(tm)
-    assert g.args[5] == prog, g.args
+    assert g.args[5] == epilogue(prog), g.args
     left = [n for n in tm.gm.graph.nodes if n.op == "call_function" and getattr(n.target, "namespace", "") == "aten"]
     assert not left, tm.code
     assert tm.report.verification.passed, tm.report.verification.message
@@ -155,7 +156,7 @@ def test_chain_stops_at_a_tensor_operand_and_a_second_user():
     x = torch.randn(4, 16)
     tm = translate(m, (x,), backend="reference")
     g1, g2 = gemm_nodes(tm)[:2]
-    assert g1.args[5] == "sigmoid" and g2.args[5] is None
+    assert g1.args[5] == epilogue("sigmoid") and g2.args[5] is None
     assert tm.report.verification.passed, tm.report.verification.message
 
 
@@ -182,7 +183,7 @@ def test_fusion_models_are_one_kernel_on_flysim(stem, prog, counters):
     c = tm.report.counters
     assert all(c.get(k) == v for k, v in counters.items()), c
     (g,) = gemm_nodes(tm)
-    assert g.args[5] == prog
+    assert g.args[5] == epilogue(prog)
     torch.manual_seed(1)
     fresh = mod.get_inputs()
     with torch.no_grad():
@@ -191,3 +192,38 @@ def test_fusion_models_are_one_kernel_on_flysim(stem, prog, counters):
     assert len(tm.last_launches) == 1, tm.last_launches
     assert all(r.where == "flydsl-kernel" for r in tm.report.rows if r.op.startswith("aten.")), \
         [(r.op, r.where) for r in tm.report.rows]
+
+
+FOLD_ANY = {  # name -> (chain after a linear, epilogue ops it must carry): ops the epilogue took only once
+    # it shared the elementwise kernels' op table (sqrt, log, erf, sin, cos, pow, reciprocal, ...)
+    "sqrt_log_rsqrt": (lambda y: torch.rsqrt(torch.log(torch.sqrt(y * y + 1.0) + 1.0)),
+                       ["mul", "const", "add", "sqrt", "const", "add", "log", "rsqrt"]),
+    "sin_erf_atan": (lambda y: torch.atan(torch.erf(torch.sin(y) * 2.0) * 3.0),
+                     ["sin", "const", "mul", "erf", "const", "mul", "atan"]),
+    "pow_reciprocal_expm1": (lambda y: torch.reciprocal(torch.expm1(y.abs()).pow(1.5) + 2.0),
+                             ["abs", "expm1", "pow_scalar", "const", "add", "reciprocal"]),
+    "cos_log1p_sign": (lambda y: torch.sign(torch.log1p(torch.cos(y) + 1.5) - 0.5) * 3.0,
+                       ["cos", "const", "add", "log1p", "const", "sub", "sign", "const", "mul"]),
+}
+
+
+@pytest.mark.parametrize("name", list(FOLD_ANY))
+def test_any_elementwise_op_folds_into_the_epilogue_on_flysim(name):
+    """Every op the elementwise kernels take folds into the GEMM epilogue: one gemm node carries the
+    whole chain (counters moved, no aten op left) and the forward is ONE FlyDSL launch on flysim."""
+    fn, ops = FOLD_ANY[name]
+    torch.manual_seed(0)
+    m = Chain(fn, d_in=32, d_out=48).eval()
+    x = torch.randn(5, 32)
+    tm = translate(m, (x,), backend="flysim")
+    assert tm.report.verification.passed, tm.report.verification.message
+    (g,) = gemm_nodes(tm)
+    assert [o for o, _, _ in parse(g.args[5]).ops] == ops, g.args[5]
+    c = tm.report.counters
+    assert c.get("epilogue_activation", 0) + c.get("epilogue_arith", 0) == sum(o != "const" for o in ops), c
+    assert not [n for n in tm.gm.graph.nodes if getattr(n.target, "namespace", "") == "aten"], tm.code
+    torch.manual_seed(1)
+    fresh = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(tm(fresh), m(fresh), atol=1e-5, rtol=1e-5)
+    assert len(tm.last_launches) == 1, tm.last_launches

@@ -1,7 +1,9 @@
-"""Device math for generated elementwise kernels: fp32 vectors in, fp32 vectors out.
+"""Device math of the per-element op table: fp32 vectors in, fp32 vectors out (i1 for bool ops).
 
-Generated kernels (translator_kernels.generated.elementwise) call these while tracing; each is plain
-Python over `fx.Vector` values, so it inlines into the kernel. Only operations that lower to
+Each row of translator_kernels.program.OPS names one function here, called as
+`fn(*value args, *constants)`. Generated kernels (elementwise, reduce, scan) call them from their
+source; the GEMM epilogue calls them through `run` while it traces. Each is plain Python over
+`fx.Vector` values, so it inlines into the kernel. Only operations that lower to
 AMDGPU instructions without the ocml device library are used (this toolchain has none):
 exp / log (llvm.exp / llvm.log, 1-ulp hardware sequences), sqrt (correctly rounded), divide,
 min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is built from those:
@@ -17,6 +19,8 @@ min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is 
   the three-part pi/2 is too short and the error grows without bound (no Payne-Hanek reduction).
   sin(+-0) = +-0; sin / cos of +-inf and NaN are NaN. The hardware v_sin_f32 is not used (flysim
   has no llvm.amdgcn.sin, and its input in revolutions needs the same reduction anyway).
+- atan: Cephes' reduction to |t| <= tan(pi/8) by 1/x and (x-1)/(x+1), a degree-9 odd polynomial,
+  pi/2 and pi/4 added in two fp32 parts; <= 1.25 ulp against fp64 measured on flysim.
 """
 
 from __future__ import annotations
@@ -51,6 +55,86 @@ def from_bool(b):
 
 def absf(x):
     return fx.math.absf(x)
+
+
+def neg(x):
+    return -x
+
+
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+
+
+def div(a, b):
+    return a / b
+
+
+def reciprocal(x):
+    return 1.0 / x
+
+
+def maximum(a, b):
+    return fx.max(a, b)  # NaN-propagating, as torch
+
+
+def minimum(a, b):
+    return fx.min(a, b)
+
+
+def div_trunc(a, b):
+    return trunc(a / b)
+
+
+def div_floor(a, b):
+    return floor(a / b)
+
+
+def eq(a, b):
+    return a == b
+
+
+def ne(a, b):
+    return a != b
+
+
+def lt(a, b):
+    return a < b
+
+
+def le(a, b):
+    return a <= b
+
+
+def gt(a, b):
+    return a > b
+
+
+def ge(a, b):
+    return a >= b
+
+
+def logical_and(a, b):
+    return a & b
+
+
+def logical_or(a, b):
+    return a | b
+
+
+def logical_xor(a, b):
+    return a ^ b
+
+
+def logical_not(b):
+    return from_bool(b) == 0.0
 
 
 def relu(x):
@@ -212,6 +296,29 @@ def cos(x):
     return ((q == 1.0) | (q == 2.0)).select(-v, v)
 
 
+_ATAN_Y0 = (1.5707963705062866, 0.7853981852531433)  # pi/2, pi/4 rounded to fp32
+_ATAN_LO = (-4.371138828673793e-08, -2.1855694143368964e-08)  # what that rounding left out
+
+
+def atan(x):
+    """Cephes atanf: |x| > tan(3pi/8) -> pi/2 + atan(-1/|x|), |x| > tan(pi/8) -> pi/4 + atan((|x|-1)/(|x|+1)),
+    then an odd degree-9 polynomial on |t| <= tan(pi/8); the fp32 rounding of pi/2, pi/4 is added back
+    before the high part. Against fp64: <= 1.25 ulp on flysim (80k samples, |x| from 1e-30 to 1e30),
+    <= 2.03 ulp in an fp32 emulation of this sequence; atan(+-inf) = +-pi/2, atan(-0) = -0, NaN -> NaN."""
+    a = fx.math.absf(x)
+    big = a > 2.414213562373095
+    mid = a > 0.41421356237309503
+    t = big.select(-1.0 / a, mid.select((a - 1.0) / (a + 1.0), a))
+    zero = const_like(x, 0.0)
+    y0 = big.select(const_like(x, _ATAN_Y0[0]), mid.select(const_like(x, _ATAN_Y0[1]), zero))
+    lo = big.select(const_like(x, _ATAN_LO[0]), mid.select(const_like(x, _ATAN_LO[1]), zero))
+    z = t * t
+    p = ((z * 8.05374449538e-2 - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1
+    r = y0 + (t + ((t * z) * p + lo))
+    r = (x < 0.0).select(-r, r)
+    return (x == 0.0).select(x, r)
+
+
 def trunc(x):
     return fx.math.trunc(x)
 
@@ -254,11 +361,38 @@ def pow_scalar(x, c: float):
 
 
 def cast(x, dtype_str: str):
-    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph)."""
+    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph); "bool": x != 0."""
+    if dtype_str == "bool":
+        return to_bool(x)
     if dtype_str == "f32":
         return x
     t = {"bf16": fx.BFloat16, "f16": fx.Float16}[dtype_str]
     return x.to(t).to(F32)
+
+
+def run(prog, xs, width: int, in_dtypes=None) -> list:
+    """Every value of program `prog` (translator_kernels.program) on vectors `xs` while a kernel traces
+    (the GEMM epilogue's path; generated kernels write the same calls out as source): each op is its
+    table row's device function, each argument converted to the kind the op takes."""
+    from translator_kernels.program import OPS
+
+    vals = list(xs)
+    kinds = prog.kinds(in_dtypes or ["f32"] * prog.n)
+    for name, args, params in prog.ops:
+        op = OPS[name]
+        if name == "const":
+            vals.append(splat(float(params[0]), width))
+            continue
+        a = [as_kind(vals[i], kinds[i], k) for i, k in zip(args, op.takes)]
+        vals.append(globals()[op.device](*a, *params))
+    return vals
+
+
+def as_kind(x, have: str, want: str):
+    """A value of kind `have` ("f" fp32 / "b" i1) as kind `want`."""
+    if have == want:
+        return x
+    return to_bool(x) if want == "b" else from_bool(x)
 
 
 # ---------------------------------------------------------------------------

@@ -44,6 +44,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from translator_kernels.errors import KernelInputError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = ("gfx942", "gfx950")
 LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -239,7 +241,7 @@ def _toolchain_env(arch: str) -> dict:
 def compile_env(arch: str, dump_dir: str) -> dict:
     """The environment of a GPU-less compile for `arch` that dumps its IR and ISA into `dump_dir`."""
     if arch not in ARCHS:
-        raise ValueError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHS)}")
+        raise KernelInputError(f"arch {arch!r} is not supported; choose one of {', '.join(ARCHS)}")
     env = dict(os.environ, **_toolchain_env(arch), FLYDSL_DUMP_IR="1", FLYDSL_DUMP_DIR=dump_dir,
                FLYDSL_RUNTIME_ENABLE_CACHE="0",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))

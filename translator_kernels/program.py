@@ -1,18 +1,29 @@
-"""The expression program of a fused elementwise kernel, and its launch plan.
+"""The one per-element program and op table of the kernel library, and the elementwise launch plan.
 
-A `Program` is a small SSA list: values 0..n_inputs-1 are the kernel's inputs, op i defines
-value n_inputs + i. An op is (name, argument value ids, constant parameters). Outputs name a
-value and the dtype it is stored in. All math is fp32 (bool for comparisons); a `cast` op
-rounds to bf16 / f16 where the graph had an explicit `.to()`. Its JSON text is what a graph
+A `Program` is a small SSA list: values 0..n_inputs-1 are the inputs, op i defines value
+n_inputs + i. An op is (name, argument value ids, constant parameters). Outputs name a value
+and the dtype it is stored in. All math is fp32 (bool for comparisons); a `cast` op rounds to
+bf16 / f16 where the graph had an explicit `.to()`. Its canonical JSON text is what a graph
 node carries and what caches key on:
 
     {"n": 2, "ops": [["mul", [0, 1], []], ["gelu", [2], []]], "out": [[3, "bf16"]]}
 
-`plan()` turns the inputs' shapes into the kernel's index math: the broadcast output shape is
-coalesced (adjacent dims merge while every input is broadcast on both or on neither), the
-last coalesced dim is read in vectors of VEC elements (128 bits where its size, the dtypes and
-the base addresses allow), and each input is addressed either per vector (its last dim is
-the output's) or per element once per vector (its last dim is broadcast: a column or scalar).
+Every kernel that computes per element speaks this one language: the generated elementwise
+kernels (the whole kernel), reductions and scans (their prologue, and a reduction's epilogue),
+and the GEMM epilogue (a one-input program run on the accumulators after scale and bias;
+`chain("gelu;clamp(-1.0,1.0)")` is a shorthand spelling of one). `OPS` is the one op table:
+per op its arity and argument kinds, constants, torch reference and device function. The
+generated kernels write a call of the device function per op (generated/source.py), the GEMM
+makes the same calls while it traces (device_math.run), the references evaluate the same rows
+(`evaluate`, `ref_program`), and translator.lowerings.elementwise maps aten ops onto them. A new
+one-argument op is one row here plus one function in device_math (docs/adding-an-op.md).
+
+`plan()` turns the inputs' shapes into the elementwise kernel's index math: the broadcast
+output shape is coalesced (adjacent dims merge while every input is broadcast on both or on
+neither), the last coalesced dim is read in vectors of VEC elements (128 bits where its size,
+the dtypes and the base addresses allow), and each input is addressed either per vector (its
+last dim is the output's) or per element once per vector (its last dim is broadcast: a column
+or scalar).
 """
 
 from __future__ import annotations
@@ -20,23 +31,103 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from translator_kernels.errors import KernelInputError
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool"}
 TORCH = {v: k for k, v in DTYPES.items()}
 BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8}
 
-# name -> (arity, number of constant params, result kind "f" float / "b" bool)
-UNARY = ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
-         "relu", "sigmoid", "tanh", "erf", "gelu", "gelu_tanh", "silu", "mish", "softsign", "hardsigmoid",
-         "hardswish", "sign", "floor", "ceil", "round", "trunc", "sin", "cos")
-PARAM_UNARY = {"softplus": 2, "elu": 3, "celu": 1, "leaky_relu": 1, "pow_scalar": 1, "clamp": 2,
-               "cast": 1, "const": 1}
-BINARY = ("add", "sub", "mul", "div", "div_trunc", "div_floor", "maximum", "minimum")
-COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-LOGICAL = ("logical_and", "logical_or", "logical_xor")
-OPS = set(UNARY) | set(PARAM_UNARY) | set(BINARY) | set(COMPARE) | set(LOGICAL) | {"where", "logical_not"}
+F = torch.nn.functional
+
+
+@dataclass(frozen=True)
+class Op:
+    """One per-element operation, as every kernel, reference and lowering knows it.
+
+    `ref(*args, *params)` is the torch reference on fp32 tensors (bool for a "b" argument);
+    `device` names the translator_kernels.device_math function called the same way on fp32 (or
+    i1) vectors while a kernel traces. `takes` has one letter per value argument ("f" fp32,
+    "b" bool: the kernel converts an argument of the other kind), `gives` the result's kind."""
+
+    name: str
+    ref: Callable
+    device: str
+    params: int = 0
+    takes: str = "f"
+    gives: str = "f"
+    defaults: tuple = ()  # trailing constants a chain() spelling may leave out: elu(0.5) = elu(0.5, 1.0, 1.0)
+
+    @property
+    def arity(self) -> int:
+        return len(self.takes)
+
+
+def _elu(x, alpha, scale, input_scale):
+    if input_scale == 1:
+        return F.elu(x, alpha) * scale
+    return torch.where(x > 0, x * scale, torch.expm1(x * input_scale) * alpha * scale)
+
+
+def _cast(x, dt):
+    return x.to(TORCH[dt]) if dt == "bool" else x.to(TORCH[dt]).float()
+
+
+def _table(*rows):
+    return {op.name: op for op in rows}
+
+
+OPS = _table(
+    # unary: one row and one device function each
+    Op("neg", torch.neg, "neg"), Op("abs", torch.abs, "absf"), Op("exp", torch.exp, "exp"),
+    Op("exp2", torch.exp2, "exp2"), Op("expm1", torch.expm1, "expm1"), Op("log", torch.log, "log"),
+    Op("log2", torch.log2, "log2"), Op("log1p", torch.log1p, "log1p"), Op("sqrt", torch.sqrt, "sqrt"),
+    Op("rsqrt", torch.rsqrt, "rsqrt"), Op("reciprocal", torch.reciprocal, "reciprocal"),
+    Op("relu", torch.relu, "relu"), Op("sigmoid", torch.sigmoid, "sigmoid"), Op("tanh", torch.tanh, "tanh"),
+    Op("erf", torch.erf, "erf"), Op("gelu", F.gelu, "gelu"),
+    Op("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "gelu_tanh"), Op("silu", F.silu, "silu"),
+    Op("mish", F.mish, "mish"), Op("softsign", F.softsign, "softsign"),
+    Op("hardsigmoid", F.hardsigmoid, "hardsigmoid"), Op("hardswish", F.hardswish, "hardswish"),
+    Op("sign", torch.sign, "sign"), Op("floor", torch.floor, "floor"), Op("ceil", torch.ceil, "ceil"),
+    Op("round", torch.round, "round_even"), Op("trunc", torch.trunc, "trunc"), Op("sin", torch.sin, "sin"),
+    Op("cos", torch.cos, "cos"), Op("atan", torch.atan, "atan"),
+    # unary with compile-time constants
+    Op("softplus", F.softplus, "softplus", params=2, defaults=(1.0, 20.0)),  # (beta, threshold)
+    Op("elu", _elu, "elu", params=3, defaults=(1.0, 1.0, 1.0)),  # (alpha, scale, input_scale); selu too
+    Op("celu", F.celu, "celu", params=1, defaults=(1.0,)),
+    Op("leaky_relu", F.leaky_relu, "leaky_relu", params=1, defaults=(0.01,)),
+    Op("pow_scalar", torch.pow, "pow_scalar", params=1),
+    Op("clamp", torch.clamp, "clamp", params=2),  # (min or None, max or None)
+    Op("cast", _cast, "cast", params=1),  # ("f32" | "bf16" | "f16" | "bool"): an explicit .to() in the graph
+    Op("const", None, "splat", params=1, takes=""),  # a scalar constant, splat to the vector width
+    # binary
+    Op("add", torch.add, "add", takes="ff"), Op("sub", torch.sub, "sub", takes="ff"),
+    Op("mul", torch.mul, "mul", takes="ff"), Op("div", torch.div, "div", takes="ff"),
+    Op("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), "div_trunc", takes="ff"),
+    Op("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), "div_floor", takes="ff"),
+    Op("maximum", torch.maximum, "maximum", takes="ff"), Op("minimum", torch.minimum, "minimum", takes="ff"),
+    # comparisons and logic (bool results)
+    Op("eq", torch.eq, "eq", takes="ff", gives="b"), Op("ne", torch.ne, "ne", takes="ff", gives="b"),
+    Op("lt", torch.lt, "lt", takes="ff", gives="b"), Op("le", torch.le, "le", takes="ff", gives="b"),
+    Op("gt", torch.gt, "gt", takes="ff", gives="b"), Op("ge", torch.ge, "ge", takes="ff", gives="b"),
+    Op("logical_and", torch.logical_and, "logical_and", takes="bb", gives="b"),
+    Op("logical_or", torch.logical_or, "logical_or", takes="bb", gives="b"),
+    Op("logical_xor", torch.logical_xor, "logical_xor", takes="bb", gives="b"),
+    Op("logical_not", torch.logical_not, "logical_not", takes="b", gives="b"),
+    Op("where", torch.where, "where", takes="bff"),
+)
+
+
+def gives(name: str, params) -> str:
+    """The kind ("f" or "b") of op `name`'s result."""
+    return "b" if name == "cast" and params[0] == "bool" else OPS[name].gives
+
+
+def _canon(p):
+    return float(p) if isinstance(p, int) and not isinstance(p, bool) else p
 
 
 @dataclass(frozen=True)
@@ -46,38 +137,136 @@ class Program:
     out: tuple  # ((value id, dtype str), ...)
 
     def text(self) -> str:
-        return json.dumps({"n": self.n, "ops": [[o, list(a), list(p)] for o, a, p in self.ops],
+        """The canonical JSON text (integer constants written as floats: clamp(0, 1) == clamp(0.0, 1.0))."""
+        return json.dumps({"n": self.n, "ops": [[o, list(a), [_canon(x) for x in p]] for o, a, p in self.ops],
                            "out": [list(x) for x in self.out]}, separators=(",", ":"))
 
     def kinds(self, in_dtypes) -> list[str]:
         """'f' or 'b' (bool) for every value."""
-        k = ["b" if d == "bool" else "f" for d in in_dtypes]
-        for name, args, params in self.ops:
-            if name in COMPARE or name in LOGICAL or name == "logical_not":
-                k.append("b")
-            elif name == "cast":
-                k.append("b" if params[0] == "bool" else "f")
-            elif name == "where":
-                k.append("f" if "f" in (k[args[1]], k[args[2]]) else "b")
-            else:
-                k.append("f")
-        return k
+        return ["b" if d == "bool" else "f" for d in in_dtypes] + [gives(o, p) for o, _, p in self.ops]
 
 
 @functools.lru_cache(maxsize=4096)
 def parse(text: str) -> Program:
-    d = json.loads(text)
-    ops = tuple((o, tuple(a), tuple(p)) for o, a, p in d["ops"])
-    prog = Program(int(d["n"]), ops, tuple((int(v), str(dt)) for v, dt in d["out"]))
-    for i, (name, args, _) in enumerate(ops):
+    """Program of a JSON text; raises KernelInputError naming what is wrong."""
+    try:
+        d = json.loads(text)
+        ops = tuple((o, tuple(a), tuple(p)) for o, a, p in d["ops"])
+        prog = Program(int(d["n"]), ops, tuple((int(v), str(dt)) for v, dt in d["out"]))
+    except (TypeError, ValueError, KeyError) as e:
+        raise KernelInputError(f"per-element program: {text!r} is not a program ({e}); expected JSON "
+                               '{"n": inputs, "ops": [[name, [args], [params]], ...], "out": [[id, dtype]]}') from None
+    for i, (name, args, params) in enumerate(ops):
         if name not in OPS:
-            raise ValueError(f"fused_elementwise: unknown op {name!r} in program {text}")
+            raise KernelInputError(f"per-element program: unknown op {name!r} in program {text}; "
+                                   f"known ops: {', '.join(sorted(OPS))}")
+        op = OPS[name]
+        if len(args) != op.arity or len(params) != op.params:
+            raise KernelInputError(f"per-element program: op {i} ({name}) takes {op.arity} value(s) and "
+                                   f"{op.params} constant(s), got {list(args)} {list(params)} in {text}")
         if any(not 0 <= a < prog.n + i for a in args):
-            raise ValueError(f"fused_elementwise: op {i} ({name}) reads a value not yet defined: {text}")
+            raise KernelInputError(f"per-element program: op {i} ({name}) reads a value not yet defined: {text}")
     for v, dt in prog.out:
         if not 0 <= v < prog.n + len(ops) or dt not in BITS:
-            raise ValueError(f"fused_elementwise: bad output ({v}, {dt!r}) in {text}")
+            raise KernelInputError(f"per-element program: bad output ({v}, {dt!r}) in {text}")
     return prog
+
+
+def as_program(program) -> Program:
+    return parse(program) if isinstance(program, str) else program
+
+
+# ---------------------------------------------------------------------------
+# the reference: the program interpreted with the table's torch functions
+# ---------------------------------------------------------------------------
+
+
+def evaluate(prog: Program, inputs) -> list:
+    """Every value of `prog` on `inputs` (fp32, bool for a bool value): the table's torch references,
+    with arguments converted to the kind each op takes, as the kernel does."""
+    vals = [t if t.dtype == torch.bool else t.float() for t in inputs]
+    for name, args, params in prog.ops:
+        op = OPS[name]
+        if name == "const":
+            vals.append(torch.tensor(float(params[0]), dtype=torch.float32, device=inputs[0].device))
+            continue
+        xs = [vals[a].bool() if k == "b" else vals[a].float() for a, k in zip(args, op.takes)]
+        vals.append(op.ref(*xs, *params))
+    return vals
+
+
+def ref_program(inputs, program) -> list:
+    """The program's outputs, broadcast and stored in their dtypes (fresh tensors, never an alias)."""
+    prog = as_program(program)
+    vals = evaluate(prog, inputs)
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    outs = [torch.empty(shape, dtype=TORCH[dt], device=inputs[0].device) for _, dt in prog.out]
+    for o, (v, _) in zip(outs, prog.out):
+        o.copy_(vals[v])
+    return outs
+
+
+# ---------------------------------------------------------------------------
+# one-input chains: the GEMM epilogue's program
+# ---------------------------------------------------------------------------
+
+SCALAR_STEPS = {"add": False, "sub": False, "mul": False, "div": False, "rsub": True}  # -> constant first?
+
+
+def chain(text: str) -> Program:
+    """The one-input program spelled as a chain of steps, "gelu;clamp(-1.0,1.0);mul(2.0)": each step
+    is a one-argument op of the table with its constants, or add / sub / mul / div / rsub by a scalar
+    (rsub(c): c - x). Output dtype f32. A shorthand for callers; nodes carry the program's JSON."""
+    ops, cur = [], 0
+    for part in text.split(";"):
+        part = part.strip()
+        name, _, rest = part.partition("(")
+        if rest and not rest.endswith(")"):
+            raise KernelInputError(f"epilogue: malformed step {part!r} in {text!r}; write name(c1,c2)")
+        try:
+            params = tuple(None if p.strip() == "None" else float(p) for p in rest[:-1].split(",") if p.strip())
+        except ValueError:
+            raise KernelInputError(f"epilogue: step {part!r} in {text!r} has a constant that is not a number") from None
+        if name in SCALAR_STEPS and len(params) == 1:
+            ops.append(("const", (), params))
+            c = len(ops)  # value id of the constant (value 0 is the input)
+            ops.append(("sub" if name == "rsub" else name, (c, cur) if SCALAR_STEPS[name] else (cur, c), ()))
+        elif name in OPS and OPS[name].arity == 1 and name != "cast":
+            op = OPS[name]
+            params += op.defaults[len(op.defaults) - op.params + len(params):]
+            if op.params != len(params):
+                raise KernelInputError(f"epilogue: step {name!r} takes {OPS[name].params} params, got {part!r} "
+                                       f"in {text!r}")
+            ops.append((name, (cur,), params))
+        else:
+            known = sorted([n for n, o in OPS.items() if o.arity == 1 and n != "cast"] + list(SCALAR_STEPS))
+            raise KernelInputError(f"epilogue: activation / step {part!r} in {text!r} is not a one-input op of "
+                                   f"the per-element table with its constants; known steps: {known}")
+        cur = len(ops)
+    return Program(1, tuple(ops), ((cur, "f32"),))
+
+
+def epilogue(program) -> str | None:
+    """Canonical text of a one-input, one-float-output program (None, "" or no ops -> None). Accepts
+    a Program, its JSON text, or a chain() spelling."""
+    if not program:
+        return None
+    if isinstance(program, str):
+        program = parse(program) if program.lstrip().startswith("{") else chain(program)
+    if not isinstance(program, Program):
+        raise KernelInputError(f"epilogue: expected a program (text or Program), got {program!r}")
+    if program.n != 1 or len(program.out) != 1 or program.kinds(["f32"])[program.out[0][0]] != "f":
+        raise KernelInputError(f"epilogue: {program.text()} must read one value and return one float value")
+    if not program.ops:
+        return None
+    return Program(1, program.ops, ((program.out[0][0], "f32"),)).text()
+
+
+def then(p: Program, q: Program) -> Program:
+    """q applied to p's (only) output: one program; q's input 0 reads p's output."""
+    m = [p.out[0][0]] + [p.n + len(p.ops) + k for k in range(len(q.ops))]
+    ops = p.ops + tuple((o, tuple(m[a] for a in args), prm) for o, args, prm in q.ops)
+    return Program(p.n, ops, ((m[q.out[0][0]], q.out[0][1]),))
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,9 @@ Forms matched (where they appear): the activation / scale / residual / mask chai
 the big ops. ``x * torch.sigmoid(x)`` and ``F.silu`` in Llama MLPs, ``0.5 * x * (1 + tanh(...))``
 written out in GPT-2 code, ``h * scale + bias`` / ``torch.where(mask, x, -inf)``, residual
 adds and dtype casts around norms, eval dropout. Each table entry below maps one aten op to
-program ops; `ELEMENTWISE` lists what a region may contain.
+program ops (a one-argument op of translator_kernels.program.OPS named like its aten op maps
+itself: adding such an op to the program's table is all it takes); `ELEMENTWISE` lists what a
+region may contain.
 
 Semantics: math is fp32 (bool for comparisons); a value is rounded to bf16 / fp16 only where
 the graph casts explicitly, and outputs are stored in each node's own dtype (torch's type
@@ -26,7 +28,7 @@ from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, val, kw_arg as _kw
 
-from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
+from translator_kernels.program import DTYPES, OPS, TORCH, Program, parse, ref_program  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::fused_elementwise", mutates_args=())
@@ -41,70 +43,9 @@ def _(inputs, program):
     return [inputs[0].new_empty(shape, dtype=TORCH[dt]) for _, dt in prog.out]
 
 
-# --- reference: the program interpreted with torch ops (fp32 math) -----------------------------
-
-_REF_UNARY = {
-    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
-    "log": torch.log, "log2": torch.log2, "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-    "reciprocal": torch.reciprocal, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
-    "erf": torch.erf, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
-    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"), "mish": torch.nn.functional.mish,
-    "softsign": torch.nn.functional.softsign, "hardsigmoid": torch.nn.functional.hardsigmoid,
-    "hardswish": torch.nn.functional.hardswish, "sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil,
-    "round": torch.round, "trunc": torch.trunc, "logical_not": torch.logical_not, "sin": torch.sin,
-    "cos": torch.cos,
-}
-_REF_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
-    "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-    "ge": torch.ge, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
-    "logical_xor": torch.logical_xor,
-    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-}
-
-
-def _ref_op(name, xs, params, like):
-    F = torch.nn.functional
-    if name in _REF_UNARY:
-        return _REF_UNARY[name](xs[0])
-    if name in _REF_BINARY:
-        return _REF_BINARY[name](xs[0], xs[1])
-    if name == "where":
-        return torch.where(xs[0].bool(), xs[1], xs[2])
-    if name == "const":
-        return torch.tensor(float(params[0]), dtype=torch.float32, device=like.device)
-    if name == "cast":
-        return xs[0].to(TORCH[params[0]]) if params[0] == "bool" else xs[0].to(TORCH[params[0]]).float()
-    if name == "pow_scalar":
-        return torch.pow(xs[0], params[0])
-    if name == "clamp":
-        return torch.clamp(xs[0], params[0], params[1])
-    if name == "softplus":
-        return F.softplus(xs[0], params[0], params[1])
-    if name == "elu":
-        return F.elu(xs[0] * params[2], params[0]) * params[1] if params[2] == 1 else \
-            torch.where(xs[0] > 0, xs[0] * params[1], torch.expm1(xs[0] * params[2]) * params[0] * params[1])
-    if name == "celu":
-        return F.celu(xs[0], params[0])
-    if name == "leaky_relu":
-        return F.leaky_relu(xs[0], params[0])
-    raise ValueError(f"fused_elementwise reference: unknown op {name!r}")
-
-
 def ref_fused_elementwise(inputs, program):
-    prog = parse(program)
-    vals = [t.float() if t.dtype != torch.bool else t for t in inputs]
-    for name, args, params in prog.ops:
-        xs = [vals[a] for a in args]
-        if name not in ("where", "cast") and name not in _REF_BINARY or name in ("add", "sub", "mul", "div"):
-            xs = [x.float() if x.dtype == torch.bool else x for x in xs]
-        vals.append(_ref_op(name, xs, params, inputs[0]))
-    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
-    outs = [torch.empty(shape, dtype=TORCH[dt], device=inputs[0].device) for _, dt in prog.out]
-    for o, (v, _) in zip(outs, prog.out):
-        o.copy_(vals[v])  # fresh tensors: a custom op must not return an alias of an input
-    return outs
+    """The program interpreted with the op table's torch references (fp32 math)."""
+    return ref_program(inputs, program)
 
 
 def kernel_fused_elementwise(inputs, program):
@@ -211,11 +152,9 @@ TABLE = {
     aten._to_copy.default: _cast, aten.to.dtype: _cast, aten.type_as.default: _cast,
     aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
 }
-for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
-              "relu", "sigmoid", "tanh", "erf", "silu", "mish", "hardsigmoid", "hardswish", "sign", "floor",
-              "ceil", "trunc", "logical_not", "sin", "cos"):
-    TABLE[getattr(aten, _name).default] = _unary(_name)
-TABLE[aten.round.default] = _unary("round")
+for _name, _op in OPS.items():  # every one-argument op of the program's table named like its aten op
+    if _op.takes in ("f", "b") and not _op.params and hasattr(aten, _name):
+        TABLE.setdefault(getattr(aten, _name).default, _unary(_name))
 for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
     TABLE[getattr(aten, _name).default] = _unary(_name[:-1])
 TABLE[aten.hardtanh_.default] = TABLE[aten.hardtanh.default]

@@ -1,9 +1,9 @@
 """GEMM family: linear layers and matmuls -> `flydsl.gemm` / `flydsl.bmm`.
 
 `flydsl.gemm(a, w, n, k, bias, activation, residual, scale)` computes
-``act(scale * a @ W.T + bias) + residual`` (``act``: an epilogue program, a chain of per-element
-steps such as "gelu;clamp(-1.0,1.0)"; its step table, torch and device, is
-translator_kernels.gemm.kernel.STEPS) for ``a[..., k]`` and a weight ``W[n, k]`` that was
+``act(scale * a @ W.T + bias) + residual`` (``act``: a one-input per-element program of
+translator_kernels.program, the op table the elementwise kernels use; translator.lowerings.
+gemm_epilogue writes it) for ``a[..., k]`` and a weight ``W[n, k]`` that was
 preshuffled once at translate time (translator_kernels.gemm.preshuffle: the layout lives there,
 next to the kernel). The reference un-shuffles it, so the layout is exercised even when
 only the reference runs. `flydsl.bmm(a, b)` multiplies two activations

@@ -1,16 +1,18 @@
 """GEMM epilogue fusion: fold what follows a `flydsl.gemm` into its epilogue.
 
 The kernel's epilogue is ``out = program(scale * (a @ W.T) + bias) + residual`` in fp32, where
-``program`` is a chain of per-element steps with scalar constants (translator_kernels.gemm.kernel
-STEPS: mul/div/add/sub by a scalar, relu, gelu, silu, sigmoid, tanh, clamp, leaky_relu,
-hardswish, softplus, ...). Walking forward from a gemm, in graph order, while the running
-value has one user, each op is absorbed if it keeps the kernel's order exact:
+``program`` is a one-input per-element program of translator_kernels.program: the same program
+and op table as the fused elementwise kernels, so every op an elementwise region takes can fold
+here too (sqrt, log, erf, sin, floor, pow by a scalar, ...). Walking forward from a gemm, in graph
+order, while the running value has one user, each op is absorbed if it keeps the kernel's order
+exact:
 
     y = x @ W.t() * s                   scale      (only before bias / any step)
     y = torch.mm(x, W) + self.bias      bias       (only before any step)
-    y = torch.sigmoid(y * 2.0)          steps      (ops whose only tensor operand is the running
-    y = F.gelu(y).clamp(-1, 1)                      value, the rest scalars; a scale after the
-                                                    bias is a step, not the scale argument)
+    y = torch.sigmoid(y * 2.0)          steps      (any elementwise op whose only tensor operand is
+    y = torch.sqrt(F.gelu(y)).clamp(0, 1)          the running value, the rest scalars; written
+                                                    into the program by the elementwise lowering's
+                                                    own table; a scale after the bias is a step)
     x = x + self.dropout(y)             residual   (last; eval dropout passes through anywhere)
 
 so ``x + drop(proj(gelu(fc(h))))`` becomes two gemm nodes: fc with a gelu epilogue, proj with
@@ -23,116 +25,77 @@ between), which is correct, just not fused.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from translator_kernels.gemm.kernel import epilogue_text, parse_epilogue
+from translator_kernels.program import Program, epilogue, parse, then
 
 from ..registry import Lowering, register_lowering
 from ._common import aten, dtype_of, shape_of, kw_arg as _kw
+from .elementwise import TABLE, ProgramBuilder, node_supported
 
 GEMM = torch.ops.flydsl.gemm.default
-INF = math.inf
+MUL = (aten.mul.Tensor, aten.mul.Scalar)
+ARITH = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.add.Tensor, aten.add.Scalar,
+         aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar}  # counted as epilogue_arith, the rest as activation
 
 
 def _num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _bounds(lo, hi):
-    if lo is not None and not _num(lo) or hi is not None and not _num(hi):
-        return None
-    return ("clamp", (-INF if lo is None else float(lo), INF if hi is None else float(hi)))
-
-
-# aten op -> (node -> (step name, params) or None); the op's first argument is the running value.
-UNARY = {
-    aten.gelu.default: lambda n: ("gelu_tanh" if _kw(n, "approximate", 1, "none") == "tanh" else "gelu", ()),
-    aten.clamp.default: lambda n: _bounds(_kw(n, "min", 1), _kw(n, "max", 2)),
-    aten.clamp_min.default: lambda n: _bounds(n.args[1], None),
-    aten.clamp_max.default: lambda n: _bounds(None, n.args[1]),
-    aten.hardtanh.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
-    aten.hardtanh_.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
-    aten.relu6.default: lambda n: ("clamp", (0.0, 6.0)),
-    aten.leaky_relu.default: lambda n: ("leaky_relu", (float(_kw(n, "negative_slope", 1, 0.01)),)),
-    aten.softplus.default: lambda n: ("softplus", (float(_kw(n, "beta", 1, 1.0)), float(_kw(n, "threshold", 2, 20.0)))),
-    aten.elu.default: lambda n: (("elu", (float(_kw(n, "alpha", 1, 1.0)),))
-                                 if _kw(n, "scale", 2, 1.0) == 1 and _kw(n, "input_scale", 3, 1.0) == 1 else None),
-}
-for _name in ("relu", "silu", "sigmoid", "tanh", "neg", "abs", "exp", "mish", "hardswish", "hardsigmoid"):
-    UNARY[getattr(aten, _name).default] = (lambda s: lambda n: (s, ()))(_name)
-for _name in ("relu_", "silu_", "sigmoid_", "tanh_", "hardswish_", "hardsigmoid_"):  # nn.ReLU(inplace=True)
-    UNARY[getattr(aten, _name).default] = (lambda s: lambda n: (s, ()))(_name[:-1])
-
-MUL = (aten.mul.Tensor, aten.mul.Scalar)
-DIV = (aten.div.Tensor, aten.div.Scalar)
-ADD = (aten.add.Tensor, aten.add.Scalar)
-SUB = (aten.sub.Tensor, aten.sub.Scalar)
-SCALAR_PARAMS = {aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default,
-                 aten.hardtanh_.default, aten.leaky_relu.default, aten.softplus.default, aten.elu.default}
-
-
 def _identity_dropout(n) -> bool:
     return n.target is aten.dropout.default and not _kw(n, "train", 2, False)
+
+
+def _step(u, cur) -> Program | None:
+    """`u` as a one-input program over the running value `cur` (its only tensor operand), or None."""
+    if u.target not in TABLE or u.all_input_nodes != [cur] or node_supported(u) is not None:
+        return None
+    b = ProgramBuilder([u])
+    b.add(u)
+    prog = b.program([u])
+    return Program(1, prog.ops, ((prog.out[0][0], "f32"),))
 
 
 def _classify(u, cur, g, fresh):
     """(kind, payload) for op `u` applied to the running value `cur`, or None (not absorbable).
 
     fresh: no bias and no step yet (a scalar multiply may still become the scale argument)."""
-    t = u.target
-    args = u.args
-    if not args or args[0] is not cur and t not in MUL + ADD:
+    t, args = u.target, u.args
+    if not args:
         return None
-    if _identity_dropout(u):
+    if _identity_dropout(u) and args[0] is cur:
         return "dropout", None
-    if t in UNARY:
-        if any(isinstance(a, torch.fx.Node) for a in list(args[1:]) + list(u.kwargs.values())):
-            return None  # a tensor bound: not a per-element constant
-        if t not in SCALAR_PARAMS and (len(args) > 1 or u.kwargs) and t is not aten.gelu.default:
+    if t in MUL and len(args) == 2 and not u.kwargs and fresh:
+        other = args[1] if args[0] is cur else args[0]
+        if _num(other):
+            return "scale", float(other)
+    if t is aten.add.Tensor and u.kwargs.get("alpha", 1) == 1 and len(args) == 2 and cur in args:
+        other = args[1] if args[0] is cur else args[0]
+        if isinstance(other, torch.fx.Node) and other is not cur and dtype_of(other) == dtype_of(g):
+            so = [str(s) for s in shape_of(other) or ()]
+            if fresh and g.args[4] is None and so == [str(g.args[2])]:
+                return "bias", other
+            if so == [str(s) for s in shape_of(g)] and _before(other, g):
+                return "residual", other
             return None
-        step = UNARY[t](u)
-        return ("activation", step) if step else None
-    alpha = u.kwargs.get("alpha", 1)
-    if len(args) != 2 or set(u.kwargs) - {"alpha"} or not _num(alpha):
+    step = _step(u, cur)
+    if step is None:
         return None
-    other = args[1] if args[0] is cur else args[0]
-    if _num(other):
-        c = float(other)
-        if t in MUL:
-            return ("scale", c) if fresh else ("arith", ("mul", (c,)))
-        if t in DIV and args[0] is cur:
-            return "arith", ("div", (c,))
-        if t in ADD:
-            return "arith", ("add", (c * alpha,))
-        if t in SUB and args[0] is cur:
-            return "arith", ("sub", (c * alpha,))
-        if t is aten.rsub.Scalar and alpha == 1:
-            return "arith", ("rsub", (c,))
-        return None
-    if t is not aten.add.Tensor or alpha != 1 or not isinstance(other, torch.fx.Node) \
-            or dtype_of(other) != dtype_of(g):
-        return None
-    so = [str(s) for s in shape_of(other) or ()]
-    if fresh and g.args[4] is None and so == [str(g.args[2])]:
-        return "bias", other
-    if so == [str(s) for s in shape_of(g)] and _before(other, g):
-        return "residual", other
-    return None
+    return ("arith" if t in ARITH else "activation"), step
 
 
 def plan(g) -> list:
     """What to fold into gemm node `g`, in graph order: [(kind, absorbed node, gemm args after it)]."""
     a, w, n, k, bias, act, residual, scale = g.args
-    steps = list(parse_epilogue(act))
+    prog = parse(act) if act else None
     out, cur = [], g
     while residual is None and len(cur.users) == 1:
         u = next(iter(cur.users))
         if u.op != "call_function" or dtype_of(u) != dtype_of(g) or \
                 [str(s) for s in shape_of(u) or ()] != [str(s) for s in shape_of(g)]:
             break
-        r = _classify(u, cur, g, bias is None and not steps)
+        r = _classify(u, cur, g, bias is None and prog is None)
         if r is None:
             break
         kind, p = r
@@ -143,8 +106,8 @@ def plan(g) -> list:
         elif kind == "residual":
             residual = p
         elif kind in ("activation", "arith"):
-            steps.append(p)
-        out.append((kind, u, (a, w, n, k, bias, epilogue_text(steps), residual, scale)))
+            prog = p if prog is None else then(prog, p)
+        out.append((kind, u, (a, w, n, k, bias, epilogue(prog), residual, scale)))
         cur = u
     return out
 

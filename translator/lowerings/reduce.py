@@ -26,10 +26,10 @@ import torch
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, static_int, val, kw_arg as _kw
-from .elementwise import ref_fused_elementwise
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.reduce import SPLIT, max_row_length, out_shape, split_factor  # noqa: E402
+from translator_kernels.generated.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
+                                                 split_factor)
 
 
 @torch.library.custom_op("flydsl::fused_reduce", mutates_args=())
@@ -53,42 +53,6 @@ def _(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue):
     if kind in ("max", "min"):
         return [x.new_empty(shape, dtype=vdt), x.new_empty(shape, dtype=torch.int64)]
     return [x.new_empty(shape, dtype=vdt)]
-
-
-def ref_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
-    if not epilogue:
-        return _ref_reduce(inputs, program, kind, dims, keepdim, params)
-    p = parse(program)  # the result enters the epilogue unrounded, as in the kernel
-    outs = _ref_reduce(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text(), kind, dims, keepdim, params)
-    e = parse(epilogue)
-    f32 = Program(e.n, e.ops, ((e.out[0][0], "f32"),)).text()
-    (y,) = ref_fused_elementwise([outs[0].float()] + list(epi_inputs), f32)
-    return [y.expand(outs[0].shape).to(TORCH[e.out[0][1]]).contiguous()]
-
-
-def _ref_reduce(inputs, program, kind, dims, keepdim, params):
-    prog = parse(program)
-    as_f32 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
-    (y,) = ref_fused_elementwise(inputs, as_f32)
-    vdt = TORCH[prog.out[0][1]]
-    dims = sorted({d % y.dim() for d in dims}) if y.dim() else []
-    if kind in ("argmax", "argmin", "max", "min"):
-        shape = _shape([y], dims, keepdim)
-        if y.dim() == 0:
-            t = y.reshape(1)
-        else:  # reduced dims last and flattened: indices count along them in row-major order
-            t = y.movedim(dims, list(range(y.dim() - len(dims), y.dim()))).flatten(y.dim() - len(dims))
-        if kind in ("max", "min"):
-            r = getattr(torch, kind)(t, -1, keepdim=True)
-            return [r.values.reshape(shape).to(vdt), r.indices.reshape(shape)]
-        return [getattr(torch, kind)(t, -1, keepdim=True).reshape(shape)]
-    f = {"sum": lambda: y.sum(dims, keepdim=keepdim), "mean": lambda: y.mean(dims, keepdim=keepdim),
-         "amax": lambda: y.amax(dims, keepdim=keepdim), "amin": lambda: y.amin(dims, keepdim=keepdim),
-         "var": lambda: y.var(dims, correction=params[0], keepdim=keepdim),
-         "std": lambda: y.std(dims, correction=params[0], keepdim=keepdim),
-         "logsumexp": lambda: torch.logsumexp(y, dims, keepdim=keepdim),
-         "norm": lambda: torch.linalg.vector_norm(y, params[0], dims, keepdim=keepdim)}[kind]
-    return [f().to(vdt)]
 
 
 def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):

@@ -26,10 +26,9 @@ import torch
 from ..registry import Lowering, OpFamily, register_family, register_lowering
 from ..runtime.ops import dispatch
 from ._common import aten, single_user, static_int, val
-from .elementwise import ref_fused_elementwise
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.scan import max_row_length, row_vec  # noqa: E402
+from translator_kernels.generated.scan import max_row_length, ref_scan, row_vec  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::scan", mutates_args=())
@@ -42,25 +41,6 @@ def scan(inputs: list[torch.Tensor], program: str, kind: str, dim: int, reverse:
 def _(inputs, program, kind, dim, reverse, exclusive):
     shape = torch.broadcast_shapes(*[t.shape for t in inputs])
     return inputs[0].new_empty(shape, dtype=TORCH[parse(program).out[0][1]])
-
-
-def ref_scan(inputs, program, kind, dim, reverse, exclusive):
-    """fp32 reference: the program's value unrounded, scanned in fp32, rounded once (as the kernel)."""
-    p = parse(program)
-    (y,) = ref_fused_elementwise(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text())
-    d = dim % max(y.dim(), 1)
-    if y.dim() == 0:
-        y = y.reshape(1)
-    if reverse:
-        y = y.flip(d)
-    if exclusive:  # shift by one along d, identity first
-        ident = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}[kind]
-        y = torch.cat([torch.full_like(y.narrow(d, 0, 1), ident), y.narrow(d, 0, y.shape[d] - 1)], d)
-    r = getattr(torch, kind)(y, d)
-    if reverse:
-        r = r.flip(d)
-    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
-    return r.reshape(shape).to(TORCH[p.out[0][1]]).contiguous()
 
 
 def kernel_scan(inputs, program, kind, dim, reverse, exclusive):

@@ -38,6 +38,7 @@ from translator_kernels import jit_memo
 from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
+from translator_kernels.errors import KernelInputError
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -74,7 +75,7 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
                     split: bool = False, row_groups: int = 1):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
-        raise ValueError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
+        raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
                                  head_scale, split, row_groups)
 
@@ -104,7 +105,7 @@ def head_dim_supported(d) -> bool:
 
 
 def _fail(msg: str):
-    raise ValueError(f"attention: {msg}")
+    raise KernelInputError(f"attention: {msg}")
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

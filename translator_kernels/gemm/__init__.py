@@ -3,8 +3,8 @@
 
 The kernel itself lives in gemm_kernel.py (design notes there); the weight layout in
 preshuffle.py. Epilogue order: ``out = act(scale * (a @ W.T) + bias) + residual``, computed in
-fp32 and cast once to ``out_dtype``; ``act`` is an epilogue program (gemm_kernel.STEPS: a chain of
-per-element steps with scalar constants; a lone activation name is one step).
+fp32 and cast once to ``out_dtype``; ``act`` is a one-input per-element program
+(translator_kernels.program: any op of the one op table; "gelu" or "mul(2.0);sigmoid" spell one).
 
 Tile heuristic (`choose_config`), per (M bucket, N, K, dtype, arch), 256 lanes = 4 waves split
 along N, each wave BM x BN/4:
@@ -27,6 +27,7 @@ import dataclasses
 import torch
 
 from translator_kernels import jit_memo
+from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import THREADS, build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 
@@ -95,14 +96,14 @@ def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig
         cfg = GemmConfig(cfg.bm, cfg.bn, cfg.bk // 2)
     reason = config_fits(cfg, dt, arch)
     if reason:
-        raise ValueError(f"gemm: no legal tile for M<={m_bucket} N={n} K={k} {dt} {arch}: {reason}")
+        raise KernelInputError(f"gemm: no legal tile for M<={m_bucket} N={n} K={k} {dt} {arch}: {reason}")
     return cfg
 
 
 def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:
     reason = config_fits(cfg, _DT.get(dtype, dtype), arch)
     if reason:
-        raise ValueError(f"gemm: config {cfg} rejected: {reason}")
+        raise KernelInputError(f"gemm: config {cfg} rejected: {reason}")
     _OVERRIDES[(m_bucket, n, k, _DT.get(dtype, dtype), _arch_key(arch))] = cfg
 
 
@@ -141,8 +142,8 @@ def expected_mfma_count(m: int, n: int, k: int, dtype, arch: str, cfg: GemmConfi
 
 def _check_bytes(op, name, t):
     if t.numel() * t.element_size() > _INT32_MAX:
-        raise ValueError(f"{op}: {name} {tuple(t.shape)} {t.dtype} exceeds 2 GiB (32-bit buffer offsets); "
-                         f"split the call")
+        raise KernelInputError(f"{op}: {name} {tuple(t.shape)} {t.dtype} exceeds 2 GiB (32-bit buffer offsets); "
+                               f"split the call")
 
 
 def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None):
@@ -173,12 +174,12 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
 def _prep_a(op, a, k, w_dtype):
     """Cast A to the weight's dtype (precision mode) and pad K to a multiple of kpack."""
     if a.dtype not in _DT:
-        raise ValueError(f"{op}: a has dtype {a.dtype}; supported float32, bfloat16, float16 "
-                         f"(keep other dtypes in PyTorch)")
+        raise KernelInputError(f"{op}: a has dtype {a.dtype}; supported float32, bfloat16, float16 "
+                               f"(keep other dtypes in PyTorch)")
     if a.dtype != w_dtype:
         if a.dtype != torch.float32:
-            raise ValueError(f"{op}: a is {a.dtype} but the weight is {w_dtype}; only an fp32 activation "
-                             f"may be cast to a bf16/fp16 weight (precision mode)")
+            raise KernelInputError(f"{op}: a is {a.dtype} but the weight is {w_dtype}; only an fp32 activation "
+                                   f"may be cast to a bf16/fp16 weight (precision mode)")
         a = a.to(w_dtype)
     kp = kpack_for(w_dtype)
     if k % kp:
@@ -190,25 +191,26 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
 
-    activation: None, an activation name, or an epilogue program ("mul(2.0);sigmoid", see
-    gemm_kernel.STEPS) applied in fp32 after the bias and before the residual.
+    activation: None, or a one-input program (a Program, its JSON, or a chain spelling such as "gelu"
+    or "mul(2.0);sigmoid", see translator_kernels.program.chain) applied in fp32 after the bias and
+    before the residual.
     a: [..., k] float32/bfloat16/float16 (fp32 a with a bf16/fp16 weight is cast: precision mode).
     Returns [..., n] in out_dtype (default: a's dtype)."""
     op = "gemm"
-    activation = canonical_epilogue(activation)  # ValueError names an unknown / malformed step
+    activation = canonical_epilogue(activation)  # KernelInputError names an unknown / malformed step
     if w_shuffled.dtype not in _DT:
-        raise ValueError(f"{op}: weight dtype {w_shuffled.dtype} unsupported; use float32/bfloat16/float16")
+        raise KernelInputError(f"{op}: weight dtype {w_shuffled.dtype} unsupported; use float32/bfloat16/float16")
     if tuple(w_shuffled.shape) != padded_shape(n, k):
-        raise ValueError(f"{op}: preshuffled weight has shape {tuple(w_shuffled.shape)}, expected "
-                         f"{padded_shape(n, k)} for N={n}, K={k}; build it with preshuffle.shuffle_weight")
+        raise KernelInputError(f"{op}: preshuffled weight has shape {tuple(w_shuffled.shape)}, expected "
+                               f"{padded_shape(n, k)} for N={n}, K={k}; build it with preshuffle.shuffle_weight")
     if a.dim() < 1 or a.shape[-1] != k:
-        raise ValueError(f"{op}: a has shape {tuple(a.shape)}, expected [..., {k}]")
+        raise KernelInputError(f"{op}: a has shape {tuple(a.shape)}, expected [..., {k}]")
     if a.device != w_shuffled.device:
-        raise ValueError(f"{op}: a on {a.device} but the weight on {w_shuffled.device}")
+        raise KernelInputError(f"{op}: a on {a.device} but the weight on {w_shuffled.device}")
     lead = tuple(a.shape[:-1])
     out_dtype = out_dtype or a.dtype
     if out_dtype not in _DT:
-        raise ValueError(f"{op}: out_dtype {out_dtype} unsupported; use float32/bfloat16/float16")
+        raise KernelInputError(f"{op}: out_dtype {out_dtype} unsupported; use float32/bfloat16/float16")
     m = 1
     for d in lead:
         m *= d
@@ -217,11 +219,11 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
     a2 = _prep_a(op, a.reshape(m, k), k, w_shuffled.dtype)
     if bias is not None:
         if tuple(bias.shape) != (n,):
-            raise ValueError(f"{op}: bias has shape {tuple(bias.shape)}, expected ({n},)")
+            raise KernelInputError(f"{op}: bias has shape {tuple(bias.shape)}, expected ({n},)")
         bias = bias.to(torch.float32).contiguous()
     if residual is not None:
         if tuple(residual.shape) != lead + (n,):
-            raise ValueError(f"{op}: residual has shape {tuple(residual.shape)}, expected {lead + (n,)}")
+            raise KernelInputError(f"{op}: residual has shape {tuple(residual.shape)}, expected {lead + (n,)}")
         residual = residual.to(out_dtype).contiguous()
     out = _launch(op, a2.unsqueeze(0), w_shuffled.unsqueeze(0), n, k, 1, m, bias=bias,
                   activation=activation, residual=residual, scale=scale, out_dtype=out_dtype, cfg=_config)
@@ -234,9 +236,9 @@ def bmm(a, b, *, out_dtype=None):
     b is preshuffled per call (one extra pass over b, a device copy) so the same kernel serves."""
     op = "bmm"
     if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"{op}: shapes {tuple(a.shape)} @ {tuple(b.shape)} are not [..., M, K] @ [..., K, N]")
+        raise KernelInputError(f"{op}: shapes {tuple(a.shape)} @ {tuple(b.shape)} are not [..., M, K] @ [..., K, N]")
     if a.dtype != b.dtype or a.dtype not in _DT:
-        raise ValueError(f"{op}: dtypes {a.dtype}/{b.dtype}; need equal float32/bfloat16/float16 operands")
+        raise KernelInputError(f"{op}: dtypes {a.dtype}/{b.dtype}; need equal float32/bfloat16/float16 operands")
     batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     out_dtype = out_dtype or a.dtype

@@ -24,11 +24,12 @@ N_pad, and C elements with row >= M or col >= N get a sentinel byte offset beyon
 buffer descriptor's num_records, so the hardware returns 0 / drops the store.
 
 Epilogue, in this order: y = scale * acc; y += bias[col]; y = program(y); y += residual[row, col];
-C = y cast to the output dtype. `program` is an epilogue program (below): a short chain of
-per-element steps with compile-time scalar constants, e.g. "mul(0.5);sigmoid" or "gelu;clamp(-1.0,1.0)";
-a single activation name ("relu", "gelu", ...) is a one-step program. It runs on each lane's
-4-accumulator vector with translator_kernels.device_math (the same device math the
-generated elementwise kernels use), and is part of the kernel's cache key.
+C = y cast to the output dtype. `program` is a one-input per-element program of
+translator_kernels.program (the same program and op table as the generated elementwise, reduce
+and scan kernels): any op of the table with compile-time constants, e.g. the chain spellings
+"mul(0.5);sigmoid", "gelu;clamp(-1.0,1.0)", "sqrt;log", or an activation name ("relu", "gelu").
+It runs on each lane's 4-accumulator vector through the table's device functions
+(device_math.run), and its canonical text is part of the kernel's cache key.
 """
 
 
@@ -39,11 +40,10 @@ from flydsl._mlir.dialects import scf, vector
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T, as_ir_value
 
-import torch
-import torch.nn.functional as F
-
 from translator_kernels import device_math as em
 from translator_kernels import jit_memo
+from translator_kernels.errors import KernelInputError
+from translator_kernels.program import epilogue, evaluate, parse
 
 WAVES = 4
 THREADS = 64 * WAVES
@@ -54,84 +54,31 @@ _ELEM = {  # name -> (bytes, DSL type)
     "bf16": (2, fx.BFloat16),
     "f16": (2, fx.Float16),
 }
-ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")  # the one-step programs of the original epilogue
-
-# ---- the epilogue program: one table for the kernel (device) and the reference (torch) ----
-# name -> (number of scalar params, torch fn(y, *p) on fp32, device fn(v, *p) on an fp32 fx.Vector)
-STEPS = {
-    "mul": (1, lambda y, c: y * c, lambda v, c: v * c),
-    "div": (1, lambda y, c: y / c, lambda v, c: v / c),
-    "add": (1, lambda y, c: y + c, lambda v, c: v + c),
-    "sub": (1, lambda y, c: y - c, lambda v, c: v - c),
-    "rsub": (1, lambda y, c: c - y, lambda v, c: em.const_like(v, c) - v),
-    "neg": (0, torch.neg, lambda v: -v),
-    "abs": (0, torch.abs, em.absf),
-    "exp": (0, torch.exp, em.exp),
-    "relu": (0, torch.relu, em.relu),
-    "gelu": (0, F.gelu, em.gelu),
-    "gelu_tanh": (0, lambda y: F.gelu(y, approximate="tanh"), em.gelu_tanh),
-    "silu": (0, F.silu, em.silu),
-    "sigmoid": (0, torch.sigmoid, em.sigmoid),
-    "tanh": (0, torch.tanh, em.tanh),
-    "mish": (0, F.mish, em.mish),
-    "softsign": (0, F.softsign, em.softsign),
-    "hardswish": (0, F.hardswish, em.hardswish),
-    "hardsigmoid": (0, F.hardsigmoid, em.hardsigmoid),
-    "clamp": (2, lambda y, lo, hi: torch.clamp(y, lo, hi), em.clamp),  # +-inf for a missing bound
-    "leaky_relu": (1, F.leaky_relu, em.leaky_relu),
-    "softplus": (2, F.softplus, em.softplus),  # (beta, threshold)
-    "elu": (1, lambda y, a: F.elu(y, a), lambda v, a: em.elu(v, a)),
-}
 
 
-def parse_epilogue(text) -> tuple:
-    """Epilogue program text -> ((name, (params...)), ...); None or "" -> (). Raises ValueError."""
-    if not text:
-        return ()
-    if not isinstance(text, str):
-        raise ValueError(f"gemm: epilogue program must be a string, got {text!r}")
-    steps = []
-    for part in text.split(";"):
-        part = part.strip()
-        name, _, rest = part.partition("(")
-        if name not in STEPS:
-            raise ValueError(f"gemm: activation / epilogue step {name!r} unknown in {text!r}; "
-                             f"known steps: {sorted(STEPS)}")
-        params = ()
-        if rest:
-            if not rest.endswith(")"):
-                raise ValueError(f"gemm: malformed epilogue step {part!r} in {text!r}")
-            params = tuple(float(p) for p in rest[:-1].split(",") if p.strip())
-        if len(params) != STEPS[name][0]:
-            raise ValueError(f"gemm: epilogue step {name!r} takes {STEPS[name][0]} params, got {part!r}")
-        steps.append((name, params))
-    return tuple(steps)
+# ---- the epilogue program: a one-input per-element program (translator_kernels.program) ----
 
 
-def epilogue_text(steps) -> str | None:
-    """The canonical text of a step list (None for no steps): what nodes carry and caches key on."""
-    if not steps:
-        return None
-    return ";".join(name + (f"({','.join(repr(float(p)) for p in params)})" if params else "")
-                    for name, params in steps)
+def canonical_epilogue(program) -> str | None:
+    """The epilogue's canonical program text (None for none): what gemm nodes carry and caches key on.
+    Accepts a Program, its JSON, or a chain spelling such as "gelu" or "mul(0.5);sigmoid"."""
+    return epilogue(program)
 
 
-def canonical_epilogue(text) -> str | None:
-    return epilogue_text(parse_epilogue(text))
-
-
-def apply_epilogue_torch(y, text):
+def apply_epilogue_torch(y, program):
     """The program on an fp32 tensor (the reference)."""
-    for name, params in parse_epilogue(text):
-        y = STEPS[name][1](y, *params)
-    return y
+    if not program:
+        return y
+    prog = parse(canonical_epilogue(program))
+    return evaluate(prog, [y])[prog.out[0][0]]
 
 
-def apply_epilogue_device(v, text):
-    """The program on an fp32 fx.Vector while tracing the kernel."""
-    for name, params in parse_epilogue(text):
-        v = STEPS[name][2](v, *params)
-    return v
+def apply_epilogue_device(v, program, width: int = 4):
+    """The program on a lane's fp32 fx.Vector of `width` accumulators while the kernel traces."""
+    if not program:
+        return v
+    prog = parse(canonical_epilogue(program))
+    return em.run(prog, [v], width)[prog.out[0][0]]
 
 
 def mfma_per_block(dtype: str, arch: str) -> int:
@@ -157,15 +104,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     launch(C, A, W, bias, residual, m, batch, a_bstride, w_bstride, c_bstride, scale)
     (batch strides in elements; bias/residual are ignored placeholders when absent)."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
-        raise ValueError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
-    parse_epilogue(activation)  # validates
+        raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
+    activation = canonical_epilogue(activation)  # validates
     esz, _ = _ELEM[dtype]
     osz, out_t = _ELEM[out_dtype]
     kp = 16 // esz  # elements per 16-byte chunk
     cpb = 32 // kp  # chunks per row of a 16x16x32 block (bf16: 4, f32: 8)
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
     if bm % 16 or bn % (16 * WAVES) or bk % 32 or k_pad % bk or k % kp:
-        raise ValueError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
+        raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
     is950 = arch.startswith("gfx950")
     m_rep, n_rep, k_blk = bm // 16, bn // (16 * WAVES), bk // 32
     nk = k_pad // bk

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from translator_kernels.errors import KernelInputError
+
 N_TILE = 16
 K_TILE = 32
 
@@ -35,12 +37,12 @@ def padded_shape(n: int, k: int) -> tuple[int, int]:
 def shuffle_weight(w: torch.Tensor) -> torch.Tensor:
     """B[N, K] -> preshuffled (N_pad, K_pad) tensor (a new tensor; `w` is untouched)."""
     if w.dim() != 2:
-        raise ValueError(f"shuffle_weight expects a 2-D [N, K] weight, got shape {tuple(w.shape)}")
+        raise KernelInputError(f"shuffle_weight expects a 2-D [N, K] weight, got shape {tuple(w.shape)}")
     n, k = w.shape
     n_pad, k_pad = padded_shape(n, k)
     kp = kpack_for(w.dtype)
     if K_TILE % kp:
-        raise ValueError(f"dtype {w.dtype}: kpack {kp} does not divide the K tile {K_TILE}")
+        raise KernelInputError(f"dtype {w.dtype}: kpack {kp} does not divide the K tile {K_TILE}")
     if (n_pad, k_pad) == (n, k):  # no padding: one permuting copy
         wp = w.contiguous()
     else:

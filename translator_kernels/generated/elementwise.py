@@ -16,34 +16,19 @@ broadcast shape of the inputs.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
-import os
-import stat
 from pathlib import Path
 
 import torch
 
 from translator_kernels import jit_memo
-from translator_kernels.program import (BINARY, COMPARE, DTYPES, LOGICAL, TORCH, Plan, Program, parse,
-                                  plan as make_plan)
+from translator_kernels.errors import KernelInputError
+from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
+from translator_kernels.generated.source import body
+from translator_kernels.program import DTYPES, TORCH, Plan, Program, as_program, plan as make_plan
 
 BLOCK = 256
 MAX_ELEMS = 2**31 - 1
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
-          "gt": ">", "ge": ">="}
-_LOGIC = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
-
-
-def _lit(c) -> str:
-    if c is None:
-        return "None"
-    if isinstance(c, str):
-        return repr(c)
-    c = float(c)
-    return repr(c) if math.isfinite(c) else f"float({str(c)!r})"
 
 
 def _index_expr(terms) -> str:
@@ -54,49 +39,6 @@ def _index_expr(terms) -> str:
             e = f"({e} % {mod})"
         parts.append(e if mul == 1 else f"{e} * {mul}")
     return " + ".join(parts) if parts else "0"
-
-
-def _expr(name, args, params, kinds, vec) -> str:
-    """One op as a Python expression over earlier values (fp32 vectors, or i1 for 'b')."""
-    def f(a):  # as float
-        return f"em.from_bool(x{a})" if kinds[a] == "b" else f"x{a}"
-
-    def b(a):  # as bool
-        return f"x{a}" if kinds[a] == "b" else f"em.to_bool(x{a})"
-
-    if name in _INFIX:
-        return f"{f(args[0])} {_INFIX[name]} {f(args[1])}"
-    if name in _LOGIC:
-        return f"{b(args[0])} {_LOGIC[name]} {b(args[1])}"
-    if name == "logical_not":
-        return f"em.from_bool({b(args[0])}) == 0.0"
-    if name == "neg":
-        return f"-{f(args[0])}"
-    if name == "reciprocal":
-        return f"1.0 / {f(args[0])}"
-    if name in ("maximum", "minimum"):
-        return f"fx.{name[:3]}({f(args[0])}, {f(args[1])})"
-    if name == "div_trunc":
-        return f"em.trunc({f(args[0])} / {f(args[1])})"
-    if name == "div_floor":
-        return f"em.floor({f(args[0])} / {f(args[1])})"
-    if name == "where":
-        if kinds[args[1]] == "b" and kinds[args[2]] == "b":
-            return f"{b(args[0])}.select({f(args[1])}, {f(args[2])}) != 0.0"
-        return f"{b(args[0])}.select({f(args[1])}, {f(args[2])})"
-    if name == "const":
-        return f"em.splat({_lit(params[0])}, {vec})"
-    if name == "cast":
-        dt = params[0]
-        if dt == "bool":
-            return b(args[0])
-        return f(args[0]) if dt == "f32" or kinds[args[0]] == "b" else f"em.cast({f(args[0])}, {dt!r})"
-    if name == "round":
-        return f"em.round_even({f(args[0])})"
-    if name == "abs":
-        return f"em.absf({f(args[0])})"
-    extra = "".join(f", {_lit(p)}" for p in params)
-    return f"em.{name}({f(args[0])}{extra})"
 
 
 def kernel_source(prog: Program, p: Plan, name: str) -> str:
@@ -139,8 +81,7 @@ def kernel_source(prog: Program, p: Plan, name: str) -> str:
             L.append(f"    x{i} = em.load_vec(In{i}, {ip.dtype!r}, VEC, {idx})")
         else:
             L.append(f"    x{i} = em.load_splat(In{i}, {ip.dtype!r}, VEC, {idx})  # broadcast along the last dim")
-    for k, (op, args, params) in enumerate(prog.ops):
-        L.append(f"    x{prog.n + k} = {_expr(op, args, params, kinds, 'VEC')}  # {op}")
+    L += body(prog, kinds, "VEC")
     L.append("    if ok:")
     for j, (v, dt) in enumerate(prog.out):
         val = f"x{v}"
@@ -161,46 +102,6 @@ def kernel_source(prog: Program, p: Plan, name: str) -> str:
     return "\n".join(L)
 
 
-def emit_sources(directory, names=None) -> list[Path]:
-    """Write every generated kernel this process used (elementwise and reduction), each with a
-    check script; returns the written paths. See translator_kernels.generated.emit."""
-    from translator_kernels.generated.emit import emit_sources as emit
-
-    return emit(directory, names=names)
-
-
-def cache_dir() -> Path:
-    """The folder generated kernel sources are written to and imported from.
-
-    Importing a file runs it, so the folder must be the user's alone: by default
-    ~/.cache/flydsl-translator/kernels (or $XDG_CACHE_HOME/...), or FLYDSL_TRANSLATOR_KERNEL_CACHE.
-    It is created 0700; one that is a symlink, owned by someone else, or writable by others is
-    refused. Never a guessable folder in the shared temp directory."""
-    d = os.environ.get("FLYDSL_TRANSLATOR_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "flydsl-translator", "kernels")
-    return private_dir(Path(d))
-
-
-def private_dir(p: Path) -> Path:
-    """Create `p` (mode 0700) if missing and check it is a real folder only this user can write."""
-    p.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(p)
-    fix = ("point FLYDSL_TRANSLATOR_KERNEL_CACHE at a folder of your own (created 0700), or remove "
-           f"{p} and let it be created again")
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"kernel cache {p} is a symlink or not a folder; generated kernels are imported from "
-                              f"it, so it must be a real folder of yours: {fix}")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"kernel cache {p} is owned by uid {st.st_uid}, not you; generated kernels are "
-                              f"imported from it: {fix}")
-    if st.st_mode & 0o022:
-        os.chmod(p, 0o700)  # ours, but group/world-writable: close it before anything is imported
-    return p
-
-
-from translator_kernels.generated.emit import note_use  # noqa: E402
-
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
@@ -209,31 +110,10 @@ def kernel_name(text: str, p: Plan) -> str:
     return f"fused_elementwise_{hashlib.sha1(f'{text}|{p}'.encode()).hexdigest()[:16]}"
 
 
-def write_source(src: str, name: str, registry: dict) -> Path:
-    """Write a generated kernel module into the cache folder (atomically, only when it changed) and
-    record it in `registry` (kernel name -> path) for emit_sources. Shared by the elementwise,
-    reduction and scan generators."""
-    path = cache_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    registry[name] = str(path)
-    return path
-
-
-def load_launch(path: Path, prefix: str):
-    """Import a generated kernel module and return its `launch` (a @flyc.jit launcher)."""
-    spec = importlib.util.spec_from_file_location(f"{prefix}{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.launch
-
-
 def source_path(text: str, p: Plan) -> tuple[Path, str]:
     """Write (once) and return the generated file for (program, plan) and its kernel name."""
     name = kernel_name(text, p)
-    return write_source(kernel_source(parse(text), p, name), name, GENERATED), name
+    return write_source(kernel_source(as_program(text), p, name), name, GENERATED), name
 
 
 @jit_memo.builder
@@ -243,39 +123,29 @@ def build_elementwise(text: str, p: Plan, arch: str):
     return load_launch(path, "_flydsl_ew_")
 
 
-def current_arch() -> str:
-    from flydsl.runtime.device import get_rocm_arch
-
-    arch = get_rocm_arch()
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"fused_elementwise: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
-                         "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
-    return arch
-
-
 def prepare(inputs, program):
     """Validate; return (program, flat inputs, outputs, flat outputs, plan or None when empty)."""
-    prog = parse(program) if isinstance(program, str) else program
+    prog = as_program(program)
     if len(inputs) != prog.n:
-        raise ValueError(f"fused_elementwise: program takes {prog.n} inputs, got {len(inputs)}")
+        raise KernelInputError(f"fused_elementwise: program takes {prog.n} inputs, got {len(inputs)}")
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"fused_elementwise: input {i} must be a torch.Tensor, got {type(t).__name__}")
+            raise KernelInputError(f"fused_elementwise: input {i} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in DTYPES:
-            raise ValueError(f"fused_elementwise: input {i} dtype {t.dtype} (shape {tuple(t.shape)}) is not "
-                             "supported; use float32, bfloat16, float16 or bool (keep other dtypes in PyTorch)")
+            raise KernelInputError(f"fused_elementwise: input {i} dtype {t.dtype} (shape {tuple(t.shape)}) is not "
+                                   "supported; use float32, bfloat16, float16 or bool (keep other dtypes in PyTorch)")
         if t.device != inputs[0].device:
-            raise ValueError(f"fused_elementwise: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
-                             "move them to one device")
+            raise KernelInputError(f"fused_elementwise: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
+                                   "move them to one device")
     try:
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
     except RuntimeError as e:
-        raise ValueError(f"fused_elementwise: input shapes {[tuple(t.shape) for t in inputs]} do not "
-                         f"broadcast: {e}") from None
+        raise KernelInputError(f"fused_elementwise: input shapes {[tuple(t.shape) for t in inputs]} do not "
+                               f"broadcast: {e}") from None
     numel = math.prod(shape)
     if numel > MAX_ELEMS:
-        raise ValueError(f"fused_elementwise: output shape {shape} has {numel} elements, more than 2^31 - 1; "
-                         "split the tensor (buffer offsets are 32-bit)")
+        raise KernelInputError(f"fused_elementwise: output shape {shape} has {numel} elements, more than 2^31 - 1; "
+                               "split the tensor (buffer offsets are 32-bit)")
     dev = inputs[0].device
     outs = [torch.empty(shape, dtype=TORCH[dt], device=dev) for _, dt in prog.out]
     if numel == 0:

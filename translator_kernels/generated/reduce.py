@@ -27,13 +27,12 @@ import math
 import torch
 
 from translator_kernels import jit_memo
-from translator_kernels.generated.elementwise import current_arch, load_launch, write_source
-from translator_kernels.program import BITS, DTYPES, TORCH, Program, parse
+from translator_kernels.errors import KernelInputError
+from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
+from translator_kernels.program import BITS, DTYPES, TORCH, Program, as_program, parse, ref_program
 from translator_kernels.generated.reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
-from translator_kernels.generated.emit import note_use  # noqa: E402
-
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
@@ -87,30 +86,31 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inpu
     `epilogue` (optional) is an elementwise program applied to each result: value 0 is the reduced
     value (fp32), values 1.. are `epi_inputs` (broadcast to the output's shape, read once per row);
     its output dtype is the result's."""
-    prog = parse(program) if isinstance(program, str) else program
+    prog = as_program(program)
     op = f"fused_reduce({kind})"
     epi = parse(epilogue) if epilogue else None
     if epi is not None:
         if kind in ("argmax", "argmin", "max", "min") or epi.n != 1 + len(epi_inputs) or len(epi.out) != 1 \
                 or epi.out[0][1] == "bool":
-            raise ValueError(f"{op}: the epilogue must take the result and {len(epi_inputs)} extra input(s) and "
-                             "return one float value; arg / max / min reductions take none")
+            raise KernelInputError(f"{op}: the epilogue must take the result and {len(epi_inputs)} extra input(s) and "
+                                   "return one float value; arg / max / min reductions take none")
         prog = Program(prog.n, prog.ops, ((prog.out[0][0], epi.out[0][1]),))
     if kind not in KINDS:
-        raise ValueError(f"{op}: unknown reduction kind; expected one of {sorted(KINDS)}")
+        raise KernelInputError(f"{op}: unknown reduction kind; expected one of {sorted(KINDS)}")
     if len(inputs) != prog.n or len(prog.out) != 1:
-        raise ValueError(f"{op}: program takes {prog.n} inputs and must have one output, got {len(inputs)} "
-                         f"inputs and {len(prog.out)} outputs")
+        raise KernelInputError(f"{op}: program takes {prog.n} inputs and must have one output, got {len(inputs)} "
+                               f"inputs and {len(prog.out)} outputs")
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool")
+            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool")
         if t.device != inputs[0].device:
-            raise ValueError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; move them to one device")
+            raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
+                                   "move them to one device")
     try:
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
     except RuntimeError as e:
-        raise ValueError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+        raise KernelInputError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
     r = len(shape)
     dims = sorted({d % r for d in dims}) if r else []
     perm = [d for d in range(r) if d not in dims] + dims
@@ -131,28 +131,28 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inpu
     if epi is not None:
         for i, t in enumerate(epi_inputs):
             if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.device != dev:
-                raise ValueError(f"{op}: epilogue input {i} must be a float32 / bfloat16 / float16 / bool tensor "
-                                 f"on {dev}")
+                raise KernelInputError(f"{op}: epilogue input {i} must be a float32 / bfloat16 / float16 / bool tensor "
+                                       f"on {dev}")
             try:
                 e = t.expand(oshape).contiguous().reshape(-1)
             except RuntimeError:
-                raise ValueError(f"{op}: epilogue input {i} of shape {tuple(t.shape)} does not broadcast to the "
-                                 f"result shape {oshape}") from None
+                raise KernelInputError(f"{op}: epilogue input {i} of shape {tuple(t.shape)} does not broadcast to the "
+                                       f"result shape {oshape}") from None
             eflat.append(e.view(torch.uint8) if e.dtype == torch.bool else e)
         edt = tuple(DTYPES[t.dtype] for t in epi_inputs)
     epik = None if epi is None else (epi.text(), edt)
     if n == 0:
-        raise ValueError(f"{op}: reducing an empty dim of shape {shape} over {dims}; keep it in PyTorch")
+        raise KernelInputError(f"{op}: reducing an empty dim of shape {shape} over {dims}; keep it in PyTorch")
     if m * n > 2**31 - 1:
-        raise ValueError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
+        raise KernelInputError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
     roles, flat = zip(*[_role(t, shape, dims, perm) for t in inputs])
     dtypes = tuple(DTYPES[t.dtype] for t in inputs)
     plan = _plan(n, roles, dtypes, flat)
     if not plan.fits:
         if kind in SPLIT:
             return outs, None, ("split", prog, roles, list(flat), dtypes, m, n, epik, eflat)
-        raise ValueError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
-                         f"({max_row_length()}); keep this reduction in PyTorch")
+        raise KernelInputError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
+                               f"({max_row_length()}); keep this reduction in PyTorch")
     key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan, epik)
     return outs, list(flat) + eflat + [o.view(-1) for o in outs] + [m], key
 
@@ -185,8 +185,8 @@ def _two_stage(out, kind, params, split):
     _, prog, roles, flat, dtypes, m, n, epik, eflat = split
     k = split_factor(n)
     if k is None:
-        raise ValueError(f"fused_reduce({kind}): rows of N={n} cannot be cut into <= {max_row_length()} equal "
-                         "chunks; keep this reduction in PyTorch")
+        raise KernelInputError(f"fused_reduce({kind}): rows of N={n} cannot be cut into <= {max_row_length()} equal "
+                               "chunks; keep this reduction in PyTorch")
     f1 = []
     for role, f in zip(roles, flat):
         if role == "col":
@@ -243,3 +243,42 @@ def split_factor(n: int) -> int | None:
 
 def max_row_length() -> int:
     return MAX_BLOCK * MAX_ELEMS_PER_LANE
+
+
+# ---- the reference (torch, fp32): what the kernel computes ----
+
+
+def ref_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
+    if not epilogue:
+        return _ref_reduce(inputs, program, kind, dims, keepdim, params)
+    p = parse(program)  # the result enters the epilogue unrounded, as in the kernel
+    outs = _ref_reduce(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text(), kind, dims, keepdim, params)
+    e = parse(epilogue)
+    f32 = Program(e.n, e.ops, ((e.out[0][0], "f32"),)).text()
+    (y,) = ref_program([outs[0].float()] + list(epi_inputs), f32)
+    return [y.expand(outs[0].shape).to(TORCH[e.out[0][1]]).contiguous()]
+
+
+def _ref_reduce(inputs, program, kind, dims, keepdim, params):
+    prog = parse(program)
+    as_f32 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
+    (y,) = ref_program(inputs, as_f32)
+    vdt = TORCH[prog.out[0][1]]
+    dims = sorted({d % y.dim() for d in dims}) if y.dim() else []
+    if kind in ("argmax", "argmin", "max", "min"):
+        shape = out_shape(tuple(y.shape), dims, keepdim)
+        if y.dim() == 0:
+            t = y.reshape(1)
+        else:  # reduced dims last and flattened: indices count along them in row-major order
+            t = y.movedim(dims, list(range(y.dim() - len(dims), y.dim()))).flatten(y.dim() - len(dims))
+        if kind in ("max", "min"):
+            r = getattr(torch, kind)(t, -1, keepdim=True)
+            return [r.values.reshape(shape).to(vdt), r.indices.reshape(shape)]
+        return [getattr(torch, kind)(t, -1, keepdim=True).reshape(shape)]
+    f = {"sum": lambda: y.sum(dims, keepdim=keepdim), "mean": lambda: y.mean(dims, keepdim=keepdim),
+         "amax": lambda: y.amax(dims, keepdim=keepdim), "amin": lambda: y.amin(dims, keepdim=keepdim),
+         "var": lambda: y.var(dims, correction=params[0], keepdim=keepdim),
+         "std": lambda: y.std(dims, correction=params[0], keepdim=keepdim),
+         "logsumexp": lambda: torch.logsumexp(y, dims, keepdim=keepdim),
+         "norm": lambda: torch.linalg.vector_norm(y, params[0], dims, keepdim=keepdim)}[kind]
+    return [f().to(vdt)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from translator_kernels.generated.elementwise import _expr
+from translator_kernels.generated.source import as_float, body, lit as _lit
 from translator_kernels.program import Program
 
 # kind -> (first combine, needs the values kept for a second sweep)
@@ -57,11 +57,7 @@ def prologue_source(prog: Program, kinds, args: str, feeds: str) -> list[str]:
     """Lines of the generated `prologue(...)`: the fused elementwise chain feeding a reduction or a
     scan, one fp32 vector expression per op (shared by reduce_codegen and scan_codegen)."""
     L = [f"def prologue({args}):", f'    """The fused elementwise chain feeding the {feeds} (fp32 math)."""']
-    for k, (o, a, p) in enumerate(prog.ops):
-        L.append(f"    x{prog.n + k} = {_expr(o, a, p, kinds, 'VEC')}  # {o}")
-    v = prog.out[0][0]
-    L.append(f"    return em.from_bool(x{v})" if kinds[v] == "b" else f"    return x{v}")
-    return L + ["", ""]
+    return L + body(prog, kinds, "VEC") + [as_float(prog, kinds), "", ""]
 
 
 def row_kernel_header(name: str, sig: str, block: int, sub: bool) -> list[str]:
@@ -76,10 +72,6 @@ def row_kernel_header(name: str, sig: str, block: int, sub: bool) -> list[str]:
                     "    row_ok = row_raw < M",
                     "    row = row_ok.select(row_raw, M - 1)  # rows past M recompute row M - 1 and store nothing"]
     return L + ["    lane = tid", "    row = fx.Int32(fx.block_idx.x)"]
-
-
-def _lit(c: float) -> str:
-    return repr(float(c)) if math.isfinite(c) else f"float({str(float(c))!r})"
 
 
 def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int, plan, name: str, epi=None) -> str:
@@ -130,11 +122,7 @@ def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int,
         ekinds = ep.kinds(["f32"] + list(edts))
         L += [f"def epilogue({', '.join(f'x{i}' for i in range(ep.n))}):",
               '    """The fused elementwise chain after the reduction (x0: the result, one lane vector)."""']
-        for k, (o, a, p) in enumerate(ep.ops):
-            L.append(f"    x{ep.n + k} = {_expr(o, a, p, ekinds, '1')}  # {o}")
-        v = ep.out[0][0]
-        L.append(f"    return em.from_bool(x{v})" if ekinds[v] == "b" else f"    return x{v}")
-        L += ["", ""]
+        L += body(ep, ekinds, "1") + [as_float(ep, ekinds), "", ""]
     if waves > 1:
         L += ["@fx.struct", "class Scratch:"]
         L += [f"    s{j}: fx.Array[fx.Float32, W, 16]" for j in range(3)]

@@ -23,9 +23,9 @@ import math
 
 import torch
 
-from translator_kernels.generated.elementwise import current_arch, load_launch, write_source
-from translator_kernels.generated.emit import note_use
-from translator_kernels.program import BITS, DTYPES, TORCH, parse
+from translator_kernels.errors import KernelInputError
+from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
+from translator_kernels.program import BITS, DTYPES, TORCH, Program, as_program, parse, ref_program
 from translator_kernels.generated.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path
@@ -61,25 +61,26 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
     """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor."""
     op = f"scan({kind})"
     if kind not in KINDS:
-        raise ValueError(f"{op}: unknown scan kind; expected one of {sorted(KINDS)}")
-    prog = parse(program) if isinstance(program, str) else program
+        raise KernelInputError(f"{op}: unknown scan kind; expected one of {sorted(KINDS)}")
+    prog = as_program(program)
     if len(inputs) != prog.n or len(prog.out) != 1 or prog.out[0][1] == "bool":
-        raise ValueError(f"{op}: program takes {prog.n} inputs and must have one float output, got {len(inputs)} "
-                         f"inputs and outputs {prog.out}")
+        raise KernelInputError(f"{op}: program takes {prog.n} inputs and must have one float output, got {len(inputs)} "
+                               f"inputs and outputs {prog.out}")
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool "
-                             "(integer and float64 scans stay in PyTorch)")
+            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool "
+                                   "(integer and float64 scans stay in PyTorch)")
         if t.device != inputs[0].device:
-            raise ValueError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; move them to one device")
+            raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
+                                   "move them to one device")
     try:
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
     except RuntimeError as e:
-        raise ValueError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+        raise KernelInputError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
     r = max(len(shape), 1)
     if not -r <= dim < r:
-        raise ValueError(f"{op}: dim {dim} is out of range for shape {shape}")
+        raise KernelInputError(f"{op}: dim {dim} is out of range for shape {shape}")
     dim %= r
     shape1 = shape or (1,)
     out_dt = TORCH[prog.out[0][1]]
@@ -89,7 +90,7 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
     if m == 0 or n == 0:
         return out
     if m * n > 2**31 - 1:
-        raise ValueError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
+        raise KernelInputError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
     flat = []
     for t in inputs:
         f = t.reshape((1,) * (len(shape1) - t.dim()) + tuple(t.shape)).expand(shape1).movedim(dim, -1)
@@ -98,8 +99,8 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
     dtypes = tuple(DTYPES[t.dtype] for t in inputs)
     plan = plan_scan(n, row_vec(n, dtypes, flat))
     if not plan.fits:
-        raise ValueError(f"{op}: rows of N={n} elements are longer than one workgroup scans "
-                         f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
+        raise KernelInputError(f"{op}: rows of N={n} elements are longer than one workgroup scans "
+                               f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
     res = torch.empty(m * n, dtype=out_dt, device=out.device)
     launch = build_scan(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive), current_arch())
     name = kernel_name(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive))
@@ -118,6 +119,23 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
 
 
 def identity_program(dtype) -> str:
-    from translator_kernels.program import Program
-
     return Program(1, (), ((0, DTYPES[dtype]),)).text()
+
+
+def ref_scan(inputs, program, kind, dim, reverse, exclusive):
+    """fp32 reference: the program's value unrounded, scanned in fp32, rounded once (as the kernel)."""
+    p = parse(program)
+    (y,) = ref_program(inputs, Program(p.n, p.ops, ((p.out[0][0], "f32"),)).text())
+    d = dim % max(y.dim(), 1)
+    if y.dim() == 0:
+        y = y.reshape(1)
+    if reverse:
+        y = y.flip(d)
+    if exclusive:  # shift by one along d, identity first
+        ident = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}[kind]
+        y = torch.cat([torch.full_like(y.narrow(d, 0, 1), ident), y.narrow(d, 0, y.shape[d] - 1)], d)
+    r = getattr(torch, kind)(y, d)
+    if reverse:
+        r = r.flip(d)
+    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    return r.reshape(shape).to(TORCH[p.out[0][1]]).contiguous()

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from translator_kernels.program import Program
-from translator_kernels.generated.reduce_codegen import _lit, plan_rows, prologue_source, row_kernel_header
+from translator_kernels.generated.reduce_codegen import plan_rows, prologue_source, row_kernel_header
+from translator_kernels.generated.source import lit as _lit
 from translator_kernels.generated.scan_device import IDENTITY
 
 WAVE = 64

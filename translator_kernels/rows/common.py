@@ -21,6 +21,8 @@ import torch
 import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 
+from translator_kernels.errors import KernelInputError
+
 WAVE = 64  # gfx942 and gfx950 are wave64
 MAX_BLOCK = 1024
 TARGET_VECS_PER_THREAD = 4
@@ -188,24 +190,24 @@ def current_arch() -> str:
 
     arch = get_rocm_arch()
     if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"row kernels: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
-                         "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
+        raise KernelInputError(f"row kernels: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
+                               "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
     return arch
 
 
 def check_rows(op: str, x: torch.Tensor, what: str = "x", ndim: int = 2) -> None:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{op}: {what} must be a torch.Tensor, got {type(x).__name__}")
+        raise KernelInputError(f"{op}: {what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != ndim:
-        raise ValueError(f"{op}: {what} must be {ndim}-D, got shape {tuple(x.shape)}; "
-                         "reshape to [rows, N] (normalized dims last) before calling")
+        raise KernelInputError(f"{op}: {what} must be {ndim}-D, got shape {tuple(x.shape)}; "
+                               "reshape to [rows, N] (normalized dims last) before calling")
     if x.dtype not in DTYPES:
-        raise ValueError(f"{op}: {what} dtype {x.dtype} (shape {tuple(x.shape)}) is not supported; "
-                         "use float32, bfloat16 or float16 (keep other dtypes in PyTorch)")
+        raise KernelInputError(f"{op}: {what} dtype {x.dtype} (shape {tuple(x.shape)}) is not supported; "
+                               "use float32, bfloat16 or float16 (keep other dtypes in PyTorch)")
     span = sum((s - 1) * st for s, st in zip(x.shape, x.stride())) + 1 if x.numel() else 0
     if span * x.element_size() >= MAX_BUFFER_BYTES:
-        raise ValueError(f"{op}: {what} of shape {tuple(x.shape)} {x.dtype} spans >= 2 GiB; "
-                         "split it into chunks of rows (buffer offsets are 32-bit)")
+        raise KernelInputError(f"{op}: {what} of shape {tuple(x.shape)} {x.dtype} spans >= 2 GiB; "
+                               "split it into chunks of rows (buffer offsets are 32-bit)")
 
 
 def check_vector(op: str, t, n: int, what: str, device) -> torch.Tensor | None:
@@ -214,11 +216,11 @@ def check_vector(op: str, t, n: int, what: str, device) -> torch.Tensor | None:
         return None
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != n:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{op}: {what} must be a 1-D tensor of length N={n}, got {shape}")
+        raise KernelInputError(f"{op}: {what} must be a 1-D tensor of length N={n}, got {shape}")
     if t.dtype not in DTYPES:
-        raise ValueError(f"{op}: {what} dtype {t.dtype} is not supported; use float32, bfloat16 or float16")
+        raise KernelInputError(f"{op}: {what} dtype {t.dtype} is not supported; use float32, bfloat16 or float16")
     if t.device != device:
-        raise ValueError(f"{op}: {what} is on {t.device} but x is on {device}; move it to x's device")
+        raise KernelInputError(f"{op}: {what} is on {t.device} but x is on {device}; move it to x's device")
     return t.contiguous()
 
 

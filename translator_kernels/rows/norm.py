@@ -26,6 +26,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from translator_kernels import jit_memo
+from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
 AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32
@@ -40,7 +41,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     """Compiled launcher `launch(X, R, W, B, Out, Sum, m, g)` over m rows with g workgroups;
     operands a specialization does not use may be any tensor."""
     if kind not in ("layer", "rms"):
-        raise ValueError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
+        raise KernelInputError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
     plan = rc.plan_row(n, vec)
     STREAM = not rc.row_fits(plan)
     if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
@@ -48,7 +49,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     U = rc.STREAM_VECS_PER_THREAD
     NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
     if affine == "channel" and hw % vec:
-        raise ValueError(f"group_norm: vector width {vec} must divide HW={hw}")
+        raise KernelInputError(f"group_norm: vector width {vec} must divide HW={hw}")
     BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
     SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
     if SUB:
@@ -272,8 +273,8 @@ def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw
     if residual is not None:
         if not isinstance(residual, torch.Tensor) or residual.shape != xr.shape or residual.dtype != xr.dtype:
             got = (tuple(residual.shape), residual.dtype) if isinstance(residual, torch.Tensor) else type(residual)
-            raise ValueError(f"{op}: residual must match x's shape {tuple(xr.shape)} and dtype {xr.dtype}, "
-                             f"got {got}")
+            raise KernelInputError(f"{op}: residual must match x's shape {tuple(xr.shape)} and dtype {xr.dtype}, "
+                                   f"got {got}")
         rc.check_rows(op, residual, "residual")
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
@@ -342,11 +343,11 @@ def group_norm(x, num_groups, weight, bias, eps):
     """GroupNorm of x [B, C, *spatial]: statistics per (sample, group), per-channel affine."""
     op = "group_norm"
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        raise ValueError(f"{op}: x must be a tensor [B, C, *spatial], got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise KernelInputError(f"{op}: x must be a tensor [B, C, *spatial], got "
+                               f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     b, c = x.shape[0], x.shape[1]
     if num_groups <= 0 or c % num_groups:
-        raise ValueError(f"{op}: C={c} (shape {tuple(x.shape)}) is not divisible by num_groups={num_groups}")
+        raise KernelInputError(f"{op}: C={c} (shape {tuple(x.shape)}) is not divisible by num_groups={num_groups}")
     hw = 1
     for s in x.shape[2:]:
         hw *= s

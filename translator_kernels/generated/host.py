@@ -1,0 +1,101 @@
+"""Host code the generated kernel families share (elementwise, reduce, scan; emit reads their records).
+
+- the kernel cache folder: generated sources are written there and imported (FlyDSL reads a
+  kernel's source), so it must be a private folder of the user's;
+- `write_source` / `load_launch`: one generated module in, its `launch` out;
+- `current_arch`: the arch a launch is built for;
+- `record_kernels` / `note_use`: which generated kernels a block of code launched (--emit-kernels
+  writes exactly those).
+
+Imports go one way: elementwise, reduce and scan import this module; emit imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import stat
+from pathlib import Path
+
+from translator_kernels.errors import KernelInputError
+
+SUPPORTED_ARCHS = ("gfx942", "gfx950")
+_RECORDERS: list[set] = []
+
+
+@contextlib.contextmanager
+def record_kernels():
+    """Collect the names of the generated kernels launched inside the block."""
+    used: set = set()
+    _RECORDERS.append(used)
+    try:
+        yield used
+    finally:
+        _RECORDERS.remove(used)
+
+
+def note_use(name: str) -> None:
+    for rec in _RECORDERS:
+        rec.add(name)
+
+
+def cache_dir() -> Path:
+    """The folder generated kernel sources are written to and imported from.
+
+    Importing a file runs it, so the folder must be the user's alone: by default
+    ~/.cache/flydsl-translator/kernels (or $XDG_CACHE_HOME/...), or FLYDSL_TRANSLATOR_KERNEL_CACHE.
+    It is created 0700; one that is a symlink, owned by someone else, or writable by others is
+    refused. Never a guessable folder in the shared temp directory."""
+    d = os.environ.get("FLYDSL_TRANSLATOR_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "flydsl-translator", "kernels")
+    return private_dir(Path(d))
+
+
+def private_dir(p: Path) -> Path:
+    """Create `p` (mode 0700) if missing and check it is a real folder only this user can write."""
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(p)
+    fix = ("point FLYDSL_TRANSLATOR_KERNEL_CACHE at a folder of your own (created 0700), or remove "
+           f"{p} and let it be created again")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"kernel cache {p} is a symlink or not a folder; generated kernels are imported from "
+                              f"it, so it must be a real folder of yours: {fix}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise PermissionError(f"kernel cache {p} is owned by uid {st.st_uid}, not you; generated kernels are "
+                              f"imported from it: {fix}")
+    if st.st_mode & 0o022:
+        os.chmod(p, 0o700)  # ours, but group/world-writable: close it before anything is imported
+    return p
+
+
+def write_source(src: str, name: str, registry: dict) -> Path:
+    """Write a generated kernel module into the cache folder (atomically, only when it changed) and
+    record it in `registry` (kernel name -> path) for emit_sources. Shared by the elementwise,
+    reduction and scan generators."""
+    path = cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, path)
+    registry[name] = str(path)
+    return path
+
+
+def load_launch(path: Path, prefix: str):
+    """Import a generated kernel module and return its `launch` (a @flyc.jit launcher)."""
+    spec = importlib.util.spec_from_file_location(f"{prefix}{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.launch
+
+
+def current_arch() -> str:
+    from flydsl.runtime.device import get_rocm_arch
+
+    arch = get_rocm_arch()
+    if arch not in SUPPORTED_ARCHS:
+        raise KernelInputError(f"generated kernels: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
+                               "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
+    return arch
