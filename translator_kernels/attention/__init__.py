@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.attention.fwd import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel
 
 HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -41,7 +41,7 @@ def num_waves_for(sq: int) -> int:
     return 1 if sq <= 16 else 2 if sq <= 32 else 4
 
 
-@jit_memo.builder
+@kl.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
@@ -137,7 +137,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     nw = num_waves_for(Sq)
     block_m = kernel_config(dtype, D, nw)["block_m"]
     launch = build_attention(_arch(), dtype, D, bool(causal), kind, mname, nw)
-    jit_memo.call(launch, q, k, v, out, mflat, Sq, Sk, H // Hkv, scale * 1.4426950408889634,
+    kl.call(launch, q, k, v, out, mflat, Sq, Sk, H // Hkv, scale * 1.4426950408889634,
            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr,
            -(-Sq // block_m), H, B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from translator_kernels import device_math as em
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 
 WAVES = 4
 THREADS = 64 * WAVES
@@ -149,7 +149,7 @@ def _i32(v):
     return fx.Int32(v)
 
 
-@jit_memo.builder
+@kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher

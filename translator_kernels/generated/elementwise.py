@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.program import (BINARY, COMPARE, DTYPES, LOGICAL, TORCH, Plan, Program, parse,
                                   plan as make_plan)
 
@@ -236,7 +236,7 @@ def source_path(text: str, p: Plan) -> tuple[Path, str]:
     return write_source(kernel_source(parse(text), p, name), name, GENERATED), name
 
 
-@jit_memo.builder
+@kl.builder
 def build_elementwise(text: str, p: Plan, arch: str):
     """Compiled launcher `launch(*inputs, *outputs)` of program `text` under plan `p` for `arch`."""
     path, _ = source_path(text, p)
@@ -305,8 +305,5 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
         dtypes=[DTYPES[t.dtype] for t in inputs]))
     note_use(name)
     args = flat_in + flat_out
-    if args[0].is_cuda:
-        launch(*args, stream=torch.cuda.current_stream(args[0].device))
-    else:
-        jit_memo.call(launch, *args)
+    kl.call(launch, *args)
     return outs
