@@ -242,6 +242,7 @@ class Use:
 
 def call(launcher, *args) -> None:
     """Run `launcher(*args)` through its compiled specialization (compiled on first sight)."""
+    plan = _PLANS.get(launcher) or _plan(launcher)
     k = key(launcher, *args)
     fn = _COMPILED.get(k)
     if fn is None:
@@ -256,7 +257,7 @@ def call(launcher, *args) -> None:
             fn = _stubbed(k, fn, mode.recorder)
     elif fn is _NOTHING:
         return
-    if _plan(launcher).has_stream:
+    if plan.has_stream:
         fn(*args, _stream(args))
     else:
         fn(*args)

@@ -128,3 +128,43 @@ def test_translated_model_repeated_and_new_batch_trace_nothing(traces, disk_cach
         tm.gm(torch.randn(2, 8, 64))
         tm.gm(torch.randn(1, 8, 64))
     assert len(traces) == cold and len(rec) == 3 * len(rec[: len(rec) // 3]) and rec
+
+
+_SECOND_PROCESS = """
+import json, sys, torch
+from flydsl.compiler import jit_function as JF
+from translator import translate
+from translator.runtime.precompile import precompile
+from translator.runtime.stub import rocm_compile_env
+count = {"compiles": 0}
+orig = JF.MlirCompiler.__dict__["compile"].__func__
+def counting(cls, *a, **k):
+    count["compiles"] += 1
+    return orig(cls, *a, **k)
+JF.MlirCompiler.compile = classmethod(counting)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.Softmax(-1)).eval()
+tm = translate(model, (torch.randn(2, 8, 64),), backend="reference", verify=False)
+with rocm_compile_env("gfx942"):
+    count["specializations"] = len(precompile(tm, backend="rocm"))
+print(json.dumps(count))
+"""
+
+
+@pytest.mark.slow
+def test_second_process_compiles_nothing(tmp_path):
+    """FlyDSL's disk cache serves a new process: its specializations are traced, never compiled."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLYDSL_RUNTIME_CACHE_DIR=str(tmp_path / "flydsl"))
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert runs[0]["specializations"] == 3 and runs[0]["compiles"] == 3
+    assert runs[1] == {"compiles": 0, "specializations": 3}

@@ -76,18 +76,20 @@ def _progress(total: int):
     return Progress(transient=True, console=None)
 
 
-def precompile(tm) -> list:
-    """Compile the specializations of `tm`'s graph for its backend; returns launch.Compiled records."""
+def precompile(tm, backend: str | None = None) -> list:
+    """Compile the specializations of `tm`'s graph for `backend` (default: its own); returns the
+    launch.Compiled records of the compiles this call performed (none when all were cached)."""
     from translator_kernels import launch
 
     from . import use_backend
 
-    if tm.backend == "reference":
+    backend = backend or tm.backend
+    if backend == "reference":
         return []
-    device = "cuda" if tm.backend == "rocm" else "cpu"
+    device = "cuda" if backend == "rocm" and torch.cuda.is_available() else "cpu"
     todo = calls(tm.gm, device)
     bar = _progress(len(todo))
-    with use_backend(tm.backend, tm.arch), launch.compile_only(), launch.collect() as (_uses, compiled):
+    with use_backend(backend, tm.arch), launch.compile_only(), launch.collect() as (_uses, compiled):
         if bar is not None:
             bar.start()
             task = bar.add_task(f"compiling FlyDSL kernels ({tm.arch})", total=len(todo))
