@@ -5,15 +5,19 @@
 Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — kernel adapter,
 specialization key, FlyDSL's CompiledFunction and its per-call argument packing — with only the
 call of the compiled host function (the device launch) replaced by a recorder. Tensors are CPU
-tensors, so allocations are CPU allocations and no stream is read.
+tensors, so allocations are CPU allocations, no stream is read, and the torch ops an adapter
+runs itself (a cast, a pad, `.contiguous()`) compute on the CPU, which a GPU would do on the
+device: the "meta tensors" column runs the same adapters on meta tensors (no data; FlyDSL packs
+null pointers), which leaves only their host-side work.
 
 Eager (measured, same run): the same torch ops on CPU tensors of the same shapes but zero rows
 (zero batch for the models): the dispatcher, argument checks, shape and dtype logic and output
 allocation, with the compute skipped because there is nothing to compute — eager's per-op host
 time without the device.
 
-Times are process CPU time (time.process_time), not wall time: on a shared, loaded machine the
-wall clock also counts the time other processes held the cores. (Meta tensors are no proxy: several meta kernels, SDPA's included, are
+Times are the calling thread's CPU time (time.thread_time), torch on one thread: on a shared,
+loaded machine the wall clock also counts the time other processes held the cores, and process
+CPU time counts idle OpenMP workers spinning. (Meta tensors are no proxy: several meta kernels, SDPA's included, are
 Python decompositions, far slower than eager's C++ path.) On a GPU eager adds the launch (~5-10
 us), which both sides leave out.
 
@@ -38,14 +42,16 @@ import torch.nn.functional as F
 GOAL_US = 30.0
 
 
-def _median_us(fn, repeat: int) -> float:
+def _median_us(fn, repeat: int, batch: int = 5) -> float:
+    """Median over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
     for _ in range(3):
         fn()
     samples = []
     for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        samples.append(time.process_time() - t)
+        t = time.thread_time()
+        for _ in range(batch):
+            fn()
+        samples.append((time.thread_time() - t) / batch)
     return statistics.median(samples) * 1e6
 
 
@@ -54,8 +60,8 @@ def _empty_rows(t, dim=0):
     return t.narrow(dim, 0, 0)
 
 
-def family_cases(tiny: bool):
-    """(label, ours() on CPU tensors, eager() on the same tensors with zero rows)."""
+def family_cases(tiny: bool, device: str = "cpu"):
+    """(label, ours() on tensors on `device`, eager() on the CPU tensors with zero rows)."""
     from translator_kernels.attention import attention
     from translator_kernels.gemm import gemm
     from translator_kernels.gemm.preshuffle import shuffle_weight
@@ -75,6 +81,7 @@ def family_cases(tiny: bool):
     gelu_add = Program(2, (("gelu", (0,), ()), ("add", (2, 1), ())), ((3, "f32"),)).text()
     ident = Program(1, (), ((0, "f32"),)).text()
     xm, wm, bm, qm = _empty_rows(x), w, b, _empty_rows(q, 2)
+    x, w, b, ws, q = (t.to(device) for t in (x, w, b, ws, q))
     return [
         (f"gemm {m}x{d}x{d} +bias", lambda: gemm(x, ws, d, d, bias=b), lambda: F.linear(xm, wm, bm)),
         (f"softmax {m}x{d}", lambda: softmax(x), lambda: torch.softmax(xm, -1)),
@@ -96,11 +103,11 @@ def _launch_share(fn, repeat: int) -> float:
     orig, spent = launch.call, [0.0, 0]
 
     def timed(*args):
-        t = time.process_time()
+        t = time.thread_time()
         try:
             return orig(*args)
         finally:
-            spent[0] += time.process_time() - t
+            spent[0] += time.thread_time() - t
             spent[1] += 1
 
     launch.call = timed
@@ -116,21 +123,23 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     from translator.runtime.stub import rocm_recorded
 
     print(f"## Host us per FlyDSL op call, rocm path (device call recorded), arch {arch} (measured)\n")
-    print("| op | ours us (median) | of which launch.call us (mean) | eager us (zero-row tensors, median) | "
-          "ours / eager | device calls per op |")
-    print("|---|---|---|---|---|---|")
+    print("| op | ours us (median) | of which launch.call us (mean) | ours on meta tensors us (median) | "
+          "eager us (zero-row tensors, median) | ours / eager | ours (meta) / eager | device calls per op |")
+    print("|---|---|---|---|---|---|---|---|")
     ours_all = []
-    for label, ours, eager in family_cases(tiny):
+    for (label, ours, eager), (_, ours_meta, _) in zip(family_cases(tiny), family_cases(tiny, "meta")):
         with rocm_recorded(arch) as rec:
             ours()  # compile (or load from FlyDSL's disk cache) outside the timing
             rec.clear()
+            ours()
+            calls = len(rec)
             t_ours = _median_us(ours, repeat)
-            calls = len(rec) / (repeat + 3)
             t_launch = _launch_share(ours, repeat)
+            t_meta = _median_us(ours_meta, repeat)
         t_eager = _median_us(eager, repeat)
         ours_all.append(t_ours)
-        print(f"| {label} | {t_ours:.1f} | {t_launch:.1f} | {t_eager:.1f} | {t_ours / t_eager:.2f} | {calls:g} |",
-              flush=True)
+        print(f"| {label} | {t_ours:.1f} | {t_launch:.1f} | {t_meta:.1f} | {t_eager:.1f} | {t_ours / t_eager:.2f} | "
+              f"{t_meta / t_eager:.2f} | {calls:g} |", flush=True)
     print(f"\nmedian over families: {statistics.median(ours_all):.1f} us per FlyDSL op call "
           f"(goal <= {GOAL_US:.0f} us)\n")
     return ours_all
@@ -157,11 +166,11 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
 
     def timed(kernel):
         def run(*args, **kwargs):
-            t = time.process_time()
+            t = time.thread_time()
             try:
                 return kernel(*args, **kwargs)
             finally:
-                inside[0] += time.process_time() - t
+                inside[0] += time.thread_time() - t
                 inside[1] += 1
         return run
 
@@ -173,7 +182,9 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
             tm.gm(*inputs)  # compiles every specialization once (or loads it from FlyDSL's disk cache)
             t_cold = time.perf_counter() - t_cold
             rec.clear()
-            t_ours = _median_us(lambda: tm.gm(*inputs), repeat)
+            tm.gm(*inputs)
+            calls_per_forward = len(rec)
+            t_ours = _median_us(lambda: tm.gm(*inputs), repeat, batch=1)
             for fam in FAMILIES.values():
                 fam.kernel = timed(fam.kernel)
             try:
@@ -182,8 +193,7 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
             finally:
                 for n, fam in FAMILIES.items():
                     fam.kernel = kernels[n]
-        t_eager = _median_us(lambda: model(*empty_inputs), repeat)
-    calls_per_forward = len(rec) // (2 * repeat + 3)
+        t_eager = _median_us(lambda: model(*empty_inputs), repeat, batch=1)
     per_op = inside[0] / max(inside[1], 1) * 1e6
     print(f"| {name} | {calls_per_forward} | {per_op:.1f} | {t_ours / 1e3:.2f} | {t_eager / 1e3:.2f} | "
           f"{t_ours / t_eager:.2f} | {t_cold:.1f} |", flush=True)
@@ -199,6 +209,15 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="small shapes, for the smoke test")
     a = p.parse_args(argv)
     t0 = time.time()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every host path here is one thread; no OpenMP workers spinning
+    try:
+        return _run(a, t0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(a, t0) -> int:
     family_table(a.arch, a.repeat, a.tiny)
     if a.no_models:
         return 0

@@ -89,6 +89,11 @@ def origin(launcher) -> str:
     return getattr(getattr(launcher, "func", None), "__name__", repr(launcher))
 
 
+def kernel_name(launcher) -> str:
+    """A short name: the builder's without `build_` ("gemm", "softmax"), or the launcher's."""
+    return origin(launcher).split("(")[0].rsplit(".", 1)[-1].removeprefix("build_")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """What the key needs from a launcher's signature (computed once per launcher)."""
@@ -206,7 +211,7 @@ def _compile(launcher, args, k):
     compiled = _NOTHING if compiled is None else compiled
     with _LOCK:
         compiled = _COMPILED.setdefault(k, compiled)
-    log.info("compiled %s for %s in %.2f s (%s)", plan.name, k[1][0], seconds, origin(launcher))
+    log.info("compiled %s for %s in %.2f s", origin(launcher), k[1][0], seconds)
     for sink in getattr(_local, "sinks", ()):
         sink.append(Compiled(k, launcher, compiled, seconds))
     return compiled
@@ -254,7 +259,7 @@ def call(launcher, *args) -> None:
         if mode.compile_only or fn is _NOTHING:
             return
         if mode.recorder is not None:
-            fn = _stubbed(k, fn, mode.recorder)
+            fn = _stubbed(k, launcher, fn, mode.recorder)
     elif fn is _NOTHING:
         return
     if plan.has_stream:
@@ -324,11 +329,16 @@ def record_device_calls(recorder=None):
     call state's host function pointer, the one thing that needs the HIP runtime, is replaced.
     """
     rec = DeviceCallRecorder() if recorder is None else recorder
-    with _mode(recorder=rec):
-        yield rec
+    try:
+        with _mode(recorder=rec):
+            yield rec
+    finally:
+        with _LOCK:
+            for k in [k for k in _STUBBED if k[1] == id(rec)]:
+                del _STUBBED[k]
 
 
-def _stubbed(k, fn, recorder):
+def _stubbed(k, launcher, fn, recorder):
     stub = _STUBBED.get((k, id(recorder)))
     if stub is None:
         from flydsl.compiler.jit_executor import CallState
@@ -336,12 +346,10 @@ def _stubbed(k, fn, recorder):
         if not isinstance(fn, _JF.CompiledFunction) or fn._call_spec is None:
             raise RuntimeError(f"record_device_calls() stands in for a GPU launch, but {k[1][0]} compiled "
                                f"{type(fn).__name__} (run it outside flysim.simulate, with COMPILE_ONLY off)")
-        name = getattr(fn._keepalive, "_entry", "kernel")
+        name = kernel_name(launcher)
         state = CallState(fn._call_spec, lambda packed: recorder(name, packed))
         stub = _JF.CompiledFunction(state, fn._keepalive)
         with _LOCK:
-            if len(_STUBBED) > 4096:
-                _STUBBED.clear()
             _STUBBED[(k, id(recorder))] = stub
     return stub
 

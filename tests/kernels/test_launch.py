@@ -77,6 +77,7 @@ def test_rocm_path_recorded_compiles_once(traces, disk_cache, caplog):
             gemm(torch.randn(m, 64), ws, 96, 64)
             layer_norm(torch.randn(m, 64), torch.ones(64), torch.zeros(64))
     assert len(rec) == 8 and all(n > 0 for _name, n in rec)
+    assert [name for name, _n in rec[:2]] == ["gemm", "row_norm"]
     assert first == 2 and len(traces) == first
     compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled")]
     assert len(compiled) == 2 and "rocm" in compiled[0] and "build_gemm" in compiled[0]

@@ -33,9 +33,8 @@ def _symbol(use) -> str:
     from translator_kernels import launch
 
     origin = launch.origin(use.launcher)
-    head = origin.split("(")[0].rsplit(".", 1)[-1].removeprefix("build_")
     digest = hashlib.sha256(repr((origin, use.key[2], use.key[1][0])).encode()).hexdigest()[:10]
-    return f"{head}_{digest}"
+    return f"{launch.kernel_name(use.launcher)}_{digest}"
 
 
 def _layout(fn) -> list[dict]:
