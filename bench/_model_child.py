@@ -5,7 +5,9 @@
 The parent sets COMPILE_ONLY=1 and FLYDSL_RUNTIME_CACHE_DIR (empty for a cold run, filled by a
 previous run for a warm one). Compiling = running the translated graph once on the `rocm`
 backend under COMPILE_ONLY: every FlyDSL launch compiles its kernel to a code object and
-returns without executing. Verification runs on the `reference` backend (graph logic only; the
+returns without executing; the child counts FlyDSL's traces and its MLIR compiles (a warm
+run traces each specialization once and compiles none: the artifacts come from the disk cache).
+Verification runs on the `reference` backend (graph logic only; the
 kernels' numerics are covered by the flysim tests). Prints one JSON line.
 """
 
@@ -18,8 +20,24 @@ import time
 import torch
 
 
+def _count(counts, cls, attr, name):
+    orig = getattr(cls, attr)
+    fn = orig.__func__ if isinstance(cls.__dict__[attr], classmethod) else orig
+
+    def counting(*a, **k):
+        counts[name] += 1
+        return fn(*a, **k)
+
+    setattr(cls, attr, classmethod(counting) if isinstance(cls.__dict__[attr], classmethod) else counting)
+
+
 def main(name, arch):
     t0 = time.perf_counter()
+    from flydsl.compiler import jit_function as JF
+
+    counts = {"traces": 0, "mlir_compiles": 0}
+    _count(counts, JF.JitFunction, "_trace", "traces")
+    _count(counts, JF.MlirCompiler, "compile", "mlir_compiles")
     from bench.models import build
 
     from translator import runtime, translate
@@ -45,12 +63,13 @@ def main(name, arch):
         with runtime.use_backend("rocm", arch):
             gm(*inputs)
         t_compile = time.perf_counter() - t
+        compile_counts = dict(counts)
         t = time.perf_counter()
         tm = translate(model, tuple(inputs), arch=arch, backend="reference")
         t_verify = time.perf_counter() - t
     print(json.dumps(dict(model=name, import_s=t_import, capture_s=t_capture, passes_s=t_passes,
                           compile_s=t_compile, translate_verify_ref_s=t_verify, flydsl_ops=len(flydsl_nodes),
-                          counters=ctx.counters, verified=bool(tm.report.verification.passed))))
+                          counters=ctx.counters, verified=bool(tm.report.verification.passed), **compile_counts)))
 
 
 if __name__ == "__main__":

@@ -69,18 +69,18 @@ def time_model(name, arch):
 
 def timing_table(names, arch):
     print(f"## Translation timings (measured, CPU, COMPILE_ONLY, arch {arch})\n")
-    print("| model | FlyDSL ops | run | capture s | passes s | compile kernels s | capture+passes+compile s | "
-          "translate+verify (reference) s | process wall s |")
-    print("|" + "---|" * 9)
+    print("| model | FlyDSL ops | run | capture s | passes s | compile kernels s | traces / MLIR compiles | "
+          "capture+passes+compile s | translate+verify (reference) s | process wall s |")
+    print("|" + "---|" * 10)
     for name in names:
         runs = time_model(name, arch)
         if isinstance(runs, str):
-            print(f"| {name} | {runs} |" + " |" * 7)
+            print(f"| {name} | {runs} |" + " |" * 8)
             continue
         for label, r in zip(("cold", "warm"), runs):
             tot = r["capture_s"] + r["passes_s"] + r["compile_s"]
             print(f"| {name} | {r['flydsl_ops']} | {label} | {r['capture_s']:.2f} | {r['passes_s']:.2f} | "
-                  f"{r['compile_s']:.2f} | {tot:.2f} | {r['translate_verify_ref_s']:.2f}"
+                  f"{r['compile_s']:.2f} | {r['traces']} / {r['mlir_compiles']} | {tot:.2f} | {r['translate_verify_ref_s']:.2f}"
                   f"{'' if r['verified'] else ' (MISMATCH)'} | {r['wall_s']:.1f} |", flush=True)
     print()
 

@@ -7,7 +7,7 @@ against flysim's counters (that equality is what the anchor extrapolation rests 
 import pytest
 import torch
 
-from bench import isa, kernels, models, rocm, roofline, traffic
+from bench import host_overhead, isa, kernels, models, rocm, roofline, traffic
 
 
 def test_occupancy_model():
@@ -80,3 +80,10 @@ def test_flydsl_traffic_without_source_says_so(capsys, monkeypatch):
     monkeypatch.delenv("FLYDSL_SRC", raising=False)
     assert flydsl_traffic.main([]) == 0
     assert "FLYDSL_SRC is not set" in capsys.readouterr().out
+
+
+def test_bench_host_overhead_runs(capsys):
+    assert host_overhead.main(["--tiny", "--repeat", "3", "--no-models"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ln.endswith("| 1 |")]
+    assert len(rows) == 8 and "median over families" in out  # every family: one recorded device call per op

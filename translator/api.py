@@ -17,6 +17,7 @@ from .errors import InputError, ShapeError, StrictError, VerificationError
 from .lowerings._common import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
 from .registry import BY_DESIGN, FAMILIES, load_all
+from .runtime.precompile import precompile
 from .report import LAYOUT_OPS, Report, Row, describe_shapes, measure_flops, node_dtype, op_name
 from .verify import first_divergence, verify_outputs
 
@@ -166,6 +167,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
                              f"— fix the model or the inputs so that model(*inputs) runs") from e
         while True:
             tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
+            precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
             _verify(model, inputs, tm, precision)

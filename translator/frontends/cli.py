@@ -307,10 +307,13 @@ def _html(report: Any) -> list:
 
 def _verification_passed(report: Any) -> Optional[bool]:
     verification = getattr(report, "verification", None)
-    return None if verification is None else bool(verification.passed)
+    if verification is None or getattr(verification, "ran", True) is False:  # --no-verify: nothing failed
+        return None
+    return bool(verification.passed)
 
 
-def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None) -> int:
+def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None,
+                 export_kernels: Optional[Path] = None) -> int:
     import translator
     from translator.errors import TranslatorError, VerificationError
 
@@ -338,6 +341,13 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
         except OSError as exc:
             raise CliError(f"cannot write into --emit-kernels {emit_kernels} ({_describe(exc)}); pass a writable directory")
         tm.report.kernel_sources = str(emitted[0].resolve())
+    if export_kernels is not None:
+        from translator.report.export import export_kernels as export
+
+        try:
+            emitted.append(export(tm, export_kernels))
+        except OSError as exc:
+            raise CliError(f"cannot write into --export-kernels {export_kernels} ({_describe(exc)}); pass a writable directory")
     written = _write_outputs(tm, out) + emitted
     typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     if _verification_passed(tm.report) is False:
@@ -368,6 +378,9 @@ def convert(
     emit_kernels: Annotated[
         Optional[Path], typer.Option("--emit-kernels", help="Write the FlyDSL kernel sources this model used (generated ones with a check script each) into this folder.", show_default=False)
     ] = None,
+    export_kernels: Annotated[
+        Optional[Path], typer.Option("--export-kernels", help="Write each compiled kernel as an object file and a C header (no Python needed to run them) plus manifest.json into this folder.", show_default=False)
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
     """Translate the Model of SCRIPT (or an .onnx file), verify it, print the report and write report.md, report.json, report.html, translated.py."""
@@ -389,7 +402,7 @@ def convert(
         **({"isa": True} if isa else {}),  # off by default: compiling every kernel costs seconds
     )
     try:
-        code = _run_convert(script, out, options, emit_kernels)
+        code = _run_convert(script, out, options, emit_kernels, export_kernels)
     except CliError as exc:
         if debug:
             traceback.print_exc()

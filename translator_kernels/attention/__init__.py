@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
@@ -69,7 +69,7 @@ def attention_config(dtype: str, head_dim: int, sq: int) -> dict:
     return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim))
 
 
-@jit_memo.builder
+@kl.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
                     split: bool = False, row_groups: int = 1):
@@ -80,7 +80,7 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
                                  head_scale, split, row_groups)
 
 
-@jit_memo.builder
+@kl.builder
 def build_combine(arch: str, dtype: str, head_dim: int):
     """The split-KV combine launcher (arch keys the cache)."""
     return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim))
@@ -221,7 +221,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
     args = (q, k, v, out, mflat, hs, w, wml, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, nq * nsplit, H, B)
-    jit_memo.call(launch, *args)
+    kl.call(launch, *args)
     if nsplit > 1:
-        jit_memo.call(build_combine(arch, dtype, D), w, wml, out, Sq, H, nsplit, *out.stride()[:3], B)
+        kl.call(build_combine(arch, dtype, D), w, wml, out, Sq, H, nsplit, *out.stride()[:3], B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

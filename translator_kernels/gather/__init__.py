@@ -20,7 +20,8 @@ import torch
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
+from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
 BLOCK = 256
@@ -48,7 +49,7 @@ def _word(t, idx):
     return fx.memref_load_vec(r)[0]
 
 
-@jit_memo.builder
+@kl.builder
 def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str):
     """Launcher `launch(ids32, weight, out, flag, n_vecs)`: rows of length `d`, a table of `vocab`
     rows, ids given as `words` 32-bit words each (1: int32, 2: int64). arch keys the cache."""
@@ -92,17 +93,17 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
     op = "embedding"
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"{op}: weight must be a 2-D tensor [vocab, dim], got "
+        raise KernelInputError(f"{op}: weight must be a 2-D tensor [vocab, dim], got "
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
     if weight.dtype not in DTYPES:
-        raise ValueError(f"{op}: weight dtype {weight.dtype} is not supported; use float32, bfloat16 or float16")
+        raise KernelInputError(f"{op}: weight dtype {weight.dtype} is not supported; use float32, bfloat16 or float16")
     if ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{op}: ids dtype {ids.dtype} is not supported; use int64 or int32 token ids")
+        raise KernelInputError(f"{op}: ids dtype {ids.dtype} is not supported; use int64 or int32 token ids")
     if ids.device != weight.device:
-        raise ValueError(f"{op}: ids are on {ids.device} but the weight is on {weight.device}; move them together")
+        raise KernelInputError(f"{op}: ids are on {ids.device} but the weight is on {weight.device}; move them together")
     vocab, d = weight.shape
     if vocab >= 2**31 or weight.numel() * weight.element_size() >= rc.MAX_BUFFER_BYTES:
-        raise ValueError(f"{op}: a table of {tuple(weight.shape)} {weight.dtype} spans >= 2 GiB "
+        raise KernelInputError(f"{op}: a table of {tuple(weight.shape)} {weight.dtype} spans >= 2 GiB "
                          "(32-bit buffer offsets); split the vocabulary")
     out = torch.empty((*ids.shape, d), dtype=weight.dtype, device=weight.device)
     n = ids.numel()
@@ -115,7 +116,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     ids32 = flat.view(torch.int32)  # int64: (low, high) word pairs, no copy
     flag = torch.zeros(1, dtype=torch.int32, device=weight.device)
     launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch())
-    rc.launch(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
+    kl.call(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
     if flag.device.type == "cpu" and int(flag[0]):
         bad = flat[(flat < 0) | (flat >= vocab)]
         raise IndexError(f"{op}: id {int(bad[0])} is out of range for a table of {vocab} rows "

@@ -26,7 +26,7 @@ import dataclasses
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import THREADS, build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
@@ -165,7 +165,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res)
     w_bs = n_pad * k_pad if ws.shape[0] > 1 else 0
-    jit_memo.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
+    kl.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
              a3.numel() * a3.element_size(), ws.numel() * ws.element_size(),
              out.numel() * out.element_size())
     return out

@@ -41,7 +41,7 @@ from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T, as_ir_value
 
 from translator_kernels import device_math as em
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.program import epilogue, evaluate, parse
 
@@ -96,7 +96,7 @@ def _i32(v):
     return fx.Int32(v)
 
 
-@jit_memo.builder
+@kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher

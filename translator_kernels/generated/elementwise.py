@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.generated.source import body
@@ -116,7 +116,7 @@ def source_path(text: str, p: Plan) -> tuple[Path, str]:
     return write_source(kernel_source(as_program(text), p, name), name, GENERATED), name
 
 
-@jit_memo.builder
+@kl.builder
 def build_elementwise(text: str, p: Plan, arch: str):
     """Compiled launcher `launch(*inputs, *outputs)` of program `text` under plan `p` for `arch`."""
     path, _ = source_path(text, p)
@@ -175,8 +175,5 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
         dtypes=[DTYPES[t.dtype] for t in inputs]))
     note_use(name)
     args = flat_in + flat_out
-    if args[0].is_cuda:
-        launch(*args, stream=torch.cuda.current_stream(args[0].device))
-    else:
-        jit_memo.call(launch, *args)
+    kl.call(launch, *args)
     return outs

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import BITS, DTYPES, TORCH, Program, as_program, parse, ref_program
@@ -46,7 +46,7 @@ def _write(src: str, name: str):
     return write_source(src, name, GENERATED)
 
 
-@jit_memo.builder
+@kl.builder
 def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, epi, arch: str):
     """Compiled launcher `launch(*inputs, *epilogue inputs, *outputs, M)` of one fused reduction for
     `arch`; `epi` is None or (epilogue program text, epilogue input dtypes)."""
@@ -173,10 +173,7 @@ SPLIT = {"sum": ("sum", "sum"), "mean": ("sum", "mean"), "amax": ("amax", "amax"
 
 def _launch(key, args):
     launch = build_reduce(*key, current_arch())
-    if args[0].is_cuda:
-        launch(*args, stream=torch.cuda.current_stream(args[0].device))
-    else:
-        jit_memo.call(launch, *args)
+    kl.call(launch, *args)
 
 
 def _two_stage(out, kind, params, split):

@@ -17,12 +17,12 @@ before each one (identity first: ``cumsum(x) - x`` without its cancellation).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 
 import torch
 
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import BITS, DTYPES, TORCH, Program, as_program, parse, ref_program
@@ -37,7 +37,7 @@ def kernel_name(text, dtypes, kind, plan, reverse, exclusive) -> str:
     return f"scan_{key}"
 
 
-@functools.lru_cache(maxsize=None)
+@kl.builder
 def build_scan(text: str, dtypes: tuple, kind: str, plan, reverse: bool, exclusive: bool, arch: str):
     """Compiled launcher `launch(*inputs, out, M)` of one row scan for `arch`."""
     name = kernel_name(text, dtypes, kind, plan, reverse, exclusive)
@@ -108,10 +108,7 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
                                 exclusive=bool(exclusive), shapes=[list(t.shape) for t in inputs], dtypes=list(dtypes)))
     note_use(name)
     args = flat + [res.view(torch.uint8) if out_dt == torch.bool else res, m]
-    if res.is_cuda:
-        launch(*args, stream=torch.cuda.current_stream(res.device))
-    else:
-        launch(*args)
+    kl.call(launch, *args)
     moved = list(shape1)
     moved.append(moved.pop(dim))
     out.copy_(res.view(moved).movedim(-1, dim).reshape(shape))

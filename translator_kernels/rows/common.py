@@ -225,14 +225,10 @@ def check_vector(op: str, t, n: int, what: str, device) -> torch.Tensor | None:
 
 
 def launch(launcher, *args) -> None:
-    """Call a compiled launcher on the tensors' stream (the current HIP stream on a GPU)."""
-    from translator_kernels.jit_memo import call
+    """Run a launcher through the one launch path (translator_kernels.launch)."""
+    from translator_kernels.launch import call
 
-    first = args[0]
-    if first.is_cuda:
-        launcher(*args, stream=torch.cuda.current_stream(first.device))
-    else:
-        call(launcher, *args)
+    call(launcher, *args)
 
 
 STREAM_VECS_PER_THREAD = 4

@@ -25,7 +25,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
@@ -34,7 +34,7 @@ PARAM_TRAFFIC = 0.04  # weight/bias re-reads allowed, as a share of the compulso
 MIN_GRID = 64
 
 
-@jit_memo.builder
+@kl.builder
 def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
                    w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
                    affine: str = "row", groups: int = 1, hw: int = 1):

@@ -16,7 +16,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from translator_kernels import jit_memo
+from translator_kernels import launch as kl
 from translator_kernels.rows import common as rc
 
 LOG2E = 1.4426950408889634
@@ -24,7 +24,7 @@ LN2 = 0.6931471805599453
 AFN = fx.arith.FastMathFlags.afn  # exp2 -> hardware v_exp_f32; keeps inf/NaN semantics
 
 
-@jit_memo.builder
+@kl.builder
 def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     """Compiled launcher `launch(x, out, m)` for rows of length `n` (arch keys the cache)."""
     plan = rc.plan_row(n, vec)

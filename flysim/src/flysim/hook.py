@@ -1,4 +1,4 @@
-"""simulate(): run ``@flyc.jit`` launchers under the interpreter.
+"""simulate(): run FlyDSL launchers and compiled functions under the interpreter.
 
 Inside the context, FlyDSL compiles with a backend registered under the name
 ``rocm`` (so ``flydsl.extension`` traces the same implementations the GPU
@@ -6,18 +6,27 @@ runs) whose pipeline stops after ``convert-fly-to-rocdl`` + ``canonicalize``,
 where scf control flow remains. ``COMPILE_ONLY=1`` keeps FlyDSL from building
 an execution engine; the disk cache is switched off so a truncated artifact is
 never stored or confused with a real one. The in-memory cache of a JitFunction
-is keyed by target arch and pipeline text, so gfx942 and gfx950 artifacts (and
-real vs simulated ones) never collide.
+is keyed by the backend hash (``flysim:<target>``) and pipeline text, so gfx942
+and gfx950 artifacts (and real vs simulated ones) never collide.
 
-A launcher call then: traces + compiles (FlyDSL's own code), packs the
-arguments with FlyDSL's own C-ABI fills, decodes the stored module once into
-closures, and interprets the host function (arith + gpu.launch_func).
+Two entry points, as in FlyDSL:
+  - ``flyc.compile(launcher, *args)`` returns a `SimulatedFunction`: FlyDSL's
+    `CompiledFunction` calling convention (positional, every parameter, the stream
+    last), traced and compiled once. Each call packs the arguments with FlyDSL's own
+    C-ABI fills and interprets the program decoded once per (arch, device); it never
+    traces again. As FlyDSL does with live device tensors, `compile` itself launches
+    once when no argument is a compile placeholder: here a placeholder is a meta
+    tensor (or a null pointer with no live buffer), a live tensor is any other.
+  - calling a ``@flyc.jit`` launcher compiles (tracing, as FlyDSL's ``__call__``
+    does) and runs it once.
+Nothing FlyDSL would execute is skipped: a launch flysim cannot run raises.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 
@@ -39,6 +48,7 @@ def last_launch():
     return _LAST[0]
 
 
+@functools.lru_cache(maxsize=None)
 def _make_backend_class():
     from flydsl.compiler.backends.rocm import RocmBackend
 
@@ -118,15 +128,21 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
 
         if ir.Context.current is not None or _sim() is None:
             return orig_call(self, *args, **kwargs)
-        return _simulated_call(_sim(), self, args, kwargs)
+        fn = _compile_simulated(_sim(), self, args, kwargs)
+        fn(*fn.bound_args)
+        fn.bound_args = None
+        return None
 
     def compile_impl(func, *args, **kwargs):
-        """flyc.compile() under simulation: a callable that simulates each call."""
+        """flyc.compile() under simulation: a SimulatedFunction, launched once here when given live data."""
         jf, bound_self = JF._unwrap_jit_function(func)
         if jf is None:
             return orig_compile_impl(func, *args, **kwargs)
-        pre = (bound_self,) if bound_self is not None else ()
-        return lambda *a: _simulated_call(_sim() or sim, jf, pre + a, {})
+        fn = _compile_simulated(_sim() or sim, jf, ((bound_self,) if bound_self is not None else ()) + args, kwargs)
+        if not fn.placeholders:
+            fn(*fn.bound_args)
+        fn.bound_args = None
+        return fn
 
     JF.JitFunction.__call__ = call
     JF._compile_impl = compile_impl
@@ -145,14 +161,12 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
         toolchain.restore_env(old_env)
 
 
-def _simulated_call(sim, jf, args, kwargs):
-    from flydsl.compiler.jit_executor import build_abi_storage
+def _compile_simulated(sim, jf, args, kwargs):
+    """Trace + compile (FlyDSL's own code, pipeline cut for flysim) one specialization."""
     from flydsl.compiler.jit_function import _build_call_spec
 
-    from .launch import program_for
-
     _state.compiled_asm = None
-    jf._compile_or_execute(args, kwargs, execute=True)
+    jf._compile_or_execute(args, kwargs, execute=False)
     artifact = jf._last_compiled[1]
     if getattr(artifact, "_flysim_asm", None) is None:
         if _state.compiled_asm is None:
@@ -166,23 +180,84 @@ def _simulated_call(sim, jf, args, kwargs):
     bound_self, rest = jf._split_self(args)
     bound = jf._sig.bind(*rest, **kwargs)
     bound.apply_defaults()
+    values = tuple(bound.arguments.values())
     jf._resolve_arguments(bound.arguments)
-    args_tuple = tuple(bound.arguments.values())
-    spec = _build_call_spec(jf._sig, args_tuple)
-    storages, _packed = build_abi_storage([ct for _i, ct, _f in spec])
-    raw = []
-    for (i, _ct, fill), s in zip(spec, storages):
-        if fill is not None:
-            fill(args_tuple[i], s)
-        raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
-    tensors = _collect_tensors(args_tuple) + list(sim.extra_tensors)
-    device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
-    program = program_for(artifact, sim.arch, device)
-    records = program.run_host(raw, tensors, sim)
-    sim.launches.extend(records)
-    if records:
-        _LAST[0] = records[-1]
-    return None
+    spec = _build_call_spec(jf._sig, tuple(bound.arguments.values()))
+    fn = SimulatedFunction(jf.func.__name__, artifact, spec, sim.arch)
+    fn.bound_args = values
+    live = any(_is_live(v) for v in values)  # FlyDSL: a null pointer beside live buffers is an argument
+    fn.placeholders = [n for n, v in zip(bound.arguments, values) if _is_meta(v) or (not live and _is_null(v))]
+    return fn
+
+
+def _is_meta(v) -> bool:
+    t = v if isinstance(v, torch.Tensor) else getattr(v, "torch_tensor", None)
+    return isinstance(t, torch.Tensor) and t.is_meta
+
+
+def _is_null(v) -> bool:
+    from flydsl.compiler.jit_argument import PointerJitArg
+
+    return isinstance(v, PointerJitArg) and v.pointer.value is None
+
+
+def _is_live(v) -> bool:
+    from flydsl.compiler.jit_argument import PointerJitArg
+
+    if isinstance(v, PointerJitArg):
+        return v.pointer.value is not None
+    t = v if isinstance(v, torch.Tensor) else getattr(v, "torch_tensor", None)
+    return isinstance(t, torch.Tensor) and not t.is_meta
+
+
+class SimulatedFunction:
+    """FlyDSL's CompiledFunction calling convention, executed by flysim.
+
+    ``fn(*args)``: every launcher parameter positionally (constexpr values are ignored, as
+    FlyDSL ignores them), the stream last. Runs inside any ``simulate()`` of the same arch.
+    """
+
+    def __init__(self, name, artifact, call_spec, arch):
+        self.name = name
+        self.artifact = artifact
+        self.call_spec = call_spec
+        self.arch = arch
+        self.bound_args = None
+        self.placeholders = []
+
+    def __repr__(self):
+        return f"<flysim SimulatedFunction {self.name} {self.arch}>"
+
+    def __call__(self, *args):
+        from flydsl.compiler.jit_executor import build_abi_storage
+
+        from .launch import program_for
+
+        sim = _sim()
+        if sim is None:
+            raise SimulationError(f"{self.name}: a flysim-compiled function runs only inside flysim.simulate() "
+                                  "(there is no GPU here); call it inside `with flysim.simulate(...)`")
+        if sim.arch != self.arch:
+            raise SimulationError(f"{self.name} was compiled for {self.arch} but the simulate() session is "
+                                  f"{sim.arch}; compile it again inside this session")
+        meta = [i for i, a in enumerate(args) if _is_meta(a)]
+        if meta:
+            raise SimulationError(f"{self.name}: argument(s) {meta} are meta tensors (compile placeholders); "
+                                  "pass tensors that hold data")
+        storages, _packed = build_abi_storage([ct for _i, ct, _f in self.call_spec])
+        raw = []
+        for (i, _ct, fill), s in zip(self.call_spec, storages):
+            if fill is not None:
+                fill(args[i], s)
+            raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
+        tensors = _collect_tensors(args) + list(sim.extra_tensors)
+        device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
+        program = program_for(self.artifact, sim.arch, device)
+        records = program.run_host(raw, tensors, sim)
+        sim.launches.extend(records)
+        if records:
+            _LAST[0] = records[-1]
+        return None
 
 
 def _collect_tensors(values):

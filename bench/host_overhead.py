@@ -1,0 +1,235 @@
+"""Host time per FlyDSL op call on the rocm code path, beside eager PyTorch's dispatch time.
+
+    python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny]
+
+Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — kernel adapter,
+specialization key, FlyDSL's CompiledFunction and its per-call argument packing — with only the
+call of the compiled host function (the device launch) replaced by a recorder. Tensors are CPU
+tensors, so allocations are CPU allocations, no stream is read, and the torch ops an adapter
+runs itself (a cast, a pad, `.contiguous()`) compute on the CPU, which a GPU would do on the
+device: the "meta tensors" column runs the same adapters on meta tensors (no data; FlyDSL packs
+null pointers), which leaves only their host-side work.
+
+Eager (measured, same run): the same torch ops on CPU tensors of the same shapes but zero rows
+(zero batch for the models): the dispatcher, argument checks, shape and dtype logic and output
+allocation, with the compute skipped because there is nothing to compute — eager's per-op host
+time without the device.
+
+Times are the calling thread's CPU time (time.thread_time), torch on one thread: on a shared,
+loaded machine the wall clock also counts the time other processes held the cores, and process
+CPU time counts idle OpenMP workers spinning. (Meta tensors are no proxy: several meta kernels, SDPA's included, are
+Python decompositions, far slower than eager's C++ path.) On a GPU eager adds the launch (~5-10
+us), which both sides leave out.
+
+Per op family: the median over `--repeat` timed calls (after warm-up). Per model: a whole
+forward, translated (rocm path recorded; ops that stay in PyTorch run for real on CPU tensors,
+so this side also pays their CPU compute) vs eager at batch 0, and the time spent inside
+the FlyDSL kernel adapters divided by their number of calls (the torch.ops.flydsl custom-op
+dispatch around them is in the forward time only). Goal: median <= 30 us per FlyDSL op call, a forward
+<= 2x eager. This machine's load shifts every number; compare columns of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+GOAL_US = 30.0
+
+
+def _median_us(fn, repeat: int, batch: int = 5) -> float:
+    """Median over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t = time.thread_time()
+        for _ in range(batch):
+            fn()
+        samples.append((time.thread_time() - t) / batch)
+    return statistics.median(samples) * 1e6
+
+
+def _empty_rows(t, dim=0):
+    """`t` with zero entries along `dim`: every op on it dispatches and checks, and computes nothing."""
+    return t.narrow(dim, 0, 0)
+
+
+def family_cases(tiny: bool, device: str = "cpu"):
+    """(label, ours() on tensors on `device`, eager() on the CPU tensors with zero rows)."""
+    from translator_kernels.attention import attention
+    from translator_kernels.gemm import gemm
+    from translator_kernels.gemm.preshuffle import shuffle_weight
+    from translator_kernels.generated.elementwise import fused_elementwise
+    from translator_kernels.generated.reduce import fused_reduce
+    from translator_kernels.generated.scan import scan
+    from translator_kernels.program import Program
+    from translator_kernels.rows.norm import layer_norm, rms_norm
+    from translator_kernels.rows.softmax import softmax
+
+    m, d, h = (16, 64, 2) if tiny else (128, 768, 12)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, d, generator=g)
+    w, b = torch.randn(d, d, generator=g), torch.randn(d, generator=g)
+    ws = shuffle_weight(w)
+    q = torch.randn(1, h, m, 64, generator=g)
+    gelu_add = Program(2, (("gelu", (0,), ()), ("add", (2, 1), ())), ((3, "f32"),)).text()
+    ident = Program(1, (), ((0, "f32"),)).text()
+    xm, wm, bm, qm = _empty_rows(x), w, b, _empty_rows(q, 2)
+    x, w, b, ws, q = (t.to(device) for t in (x, w, b, ws, q))
+    return [
+        (f"gemm {m}x{d}x{d} +bias", lambda: gemm(x, ws, d, d, bias=b), lambda: F.linear(xm, wm, bm)),
+        (f"softmax {m}x{d}", lambda: softmax(x), lambda: torch.softmax(xm, -1)),
+        (f"layer_norm {m}x{d}", lambda: layer_norm(x, b, b), lambda: F.layer_norm(xm, (d,), bm, bm)),
+        (f"rms_norm {m}x{d}", lambda: rms_norm(x, b), lambda: F.rms_norm(xm, (d,), bm, 1e-6)),
+        (f"attention causal 1x{h}x{m}x64", lambda: attention(q, q, q, causal=True),
+         lambda: F.scaled_dot_product_attention(qm, qm, qm, is_causal=True)),
+        (f"elementwise gelu(x)+y {m}x{d}", lambda: fused_elementwise([x, x], gelu_add),
+         lambda: F.gelu(xm) + xm),
+        (f"reduce sum {m}x{d} dim -1", lambda: fused_reduce([x], ident, "sum", [-1], False), lambda: xm.sum(-1)),
+        (f"scan cumsum {m}x{d} dim -1", lambda: scan([x], ident, "cumsum", -1), lambda: torch.cumsum(xm, -1)),
+    ]
+
+
+def _launch_share(fn, repeat: int) -> float:
+    """CPU us per call spent inside translator_kernels.launch.call (key, lookup, FlyDSL packing)."""
+    from translator_kernels import launch
+
+    orig, spent = launch.call, [0.0, 0]
+
+    def timed(*args):
+        t = time.thread_time()
+        try:
+            return orig(*args)
+        finally:
+            spent[0] += time.thread_time() - t
+            spent[1] += 1
+
+    launch.call = timed
+    try:
+        for _ in range(repeat):
+            fn()
+    finally:
+        launch.call = orig
+    return spent[0] / max(spent[1], 1) * 1e6
+
+
+def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
+    from translator.runtime.stub import rocm_recorded
+
+    print(f"## Host us per FlyDSL op call, rocm path (device call recorded), arch {arch} (measured)\n")
+    print("| op | ours us (median) | of which launch.call us (mean) | ours on meta tensors us (median) | "
+          "eager us (zero-row tensors, median) | ours / eager | ours (meta) / eager | device calls per op |")
+    print("|---|---|---|---|---|---|---|---|")
+    ours_all = []
+    for (label, ours, eager), (_, ours_meta, _) in zip(family_cases(tiny), family_cases(tiny, "meta")):
+        with rocm_recorded(arch) as rec:
+            ours()  # compile (or load from FlyDSL's disk cache) outside the timing
+            rec.clear()
+            ours()
+            calls = len(rec)
+            t_ours = _median_us(ours, repeat)
+            t_launch = _launch_share(ours, repeat)
+            t_meta = _median_us(ours_meta, repeat)
+        t_eager = _median_us(eager, repeat)
+        ours_all.append(t_ours)
+        print(f"| {label} | {t_ours:.1f} | {t_launch:.1f} | {t_meta:.1f} | {t_eager:.1f} | {t_ours / t_eager:.2f} | "
+              f"{t_meta / t_eager:.2f} | {calls:g} |", flush=True)
+    print(f"\nmedian over families: {statistics.median(ours_all):.1f} us per FlyDSL op call "
+          f"(goal <= {GOAL_US:.0f} us)\n")
+    return ours_all
+
+
+def _model(name: str, tiny: bool):
+    from models import mini_gpt
+
+    torch.manual_seed(0)
+    if name == "mini_gpt":
+        return mini_gpt.Model(*mini_gpt.get_init_inputs()).eval(), list(mini_gpt.get_inputs())
+    layers, t = (1, 16) if tiny else (12, 128)
+    return mini_gpt.Model(768, 12, layers, max(1024, t), 0.0).eval(), [torch.randn(1, t, 768)]
+
+
+def model_row(name: str, arch: str, repeat: int, tiny: bool):
+    from translator import translate
+    from translator.registry import FAMILIES
+    from translator.runtime.stub import rocm_recorded
+
+    model, inputs = _model(name, tiny)
+    tm = translate(model, tuple(inputs), arch=arch, backend="reference", verify=False)
+    inside = [0.0, 0]
+
+    def timed(kernel):
+        def run(*args, **kwargs):
+            t = time.thread_time()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                inside[0] += time.thread_time() - t
+                inside[1] += 1
+        return run
+
+    empty_inputs = [_empty_rows(t) for t in inputs]
+    kernels = {name: fam.kernel for name, fam in FAMILIES.items()}
+    with torch.no_grad():
+        with rocm_recorded(arch) as rec:
+            t_cold = time.perf_counter()
+            tm.gm(*inputs)  # compiles every specialization once (or loads it from FlyDSL's disk cache)
+            t_cold = time.perf_counter() - t_cold
+            rec.clear()
+            tm.gm(*inputs)
+            calls_per_forward = len(rec)
+            t_ours = _median_us(lambda: tm.gm(*inputs), repeat, batch=1)
+            for fam in FAMILIES.values():
+                fam.kernel = timed(fam.kernel)
+            try:
+                for _ in range(repeat):
+                    tm.gm(*inputs)
+            finally:
+                for n, fam in FAMILIES.items():
+                    fam.kernel = kernels[n]
+        t_eager = _median_us(lambda: model(*empty_inputs), repeat, batch=1)
+    per_op = inside[0] / max(inside[1], 1) * 1e6
+    print(f"| {name} | {calls_per_forward} | {per_op:.1f} | {t_ours / 1e3:.2f} | {t_eager / 1e3:.2f} | "
+          f"{t_ours / t_eager:.2f} | {t_cold:.1f} |", flush=True)
+    return per_op, t_ours / t_eager
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="gfx942", choices=["gfx942", "gfx950"])
+    p.add_argument("--repeat", type=int, default=200)
+    p.add_argument("--no-gpt2", action="store_true", help="skip the 12-layer GPT-2-small forward")
+    p.add_argument("--no-models", action="store_true", help="op families only")
+    p.add_argument("--tiny", action="store_true", help="small shapes, for the smoke test")
+    a = p.parse_args(argv)
+    t0 = time.time()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every host path here is one thread; no OpenMP workers spinning
+    try:
+        return _run(a, t0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(a, t0) -> int:
+    family_table(a.arch, a.repeat, a.tiny)
+    if a.no_models:
+        return 0
+    print("## Whole forward: translated (rocm path, device calls recorded) vs eager at batch 0, measured\n")
+    print("| model | FlyDSL calls per forward | host us per FlyDSL op call (adapter) | translated forward ms | "
+          "eager forward ms | translated / eager | first forward s (compiles) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ["mini_gpt"] + ([] if a.no_gpt2 else ["gpt2_small_12L"]):
+        model_row(name, a.arch, max(a.repeat // 10, 5), a.tiny)
+    print(f"\n(bench.host_overhead: {time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The one launch path: every kernel adapter calls `call(launcher, *args)`.
+
+FlyDSL's `@flyc.jit` launcher traces the whole launcher (Python DSL -> MLIR) on every call,
+before it looks at any cache (flydsl/compiler/jit_function.py). Only a `CompiledFunction`,
+the object `flyc.compile(launcher, *args)` returns, skips the trace: its call packs the
+arguments with pre-built C-ABI fills and calls the compiled host function. So this module
+compiles each specialization once and calls the compiled object on every later call.
+
+Specialization key (what FlyDSL bakes into the compiled code, and nothing else):
+  - the launcher object: builders are memoized on their arguments (`@builder`), so the
+    launcher stands for "builder X with arguments Y"; its origin is kept for logs and manifests;
+  - per argument, what the compiled ABI depends on. A torch tensor is passed with FlyDSL's
+    default dynamic layout: every size and every stride but the first unit stride are run-time
+    values, so the key holds its dtype, rank and the index of its first unit stride (device
+    kind is the target below). A Python int / float / bool becomes a run-time Int32 / Float32 /
+    Boolean: only its type is in the key. A `fx.Constexpr` parameter is baked in: its value is;
+  - the target: the active FlyDSL backend's hash (`rocm` + arch, or flysim's `flysim:` + arch
+    inside `flysim.simulate`), COMPILE_ONLY and the environment variables FlyDSL itself keys
+    its cache on, and FlyDSL's toolchain key (constant in a process; it keys the disk cache).
+So M, batch or sequence length, passed as ints or as tensor sizes, never cause a compile.
+
+Compiling: `flyc.compile(launcher, *placeholders)` with meta tensors of the same dtype,
+shape and strides. A placeholder never launches (FlyDSL launches inside `compile()` when it
+is given live device tensors), so compiling and running are separate steps on every path,
+and a specialization can be compiled before any data exists (`TranslatedModule` does this at
+translate time). A compile on first sight at run time is logged at INFO.
+
+Calling (per call, nothing else): key -> dict lookup -> `compiled(*args, stream)`. On a ROCm
+GPU the stream is torch's current stream of the tensors' device; nothing reads tensor data on
+the host or synchronizes, so a forward can be captured in a CUDA (HIP) graph.
+  - rocm: `compiled` is FlyDSL's `CompiledFunction`.
+  - flysim: inside `flysim.simulate`, `flyc.compile` returns flysim's object with the same
+    calling convention; its call interprets the compiled program. Same code path up to there.
+  - `record_device_calls()`: the rocm path with the device call replaced at the lowest layer
+    (the compiled function's call state: packed C arguments -> host function pointer) by a
+    recorder, so CI walks the real-GPU host path on a CPU and benchmarks can time it.
+  - COMPILE_ONLY=1 (ISA statistics): `flyc.compile` compiles and returns None; nothing runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import threading
+import time
+
+import torch
+from flydsl.compiler import backends as _backends
+from flydsl.compiler import jit_function as _JF
+
+log = logging.getLogger(__name__)
+
+_COMPILED: dict = {}  # key -> compiled callable, or _NOTHING under COMPILE_ONLY
+_STUBBED: dict = {}  # key -> CompiledFunction whose call state records instead of launching
+_PLANS: dict = {}  # launcher -> _Plan
+_ORIGIN: dict = {}  # id(launcher) -> (launcher, "module.builder(args)")
+_CONTEXTS: dict = {}  # environment fingerprint -> target part of the key
+_LOCK = threading.RLock()
+_local = threading.local()
+_NOTHING = object()  # compiled under COMPILE_ONLY: there is nothing to call
+
+
+def builder(fn):
+    """Memoize a launcher builder on its arguments and remember how each launcher was made."""
+    cached = functools.lru_cache(maxsize=None)(fn)
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+        launcher = cached(*args, **kwargs)
+        if id(launcher) not in _ORIGIN:
+            args_text = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in sorted(kwargs.items())])
+            _ORIGIN[id(launcher)] = (launcher, f"{fn.__module__}.{fn.__qualname__}({args_text})")
+        return launcher
+
+    build.cache_info = cached.cache_info
+    build.cache_clear = cached.cache_clear
+    return build
+
+
+def origin(launcher) -> str:
+    """How the launcher was made ("module.builder(args)"), or its function name."""
+    entry = _ORIGIN.get(id(launcher))
+    if entry is not None and entry[0] is launcher:
+        return entry[1]
+    return getattr(getattr(launcher, "func", None), "__name__", repr(launcher))
+
+
+def kernel_name(launcher) -> str:
+    """A short name: the builder's without `build_` ("gemm", "softmax"), or the launcher's."""
+    return origin(launcher).split("(")[0].rsplit(".", 1)[-1].removeprefix("build_")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the key needs from a launcher's signature (computed once per launcher)."""
+
+    name: str
+    n_args: int  # parameters the caller passes (all but a trailing stream)
+    constexpr: frozenset  # indices of fx.Constexpr parameters (their values are baked in)
+    has_stream: bool  # last parameter is an fx.Stream: we pass the launch stream there
+
+
+def _plan(launcher) -> _Plan:
+    plan = _PLANS.get(launcher)
+    if plan is None:
+        import inspect
+
+        from flydsl.expr.typing import Constexpr
+
+        if not isinstance(launcher, _JF.JitFunction):
+            raise TypeError(f"launch.call expects a @flyc.jit launcher, got {type(launcher).__name__}")
+        launcher._ensure_sig()
+        params = list(launcher._sig.parameters.values())
+        has_stream = bool(params) and getattr(params[-1].annotation, "_is_stream_param", False)
+        constexpr = frozenset(i for i, p in enumerate(params) if p.annotation is not inspect.Parameter.empty
+                              and Constexpr.is_constexpr_annotation(p.annotation))
+        plan = _PLANS[launcher] = _Plan(launcher.func.__name__, len(params) - has_stream, constexpr, has_stream)
+    return plan
+
+
+def _arg_key(a):
+    if isinstance(a, torch.Tensor):
+        st = a.stride()
+        return (a.dtype, len(st), st.index(1) if 1 in st else -1)
+    return type(a)
+
+
+_FAST_ENV = ("COMPILE_ONLY", "FLYDSL_GPU_ARCH", "ARCH")  # read per call; the rest at a target's first call
+try:
+    _ENV_DATA = os.environ._data if os.supports_bytes_environ else None
+    _ENV_KEYS = tuple(os.fsencode(n) for n in _FAST_ENV)
+except AttributeError:  # another Python's os.environ layout: the public (slower) read
+    _ENV_DATA = None
+_REGISTRY = _backends._registry  # flysim.simulate() registers its own `rocm` backend class
+
+
+def _fingerprint():
+    """What tells targets apart, cheaply: the registered `rocm` backend class (flysim.simulate
+    registers its own) and the arch / COMPILE_ONLY variables."""
+    if _ENV_DATA is not None:
+        d, (k0, k1, k2) = _ENV_DATA, _ENV_KEYS
+        return _REGISTRY.get("rocm"), d.get(k0), d.get(k1), d.get(k2)
+    return (_REGISTRY.get("rocm"), *(os.environ.get(n) for n in _FAST_ENV))
+
+
+def _truthy(value) -> bool:
+    return value is not None and os.fsdecode(value).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _context():
+    """The target part of the key, cached per fingerprint (FlyDSL's get_backend() costs ~20 us).
+
+    FlyDSL's other cache-invalidating variables (opt level, debug info, ktrace) are read when a
+    target is first seen; like a CompiledFunction, a compiled specialization does not follow
+    later changes to them (`clear()` forgets every specialization)."""
+    fp = _fingerprint()
+    ctx = _CONTEXTS.get(fp)
+    if ctx is None:
+        ctx = _CONTEXTS[fp] = (_backends.get_backend().hash(), _truthy(fp[1]),
+                               _JF._cache_invalidating_env_values(), toolchain_key())
+    return ctx
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain_key() -> str:
+    """A digest of FlyDSL's toolchain key (its sources, native libraries, version)."""
+    return hashlib.sha256(_JF._flydsl_key().encode()).hexdigest()[:16]
+
+
+def key(launcher, *args):
+    """The specialization key of `launcher(*args)` (args without the stream)."""
+    plan = _PLANS.get(launcher) or _plan(launcher)
+    if len(args) != plan.n_args:
+        raise TypeError(f"{plan.name} takes {plan.n_args} arguments (the launch stream is added here), "
+                        f"got {len(args)}")
+    if plan.constexpr:
+        sig = tuple(a if i in plan.constexpr else _arg_key(a) for i, a in enumerate(args))
+    else:
+        sig = tuple(map(_arg_key, args))
+    return launcher, _context(), sig
+
+
+def _placeholder(a):
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta")
+    return a
+
+
+def _stream(args):
+    """torch's current stream of the first CUDA (HIP) tensor's device, as FlyDSL's raw handle."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_cuda:
+                return torch.cuda.current_stream(a.device).cuda_stream
+            return None
+    return None
+
+
+def _compile(launcher, args, k):
+    import flydsl.compiler as flyc
+
+    plan = _plan(launcher)
+    holders = tuple(_placeholder(a) for a in args) + ((None,) if plan.has_stream else ())
+    start = time.perf_counter()
+    compiled = flyc.compile(launcher, *holders)
+    seconds = time.perf_counter() - start
+    compiled = _NOTHING if compiled is None else compiled
+    with _LOCK:
+        compiled = _COMPILED.setdefault(k, compiled)
+    log.info("compiled %s for %s in %.2f s", origin(launcher), k[1][0], seconds)
+    for sink in getattr(_local, "sinks", ()):
+        sink.append(Compiled(k, launcher, compiled, seconds))
+    return compiled
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One compile this module performed: its key, launcher and compiled callable."""
+
+    key: tuple
+    launcher: object
+    fn: object
+    seconds: float
+
+    @property
+    def name(self) -> str:
+        return _plan(self.launcher).name
+
+    @property
+    def origin(self) -> str:
+        return origin(self.launcher)
+
+
+@dataclasses.dataclass
+class Use:
+    """One `call` seen by `collect()`: the key, the compiled callable and the arguments' layout."""
+
+    key: tuple
+    launcher: object
+    fn: object
+    args: tuple  # per argument: ("tensor", dtype, shape, strides) or (type name, value)
+
+
+def call(launcher, *args) -> None:
+    """Run `launcher(*args)` through its compiled specialization (compiled on first sight)."""
+    plan = _PLANS.get(launcher) or _plan(launcher)
+    k = key(launcher, *args)
+    fn = _COMPILED.get(k)
+    if fn is None:
+        fn = _compile(launcher, args, k)
+    mode = getattr(_local, "mode", None)
+    if mode is not None:
+        if mode.uses is not None:
+            mode.uses.append(Use(k, launcher, fn, tuple(_describe(a) for a in args)))
+        if mode.compile_only or fn is _NOTHING:
+            return
+        if mode.recorder is not None:
+            fn = _stubbed(k, launcher, fn, mode.recorder)
+    elif fn is _NOTHING:
+        return
+    if plan.has_stream:
+        fn(*args, _stream(args))
+    else:
+        fn(*args)
+
+
+def _describe(a):
+    if isinstance(a, torch.Tensor):
+        return ("tensor", str(a.dtype).replace("torch.", ""), tuple(a.shape), tuple(a.stride()))
+    return (type(a).__name__, a)
+
+
+@dataclasses.dataclass
+class _Mode:
+    compile_only: bool = False
+    recorder: object = None
+    uses: list | None = None
+
+
+@contextlib.contextmanager
+def _mode(**changes):
+    old = getattr(_local, "mode", None)
+    new = dataclasses.replace(old or _Mode(), **changes)
+    _local.mode = new
+    try:
+        yield new
+    finally:
+        _local.mode = old
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Calls inside compile their specialization (if new) and launch nothing."""
+    with _mode(compile_only=True):
+        yield
+
+
+@contextlib.contextmanager
+def collect():
+    """Yields (uses, compiles): every call made inside (key, compiled callable, argument layout)
+    and every compile performed inside."""
+    compiles: list = []
+    sinks = getattr(_local, "sinks", ())
+    _local.sinks = sinks + (compiles,)
+    try:
+        with _mode(uses=[]) as m:
+            yield m.uses, compiles
+    finally:
+        _local.sinks = sinks
+
+
+class DeviceCallRecorder(list):
+    """What `record_device_calls` yields: one (kernel name, packed argument count) per call."""
+
+    def __call__(self, name, packed):
+        self.append((name, len(packed)))
+
+
+@contextlib.contextmanager
+def record_device_calls(recorder=None):
+    """The rocm path with only the device call replaced by `recorder(name, packed_args)`.
+
+    Everything up to the call runs as on a GPU: the key, the compiled `CompiledFunction`
+    (a real code object: COMPILE_ONLY must be off), FlyDSL's per-call argument packing. The
+    call state's host function pointer, the one thing that needs the HIP runtime, is replaced.
+    """
+    rec = DeviceCallRecorder() if recorder is None else recorder
+    try:
+        with _mode(recorder=rec):
+            yield rec
+    finally:
+        with _LOCK:
+            for k in [k for k in _STUBBED if k[1] == id(rec)]:
+                del _STUBBED[k]
+
+
+def _stubbed(k, launcher, fn, recorder):
+    stub = _STUBBED.get((k, id(recorder)))
+    if stub is None:
+        from flydsl.compiler.jit_executor import CallState
+
+        if not isinstance(fn, _JF.CompiledFunction) or fn._call_spec is None:
+            raise RuntimeError(f"record_device_calls() stands in for a GPU launch, but {k[1][0]} compiled "
+                               f"{type(fn).__name__} (run it outside flysim.simulate, with COMPILE_ONLY off)")
+        name = kernel_name(launcher)
+        state = CallState(fn._call_spec, lambda packed: recorder(name, packed))
+        stub = _JF.CompiledFunction(state, fn._keepalive)
+        with _LOCK:
+            _STUBBED[(k, id(recorder))] = stub
+    return stub
+
+
+def compiled_count() -> int:
+    """Specializations compiled in this process (each once)."""
+    return len(_COMPILED)
+
+
+def clear() -> None:
+    """Forget every compiled specialization (tests; FlyDSL's own caches are untouched)."""
+    with _LOCK:
+        _COMPILED.clear()
+        _STUBBED.clear()
+        _CONTEXTS.clear()
