@@ -21,6 +21,7 @@ from torch.export import Dim
 
 from .errors import CaptureError, InputError
 from .lowerings._common import static_int
+from .state import own_mutable_state
 
 
 @dataclass
@@ -83,7 +84,8 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
             # are inlined instead of kept as a set_grad_enabled higher-order op
             with _quiet_export(), torch.no_grad():
                 ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
-            gm = ep.module()
+            gm = ep.module()  # holds the user's own tensors: the ones the graph writes are copied
+            own_mutable_state(gm)
             _tag(gm)
             dims = _dynamic_dims(gm)
             return Captured(gm, label, notes, dims)
