@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import runtime
-from .capture import capture, check_inputs
+from .capture import capture, check_inputs, check_model
 from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError, VerificationError
 from .lowerings._common import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
@@ -67,10 +67,21 @@ class TranslatedModule(torch.nn.Module):
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
         with lock:
             with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
-                out = self.gm(*args)
+                out = self._run(args)
             self.last_launches = st.launches
             self.last_generated_kernels = used  # generated kernels this call ran (for --emit-kernels)
         return out
+
+    def _run(self, args):
+        try:
+            return self.gm(*args)
+        except AssertionError as e:  # torch.export's input guards: a limit the model itself sets
+            if not str(e).startswith("Guard failed"):
+                raise
+            raise ShapeError(
+                f"the inputs break a limit the model sets on its shapes ({str(e).removeprefix('Guard failed: ')}, "
+                "named by forward's arguments; e.g. a sequence longer than a position table or mask buffer): "
+                "call it within that limit, or enlarge that buffer in the model and translate again") from e
 
     def _check(self, args):
         if len(args) != len(self._input_spec):
@@ -189,6 +200,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     name = name or getattr(model, "onnx_name", None) or type(model).__name__
     model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
     _validate(model, arch, backend, precision)
+    check_model(model)
     inputs = check_inputs(example_inputs)
     load_all()
     deny: dict = {}
