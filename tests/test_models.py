@@ -20,7 +20,7 @@ import torch
 
 import translator
 from translator.frontends import cli
-from translator.tolerances import model_tolerance
+from translator.verify import calibrate, verify_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_FILES = sorted(p for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
@@ -139,8 +139,8 @@ def test_translation_verifies_and_matches_eager(path):
     with torch.no_grad():
         expected = model(*fresh)
         got = tm(*fresh)
-    atol, rtol = model_tolerance("fp32")
-    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    check = verify_outputs(expected, got, "fp32", calibrate(model, tuple(fresh), expected)[0])  # translate()'s bound
+    assert check.passed, check.message
 
 
 @pytest.mark.parametrize("path", MODEL_FILES, ids=IDS)

@@ -9,17 +9,20 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 import flysim  # noqa: F401  (the package, not tests/flysim; conftest puts the repo root first)
+from translator.tolerances import op_tolerance
 from translator import translate
 
 RED = torch.ops.flydsl.fused_reduce.default
 EW = torch.ops.flydsl.fused_elementwise.default
+
+FP32 = op_tolerance(torch.float32, "fused_reduce")
 
 
 def nodes(tm, target):
     return [n for n in tm.gm.graph.nodes if n.target is target]
 
 
-def check(model, inputs, backend="reference", atol=1e-5, rtol=1e-5, precision="fp32"):
+def check(model, inputs, backend="reference", atol=FP32[0], rtol=FP32[1], precision="fp32"):
     tm = translate(model.eval(), inputs, backend=backend, precision=precision)
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():

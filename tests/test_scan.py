@@ -6,18 +6,21 @@ import torch
 import torch.nn as nn
 
 import flysim  # noqa: F401  (the package, not tests/flysim; conftest puts the repo root first)
+from translator.tolerances import op_tolerance
 from translator import translate
 
 SCAN = torch.ops.flydsl.scan.default
 EW = torch.ops.flydsl.fused_elementwise.default
 BACKENDS = ["reference", "flysim"]
 
+FP32 = op_tolerance(torch.float32, "scan")
+
 
 def nodes(tm, target):
     return [n for n in tm.gm.graph.nodes if n.target is target]
 
 
-def check(model, inputs, backend, atol=1e-5, rtol=1e-5, precision="fp32"):
+def check(model, inputs, backend, atol=FP32[0], rtol=FP32[1], precision="fp32"):
     tm = translate(model.eval(), inputs, backend=backend, precision=precision)
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():

@@ -1,25 +1,40 @@
 """translate(): capture -> passes -> choose backend -> verify -> report.
 
-The user's model and inputs are never modified: a model in training mode is captured in
-eval mode and its modes are restored afterwards.
+The user's model and inputs are never modified: a model in training mode is captured and
+verified in eval mode (the report's capture notes say so) and its modes are restored; every
+internal run of the model or of a captured graph restores the buffers it advanced, and the
+translated module owns copies of the buffers its graph writes (translator.state).
+
+Threads: translate() calls are serialized by one process-wide lock (torch.export, the
+registry and the kernel caches are process-global, and translate is CPU-bound under the
+GIL anyway); calls of translated modules may run from any thread (flysim sessions, which
+patch FlyDSL globals, are serialized in translator.runtime).
+
+fallback_on_mismatch returns the diverging FlyDSL node to PyTorch, all of it (every
+captured node it absorbed, a GEMM's fused epilogue included), and translates again; each
+round adds at least one captured node to the denied set, so the loop ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 import torch.utils._pytree as pytree
 
 from . import runtime
-from .capture import capture, check_inputs
-from .errors import InputError, ShapeError, StrictError, VerificationError
+from .capture import capture, check_inputs, check_model
+from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError, VerificationError
 from .lowerings._common import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
 from .registry import BY_DESIGN, FAMILIES, load_all
 from .runtime.precompile import precompile
 from .report import LAYOUT_OPS, Report, Row, describe_shapes, measure_flops, node_dtype, op_name
-from .verify import first_divergence, verify_outputs
+from .state import preserved
+from .verify import calibrate, first_divergence, verify_outputs
+
+_TRANSLATE_LOCK = threading.RLock()
 
 
 class TranslatedModule(torch.nn.Module):
@@ -36,6 +51,8 @@ class TranslatedModule(torch.nn.Module):
         self.arch = arch
         self.report = report
         self._input_spec = input_spec  # per input: None, or [(dim, static size or None)]
+        self._input_dtypes = [n.meta["val"].dtype if isinstance(n.meta.get("val"), torch.Tensor) else None
+                              for n in gm.graph.nodes if n.op == "placeholder"]
         self.last_launches: list = []
         self.last_generated_kernels: set = set()
 
@@ -47,11 +64,25 @@ class TranslatedModule(torch.nn.Module):
         self._check(args)
         from translator_kernels.generated.emit import record_kernels
 
-        with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
-            out = self.gm(*args)
-        self.last_launches = st.launches
-        self.last_generated_kernels = used  # generated kernels this call ran (for --emit-kernels)
+        # the lock is re-entrant: held here too, the last_* attributes describe one whole call
+        lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
+        with lock:
+            with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
+                out = self._run(args)
+            self.last_launches = st.launches
+            self.last_generated_kernels = used  # generated kernels this call ran (for --emit-kernels)
         return out
+
+    def _run(self, args):
+        try:
+            return self.gm(*args)
+        except AssertionError as e:  # torch.export's input guards: a limit the model itself sets
+            if not str(e).startswith("Guard failed"):
+                raise
+            raise ShapeError(
+                f"the inputs break a limit the model sets on its shapes ({str(e).removeprefix('Guard failed: ')}, "
+                "named by forward's arguments; e.g. a sequence longer than a position table or mask buffer): "
+                "call it within that limit, or enlarge that buffer in the model and translate again") from e
 
     def _check(self, args):
         if len(args) != len(self._input_spec):
@@ -61,6 +92,15 @@ class TranslatedModule(torch.nn.Module):
                 continue
             if not isinstance(a, torch.Tensor):
                 raise ShapeError(f"input {i} must be a tensor, got {type(a).__name__}")
+            want = self._input_dtypes[i] if i < len(self._input_dtypes) else None
+            if want is not None and a.dtype != want:
+                again = f", or translate again with {str(a.dtype)[6:]} example inputs" if a.is_floating_point() else ""
+                raise DtypeError(
+                    f"input {i} is {str(a.dtype)[6:]}, but this model was translated for {str(want)[6:]} inputs "
+                    f"(its FlyDSL kernels are specialized per dtype): call it with x.to(torch.{str(want)[6:]}){again}")
+            if a.device.type == "meta":
+                raise DeviceError(f"input {i} is on the meta device (it has no data to compute on): "
+                                 "call the translated model with real tensors")
             if a.dim() != len(spec):
                 raise ShapeError(f"input {i} has {a.dim()} dims, the model was translated for {len(spec)}")
             for d, size in enumerate(spec):
@@ -146,6 +186,14 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     isa: compile each distinct FlyDSL kernel specialization for `arch` (no GPU needed; seconds
     per kernel, cached in-process) and put its ISA statistics in `report.kernels`.
     """
+    with _TRANSLATE_LOCK:
+        return _translate(model, example_inputs, arch=arch, backend=backend, precision=precision, verify=verify,
+                          strict=strict, fallback_on_mismatch=fallback_on_mismatch, dynamic_shapes=dynamic_shapes,
+                          name=name, isa=isa)
+
+
+def _translate(model, example_inputs, *, arch, backend, precision, verify, strict, fallback_on_mismatch,
+               dynamic_shapes, name, isa) -> TranslatedModule:
     from .frontends import hf, onnx_import
 
     if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
@@ -153,33 +201,38 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     name = name or getattr(model, "onnx_name", None) or type(model).__name__
     model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
     _validate(model, arch, backend, precision)
+    check_model(model)
     inputs = check_inputs(example_inputs)
     load_all()
     deny: dict = {}
     fallbacks: list = []
+    if any(m.training for m in model.modules()):
+        adapt_notes.append("the model was in training mode: it was captured and verified in eval mode (dropout off, "
+                           "batchnorm on its running statistics), and the translation computes eval-mode results; "
+                           "the model's own mode is unchanged")
     with _eval_mode(model):
-        try:
-            with torch.no_grad():
-                model(*inputs)
-        except Exception as e:
-            raise InputError(f"the model failed on the example inputs in eager PyTorch, before any translation: "
-                             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
-                             f"— fix the model or the inputs so that model(*inputs) runs") from e
+        eager = _eager(model, inputs)
+        calibration, cal_note = calibrate(model, inputs, eager) if verify and precision == "fp32" else (None, "")
         while True:
             tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
-            _verify(model, inputs, tm, precision)
+            _verify(model, inputs, tm, precision, eager, calibration)
             v = tm.report.verification
+            v.calibration = cal_note
             v.fallbacks = list(fallbacks)
             if v.passed or not fallback_on_mismatch or v.divergence is None:
                 break
             d = v.divergence
-            reason = (f"returned to PyTorch: verification mismatch (max abs err {d.max_abs:.3g}, "
-                      f"max rel err {d.max_rel:.3g})")
-            fallbacks.append({"node": d.node, "op": d.op, "reason": reason})
-            deny[d.replaces] = reason
+            new = [s for s in dict.fromkeys(d.sources or [d.replaces]) if s not in deny]
+            if not new:  # cannot happen while sources are tracked; never loop on it
+                v.message += f"; fallback stopped: {d.node} diverges again with its nodes already denied"
+                break
+            rel = f", max rel err {d.max_rel:.3g}" if d.max_rel is not None else ""
+            reason = f"returned to PyTorch: verification mismatch (max abs err {d.max_abs:.3g}{rel})"
+            fallbacks.append({"node": d.node, "op": d.op, "reason": reason, "nodes": new})
+            deny.update({s: reason for s in new})
     tm.report.capture_notes[:0] = adapt_notes
     if isa:
         from .report.isa import collect
@@ -193,13 +246,27 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     return tm
 
 
+def _eager(model, inputs):
+    """The model's eager output on the example inputs, its buffers left as they were."""
+    try:
+        with torch.no_grad(), preserved(model):
+            return model(*inputs)
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"the model failed on the example inputs in eager PyTorch, before any translation: "
+                         f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
+                         f"— fix the model or the inputs so that model(*inputs) runs") from e
+
+
 def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
     cap = capture(model, inputs, dynamic_shapes)
     gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
     snapshot = [(n.meta["orig_name"], op_name(n), describe_shapes(n), node_dtype(n), n.target)
                 for n in gm.graph.nodes if n.op == "call_function"]
-    flops = measure_flops(gm, flat_inputs)
+    with preserved(gm):
+        flops = measure_flops(gm, flat_inputs)
     ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
     pass_counts = run_pipeline(ctx)
     used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
@@ -255,9 +322,8 @@ def _rows(gm, snapshot, flops, ctx, backend):
     return rows
 
 
-def _verify(model, inputs, tm: TranslatedModule, precision):
-    with torch.no_grad():
-        eager = model(*inputs)
+def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
+    with torch.no_grad(), preserved(tm):
         try:
             got = tm(*inputs)
         except Exception as e:  # a kernel failing at run time is a verification failure, with its cause
@@ -265,12 +331,14 @@ def _verify(model, inputs, tm: TranslatedModule, precision):
 
             tm.report.verification = Verification(True, False, message=f"translated model raised {type(e).__name__}: {e}")
             return
-    v = verify_outputs(eager, got, precision)
+    v = verify_outputs(eager, got, precision, calibration)
     if not v.passed:
         try:
             ref = capture(model, inputs, None).gm
-            v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
-                                            lambda: runtime.use_backend(tm.backend, tm.arch))
+            with preserved(ref, tm):
+                v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
+                                                lambda: runtime.use_backend(tm.backend, tm.arch), precision,
+                                                calibration)
         except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands
             v.message += f" (could not localize the divergence: {type(e).__name__}: {e})"
     tm.report.verification = v

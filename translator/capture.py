@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import Dim
 
-from .errors import CaptureError, InputError
+from .errors import CaptureError, DeviceError, EmptyInputError, InputError
 from .lowerings._common import static_int
+from .state import own_mutable_state
 
 
 @dataclass
@@ -45,7 +46,27 @@ def check_inputs(example_inputs) -> tuple:
                 f"example input {i} is a {type(x).__name__}; only tensors and Python scalars are supported "
                 "as positional inputs"
             )
+        if isinstance(x, torch.Tensor) and x.device.type == "meta":
+            raise DeviceError(
+                f"example input {i} is on the meta device (shape {list(x.shape)}, no data): translate() runs the "
+                f"model on its example inputs to verify the translation, so pass real tensors, e.g. "
+                f"torch.randn({', '.join(map(str, x.shape))}, dtype={x.dtype})")
+        if isinstance(x, torch.Tensor) and x.numel() == 0 and x.dim():
+            d = list(x.shape).index(0)
+            raise EmptyInputError(
+                f"example input {i} has size 0 in dim {d} (shape {list(x.shape)}): torch.export fixes a size-0 dim, "
+                f"so the translation would serve only empty inputs, and no kernel can be checked on no data; give "
+                f"an example with at least 2 there (batch and sequence dims stay dynamic, so other sizes work)")
     return tuple(example_inputs)
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """A model whose weights are not materialized (meta device) cannot run: say how to load them."""
+    meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+    if meta:
+        raise DeviceError(
+            f"the model's {meta[0]} (and {len(meta) - 1} more) is on the meta device, without data: load its "
+            "weights first (model.to_empty(device='cpu') then model.load_state_dict(...), or build it on the CPU)")
 
 
 def default_dynamic_dims(x: torch.Tensor) -> list[int]:
@@ -83,7 +104,8 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
             # are inlined instead of kept as a set_grad_enabled higher-order op
             with _quiet_export(), torch.no_grad():
                 ep = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
-            gm = ep.module()
+            gm = ep.module()  # holds the user's own tensors: the ones the graph writes are copied
+            own_mutable_state(gm)
             _tag(gm)
             dims = _dynamic_dims(gm)
             return Captured(gm, label, notes, dims)

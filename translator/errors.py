@@ -29,3 +29,15 @@ class ShapeError(TranslatorError, ValueError):
 
 class BackendError(TranslatorError, RuntimeError):
     """The requested execution backend is not usable here (no GPU, no kernel, no flysim)."""
+
+
+class DtypeError(TranslatorError, TypeError):
+    """A call's input dtype differs from the dtype the model was translated for."""
+
+
+class EmptyInputError(InputError):
+    """An example input has a size-0 dim: kernels cannot be chosen or checked on no data."""
+
+
+class DeviceError(InputError):
+    """An input lives on a device the translator cannot compute on (the meta device)."""

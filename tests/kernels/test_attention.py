@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.attention import CUS, attention, split_plan
 
 flysim = pytest.importorskip("flysim")
@@ -22,7 +23,7 @@ flysim = pytest.importorskip("flysim")
 ARCHS = ("gfx942", "gfx950")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.
-TOL = {"f32": (1e-5, 1.3e-6), "bf16": (1.6e-2, 1.6e-2), "f16": (1e-3, 1e-3)}
+TOL = {k: op_tolerance(dt, "attention") for k, dt in DTYPES.items()}
 
 
 def _simulate(arch):
@@ -172,7 +173,7 @@ def test_custom_scale_and_strided_inputs():
     with _simulate("gfx942") as sim:
         out = attention(q, k, v, causal=True, scale=0.3)
     assert len(sim.launches) == 1
-    torch.testing.assert_close(out.float(), reference(q, k, v, None, True, 0.3), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(out.float(), reference(q, k, v, None, True, 0.3), **op_tol(torch.bfloat16))
 
 
 def test_fully_masked_rows_are_zero():
@@ -182,7 +183,7 @@ def test_fully_masked_rows_are_zero():
     with _simulate("gfx950"):
         out = attention(q, k, v, mask=mask)
     assert torch.all(out[0, 0, 2] == 0)
-    torch.testing.assert_close(out, reference(q, k, v, mask, False), atol=1e-5, rtol=1.3e-6)
+    torch.testing.assert_close(out, reference(q, k, v, mask, False), **op_tol(torch.float32))
 
 
 def test_fp32_inputs_with_bf16_precision():
@@ -190,7 +191,7 @@ def test_fp32_inputs_with_bf16_precision():
     with _simulate("gfx942"):
         out = attention(q, k, v, causal=True, precision="bf16")
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out, reference(q, k, v, None, True), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(out, reference(q, k, v, None, True), **op_tol(torch.bfloat16))
 
 
 @pytest.mark.parametrize("kwargs,shapes,match", [

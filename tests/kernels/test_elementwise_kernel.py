@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import flysim
+from translator.tolerances import op_tol
 from translator_kernels.generated.elementwise import build_elementwise, fused_elementwise
 from translator_kernels.program import DTYPES, OPS, Program
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
-       torch.float16: dict(atol=1e-3, rtol=1e-3)}
+TOL = {dt: op_tol(dt, "fused_elementwise") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
 
 def run(arch, inputs, prog):

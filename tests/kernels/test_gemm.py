@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flysim
+from translator.tolerances import op_tol
 from translator_kernels import gemm as G
 from translator_kernels.gemm.kernel import mfma_per_block
 from translator_kernels.gemm.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
@@ -20,7 +21,7 @@ ARCHS = ("gfx942", "gfx950")
 DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # One dtype-keyed table. fp32 override: rtol 1e-4 because the kernel sums K products in MFMA
 # order (4-deep partial sums per 16x16x4 step), not torch's order; K up to 4096.
-TOL = {"f32": dict(atol=1e-5, rtol=1e-4), "bf16": dict(atol=1.6e-2, rtol=1.6e-2), "f16": dict(atol=1e-3, rtol=1e-3)}
+TOL = {k: op_tol(dt, "gemm") for k, dt in DT.items()}
 MFMA_NAME = {("f32", "gfx942"): "mfma.f32.16x16x4f32", ("f32", "gfx950"): "mfma.f32.16x16x4f32",
              ("bf16", "gfx942"): "mfma.f32.16x16x16bf16.1k", ("bf16", "gfx950"): "mfma.f32.16x16x32.bf16",
              ("f16", "gfx942"): "mfma.f32.16x16x16f16", ("f16", "gfx950"): "mfma.f32.16x16x32.f16"}

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import flysim
+from translator.tolerances import op_tol
 from translator_kernels.program import DTYPES, Program
 from translator_kernels.generated.reduce import build_reduce, fused_reduce
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
-       torch.float16: dict(atol=1e-3, rtol=1e-3)}
+TOL = {dt: op_tol(dt, "fused_reduce") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
 
 def ident(dtype):
@@ -107,7 +107,7 @@ def test_nan_and_inf_semantics():
             if r.dtype == torch.int64:
                 assert torch.equal(o, r), (kind, o, r)
             else:
-                torch.testing.assert_close(o, r, equal_nan=True, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(o, r, equal_nan=True, **TOL[torch.float32])
 
 
 def test_fused_prologue_with_col_and_row_operands():

@@ -269,6 +269,7 @@ def lower_region(ctx, members, outputs, anchor) -> torch.fx.Node:
         with g.inserting_after(prev):
             gi = g.call_function(operator.getitem, (fused, j))
         gi.meta["val"] = fused.meta["val"][j]
+        gi.meta["replaces"] = o.meta.get("orig_name", o.name)  # verification compares it with o's value
         o.replace_all_uses_with(gi)
         prev = gi
     for m in reversed(members):

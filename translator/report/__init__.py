@@ -124,8 +124,9 @@ class Report:
         for fb in v.fallbacks:
             out.append(f"  - returned to PyTorch after mismatch: {fb['node']} ({fb['op']}): {fb['reason']}")
         for c in v.outputs:
-            out.append(f"  - output {c.index} {c.shape} {c.dtype}: max abs {c.max_abs:.3g}, max rel {c.max_rel:.3g} "
-                       f"(atol {c.atol:g}, rtol {c.rtol:g})")
+            rel = f", max rel {c.max_rel:.3g}" if c.max_rel is not None else ""
+            out.append(f"  - output {c.index} {c.shape} {c.dtype}: max abs {c.max_abs:.3g}{rel}, RMS rel {c.rms_rel:.3g} "
+                       f"(atol {c.atol:.3g}, rtol {c.rtol:g}, RMS rel {c.rms_bound:.3g}; {c.bound})")
         if self.kernel_sources:
             out.append(f"- kernel sources: [{self.kernel_sources}]({self.kernel_sources})")
         if self.counters:

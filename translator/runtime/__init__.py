@@ -9,6 +9,14 @@ by the backend active on this thread when it runs, not baked into the graph:
 - ``reference``: the op's plain-torch math. Never reported as a FlyDSL kernel.
 
 `TranslatedModule.forward` enters `use_backend(...)` around each call.
+
+Threads: the backend choice is per thread. Kernel execution is not: a flysim session patches
+FlyDSL's process-wide JIT entry points and environment, and FlyDSL's tracing and compiling
+(on rocm too) keep process-wide state. So `use_backend` holds `EXECUTION_LOCK` (one
+re-entrant lock per process) for a flysim or rocm block: calls of translated modules from
+several threads are safe and run their kernels one call at a time (on rocm only the host
+side is serialized; launches stay asynchronous on the stream). The reference backend is
+plain torch and takes no lock.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ BACKENDS = ("rocm", "flysim", "reference")
 ARCHS = ("gfx942", "gfx950")
 
 _state = threading.local()
+EXECUTION_LOCK = threading.RLock()
 
 
 @dataclass
@@ -48,19 +57,25 @@ def use_backend(backend: str, arch: str):
     if stack is None:
         stack = _state.stack = []
     stack.append(state)
+    lock = EXECUTION_LOCK if backend != "reference" else contextlib.nullcontext()
     try:
-        if backend == "flysim":
-            import flysim
-
-            with flysim.simulate(arch=arch) as sim:
-                try:
-                    yield state
-                finally:
-                    state.launches.extend(sim.launches)
-        else:
-            yield state
+        with lock:
+            yield from _run(state, backend, arch)
     finally:
         stack.pop()
+
+
+def _run(state, backend, arch):
+    if backend == "flysim":
+        import flysim
+
+        with flysim.simulate(arch=arch) as sim:
+            try:
+                yield state
+            finally:
+                state.launches.extend(sim.launches)
+    else:
+        yield state
 
 
 def rocm_gpu_present() -> bool:

@@ -16,27 +16,29 @@ import contextlib
 import importlib.util
 import os
 import stat
+import threading
 from pathlib import Path
 
 from translator_kernels.errors import KernelInputError
 
 SUPPORTED_ARCHS = ("gfx942", "gfx950")
-_RECORDERS: list[set] = []
+_RECORDERS = threading.local()  # per thread: the open record_kernels() sets
 
 
 @contextlib.contextmanager
 def record_kernels():
-    """Collect the names of the generated kernels launched inside the block."""
+    """Collect the names of the generated kernels launched inside the block (this thread's)."""
     used: set = set()
-    _RECORDERS.append(used)
+    stack = _RECORDERS.__dict__.setdefault("stack", [])
+    stack.append(used)
     try:
         yield used
     finally:
-        _RECORDERS.remove(used)
+        stack[:] = [r for r in stack if r is not used]  # by identity: two equal sets are two recorders
 
 
 def note_use(name: str) -> None:
-    for rec in _RECORDERS:
+    for rec in getattr(_RECORDERS, "stack", ()):
         rec.add(name)
 
 

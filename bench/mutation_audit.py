@@ -1,0 +1,175 @@
+"""Mutation audit: do the default tests fail when the code breaks?
+
+    python -m bench.mutation_audit            # every seeded bug (minutes each on a loaded machine)
+    python -m bench.mutation_audit --list     # the seeded bugs and the tests run for each
+    python -m bench.mutation_audit --only softmax-no-max-subtraction --only verify-first-output-only
+
+Each seeded bug is a text patch (an exact snippet and its broken replacement) applied to a
+temporary copy of this checkout (the files git tracks plus untracked ones it does not ignore,
+so uncommitted work is audited as it stands). The tests named for it run there in a fresh
+process (this checkout's packages first on sys.path, a private generated-kernel cache), and
+the bug counts as caught when they fail. A baseline run of the same tests on the unpatched
+copy comes first: a test that already fails proves nothing. A patch whose snippet is no
+longer in the file is reported as "stale" (the code moved: update the snippet), never as
+caught.
+
+The tests named per bug are the ones meant to catch it, all in the default suite (not
+`slow`); the audit says whether they do. Prints one line per bug and a total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # file to patch, relative to the checkout
+    old: str  # exact snippet, must occur once
+    new: str
+    tests: tuple  # pytest node ids / paths (relative to the checkout)
+    what: str
+
+
+MUTATIONS = (
+    Mutation(
+        "rmsnorm-without-eps", "translator_kernels/rows/norm.py",
+        "rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)",
+        "rstd = fx.math.rsqrt(total * INV_N, fastmath=AFN)",
+        ("tests/kernels/test_numeric_edges.py::test_rms_norm_where_eps_matters",),
+        "RMSNorm kernel drops eps from rsqrt(mean(x^2) + eps)"),
+    Mutation(
+        "layernorm-without-eps", "translator_kernels/rows/norm.py",
+        "var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N\n                rstd = fx.math.rsqrt(var + eps,",
+        "var = block_allreduce(rc.lane_sum(acc2, VEC), s_b) * INV_N\n                rstd = fx.math.rsqrt(var,",
+        ("tests/kernels/test_numeric_edges.py::test_layer_norm_where_eps_matters",),
+        "LayerNorm kernel drops eps from rsqrt(var + eps)"),
+    Mutation(
+        "softmax-no-max-subtraction", "translator_kernels/rows/softmax.py",
+        "d = xs[t] - rmax\n", "d = xs[t]\n",
+        ("tests/kernels/test_numeric_edges.py::test_softmax_of_shifted_rows",),
+        "softmax kernel exponentiates x instead of x - max(x)"),
+    Mutation(
+        "fusion-swallows-smaller-shape", "translator/passes/partition.py",
+        "if any(u not in region for u in m.users) and [str(d) for d in shape_of(m)] != full:",
+        "if any(u not in region for u in m.users) and False:",
+        ("tests/test_fusion_shapes.py",),
+        "an elementwise region takes in a smaller-shaped value that is used outside it"),
+    Mutation(
+        "verify-first-output-only", "translator/verify.py",
+        "for i, (e, g) in enumerate(zip(exp, got)):",
+        "for i, (e, g) in enumerate(zip(exp[:1], got[:1])):",
+        ("tests/test_verify.py::test_every_output_is_compared",
+         "tests/test_verify.py::test_a_wrong_second_output_fails_translate"),
+        "verification compares only the first output"),
+    Mutation(
+        "model-tolerances-100x", "translator/tolerances.py",
+        "    return MODEL_TOLERANCES[precision]\n",
+        "    return tuple(100 * t for t in MODEL_TOLERANCES[precision])\n",
+        ("tests/test_verify.py",),
+        "whole-model tolerances loosened 100x where they are read"),
+    Mutation(
+        "op-tolerances-100x", "translator/tolerances.py",
+        "        atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])\n",
+        "        atol, rtol = (100 * t for t in TOLERANCES.get(dtype, TOLERANCES[torch.float32]))\n",
+        ("tests/test_verify.py::test_tolerance_tables_are_pinned",),
+        "per-op tolerances loosened 100x where they are read"),
+    Mutation(
+        "flysim-buffer-load-ignores-soffset", "flysim/src/flysim/ops_mem.py",
+        "off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)\n        m = ex.mask\n        if _all_inside(off, nrec, "
+        "es * cnt, m):\n            ex.R[out]",
+        "off = (ex.R[voff].to(torch.int64) & 0xFFFFFFFF).expand(N)\n        m = ex.mask\n        if _all_inside(off, "
+        "nrec, es * cnt, m):\n            ex.R[out]",
+        ("flysim/tests",),
+        "flysim's raw buffer load adds voffset but not soffset"),
+    Mutation(
+        "attention-flops-halved", "translator/report/__init__.py",
+        "    return 2 * b * q.shape[-2] * k.shape[-2] * q.shape[-1] + 2 * b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
+        "    return b * q.shape[-2] * k.shape[-2] * q.shape[-1] + b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
+        ("tests/test_report_flops.py",),
+        "the report counts half of attention's FLOPs"),
+)
+
+
+def tree_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
+                         check=True, capture_output=True).stdout.decode()
+    return [f for f in out.split("\0") if f and (root / f).is_file()]
+
+
+def copy_tree(root: Path, dest: Path) -> None:
+    for f in tree_files(root):
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, target)
+
+
+def run_tests(tree: Path, tests, timeout: float) -> tuple[int | None, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "flysim" / "src")])
+    env["FLYDSL_TRANSLATOR_KERNEL_CACHE"] = str(tree.parent / "kcache")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout"
+    lines = [ln for ln in (p.stdout + p.stderr).strip().splitlines() if ln.strip()]
+    return p.returncode, lines[-1] if lines else ""
+
+
+def audit(m: Mutation, timeout: float, baseline: bool) -> tuple[str, str, float]:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutation-audit-") as tmp:
+        tree = Path(tmp) / "tree"
+        copy_tree(ROOT, tree)
+        if baseline:
+            rc, last = run_tests(tree, m.tests, timeout)
+            if rc != 0:
+                return "baseline fails", last, time.perf_counter() - t0
+        f = tree / m.path
+        text = f.read_text()
+        if text.count(m.old) != 1:
+            return "stale", f"snippet found {text.count(m.old)} times in {m.path}", time.perf_counter() - t0
+        f.write_text(text.replace(m.old, m.new))
+        rc, last = run_tests(tree, m.tests, timeout)
+    verdict = {0: "NOT CAUGHT", 1: "caught"}.get(rc, "timeout" if rc is None else f"error (pytest rc {rc})")
+    return verdict, last, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="list the seeded bugs and their tests, run nothing")
+    ap.add_argument("--only", action="append", default=[], help="run only this bug (repeatable)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unpatched run of each bug's tests")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per pytest run (default 1200)")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    unknown = set(args.only) - {m.name for m in MUTATIONS}
+    if unknown:
+        ap.error(f"unknown bug(s) {', '.join(sorted(unknown))}; --list shows them")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.what}\n    {m.path}; tests: {' '.join(m.tests)}")
+        return 0
+    caught = 0
+    for m in chosen:
+        verdict, last, secs = audit(m, args.timeout, not args.no_baseline)
+        caught += verdict == "caught"
+        print(f"{verdict:>14}  {m.name:<36} {secs:6.0f} s  {last[:100]}", flush=True)
+    print(f"{caught} of {len(chosen)} seeded bugs caught")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Verification catches real bugs: bounds that scale with the output, every output compared,
+a bound grounded in eager's own fp64 error, and the tolerance tables pinned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from translator import translate
+from translator.tolerances import (CALIBRATION_FACTOR, MODEL_TOLERANCES, TOLERANCES, model_bound, op_tol,
+                                   op_tolerance)
+from translator.verify import calibrate, compare, verify_outputs
+
+
+def test_tolerance_tables_are_pinned():
+    # a change here loosens or tightens every kernel test and every verification: make it on purpose
+    assert TOLERANCES == {torch.float32: (1e-5, 1.3e-6), torch.bfloat16: (1.6e-2, 1.6e-2),
+                          torch.float16: (1e-3, 1e-3)}
+    assert MODEL_TOLERANCES == {"fp32": (1e-5, 1e-5, 1e-5), "bf16": (6e-2, 6e-2, 2e-2), "fp16": (8e-3, 8e-3, 3e-3)}
+    assert CALIBRATION_FACTOR == 4.0
+    assert op_tolerance(torch.float32, "gemm") == (1e-4, 1e-4)  # the override on the gemm family
+    assert op_tol(torch.bfloat16) == {"atol": 1.6e-2, "rtol": 1.6e-2}
+    atol, _ = op_tolerance(torch.float32, None, reduction_length=4096, scale=10.0)
+    assert atol == pytest.approx(1e-5 + 64 * torch.finfo(torch.float32).eps * 10.0)
+
+
+def _outputs(eager, got, precision="fp32", calibration=None):
+    return verify_outputs(eager, got, precision, calibration)
+
+
+def test_a_gemm_returning_zeros_fails_at_small_scale():
+    want = torch.randn(64, 64) * 1e-5  # outputs around 1e-5: a fixed atol=1e-4 passed zeros
+    v = _outputs(want, torch.zeros_like(want))
+    assert v.passed is False and v.outputs[0].rms_rel == pytest.approx(1.0)
+
+
+def test_a_small_error_at_unit_scale_fails():
+    want = torch.randn(64, 64)
+    v = _outputs(want, want + 5e-5)  # a fixed atol=1e-4 passed this
+    assert v.passed is False, v.message
+    assert "RMS rel err" in v.message
+
+
+def test_rounding_level_differences_pass_at_any_scale():
+    for scale in (1e-6, 1.0, 1e6):
+        a = torch.randn(128, 256, dtype=torch.float64) * scale
+        b = torch.randn(256, 64, dtype=torch.float64)
+        want = (a.float() @ b.float())
+        got = (a @ b).float()  # same math, rounded once: a different summation order's size of error
+        v = _outputs(want, got)
+        assert v.passed, (scale, v.message)
+
+
+def test_every_output_is_compared():
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    v = _outputs((a, {"x": b}), (a.clone(), {"x": b + 1}))
+    assert v.passed is False and "output 1" in v.message
+    assert [c.passed for c in v.outputs] == [True, False]
+    assert _outputs((a, 3), (a, 4)).passed is False  # a wrong scalar output too
+    assert _outputs((a, b.long()), (a, b.long() + 1)).passed is False  # integer outputs: exact
+
+
+def test_max_rel_is_reported_only_where_it_means_something():
+    want = torch.zeros(16)
+    c = compare(want, torch.full((16,), 1e-9), model_bound("fp32", torch.ones(16)))
+    assert c["max_rel"] is None  # no division by ~0
+    want = torch.tensor([1.0, 2.0, 0.0])
+    c = compare(want, torch.tensor([1.0, 2.002, 1e-9]), model_bound("fp32", want))
+    assert c["max_rel"] == pytest.approx(1e-3, rel=1e-3)
+
+
+class _Cancel(torch.nn.Module):
+    """Ill-conditioned: a large offset cancels, so fp32 eager keeps ~3 significant digits."""
+
+    def forward(self, x):
+        return (x + 3e3) * (x - 3e3) + 9e6
+
+
+def test_calibration_grounds_the_fp32_bound_in_eagers_own_error():
+    x = torch.randn(32, 64)
+    m = _Cancel()
+    eager = m(x)
+    errors, note = calibrate(m, (x,), eager)
+    assert "fp64" in note and errors[0][1] > 1e-3  # eager fp32 is itself far from fp64 here
+    v = _outputs(eager, eager + 1e-3 * eager.abs().mean(), calibration=errors)
+    assert v.passed and v.outputs[0].bound.startswith("calibrated"), v.message
+    assert not _outputs(eager, eager + 1e-3 * eager.abs().mean()).passed  # the table alone is tighter
+    # a well-conditioned model is not loosened by calibration
+    lin = torch.nn.Linear(64, 64)
+    out = lin(x)
+    errors, _ = calibrate(lin, (x,), out)
+    assert not _outputs(out, out + 5e-5 * out.abs().mean() * torch.randn_like(out).sign(), calibration=errors).passed
+
+
+def test_translate_reports_the_calibration():
+    tm = translate(_Cancel(), (torch.randn(8, 64),), backend="reference")
+    v = tm.report.verification
+    assert v.passed, v.message
+    assert "fp64" in v.calibration
+
+
+class _TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.lin(x), torch.sigmoid(x) * 2.0
+
+
+def test_a_wrong_second_output_fails_translate(monkeypatch):
+    from translator.registry import FAMILIES, load_all
+
+    load_all()
+    fam = FAMILIES["fused_elementwise"]
+    good = fam.reference
+    monkeypatch.setattr(fam, "reference", lambda *a: [o * 1.001 for o in good(*a)])
+    tm = translate(_TwoOutputs(), (torch.randn(4, 32),), backend="reference")
+    v = tm.report.verification
+    assert v.passed is False and "output 1" in v.message and "output 0" not in v.message
+    assert tm.report.counters.get("fused_elementwise") == 1
+    # the diverging op returns a list: it is found all the same
+    assert v.divergence is not None and v.divergence.op == "flydsl.fused_elementwise", v.message

@@ -1,0 +1,77 @@
+"""Model state across translate()'s internal runs, and what a translation owns.
+
+translate() runs the user's model (the eager check, verification, localization) and the
+captured graph (FLOP counting, verification) several times. A model that updates a buffer
+in forward (a step counter, running statistics, a cache) would be advanced by each run, so:
+
+- `preserved(module)` snapshots a module's buffers before an internal run and copies them
+  back after it, in place (the tensors the user holds stay the same objects). Parameters are
+  not copied (that would double the model's memory); a run that writes a parameter is
+  detected through its version counter and refused with a clear error, since the model's
+  state could not be restored.
+- `own_mutable_state(gm)`: torch.export's graph module holds the user's own parameter and
+  buffer tensors. Every tensor the graph writes (the target of an in-place op such as
+  `aten.copy_` or `aten.add_`) is replaced in the graph module by a private copy, so the
+  translated module never advances the user's buffers nor the reverse. Tensors the graph only
+  reads (weights) stay shared: copying them would double the memory of every translated
+  model, and translated FlyDSL ops that need a different layout (preshuffled GEMM weights)
+  already hold their own copies. The extra memory is the size of the mutated buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .errors import InputError
+
+
+def _buffers(module: torch.nn.Module) -> list:
+    return [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def preserved(*modules: torch.nn.Module):
+    """Run the body, then put every buffer of `modules` back to its value before it."""
+    saved = [(m, [(n, b, b.detach().clone(), b._version) for n, b in _buffers(m)],
+              [(n, p, p._version) for n, p in m.named_parameters()]) for m in modules]
+    try:
+        yield
+    finally:
+        for m, bufs, params in saved:
+            for _name, b, copy, version in bufs:
+                if b._version != version:
+                    with torch.no_grad():
+                        b.copy_(copy)
+            changed = [n for n, p, v in params if p._version != v]
+            if changed:
+                raise InputError(
+                    f"the model writes its parameter(s) {', '.join(changed)} in forward; translate() cannot run "
+                    "such a model without changing it — register that state as a buffer "
+                    "(self.register_buffer) instead of a Parameter")
+
+
+def own_mutable_state(gm: torch.fx.GraphModule) -> list[str]:
+    """Give `gm` private copies of the tensors its graph writes in place; returns their names."""
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        schema = n.target._schema
+        for arg, a in zip(schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node) \
+                    and a.op == "get_attr":
+                written.add(a.target)
+    for target in sorted(written):
+        owner, _, attr = target.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        t = getattr(mod, attr)
+        copy = t.detach().clone()
+        if isinstance(t, torch.nn.Parameter):
+            setattr(mod, attr, torch.nn.Parameter(copy, requires_grad=t.requires_grad))
+        elif attr in mod._buffers:
+            mod._buffers[attr] = copy
+        else:
+            setattr(mod, attr, copy)
+    return sorted(written)
