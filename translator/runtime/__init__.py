@@ -32,6 +32,7 @@ class ExecState:
     backend: str
     arch: str
     launches: list = field(default_factory=list)  # flysim launch records of this call
+    calls: list = field(default_factory=list)  # one runtime.ops.OpCall per FlyDSL op call, in order
 
 
 def current() -> ExecState:
@@ -55,10 +56,8 @@ def use_backend(backend: str, arch: str):
             import flysim
 
             with flysim.simulate(arch=arch) as sim:
-                try:
-                    yield state
-                finally:
-                    state.launches.extend(sim.launches)
+                state.launches = sim.launches  # live: dispatch reads what each op call appended
+                yield state
         else:
             yield state
     finally:
