@@ -30,6 +30,8 @@ def check(model, inputs, backend="reference", **kw):
         want, got = model(*inputs), tm(*inputs)
     for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     return tm
 
 

@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 
 from . import runtime
 from .capture import capture, check_inputs
+from .frontends.progress import stage
 from .errors import InputError, ShapeError, StrictError, VerificationError
 from .lowerings._common import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
@@ -176,7 +177,8 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
             tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
             if not verify:
                 break
-            _verify(model, inputs, tm, precision)
+            with stage("verify"):
+                _verify(model, inputs, tm, precision)
             v = tm.report.verification
             v.fallbacks = list(fallbacks)
             if v.passed or not fallback_on_mismatch or v.divergence is None:
@@ -200,11 +202,12 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
 
 
 def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
-    cap = capture(model, inputs, dynamic_shapes)
+    with stage("capture"):
+        cap = capture(model, inputs, dynamic_shapes)
     gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
     ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
-    with track(gm, flat_inputs) as tracking:  # the captured nodes, their costs, and provenance through the passes
+    with stage("passes"), track(gm, flat_inputs) as tracking:  # captured nodes, costs, provenance through passes
         pass_counts = run_pipeline(ctx)
     used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
     chosen, why = choose_backend(backend, used)
