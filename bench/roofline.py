@@ -2,7 +2,7 @@
 
     time >= max(bytes / HBM bandwidth, FLOPs / peak matrix FLOPs) / efficiency(occupancy)
 
-Peaks are the vendor's dense numbers (MI300X: 5.3 TB/s, 1307 TFLOPS bf16, 163.4 TFLOPS fp32
+Peaks (translator.report.cost.GPUS, which the report uses too) are the vendor's dense numbers (MI300X: 5.3 TB/s, 1307 TFLOPS bf16, 163.4 TFLOPS fp32
 matrix; MI355X: 8 TB/s, 2517 TFLOPS bf16, 157.3 TFLOPS fp32 matrix). Occupancy penalty (our
 assumption, documented here, not calibrated on hardware): a memory-bound kernel needs
 `NEED_WAVES["memory"]` = 4 waves per SIMD in flight to cover HBM latency, an MFMA-bound one
@@ -18,39 +18,16 @@ from __future__ import annotations
 
 import torch
 
-GPUS = {
-    "gfx942": dict(name="MI300X", bw=5.3e12, peak={"bf16": 1307e12, "f16": 1307e12, "f32": 163.4e12}),
-    "gfx950": dict(name="MI355X", bw=8.0e12, peak={"bf16": 2517e12, "f16": 2517e12, "f32": 157.3e12}),
-}
-NEED_WAVES = {"memory": 4, "compute": 2}
+from translator.report.cost import GPUS, NEED_WAVES, kernel_time  # noqa: F401  (one table of peaks)
+from translator.report.cost import nbytes as _nbytes
+from translator.report.cost import tensors as _tensors
+
 _VIEWS = {"view", "_unsafe_view", "transpose", "t", "permute", "unsqueeze", "squeeze", "expand", "slice", "select",
           "split", "split_with_sizes", "chunk", "unbind", "flatten", "unflatten", "getitem", "alias", "detach",
           "size", "sym_size", "narrow", "movedim", "dropout", "lift_fresh_copy", "_assert_tensor_metadata",
           "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size", "scalar_tensor", "arange", "zeros",
           "ones", "full", "empty"}
 _COPY_IF_STRIDED = {"reshape", "contiguous", "flatten"}
-
-
-def kernel_time(flops: float, nbytes: float, dtype: str, arch: str, waves: int | None = None) -> dict:
-    """Modeled time of one kernel (seconds) and what bounds it."""
-    g = GPUS[arch]
-    t_mem, t_cmp = nbytes / g["bw"], flops / g["peak"][dtype]
-    bound = "compute" if t_cmp > t_mem else "memory"
-    eff = 1.0 if waves is None else min(1.0, waves / NEED_WAVES[bound])
-    return dict(gpu=g["name"], t_mem=t_mem, t_compute=t_cmp, bound=bound, efficiency=eff,
-                t=max(t_mem, t_cmp) / eff)
-
-
-def _tensors(v):
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for x in v for t in _tensors(x)]
-    return []
-
-
-def _nbytes(t) -> int:
-    return int(t.numel()) * t.element_size()
 
 
 def node_bytes(node) -> int:

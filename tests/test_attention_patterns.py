@@ -156,3 +156,5 @@ def test_t5_two_additive_masks(backend):
     assert tm.report.verification.passed, tm.report.verification.message
     n = attention_node(tm)
     assert n.args[3] is not None and n.args[5] == 1.0
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()

@@ -93,9 +93,9 @@ BAD_SCRIPTS = {
     "get_inputs_single_tensor": (GOOD + "\ndef get_inputs():\n    return torch.randn(4, 8)\n", ["single tensor", "[x]"]),
     "get_inputs_not_a_list": (GOOD + "\ndef get_inputs():\n    return None\n", ["returned NoneType", "list"]),
     "get_inputs_empty": (GOOD + "\ndef get_inputs():\n    return []\n", ["empty list"]),
-    "get_inputs_scalar_item": (
-        GOOD + "\ndef get_inputs():\n    return [torch.randn(4, 8), 3]\n",
-        ["input 1 is a int", "get_init_inputs()"],
+    "get_inputs_string_item": (
+        GOOD + "\ndef get_inputs():\n    return [torch.randn(4, 8), 'fast']\n",
+        ["input 1 is a str", "get_init_inputs()"],
     ),
     "get_inputs_nested_list": (
         GOOD + "\ndef get_inputs():\n    return [[torch.randn(4, 8), torch.randn(4, 8)]]\n",
@@ -387,3 +387,138 @@ def test_emit_kernels_writes_generated_sources_with_checks(tmp_path, capsys):
     assert "flydsl.fused_elementwise" in index and gen[0] in index
     assert "@flyc.kernel" in (kdir / gen[0]).read_text()
     assert str((kdir / "KERNELS.md").resolve()) in (tmp_path / "o" / "report.md").read_text()  # the report links them
+
+
+# ---------------------------------------------------------------- output modes, capture failures, help
+
+
+CONTROL_FLOW = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: no capture method takes it
+            return x * 2
+        return x - 1
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+def get_init_inputs():
+    return []
+"""
+
+SCALAR = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, A, s):
+        return A * s
+
+def get_inputs():
+    return [torch.randn(16, 32), 3.5]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_capture_failure_is_one_line_and_the_graph_dump_only_with_debug(tmp_path, capsys):
+    script = write_script(tmp_path, CONTROL_FLOW)
+    code, out, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert code == 2 and out == ""
+    assert_one_error_line(err, "CaptureError", "could not capture the model", "symbolic_trace")
+    code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o", "--debug")
+    assert code == 2 and "def forward" in err and "Traceback" in err
+
+
+def test_out_is_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    import translator
+
+    calls = []
+    monkeypatch.setattr(translator, "translate", fake_translate(calls=calls), raising=False)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    code, _, err = run_main(capsys, "convert", write_script(tmp_path, GOOD), "--out", blocker / "sub" / "dir")
+    assert code == 2 and calls == []
+    assert_one_error_line(err, "--out", "is a file", "cannot be created")
+
+
+def test_json_puts_only_the_report_on_stdout(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, err = run_main(capsys, "convert", MODELS / "mlp.py", "--backend", "reference", "--out", out, "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["model"] == "mlp" and report["rows"] and report["summary"]["compute_nodes"] > 0
+    assert json.loads((out / "report.json").read_text()) == report
+
+
+def test_quiet_prints_nothing_and_still_writes(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, err = run_main(capsys, "convert", MODELS / "mlp.py", "--backend", "reference", "--out", out, "-q")
+    assert code == 0 and stdout == "" and err == ""
+    assert (out / "report.md").exists() and (out / "report.html").exists()
+
+
+def test_scalar_inputs_are_accepted_as_by_the_python_api(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, err = run_main(capsys, "convert", write_script(tmp_path, SCALAR), "--backend", "reference",
+                                 "--out", out, "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["verification"]["passed"] and "flydsl.fused_elementwise" in report["summary"]["flydsl_ops"]
+
+
+def test_progress_bar_only_on_a_terminal_and_never_with_quiet_or_json(tmp_path, capsys, monkeypatch):
+    import translator
+    from translator.frontends import progress
+
+    seen = []
+    real = progress.show_progress
+    monkeypatch.setattr(progress, "show_progress", lambda enabled: (seen.append(enabled), real(False))[1])
+    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    script = write_script(tmp_path, GOOD)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    for flags, want in (([], True), (["--quiet"], False), (["--json"], False)):
+        if "--json" in flags:
+            monkeypatch.setattr(FakeReport, "to_json", lambda self: "{}", raising=False)
+        code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o", *flags)
+        assert code == 0, err
+        assert seen.pop() is want, flags
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    run_main(capsys, "convert", script, "--out", tmp_path / "o")
+    assert seen.pop() is False
+
+
+def test_translate_reports_its_stages_in_order():
+    import torch
+
+    import translator
+    from translator.frontends import progress
+
+    stages = []
+    token = progress._listener.set(lambda name, done: stages.append((name, done)))
+    try:
+        translator.translate(torch.nn.Linear(8, 8), (torch.randn(2, 8),), backend="reference")
+    finally:
+        progress._listener.reset(token)
+    assert stages == [("capture", False), ("capture", True), ("passes", False), ("passes", True),
+                      ("verify", False), ("verify", True)]
+    with progress.show_progress(True):  # draws on a non-terminal stderr without failing
+        with progress.stage("capture"):
+            pass
+
+
+def test_python_m_translator_and_help_at_80_columns():
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "translator", "--version"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.startswith("flydsl-translate ")
+    for args in (["--help"], ["convert", "--help"]):
+        proc = subprocess.run([sys.executable, "-m", "translator", *args], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80]
+        assert "Exit codes" in proc.stdout and "Example" in proc.stdout
+    assert "3  internal error" in proc.stdout and "--json" in proc.stdout and "--quiet" in proc.stdout

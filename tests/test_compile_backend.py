@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,30 @@ def test_flysim_runs_the_gemm_kernel():
     assert [r for r in tm.report.rows if r.where == "flydsl-kernel"]
     assert tm.last_launches, "flysim recorded no kernel launch"
     torch.testing.assert_close(got, m(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["translated", "runs as given"])
+def test_weights_are_frozen_at_compile_time(path, monkeypatch):
+    """In-place updates of the model's weights after compiling change nothing (README: frozen)."""
+    if path == "runs as given":
+        import translator.api as api
+
+        def no_capture(*a, **k):
+            raise translator.CaptureError("could not capture the model: (simulated)")
+
+        monkeypatch.setattr(api, "capture", no_capture)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16)).eval()
+    x = torch.randn(3, 16)
+    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the "runs as given" case warns, as it should
+        before = compiled(x)
+        m[0].weight.add_(1.0)  # a training step, in place
+        m[1].weight.mul_(3.0)
+        m[1].bias.add_(0.5)
+        after = compiled(x)
+    assert not torch.allclose(m(x), before)  # the model did change
+    torch.testing.assert_close(after, before)  # the compiled one did not
+    rec = compile_backend.reports()[0]
+    assert (rec.fallback_reason is not None) == (path == "runs as given")

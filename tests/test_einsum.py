@@ -134,6 +134,7 @@ def test_einsum_on_flysim():
     a, b = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 7, 16)
     tm = translate(m, (a, b), backend="flysim")
     assert tm.report.counters.get("einsum") == 1 and tm.report.verification.passed
+    assert [c.family for c in tm.last_calls] == ["bmm"] and tm.last_calls[0].launches  # the kernel ran
 
 
 def test_trace_stays_in_pytorch_with_reason():

@@ -31,6 +31,8 @@ def check(model, inputs, backend="reference", **kw):
         want, got = model(*inputs), tm(*inputs)
     for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         torch.testing.assert_close(g, w, **op_tol(torch.float32, "fused_elementwise"))
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     return tm
 
 

@@ -63,6 +63,8 @@ def test_mlp_block_activation_and_residual(backend, approximate):
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():
         torch.testing.assert_close(tm(x), m(x), atol=1e-4, rtol=1e-4)
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
 
 
 @pytest.mark.parametrize("backend", ["reference", "flysim"])
@@ -77,6 +79,8 @@ def test_bias_relu_scale_silu(backend):
     assert g1.args[4] is not None and g1.args[5] == epilogue("relu")
     assert g2.args[7] == 0.5 and g2.args[5] == epilogue("silu")
     assert tm.report.verification.passed, tm.report.verification.message
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     rows = {r.op: r.where for r in tm.report.rows}
     assert rows["aten.relu"].startswith("flydsl") and rows["aten.silu"].startswith("flydsl")
 

@@ -51,3 +51,4 @@ def test_precision_policy_on_flysim(stem, precision):
     ws = [b for n, b in tm.gm.named_buffers() if n.startswith("_flydsl_w")]
     assert ws and {low[w.dtype] for w in ws} == {precision}
     assert tm(*inputs).dtype == torch.float32
+    assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()  # kernels ran

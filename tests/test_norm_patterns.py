@@ -51,6 +51,8 @@ def check(model, inputs, counter, ops, backend="reference", gone=("rsqrt", "sqrt
         want, got = model(*fresh), tm(*fresh)
     tol = TOL[dt]
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     return tm
 
 

@@ -34,6 +34,8 @@ def check(model, inputs, backend="reference", atol=FP32[0], rtol=FP32[1], precis
             assert torch.equal(g, w)
         else:
             torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     return tm
 
 

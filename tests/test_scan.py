@@ -26,6 +26,8 @@ def check(model, inputs, backend, atol=FP32[0], rtol=FP32[1], precision="fp32"):
     with torch.no_grad():
         want, got = model(*inputs), tm(*inputs)
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+    if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
+        assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
     return tm
 
 

@@ -230,8 +230,7 @@ BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-c
 
 def test_html_renders_in_headless_chromium(small_report, tmp_path):
     exe = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if exe is None:
-        pytest.skip("no Chromium installed (apt-get install chromium-headless-shell)")
+    assert exe, "no headless Chromium: `./run setup` installs chromium-headless-shell (apt-get)"
     page = tmp_path / "report.html"
     page.write_text(render_html(small_report), encoding="utf-8")
     shot = tmp_path / "shot.png"

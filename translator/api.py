@@ -26,11 +26,13 @@ import torch.utils._pytree as pytree
 from . import runtime
 from .capture import capture, check_inputs, check_model
 from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError, VerificationError
+from .frontends.progress import stage
 from .lowerings._common import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
-from .registry import BY_DESIGN, FAMILIES, load_all
+from .registry import FAMILIES, load_all
 from .runtime.precompile import precompile
-from .report import LAYOUT_OPS, Report, Row, describe_shapes, measure_flops, node_dtype, op_name
+from .report import Report
+from .report.rows import is_flydsl, track
 from .state import preserved
 from .verify import calibrate, first_divergence, verify_outputs
 
@@ -53,8 +55,10 @@ class TranslatedModule(torch.nn.Module):
         self._input_spec = input_spec  # per input: None, or [(dim, static size or None)]
         self._input_dtypes = [n.meta["val"].dtype if isinstance(n.meta.get("val"), torch.Tensor) else None
                               for n in gm.graph.nodes if n.op == "placeholder"]
-        self.last_launches: list = []
+        self.last_launches: list = []  # the launch records of the last call (flysim: LaunchRecord)
+        self.last_calls: list = []  # runtime.ops.OpCall per FlyDSL op call of the last call, node set
         self.last_generated_kernels: set = set()
+        self._flydsl_nodes = [n.name for n in gm.graph.nodes if is_flydsl(n)]
 
     @property
     def code(self) -> str:
@@ -69,8 +73,13 @@ class TranslatedModule(torch.nn.Module):
         with lock:
             with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
-            self.last_launches = st.launches
+            self.last_launches = list(st.launches)
             self.last_generated_kernels = used  # generated kernels this call ran (for --emit-kernels)
+            if len(st.calls) == len(self._flydsl_nodes):  # the graph calls its FlyDSL ops once each, in order
+                for c, node in zip(st.calls, self._flydsl_nodes):
+                    c.node = node
+                self.report.observe(st.calls)
+            self.last_calls = st.calls
         return out
 
     def _run(self, args):
@@ -218,7 +227,8 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
-            _verify(model, inputs, tm, precision, eager, calibration)
+            with stage("verify"):
+                _verify(model, inputs, tm, precision, eager, calibration)
             v = tm.report.verification
             v.calibration = cal_note
             v.fallbacks = list(fallbacks)
@@ -240,7 +250,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
         tm.report.kernels = collect(tm.gm, arch)
     if strict:
         bad = [f"{r.node} ({r.op}): {r.detail}" for r in tm.report.rows
-               if r.where != "flydsl-kernel" and not r.layout]
+               if r.where in ("pytorch", "flydsl-reference") and not r.layout]
         if bad:
             raise StrictError("strict=True, but these ops do not run as FlyDSL kernels:\n  " + "\n  ".join(bad))
     return tm
@@ -260,66 +270,20 @@ def _eager(model, inputs):
 
 
 def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
-    cap = capture(model, inputs, dynamic_shapes)
+    with stage("capture"):
+        cap = capture(model, inputs, dynamic_shapes)
     gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
-    snapshot = [(n.meta["orig_name"], op_name(n), describe_shapes(n), node_dtype(n), n.target)
-                for n in gm.graph.nodes if n.op == "call_function"]
-    with preserved(gm):
-        flops = measure_flops(gm, flat_inputs)
     ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
-    pass_counts = run_pipeline(ctx)
+    with stage("passes"), preserved(gm), track(gm, flat_inputs) as tracking:  # captured nodes, costs, provenance through passes
+        pass_counts = run_pipeline(ctx)
     used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
     chosen, why = choose_backend(backend, used)
     report = Report(model=name or type(model).__name__, arch=arch, backend=chosen, backend_reason=why,
                     precision=precision, capture=cap.method, capture_notes=cap.notes, counters=dict(ctx.counters),
                     pass_counts=pass_counts, dynamic_dims=cap.dynamic_dims)
-    report.rows = _rows(gm, snapshot, flops, ctx, chosen)
+    report.rows, report.ops = tracking.rows(gm, ctx.reasons, chosen, FAMILIES)
     return TranslatedModule(gm, chosen, arch, report, _input_spec(gm))
-
-
-def _rows(gm, snapshot, flops, ctx, backend):
-    absorbed = {}
-    for n in gm.graph.nodes:
-        info = n.meta.get("flydsl")
-        if info:
-            for s in info["sources"]:
-                absorbed[s] = dict(info, node=n.name)
-    folded = {s for n in gm.graph.nodes for s in n.meta.get("folded", ())}
-    rows = []
-    for name, op, shapes, dtype, target in snapshot:
-        f = flops.get(name, 0)
-        short = op.split(".")[-1]
-        # Python operator.* / math.* on SymInts: shape arithmetic, no tensor data
-        layout = short in LAYOUT_OPS or short.startswith("sym_") or \
-            getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch.sym")
-        if name in absorbed:
-            info = absorbed[name]
-            fam = FAMILIES[info["family"]]
-            head = f"flydsl.{fam.name} [{info['lowering']}]"
-            if fam.kernel_available() and backend != "reference":
-                where, detail = "flydsl-kernel", f"{head} — FlyDSL kernel {fam.kernel_entry}"
-            elif not fam.kernel_available():
-                where, detail = "flydsl-reference", f"{head} — torch reference (FlyDSL kernel not landed yet)"
-            else:
-                where, detail = "flydsl-reference", f"{head} — torch reference (backend=reference)"
-            if name in ctx.reasons:  # a pattern declined it before this lowering took it: say why
-                detail += f"; not taken by {ctx.reasons[name]}"
-            rows.append(Row(name, op, shapes, dtype, where, detail, f, layout, info["node"]))
-            continue
-        packet = getattr(target, "overloadpacket", None)
-        if name in folded:
-            detail = "folded at specialization: computed once per input shape and cached, not per forward"
-        elif packet in BY_DESIGN:
-            detail = "kept in PyTorch by design"
-        elif name in ctx.reasons:
-            detail = ctx.reasons[name]
-        elif layout:
-            detail = "view/layout op (no arithmetic)"
-        else:
-            detail = f"no FlyDSL lowering for {op} yet"
-        rows.append(Row(name, op, shapes, dtype, "pytorch", detail, f, layout))
-    return rows
 
 
 def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):

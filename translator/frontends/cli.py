@@ -5,14 +5,18 @@
     flydsl-translate --version
 
 `convert` takes a KernelBench-style script (it defines `class Model`,
-`get_inputs()` and `get_init_inputs()`), builds the model under
-torch.manual_seed(0), translates it, prints the report and writes
-report.md, report.json and translated.py into --out.
+`get_inputs()` and `get_init_inputs()`; inputs are tensors or Python scalars),
+builds the model under torch.manual_seed(0), translates it, prints the report
+and writes report.md, report.json, report.html and translated.py into --out
+(checked before any work). `--json` prints the report as JSON on stdout and
+nothing else there; `--quiet` prints nothing but errors. On a terminal a
+progress bar (rich, on stderr) follows capture, passes and verification.
 
 Exit codes: 0 success; 1 verification failed; 2 bad input (script, its
 Model/inputs, option values, strict mode, an unusable backend); 3 internal
 error (a translator bug). Every failure is ONE line on stderr that names the
-problem and the fix; --debug adds the traceback.
+problem and the fix; --debug adds the traceback and what torch printed while
+capturing (a failed torch.export prints its graph), which is otherwise held back.
 
 The script is loaded under a private module name that is registered in
 sys.modules only while the command runs (torch.export may look the module
@@ -26,7 +30,10 @@ import contextlib
 import enum
 import importlib.util
 import itertools
+import io
+import json
 import logging
+import os
 import sys
 import traceback
 from importlib import metadata
@@ -77,6 +84,9 @@ app = typer.Typer(
     help="Translate PyTorch models so their hot ops run as FlyDSL kernels on AMD Instinct GPUs.",
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: wraps to the terminal (80 columns reads well)
+    epilog="\b\nExample:\n  flydsl-translate convert models/mini_gpt.py --out out/gpt\n\n\b\nExit codes: 0 success, "
+    "1 verification failed, 2 bad input, 3 internal error\n(`flydsl-translate convert --help` says more).",
 )
 
 
@@ -188,7 +198,7 @@ def _is_tensor(x: Any) -> bool:
 
 
 def check_inputs(inputs: Any, path: Path) -> list:
-    """get_inputs() must give a flat, non-empty list or tuple of tensors."""
+    """get_inputs() must give a flat, non-empty list or tuple of tensors and Python scalars."""
     where = f"get_inputs() in {path}"
     if _is_tensor(inputs):
         raise CliError(f"{where} returned a single tensor, not a list; return [x] instead")
@@ -197,7 +207,7 @@ def check_inputs(inputs: Any, path: Path) -> list:
     if len(inputs) == 0:
         raise CliError(f"{where} returned an empty list; return the example tensors that Model.forward takes")
     for i, item in enumerate(inputs):
-        if _is_tensor(item):
+        if _is_tensor(item) or isinstance(item, (int, float, bool)):  # scalars: as translate() takes them
             continue
         kind = type(item).__name__
         if isinstance(item, (list, tuple, dict)):
@@ -206,7 +216,7 @@ def check_inputs(inputs: Any, path: Path) -> list:
                 "return a flat list and make forward take each tensor as its own argument"
             )
         raise CliError(
-            f"{where}: input {i} is a {kind}, not a torch.Tensor; pass non-tensor settings "
+            f"{where}: input {i} is a {kind}, not a torch.Tensor or a Python number; pass other settings "
             "to the constructor through get_init_inputs()"
         )
     return list(inputs)
@@ -277,9 +287,21 @@ def _print_report(report: Any) -> None:
     Console().print(shown)
 
 
-def _write_outputs(tm: Any, out: Path) -> list:
+def check_out(out: Path) -> None:
+    """Fail before any work when --out cannot become a writable directory."""
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} is a file; pass a directory (it is created if missing)")
+    probe = out
+    while not probe.exists():  # the nearest existing ancestor must let us create the rest
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CliError(f"--out {out}: {probe} is a file, so the folder cannot be created; pass another directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"--out {out}: {probe} is not writable; pass a directory you can write to")
+
+
+def _write_outputs(tm: Any, out: Path) -> list:
+    check_out(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         written = []
@@ -305,6 +327,12 @@ def _html(report: Any) -> list:
     return [("report.html", render_html(report))] if isinstance(report, Report) else []
 
 
+def _report_json(report: Any) -> str:
+    text = report.to_json()
+    json.loads(text)  # one JSON document on stdout, or a bug here
+    return text
+
+
 def _verification_passed(report: Any) -> Optional[bool]:
     verification = getattr(report, "verification", None)
     if verification is None or getattr(verification, "ran", True) is False:  # --no-verify: nothing failed
@@ -312,26 +340,48 @@ def _verification_passed(report: Any) -> Optional[bool]:
     return bool(verification.passed)
 
 
+def _squash(exc: BaseException, limit: int = 600) -> str:
+    """A multi-line message as one line (--debug shows it whole)."""
+    line = "; ".join(ln.strip().rstrip(":") for ln in str(exc).splitlines() if ln.strip())
+    return line if len(line) <= limit else line[: limit - 30] + "... (--debug shows all)"
+
+
+@contextlib.contextmanager
+def _held_output(debug: bool):
+    """Hold back what torch prints while translating (a failed torch.export prints its graph)."""
+    if debug:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
 def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None,
-                 export_kernels: Optional[Path] = None) -> int:
+                 export_kernels: Optional[Path] = None, show: str = "table", debug: bool = False) -> int:
     import translator
     from translator.errors import TranslatorError, VerificationError
+    from translator.frontends.progress import show_progress
 
+    out = out if out is not None else Path("out") / script.stem
+    check_out(out)
     onnx = script.suffix.lower() == ".onnx"  # an ONNX file: inputs come from its input types
     with contextlib.nullcontext() if onnx else loaded_script(script) as module:
         model, inputs = (script, None) if onnx else build_model(module, script)
         try:
-            tm = translator.translate(model, inputs, name=script.stem, **options)
+            with show_progress(show == "table" and sys.stderr.isatty()), _held_output(debug):
+                tm = translator.translate(model, inputs, name=script.stem, **options)
         except VerificationError as exc:
             report = getattr(exc, "report", None)
-            if report is not None:
+            if report is not None and show == "table":
                 _print_report(report)
-            raise CliError(f"verification failed: {exc}", EXIT_VERIFY_FAILED)
+            raise CliError(f"verification failed: {_squash(exc)}", EXIT_VERIFY_FAILED)
         except TranslatorError as exc:  # InputError, StrictError, CaptureError, BackendError, ...
-            raise CliError(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+            if debug:
+                typer.echo(f"{type(exc).__name__}: {exc}", err=True)
+            raise CliError(f"{type(exc).__name__}: {_squash(exc)}", EXIT_BAD_INPUT)
 
-    _print_report(tm.report)
-    out = out if out is not None else Path("out") / script.stem
+    if show == "table":
+        _print_report(tm.report)
     emitted = []
     if emit_kernels is not None:  # first, so the reports written below link the kernel sources
         from translator.report.emit import emit_kernels as emit
@@ -349,7 +399,10 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
         except OSError as exc:
             raise CliError(f"cannot write into --export-kernels {export_kernels} ({_describe(exc)}); pass a writable directory")
     written = _write_outputs(tm, out) + emitted
-    typer.echo(f"wrote {', '.join(str(p) for p in written)}")
+    if show == "json":
+        typer.echo(_report_json(tm.report))
+    elif show == "table":
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     if _verification_passed(tm.report) is False:
         typer.echo(
             f"{PROG}: error: verification failed: the translated model does not match eager PyTorch; "
@@ -360,7 +413,21 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
     return EXIT_OK
 
 
-@app.command()
+CONVERT_EPILOG = """\b
+Example:
+  flydsl-translate convert models/mini_gpt.py --backend flysim --out out/gpt
+  python -m translator convert model.py --json > report.json
+
+\b
+Exit codes:
+  0  success
+  1  verification failed (the files are still written)
+  2  bad input: the script, its Model or inputs, an option, --strict
+  3  internal error: a translator bug (rerun with --debug, report it)
+"""
+
+
+@app.command(epilog=CONVERT_EPILOG, short_help="Translate a model script (or .onnx), verify it, write the report.")
 def convert(
     script: Annotated[Path, typer.Argument(help="Model script (defines Model, get_inputs(), get_init_inputs()) or an .onnx file.", show_default=False)],
     arch: Annotated[Arch, typer.Option(help="Target GPU: gfx942 (MI300X) or gfx950 (MI350X/MI355X).")] = Arch.gfx942,
@@ -381,9 +448,14 @@ def convert(
     export_kernels: Annotated[
         Optional[Path], typer.Option("--export-kernels", help="Write each compiled kernel as an object file and a C header (no Python needed to run them) plus manifest.json into this folder.", show_default=False)
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON on stdout (nothing else goes to stdout).")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (no table, no progress).")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks, debug logs and torch's capture output.")] = False,
 ) -> None:
-    """Translate the Model of SCRIPT (or an .onnx file), verify it, print the report and write report.md, report.json, report.html, translated.py."""
+    """Translate the Model of SCRIPT (or an .onnx file), verify it, print the
+    report and write report.md, report.json, report.html and translated.py."""
     if not debug:  # torch.export's capture chatter (dims specialized, ...) is for --debug only
         logging.getLogger("torch._export").setLevel(logging.ERROR)
     else:
@@ -402,7 +474,8 @@ def convert(
         **({"isa": True} if isa else {}),  # off by default: compiling every kernel costs seconds
     )
     try:
-        code = _run_convert(script, out, options, emit_kernels, export_kernels)
+        show = "json" if json_out else ("quiet" if quiet else "table")
+        code = _run_convert(script, out, options, emit_kernels, export_kernels, show, debug)
     except CliError as exc:
         if debug:
             traceback.print_exc()

@@ -5,9 +5,12 @@
 Dynamo gives the backend an FX graph whose parameters and buffers arrive as graph inputs
 (`inline_inbuilt_nn_modules`). translate() needs weights as constants (a linear's weight is
 preshuffled once), so the inputs whose dynamo source is a module parameter or buffer are
-frozen: held by a small wrapper module as its own parameters, and only the user's inputs are
-passed at run time. As with other inference backends (Torch-TensorRT), weights are frozen
-at compile time: retrain, then compile again.
+frozen: copied when dynamo hands the graph over (the first call), held by a small wrapper
+module as its own parameters, and only the user's inputs are passed at run time. A graph that
+runs as dynamo gave it (translate() could not take it) reads the same copies. So an in-place
+update of the model's weights afterwards changes nothing in the compiled model: as with other
+inference backends (Torch-TensorRT), weights are frozen at compile time; retrain, then compile
+again. The copies cost one more copy of the weights in memory.
 
 Per graph: translate() lowers what it can and leaves the rest in PyTorch with a reason, as
 it does for a whole model. A graph that translate() cannot take at all (capture fails, an
@@ -79,7 +82,7 @@ class _Frozen(torch.nn.Module):
     """The dynamo graph with its parameter / buffer inputs held as constants and the sizes
     dynamo passes as ints fixed to one value; forward takes the remaining (tensor) inputs."""
 
-    def __init__(self, gm, args, kinds: list[str]):
+    def __init__(self, gm, args, kinds: list[str], frozen: dict):
         super().__init__()
         self.graph_module = gm
         self._slots = []  # per graph input: ("user", k) | ("const", attribute name) | ("int", value)
@@ -88,9 +91,9 @@ class _Frozen(torch.nn.Module):
             if kind == "const":
                 name = f"const_{i}"
                 if isinstance(x, torch.nn.Parameter):
-                    self.register_parameter(name, torch.nn.Parameter(x.detach(), requires_grad=False))
+                    self.register_parameter(name, torch.nn.Parameter(frozen[i], requires_grad=False))
                 else:
-                    self.register_buffer(name, x.detach())
+                    self.register_buffer(name, frozen[i])
                 self._slots.append(("const", name))
             elif kind == "scalar":
                 self._slots.append(("int", x))
@@ -126,6 +129,12 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else "user"
              for i, x in enumerate(example_inputs)]
     variants: list = []  # [(the int inputs, TranslatedModule)]
+    # the weights as they are now: private copies, so later in-place updates of the model do not leak in
+    frozen = {i: x.detach().clone() for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "const"}
+
+    def as_given(args):
+        """Run dynamo's graph in PyTorch, on the frozen weights."""
+        return gm(*(frozen[i] if i in frozen else a for i, a in enumerate(args)))
 
     def split(args):
         return ([a for a, k in zip(args, kinds) if k == "user"], tuple(a for a, k in zip(args, kinds) if k == "scalar"))
@@ -138,7 +147,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             rec.fallback_reason = f"more than {MAX_VARIANTS} input signatures: the rest run in PyTorch"
             return None
         user, ints = split(args)
-        tm = translate(_Frozen(gm, args, kinds), tuple(user), name=rec.name, **opts)
+        tm = translate(_Frozen(gm, args, kinds, frozen), tuple(user), name=rec.name, **opts)
         variants.append((ints, tm))
         rec.translated.append(tm)
         log.info("%s", tm.report.headline())
@@ -146,7 +155,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
     def run(*args):
         if rec.fallback_reason and not variants:
-            return gm(*args)
+            return as_given(args)
         user, ints = split(args)
         for s, tm in variants:  # ints are baked into a translation: match them exactly
             if s != ints:
@@ -162,7 +171,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
                 raise
             _fallback(rec, f"{type(e).__name__}: {e}")
             tm = None
-        return gm(*args) if tm is None else tm(*user)
+        return as_given(args) if tm is None else tm(*user)
 
     run.record = rec
     return run

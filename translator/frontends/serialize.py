@@ -194,7 +194,8 @@ def _report_from_dict(d: dict):
     v["outputs"] = [OutputCheck(**o) for o in v.get("outputs", [])]
     v["divergence"] = Divergence(**v["divergence"]) if v.get("divergence") else None
     fields = {k: d[k] for k in ("model", "arch", "backend", "backend_reason", "precision", "capture",
-                                "capture_notes", "counters", "pass_counts", "dynamic_dims", "kernels", "kernel_sources") if k in d}
+                                "capture_notes", "counters", "pass_counts", "dynamic_dims", "kernels", "kernel_sources", "ops",
+                                "launches") if k in d}
     r = Report(**fields)
     r.rows = [Row(**row) for row in d.get("rows", [])]
     r.verification = Verification(**v) if v else r.verification

@@ -1,12 +1,16 @@
-"""The report: what runs where, and why.
+"""The report: what runs where, and why, and which kernels ran.
 
-One row per node of the captured graph: its op, shapes and dtype, and where it runs now —
-inside a FlyDSL op (with our FlyDSL kernel, or on the op's torch reference when the kernel
-has not landed or backend='reference'), or in PyTorch with the reason. Plus the share of
-the model's FLOPs inside FlyDSL ops (torch.utils.flop_counter, measured per captured node
-on the example inputs), op counts, pass counters and the verification result; with
-translate(isa=True), `kernels`: ISA statistics per compiled kernel (translator.report.isa).
-Rendered as a rich terminal table, JSON and Markdown.
+One row per node of the captured graph, attributed to where it ended in the final graph
+(translator.report.rows): inside a FlyDSL op — "flydsl-kernel" once a call recorded a
+kernel launch for that op, "flydsl-reference" when it ran without launching one (the
+reference backend, a kernel not landed), "flydsl-op" before any call — in PyTorch with the
+reason, or removed (dead code). FLOPs and bytes of every op come from our own per-op model
+(translator.report.cost), so the FLOP and byte shares in FlyDSL ops mean something for
+elementwise, norm and reduction models too. `kernel_view()` has one row per recorded FlyDSL
+launch with the nodes its op absorbed, its FLOPs, bytes, arithmetic intensity and a roofline
+MODEL time on MI300X and MI355X. With translate(isa=True), `kernels`: ISA statistics per
+compiled kernel (translator.report.isa). Rendered as a rich terminal table, JSON, Markdown
+and HTML (translator.report.html).
 """
 
 from __future__ import annotations
@@ -15,19 +19,13 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-import torch
-from torch.utils.flop_counter import FlopCounterMode
-
 from ..verify import Verification
+from . import cost
+from .cost import measure_flops
+from .names import LAYOUT_OPS, describe_shapes, node_dtype, op_name
 
-# shape / view / metadata ops: no arithmetic, nothing to translate
-LAYOUT_OPS = {
-    "view", "reshape", "_unsafe_view", "transpose", "t", "permute", "unsqueeze", "squeeze", "expand", "contiguous",
-    "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "flatten", "unflatten", "getitem", "clone",
-    "alias", "detach", "size", "sym_size", "lift_fresh_copy", "_assert_tensor_metadata", "dropout", "to",
-    "_to_copy", "type_as", "narrow", "movedim", "repeat", "cat", "stack", "arange", "zeros", "ones", "full",
-    "empty", "tril", "triu", "scalar_tensor", "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size",
-}
+WHERE = ("flydsl-kernel", "flydsl-reference", "flydsl-op", "pytorch", "removed")
+_FLYDSL = ("flydsl-kernel", "flydsl-reference", "flydsl-op")
 
 
 @dataclass
@@ -36,11 +34,13 @@ class Row:
     op: str
     shapes: str
     dtype: str
-    where: str  # "flydsl-kernel" | "flydsl-reference" | "pytorch"
+    where: str  # one of WHERE
     detail: str  # FlyDSL op and kernel, or the reason it stays in PyTorch
-    flops: int = 0
-    layout: bool = False  # a view / shape op: no arithmetic
+    flops: int = 0  # our per-op model (report.cost) on the example inputs
+    layout: bool = False  # a view / shape op, or a removed node: no arithmetic
     flydsl_node: str = ""  # the translated graph's flydsl node this captured node now runs inside
+    bytes: int = 0  # HBM bytes of the op run alone (op-by-op model)
+    origin: str = ""  # for a node a pass created: the captured node it came from
 
 
 @dataclass
@@ -57,27 +57,97 @@ class Report:
     pass_counts: dict = field(default_factory=dict)
     verification: Verification = field(default_factory=lambda: Verification(False, None, message="not run"))
     dynamic_dims: list = field(default_factory=list)
-    kernels: list = field(default_factory=list)
-    kernel_sources: str = ""  # KERNELS.md written by --emit-kernels (the take-away kernel sources)  # per compiled kernel: ISA statistics (translate(isa=True))
+    kernels: list = field(default_factory=list)  # per compiled kernel: ISA statistics (translate(isa=True))
+    kernel_sources: str = ""  # KERNELS.md written by --emit-kernels (the take-away kernel sources)
+    ops: dict = field(default_factory=dict)  # per FlyDSL graph node: family, sources, FLOPs, bytes, dtype
+    launches: dict = field(default_factory=dict)  # per FlyDSL graph node: [{kernel, sim_bytes}] last recorded
+
+    # ---- launch evidence -------------------------------------------------------------------
+    def observe(self, calls) -> None:
+        """Take the FlyDSL op calls of one forward (runtime.ops.OpCall, node set) as evidence."""
+        changed = False
+        for c in calls:
+            if c.node not in self.ops:
+                continue
+            if c.launches:
+                rec = [{"kernel": getattr(r, "kernel", str(r)), "sim_bytes": _sim_bytes(r)} for r in c.launches]
+                if self.launches.get(c.node) != rec:
+                    self.launches[c.node] = rec
+                    changed = True
+            elif c.node not in self.launches:
+                status = "unrecorded" if c.launches is None else "none"
+                if self.ops[c.node].get("ran") != status:
+                    self.ops[c.node]["ran"] = status
+                    changed = True
+        if changed:
+            self._apply_launches()
+
+    def _apply_launches(self) -> None:
+        for r in self.rows:
+            if r.where not in _FLYDSL or r.flydsl_node not in self.ops:
+                continue
+            op = self.ops[r.flydsl_node]
+            head = r.detail.split(" — ")[0]
+            if r.flydsl_node in self.launches:
+                names = sorted({k["kernel"] for k in self.launches[r.flydsl_node]})
+                r.where, tail = "flydsl-kernel", f"FlyDSL kernel launched: {', '.join(names)}"
+            elif op.get("ran") == "none":
+                r.where, tail = "flydsl-reference", ("torch reference (no kernel launch recorded"
+                                                     f"{'; backend=reference' if self.backend == 'reference' else ''})")
+            elif op.get("ran") == "unrecorded":
+                r.where, tail = "flydsl-op", f"kernel adapter called; backend {self.backend} records no launches"
+            else:
+                continue
+            r.detail = f"{head} — {tail}"
+
+    def without_launch(self) -> list[str]:
+        """FlyDSL graph nodes no call has recorded a kernel launch for."""
+        return [n for n in self.ops if n not in self.launches]
+
+    # ---- per-kernel view ---------------------------------------------------------------------
+    def kernel_view(self) -> list[dict]:
+        """One row per recorded FlyDSL launch; an op's FLOPs, bytes and MODEL times sit on its first launch."""
+        out = []
+        for node, op in self.ops.items():
+            recs = self.launches.get(node, [])
+            for i, rec in enumerate(recs):
+                row = {"kernel": rec["kernel"], "op": f"flydsl.{op['family']}", "node": node,
+                       "launch": f"{i + 1}/{len(recs)}", "absorbed": ", ".join(op["sources"]), "sim_bytes": rec["sim_bytes"]}
+                if i == 0:
+                    f, b = op["flops"], op["bytes"]
+                    row.update(flops=f, bytes=b, intensity=float(f"{f / b:.3g}") if b else None)
+                    for arch in cost.GPUS:
+                        t = cost.kernel_time(f, b, cost.dtype_key(_torch_dtype(op["dtype"])), arch)
+                        row[f"{cost.GPUS[arch]['name']} us (MODEL)"] = float(f"{t['t'] * 1e6:.3g}")
+                        row[f"{cost.GPUS[arch]['name']} bound (MODEL)"] = t["bound"]
+                out.append(row)
+        return sorted(out, key=lambda r: -(r.get("MI300X us (MODEL)") or 0))
 
     # ---- summaries ---------------------------------------------------------------------
     def summary(self) -> dict:
         where = Counter(r.where for r in self.rows if not _is_layout(r))
-        fam = Counter(op for op, _ in {(r.detail.split()[0], r.flydsl_node) for r in self.rows if r.where != "pytorch"})
-        total = sum(r.flops for r in self.rows)
-        in_fly = sum(r.flops for r in self.rows if r.where != "pytorch")
-        in_kernel = sum(r.flops for r in self.rows if r.where == "flydsl-kernel")
+        fam = Counter(f"flydsl.{op['family']}" for op in self.ops.values())
+        flops, nbytes = _shares(self.rows, "flops"), _shares(self.rows, "bytes")
         return {
             "compute_nodes": sum(where.values()),
             "flydsl_kernel_nodes": where.get("flydsl-kernel", 0),
             "flydsl_reference_nodes": where.get("flydsl-reference", 0),
+            "flydsl_not_run_nodes": where.get("flydsl-op", 0),
             "pytorch_nodes": where.get("pytorch", 0),
-            "layout_nodes": sum(1 for r in self.rows if _is_layout(r)),
+            "layout_nodes": sum(1 for r in self.rows if _is_layout(r) and r.where != "removed"),
+            "removed_nodes": sum(1 for r in self.rows if r.where == "removed"),
             "flydsl_ops": dict(fam),
-            "flops_total": total,
-            "flops_in_flydsl_ops": in_fly,
-            "flops_in_flydsl_kernels": in_kernel,
-            "flydsl_flop_share": (in_fly / total) if total else 0.0,
+            "flydsl_launches": sum(len(v) for v in self.launches.values()),
+            "flops_total": flops["total"],
+            "flops_in_flydsl_ops": flops["ops"],
+            "flops_in_flydsl_kernels": flops["kernels"],
+            "flydsl_flop_share": flops["share"],
+            "flydsl_kernel_flop_share": flops["kernel_share"],
+            "bytes_total": nbytes["total"],
+            "bytes_in_flydsl_ops": nbytes["ops"],
+            "bytes_in_flydsl_kernels": nbytes["kernels"],
+            "flydsl_byte_share": nbytes["share"],
+            "flydsl_kernel_byte_share": nbytes["kernel_share"],
         }
 
     def fallbacks(self) -> list[Row]:
@@ -98,10 +168,12 @@ class Report:
         s = self.summary()
         v = self.verification
         ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
-        return (f"{self.model}: {s['flydsl_kernel_nodes'] + s['flydsl_reference_nodes']}/{s['compute_nodes']} compute "
-                f"ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on FlyDSL kernels, {s['flydsl_reference_nodes']} "
-                f"reference-only), {s['pytorch_nodes']} in PyTorch; {100 * s['flydsl_flop_share']:.1f}% of FLOPs in "
-                f"FlyDSL ops; backend {self.backend} ({self.backend_reason}); verification {ver}")
+        fly = s["flydsl_kernel_nodes"] + s["flydsl_reference_nodes"] + s["flydsl_not_run_nodes"]
+        return (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
+                f"launched FlyDSL kernels, {s['flydsl_reference_nodes']} reference-only, {s['flydsl_not_run_nodes']} "
+                f"not run yet), {s['pytorch_nodes']} in PyTorch; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
+                f"{100 * s['flydsl_byte_share']:.1f}% of bytes in FlyDSL ops; backend {self.backend} "
+                f"({self.backend_reason}); verification {ver}")
 
     def to_markdown(self) -> str:
         s = self.summary()
@@ -112,12 +184,16 @@ class Report:
                f"- capture: {self.capture}" + (f" (dynamic dims, as (input, dim): {self.dynamic_dims}; "
                                                "marked * in shapes)" if self.dynamic_dims else ""),
                *[f"  - {n}" for n in self.capture_notes],
-               f"- compute ops: {s['compute_nodes']} — on FlyDSL kernels {s['flydsl_kernel_nodes']}, "
-               f"FlyDSL ops on the torch reference {s['flydsl_reference_nodes']}, in PyTorch {s['pytorch_nodes']} "
-               f"(plus {s['layout_nodes']} view/layout ops)",
-               f"- FlyDSL ops: {', '.join(f'{k} ×{n}' for k, n in s['flydsl_ops'].items()) or 'none'}",
-               f"- FLOPs: {s['flops_total']:,} total, {s['flops_in_flydsl_ops']:,} in FlyDSL ops "
-               f"({100 * s['flydsl_flop_share']:.1f}%), {s['flops_in_flydsl_kernels']:,} on FlyDSL kernels",
+               f"- compute ops: {s['compute_nodes']} — on launched FlyDSL kernels {s['flydsl_kernel_nodes']}, "
+               f"FlyDSL ops on the torch reference {s['flydsl_reference_nodes']}, FlyDSL ops not run yet "
+               f"{s['flydsl_not_run_nodes']}, in PyTorch {s['pytorch_nodes']} (plus {s['layout_nodes']} view/layout "
+               f"ops; {s['removed_nodes']} removed)",
+               f"- FlyDSL ops: {', '.join(f'{k} ×{n}' for k, n in s['flydsl_ops'].items()) or 'none'}; "
+               f"{s['flydsl_launches']} kernel launches recorded",
+               f"- FLOPs (our per-op model): {s['flops_total']:,} total, {s['flops_in_flydsl_ops']:,} in FlyDSL ops "
+               f"({100 * s['flydsl_flop_share']:.1f}%), {s['flops_in_flydsl_kernels']:,} on launched FlyDSL kernels",
+               f"- bytes (op-by-op model): {s['bytes_total']:,} total, {s['bytes_in_flydsl_ops']:,} in FlyDSL ops "
+               f"({100 * s['flydsl_byte_share']:.1f}%), {s['bytes_in_flydsl_kernels']:,} on launched FlyDSL kernels",
                f"- verification: {'not run' if not v.ran else ('PASSED' if v.passed else 'FAILED')} — {v.message}"]
         if v.divergence:
             out.append(f"  - {v.divergence.describe()}")
@@ -131,9 +207,16 @@ class Report:
             out.append(f"- kernel sources: [{self.kernel_sources}]({self.kernel_sources})")
         if self.counters:
             out.append(f"- rewrites: {', '.join(f'{k} ×{n}' for k, n in sorted(self.counters.items()))}")
-        out += ["", "| node | op | shapes | dtype | runs on | detail | FLOPs |", "|---|---|---|---|---|---|---|"]
+        out += ["", "| node | op | shapes | dtype | runs on | detail | FLOPs | bytes |", "|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
-            out.append(f"| {r.node} | {r.op} | {r.shapes} | {r.dtype} | {r.where} | {r.detail} | {r.flops:,} |")
+            out.append(f"| {r.node} | {r.op} | {r.shapes} | {r.dtype} | {r.where} | {r.detail} | {r.flops:,} | "
+                       f"{r.bytes:,} |")
+        kv = self.kernel_view()
+        if kv:
+            cols = list(dict.fromkeys(c for k in kv for c in k))
+            out += ["", "## FlyDSL launches (times are a roofline MODEL, not measurements)", "",
+                    "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            out += ["| " + " | ".join(_cell(k.get(c)) for c in cols) + " |" for k in kv]
         if self.kernels:
             cols = _kernel_columns(self.kernels)
             out += ["", f"## Per-kernel ISA statistics ({self.arch}; static counts; waves/SIMD is a model)", "",
@@ -150,13 +233,23 @@ class Report:
         t = Table(title=f"flydsl-translator: {self.model} ({self.arch}, {self.precision})", show_lines=False)
         for col in ("node", "op", "shapes", "dtype", "runs on", "detail", "FLOPs"):
             t.add_column(col, overflow="fold")
-        style = {"flydsl-kernel": "green", "flydsl-reference": "yellow", "pytorch": "white"}
+        style = {"flydsl-kernel": "green", "flydsl-reference": "yellow", "flydsl-op": "cyan", "pytorch": "white",
+                 "removed": "dim"}
         for r in self.rows:
             if _is_layout(r):
                 continue
             t.add_row(*map(escape, (r.node, r.op, r.shapes, r.dtype, r.where, r.detail)), f"{r.flops:,}",
                       style=style[r.where])
         console.print(t)
+        kv = self.kernel_view()
+        if kv:
+            k = Table(title="FlyDSL launches (us are a roofline MODEL)")
+            cols = ("kernel", "node", "flops", "bytes", "intensity", "MI300X us (MODEL)", "MI355X us (MODEL)")
+            for col in cols:
+                k.add_column(col, overflow="fold")
+            for row in kv:
+                k.add_row(*(escape(_cell(row.get(c))) for c in cols))
+            console.print(k)
         if self.kernels:
             cols = [c for c in _kernel_columns(self.kernels) if c in _TERMINAL_COLUMNS]
             k = Table(title=f"per-kernel ISA statistics ({self.arch}; static; waves/SIMD is a model)")
@@ -166,7 +259,8 @@ class Report:
                 k.add_row(*(escape(str(row.get(c, ""))) for c in cols), style="red" if "error" in row else None)
             console.print(k)
         s = self.summary()
-        console.print(f"({s['layout_nodes']} view/layout ops not shown; see report.md)")
+        console.print(f"({s['layout_nodes']} view/layout ops and {s['removed_nodes']} removed nodes not shown; "
+                      "see report.md)")
         console.print(escape(self.headline()))
         v = self.verification
         if v.ran and not v.passed:
@@ -188,68 +282,32 @@ def _is_layout(r: Row) -> bool:
     return r.layout
 
 
-def op_name(node: torch.fx.Node) -> str:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t.namespace}.{t._opname}"
-    if node.op == "call_module":
-        return f"module {t}"
-    return getattr(t, "__name__", str(t))
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:,}" if isinstance(v, int) else str(v).replace("|", "/")
 
 
-def _fmt_shape(v) -> str:
-    """Example sizes; a dynamic dim is marked with * (e.g. 2*x16*x128)."""
-    if isinstance(v, torch.Tensor):
-        return "x".join(_fmt_dim(s) for s in v.shape) or "scalar"
-    if isinstance(v, (list, tuple)):
-        return "(" + ", ".join(_fmt_shape(x) for x in v) + ")"
-    return ""
+def _shares(rows, key) -> dict:
+    """Total of `key` over compute rows, the part inside FlyDSL ops and on launched kernels."""
+    total = sum(getattr(r, key) for r in rows)
+    ops = sum(getattr(r, key) for r in rows if r.where in _FLYDSL)
+    kernels = sum(getattr(r, key) for r in rows if r.where == "flydsl-kernel")
+    return {"total": total, "ops": ops, "kernels": kernels, "share": ops / total if total else 0.0,
+            "kernel_share": kernels / total if total else 0.0}
 
 
-def _fmt_dim(s) -> str:
-    if isinstance(s, torch.SymInt):
-        if not s.node.expr.free_symbols:
-            return str(int(s))
-        hint = s.node.hint
-        return f"{hint}*" if hint is not None else str(s)
-    return str(s)
+def _sim_bytes(rec):
+    c = getattr(rec, "counters", None) or {}
+    if "global_bytes_read" not in c:
+        return None
+    return int(c.get("global_bytes_read", 0)) + int(c.get("global_bytes_written", 0))
 
 
-def describe_shapes(node: torch.fx.Node) -> str:
-    ins = [a.meta.get("val") for a in node.all_input_nodes if a.op != "get_attr"]
-    return ", ".join(f for f in (_fmt_shape(v) for v in ins) if f) + " -> " + _fmt_shape(node.meta.get("val"))
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name, None) if name else None
 
 
-def node_dtype(node) -> str:
-    v = node.meta.get("val")
-    if isinstance(v, (list, tuple)) and v:
-        v = v[0]
-    return str(getattr(v, "dtype", "")).replace("torch.", "")
-
-
-def measure_flops(gm: torch.fx.GraphModule, flat_inputs) -> dict:
-    """FLOPs of every captured node on the example inputs, counted by torch.utils.flop_counter."""
-    flops = {}
-
-    class Count(torch.fx.Interpreter):
-        def run_node(self, n):
-            if n.op != "call_function":
-                return super().run_node(n)
-            with FlopCounterMode(display=False) as fc:
-                v = super().run_node(n)
-            f = fc.get_total_flops()
-            if not f and n.target is torch.ops.aten.scaled_dot_product_attention.default:
-                f = _sdpa_flops(self.env[n.args[0]], self.env[n.args[1]], self.env[n.args[2]])
-            flops[n.meta.get("orig_name", n.name)] = f
-            return v
-
-    with torch.no_grad():
-        Count(gm).run(*flat_inputs)
-    return flops
-
-
-def _sdpa_flops(q, k, v) -> int:
-    """Q·Kᵀ and P·V (2 FLOPs a multiply-add each): what flop_counter counts for the fused SDPA
-    kernels, which it does not see when CPU torch runs SDPA's math path."""
-    b = q.shape[:-2].numel()
-    return 2 * b * q.shape[-2] * k.shape[-2] * q.shape[-1] + 2 * b * q.shape[-2] * k.shape[-2] * v.shape[-1]
+__all__ = ["Report", "Row", "WHERE", "LAYOUT_OPS", "describe_shapes", "node_dtype", "op_name", "measure_flops"]

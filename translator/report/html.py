@@ -1,10 +1,15 @@
 """The report as one self-contained HTML page (no network, no script): report.html.
 
-A bar chart (inline SVG) of the model's FLOPs by op family — each FlyDSL op family, and the
-PyTorch ops left — coloured by where they run (FlyDSL kernel, FlyDSL op on the torch
-reference, PyTorch); the summary lines of report.md; per-kernel ISA statistics when the
-report carries them (`report.kernels`: one dict per compiled kernel); and the per-node table
-with each fallback's reason. Every text is HTML-escaped.
+Two inline-SVG bar charts and two tables:
+- the FlyDSL launches (`Report.kernel_view`), one bar per launch sorted by the roofline
+  MODEL's time on MI300X (MI355X beside it), each labelled with the nodes its op absorbed,
+  and beside it what stays in PyTorch (op, FLOPs, bytes, reason), so a kernel engineer sees
+  where the time would go and what is left to translate;
+- the model's FLOPs by op family, coloured by where they run (launched FlyDSL kernel, FlyDSL
+  op on the torch reference or not run yet, PyTorch);
+- per-kernel ISA statistics when the report carries them (`report.kernels`);
+- the per-node table with each fallback's reason.
+Every text is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -12,15 +17,17 @@ from __future__ import annotations
 from collections import defaultdict
 from html import escape
 
-COLOURS = {"flydsl-kernel": "#2e7d32", "flydsl-reference": "#f9a825", "pytorch": "#757575"}
-LABELS = {"flydsl-kernel": "FlyDSL kernel", "flydsl-reference": "FlyDSL op, torch reference", "pytorch": "PyTorch"}
+COLOURS = {"flydsl-kernel": "#2e7d32", "flydsl-reference": "#f9a825", "flydsl-op": "#4fc3f7", "pytorch": "#757575",
+           "removed": "#bdbdbd"}
+LABELS = {"flydsl-kernel": "FlyDSL kernel (launch recorded)", "flydsl-reference": "FlyDSL op, torch reference",
+          "flydsl-op": "FlyDSL op, not run yet", "pytorch": "PyTorch", "removed": "removed"}
 
 
 def flops_by_family(report) -> list[tuple[str, str, int]]:
     """[(family, where, FLOPs)], largest first; PyTorch rows are grouped by aten op."""
     acc: dict = defaultdict(int)
     for r in report.rows:
-        fam = r.detail.split()[0] if r.where != "pytorch" else r.op
+        fam = r.detail.split()[0] if r.where.startswith("flydsl") else r.op
         acc[(fam, r.where)] += r.flops
     return sorted(((f, w, n) for (f, w), n in acc.items() if n > 0), key=lambda t: -t[2])
 
@@ -42,8 +49,51 @@ def _chart(report) -> str:
                      f'<title>{escape(fam)}: {n:,} FLOPs ({LABELS[where]})</title></rect>')
         parts.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 15}" font-size="12">{100 * n / total:.1f}%</text>')
     parts.append("</svg>")
-    legend = " ".join(f'<span class="key" style="background:{c}"></span>{LABELS[k]}' for k, c in COLOURS.items())
+    legend = " ".join(f'<span class="key" style="background:{c}"></span>{LABELS[k]}' for k, c in COLOURS.items()
+                      if k != "removed")
     return "".join(parts) + f'<p class="legend">{legend}</p>'
+
+
+def _launch_chart(report) -> str:
+    """One bar per recorded FlyDSL launch, longest modeled MI300X time first (a MODEL)."""
+    rows = [r for r in report.kernel_view() if r.get("MI300X us (MODEL)") is not None]
+    if not rows:
+        return ("<p>No FlyDSL kernel launch has been recorded for this model (backend "
+                f"{escape(report.backend)}; launches are recorded when the translated module runs).</p>")
+    longest = max(r["MI300X us (MODEL)"] for r in rows) or 1.0
+    row_h, label_w, bar_w = 34, 300, 260
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 150}" height="{row_h * len(rows) + 10}" '
+             'role="img" aria-label="FlyDSL launches by modeled time">']
+    for i, r in enumerate(rows):
+        y = 5 + i * row_h
+        t300, t355 = r["MI300X us (MODEL)"], r.get("MI355X us (MODEL)")
+        w = max(1.0, bar_w * t300 / longest)
+        tip = (f"{r['kernel']} ({r['node']}): absorbed {r['absorbed'] or '-'}; {r['flops']:,} FLOPs, {r['bytes']:,} "
+               f"bytes, intensity {r['intensity']}; MODEL {t300:.3g} us on MI300X, {t355:.3g} us on MI355X "
+               f"({r.get('MI300X bound (MODEL)')}-bound)")
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" font-size="12">{escape(r["op"])} '
+                     f'{escape(r["node"])}</text>')
+        parts.append(f'<text x="{label_w - 6}" y="{y + 27}" text-anchor="end" font-size="10" fill="#666">'
+                     f'{escape(_clip(r["absorbed"] or r["kernel"], 48))}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row_h - 12}" '
+                     f'fill="{COLOURS["flydsl-kernel"]}"><title>{escape(tip)}</title></rect>')
+        parts.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 19}" font-size="11">{t300:.3g} / {t355:.3g} us</text>')
+    parts.append("</svg>")
+    return "".join(parts) + ("<p class=note>Bars: roofline MODEL time on MI300X (label: MI300X / MI355X), "
+                             "max(bytes / HBM bandwidth, FLOPs / peak); not a measurement.</p>")
+
+
+def _pytorch_list(report) -> str:
+    left = sorted(report.fallbacks(), key=lambda r: -(r.flops + r.bytes))
+    if not left:
+        return "<p>Nothing: every compute op runs in a FlyDSL op.</p>"
+    body = "".join(f"<tr><td>{escape(r.node)}</td><td>{escape(r.op)}</td><td class=num>{r.flops:,}</td>"
+                   f"<td class=num>{r.bytes:,}</td><td>{escape(r.detail)}</td></tr>" for r in left)
+    return f"<table><tr><th>node</th><th>op</th><th>FLOPs</th><th>bytes</th><th>why</th></tr>{body}</table>"
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _isa(report) -> str:
@@ -64,15 +114,20 @@ def render_html(report) -> str:
     rows = "".join(
         f'<tr class="{escape(r.where)}{" layout" if r.layout else ""}"><td>{escape(r.node)}</td><td>{escape(r.op)}</td>'
         f"<td>{escape(r.shapes)}</td><td>{escape(r.dtype)}</td><td>{escape(LABELS.get(r.where, r.where))}</td>"
-        f"<td>{escape(r.detail)}</td><td class=num>{r.flops:,}</td></tr>" for r in report.rows)
+        f"<td>{escape(r.detail)}</td><td class=num>{r.flops:,}</td><td class=num>{r.bytes:,}</td></tr>"
+        for r in report.rows)
     facts = [
         f"arch {escape(report.arch)}; precision {escape(report.precision)}",
         f"backend <b>{escape(report.backend)}</b> — {escape(report.backend_reason)}",
         f"capture: {escape(report.capture)}",
         f"compute ops: {s['compute_nodes']} — on FlyDSL kernels {s['flydsl_kernel_nodes']}, FlyDSL ops on the torch "
         f"reference {s['flydsl_reference_nodes']}, in PyTorch {s['pytorch_nodes']}",
-        f"FLOPs: {s['flops_total']:,} total, {100 * s['flydsl_flop_share']:.1f}% in FlyDSL ops, "
-        f"{s['flops_in_flydsl_kernels']:,} on FlyDSL kernels",
+        f"compute ops: FlyDSL op not run yet {s['flydsl_not_run_nodes']}; {s['flydsl_launches']} FlyDSL kernel "
+        f"launches recorded; {s['removed_nodes']} nodes removed",
+        f"FLOPs (our per-op model): {s['flops_total']:,} total, {100 * s['flydsl_flop_share']:.1f}% in FlyDSL ops, "
+        f"{100 * s['flydsl_kernel_flop_share']:.1f}% on launched FlyDSL kernels",
+        f"bytes (op-by-op model): {s['bytes_total']:,} total, {100 * s['flydsl_byte_share']:.1f}% in FlyDSL ops, "
+        f"{100 * s['flydsl_kernel_byte_share']:.1f}% on launched FlyDSL kernels",
         f"verification: <b>{ver}</b> — {escape(v.message)}",
     ] + [escape(n) for n in report.capture_notes]
     return f"""<!DOCTYPE html>
@@ -86,15 +141,23 @@ td.num {{ text-align: right; }}
 tr.flydsl-kernel td:nth-child(5) {{ color: {COLOURS['flydsl-kernel']}; font-weight: bold; }}
 tr.flydsl-reference td:nth-child(5) {{ color: #b07800; }}
 tr.layout {{ color: #999; }}
+.pair {{ display: flex; flex-wrap: wrap; gap: 2em; align-items: flex-start; }}
+.note {{ color: #666; font-size: 11px; }}
 .key {{ display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 12px; vertical-align: middle; }}
 </style></head><body>
 <h1>flydsl-translator report: {escape(report.model)}</h1>
 <ul>{''.join(f'<li>{f}</li>' for f in facts)}</ul>
+<div class="pair">
+<section><h2>FlyDSL launches, by modeled time</h2>
+{_launch_chart(report)}</section>
+<section><h2>What stays in PyTorch</h2>
+{_pytorch_list(report)}</section>
+</div>
 <h2>Share of FLOPs by op family</h2>
 {_chart(report)}
 {_isa(report)}
 <h2>Nodes</h2>
 <table><tr><th>node</th><th>op</th><th>shapes</th><th>dtype</th><th>runs on</th><th>detail / reason</th>
-<th>FLOPs</th></tr>{rows}</table>
+<th>FLOPs</th><th>bytes</th></tr>{rows}</table>
 </body></html>
 """

@@ -39,6 +39,7 @@ class ExecState:
     backend: str
     arch: str
     launches: list = field(default_factory=list)  # flysim launch records of this call
+    calls: list = field(default_factory=list)  # one runtime.ops.OpCall per FlyDSL op call, in order
 
 
 def current() -> ExecState:
@@ -70,10 +71,8 @@ def _run(state, backend, arch):
         import flysim
 
         with flysim.simulate(arch=arch) as sim:
-            try:
-                yield state
-            finally:
-                state.launches.extend(sim.launches)
+            state.launches = sim.launches  # live: dispatch reads what each op call appended
+            yield state
     else:
         yield state
 

@@ -1,16 +1,33 @@
-"""Dispatch of `torch.ops.flydsl.*` calls to the active backend.
+"""Dispatch of `torch.ops.flydsl.*` calls to the active backend, and what each call launched.
 
 Each lowering file defines its op with `torch.library.custom_op("flydsl::<name>")` whose
 body is `dispatch("<name>", ...)`, and a fake implementation for tracing. Custom ops must
 not return an alias of an input, so a reference that returns a view is copied.
+
+Every call appends an `OpCall` to the active `ExecState.calls`: the op family and the kernel
+launches the call made, read from the backend's launch log around the call (under flysim,
+the simulation's `LaunchRecord`s). This is the evidence the report uses to say a graph
+node "runs on a FlyDSL kernel": a call that launched nothing (the reference backend, or an
+adapter that quietly computed in torch) is never reported as a kernel. `launches` is None
+where the backend keeps no launch log (rocm, until the launch module records device
+launches), and the report says so rather than guessing.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..errors import BackendError
 from . import current
+
+
+@dataclass
+class OpCall:
+    family: str
+    launches: list | None  # launch records this call made; None where the backend records none
+    node: str | None = None  # the translated graph's node, set by TranslatedModule.forward
 
 
 def dispatch(name: str, *args):
@@ -20,15 +37,24 @@ def dispatch(name: str, *args):
     st = current()
     if st.backend == "reference":
         out = fam.reference(*args)
-    else:
-        if not fam.kernel_available():
-            raise BackendError(
-                f"flydsl.{name}: no FlyDSL kernel has landed for this op yet "
-                f"({fam.kernel_entry} is missing), so backend {st.backend!r} cannot run it; "
-                "translate with backend='reference' (or 'auto')"
-            )
-        out = fam.kernel(*args)
+        st.calls.append(OpCall(name, []))
+        return _no_alias(out, args)
+    if not fam.kernel_available():
+        raise BackendError(
+            f"flydsl.{name}: no FlyDSL kernel has landed for this op yet "
+            f"({fam.kernel_entry} is missing), so backend {st.backend!r} cannot run it; "
+            "translate with backend='reference' (or 'auto')"
+        )
+    log = _launch_log(st)
+    first = len(log) if log is not None else 0
+    out = fam.kernel(*args)
+    st.calls.append(OpCall(name, list(log[first:]) if log is not None else None))
     return _no_alias(out, args)
+
+
+def _launch_log(st):
+    """The list the backend appends launch records to while the call runs, or None."""
+    return st.launches if st.backend == "flysim" else None
 
 
 def _no_alias(out, args):
