@@ -75,7 +75,7 @@ def measure(family: str, attn: str) -> dict:
     tm = translator.translate(model.eval(), (x,), backend="reference")
     secs = time.perf_counter() - t0
     rows = [r for r in tm.report.rows if not r.layout]
-    folded = [r for r in rows if r.where == "pytorch" and "folded at specialization" in r.detail]
+    folded = [r for r in rows if r.where == "folded"]
     torch_rows = [r for r in rows if r.where == "pytorch" and "by design" not in r.detail and r not in folded]
     return {"family": family, "attn": attn, "compute_ops": len(rows),
             "in_flydsl": sum(r.where != "pytorch" for r in rows),

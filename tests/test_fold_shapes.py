@@ -70,4 +70,4 @@ def test_report_says_folded_at_specialization():
     rows = {r.node: r for r in tm.report.rows}
     (f,) = folded(tm)
     for name in ("cumsum", "where"):
-        assert name in f.sources and "folded at specialization" in rows[name].detail
+        assert name in f.sources and rows[name].where == "folded" and "folded at specialization" in rows[name].detail

@@ -24,7 +24,7 @@ from . import cost
 from .cost import measure_flops
 from .names import LAYOUT_OPS, describe_shapes, node_dtype, op_name
 
-WHERE = ("flydsl-kernel", "flydsl-reference", "flydsl-op", "pytorch", "removed")
+WHERE = ("flydsl-kernel", "flydsl-reference", "flydsl-op", "pytorch", "folded", "removed")
 _FLYDSL = ("flydsl-kernel", "flydsl-reference", "flydsl-op")
 
 
@@ -134,6 +134,7 @@ class Report:
             "flydsl_reference_nodes": where.get("flydsl-reference", 0),
             "flydsl_not_run_nodes": where.get("flydsl-op", 0),
             "pytorch_nodes": where.get("pytorch", 0),
+            "folded_nodes": where.get("folded", 0),
             "layout_nodes": sum(1 for r in self.rows if _is_layout(r) and r.where != "removed"),
             "removed_nodes": sum(1 for r in self.rows if r.where == "removed"),
             "flydsl_ops": dict(fam),
@@ -171,7 +172,7 @@ class Report:
         fly = s["flydsl_kernel_nodes"] + s["flydsl_reference_nodes"] + s["flydsl_not_run_nodes"]
         return (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
                 f"launched FlyDSL kernels, {s['flydsl_reference_nodes']} reference-only, {s['flydsl_not_run_nodes']} "
-                f"not run yet), {s['pytorch_nodes']} in PyTorch; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
+                f"not run yet), {s['pytorch_nodes']} in PyTorch per forward, {s['folded_nodes']} folded at specialization; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
                 f"{100 * s['flydsl_byte_share']:.1f}% of bytes in FlyDSL ops; backend {self.backend} "
                 f"({self.backend_reason}); verification {ver}")
 
@@ -186,7 +187,8 @@ class Report:
                *[f"  - {n}" for n in self.capture_notes],
                f"- compute ops: {s['compute_nodes']} — on launched FlyDSL kernels {s['flydsl_kernel_nodes']}, "
                f"FlyDSL ops on the torch reference {s['flydsl_reference_nodes']}, FlyDSL ops not run yet "
-               f"{s['flydsl_not_run_nodes']}, in PyTorch {s['pytorch_nodes']} (plus {s['layout_nodes']} view/layout "
+               f"{s['flydsl_not_run_nodes']}, in PyTorch {s['pytorch_nodes']}, folded at specialization (PyTorch, once per "
+               f"input shape) {s['folded_nodes']} (plus {s['layout_nodes']} view/layout "
                f"ops; {s['removed_nodes']} removed)",
                f"- FlyDSL ops: {', '.join(f'{k} ×{n}' for k, n in s['flydsl_ops'].items()) or 'none'}; "
                f"{s['flydsl_launches']} kernel launches recorded",
@@ -234,7 +236,7 @@ class Report:
         for col in ("node", "op", "shapes", "dtype", "runs on", "detail", "FLOPs"):
             t.add_column(col, overflow="fold")
         style = {"flydsl-kernel": "green", "flydsl-reference": "yellow", "flydsl-op": "cyan", "pytorch": "white",
-                 "removed": "dim"}
+                 "folded": "blue", "removed": "dim"}
         for r in self.rows:
             if _is_layout(r):
                 continue

@@ -18,9 +18,10 @@ from collections import defaultdict
 from html import escape
 
 COLOURS = {"flydsl-kernel": "#2e7d32", "flydsl-reference": "#f9a825", "flydsl-op": "#4fc3f7", "pytorch": "#757575",
-           "removed": "#bdbdbd"}
+           "folded": "#9575cd", "removed": "#bdbdbd"}
 LABELS = {"flydsl-kernel": "FlyDSL kernel (launch recorded)", "flydsl-reference": "FlyDSL op, torch reference",
-          "flydsl-op": "FlyDSL op, not run yet", "pytorch": "PyTorch", "removed": "removed"}
+          "flydsl-op": "FlyDSL op, not run yet", "pytorch": "PyTorch",
+          "folded": "folded at specialization (once per input shape)", "removed": "removed"}
 
 
 def flops_by_family(report) -> list[tuple[str, str, int]]:

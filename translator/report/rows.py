@@ -11,6 +11,7 @@ ended in the FINAL graph:
 - named in a FlyDSL node's `sources`, or replaced by a node that is: that FlyDSL op;
 - still in the graph: PyTorch (with the reason a lowering declined it);
 - replaced by other aten nodes left in PyTorch: PyTorch, "rewritten as ...";
+- computed by a shape-only region (passes.fold_shapes): "folded" (once per input shape);
 - gone with nothing using it (dead code) or folded into its input: "removed".
 
 Nodes a pass created that stay in PyTorch (a cast, part of a decomposition) get their own
@@ -112,6 +113,7 @@ class Tracking:
                     if o and fnode not in parts[o]:
                         parts[o].append(fnode)
                         e["sources"].append(f"{o} (part)")
+        folded = {s for n in gm.graph.nodes for s in n.meta.get("folded", ())}  # passes.fold_shapes
         rows = []
         for name, op, shapes, dtype, target in self.snapshot:
             f, b = self.costs.get(name, (0, 0))
@@ -132,6 +134,9 @@ class Tracking:
                 detail = entry["head"] + how + (f"; not taken by {reasons[name]}" if name in reasons else "")
                 rows.append(Row(name, op, shapes, dtype, _initial_where(entry, backend), detail, f, layout, fnode,
                                 bytes=b))
+            elif name in folded:
+                rows.append(Row(name, op, shapes, dtype, "folded", "folded at specialization: computed in PyTorch once "
+                                "per input shape and cached, not per forward", f, layout, bytes=b))
             elif name in final:
                 rows.append(Row(name, op, shapes, dtype, "pytorch", _pytorch_reason(name, op, target, reasons, layout),
                                 f, layout, bytes=b))
