@@ -78,7 +78,7 @@ def measure(family: str, attn: str) -> dict:
     folded = [r for r in rows if r.where == "folded"]
     torch_rows = [r for r in rows if r.where == "pytorch" and "by design" not in r.detail and r not in folded]
     return {"family": family, "attn": attn, "compute_ops": len(rows),
-            "in_flydsl": sum(r.where != "pytorch" for r in rows),
+            "in_flydsl": sum(r.where.startswith("flydsl") for r in rows),
             "in_pytorch": len(torch_rows), "folded": len(folded), "by_design": sum("by design" in r.detail for r in rows),
             "verified": tm.report.verification.passed, "translate_s": round(secs, 1),
             "left": collections.Counter(r.op.removeprefix("aten.") for r in torch_rows).most_common()}
