@@ -97,18 +97,17 @@ def family_cases(tiny: bool, device: str = "cpu"):
 
 
 def _launch_share(fn, repeat: int) -> float:
-    """CPU us per call spent inside translator_kernels.launch.call (key, lookup, FlyDSL packing)."""
+    """Median CPU us per call spent inside translator_kernels.launch.call (key, lookup, FlyDSL packing)."""
     from translator_kernels import launch
 
-    orig, spent = launch.call, [0.0, 0]
+    orig, spent = launch.call, []
 
     def timed(*args):
         t = time.thread_time()
         try:
             return orig(*args)
         finally:
-            spent[0] += time.thread_time() - t
-            spent[1] += 1
+            spent.append(time.thread_time() - t)
 
     launch.call = timed
     try:
@@ -116,14 +115,14 @@ def _launch_share(fn, repeat: int) -> float:
             fn()
     finally:
         launch.call = orig
-    return spent[0] / max(spent[1], 1) * 1e6
+    return statistics.median(spent) * 1e6
 
 
 def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     from translator.runtime.stub import rocm_recorded
 
     print(f"## Host us per FlyDSL op call, rocm path (device call recorded), arch {arch} (measured)\n")
-    print("| op | ours us (median) | of which launch.call us (mean) | ours on meta tensors us (median) | "
+    print("| op | ours us (median) | of which launch.call us (median) | ours on meta tensors us (median) | "
           "eager us (zero-row tensors, median) | ours / eager | ours (meta) / eager | device calls per op |")
     print("|---|---|---|---|---|---|---|---|")
     ours_all = []
