@@ -5,12 +5,11 @@
     y = tm(x); print(tm.report.headline())
 """
 
-from .errors import (BackendError, CaptureError, InputError, ShapeError, StrictError,  # noqa: F401
-                     TranslatorError, VerificationError)
+from .errors import BackendError, CaptureError, InputError, ShapeError, StrictError, TranslatorError  # noqa: F401
 from .api import TranslatedModule, translate  # noqa: F401
 from .frontends.serialize import load, save  # noqa: F401
 from .frontends import compile_backend  # noqa: F401,E402  (registers torch.compile(backend="flydsl"))
+from .version import __version__  # noqa: F401
 
-__version__ = "0.1.0"
 __all__ = ["translate", "TranslatedModule", "save", "load", "TranslatorError", "InputError", "CaptureError", "StrictError",
-           "VerificationError", "ShapeError", "BackendError"]
+           "ShapeError", "BackendError"]

@@ -13,10 +13,10 @@ import torch.utils._pytree as pytree
 
 from . import runtime
 from .capture import capture, check_inputs
-from .errors import InputError, ShapeError, StrictError, VerificationError
-from .lowerings._common import PRECISIONS, LowerCtx, static_int
+from .errors import InputError, ShapeError, StrictError
+from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
-from .registry import BY_DESIGN, FAMILIES, load_all
+from .registry import BY_DESIGN, FAMILIES
 from .report import LAYOUT_OPS, Report, Row, describe_shapes, measure_flops, node_dtype, op_name
 from .verify import first_divergence, verify_outputs
 
@@ -117,14 +117,11 @@ def choose_backend(requested: str, families_used: set[str]) -> tuple[str, str]:
         return "reference", "requested"
     if runtime.rocm_gpu_present():
         return "rocm", "auto: a ROCm GPU is present"
-    missing = sorted(f for f in families_used if not FAMILIES[f].kernel_available())
     why = runtime.flysim_available()
-    if not missing and not why and families_used:
-        return "flysim", "auto: no ROCm GPU; every FlyDSL op in this model has a kernel, run by flysim"
     if not families_used:
         return "reference", "auto: nothing was lowered to a FlyDSL op"
-    if missing:
-        return "reference", f"auto: no ROCm GPU, and no kernel has landed yet for {', '.join(missing)}"
+    if not why:
+        return "flysim", "auto: no ROCm GPU; the FlyDSL kernels run on flysim"
     return "reference", f"auto: no ROCm GPU, and {why}"
 
 
@@ -153,7 +150,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
     _validate(model, arch, backend, precision)
     inputs = check_inputs(example_inputs)
-    load_all()
+    from . import lowerings  # noqa: F401  (importing the lowerings fills the registry)
     deny: dict = {}
     fallbacks: list = []
     with _eval_mode(model):
@@ -227,10 +224,8 @@ def _rows(gm, snapshot, flops, ctx, backend):
             info = absorbed[name]
             fam = FAMILIES[info["family"]]
             head = f"flydsl.{fam.name} [{info['lowering']}]"
-            if fam.kernel_available() and backend != "reference":
+            if backend != "reference":
                 where, detail = "flydsl-kernel", f"{head} — FlyDSL kernel {fam.kernel_entry}"
-            elif not fam.kernel_available():
-                where, detail = "flydsl-reference", f"{head} — torch reference (FlyDSL kernel not landed yet)"
             else:
                 where, detail = "flydsl-reference", f"{head} — torch reference (backend=reference)"
             if name in ctx.reasons:  # a pattern declined it before this lowering took it: say why
@@ -271,4 +266,4 @@ def _verify(model, inputs, tm: TranslatedModule, precision):
     tm.report.verification = v
 
 
-__all__ = ["translate", "TranslatedModule", "VerificationError"]
+__all__ = ["translate", "TranslatedModule"]

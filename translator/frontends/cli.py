@@ -312,18 +312,13 @@ def _verification_passed(report: Any) -> Optional[bool]:
 
 def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None) -> int:
     import translator
-    from translator.errors import TranslatorError, VerificationError
+    from translator.errors import TranslatorError
 
     onnx = script.suffix.lower() == ".onnx"  # an ONNX file: inputs come from its input types
     with contextlib.nullcontext() if onnx else loaded_script(script) as module:
         model, inputs = (script, None) if onnx else build_model(module, script)
         try:
             tm = translator.translate(model, inputs, name=script.stem, **options)
-        except VerificationError as exc:
-            report = getattr(exc, "report", None)
-            if report is not None:
-                _print_report(report)
-            raise CliError(f"verification failed: {exc}", EXIT_VERIFY_FAILED)
         except TranslatorError as exc:  # InputError, StrictError, CaptureError, BackendError, ...
             raise CliError(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
 
@@ -409,7 +404,7 @@ def convert(
 @app.command()
 def ops() -> None:
     """Print the table of supported ops (Markdown)."""
-    from translator.registry import supported_ops_markdown
+    from translator.report.ops_table import supported_ops_markdown
 
     typer.echo(supported_ops_markdown())
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, dtype_reason
+from ..graph import aten, dtype_of, dtype_reason
+from ..registry import Stage, rule
+from .gemm import _emit_gemm
 
 
 def _parse(eq: str, ranks):
@@ -73,17 +74,15 @@ def einsum_supported(node, ctx):
 def _permute(ctx, x, order, before):
     if order == list(range(len(order))):
         return x
-    with ctx.gm.graph.inserting_before(before):
-        n = ctx.gm.graph.call_function(aten.permute.default, (x, order))
-    return ctx.infer(n)
+    return ctx.insert(aten.permute.default, x, order, before=before)
 
 
 def _unsqueeze(ctx, x, dim, before):
-    with ctx.gm.graph.inserting_before(before):
-        n = ctx.gm.graph.call_function(aten.unsqueeze.default, (x, dim))
-    return ctx.infer(n)
+    return ctx.insert(aten.unsqueeze.default, x, dim, before=before)
 
 
+@rule(Stage.CANONICAL, aten.einsum.default, family="bmm", supported=einsum_supported,
+      doc="two-operand einsum that is a (batched) matmul")
 def lower_einsum(node, ctx):
     eq, (A, B) = node.args[0], node.args[1]
     a, b, out, batch, m, n, k = _parse(eq, [len(A.meta["val"].shape), len(B.meta["val"].shape)])
@@ -92,8 +91,6 @@ def lower_einsum(node, ctx):
         # gemm: W[N, K] from the parameter; A -> [rest in output order..., K]
         rest = [c for c in out if c in a]
         w = wb.permute([b.index(c) for c in n + [k]]) if n else wb.unsqueeze(0)
-        from .gemm import _emit_gemm
-
         a2 = _permute(ctx, A, [a.index(c) for c in rest + [k]], node)
         g = _emit_gemm(node, ctx, a2, w.reshape(w.shape[0], -1) if n else w, None, "einsum", [node])
         got = rest + (n if n else [])
@@ -142,7 +139,3 @@ def _fix_output(ctx, new, got, out):
             got = [c for c in got if c != ph]
             res = sq
     return _permute_after(ctx, res, [got.index(c) for c in out])
-
-
-register_lowering(Lowering("einsum", "bmm", (aten.einsum.default,), einsum_supported, lower_einsum,
-                           doc="two-operand einsum that is a (batched) matmul"))

@@ -29,8 +29,9 @@ import torch
 
 from translator_kernels.gemm.kernel import epilogue_text, parse_epilogue
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, shape_of, kw_arg as _kw
+from ..graph import aten, arg, before, dtype_of, shape_of
+from ..registry import NO_MATCH, Stage, rule
+from . import gemm  # noqa: F401  (registers flydsl.gemm, whose epilogue this is)
 
 GEMM = torch.ops.flydsl.gemm.default
 INF = math.inf
@@ -48,17 +49,17 @@ def _bounds(lo, hi):
 
 # aten op -> (node -> (step name, params) or None); the op's first argument is the running value.
 UNARY = {
-    aten.gelu.default: lambda n: ("gelu_tanh" if _kw(n, "approximate", 1, "none") == "tanh" else "gelu", ()),
-    aten.clamp.default: lambda n: _bounds(_kw(n, "min", 1), _kw(n, "max", 2)),
+    aten.gelu.default: lambda n: ("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", ()),
+    aten.clamp.default: lambda n: _bounds(arg(n, "min"), arg(n, "max")),
     aten.clamp_min.default: lambda n: _bounds(n.args[1], None),
     aten.clamp_max.default: lambda n: _bounds(None, n.args[1]),
-    aten.hardtanh.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
-    aten.hardtanh_.default: lambda n: _bounds(_kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
+    aten.hardtanh.default: lambda n: _bounds(arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
+    aten.hardtanh_.default: lambda n: _bounds(arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
     aten.relu6.default: lambda n: ("clamp", (0.0, 6.0)),
-    aten.leaky_relu.default: lambda n: ("leaky_relu", (float(_kw(n, "negative_slope", 1, 0.01)),)),
-    aten.softplus.default: lambda n: ("softplus", (float(_kw(n, "beta", 1, 1.0)), float(_kw(n, "threshold", 2, 20.0)))),
-    aten.elu.default: lambda n: (("elu", (float(_kw(n, "alpha", 1, 1.0)),))
-                                 if _kw(n, "scale", 2, 1.0) == 1 and _kw(n, "input_scale", 3, 1.0) == 1 else None),
+    aten.leaky_relu.default: lambda n: ("leaky_relu", (float(arg(n, "negative_slope", 0.01)),)),
+    aten.softplus.default: lambda n: ("softplus", (float(arg(n, "beta", 1.0)), float(arg(n, "threshold", 20.0)))),
+    aten.elu.default: lambda n: (("elu", (float(arg(n, "alpha", 1.0)),))
+                                 if arg(n, "scale", 1.0) == 1 and arg(n, "input_scale", 1.0) == 1 else None),
 }
 for _name in ("relu", "silu", "sigmoid", "tanh", "neg", "abs", "exp", "mish", "hardswish", "hardsigmoid"):
     UNARY[getattr(aten, _name).default] = (lambda s: lambda n: (s, ()))(_name)
@@ -74,7 +75,7 @@ SCALAR_PARAMS = {aten.clamp.default, aten.clamp_min.default, aten.clamp_max.defa
 
 
 def _identity_dropout(n) -> bool:
-    return n.target is aten.dropout.default and not _kw(n, "train", 2, False)
+    return n.target is aten.dropout.default and not arg(n, "train", False)
 
 
 def _classify(u, cur, g, fresh):
@@ -117,7 +118,7 @@ def _classify(u, cur, g, fresh):
     so = [str(s) for s in shape_of(other) or ()]
     if fresh and g.args[4] is None and so == [str(g.args[2])]:
         return "bias", other
-    if so == [str(s) for s in shape_of(g)] and _before(other, g):
+    if so == [str(s) for s in shape_of(g)] and before(other, g):
         return "residual", other
     return None
 
@@ -149,32 +150,24 @@ def plan(g) -> list:
     return out
 
 
-def _before(x, g) -> bool:
-    """x is computed before g (so g may read it): not g itself nor anything after it."""
-    if not isinstance(x, torch.fx.Node) or x is g or x.graph is not g.graph or x._erased or g._erased:
-        return False
-    return x < g  # FX orders the nodes of one graph by their place (Node._sort_key)
-
-
 def epilogue_check(node, ctx):
-    return None if plan(node) else False
+    return None if plan(node) else NO_MATCH
 
 
+def claims(node, ctx) -> list:
+    """The nodes after gemm `node` its epilogue will fold (partitioning leaves them out of regions)."""
+    return [u for _, u, _ in plan(node)]
+
+
+@rule(Stage.CONSUMER, GEMM, family="gemm", supported=epilogue_check, name="gemm_epilogue", claims=claims,
+      priority=1, doc="scale / bias / elementwise steps / residual after a gemm -> its epilogue")
 def fuse_epilogue(node, ctx):
     g = node
     steps = plan(g)
-    info = g.meta["flydsl"]
     for kind, user, args in steps:
         g.args = args
         user.replace_all_uses_with(g)
-        info["sources"] = info["sources"] + [user.meta.get("orig_name", user.name)]
-        info["anchor"] = user.meta.get("orig_name", user.name)
-        ctx.counters[f"epilogue_{kind}"] = ctx.counters.get(f"epilogue_{kind}", 0) + 1
-    for _, user, _ in reversed(steps):
-        ctx.gm.graph.erase_node(user)
+        ctx.absorb(g, [user], anchor=user)
+        ctx.count(f"epilogue_{kind}")
+    ctx.erase_unused([user for _, user, _ in steps])
     return g
-
-
-register_lowering(Lowering("gemm_epilogue", "gemm", (GEMM,), epilogue_check, fuse_epilogue,
-                           doc="scale / bias / elementwise steps / residual after a gemm -> its epilogue",
-                           stage="epilogue"))

@@ -1,8 +1,8 @@
 """The report: what runs where, and why.
 
 One row per node of the captured graph: its op, shapes and dtype, and where it runs now —
-inside a FlyDSL op (with our FlyDSL kernel, or on the op's torch reference when the kernel
-has not landed or backend='reference'), or in PyTorch with the reason. Plus the share of
+inside a FlyDSL op (with our FlyDSL kernel, or on the op's torch reference when
+backend='reference'), or in PyTorch with the reason. Plus the share of
 the model's FLOPs inside FlyDSL ops (torch.utils.flop_counter, measured per captured node
 on the example inputs), op counts, pass counters and the verification result; with
 translate(isa=True), `kernels`: ISA statistics per compiled kernel (translator.report.isa).
