@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from translator_kernels.arch import ARCHS
 from translator_kernels.attention import attention
 
 flysim = pytest.importorskip("flysim")
 
-ARCHS = ("gfx942", "gfx950")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.
 TOL = {"f32": (1e-5, 1.3e-6), "bf16": (1.6e-2, 1.6e-2), "f16": (1e-3, 1e-3)}

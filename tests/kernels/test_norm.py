@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 import flysim
+from translator_kernels.arch import ARCHS
 from translator_kernels.rows import norm
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1.3e-6), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ARCHS = ("gfx942", "gfx950")
 NS = (1, 7, 64, 1000, 1024, 4096, 8193)
 ROWS = (1, 3, 128)
 

@@ -19,10 +19,11 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 
+from translator_kernels.arch import ARCHS  # noqa: F401  (translator.runtime.ARCHS)
+
 from ..errors import BackendError
 
 BACKENDS = ("rocm", "flysim", "reference")
-ARCHS = ("gfx942", "gfx950")
 
 _state = threading.local()
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 
 from translator_kernels import jit_memo
+from translator_kernels.arch import ARCHS
 from translator_kernels.program import (BINARY, COMPARE, DTYPES, LOGICAL, TORCH, Plan, Program, parse,
                                   plan as make_plan)
 
 BLOCK = 256
 MAX_ELEMS = 2**31 - 1
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
           "gt": ">", "ge": ">="}
@@ -247,8 +247,8 @@ def current_arch() -> str:
     from flydsl.runtime.device import get_rocm_arch
 
     arch = get_rocm_arch()
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"fused_elementwise: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
+    if arch not in ARCHS:
+        raise ValueError(f"fused_elementwise: arch {arch!r} is not supported; expected one of {ARCHS} "
                          "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
     return arch
 
