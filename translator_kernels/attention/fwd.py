@@ -66,7 +66,7 @@ def _chunk(n: int, elem_bytes: int) -> int:
 
 
 def kernel_config(dtype: str, head_dim: int, num_waves: int) -> dict:
-    """Static tile parameters of one specialization (also used by the notes/bench)."""
+    """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
     eb = _ELEM_BYTES[dtype]
     use_lds = num_waves > 1
     # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
