@@ -1,9 +1,9 @@
 """Loss functions through their decomposition into elementwise ops and reductions.
 
-A "fuse"-stage rewrite replaces each aten loss node by the aten ops that define it; the later
+A DECOMPOSE-stage rewrite replaces each aten loss node by the aten ops that define it; the later
 stages then lower those as usual: the reduction becomes `flydsl.fused_reduce`, the
-elementwise ops a fused region, and `fuse_reduce_prologue` folds the region into the
-reduction. So ``F.mse_loss(x, y)`` becomes one kernel computing mean((x - y)^2), and
+elementwise ops a fused region, and the consumer rule `reduce_prologue` (fold.py) folds the
+region into the reduction. So ``F.mse_loss(x, y)`` becomes one kernel computing mean((x - y)^2), and
 ``F.triplet_margin_loss`` three (two distance norms with their differences fused in, then the
 hinge and mean). Where real models have them: training / evaluation heads (regression:
 mse / l1 / smooth_l1 / huber; distillation: kl_div; classification: cross_entropy;

@@ -69,9 +69,10 @@ def add_norm_supported(node, ctx):
 
 
 def claims(node, ctx) -> list:
-    """The residual add this rule will take into norm `node` (kept out of elementwise regions)."""
+    """The residual add (and the precision cast of it) this rule will take into norm `node`: kept
+    out of elementwise regions."""
     parts = _parts(node, ctx)
-    return [] if parts is None else [parts[0]]
+    return [] if parts is None else [p for p in parts if p is not None]
 
 
 @rule(Stage.CONSUMER, torch.ops.flydsl.layer_norm.default, family="add_layer_norm", supported=add_norm_supported,

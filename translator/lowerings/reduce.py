@@ -3,9 +3,9 @@ epi_inputs, epilogue)`.
 
 One node reduces, over `dims` of the broadcast shape, the value an elementwise `program`
 computes from `inputs` (the fused_elementwise program format). Canonical lowerings here map
-each aten reduction with an identity program; `fuse_reduce_prologue` (a pipeline pass after
-the elementwise partitioning) then folds a fused elementwise region whose only reader is the
-reduction into its program, so ``(x * x).mean(-1)``, ``torch.exp(x - m).sum(-1)`` or a loss's
+each aten reduction with an identity program; the consumer rule `reduce_prologue` (fold.py, in
+the fuse_consumers pass after partitioning) then folds a fused elementwise region whose only
+reader is the reduction into its program, so ``(x * x).mean(-1)``, ``torch.exp(x - m).sum(-1)`` or a loss's
 ``(a - b).abs().sum()`` is one kernel reading only the region's inputs.
 
 Forms matched (where they appear): ``x.sum(dim)`` / ``mean`` (pooling over tokens, loss
