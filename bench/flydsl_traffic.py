@@ -68,7 +68,7 @@ def softmax_case(arch, m=64, n=4096):
         ours = softmax(x)
     rows = [("softmax f32", f"{m}x{n}", "ours", "-", _moved(sim), compulsory, (ours - ref).abs().max().item())]
     out = torch.empty_like(x)
-    with flysim.simulate(arch=arch, check_races=False) as sim:  # FlyDSL's softmax has a real LDS race (notes/flysim.md)
+    with flysim.simulate(arch=arch, check_races=False) as sim:  # FlyDSL's softmax has a real LDS race (docs/flysim.md)
         build_softmax_module(m, n, "f32")(x, out, m)
     rows.append(("softmax f32", f"{m}x{n}", "flydsl", "-", _moved(sim), compulsory, (out - ref).abs().max().item()))
     return rows

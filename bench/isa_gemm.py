@@ -2,7 +2,7 @@
 translator_kernels.isa, in a child process) and read the kernel metadata (VGPRs, SGPRs, spills,
 LDS bytes, static MFMA count, occupancy bound).
 
-    python -m bench.isa_gemm --table   (regenerates notes/gemm.md's table)
+    python -m bench.isa_gemm --table   (regenerates docs/gemm.md's table)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Regenerate the benchmark page from the bench commands (never edited by hand).
 
-    python -m bench.report [--out notes/bench.md] [--quick]
+    python -m bench.report [--out BENCHMARKS.md] [--quick]
 
 Runs each command in a subprocess and writes its printed tables under the command line that
 produced them, with the machine and the date. `--quick` limits bench.kernels to gfx942 and
@@ -38,7 +38,7 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.path.join(ROOT, "notes", "bench.md"))
+    p.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     env = dict(os.environ)

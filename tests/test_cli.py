@@ -274,7 +274,7 @@ def test_failed_verification_exits_1_and_still_writes(tmp_path, capsys, monkeypa
 
 @pytest.mark.parametrize(
     "error_name, expected_code",
-    [("InputError", 2), ("StrictError", 2), ("BackendError", 2), ("CaptureError", 2), ("VerificationError", 1)],
+    [("InputError", 2), ("StrictError", 2), ("BackendError", 2), ("CaptureError", 2)],
 )
 def test_translator_errors_map_to_exit_codes(error_name, expected_code, tmp_path, capsys, monkeypatch):
     import translator

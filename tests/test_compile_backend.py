@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import translator  # noqa: F401  (registers the backend)
 from translator.frontends import compile_backend
-from translator.registry import FAMILIES, load_all
+import translator.lowerings  # noqa: F401  (fills the registry)
+from translator.registry import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
@@ -48,7 +49,6 @@ class FlydslOps:
 
 @pytest.fixture
 def flydsl_ops(monkeypatch):
-    load_all()
     return FlydslOps(monkeypatch)
 
 

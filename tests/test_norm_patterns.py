@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
-from translator.registry import lowerings_for
+from translator.registry import Stage, rules_for
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 6e-2, torch.float16: 8e-3}
 PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -321,7 +321,7 @@ def test_residual_of_a_linear_is_left_to_the_gemm_epilogue():
     m = M().eval()
     tm = translate(m, (torch.randn(3, 32), torch.randn(3, 32)), backend="reference")
     assert tm.report.verification.passed, tm.report.verification.message
-    if any(low.name == "gemm_epilogue" for low in lowerings_for("epilogue")):
+    if any(r.name == "gemm_epilogue" for r in rules_for(Stage.CONSUMER)):
         assert tm.report.counters.get("rms_norm_handwritten") == 1 and "add_rms_norm" not in tm.report.counters
         assert tm.report.counters.get("epilogue_residual") == 1, tm.report.counters
     else:  # no epilogue to take it: add + norm does

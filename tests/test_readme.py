@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from translator.registry import readme_with_table
+from translator.report.ops_table import readme_with_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_ops_table_is_current():
     text = (ROOT / "README.md").read_text()
-    assert readme_with_table(text) == text, "run: .venv/bin/python -m translator.registry --update-readme"
+    assert readme_with_table(text) == text, "run: .venv/bin/python -m translator.report.ops_table --update-readme"
 
 
 def test_ci_calls_the_readme_test_command():

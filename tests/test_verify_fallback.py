@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from translator import translate
-from translator.registry import FAMILIES, load_all
-
-load_all()
+import translator.lowerings  # noqa: F401  (fills the registry)
+from translator.registry import FAMILIES
 
 
 @pytest.fixture

@@ -25,11 +25,11 @@ import torch.utils._pytree as pytree
 
 from . import runtime
 from .capture import capture, check_inputs, check_model
-from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError, VerificationError
+from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError
 from .frontends.progress import stage
-from .lowerings._common import PRECISIONS, LowerCtx, static_int
+from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
-from .registry import FAMILIES, load_all
+from .registry import FAMILIES
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
@@ -167,14 +167,11 @@ def choose_backend(requested: str, families_used: set[str]) -> tuple[str, str]:
         return "reference", "requested"
     if runtime.rocm_gpu_present():
         return "rocm", "auto: a ROCm GPU is present"
-    missing = sorted(f for f in families_used if not FAMILIES[f].kernel_available())
     why = runtime.flysim_available()
-    if not missing and not why and families_used:
-        return "flysim", "auto: no ROCm GPU; every FlyDSL op in this model has a kernel, run by flysim"
     if not families_used:
         return "reference", "auto: nothing was lowered to a FlyDSL op"
-    if missing:
-        return "reference", f"auto: no ROCm GPU, and no kernel has landed yet for {', '.join(missing)}"
+    if not why:
+        return "flysim", "auto: no ROCm GPU; the FlyDSL kernels run on flysim"
     return "reference", f"auto: no ROCm GPU, and {why}"
 
 
@@ -212,7 +209,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     _validate(model, arch, backend, precision)
     check_model(model)
     inputs = check_inputs(example_inputs)
-    load_all()
+    from . import lowerings  # noqa: F401  (importing the lowerings fills the registry)
     deny: dict = {}
     fallbacks: list = []
     if any(m.training for m in model.modules()):
@@ -308,4 +305,4 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
     tm.report.verification = v
 
 
-__all__ = ["translate", "TranslatedModule", "VerificationError"]
+__all__ = ["translate", "TranslatedModule"]

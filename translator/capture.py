@@ -20,7 +20,7 @@ import torch
 from torch.export import Dim
 
 from .errors import CaptureError, DeviceError, EmptyInputError, InputError
-from .lowerings._common import static_int
+from .graph import static_int
 from .state import own_mutable_state
 
 

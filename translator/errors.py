@@ -1,4 +1,8 @@
-"""One exception hierarchy. Every message states what was wrong and how to fix it."""
+"""One exception hierarchy. Every message states what was wrong and how to fix it.
+
+A verification mismatch is a result, not an error: `report.verification` says which FlyDSL node
+diverges first, the translated module stays available to inspect (or to translate again with
+fallback_on_mismatch=True), and the CLI exits 1 from it."""
 
 from __future__ import annotations
 
@@ -17,10 +21,6 @@ class CaptureError(TranslatorError):
 
 class StrictError(TranslatorError):
     """strict=True and some ops would stay in PyTorch."""
-
-
-class VerificationError(TranslatorError):
-    """The translated model's outputs do not match eager PyTorch."""
 
 
 class ShapeError(TranslatorError, ValueError):

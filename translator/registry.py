@@ -1,26 +1,75 @@
-"""The registry: one entry per FlyDSL op family, one entry per lowering (pattern).
+"""The registry: one entry per FlyDSL op family, one rule per graph form lowered to it.
 
 An `OpFamily` is a FlyDSL op as the translated graph sees it (`torch.ops.flydsl.<name>`):
-its reference math, the adapter that launches our FlyDSL kernel (importable or not yet
-landed), sample inputs and tolerance overrides. A `Lowering` says which graph nodes
-become that op: the aten targets it looks at, a pure support check returning None or a
-reason string (quoted verbatim in the report), and the rewrite.
+its reference math, the adapter that launches our FlyDSL kernel, sample inputs and
+tolerance overrides. A `Rule` says which graph nodes become that op: the stage that applies
+it, the targets it looks at, a pure support check and the rewrite. Rules are registered with
+the `rule` decorator on the rewrite, next to it:
 
-Adding an op is one file in translator/lowerings that calls `register_family` and
-`register_lowering`; nothing else is edited. The supported-op table in the README is
-generated from here (`python -m translator.registry`).
+    @rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=linear_supported)
+    def lower_linear(node, ctx): ...
+
+A support check returns None (supported), a reason string (quoted verbatim in the report) or
+`NO_MATCH` (this is not the form the rule looks for; nothing to report); `check` turns that
+into a typed `Verdict`. Within a stage, rules that look at the same node are tried by
+descending `priority`, then by name: the order never depends on which module was imported
+first. A typo in a stage is an AttributeError on `Stage`, not a silently idle rule.
+
+`RegionRule`s describe what may join a fused region (the partition pass groups such nodes and
+calls the rule's rewrite once per region); a consumer rule's `claims` names the nodes it will
+fold into a FlyDSL node later, so partitioning leaves them out.
+
+Adding an op family is one file in translator/lowerings that registers its family and rules,
+plus its import in translator/lowerings/__init__.py (and a kernel in translator_kernels if it
+needs a new one). The README's supported-op table is generated from this registry
+(translator/report/ops_table.py), and its test fails until it is regenerated.
 """
 
 from __future__ import annotations
 
-import importlib
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 
-# A support check: (node, ctx) -> None when the lowering applies, else the reason it does not.
-SupportCheck = Callable[[torch.fx.Node, Any], Optional[str]]
+Node = torch.fx.Node
+
+
+class Stage(enum.Enum):
+    """Which pass applies a rule (see translator.passes.PIPELINE for their order)."""
+
+    DECOMPOSE = "decompose"  # an aten op rewritten into aten ops the later stages lower (losses)
+    PATTERN = "pattern"  # a hand-written multi-node form (attention, norms, residual + norm, scans)
+    CANONICAL = "canonical"  # one aten op -> one FlyDSL op
+    CONSUMER = "consumer"  # what follows or feeds a FlyDSL node folds into it (epilogues, prologues)
+
+
+class _NoMatch:
+    def __repr__(self):
+        return "NO_MATCH"
+
+
+NO_MATCH = _NoMatch()  # a support check's answer for "not this form at all"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A support check's answer: supported, a reason it is not, or no match (not this form)."""
+
+    supported: bool
+    reason: str | None = None
+
+    @property
+    def matched(self) -> bool:
+        return self.supported or self.reason is not None
+
+
+SUPPORTED = Verdict(True)
+NOT_MATCHED = Verdict(False)
+
+# A support check: (node, ctx) -> None | reason | NO_MATCH.
+SupportCheck = Callable[[Node, Any], Optional[str]]
 
 
 @dataclass
@@ -29,7 +78,7 @@ class OpFamily:
     description: str
     reference: Callable[..., Any]  # ref_<op>(*op_args): plain torch math, never reported as a kernel
     kernel: Callable[..., Any]  # adapter: same signature as the op, launches our FlyDSL kernel
-    kernel_entry: str  # "translator_kernels.rows.softmax:softmax": the kernel library entry it needs
+    kernel_entry: str  # "translator_kernels.rows.softmax:softmax": the kernel library entry it calls
     sample_inputs: Callable[[torch.dtype], tuple] | None = None
     # per-dtype (atol, rtol) overrides of translator.tolerances.TOLERANCES, with the reason
     tolerance_overrides: dict[torch.dtype, tuple[float, float, str]] = field(default_factory=dict)
@@ -38,27 +87,36 @@ class OpFamily:
     def op(self):
         return getattr(torch.ops.flydsl, self.name)
 
-    def kernel_available(self) -> bool:
-        """True when our kernel library provides this family's FlyDSL kernel."""
-        return kernel_entry_available(self.kernel_entry)
 
-    def status(self) -> str:
-        return "kernel" if self.kernel_available() else "reference-only"
+@dataclass
+class Rule:
+    name: str  # counter name, e.g. "linear"
+    family: str
+    stage: Stage
+    targets: tuple  # aten OpOverloads (or callables) this rule inspects
+    supported: SupportCheck
+    rewrite: Callable[[Node, Any], Any]
+    priority: int = 0  # higher is tried first among a stage's rules for one node
+    doc: str = ""
+    claims: Callable[[Node, Any], list] | None = None  # CONSUMER rules: (node, ctx) -> nodes it will fold in
 
 
 @dataclass
-class Lowering:
-    name: str  # counter name, e.g. "linear"
+class RegionRule:
+    """What may join a fused region of `family`, and the rewrite of one whole region."""
+
+    name: str
     family: str
-    targets: tuple  # aten OpOverloads (or callables) this lowering inspects
-    supported: SupportCheck
-    rewrite: Callable[[torch.fx.Node, Any], torch.fx.Node]
+    targets: frozenset
+    supported: Callable[[Node], Optional[str]]  # node -> None | reason
+    rewrite: Callable[..., Node]  # (ctx, members in graph order, outputs, anchor) -> fused node
+    trivial: Callable[[Node], bool]  # a member that computes nothing (a region of only these is skipped)
     doc: str = ""
-    stage: str = "lower"  # the pass that applies it (see translator.passes.PIPELINE)
 
 
 FAMILIES: dict[str, OpFamily] = {}
-LOWERINGS: list[Lowering] = []
+RULES: list[Rule] = []
+REGION_RULES: list[RegionRule] = []
 # aten ops kept in PyTorch by design: conv, pooling, batchnorm
 BY_DESIGN: set = set()
 
@@ -70,84 +128,50 @@ def register_family(fam: OpFamily) -> OpFamily:
     return fam
 
 
-def register_lowering(low: Lowering) -> Lowering:
-    if low.family not in FAMILIES:
-        raise ValueError(f"lowering {low.name!r} names unknown family {low.family!r}")
-    LOWERINGS.append(low)
-    return low
+def register_rule(r: Rule) -> Rule:
+    if not isinstance(r.stage, Stage):
+        raise TypeError(f"rule {r.name!r}: stage must be a translator.registry.Stage, not {r.stage!r}")
+    if r.family not in FAMILIES:
+        raise ValueError(f"rule {r.name!r} names unknown family {r.family!r}")
+    if any(o.name == r.name and o.stage is r.stage for o in RULES):
+        raise ValueError(f"rule {r.name!r} registered twice in stage {r.stage.name}")
+    RULES.append(r)
+    return r
 
 
-def lowerings_for(stage: str) -> list[Lowering]:
-    return [low for low in LOWERINGS if low.stage == stage]
+def rule(stage: Stage, *targets, family: str, supported: SupportCheck, name: str | None = None,
+         priority: int = 0, doc: str = "", claims=None):
+    """Decorator: register the decorated rewrite as a rule (its name defaults to the function's
+    without a `lower_` prefix)."""
+    def deco(fn):
+        register_rule(Rule(name or fn.__name__.removeprefix("lower_"), family, stage, tuple(targets), supported,
+                           fn, priority, doc or (fn.__doc__ or "").strip().split("\n")[0], claims))
+        return fn
+    return deco
 
 
-_AVAILABLE: dict[str, bool] = {}
+def register_region(r: RegionRule) -> RegionRule:
+    if r.family not in FAMILIES:
+        raise ValueError(f"region rule {r.name!r} names unknown family {r.family!r}")
+    REGION_RULES.append(r)
+    return r
 
 
-def kernel_entry_available(entry: str) -> bool:
-    if entry not in _AVAILABLE:
-        mod, _, attr = entry.partition(":")
-        try:
-            _AVAILABLE[entry] = callable(getattr(importlib.import_module(mod), attr, None))
-        except ModuleNotFoundError as e:
-            if e.name != mod:  # the kernel module exists but is broken: that is a bug to see, not hide
-                raise
-            _AVAILABLE[entry] = False
-    return _AVAILABLE[entry]
+def rules_for(stage: Stage) -> list[Rule]:
+    """The stage's rules in the order they are tried: priority (high first), then name."""
+    if not isinstance(stage, Stage):
+        raise TypeError(f"stage must be a translator.registry.Stage, not {stage!r}")
+    return sorted((r for r in RULES if r.stage is stage), key=lambda r: (-r.priority, r.name))
 
 
-def load_all() -> None:
-    """Import every lowering module so the registry is complete."""
-    from . import lowerings  # noqa: F401  (registers on import)
-
-
-def supported_ops_markdown() -> str:
-    """The supported-op table, generated from the registry."""
-    load_all()
-    lines = [
-        "| FlyDSL op | status | PyTorch forms lowered to it | kernel entry |",
-        "|---|---|---|---|",
-    ]
-    for fam in FAMILIES.values():
-        forms = []
-        for low in LOWERINGS:
-            if low.family == fam.name:
-                names = list(dict.fromkeys(_target_name(t) for t in low.targets))  # overloads share a name
-                forms.append(f"{low.name} ({', '.join(names)})")
-        status = "FlyDSL kernel" if fam.kernel_available() else "reference only (kernel not landed)"
-        lines.append(f"| `flydsl.{fam.name}` | {status} | {'; '.join(forms)} | `{fam.kernel_entry}` |")
-    lines.append("")
-    lines.append("Kept in PyTorch by design: " + ", ".join(sorted(_target_name(t) for t in BY_DESIGN)) + ".")
-    return "\n".join(lines)
-
-
-def _target_name(t) -> str:
-    if isinstance(t, torch._ops.OpOverload):
-        return f"aten.{t._opname}" if t.namespace == "aten" else str(t)
-    if isinstance(t, torch._ops.OpOverloadPacket):
-        return f"aten.{t._qualified_op_name.split('::')[-1]}"
-    return getattr(t, "__name__", str(t))
-
-
-BEGIN, END = "<!-- ops-table:begin (generated: python -m translator.registry --update-readme) -->", "<!-- ops-table:end -->"
-
-
-def readme_with_table(text: str) -> str:
-    """README text with the generated table between the markers."""
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{supported_ops_markdown()}\n{END}{tail}"
-
-
-if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    from translator import registry as _reg  # the registry the lowerings fill, not this __main__ copy
-
-    if "--update-readme" in sys.argv:
-        p = Path(__file__).resolve().parent.parent / "README.md"
-        p.write_text(_reg.readme_with_table(p.read_text()))
-        print(f"updated {p}")
-    else:
-        print(_reg.supported_ops_markdown())
+def check(r: Rule, node: Node, ctx) -> Verdict:
+    """Run rule `r`'s support check on `node` as a typed verdict."""
+    out = r.supported(node, ctx)
+    if out is None:
+        return SUPPORTED
+    if out is NO_MATCH:
+        return NOT_MATCHED
+    if isinstance(out, str) and out:
+        return Verdict(False, out)
+    raise TypeError(f"support check of rule {r.name!r} returned {out!r}; it must return None (supported), "
+                    "a reason string, or translator.registry.NO_MATCH")

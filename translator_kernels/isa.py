@@ -44,10 +44,10 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from translator_kernels.arch import ARCHS
 from translator_kernels.errors import KernelInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARCHS = ("gfx942", "gfx950")
 LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 MAX_WAVES = 8
 _META = {"vgpr": "vgpr_count", "agpr": "agpr_count", "sgpr": "sgpr_count", "vgpr_spill": "vgpr_spill_count",

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from translator.tolerances import op_tol, op_tolerance
+from translator_kernels.arch import ARCHS
 from translator_kernels.attention import CUS, attention, split_plan
 
 flysim = pytest.importorskip("flysim")
 
-ARCHS = ("gfx942", "gfx950")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.
 TOL = {k: op_tolerance(dt, "attention") for k, dt in DTYPES.items()}

@@ -13,11 +13,11 @@ import torch
 import flysim
 from translator.tolerances import op_tol
 from translator_kernels import gemm as G
+from translator_kernels.arch import ARCHS
 from translator_kernels.gemm.kernel import mfma_per_block
 from translator_kernels.gemm.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
                                            unshuffle_weight)
 
-ARCHS = ("gfx942", "gfx950")
 DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # One dtype-keyed table. fp32 override: rtol 1e-4 because the kernel sums K products in MFMA
 # order (4-deep partial sums per 16x16x4 step), not torch's order; K up to 4096.
@@ -175,7 +175,7 @@ def test_choose_config_is_legal_everywhere():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_isa_chosen_tile_no_spills(arch):
-    """The large-M bf16 tile compiles to ISA with 0 spills and the arch's MFMA (full table: notes/gemm.md)."""
+    """The large-M bf16 tile compiles to ISA with 0 spills and the arch's MFMA (full table: docs/gemm.md)."""
     from bench.isa_gemm import isa_stats
 
     cfg = G.choose_config(128, 4096, 4096, "bf16", arch)

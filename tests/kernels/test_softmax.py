@@ -11,11 +11,11 @@ import torch
 
 import flysim
 from translator.tolerances import op_tol
+from translator_kernels.arch import ARCHS
 from translator_kernels.rows.softmax import softmax
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOL = {dt: op_tol(dt, "softmax") for dt in DTYPES}
-ARCHS = ("gfx942", "gfx950")
 NS = (1, 7, 64, 1000, 1024, 4096, 8193)
 ROWS = (1, 3, 128)
 

@@ -359,7 +359,7 @@ def _held_output(debug: bool):
 def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None,
                  export_kernels: Optional[Path] = None, show: str = "table", debug: bool = False) -> int:
     import translator
-    from translator.errors import TranslatorError, VerificationError
+    from translator.errors import TranslatorError
     from translator.frontends.progress import show_progress
 
     out = out if out is not None else Path("out") / script.stem
@@ -370,11 +370,6 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
         try:
             with show_progress(show == "table" and sys.stderr.isatty()), _held_output(debug):
                 tm = translator.translate(model, inputs, name=script.stem, **options)
-        except VerificationError as exc:
-            report = getattr(exc, "report", None)
-            if report is not None and show == "table":
-                _print_report(report)
-            raise CliError(f"verification failed: {_squash(exc)}", EXIT_VERIFY_FAILED)
         except TranslatorError as exc:  # InputError, StrictError, CaptureError, BackendError, ...
             if debug:
                 typer.echo(f"{type(exc).__name__}: {exc}", err=True)
@@ -495,7 +490,7 @@ def convert(
 @app.command()
 def ops() -> None:
     """Print the table of supported ops (Markdown)."""
-    from translator.registry import supported_ops_markdown
+    from translator.report.ops_table import supported_ops_markdown
 
     typer.echo(supported_ops_markdown())
 

@@ -33,7 +33,7 @@ META = "flydsl_translator.json"
 def save(module, path, example_inputs=None) -> Path:
     """Write a TranslatedModule to `path` (a .pt2 archive). `example_inputs` are optional:
     without them, inputs of the captured example sizes are made from the graph's metadata."""
-    from .. import __version__
+    from ..version import __version__
     from ..api import TranslatedModule
 
     if not isinstance(module, TranslatedModule):
@@ -56,11 +56,10 @@ def load(path, backend: str | None = None):
     """Read a file written by `translator.save`. `backend`: None keeps the saved backend when it
     can run here (else chooses as translate(backend="auto") would); or rocm | flysim | reference."""
     from ..api import TranslatedModule, choose_backend
-    from ..registry import load_all
+    from .. import lowerings  # noqa: F401  (the flydsl custom ops must exist before the graph is deserialized)
 
     path = Path(path)
     meta = _read_meta(path)
-    load_all()  # the flydsl custom ops must exist before the graph is deserialized
     extra = {META: ""}
     try:
         ep = torch.export.load(str(path), extra_files=extra)

@@ -1,10 +1,9 @@
-"""One file per op family; importing this package registers them all (see translator.registry)."""
+"""One file per op family; importing this package registers them all (see translator.registry).
 
-# op families first (each registers its flydsl op), then the lowerings that target them
-from . import attention, by_design, gemm, norm, softmax  # noqa: F401,I001
-from . import attention_patterns, einsum, gemm_epilogue  # noqa: F401,I001
-from . import norm_patterns  # noqa: F401,I001
-from . import elementwise  # noqa: F401,I001
-from . import reduce, losses  # noqa: F401,I001
-from . import scan  # noqa: F401,I001
-from . import embedding  # noqa: F401,I001
+The order of these imports does not matter: each family registers its op before its own rules
+name it, a rule's priority is explicit, and the registry orders rules by priority and name
+(tests/test_architecture.py imports them shuffled and checks that the same rules fire).
+"""
+
+from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gemm, gemm_epilogue,  # noqa: F401
+               embedding, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)

@@ -11,7 +11,7 @@ Forms matched (where they appear):
 - ``aten.scaled_dot_product_attention`` — F.scaled_dot_product_attention in HF "sdpa"
   attention (BERT, GPT-2, Llama, ViT), nn.MultiheadAttention's fast path, timm, nanoGPT's
   flash branch. dropout_p must be 0 (eval); otherwise it stays in PyTorch with that reason.
-Hand-written attention (q @ kᵀ, mask, softmax, @ v) arrives with the attention issue.
+Hand-written attention (q @ kᵀ, mask, softmax, @ v) is matched in attention_patterns.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, dtype_of, dtype_reason, is_static, shape_of
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 HEAD_DIMS = range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1)
@@ -85,17 +85,11 @@ register_family(OpFamily(
 ))
 
 
-def _arg(node, i, name, default):
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
-
-
 def sdpa_supported(node, ctx):
     q, k, v = node.args[:3]
-    mask = _arg(node, 3, "attn_mask", None)
-    if _arg(node, 4, "dropout_p", 0.0) != 0.0:
-        return f"dropout_p={_arg(node, 4, 'dropout_p', 0.0)} (training-mode dropout is not fused; only 0 is)"
+    mask = arg(node, "attn_mask", None)
+    if arg(node, "dropout_p", 0.0) != 0.0:
+        return f"dropout_p={arg(node, 'dropout_p', 0.0)} (training-mode dropout is not fused; only 0 is)"
     for t, nm in ((q, "query"), (k, "key"), (v, "value")):
         r = dtype_reason(t, nm)
         if r:
@@ -114,7 +108,7 @@ def sdpa_supported(node, ctx):
     h, hkv = shape_of(q)[1], shape_of(k)[1]
     if h % hkv:
         return f"{h} query heads are not a multiple of {hkv} key/value heads"
-    if hkv != h and not _arg(node, 7, "enable_gqa", False):
+    if hkv != h and not arg(node, "enable_gqa", False):
         return "key/value head count differs from query's without enable_gqa"
     if mask is not None:
         if dtype_of(mask) not in (torch.bool, dtype_of(q), torch.float32):
@@ -124,15 +118,13 @@ def sdpa_supported(node, ctx):
     return None
 
 
+@rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_supported,
+      doc="F.scaled_dot_product_attention")
 def lower_sdpa(node, ctx):
     q, k, v = node.args[:3]
-    mask = _arg(node, 3, "attn_mask", None)
-    causal = bool(_arg(node, 5, "is_causal", False))
-    scale = _arg(node, 6, "scale", None)
+    mask = arg(node, "attn_mask", None)
+    causal = bool(arg(node, "is_causal", False))
+    scale = arg(node, "scale", None)
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
             None if scale is None else float(scale))
     return ctx.replace(node, "attention", "sdpa", args, [node])
-
-
-register_lowering(Lowering("sdpa", "attention", (aten.scaled_dot_product_attention.default,),
-                           sdpa_supported, lower_sdpa, doc="F.scaled_dot_product_attention"))

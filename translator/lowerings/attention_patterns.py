@@ -30,15 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, dtype_reason, shape_of, static_int
+from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, shape_of, static_int
+from ..registry import NO_MATCH, Stage, rule
 from .attention import HEAD_DIMS
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
 PASS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.dropout.default, aten.clone.default,
         aten.contiguous.default, aten.type_as.default, aten.alias.default)
-ASSERT = aten._assert_tensor_metadata.default  # export's dtype checks around .to(); not real uses
 
 
 @dataclass
@@ -66,10 +65,6 @@ def _real_users(n) -> list:
     """Users that read n's values: not export's dtype asserts, nor a type_as that only reads its dtype."""
     return [u for u in n.users if u.target is not ASSERT
             and not (u.target is aten.type_as.default and u.args[1] is n and u.args[0] is not n)]
-
-
-def _asserts(n) -> list:
-    return [u for u in n.users if u.target is ASSERT]
 
 
 def _untranspose(kt):
@@ -171,7 +166,7 @@ def match(pv, ctx):
     while p.op == "call_function" and p.target in PASS and _only_user(p, absorbed[-1]):
         if p.target is aten.dropout.default and len(p.args) > 2 and p.args[2]:
             return "dropout between softmax and @ v runs in training mode"
-        absorbed += [p, *_asserts(p)]
+        absorbed += [p, *asserts(p)]
         p = p.args[0]
     if not (p.op == "call_function" and p.target in SOFTMAX):
         return False
@@ -180,7 +175,7 @@ def match(pv, ctx):
         return False
     if not _only_user(p, absorbed[-1]):
         return "the attention probabilities are also used elsewhere (e.g. returned), so they must be materialized"
-    absorbed += [p, *_asserts(p)]
+    absorbed += [p, *asserts(p)]
     m = Match(q=None, k=None, v=v)
     s = p.args[0]
     seen_mask = seen_scale = False  # walking backwards: what was applied later is seen first
@@ -196,7 +191,7 @@ def match(pv, ctx):
             s = s.args[0]
         elif t in (aten._to_copy.default, aten.to.dtype) and dtype_of(s) in (torch.float32, torch.bfloat16,
                                                                          torch.float16):
-            absorbed += [s, *_asserts(s)]  # scores.float() before the softmax (T5, HF fp32 softmax)
+            absorbed += [s, *asserts(s)]  # scores.float() before the softmax (T5, HF fp32 softmax)
             s = s.args[0]
         elif t in (aten.add.Tensor, aten.add_.Tensor) and isinstance(s.args[1], torch.fx.Node) \
                 and m.keep_if_not is None \
@@ -241,7 +236,9 @@ def match(pv, ctx):
 
 def handwritten_supported(node, ctx):
     m = match(node, ctx)
-    if m is False or isinstance(m, str):
+    if m is False:
+        return NO_MATCH
+    if isinstance(m, str):
         return m
     for t, nm in ((m.q, "query"), (m.k, "key"), (m.v, "value")):
         r = dtype_reason(t, nm)
@@ -262,23 +259,16 @@ def handwritten_supported(node, ctx):
     return None
 
 
+@rule(Stage.PATTERN, *MATMULS, family="attention", supported=handwritten_supported, name="attention_handwritten",
+      doc="q @ kᵀ · scale (+ mask | masked_fill) -> softmax -> @ v")
 def lower_handwritten(node, ctx):
     m = match(node, ctx)
-    g = ctx.gm.graph
     mask = m.mask
     if m.keep_if_not is not None:
-        with g.inserting_before(node):
-            mask = g.call_function(aten.logical_not.default, (m.keep_if_not,))
-        ctx.infer(mask)
+        mask = ctx.insert(aten.logical_not.default, m.keep_if_not, before=node)
     elif mask is not None:
         for other in m.more_masks:  # several additive masks add up to one (broadcast as eager does)
-            with g.inserting_before(node):
-                mask = g.call_function(aten.add.Tensor, (mask, other))
-            ctx.infer(mask)
+            mask = ctx.insert(aten.add.Tensor, mask, other, before=node)
         mask = ctx.cast_in(mask, node)
     args = (ctx.cast_in(m.q, node), ctx.cast_in(m.k, node), ctx.cast_in(m.v, node), mask, m.causal, float(m.scale))
     return ctx.replace(node, "attention", "attention_handwritten", args, m.absorbed)
-
-
-register_lowering(Lowering("attention_handwritten", "attention", MATMULS, handwritten_supported, lower_handwritten,
-                           doc="q @ kᵀ · scale (+ mask | masked_fill) -> softmax -> @ v", stage="fuse"))

@@ -29,8 +29,9 @@ import math
 
 import torch
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, dtype_reason, static_int
+from ..graph import aten, dtype_of, dtype_reason, static_int
+from ..registry import Stage, rule
+from . import gemm  # noqa: F401,E402  (registers the bmm / gemm families these rules target)
 
 
 def _expand_ellipsis(eq: str, ranks) -> tuple[list[str], str] | str:
@@ -93,6 +94,8 @@ def _same(a, b) -> bool:
     return a is b or str(a) == str(b)
 
 
+@rule(Stage.CANONICAL, aten.einsum.default, family="bmm", supported=einsum_supported,
+      doc="einsum: pairwise (opt_einsum path) bmm / gemm with transposes and reshapes")
 def lower_einsum(node, ctx):
     eq, operands = _operands(node)
     ops, out = _expand_ellipsis(eq, [len(o.meta["val"].shape) for o in operands])
@@ -175,9 +178,7 @@ def _lowered(ctx, einsum, temp, emit):
     """Lower the stand-in aten node `temp` with `emit` (the gemm / bmm lowering), attribute the
     FlyDSL node to the einsum, and return the node that carries the value (the op or its cast)."""
     new = emit(temp)
-    info = new.meta["flydsl"]
-    info["sources"] = [einsum.meta.get("orig_name", einsum.name)]
-    info["anchor"] = info["sources"][0]
+    new.meta["flydsl"]["sources"] = [einsum.meta.get("orig_name", einsum.name)]  # its value is part of the einsum's
     users = list(new.users)
     return users[0] if len(users) == 1 and users[0].target == aten._to_copy.default else new
 
@@ -252,6 +253,3 @@ def _call(ctx, before, target, args):
         n = ctx.gm.graph.call_function(target, args)
     return ctx.infer(n)
 
-
-register_lowering(Lowering("einsum", "bmm", (aten.einsum.default,), einsum_supported, lower_einsum,
-                           doc="einsum: pairwise (opt_einsum path) bmm / gemm with transposes and reshapes"))

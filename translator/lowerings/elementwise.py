@@ -1,6 +1,7 @@
 """Fused elementwise family: `flydsl.fused_elementwise(inputs, program) -> outputs`.
 
-One node runs a whole region of elementwise aten ops (found by translator.passes.partition)
+One node runs a whole region of elementwise aten ops (found by translator.passes.partition from
+the region rule at the bottom)
 as one generated FlyDSL kernel (translator_kernels.generated.elementwise). The region's expression DAG
 is carried as the node's `program` string (JSON; see translator_kernels.program),
 so the node is an ordinary custom op: traceable, printable, cacheable by its text.
@@ -20,13 +21,12 @@ promotion, read from the captured metadata). Integer tensors stay in PyTorch.
 
 from __future__ import annotations
 
-import operator
 
 import torch
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, val
+from ..registry import OpFamily, RegionRule, register_family, register_region
 from ..runtime.ops import dispatch
-from ._common import aten, val, kw_arg as _kw
 
 from translator_kernels.program import DTYPES, OPS, TORCH, Program, parse, ref_program  # noqa: E402
 
@@ -87,7 +87,7 @@ def _binary(name):
 
 
 def _gelu(b, n):
-    return b.op("gelu_tanh" if _kw(n, "approximate", 1, "none") == "tanh" else "gelu", [b.arg(n.args[0])])
+    return b.op("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", [b.arg(n.args[0])])
 
 
 def _clamp(b, n, lo=None, hi=None):
@@ -95,7 +95,7 @@ def _clamp(b, n, lo=None, hi=None):
 
 
 def _div(b, n):
-    mode = _kw(n, "rounding_mode", 2)
+    mode = arg(n, "rounding_mode")
     name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
     return b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
 
@@ -135,20 +135,20 @@ TABLE = {
     aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
     aten.where.self: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
     aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(n.args[0])], [float(n.args[1])]),
-    aten.clamp.default: lambda b, n: _clamp(b, n, _kw(n, "min", 1), _kw(n, "max", 2)),
+    aten.clamp.default: lambda b, n: _clamp(b, n, arg(n, "min"), arg(n, "max")),
     aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
     aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=n.args[1]),
-    aten.hardtanh.default: lambda b, n: _clamp(b, n, _kw(n, "min_val", 1, -1.0), _kw(n, "max_val", 2, 1.0)),
+    aten.hardtanh.default: lambda b, n: _clamp(b, n, arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
     aten.relu6.default: lambda b, n: _clamp(b, n, 0.0, 6.0),
     aten.gelu.default: _gelu,
-    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(n.args[0])], [float(_kw(n, "negative_slope", 1, 0.01))]),
-    aten.elu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [float(_kw(n, "alpha", 1, 1.0)),
-                                                                      float(_kw(n, "scale", 2, 1.0)),
-                                                                      float(_kw(n, "input_scale", 3, 1.0))]),
+    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(n.args[0])], [float(arg(n, "negative_slope", 0.01))]),
+    aten.elu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0)),
+                                                                      float(arg(n, "scale", 1.0)),
+                                                                      float(arg(n, "input_scale", 1.0))]),
     aten.selu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [SELU[0], SELU[1], 1.0]),
-    aten.celu.default: lambda b, n: b.op("celu", [b.arg(n.args[0])], [float(_kw(n, "alpha", 1, 1.0))]),
-    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(n.args[0])], [float(_kw(n, "beta", 1, 1.0)),
-                                                                              float(_kw(n, "threshold", 2, 20.0))]),
+    aten.celu.default: lambda b, n: b.op("celu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0))]),
+    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(n.args[0])], [float(arg(n, "beta", 1.0)),
+                                                                              float(arg(n, "threshold", 20.0))]),
     aten._to_copy.default: _cast, aten.to.dtype: _cast, aten.type_as.default: _cast,
     aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
 }
@@ -189,7 +189,7 @@ def node_supported(node) -> str | None:
         x = node.args[0]
         if x.op != "call_function" or len(x.users) != 1:
             return "in-place op on a value that is read elsewhere (its mutation must stay visible)"
-    if node.target is aten.dropout.default and _kw(node, "train", 2, False):
+    if node.target is aten.dropout.default and arg(node, "train", False):
         return "dropout in training mode"
     if node.target in (aten._to_copy.default, aten.to.dtype):
         extra = set(node.kwargs) - {"dtype", "memory_format"}
@@ -254,39 +254,15 @@ def lower_region(ctx, members, outputs, anchor) -> torch.fx.Node:
     for m in members:
         b.add(m)
     prog = b.program(outputs)
-    g = ctx.gm.graph
-    with g.inserting_after(anchor):
-        fused = g.call_function(torch.ops.flydsl.fused_elementwise.default, (list(b.inputs), prog.text()))
-    ctx.infer(fused)
-    fused.meta["flydsl"] = {
-        "family": "fused_elementwise", "lowering": "fused_elementwise",
-        "sources": [m.meta.get("orig_name", m.name) for m in members],
-        "anchor": outputs[-1].meta.get("orig_name", outputs[-1].name),
-    }
-    fused.meta["orig_name"] = None
-    prev = fused
-    for j, o in enumerate(outputs):
-        with g.inserting_after(prev):
-            gi = g.call_function(operator.getitem, (fused, j))
-        gi.meta["val"] = fused.meta["val"][j]
+    fused, gets = ctx.emit("fused_elementwise", (list(b.inputs), prog.text()), lowering="fused_elementwise",
+                           sources=members, anchor=outputs[-1], after=anchor)
+    for o, gi in zip(outputs, gets):
         gi.meta["replaces"] = o.meta.get("orig_name", o.name)  # verification compares it with o's value
         o.replace_all_uses_with(gi)
-        prev = gi
-    for m in reversed(members):
-        if not m.users:
-            g.erase_node(m)
-    ctx.counters["fused_elementwise"] = ctx.counters.get("fused_elementwise", 0) + 1
-    ctx.counters["fused_elementwise_ops"] = ctx.counters.get("fused_elementwise_ops", 0) + len(members)
+    ctx.erase_unused(members)
+    ctx.count("fused_elementwise_ops", len(members))
     return fused
 
 
-def _check(node, ctx):
-    return node_supported(node)
-
-
-def _no_rewrite(node, ctx):  # regions are rewritten by translator.passes.partition, not per node
-    raise NotImplementedError
-
-
-register_lowering(Lowering("fused_elementwise", "fused_elementwise", tuple(TABLE), _check, _no_rewrite,
-                           doc="chains of elementwise ops -> one generated kernel", stage="elementwise"))
+register_region(RegionRule("fused_elementwise", "fused_elementwise", frozenset(TABLE), node_supported, lower_region,
+                           is_identity, doc="chains of elementwise ops -> one generated kernel"))

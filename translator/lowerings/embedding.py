@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, dtype_of, dtype_reason, shape_of
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, dtype_of, dtype_reason, shape_of  # noqa: F401
 
 
 @torch.library.custom_op("flydsl::embedding", mutates_args=())
@@ -57,10 +57,8 @@ def embedding_supported(node, ctx):
     return None
 
 
+@rule(Stage.CANONICAL, aten.embedding.default, family="embedding", supported=embedding_supported,
+      doc="nn.Embedding forward (token / position embeddings)")
 def lower_embedding(node, ctx):
     # a gather is exact in any dtype: the table keeps its dtype under precision bf16 / fp16
     return ctx.replace(node, "embedding", "embedding", (node.args[0], node.args[1]), [node])
-
-
-register_lowering(Lowering("embedding", "embedding", (aten.embedding.default,), embedding_supported, lower_embedding,
-                           doc="nn.Embedding forward (token / position embeddings)"))

@@ -27,9 +27,9 @@ import torch
 from translator_kernels.gemm.kernel import apply_epilogue_torch
 from translator_kernels.gemm.preshuffle import shuffle_weight, unshuffle_weight
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, dtype_of, dtype_reason, shape_of
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, dtype_of, dtype_reason, shape_of
 
 # ---- the ops ------------------------------------------------------------------------------
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
@@ -161,6 +161,8 @@ def linear_supported(node, ctx):
     return _gemm_reason(x, wt)
 
 
+@rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=linear_supported,
+      doc="aten.linear with a parameter weight")
 def lower_linear(node, ctx):
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
@@ -179,6 +181,8 @@ def addmm_supported(node, ctx):
     return _gemm_reason(x, w)
 
 
+@rule(Stage.CANONICAL, aten.addmm.default, family="gemm", supported=addmm_supported,
+      doc="addmm(bias, x, W.t()) with a parameter weight")
 def lower_addmm(node, ctx):
     bias, x, m2 = node.args[:3]
     srcs = [node] + ([m2] if m2.op == "call_function" and len(m2.users) == 1 else [])
@@ -191,6 +195,8 @@ def mm_supported(node, ctx):
     return _gemm_reason(a, w) or (None if w is not None else _bmm_reason(a, b))
 
 
+@rule(Stage.CANONICAL, aten.mm.default, family="gemm", supported=mm_supported,
+      doc="mm with a parameter (gemm) or activation (bmm) right operand")
 def lower_mm(node, ctx):
     a, b = node.args[:2]
     w = _weight_nk(b, ctx)
@@ -217,6 +223,7 @@ def bmm_supported(node, ctx):
     return _bmm_reason(*node.args[:2])
 
 
+@rule(Stage.CANONICAL, aten.bmm.default, family="bmm", supported=bmm_supported, doc="bmm of two activations")
 def lower_bmm(node, ctx):
     a, b = node.args[:2]
     return ctx.replace(node, "bmm", "bmm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
@@ -230,21 +237,11 @@ def matmul_supported(node, ctx):
     return _bmm_reason(a, b)
 
 
+@rule(Stage.CANONICAL, aten.matmul.default, family="gemm", supported=matmul_supported,
+      doc="matmul 2-D/3-D/4-D: parameter right operand -> gemm, activations -> bmm")
 def lower_matmul(node, ctx):
     a, b = node.args[:2]
     w = ctx.constant(b)
     if w is not None and w.dim() == 2:
         return _emit_gemm(node, ctx, a, w.t(), None, "matmul", [node])
     return ctx.replace(node, "bmm", "matmul", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
-
-
-register_lowering(Lowering("linear", "gemm", (aten.linear.default,), linear_supported, lower_linear,
-                           doc="aten.linear with a parameter weight"))
-register_lowering(Lowering("addmm", "gemm", (aten.addmm.default,), addmm_supported, lower_addmm,
-                           doc="addmm(bias, x, W.t()) with a parameter weight"))
-register_lowering(Lowering("mm", "gemm", (aten.mm.default,), mm_supported, lower_mm,
-                           doc="mm with a parameter (gemm) or activation (bmm) right operand"))
-register_lowering(Lowering("matmul", "gemm", (aten.matmul.default,), matmul_supported, lower_matmul,
-                           doc="matmul 2-D/3-D/4-D: parameter right operand -> gemm, activations -> bmm"))
-register_lowering(Lowering("bmm", "bmm", (aten.bmm.default,), bmm_supported, lower_bmm,
-                           doc="bmm of two activations"))

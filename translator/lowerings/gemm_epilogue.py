@@ -29,8 +29,9 @@ import torch
 
 from translator_kernels.program import Program, epilogue, parse, then
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, dtype_of, shape_of, kw_arg as _kw
+from ..graph import aten, arg, before, dtype_of, shape_of
+from ..registry import NO_MATCH, Stage, rule
+from . import gemm  # noqa: F401  (registers flydsl.gemm, whose epilogue this is)
 from .elementwise import TABLE, ProgramBuilder, node_supported
 
 GEMM = torch.ops.flydsl.gemm.default
@@ -44,7 +45,7 @@ def _num(x) -> bool:
 
 
 def _identity_dropout(n) -> bool:
-    return n.target is aten.dropout.default and not _kw(n, "train", 2, False)
+    return n.target is aten.dropout.default and not arg(n, "train", False)
 
 
 def _step(u, cur) -> Program | None:
@@ -76,7 +77,7 @@ def _classify(u, cur, g, fresh):
             so = [str(s) for s in shape_of(other) or ()]
             if fresh and g.args[4] is None and so == [str(g.args[2])]:
                 return "bias", other
-            if so == [str(s) for s in shape_of(g)] and _before(other, g):
+            if so == [str(s) for s in shape_of(g)] and before(other, g):
                 return "residual", other
             return None
     step = _step(u, cur)
@@ -112,32 +113,24 @@ def plan(g) -> list:
     return out
 
 
-def _before(x, g) -> bool:
-    """x is computed before g (so g may read it): not g itself nor anything after it."""
-    if not isinstance(x, torch.fx.Node) or x is g or x.graph is not g.graph or x._erased or g._erased:
-        return False
-    return x < g  # FX orders the nodes of one graph by their place (Node._sort_key)
-
-
 def epilogue_check(node, ctx):
-    return None if plan(node) else False
+    return None if plan(node) else NO_MATCH
 
 
+def claims(node, ctx) -> list:
+    """The nodes after gemm `node` its epilogue will fold (partitioning leaves them out of regions)."""
+    return [u for _, u, _ in plan(node)]
+
+
+@rule(Stage.CONSUMER, GEMM, family="gemm", supported=epilogue_check, name="gemm_epilogue", claims=claims,
+      priority=1, doc="scale / bias / elementwise steps / residual after a gemm -> its epilogue")
 def fuse_epilogue(node, ctx):
     g = node
     steps = plan(g)
-    info = g.meta["flydsl"]
     for kind, user, args in steps:
         g.args = args
         user.replace_all_uses_with(g)
-        info["sources"] = info["sources"] + [user.meta.get("orig_name", user.name)]
-        info["anchor"] = user.meta.get("orig_name", user.name)
-        ctx.counters[f"epilogue_{kind}"] = ctx.counters.get(f"epilogue_{kind}", 0) + 1
-    for _, user, _ in reversed(steps):
-        ctx.gm.graph.erase_node(user)
+        ctx.absorb(g, [user], anchor=user)
+        ctx.count(f"epilogue_{kind}")
+    ctx.erase_unused([user for _, user, _ in steps])
     return g
-
-
-register_lowering(Lowering("gemm_epilogue", "gemm", (GEMM,), epilogue_check, fuse_epilogue,
-                           doc="scale / bias / elementwise steps / residual after a gemm -> its epilogue",
-                           stage="epilogue"))

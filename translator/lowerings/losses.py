@@ -1,9 +1,9 @@
 """Loss functions through their decomposition into elementwise ops and reductions.
 
-A "fuse"-stage rewrite replaces each aten loss node by the aten ops that define it; the later
+A DECOMPOSE-stage rewrite replaces each aten loss node by the aten ops that define it; the later
 stages then lower those as usual: the reduction becomes `flydsl.fused_reduce`, the
-elementwise ops a fused region, and `fuse_reduce_prologue` folds the region into the
-reduction. So ``F.mse_loss(x, y)`` becomes one kernel computing mean((x - y)^2), and
+elementwise ops a fused region, and the consumer rule `reduce_prologue` (fold.py) folds the
+region into the reduction. So ``F.mse_loss(x, y)`` becomes one kernel computing mean((x - y)^2), and
 ``F.triplet_margin_loss`` three (two distance norms with their differences fused in, then the
 hinge and mean). Where real models have them: training / evaluation heads (regression:
 mse / l1 / smooth_l1 / huber; distillation: kl_div; classification: cross_entropy;
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Lowering, register_lowering
-from ._common import aten, val, kw_arg as _arg
+from ..graph import aten, arg, val
+from ..registry import Stage, rule
+from . import reduce  # noqa: F401  (registers fused_reduce, the family losses lower to)
 
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -37,9 +38,7 @@ class _Emit:
         self.ctx, self.node = ctx, node
 
     def __call__(self, target, *args, **kwargs):
-        with self.ctx.gm.graph.inserting_before(self.node):
-            n = self.ctx.gm.graph.call_function(target, args, kwargs)
-        return self.ctx.infer(n)
+        return self.ctx.insert(target, *args, before=self.node, **kwargs)
 
     def zeros_like(self, x):
         return self(aten.mul.Tensor, x, 0.0)
@@ -53,12 +52,10 @@ class _Emit:
 
 
 def _finish(ctx, node, out, name):
-    if val(out).dtype != val(node).dtype:
-        with ctx.gm.graph.inserting_before(node):
-            out = ctx.infer(ctx.gm.graph.call_function(aten._to_copy.default, (out,), {"dtype": val(node).dtype}))
+    out = ctx.cast(out, val(node).dtype, node)
     node.replace_all_uses_with(out)
     ctx.gm.graph.erase_node(node)
-    ctx.counters[f"loss_{name}"] = ctx.counters.get(f"loss_{name}", 0) + 1
+    ctx.count(f"loss_{name}")
     return out
 
 
@@ -67,13 +64,13 @@ def _pointwise(e, node):
     t = node.target
     x, y = node.args[0], node.args[1]
     if t is aten.kl_div.default:
-        if _arg(node, "log_target", 3, False):
+        if arg(node, "log_target", False):
             return e(aten.mul.Tensor, e(aten.exp.default, y), e(aten.sub.Tensor, y, x))
         tlogt = e(aten.mul.Tensor, y, e(aten.log.default, y))
         xlogy = e(aten.where.self, e(aten.eq.Scalar, y, 0.0), e.zeros_like(y), tlogt)
         return e(aten.sub.Tensor, xlogy, e(aten.mul.Tensor, y, x))
     if t is aten.hinge_embedding_loss.default:
-        margin = float(_arg(node, "margin", 2, 1.0))
+        margin = float(arg(node, "margin", 1.0))
         z = e.zeros_like(x)
         m = e(aten.where.self, e(aten.ne.Scalar, y, 1.0), e(aten.relu.default, e(aten.rsub.Scalar, x, margin)), z)
         s = e(aten.where.self, e(aten.ne.Scalar, y, -1.0), x, z)
@@ -85,12 +82,12 @@ def _pointwise(e, node):
     if t is aten.l1_loss.default:
         return z
     if t is aten.smooth_l1_loss.default:
-        beta = float(_arg(node, "beta", 3, 1.0))
+        beta = float(arg(node, "beta", 1.0))
         if beta == 0:
             return z
         quad = e(aten.mul.Tensor, e(aten.mul.Tensor, z, z), 0.5 / beta)
         return e(aten.where.self, e(aten.lt.Scalar, z, beta), quad, e(aten.sub.Tensor, z, 0.5 * beta))
-    delta = float(_arg(node, "delta", 3, 1.0))  # huber
+    delta = float(arg(node, "delta", 1.0))  # huber
     quad = e(aten.mul.Tensor, e(aten.mul.Tensor, z, z), 0.5)
     lin = e(aten.mul.Tensor, e(aten.sub.Tensor, z, 0.5 * delta), delta)
     return e(aten.where.self, e(aten.lt.Scalar, z, delta), quad, lin)
@@ -117,10 +114,12 @@ def pointwise_supported(node, ctx):
     return None
 
 
+@rule(Stage.DECOMPOSE, *POINTWISE, family="fused_reduce", supported=pointwise_supported, name="loss_pointwise",
+      doc="mse / l1 / smooth_l1 / huber / kl_div / hinge_embedding -> elementwise + reduction")
 def lower_pointwise(node, ctx):
     e = _Emit(ctx, node)
     loss = _pointwise(e, node)
-    red = _arg(node, "reduction", 3 if node.target is aten.hinge_embedding_loss.default else 2, 1)
+    red = arg(node, "reduction", 1)
     return _finish(ctx, node, e.reduce(loss, red), node.target._overloadpacket.__name__)
 
 
@@ -130,9 +129,9 @@ def cross_entropy_supported(node, ctx):
         return f"logits dtype {x.dtype} is not supported"
     if x.dim() < 2:
         return "unbatched logits (1-D) stay in PyTorch"
-    if _arg(node, "weight", 2, None) is not None:
+    if arg(node, "weight", None) is not None:
         return "class weights stay in PyTorch"
-    if float(_arg(node, "label_smoothing", 5, 0.0)) != 0.0:
+    if float(arg(node, "label_smoothing", 0.0)) != 0.0:
         return "label_smoothing > 0 stays in PyTorch"
     if t.dtype in _FLOAT and tuple(t.shape) != tuple(x.shape):
         return "probability targets must have the logits' shape"
@@ -141,17 +140,19 @@ def cross_entropy_supported(node, ctx):
     return None
 
 
+@rule(Stage.DECOMPOSE, aten.cross_entropy_loss.default, family="fused_reduce", supported=cross_entropy_supported,
+      name="loss_cross_entropy", doc="cross_entropy -> logsumexp + gather (PyTorch) + masked mean")
 def lower_cross_entropy(node, ctx):
     """Class indices: logsumexp(x, 1) - x.gather(1, t) over valid targets (the gather and the
     integer mask stay in PyTorch); probability targets: sum(t * (lse - x), 1)."""
     e = _Emit(ctx, node)
     x, t = node.args[0], node.args[1]
-    red = _arg(node, "reduction", 3, 1)
+    red = arg(node, "reduction", 1)
     if val(t).dtype in _FLOAT:
         lse = e(aten.logsumexp.default, x, [1], True)
         loss = e(aten.sum.dim_IntList, e(aten.mul.Tensor, t, e(aten.sub.Tensor, lse, x)), [1])
         return _finish(ctx, node, e.reduce(loss, red), "cross_entropy")
-    ignore = int(_arg(node, "ignore_index", 4, -100))
+    ignore = int(arg(node, "ignore_index", -100))
     lse = e(aten.logsumexp.default, x, [1])
     valid = e(aten.ne.Scalar, t, ignore)
     safe = e(aten.mul.Tensor, t, valid)  # ignored targets read class 0, masked below
@@ -170,31 +171,22 @@ def triplet_supported(node, ctx):
     r = _float_args(node, 3)
     if r:
         return r
-    if _arg(node, "swap", 6, False):
+    if arg(node, "swap", False):
         return "swap=True stays in PyTorch"
     return None
 
 
+@rule(Stage.DECOMPOSE, aten.triplet_margin_loss.default, family="fused_reduce", supported=triplet_supported,
+      name="loss_triplet_margin", doc="triplet_margin -> two vector norms + hinge + mean")
 def lower_triplet(node, ctx):
     e = _Emit(ctx, node)
     a, pos, neg = node.args[:3]
-    margin, p = float(_arg(node, "margin", 3, 1.0)), float(_arg(node, "p", 4, 2.0))
-    eps = float(_arg(node, "eps", 5, 1e-6))
+    margin, p = float(arg(node, "margin", 1.0)), float(arg(node, "p", 2.0))
+    eps = float(arg(node, "eps", 1e-6))
 
     def dist(u, v):
         return e(aten.linalg_vector_norm.default, e(aten.add.Tensor, e(aten.sub.Tensor, u, v), eps), p, [-1])
 
     diff = e(aten.sub.Tensor, e(aten.add.Tensor, dist(a, pos), margin), dist(a, neg))
     loss = e(aten.clamp_min.default, diff, 0.0)
-    return _finish(ctx, node, e.reduce(loss, _arg(node, "reduction", 7, 1)), "triplet_margin")
-
-
-register_lowering(Lowering("loss_pointwise", "fused_reduce", POINTWISE, pointwise_supported, lower_pointwise,
-                           doc="mse / l1 / smooth_l1 / huber / kl_div / hinge_embedding -> elementwise + reduction",
-                           stage="fuse"))
-register_lowering(Lowering("loss_cross_entropy", "fused_reduce", (aten.cross_entropy_loss.default,),
-                           cross_entropy_supported, lower_cross_entropy,
-                           doc="cross_entropy -> logsumexp + gather (PyTorch) + masked mean", stage="fuse"))
-register_lowering(Lowering("loss_triplet_margin", "fused_reduce", (aten.triplet_margin_loss.default,),
-                           triplet_supported, lower_triplet, doc="triplet_margin -> two vector norms + hinge + mean",
-                           stage="fuse"))
+    return _finish(ctx, node, e.reduce(loss, arg(node, "reduction", 1)), "triplet_margin")

@@ -24,9 +24,9 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of, static_int
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, dtype_of, dtype_reason, is_static, shape_of, static_int
 
 
 @torch.library.custom_op("flydsl::layer_norm", mutates_args=())
@@ -133,6 +133,8 @@ def layer_norm_supported(node, ctx):
     return _norm_reason(x, shape, w, b)
 
 
+@rule(Stage.CANONICAL, aten.layer_norm.default, aten.native_layer_norm.default, family="layer_norm",
+      supported=layer_norm_supported, doc="nn.LayerNorm / F.layer_norm")
 def lower_layer_norm(node, ctx):
     x, shape = node.args[0], list(node.args[1])
     w = node.args[2] if len(node.args) > 2 else None
@@ -151,6 +153,8 @@ def rms_norm_supported(node, ctx):
     return _norm_reason(x, shape, w)
 
 
+@rule(Stage.CANONICAL, aten.rms_norm.default, family="rms_norm", supported=rms_norm_supported,
+      doc="nn.RMSNorm / F.rms_norm")
 def lower_rms_norm(node, ctx):
     x, shape = node.args[0], list(node.args[1])
     w = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
@@ -161,10 +165,6 @@ def lower_rms_norm(node, ctx):
     return ctx.replace(node, "rms_norm", "rms_norm", args, [node])
 
 
-register_lowering(Lowering("layer_norm", "layer_norm", (aten.layer_norm.default, aten.native_layer_norm.default),
-                           layer_norm_supported, lower_layer_norm, doc="nn.LayerNorm / F.layer_norm"))
-register_lowering(Lowering("rms_norm", "rms_norm", (aten.rms_norm.default,), rms_norm_supported, lower_rms_norm,
-                           doc="nn.RMSNorm / F.rms_norm"))
 
 
 # --- residual add + norm: two outputs (the residual stream, the normalized value) -------------
@@ -284,18 +284,16 @@ def _group_reason(x, groups, *params):
     return None
 
 
-def _arg(node, i, name, default=None):
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-
-
 def group_norm_supported(node, ctx):
     if node.target is aten.native_group_norm.default:
         if _stats_used(node):
             return "native_group_norm's mean/rstd outputs are used"
         return _group_reason(node.args[0], node.args[6], node.args[1], node.args[2])
-    return _group_reason(node.args[0], _arg(node, 1, "num_groups"), _arg(node, 2, "weight"), _arg(node, 3, "bias"))
+    return _group_reason(node.args[0], arg(node, "num_groups"), arg(node, "weight"), arg(node, "bias"))
 
 
+@rule(Stage.CANONICAL, aten.group_norm.default, aten.native_group_norm.default, family="group_norm",
+      supported=group_norm_supported, doc="nn.GroupNorm / F.group_norm")
 def lower_group_norm(node, ctx):
     x = node.args[0]
     if node.target is aten.native_group_norm.default:
@@ -303,8 +301,8 @@ def lower_group_norm(node, ctx):
         root = _output0(node)
         sources = [*node.users, node]
     else:
-        groups, w, b, eps = _arg(node, 1, "num_groups"), _arg(node, 2, "weight"), _arg(node, 3, "bias"), \
-            _arg(node, 4, "eps", 1e-5)
+        groups, w, b, eps = arg(node, "num_groups"), arg(node, "weight"), arg(node, "bias"), \
+            arg(node, "eps", 1e-5)
         root, sources = node, [node]
     args = (ctx.cast_in(x, root), int(groups), ctx.cast_in(w, root), ctx.cast_in(b, root), float(eps))
     return ctx.replace(root, "group_norm", "group_norm", args, sources, out_dtype=dtype_of(x))
@@ -312,8 +310,8 @@ def lower_group_norm(node, ctx):
 
 def instance_norm_supported(node, ctx):
     x = node.args[0]
-    w, b = _arg(node, 1, "weight"), _arg(node, 2, "bias")
-    if not _arg(node, 5, "use_input_stats", True):
+    w, b = arg(node, "weight"), arg(node, "bias")
+    if not arg(node, "use_input_stats", True):
         return ("instance_norm uses running statistics (track_running_stats=True in eval mode), "
                 "an affine per channel that is not a per-sample norm")
     shape = shape_of(x)
@@ -323,15 +321,11 @@ def instance_norm_supported(node, ctx):
     return _group_reason(x, c, w, b)
 
 
+@rule(Stage.CANONICAL, aten.instance_norm.default, family="group_norm", supported=instance_norm_supported,
+      doc="nn.InstanceNorm*d (input statistics): GroupNorm with G = C")
 def lower_instance_norm(node, ctx):
     x = node.args[0]
-    w, b, eps = _arg(node, 1, "weight"), _arg(node, 2, "bias"), _arg(node, 7, "eps", 1e-5)
+    w, b, eps = arg(node, "weight"), arg(node, "bias"), arg(node, "eps", 1e-5)
     c = static_int(shape_of(x)[1])
     args = (ctx.cast_in(x, node), c, ctx.cast_in(w, node), ctx.cast_in(b, node), float(eps))
     return ctx.replace(node, "group_norm", "instance_norm", args, [node])
-
-
-register_lowering(Lowering("group_norm", "group_norm", (aten.group_norm.default, aten.native_group_norm.default),
-                           group_norm_supported, lower_group_norm, doc="nn.GroupNorm / F.group_norm"))
-register_lowering(Lowering("instance_norm", "group_norm", (aten.instance_norm.default,), instance_norm_supported,
-                           lower_instance_norm, doc="nn.InstanceNorm*d (input statistics): GroupNorm with G = C"))

@@ -34,13 +34,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Lowering, register_lowering
-from ._common import FLOAT_DTYPES, aten, dtype_of, dtype_reason, shape_of, static_int
-from .norm_residual import (ASSERT, cast_to, denied, insert_point, is_call, param_arg,
-                            replace_fused, residual_of, same_shape, users_of)
+from ..graph import (CASTS, FLOAT_DTYPES, asserts, aten, dtype_of, dtype_reason, in_order, is_call, same_shape,
+                     shape_of, static_int, users)
+from ..registry import NO_MATCH, Stage, rule
+from . import norm  # noqa: F401  (registers the norm families this rule lowers to)
 
 Node = torch.fx.Node
-CASTS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
 STATS = (aten.mean.dim, aten.var.dim, aten.var.correction, aten.var_mean.correction)
 RULE = {"rms": "rms_norm_handwritten", "layer": "layer_norm_handwritten"}
 
@@ -62,13 +61,13 @@ class NormMatch:
 # --- small graph predicates ----------------------------------------------------------------
 
 def _only_user(n):
-    us = users_of(n)
+    us = users(n)
     return us[0] if len(us) == 1 else None
 
 
 def _next(n, pred):
     """The one user of n that pred accepts (other users are checked when absorbing), else None."""
-    us = [u for u in users_of(n) if pred(u)]
+    us = [u for u in users(n) if pred(u)]
     return us[0] if len(us) == 1 else None
 
 
@@ -265,15 +264,13 @@ def _absorb(m: NormMatch):
     while changed:
         changed = False
         for n in list(keep):
-            if n is not m.root and any(u not in keep for u in users_of(n)):
+            if n is not m.root and any(u not in keep for u in users(n)):
                 keep.discard(n)
                 changed = True
     for n in m.core:
         if n not in keep:
             return f"{n.name} ({n.target}) inside the norm is also used outside it"
-    order = {n: i for i, n in enumerate(m.root.graph.nodes)}
-    nodes = sorted(keep, key=order.get)
-    return [a for n in nodes for a in (*[u for u in n.users if u.target is ASSERT], n)]
+    return [a for n in in_order(keep) for a in (*asserts(n), n)]
 
 
 def _norm_checks(m: NormMatch, ctx):
@@ -301,12 +298,21 @@ def _norm_checks(m: NormMatch, ctx):
 
 # --- the hand-written rule -------------------------------------------------------------------
 
+def param_arg(ctx, p, shape, at):
+    """p reshaped to `shape` (from [1, .., N]) and cast to the compute dtype."""
+    if p is None:
+        return None
+    if [str(s) for s in shape_of(p)] != [str(s) for s in shape]:
+        p = ctx.insert(aten.reshape.default, p, list(shape), before=at)
+    return ctx.cast_in(p, at)
+
+
 def handwritten_supported(node, ctx):
     m = match(node, ctx)
     if m is False:
-        return False
+        return NO_MATCH
     absorbed = _absorb(m)
-    reason = absorbed if isinstance(absorbed, str) else denied(absorbed, ctx) or _norm_checks(m, ctx)
+    reason = absorbed if isinstance(absorbed, str) else ctx.denied(absorbed) or _norm_checks(m, ctx)
     if reason:  # the report shows it on every op of the norm, not only on the statistic
         for n in m.core:
             if n is not node:
@@ -314,33 +320,25 @@ def handwritten_supported(node, ctx):
     return reason
 
 
+def _for(kind):
+    def supported(node, ctx):
+        m = match(node, ctx)
+        return NO_MATCH if m is False or m.kind != kind else handwritten_supported(node, ctx)
+    return supported
+
+
+@rule(Stage.PATTERN, *STATS, family="rms_norm", supported=_for("rms"), name=RULE["rms"],
+      doc="x·rsqrt(mean(x²)+eps)·w, x/sqrt(mean(x·x)+eps), fp32 upcast / cast back (+ residual add)")
+@rule(Stage.PATTERN, *STATS, family="layer_norm", supported=_for("layer"), name=RULE["layer"],
+      doc="(x-mean)/sqrt(var+eps)·w+b, var biased or mean((x-mean)²) (+ residual add)")
 def lower_handwritten(node, ctx):
     m = match(node, ctx)
     absorbed = _absorb(m)
     shape = [static_int(shape_of(m.x)[d]) for d in m.dims]
     out = dtype_of(m.root)
-    res = residual_of(m.x, absorbed, ctx) if out.itemsize <= m.x.meta["val"].dtype.itemsize else None
-    after = insert_point(m.x, (m.weight, m.bias), absorbed) if res else None
-    if after is not None and not denied([m.x], ctx):
-        return replace_fused(ctx, m.kind, m.x, shape, m.weight, m.bias, m.eps, m.root, absorbed, after)
-    x = m.x if m.x.meta["val"].dtype.itemsize >= out.itemsize else cast_to(ctx, m.x, out, m.root)
+    x = m.x if m.x.meta["val"].dtype.itemsize >= out.itemsize else ctx.cast(m.x, out, m.root)
     args = (ctx.cast_in(x, m.root), shape, param_arg(ctx, m.weight, shape, m.root))
     if m.kind == "layer":
         args += (param_arg(ctx, m.bias, shape, m.root),)
     family = "layer_norm" if m.kind == "layer" else "rms_norm"
     return ctx.replace(m.root, family, f"{family}_handwritten", args + (m.eps,), absorbed)
-
-
-def _for(kind):
-    def supported(node, ctx):
-        m = match(node, ctx)
-        return False if m is False or m.kind != kind else handwritten_supported(node, ctx)
-    return supported
-
-
-register_lowering(Lowering(
-    RULE["rms"], "rms_norm", STATS, _for("rms"), lower_handwritten, stage="fuse",
-    doc="x·rsqrt(mean(x²)+eps)·w, x/sqrt(mean(x·x)+eps), fp32 upcast / cast back (+ residual add)"))
-register_lowering(Lowering(
-    RULE["layer"], "layer_norm", STATS, _for("layer"), lower_handwritten, stage="fuse",
-    doc="(x-mean)/sqrt(var+eps)·w+b, var biased or mean((x-mean)²) (+ residual add)"))

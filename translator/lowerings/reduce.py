@@ -3,9 +3,9 @@ epi_inputs, epilogue)`.
 
 One node reduces, over `dims` of the broadcast shape, the value an elementwise `program`
 computes from `inputs` (the fused_elementwise program format). Canonical lowerings here map
-each aten reduction with an identity program; `fuse_reduce_prologue` (a pipeline pass after
-the elementwise partitioning) then folds a fused elementwise region whose only reader is the
-reduction into its program, so ``(x * x).mean(-1)``, ``torch.exp(x - m).sum(-1)`` or a loss's
+each aten reduction with an identity program; the consumer rule `reduce_prologue` (fold.py, in
+the fuse_consumers pass after partitioning) then folds a fused elementwise region whose only
+reader is the reduction into its program, so ``(x * x).mean(-1)``, ``torch.exp(x - m).sum(-1)`` or a loss's
 ``(a - b).abs().sum()`` is one kernel reading only the region's inputs.
 
 Forms matched (where they appear): ``x.sum(dim)`` / ``mean`` (pooling over tokens, loss
@@ -19,13 +19,12 @@ the kernel adapter moves reduced dims last, so none gives a wrong answer.
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, size_hint, static_int, val
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, static_int, val, kw_arg as _kw
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
 from translator_kernels.generated.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
@@ -90,8 +89,8 @@ def _dims(d, rank):
 
 def _correction(node):
     if node.target in (aten.var.dim, aten.std.dim):
-        return 1.0 if _kw(node, "unbiased", 2, True) else 0.0
-    c = node.kwargs.get("correction")
+        return 1.0 if arg(node, "unbiased", True) else 0.0
+    c = arg(node, "correction")
     return 1.0 if c is None else float(c)
 
 
@@ -105,22 +104,22 @@ def describe(node):
         return ("amax" if t is aten.max.default else "amin"), list(range(rank)), False, []
     if t in (aten.sum.dim_IntList, aten.mean.dim):
         kind = "sum" if t is aten.sum.dim_IntList else "mean"
-        return kind, _dims(_kw(node, "dim", 1), rank), bool(_kw(node, "keepdim", 2, False)), []
+        return kind, _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)), []
     if t in (aten.amax.default, aten.amin.default, aten.logsumexp.default):
         kind = t._overloadpacket.__name__
-        return kind, _dims(_kw(node, "dim", 1, []), rank), bool(_kw(node, "keepdim", 2, False)), []
+        return kind, _dims(arg(node, "dim", []), rank), bool(arg(node, "keepdim", False)), []
     if t in (aten.var.dim, aten.var.correction, aten.std.dim, aten.std.correction):
         kind = t._overloadpacket.__name__
-        keep = _kw(node, "keepdim", 3, False) if t in (aten.var.dim, aten.std.dim) else node.kwargs.get("keepdim", False)
-        return kind, _dims(_kw(node, "dim", 1), rank), bool(keep), [_correction(node)]
+        keep = arg(node, "keepdim", False)
+        return kind, _dims(arg(node, "dim"), rank), bool(keep), [_correction(node)]
     if t in (aten.argmax.default, aten.argmin.default):
-        return t._overloadpacket.__name__, _dims(_kw(node, "dim", 1), rank), bool(_kw(node, "keepdim", 2, False)), []
+        return t._overloadpacket.__name__, _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)), []
     if t in (aten.max.dim, aten.min.dim):
         kind = "max" if t is aten.max.dim else "min"
-        return kind, _dims(node.args[1], rank), bool(_kw(node, "keepdim", 2, False)), []
+        return kind, _dims(node.args[1], rank), bool(arg(node, "keepdim", False)), []
     if t is aten.linalg_vector_norm.default:
-        return ("norm", _dims(_kw(node, "dim", 2), rank), bool(_kw(node, "keepdim", 3, False)),
-                [float(_kw(node, "ord", 1, 2))])
+        return ("norm", _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)),
+                [float(arg(node, "ord", 2))])
     return None
 
 
@@ -128,11 +127,6 @@ TARGETS = (aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.
            aten.amin.default, aten.max.default, aten.min.default, aten.var.dim, aten.var.correction,
            aten.std.dim, aten.std.correction, aten.logsumexp.default, aten.argmax.default, aten.argmin.default,
            aten.max.dim, aten.min.dim, aten.linalg_vector_norm.default)
-
-
-def _hint(d) -> int:
-    s = static_int(d)
-    return s if s is not None else int(d.node.hint)
 
 
 def reduce_supported(node, ctx):
@@ -144,12 +138,12 @@ def reduce_supported(node, ctx):
     vout = out[0] if isinstance(out, (tuple, list)) else out
     if vout.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
         return f"result dtype {vout.dtype} is not supported"
-    if node.target is aten.linalg_vector_norm.default and _kw(node, "dtype", 4) is not None:
+    if node.target is aten.linalg_vector_norm.default and arg(node, "dtype") is not None:
         return "linalg_vector_norm with dtype= stays in PyTorch"
     kind, dims, _, _ = describe(node)
     # a dynamic reduced dim (batch / sequence) is fine: kernels are generated per row length at
     # run time; the example size is checked here, longer rows at run time raise a clear error
-    n = math.prod(_hint(xv.shape[d]) for d in dims)
+    n = math.prod(size_hint(xv.shape[d]) for d in dims)
     if n == 0:
         return "reduction over an empty dim (torch's result depends on the op)"
     if n > max_row_length() and (kind not in SPLIT or split_factor(n) is None):
@@ -165,6 +159,9 @@ def identity_program(dtype) -> str:
     return Program(1, (), ((0, DTYPES[dtype]),)).text()
 
 
+@rule(Stage.CANONICAL, *TARGETS, family="fused_reduce", supported=reduce_supported,
+      doc="sum / mean / amax / amin / var / std / logsumexp / argmax / argmin / max / min / vector_norm "
+          "over any dims")
 def lower_reduce(node, ctx):
     kind, dims, keepdim, params = describe(node)
     x = node.args[0]
@@ -172,26 +169,11 @@ def lower_reduce(node, ctx):
     vdt = (out[0] if isinstance(out, (tuple, list)) else out).dtype
     if kind in ("argmax", "argmin"):
         vdt = val(x).dtype
-    g = ctx.gm.graph
-    with g.inserting_before(node):
-        new = g.call_function(torch.ops.flydsl.fused_reduce.default,
-                              ([x], identity_program(vdt), kind, dims, keepdim, params, [], ""))
-    ctx.infer(new)
-    name = node.meta.get("orig_name", node.name)
-    new.meta["flydsl"] = {"family": "fused_reduce", "lowering": f"reduce_{kind}", "sources": [name], "anchor": name}
-    new.meta["orig_name"] = None
-    if kind in ("max", "min"):
-        node.replace_all_uses_with(new)  # users are getitem(., 0) values and getitem(., 1) indices
-    else:
-        with g.inserting_after(new):
-            gi = g.call_function(operator.getitem, (new, 0))
-        gi.meta["val"] = new.meta["val"][0]
-        node.replace_all_uses_with(gi)
-    g.erase_node(node)
-    ctx.counters[f"reduce_{kind}"] = ctx.counters.get(f"reduce_{kind}", 0) + 1
+    args = ([x], identity_program(vdt), kind, dims, keepdim, params, [], "")
+    pair = kind in ("max", "min")  # users are already getitem(., 0) values and getitem(., 1) indices
+    out = ctx.emit("fused_reduce", args, lowering=f"reduce_{kind}", sources=[node], anchor=node, before=node,
+                   split=not pair)
+    new = out if pair else out[0]
+    node.replace_all_uses_with(new if pair else out[1][0])
+    ctx.gm.graph.erase_node(node)
     return new
-
-
-register_lowering(Lowering("reduce", "fused_reduce", TARGETS, reduce_supported, lower_reduce,
-                           doc="sum / mean / amax / amin / var / std / logsumexp / argmax / argmin / max / min / "
-                               "vector_norm over any dims"))

@@ -13,7 +13,7 @@ Forms matched (where they appear):
 - exclusive, ``torch.cumsum(x, d) - x`` (offsets, "tokens before this one"): one exclusive
   scan, free of the subtraction's cancellation.
 - masked, ``torch.cumsum(x * mask, d)`` and any elementwise chain read only by the scan: the
-  epilogue-stage rule `scan_prologue` folds the fused elementwise region into the scan's
+  consumer rule `scan_prologue` (fold.py) folds the fused elementwise region into the scan's
   program, so the kernel reads x and the mask and writes only the scan.
 Stays in PyTorch, with the reason: integer and bool inputs (torch scans them in int64),
 float64, 0-d tensors, rows longer than one workgroup's unrolled tiles.
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, single_user, size_hint, static_int, val
+from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, single_user, static_int, val
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
 from translator_kernels.generated.scan import max_row_length, ref_scan, row_vec  # noqa: E402
@@ -71,15 +71,6 @@ SCANS = {aten.cumsum.default: "cumsum", aten.cumprod.default: "cumprod", aten.lo
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _dtype_arg(node):
-    return node.kwargs.get("dtype", node.args[2] if len(node.args) > 2 else None)
-
-
-def _hint(d) -> int:
-    s = static_int(d)
-    return s if s is not None else int(d.node.hint)
-
-
 def scan_reason(node) -> str | None:
     """None when aten scan `node` can run as a flydsl.scan, else why not."""
     xv, out = val(node.args[0]), val(node)
@@ -95,7 +86,7 @@ def scan_reason(node) -> str | None:
         return f"{kind} with result dtype {str(out.dtype).replace('torch.', '')} stays in PyTorch"
     if xv.dim() == 0:
         return f"{kind} of a 0-d tensor (nothing to scan)"
-    n = _hint(xv.shape[node.args[1] % xv.dim()])
+    n = size_hint(xv.shape[node.args[1] % xv.dim()])
     limit = max_row_length(row_vec(n, (DTYPES[xv.dtype],)))
     if n > limit:
         return f"scanned dim of {n} elements exceeds one workgroup's {limit} (row scans are not split)"
@@ -112,13 +103,13 @@ def scan_supported(node, ctx):
     return scan_reason(node)
 
 
+@rule(Stage.CANONICAL, *SCANS, family="scan", supported=scan_supported,
+      doc="cumsum / cumprod / logcumsumexp over any dim (float32 / bfloat16 / float16)")
 def lower_scan(node, ctx):
     return _emit(ctx, node, node.args[0], SCANS[node.target], node.args[1], False, False,
                  SCANS[node.target], [node])
 
 
-register_lowering(Lowering("scan", "scan", tuple(SCANS), scan_supported, lower_scan,
-                           doc="cumsum / cumprod / logcumsumexp over any dim (float32 / bfloat16 / float16)"))
 
 
 # --- reversed: flip(scan(flip(x, d), d), d) ----------------------------------------------------
@@ -147,18 +138,17 @@ def _reversed_parts(node):
 def reversed_supported(node, ctx):
     parts = _reversed_parts(node)
     if parts is None:
-        return False
+        return NO_MATCH
     return scan_reason(parts[0])
 
 
+@rule(Stage.PATTERN, aten.flip.default, family="scan", supported=reversed_supported, name="scan_reversed",
+      doc="x.flip(d).cumsum(d).flip(d) (and cumprod / logcumsumexp) -> one reversed scan")
 def lower_reversed(node, ctx):
     s, f, x, d = _reversed_parts(node)
     return _emit(ctx, node, x, SCANS[s.target], d, True, False, "scan_reversed", [node, s, f])
 
 
-register_lowering(Lowering("scan_reversed", "scan", (aten.flip.default,), reversed_supported, lower_reversed,
-                           doc="x.flip(d).cumsum(d).flip(d) (and cumprod / logcumsumexp) -> one reversed scan",
-                           stage="fuse"))
 
 
 # --- exclusive: cumsum(x, d) - x ------------------------------------------------------------
@@ -169,7 +159,7 @@ def _exclusive_parts(node):
     s, x = node.args
     if not (isinstance(s, torch.fx.Node) and s.target is aten.cumsum.default and s.args[0] is x):
         return None
-    if single_user(s) is not node or _dtype_arg(s) is not None or val(node).shape != val(s).shape:
+    if single_user(s) is not node or arg(s, "dtype") is not None or val(node).shape != val(s).shape:
         return None
     if val(node).dtype != val(s).dtype:
         return None
@@ -179,55 +169,12 @@ def _exclusive_parts(node):
 def exclusive_supported(node, ctx):
     parts = _exclusive_parts(node)
     if parts is None:
-        return False
+        return NO_MATCH
     return scan_reason(parts[0])
 
 
+@rule(Stage.PATTERN, aten.sub.Tensor, family="scan", supported=exclusive_supported, name="scan_exclusive",
+      doc="torch.cumsum(x, d) - x -> one exclusive scan")
 def lower_exclusive(node, ctx):
     s, x = _exclusive_parts(node)
     return _emit(ctx, node, x, "cumsum", s.args[1], False, True, "scan_exclusive", [node, s])
-
-
-register_lowering(Lowering("scan_exclusive", "scan", (aten.sub.Tensor,), exclusive_supported, lower_exclusive,
-                           doc="torch.cumsum(x, d) - x -> one exclusive scan", stage="fuse"))
-
-
-# --- masked / any prologue: a fused elementwise region read only by the scan -----------------
-
-def _region(node):
-    import operator
-
-    g = node.args[0][0]
-    if len(node.args[0]) != 1 or not (g.op == "call_function" and g.target is operator.getitem):
-        return None
-    f = g.args[0]
-    if f.target is not torch.ops.flydsl.fused_elementwise.default or single_user(g) is not node:
-        return None
-    if len(parse(f.args[1]).out) != 1:
-        return None
-    return g, f
-
-
-def prologue_supported(node, ctx):
-    return None if _region(node) is not None else False
-
-
-def fold_prologue(node, ctx):
-    from ..passes.partition import compose, prune
-
-    g, f = _region(node)
-    pf = parse(f.args[1])
-    prog, inputs = compose(pf, f.args[0], g.args[1], parse(node.args[1]), node.args[0], g)
-    prog, keep = prune(prog)
-    node.args = ([inputs[i] for i in keep], prog.text()) + tuple(node.args[2:])
-    meta = node.meta["flydsl"]
-    meta["sources"] = list(f.meta["flydsl"]["sources"]) + list(meta["sources"])
-    ctx.gm.graph.erase_node(g)
-    ctx.gm.graph.erase_node(f)
-    ctx.counters["scan_prologue"] = ctx.counters.get("scan_prologue", 0) + 1
-    return node
-
-
-register_lowering(Lowering("scan_prologue", "scan", (torch.ops.flydsl.scan.default,), prologue_supported,
-                           fold_prologue, doc="a fused elementwise region read only by a scan joins its kernel "
-                           "(masked cumsum: cumsum(x * mask))", stage="epilogue"))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Lowering, OpFamily, register_family, register_lowering
+from ..graph import aten, arg, dtype_reason, shape_of
+from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ._common import aten, dtype_reason, shape_of
 
 
 @torch.library.custom_op("flydsl::softmax", mutates_args=())
@@ -55,6 +55,9 @@ register_family(OpFamily(
 ))
 
 
+_TARGETS = (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)
+
+
 def softmax_supported(node, ctx):
     x = node.args[0]
     r = dtype_reason(x)
@@ -67,21 +70,12 @@ def softmax_supported(node, ctx):
     return None
 
 
+@rule(Stage.CANONICAL, *_TARGETS, family="softmax", supported=softmax_supported,
+      doc="softmax / log_softmax over any dim")
 def lower_softmax(node, ctx):
     x, dim = node.args[0], node.args[1]
     log = node.target in (aten.log_softmax.int, aten._log_softmax.default)
-    want = node.kwargs.get("dtype", node.args[2] if node.target in (aten.softmax.int, aten.log_softmax.int)
-                           and len(node.args) > 2 else None)
-    xin = x
-    if want is not None and want != x.meta["val"].dtype:
-        with ctx.gm.graph.inserting_before(node):
-            xin = ctx.gm.graph.call_function(aten._to_copy.default, (x,), {"dtype": want})
-        ctx.infer(xin)
-    xin = ctx.cast_in(xin, node)
+    want = arg(node, "dtype") if node.target in (aten.softmax.int, aten.log_softmax.int) else None
+    xin = ctx.cast_in(ctx.cast(x, want, node) if want is not None else x, node)
     dim = dim % len(shape_of(x))
     return ctx.replace(node, "softmax", "log_softmax" if log else "softmax", (xin, dim, log), [node])
-
-
-_TARGETS = (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)
-register_lowering(Lowering("softmax", "softmax", _TARGETS, softmax_supported, lower_softmax,
-                           doc="softmax / log_softmax over any dim"))

@@ -138,7 +138,7 @@ def fold_shapes(ctx) -> int:
             item = g.call_function(operator.getitem, (call, i))
         item.meta["val"] = f.meta["val"]
         f.replace_all_uses_with(item, delete_user_cb=lambda u: u not in const)
-    ctx.counters["fold_shapes"] = ctx.counters.get("fold_shapes", 0) + len(sources)
+    ctx.count("fold_shapes", len(sources))
     return len(sources)
 
 

@@ -39,7 +39,7 @@ def functionalize(ctx) -> int:
         g.erase_node(node)
         done += 1
     if done:
-        ctx.counters["functionalize"] = ctx.counters.get("functionalize", 0) + done
+        ctx.count("functionalize", done)
     return done
 
 

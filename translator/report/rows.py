@@ -195,7 +195,7 @@ def _op_entry(n, families) -> dict:
     out = cost.tensors(n.meta.get("val"))
     return {"family": name, "lowering": info.get("lowering", ""), "sources": [], "flops": 0,
             "bytes": cost.node_bytes(n), "dtype": str(out[0].dtype).replace("torch.", "") if out else "",
-            "kernel_available": bool(fam and fam.kernel_available()), "kernel_entry": fam.kernel_entry if fam else "",
+            "kernel_available": fam is not None, "kernel_entry": fam.kernel_entry if fam else "",
             "head": f"flydsl.{name} [{info.get('lowering', '')}]"}
 
 

@@ -25,10 +25,11 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
+from translator_kernels.arch import ARCHS  # noqa: F401  (translator.runtime.ARCHS)
+
 from ..errors import BackendError
 
 BACKENDS = ("rocm", "flysim", "reference")
-ARCHS = ("gfx942", "gfx950")
 
 _state = threading.local()
 EXECUTION_LOCK = threading.RLock()

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import BackendError
 from . import current
 
 
@@ -39,12 +38,6 @@ def dispatch(name: str, *args):
         out = fam.reference(*args)
         st.calls.append(OpCall(name, []))
         return _no_alias(out, args)
-    if not fam.kernel_available():
-        raise BackendError(
-            f"flydsl.{name}: no FlyDSL kernel has landed for this op yet "
-            f"({fam.kernel_entry} is missing), so backend {st.backend!r} cannot run it; "
-            "translate with backend='reference' (or 'auto')"
-        )
     log = _launch_log(st)
     first = len(log) if log is not None else 0
     out = fam.kernel(*args)

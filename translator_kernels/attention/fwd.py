@@ -73,7 +73,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1) -> dict:
-    """Static tile parameters of one specialization (also used by the notes/bench)."""
+    """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
     eb = _ELEM_BYTES[dtype]
     head_dim = padded_head_dim(head_dim)
     use_lds = num_waves > 1

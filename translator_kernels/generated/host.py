@@ -21,7 +21,7 @@ from pathlib import Path
 
 from translator_kernels.errors import KernelInputError
 
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
+from translator_kernels.arch import ARCHS as SUPPORTED_ARCHS  # noqa: E402
 _RECORDERS = threading.local()  # per thread: the open record_kernels() sets
 
 

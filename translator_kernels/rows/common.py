@@ -21,6 +21,7 @@ import torch
 import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 
+from translator_kernels.arch import ARCHS
 from translator_kernels.errors import KernelInputError
 
 WAVE = 64  # gfx942 and gfx950 are wave64
@@ -29,7 +30,6 @@ TARGET_VECS_PER_THREAD = 4
 MAX_ELEMS_PER_THREAD = 64  # fp32 values a thread holds; bounds register use (0 spills)
 
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
 
 
 def elem_type(dtype_str: str):
@@ -189,8 +189,8 @@ def current_arch() -> str:
     from flydsl.runtime.device import get_rocm_arch
 
     arch = get_rocm_arch()
-    if arch not in SUPPORTED_ARCHS:
-        raise KernelInputError(f"row kernels: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
+    if arch not in ARCHS:
+        raise KernelInputError(f"row kernels: arch {arch!r} is not supported; expected one of {ARCHS} "
                                "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")
     return arch
 
