@@ -40,6 +40,9 @@ from translator_kernels.device_math import tanh
 
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
+# the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
+# reaches the output through exp2(s - m) and the row sum
+NNAN = fx.arith.FastMathFlags.nnan
 # gfx950 16x16x32 MFMA for PV: always with the transposed LDS V (an operand is two 8-byte reads);
 # from global V rows gathering 8 keys per operand costs ~56 VGPRs, so that path keeps it off
 PV32_ON = False
@@ -120,6 +123,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
     QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
     PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and (PV32_ON or cfg["use_lds"])
+    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by bit rounding (p_to_elem)
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
@@ -228,9 +232,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def p_to_elem(ps):
             """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
             instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
-            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5."""
+            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5 VALU.
+            (Truncating a p pre-scaled by 1 + 2^-8.5 saves the add but measured 1.6x the mean
+            error of round-to-nearest on flysim, with a bias; this matches it.)"""
             pv = fx.Vector.from_elements(ps, fx.Float32)
-            if const_expr(dtype != "bf16" or not arch.startswith("gfx942")):
+            if const_expr(not TRUNC_P):
                 return pv.to(Elem)
             bits = fx.Vector(pv.bitcast(fx.Int32)) + fx.Vector.filled(4, 0x8000, fx.Int32)
             halves = fx.Vector(fx.Vector(bits).bitcast(fx.Int16))
@@ -364,6 +370,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def score_tile(acc, kb, t, u, masked):
             """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
             element i is key kb + 16t + 4g + i of row rows[u]."""
+            if const_expr(not masked and not softcap):  # packed: two scores per v_pk_mul_f32
+                sv = fx.Vector(acc * (fx.Vector.filled(4, 0.0, fx.Float32) + c_qk))
+                return [sv[i] for i in range_constexpr(4)]
             vals = []
             for i in range_constexpr(4):
                 kidx = kb + 16 * t + 4 * g + i
@@ -428,20 +437,22 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 m_loc = m_old[u]
                 for t in range_constexpr(N_TILES):
                     for i in range_constexpr(4):
-                        m_loc = fx.arith.maxnumf(m_loc, s_tiles[u][t][i])
-                m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
-                m_n = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
+                        m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
+                m_loc = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)), fastmath=NNAN)
+                m_n = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)), fastmath=NNAN)
                 m_use = (m_n == neg_inf).select(zero_f, m_n)
                 alpha = exp2(m_old[u] - m_use)
-                l_n = l_old[u] * alpha
+                # s - m as packed 4-vectors, exp2 per score, the row sum as a 4-vector (v_pk_add)
+                m_vec = fx.Vector.filled(4, 0.0, fx.Float32) + m_use
+                l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
                 pt = []
                 for t in range_constexpr(N_TILES):
-                    ps = []
-                    for i in range_constexpr(4):
-                        p = exp2(s_tiles[u][t][i] - m_use)
-                        l_n = l_n + p
-                        ps.append(p)
+                    dv = fx.Vector(fx.Vector.from_elements(s_tiles[u][t], fx.Float32) - m_vec)
+                    ps = [exp2(dv[i]) for i in range_constexpr(4)]
+                    l_vec = l_vec + fx.Vector.from_elements(ps, fx.Float32)
                     pt.append(ps)
+                l_vec = fx.Vector(l_vec)
+                l_n = l_old[u] * alpha + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
                 o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
                 m_new.append(m_n)
                 l_new.append(l_n)
