@@ -2,10 +2,18 @@
 
     .venv/bin/python -m bench.isa_attention \
         [--quick] [--gfx942-only | --gfx950-only]
+    FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop
 
 Each config is compiled to AMDGPU ISA through translator_kernels.isa (COMPILE_ONLY in a child
 process, one child per arch) and the metadata of its final ISA is read back: VGPR / AGPR / SGPR
 counts, spills, LDS bytes, and occupancy (translator_kernels.isa's model). Prints a markdown table.
+
+--hotloop: the hot-loop MODEL (bench.hotloop) of our kernel next to FlyDSL's generic flash
+attention (kernels/attention/flash_attn_generic.py of $FLYDSL_SRC; skipped without it) at
+B1 S2048 H32 bf16 causal, D 64 and 128, both archs: per iteration of each kernel's KV loop and
+per wave, matrix / vector / LDS cycles, their ratio, and the kernel's VGPRs, spills and waves/SIMD.
+The two loops cover different tiles (ours 32 rows x 32-64 keys, FlyDSL's 128-row blocks), so
+compare the matrix/vector ratio, not the cycles.
 """
 
 from __future__ import annotations
@@ -59,7 +67,38 @@ QUICK = [("bf16", 64, False, "none"), ("bf16", 128, True, "none"), ("f32", 64, F
          ("f16", 256, False, "add")]
 
 
+def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128)) -> list[str]:
+    """Markdown rows of the hot-loop comparison (see the module docstring)."""
+    import os
+
+    from bench.hotloop import compile_isa_texts, format_row, hot_loop, main_text
+    from translator_kernels.isa import parse_isa
+
+    impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])
+    rows = []
+    for arch in archs:
+        for d in dims:
+            for impl in impls:
+                text = main_text(compile_isa_texts(f"bench._isa_child:{impl}", ("attention", "bf16", [1, 2048, 32, d]),
+                                                   arch=arch))
+                st = max(parse_isa(text, arch), key=lambda k: k.instructions)
+                name = f"{'ours' if impl == 'ours' else 'FlyDSL generic'} D{d}"
+                rows.append(format_row(name, arch, hot_loop(text, arch))
+                            + f" {st.meta['vgpr']} | {st.spills} | {st.occupancy[0]} |")
+    return rows
+
+
 def main(argv):
+    if "--hotloop" in argv:
+        from bench.hotloop import HEADER
+
+        head, rule = HEADER.split("\n")
+        print("Hot-loop MODEL per KV iteration and wave, B1 S2048 H32 bf16 causal (not a measurement)\n")
+        print(head + " VGPR | spills | waves/SIMD |")
+        print(rule + "---|---|---|")
+        for row in hotloop_rows():
+            print(row, flush=True)
+        return
     configs = QUICK if "--quick" in argv else CONFIGS
     print("| arch | dtype | D | causal | mask | VGPR | AGPR | SGPR | spills (v/s) | LDS B | waves/SIMD |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -55,3 +55,19 @@ def test_mfma_cycle_table(mn, arch, cycles):
 def test_no_loop_is_an_error():
     with pytest.raises(ValueError, match="no loop"):
         hot_loop("kern:\n\tv_mov_b32_e32 v0, 0\n\ts_endpgm\n")
+
+
+def test_attention_hot_loop_on_its_compiled_isa():
+    """Our attention at B1 S2048 H32 D128 bf16 causal on gfx942 (ISA compiled without a GPU):
+    the loop found is the MFMA loop, 32 rows per wave keep matrix cycles above vector cycles,
+    and the kernel keeps 2 waves per SIMD without spills (the regressions this guards)."""
+    from bench.hotloop import compile_isa_texts, main_text
+    from translator_kernels.isa import parse_isa
+
+    text = main_text(compile_isa_texts("bench._isa_child:ours", ("attention", "bf16", [1, 2048, 32, 128]),
+                                       arch="gfx942"))
+    c = hot_loop(text, "gfx942")
+    assert c["counts"]["MFMA"] == 64 and c["matrix_over_vector"] >= 1.15, c
+    assert c["ops"].get("v_perm_b32", 0) <= 8, c["ops"]  # V arrives transposed from LDS
+    st = max(parse_isa(text, "gfx942"), key=lambda k: k.instructions)
+    assert st.spills == 0 and st.occupancy[0] >= 2, (st.meta, st.occupancy)

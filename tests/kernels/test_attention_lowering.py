@@ -22,7 +22,7 @@ class Sdpa(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
 
-@pytest.mark.parametrize("d,causal", [(8, False), (24, True)])
+@pytest.mark.parametrize("d,causal", [(8, False), pytest.param(24, True, marks=pytest.mark.slow)])
 def test_sdpa_at_a_padded_head_dim_runs_the_kernel(d, causal):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 19, d, generator=g) for _ in range(3))

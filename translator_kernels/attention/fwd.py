@@ -1,11 +1,12 @@
-"""Flash-attention forward kernel body (FlyDSL), one wave per 16 query rows.
+"""Flash-attention forward kernel body (FlyDSL): 16 or 32 query rows per wave.
 
 Design notes
 ------------
-Each wave owns 16 query rows and walks the keys in blocks of BLOCK_N = 16 * N_TILES with an
-online softmax (running max `m`, running sum `l`, fp32 accumulators). Both products run on
-16x16 MFMAs (bf16/fp16: 16x16x16, fp32: 16x16x4f32) in *transposed* form so that no data
-ever crosses lanes except for the row max:
+A wave owns RG groups of 16 query rows (RG = 2 for 16-bit inputs up to D=128, else 1) and
+walks the keys in blocks of BLOCK_N = 16 * N_TILES with an online softmax (running max `m`,
+running sum `l`, fp32 accumulators). Both products run on 16x16 MFMAs (bf16/fp16: 16x16x16,
+on gfx950 16x16x32; fp32: 16x16x4f32) in *transposed* form so that no data ever crosses lanes
+except for the row max:
 
     Sᵀ = K · Qᵀ     A = K tile (16 keys x D),  B = Qᵀ (D x 16 rows)
     Oᵀ = Vᵀ · Pᵀ    A = Vᵀ (16 d x 16 keys),   B = Pᵀ (16 keys x 16 rows)
@@ -13,16 +14,34 @@ ever crosses lanes except for the row max:
 With lane = 16 * g + r, the Sᵀ accumulator of lane (g, r) holds row r, keys 4g..4g+3 of the
 tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the Oᵀ accumulator
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
-max needs two xor-shuffles (16, 32); the row sum stays per lane until the epilogue.
+max needs two xor-shuffles (16, 32); the row sum stays per lane until the epilogue. The RG
+row groups of a wave share every K and V operand read (A operands), so 32 rows per wave halve
+the LDS bytes and the per-tile overhead per score.
 
 Contractions may permute their K index freely, so the head dimension is laid out to make
-every global access a contiguous per-lane vector:
-  * QKᵀ: lane group g covers d in [g*D/4, (g+1)*D/4); k-step s reads 4 (or 1, fp32) of them.
-  * PV:  output tile dt, MFMA row m stands for d = m * D/16 + dt, so a lane reads and
-         writes D/16 contiguous elements of one V / O row.
-K and V rows are read straight from global memory (L1/L2 serve the waves of a workgroup);
-there is no LDS. Row and key indices are clamped into range so every access is in bounds;
-out-of-range keys are masked to -inf and out-of-range rows are not stored.
+every access a contiguous per-lane vector:
+  * QKᵀ: lane group g covers d in [g*D/4, (g+1)*D/4); k-step s reads 4 (8, 1) of them.
+  * PV with LDS (more than one wave): V is staged *transposed*, Vᵀ[d][key] (row stride
+    BLOCK_N + 4: 16 lanes' 8-byte reads hit all 32 banks), written with ds_write_b16 /
+    ds_write_b16_d16_hi (no VALU); MFMA row m of Oᵀ tile dt stands for d = 16 dt + m and an
+    operand (4 keys of one d) is one 8-byte read; gfx950 pairs two of them for 16x16x32.
+  * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
+    D/16 contiguous elements of one V row and regroups them (v_perm).
+With more than one wave the workgroup copies each K / V tile to LDS (the next tile's global
+loads are issued before the current tile's math); one wave reads K and V straight from global
+memory. Row and key indices are clamped into range so every access is in bounds; out-of-range
+keys are masked to -inf and out-of-range rows are not stored.
+
+Vector work (the loop is bound by it on gfx942 at D <= 64 and on gfx950; bench.hotloop):
+tiles that need no mask (below Sk and below the block's first causal row, without a user mask)
+run in a separate loop without any compare; the row max skips NaN canonicalization (a NaN
+score still reaches O through exp2 and l); scale, s - m and the row sum are packed 4-vectors;
+on gfx942 P is rounded to bf16 on its bits (no convert instruction there).
+
+Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
+padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
+Split KV (flash-decoding): `split` runs one workgroup per (query block, KV slice) and writes
+fp32 partials for combine.py.
 
 Rows whose keys are all masked end with l == 0 and are written as 0, as torch SDPA does.
 Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k <= q.
@@ -40,9 +59,9 @@ from translator_kernels.device_math import tanh
 
 LOG2E = 1.4426950408889634
 AFN = fx.arith.FastMathFlags.afn
-# gfx950 16x16x32 MFMA for PV: always with the transposed LDS V (an operand is two 8-byte reads);
-# from global V rows gathering 8 keys per operand costs ~56 VGPRs, so that path keeps it off
-PV32_ON = False
+# the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
+# reaches the output through exp2(s - m) and the row sum
+NNAN = fx.arith.FastMathFlags.nnan
 
 # mask kinds (constexpr)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -119,7 +138,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
     QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
-    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and (PV32_ON or cfg["use_lds"])
+    # gfx950 16x16x32 for PV too when V is staged transposed in LDS (an operand = two 8-byte
+    # reads); gathering 8 keys from global V rows would cost ~56 VGPRs, so decode keeps 16x16x16
+    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and cfg["use_lds"]
+    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by bit rounding (p_to_elem)
     Elem = _FX_DTYPES[dtype]
     MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
@@ -228,9 +250,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def p_to_elem(ps):
             """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
             instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
-            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5."""
+            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5 VALU.
+            (Truncating a p pre-scaled by 1 + 2^-8.5 saves the add but measured 1.6x the mean
+            error of round-to-nearest on flysim, with a bias; this matches it.)"""
             pv = fx.Vector.from_elements(ps, fx.Float32)
-            if const_expr(dtype != "bf16" or not arch.startswith("gfx942")):
+            if const_expr(not TRUNC_P):
                 return pv.to(Elem)
             bits = fx.Vector(pv.bitcast(fx.Int32)) + fx.Vector.filled(4, 0x8000, fx.Int32)
             halves = fx.Vector(fx.Vector(bits).bitcast(fx.Int16))
@@ -364,6 +388,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def score_tile(acc, kb, t, u, masked):
             """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
             element i is key kb + 16t + 4g + i of row rows[u]."""
+            if const_expr(not masked and not softcap):  # packed: two scores per v_pk_mul_f32
+                sv = fx.Vector(acc * (fx.Vector.filled(4, 0.0, fx.Float32) + c_qk))
+                return [sv[i] for i in range_constexpr(4)]
             vals = []
             for i in range_constexpr(4):
                 kidx = kb + 16 * t + 4 * g + i
@@ -428,27 +455,29 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 m_loc = m_old[u]
                 for t in range_constexpr(N_TILES):
                     for i in range_constexpr(4):
-                        m_loc = fx.arith.maxnumf(m_loc, s_tiles[u][t][i])
-                m_loc = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)))
-                m_n = fx.arith.maxnumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)))
+                        m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
+                m_loc = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)), fastmath=NNAN)
+                m_n = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)), fastmath=NNAN)
                 m_use = (m_n == neg_inf).select(zero_f, m_n)
                 alpha = exp2(m_old[u] - m_use)
-                l_n = l_old[u] * alpha
+                # s - m as packed 4-vectors, exp2 per score, the row sum as a 4-vector (v_pk_add)
+                m_vec = fx.Vector.filled(4, 0.0, fx.Float32) + m_use
+                l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
                 pt = []
                 for t in range_constexpr(N_TILES):
-                    ps = []
-                    for i in range_constexpr(4):
-                        p = exp2(s_tiles[u][t][i] - m_use)
-                        l_n = l_n + p
-                        ps.append(p)
+                    dv = fx.Vector(fx.Vector.from_elements(s_tiles[u][t], fx.Float32) - m_vec)
+                    ps = [exp2(dv[i]) for i in range_constexpr(4)]
+                    l_vec = l_vec + fx.Vector.from_elements(ps, fx.Float32)
                     pt.append(ps)
+                l_vec = fx.Vector(l_vec)
+                l_n = l_old[u] * alpha + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
                 o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
                 m_new.append(m_n)
                 l_new.append(l_n)
                 p_tiles.append(pt)
 
             # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
-            if const_expr(VT and PV32):
+            if const_expr(PV32):
                 # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
                 for tp in range_constexpr(N_TILES // 2):
                     t0 = 2 * tp
@@ -472,18 +501,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                 o_acc[u][dt] = acc
                             else:
                                 o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
-            elif const_expr(PV32):
-                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
-                for tp in range_constexpr(N_TILES // 2):
-                    t0 = 2 * tp
-                    v_rows = [v_operand(kb, t0 + j // 4, j % 4) for j in range_constexpr(8)]
-                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
-                           for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(8)], Elem)
-                        for u in range_constexpr(RG):
-                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
-            for t in range_constexpr(0 if PV32 or VT else N_TILES):
+            for t in range_constexpr(0 if VT else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
                     for dt in range_constexpr(VN):
