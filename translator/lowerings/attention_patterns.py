@@ -251,7 +251,7 @@ def handwritten_supported(node, ctx):
     d = static_int(shape_of(m.q)[-1])
     h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.k)[1])
     if d not in HEAD_DIMS or static_int(shape_of(m.v)[-1]) != d:
-        return f"head_dim={shape_of(m.q)[-1]} is not one of {HEAD_DIMS}"
+        return f"head_dim={shape_of(m.q)[-1]} is outside {HEAD_DIMS.start}..{HEAD_DIMS.stop - 1} (or V differs)"
     if h is None or hkv is None or h % hkv or static_int(shape_of(m.v)[1]) != hkv:
         return f"head counts {shape_of(m.q)[1]} / {shape_of(m.k)[1]} are not a multiple of each other"
     if m.mask is not None and any(len(shape_of(x)) > 4 for x in [m.mask, *m.more_masks]):
