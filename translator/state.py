@@ -5,7 +5,8 @@ captured graph (FLOP counting, verification) several times. A model that updates
 in forward (a step counter, running statistics, a cache) would be advanced by each run, so:
 
 - `preserved(module)` snapshots a module's buffers before an internal run and copies them
-  back after it, in place (the tensors the user holds stay the same objects). Parameters are
+  back after it, in place (the tensors the user holds stay the same objects). For a graph
+  module only the tensors its graph writes are copied. Parameters are
   not copied (that would double the model's memory); a run that writes a parameter is
   detected through its version counter and refused with a clear error, since the model's
   state could not be restored.
@@ -28,7 +29,31 @@ from .errors import InputError
 
 
 def _buffers(module: torch.nn.Module) -> list:
+    """The tensors a run of `module` may advance: for a graph module (or a translated module's
+    graph) exactly those its graph writes, so large read-only buffers such as preshuffled
+    weights are never copied; for a user's model every buffer (its code is opaque)."""
+    gm = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "gm", None)
+    if isinstance(gm, torch.fx.GraphModule):
+        return [(t, _get(gm, t)) for t in written_targets(gm)]
     return [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+
+
+def _get(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, attr = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, attr)
+
+
+def written_targets(gm: torch.fx.GraphModule) -> list[str]:
+    """The get_attr targets `gm`'s graph writes in place (an in-place op's mutable argument)."""
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        for arg, a in zip(n.target._schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node) \
+                    and a.op == "get_attr":
+                written.add(a.target)
+    return sorted(written)
 
 
 @contextlib.contextmanager
@@ -54,16 +79,8 @@ def preserved(*modules: torch.nn.Module):
 
 def own_mutable_state(gm: torch.fx.GraphModule) -> list[str]:
     """Give `gm` private copies of the tensors its graph writes in place; returns their names."""
-    written = set()
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        schema = n.target._schema
-        for arg, a in zip(schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node) \
-                    and a.op == "get_attr":
-                written.add(a.target)
-    for target in sorted(written):
+    written = written_targets(gm)
+    for target in written:
         owner, _, attr = target.rpartition(".")
         mod = gm.get_submodule(owner) if owner else gm
         t = getattr(mod, attr)
@@ -74,4 +91,4 @@ def own_mutable_state(gm: torch.fx.GraphModule) -> list[str]:
             mod._buffers[attr] = copy
         else:
             setattr(mod, attr, copy)
-    return sorted(written)
+    return written
