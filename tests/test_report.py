@@ -169,6 +169,10 @@ def test_saved_report_keeps_launch_evidence(flysim_mlp, tmp_path):
     translator.save(tm, tmp_path / "m.pt2")
     back = translator.load(tmp_path / "m.pt2", backend="reference")
     assert back.report.launches == tm.report.launches and back.report.kernel_view() == tm.report.kernel_view()
+    flysim_back = translator.load(tmp_path / "m.pt2", backend="flysim")  # calls after loading are evidence too
+    flysim_back.report.launches.clear()
+    flysim_back(x)
+    assert set(flysim_back.report.launches) == set(tm.report.ops) and not flysim_back.report.without_launch()
 
 
 def test_terminal_render_lists_the_launches(flysim_mlp):
@@ -194,5 +198,7 @@ def test_load_of_a_report_with_removed_nodes(tmp_path):
     assert [r.where for r in tm.report.rows if r.op == "aten.mul"] == ["removed"]
     translator.save(tm, tmp_path / "d.pt2")
     back = translator.load(tmp_path / "d.pt2", backend="auto")  # auto reads the families from the rows
-    torch.testing.assert_close(back(x), torch.softmax(x, -1))
     assert [r.where for r in back.report.rows] == [r.where for r in tm.report.rows]
+    torch.testing.assert_close(back(x), torch.softmax(x, -1))
+    want = "flydsl-kernel" if back.backend == "flysim" else "flydsl-reference"  # the new call is the evidence
+    assert [r.where for r in back.report.rows] == ["removed", want]
