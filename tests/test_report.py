@@ -169,3 +169,36 @@ def test_saved_report_keeps_launch_evidence(flysim_mlp, tmp_path):
     translator.save(tm, tmp_path / "m.pt2")
     back = translator.load(tmp_path / "m.pt2", backend="reference")
     assert back.report.launches == tm.report.launches and back.report.kernel_view() == tm.report.kernel_view()
+    flysim_back = translator.load(tmp_path / "m.pt2", backend="flysim")  # calls after loading are evidence too
+    flysim_back.report.launches.clear()
+    flysim_back(x)
+    assert set(flysim_back.report.launches) == set(tm.report.ops) and not flysim_back.report.without_launch()
+
+
+def test_terminal_render_lists_the_launches(flysim_mlp):
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    flysim_mlp[2].report.render(Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "FlyDSL launches" in text and all(k["kernel"] in text for k in flysim_mlp[2].report.kernel_view())
+    assert "of bytes in FlyDSL ops" in text
+
+
+def test_load_of_a_report_with_removed_nodes(tmp_path):
+    class Dead(nn.Module):
+        def forward(self, x):
+            unused = x * 3  # noqa: F841 — a dead node: its row says "removed"
+            return torch.softmax(x, -1)
+
+    x = torch.randn(4, 16)
+    tm = translator.translate(Dead(), (x,), backend="reference")
+    assert [r.where for r in tm.report.rows if r.op == "aten.mul"] == ["removed"]
+    translator.save(tm, tmp_path / "d.pt2")
+    back = translator.load(tmp_path / "d.pt2", backend="auto")  # auto reads the families from the rows
+    assert [r.where for r in back.report.rows] == [r.where for r in tm.report.rows]
+    torch.testing.assert_close(back(x), torch.softmax(x, -1))
+    want = "flydsl-kernel" if back.backend == "flysim" else "flydsl-reference"  # the new call is the evidence
+    assert [r.where for r in back.report.rows] == ["removed", want]

@@ -58,7 +58,9 @@ class TranslatedModule(torch.nn.Module):
         self.last_launches: list = []  # the launch records of the last call (flysim: LaunchRecord)
         self.last_calls: list = []  # runtime.ops.OpCall per FlyDSL op call of the last call, node set
         self.last_generated_kernels: set = set()
-        self._flydsl_nodes = [n.name for n in gm.graph.nodes if is_flydsl(n)]
+        # the FlyDSL nodes in call order, named as the report knows them (a loaded graph may rename nodes)
+        names = [n.name for n in gm.graph.nodes if is_flydsl(n)]
+        self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
 
     @property
     def code(self) -> str:

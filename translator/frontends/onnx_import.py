@@ -134,6 +134,16 @@ def _gather(n, data, idx):
     return torch.index_select(data, axis, i.flatten()).reshape(*data.shape[:axis], *i.shape, *data.shape[axis + 1:])
 
 
+def _flatten(n, x):
+    """ONNX Flatten: always 2-D, (prod(dims[:axis]), prod(dims[axis:])); axis 0 gives (1, numel)."""
+    axis = n.attrs.get("axis", 1)
+    axis = axis + x.dim() if axis < 0 else axis
+    lead = 1
+    for s in x.shape[:axis]:
+        lead = lead * s
+    return x.reshape(lead, -1)
+
+
 def _unsqueeze(n, x, axes=None):
     axes = _axes(n, [x, axes])
     if _is_ints(x):
@@ -181,12 +191,15 @@ def _conv(n, x, w, b=None):
 
 
 def _pool(fn):
+    """MaxPool / AveragePool. ONNX's defaults differ from torch's: strides 1 (torch: the kernel
+    size) and, for AveragePool, count_include_pad 0 (torch: True)."""
     def run(n, x):
         k = n.attrs["kernel_shape"]
         pads = list(n.attrs.get("pads", [0] * 2 * len(k)))
         if pads[:len(k)] != pads[len(k):] or n.attrs.get("ceil_mode", 0):
             raise InputError(f"ONNX import: {n.op_type} {n.name} uses asymmetric padding or ceil_mode")
-        return fn(x, k, stride=n.attrs.get("strides", k), padding=pads[:len(k)])
+        kw = {"count_include_pad": bool(n.attrs.get("count_include_pad", 0))} if fn is F.avg_pool2d else {}
+        return fn(x, k, stride=n.attrs.get("strides", [1] * len(k)), padding=pads[:len(k)], **kw)
     return run
 
 
@@ -243,7 +256,8 @@ def _split(n, x, split=None):
     sizes = _ints(split, "split") if split is not None else n.attrs.get("split")
     if sizes is None:
         k = n.attrs.get("num_outputs", len(n.outputs))
-        return tuple(torch.tensor_split(x, k, axis)) if x.shape[axis] % k else tuple(torch.chunk(x, k, axis))
+        c = -(-x.shape[axis] // k)  # ONNX: chunks of ceil(n / k), the last one smaller
+        return tuple(torch.split(x, [c] * (k - 1) + [x.shape[axis] - c * (k - 1)], axis))
     return tuple(torch.split(x, list(sizes), axis))
 
 
@@ -275,8 +289,7 @@ OPS = {
     "ReduceSum": _reduce(lambda x, ax, k: x.sum(ax, keepdim=k)),
     "ReduceMax": _reduce(lambda x, ax, k: x.amax(ax, keepdim=k)),
     "Reshape": _reshape, "Transpose": lambda n, x: x.permute(n.attrs.get("perm", list(range(x.dim()))[::-1])),
-    "Flatten": lambda n, x: x.flatten(n.attrs.get("axis", 1)).flatten(0, 0) if n.attrs.get("axis", 1) == 0 else
-    x.flatten(n.attrs.get("axis", 1)).flatten(0, n.attrs.get("axis", 1) - 1),
+    "Flatten": _flatten,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Gather": _gather, "Expand": _expand, "Shape": lambda n, x: list(x.shape)[slice(n.attrs.get("start", 0),
                                                                                    n.attrs.get("end"))],

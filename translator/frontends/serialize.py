@@ -68,7 +68,7 @@ def load(path, backend: str | None = None):
                          f"({type(e).__name__}: {_first_line(e)}); the file is damaged or was written by an "
                          f"incompatible torch (it was saved with torch {meta.get('torch_version')})") from e
     report = _report_from_dict(meta["report"])
-    families = {r.detail.split()[0].removeprefix("flydsl.") for r in report.rows if r.where != "pytorch"}
+    families = {r.detail.split()[0].removeprefix("flydsl.") for r in report.rows if r.where.startswith("flydsl")}
     if backend is None:
         want = meta["backend"]
         try:

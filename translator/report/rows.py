@@ -101,18 +101,7 @@ class Tracking:
                 for s in n.meta.get("flydsl", {}).get("sources", []):
                     absorber[s] = n.name
         ops = {n.name: _op_entry(n, families) for n in gm.graph.nodes if is_flydsl(n)}
-        parts = defaultdict(list)  # captured node -> FlyDSL nodes computing part of its decomposition
-        for fnode, e in ops.items():
-            for src in final[fnode].meta.get("flydsl", {}).get("sources", []):
-                if src in self.costs:
-                    e["flops"] += self.costs[src][0]
-                    e["sources"].append(src)
-                else:
-                    e["flops"] += self.prov.flops.get(src, 0)
-                    o = self.prov.origin.get(src)
-                    if o and fnode not in parts[o]:
-                        parts[o].append(fnode)
-                        e["sources"].append(f"{o} (part)")
+        parts = self._cost_ops(ops, final)
         folded = {s for n in gm.graph.nodes for s in n.meta.get("folded", ())}  # passes.fold_shapes
         rows = []
         for name, op, shapes, dtype, target in self.snapshot:
@@ -152,20 +141,42 @@ class Tracking:
             else:
                 rows.append(Row(name, op, shapes, dtype, "removed", "dead code: nothing uses its result (removed)",
                                 0, True))
-        captured = {r.node for r in rows}
-        for n in gm.graph.nodes:  # nodes the passes created that stay in PyTorch
+        rows += self._inserted_rows(gm, {r.node for r in rows})
+        for e in ops.values():
+            e.pop("head")
+        return rows, ops
+
+    def _cost_ops(self, ops, final) -> dict:
+        """Each FlyDSL op's FLOPs and absorbed nodes, from its sources; returns, per captured node,
+        the FlyDSL ops that compute a part of its decomposition."""
+        parts = defaultdict(list)
+        for fnode, e in ops.items():
+            for src in final[fnode].meta.get("flydsl", {}).get("sources", []):
+                if src in self.costs:  # a captured node
+                    e["flops"] += self.costs[src][0]
+                    e["sources"].append(src)
+                    continue
+                e["flops"] += self.prov.flops.get(src, 0)  # a node a rewrite created
+                o = self.prov.origin.get(src)
+                if o and fnode not in parts[o]:
+                    parts[o].append(fnode)
+                    e["sources"].append(f"{o} (part)")
+        return parts
+
+    def _inserted_rows(self, gm, captured) -> list:
+        """Rows for the nodes the passes created that stay in PyTorch, naming their origin."""
+        from . import Row
+
+        rows = []
+        for n in gm.graph.nodes:
             if n.op != "call_function" or is_flydsl(n) or n.name in captured or n.meta.get("flydsl"):
                 continue
             layout = is_layout(n)
             src = self.prov.origin.get(n.name)
-            args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in n.args]
-            f = 0 if layout else cost.model_flops(n.target, args, n.meta.get("val"))
             rows.append(Row(n.name, op_name(n), describe_shapes(n), node_dtype(n), "pytorch",
-                            f"inserted by a pass{f' (from {src})' if src else ''}", f, layout, bytes=cost.node_bytes(n),
-                            origin=src or ""))
-        for e in ops.values():
-            e.pop("head")
-        return rows, ops
+                            f"inserted by a pass{f' (from {src})' if src else ''}", 0 if layout else cost.node_flops(n),
+                            layout, bytes=cost.node_bytes(n), origin=src or ""))
+        return rows
 
     def _ends(self, name, absorber, final) -> list:
         """The final-graph nodes a captured node's value ended in (FlyDSL nodes first)."""
