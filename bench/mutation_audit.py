@@ -87,14 +87,14 @@ MUTATIONS = (
         "per-op tolerances loosened 100x where they are read"),
     Mutation(
         "flysim-buffer-load-ignores-soffset", "flysim/src/flysim/ops_mem.py",
-        "off = _buffer_offsets(ex, rs, voff, soff, 0).expand(N)\n        m = ex.mask\n        if _all_inside(off, nrec, "
-        "es * cnt, m):\n            ex.R[out]",
-        "off = (ex.R[voff].to(torch.int64) & 0xFFFFFFFF).expand(N)\n        m = ex.mask\n        if _all_inside(off, "
-        "nrec, es * cnt, m):\n            ex.R[out]",
+        "        off, soffset = _buffer_offsets(ex, voff, soff, 0)\n        base = base + soffset\n        m = ex.mask\n"
+        "        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
+        "        off, soffset = _buffer_offsets(ex, voff, soff, 0)\n        m = ex.mask\n"
+        "        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
         ("flysim/tests",),
         "flysim's raw buffer load adds voffset but not soffset"),
     Mutation(
-        "attention-flops-halved", "translator/report/__init__.py",
+        "attention-flops-halved", "translator/report/cost.py",
         "    return 2 * b * q.shape[-2] * k.shape[-2] * q.shape[-1] + 2 * b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
         "    return b * q.shape[-2] * k.shape[-2] * q.shape[-1] + b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
         ("tests/test_report_flops.py",),
