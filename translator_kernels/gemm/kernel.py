@@ -3,16 +3,29 @@
 One workgroup = 4 waves (256 lanes) computes a BM x BN tile of C; wave w owns columns
 [w*BN/4, (w+1)*BN/4) and all BM rows, as (BM/16) x (BN/64) MFMA 16x16 accumulators.
 
-Data path per K step of BK elements (K_pad/BK steps, a runtime scf.for, M is runtime):
+Data path per K step of BK elements (K_pad/BK steps; M is a runtime argument):
   A  global --128-bit buffer loads--> registers --ds_write_b128--> LDS (2 stages)
      LDS is laid out like the preshuffled weight, (BM/16, BK/32, 32/kpack, 16, kpack), so
      every MFMA A operand is one conflict-free ds_read_b128 (64 lanes x 16 B contiguous).
   W  global --128-bit buffer loads--> registers (no LDS): the preshuffle puts each lane's
-     operand in one contiguous 16-byte chunk; loads for step k+1 are issued before the
-     MFMAs of step k (register double buffer), A for step k+1 likewise (LDS double buffer),
-     one barrier per step.
+     operand in one contiguous 16-byte chunk.
   MFMA: fp32 -> v_mfma_f32_16x16x4_f32 (8 per 16x16x32 block), bf16/fp16 -> 16x16x16
      (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation.
+
+The scheduled K loop (the hot loop):
+  - Step k computes on LDS stage k % 2 and W register set k % 2 while the loads of tile k+1
+    are in flight; A of tile k+1 is written to the other stage at the end of the step, then
+    one barrier.
+  - The scf.for runs two steps per iteration, so stage offsets are immediates and the two W
+    register sets swap without copies. It never loads the K-tail tile: the last 1-3 steps
+    are peeled, and only the load of the tile that crosses K checks k < K per chunk.
+  - Global offsets are per-thread VGPRs computed once (row < M and the N padding folded in as
+    the sentinel offset); a tile adds a uniform SGPR soffset. The loop body has no VALU.
+  - Each step ends with a sched_group_barrier sequence (`hot_loop_plan`): A operands are read
+    from LDS two operands ahead of their MFMAs (not all at once), the next tile's global loads
+    spread over the first half of the MFMAs, the LDS writes of A follow the last MFMAs. FlyDSL's
+    preshuffle GEMM schedules its hot loop with the same kind of hints; bench.kernels compares
+    the two at equal tiles.
 
 K ordering: lane (r, q) of a 16x16x32 block holds the 16-byte chunk q (and q+4 for fp32)
 of its row; each MFMA sums over q, so A and W are permuted identically along K and the
@@ -207,6 +220,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             acc = op(_v4f32(), [vector.shuffle(av, av, sel), vector.shuffle(bv, bv, sel), acc])
         return acc
 
+    mpb = mfma_per_block(dtype, arch)
+    hints = hot_loop_plan(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
+
+    def schedule_step(prefetching: bool):
+        """Emit one K step's sched_group_barrier sequence (`hot_loop_plan`); ends the region."""
+        for kind, cnt in hints if prefetching else [h for h in hints if h[0] in ("dsrd", "mfma")]:
+            getattr(rocdl, "sched_" + kind)(cnt)
+        rocdl.sched_barrier(0)
+
     @flyc.kernel
     def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor,
                     m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
@@ -226,10 +248,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         lds = fx.SharedAllocator().allocate(Smem).peek()
         zero = _raw(fx.Int32(0))
 
-        def gload(r, byte_off):
-            return rocdl.raw_ptr_buffer_load(_v4i32(), r, _raw(byte_off), zero)
+        def gload(r, voff, soff):
+            return rocdl.raw_ptr_buffer_load(_v4i32(), r, _raw(voff), _raw(soff), 0)
 
-        # ---- A tile: global -> regs (each thread a_loads chunks) ----
+        # ---- global offsets: the per-thread part once, here; each K tile adds a uniform
+        # byte offset (an SGPR soffset), so the loop body does no per-lane address math. ----
         a_row0 = bx * bm
         a_base = bz * a_bs
 
@@ -240,27 +263,32 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             rest = c // 16
             return c, (rest // a_cpr) * 16 + c % 16, rest % a_cpr
 
-        def load_a(kt):
+        a_voff, a_kk = [], []
+        for i in range_constexpr(a_loads):
+            c, r, kc = a_chunk(i)
+            row = a_row0 + r
+            ok = row < m
+            if const_expr(a_chunks % THREADS != 0):
+                ok = ok & (c < a_chunks)
+            a_voff.append(ok.select((a_base + row * k + kc * kp) * esz, fx.Int32(OOB)))
+            a_kk.append(kc * kp)
+
+        def load_a(kt, k_tail=False):
+            """A tile kt -> registers; k_tail: this tile crosses K (chunks with k >= K read 0)."""
+            soff = kt * (bk * esz)
             regs = []
             for i in range_constexpr(a_loads):
-                c, r, kc = a_chunk(i)
-                row = a_row0 + r
-                kk = kt * bk + kc * kp
-                ok = (row < m) & (kk < k)
-                if const_expr(a_chunks % THREADS != 0):
-                    ok = ok & (c < a_chunks)
-                off = ok.select((a_base + row * k + kk) * esz, fx.Int32(OOB))
-                regs.append(gload(ra, off))
+                voff = a_voff[i]
+                if const_expr(k_tail):
+                    voff = (kt * bk + a_kk[i] < k).select(voff, fx.Int32(OOB))
+                regs.append(gload(ra, voff, soff))
             return regs
 
-        def lds_a_dw(c, r, kc):
-            # (BM/16, BK/32, cpb, 16, kp) layout: unit ((r//16*a_cpr + kc)*16 + r%16), which is c itself
-            return c * 4
-
-        def store_a(regs, stage_off):
+        def store_a(regs, stage):
+            # (BM/16, BK/32, cpb, 16, kp) layout: chunk c goes to 16-byte unit c of the stage
             for i in range_constexpr(a_loads):
-                c, r, kc = a_chunk(i)
-                p = fx.add_offset(lds.a.ptr, _raw(stage_off + lds_a_dw(c, r, kc)))
+                c = tid + i * THREADS
+                p = fx.add_offset(lds.a.ptr, _raw(c * 4 + stage * stage_dw))
                 if const_expr(a_chunks % THREADS != 0):
                     if_op = scf.IfOp(_raw(c < a_chunks), has_else=False)
                     with ir.InsertionPoint(if_op.then_block):
@@ -269,60 +297,77 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 else:
                     fx.ptr_store(regs[i], p)
 
-        # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks ----
+        # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks (block and half offsets are
+        # compile-time constants the buffer instruction's immediate offset absorbs) ----
         nb0 = (by * bn + wave * n_per_wave) // 16
         w_base = bz * w_bs
+        w_voff = []
+        for nr in range_constexpr(n_rep):
+            nb = nb0 + nr
+            w_voff.append((nb < nb_total).select((w_base + nb * (kb_total * cpb * 16 * kp) + lane * kp) * esz,
+                                                 fx.Int32(OOB)))
 
         def load_w(kt):
+            soff = kt * (bk * 16 * esz)
             regs = []
             for nr in range_constexpr(n_rep):
-                nb = nb0 + nr
                 for kb in range_constexpr(k_blk):
-                    blk = nb * kb_total + kt * k_blk + kb
                     for h in range_constexpr(lph):
-                        el = ((blk * cpb + h * 4) * 16 + lane) * kp
-                        off = (nb < nb_total).select((w_base + el) * esz, fx.Int32(OOB))
-                        regs.append(gload(rw, off))
+                        regs.append(gload(rw, w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz, soff))
             return regs
 
-        def compute(accs, w_regs, stage_off):
+        def compute(accs, w_regs, stage):
             accs = list(accs)
             for kb in range_constexpr(k_blk):
-                a_ops = []
                 for mr in range_constexpr(m_rep):
                     ops = []
                     for h in range_constexpr(lph):
-                        dw = stage_off + (((mr * k_blk + kb) * cpb + h * 4) * 16 + lane) * 4
+                        dw = stage * stage_dw + (((mr * k_blk + kb) * cpb + h * 4) * 16) * 4 + lane * 4
                         ops.append(fx.ptr_load(fx.add_offset(lds.a.ptr, _raw(dw)), _v4i32()))
-                    a_ops.append(ops)
-                for mr in range_constexpr(m_rep):
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        accs[i] = mfma_block(accs[i], a_ops[mr], w_regs[wb:wb + lph])
+                        accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
             return accs
 
-        # ---- prologue ----
+        def step(accs, w_cur, stage, nxt=None, k_tail=False):
+            """One K tile: MFMAs on LDS stage `stage` with W regs `w_cur`; when `nxt` (a tile index)
+            is given, its A and W loads are in flight meanwhile and A lands in the other stage.
+            Returns (accs, W regs of nxt)."""
+            w_next = None
+            if const_expr(nxt is not None):
+                a_next = load_a(nxt, k_tail)
+                w_next = load_w(nxt)
+            accs = compute(accs, w_cur, stage)
+            if const_expr(nxt is not None):
+                store_a(a_next, 1 - stage)
+            schedule_step(nxt is not None)
+            if const_expr(nxt is not None):
+                gpu.barrier()
+            return accs, w_next
+
+        # ---- prologue: tile 0 -> LDS stage 0 and W regs ----
+        k_tail = k % bk != 0  # only the last tile crosses K (K_pad - K < 32 <= BK)
         accs = [_raw(fx.Vector.filled(4, 0.0, fx.Float32)) for _ in range(m_rep * n_rep)]
-        store_a(load_a(fx.Int32(0)), fx.Int32(0))
+        store_a(load_a(fx.Int32(0), k_tail and nk == 1), 0)
         w_cur = load_w(fx.Int32(0))
         gpu.barrier()
         n_acc = len(accs)
-        # ---- main loop: prefetch k+1 (A regs, W regs) while computing k ----
-        if const_expr(nk > 1):
-            init = accs + w_cur
-            for kt_idx, st in range(fx.Index(0), fx.Index(nk - 1), fx.Index(1), init=init):
-                kt = fx.Int32(kt_idx)
-                a_next = load_a(kt + 1)
-                w_next = load_w(kt + 1)
-                cur_off = (kt % 2) * stage_dw
-                new_accs = compute(st[:n_acc], st[n_acc:], cur_off)
-                store_a(a_next, ((kt + 1) % 2) * stage_dw)
-                gpu.barrier()
-                res = yield [_raw(v) for v in new_accs] + [_raw(v) for v in w_next]
+        # ---- main loop, two tiles per iteration so both LDS stages and both W register sets are
+        # fixed (no stage arithmetic, no register copies); it never loads the K-tail tile ----
+        pairs = max(0, (nk - 1 - int(k_tail)) // 2)
+        if const_expr(pairs > 0):
+            for it, st in range(fx.Index(0), fx.Index(pairs), fx.Index(1), init=accs + w_cur):
+                kt = fx.Int32(it) * 2
+                accs1, w1 = step(st[:n_acc], st[n_acc:], 0, kt + 1)
+                accs2, w2 = step(accs1, w1, 1, kt + 2)
+                res = yield [_raw(v) for v in accs2] + [_raw(v) for v in w2]
             accs = list(res[:n_acc])
             w_cur = list(res[n_acc:])
-        accs = compute(accs, w_cur, fx.Int32(((nk - 1) % 2) * stage_dw))
+        # ---- peeled steps: the rest of the tiles, the K-tail load among them ----
+        for s in range_constexpr(2 * pairs, nk):
+            nxt = fx.Int32(s + 1) if s + 1 < nk else None
+            accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nk - 1)
 
         # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
         c_base = bz * c_bs
@@ -361,6 +406,46 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             grid=((m + (bm - 1)) // bm, -(-n_pad // bn), batch), block=(THREADS, 1, 1), stream=stream)
 
     return launch
+
+
+def _spread(n: int, slots: int) -> list[int]:
+    """n items over `slots` slots as evenly as integers allow (sums to n)."""
+    return [(i + 1) * n // slots - i * n // slots for i in range(slots)] if slots > 0 else []
+
+
+def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
+                  lead_ops: int = 2) -> list[tuple[str, int]]:
+    """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
+    (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).
+
+    The step computes `n_ops` A operands (one (kb, mr) pair each), every operand `reads_per_op`
+    ds_read_b128 then `mfma_per_op` MFMAs. The next tile's `n_vmem` global loads (A first) and
+    `n_dswr` LDS writes of A ride along:
+      - the reads of the first `lead_ops` operands go first, then each operand's first MFMA is
+        followed by the reads of the operand `lead_ops` later: an A operand is read about
+        lead_ops x mfma_per_op MFMAs before its use, and only ~lead_ops + 1 operands are live
+        (left alone, the scheduler hoists every read to the top: 4 VGPRs per operand);
+      - the global loads spread over the first half of the MFMAs, so their latency hides under
+        the second half and the next step;
+      - the LDS writes of A (each waits for its global load) follow the last MFMAs.
+    """
+    n_mfma = n_ops * mfma_per_op
+    lead = min(lead_ops, n_ops)
+    vmem = _spread(n_vmem, max(1, n_mfma // 2)) + [0] * n_mfma
+    dswr_from = max(0, n_mfma - n_dswr)
+    plan, dswr_left = [("dsrd", lead * reads_per_op)], n_dswr
+    for i in range(n_mfma):
+        plan.append(("mfma", 1))
+        if i % mfma_per_op == 0 and i // mfma_per_op + lead < n_ops:
+            plan.append(("dsrd", reads_per_op))
+        if vmem[i]:
+            plan.append(("vmem", vmem[i]))
+        if i >= dswr_from and dswr_left:
+            plan.append(("dswr", 1))
+            dswr_left -= 1
+    if dswr_left:
+        plan.append(("dswr", dswr_left))
+    return plan
 
 
 def _v4i32():
