@@ -1,0 +1,268 @@
+"""A hot-loop MODEL (not a measurement): matrix, vector and LDS cycles per loop iteration.
+
+    python -m bench.hotloop FILE.s [--arch gfx942] [--kernel NAME]      any dumped ISA
+    python -m bench.hotloop --attention [--arch gfx950] [--dtype bf16] [--d 128]
+
+The roofline (bench/roofline.py) has no vector or LDS term, so it predicts peak for a kernel
+whose inner loop is bound by VALU work. This model reads the compiled ISA of a kernel, finds
+its hot loop and prices one iteration of it, per wave, on the issuing SIMD:
+
+Finding the loop. The kernel body is cut at its labels (`.LBB0_3:`) into basic blocks. A
+branch (`s_branch`, `s_cbranch_*`) to a label at or before itself is a back edge; the
+instructions from that label to the branch are the loop body (every block laid out in between,
+so an `if` inside the loop counts both of its sides: a static count, an upper bound where a
+branch is skipped at run time). Of all loops, the hot one has the most matrix cycles, then the
+fewest instructions: nested loops are separate candidates, so the innermost MFMA loop wins.
+
+Pricing an instruction (cycles one wave occupies its SIMD's unit; CDNA3 / CDNA4):
+  * MFMA: flops / (peak matrix flops per CU per clock / 4 SIMDs). Peak per CU per clock from
+    the vendor's dense peaks at boost clock: MI300X (gfx942, 304 CUs, 2.1 GHz) 1307 TFLOPS
+    bf16/f16 -> 2048, 163.4 TFLOPS fp32 matrix -> 256, 2615 TFLOPS fp8 -> 4096; MI355X
+    (gfx950, 256 CUs, 2.4 GHz) 2517 TFLOPS bf16/f16 -> 4096, 157.3 fp32 -> 256, fp8 -> 8192.
+    On gfx950 the CDNA3-shaped bf16/f16 MFMAs (16x16x16, 32x32x8: half the K of the CDNA4
+    ones) run at half that rate (AMD's CDNA4 ISA guide lists them at the CDNA3 pass count).
+    So v_mfma_f32_16x16x16_bf16 = 16 cycles on both archs, v_mfma_f32_32x32x8_bf16 = 32, and
+    gfx950's v_mfma_f32_16x16x32_bf16 = 16, v_mfma_f32_32x32x16_bf16 = 32.
+  * VALU: a wave64 instruction takes 4 cycles (16 lanes per clock); transcendentals
+    (v_exp, v_log, v_rcp, v_rsq, v_sqrt, v_sin, v_cos) are quarter rate: 16 cycles (CDNA3 ISA
+    guide, "Transcendental instructions"). Packed v_pk_* ops are one instruction: 4 cycles.
+  * LDS: bytes moved / (128 bytes per clock per CU / 4 SIMDs), i.e. the SIMD's share of the
+    CU's LDS port when all four SIMDs run the same loop (CDNA3 white paper: 128 B/clk/CU;
+    gfx950 taken as the same, its doubled capacity aside). ds_read_b128 of 64 lanes = 1 KiB =
+    32 cycles; ds_bpermute / ds_swizzle / DPP-free cross-lane ops count their 4 bytes a lane.
+  * global / buffer memory, SALU, waits and branches are counted, not priced: latency hiding
+    across waves is what the occupancy model speaks to.
+Matrix and vector work issue from different waves concurrently, so an iteration costs at least
+max(matrix, vector, LDS) cycles; `bound` names the largest. This ignores dependency stalls,
+issue limits (one instruction per wave per clock) and the MFMA->VALU read-after-write latency.
+
+The GEMM K loop and the attention KV loop both go through `hot_loop(isa_text, arch)`.
+`compile_isa_texts(entry, args, arch)` compiles any kernel-library call without a GPU (through
+translator_kernels.isa's child) and returns the raw ISA, which this model needs and the
+metadata parser does not keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from translator_kernels.isa import ROOT, classify, compile_env
+
+# dense matrix flops per CU per clock, by arch and MFMA input type
+MATRIX_RATE = {
+    "gfx942": {"f32": 256, "xf32": 512, "bf16": 2048, "f16": 2048, "i8": 4096, "fp8": 4096, "f64": 256},
+    "gfx950": {"f32": 256, "xf32": 512, "bf16": 4096, "f16": 4096, "i8": 8192, "fp8": 8192, "f64": 128},
+}
+SIMDS = 4
+VALU_CYCLES, TRANS_CYCLES = 4, 16
+LDS_BYTES_PER_CLK = 128
+_TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
+_MFMA_RE = re.compile(r"v_(?:mfma|smfmac)_[a-z0-9]+_(\d+)x(\d+)x(\d+)_?([a-z0-9_]*)")
+_LABEL_RE = re.compile(r"^(\.?L[A-Za-z0-9_$.]+):")
+_BRANCH_RE = re.compile(r"^\s+(s_branch|s_cbranch_\w+)\s+(\S+)")
+_INSTR_RE = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
+
+
+def _mfma_type(suffix: str) -> str:
+    s = suffix.replace("_1k", "")
+    for key, name in (("bf16", "bf16"), ("f16", "f16"), ("xf32", "xf32"), ("f32", "f32"), ("f64", "f64"),
+                      ("i8", "i8"), ("fp8", "fp8"), ("bf8", "fp8")):
+        if key in s:
+            return name
+    return "bf16"
+
+
+def mfma_cycles(mnemonic: str, arch: str) -> int:
+    """Cycles one MFMA occupies its SIMD's matrix core (see the module docstring)."""
+    m = _MFMA_RE.match(mnemonic)
+    if not m:
+        return 16
+    M, N, K, suffix = int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)
+    typ = _mfma_type(suffix)
+    rate = MATRIX_RATE[arch][typ] / SIMDS
+    if arch == "gfx950" and typ in ("bf16", "f16") and (M, K) in ((16, 16), (32, 8)):
+        rate /= 2  # CDNA3-shaped bf16/f16 MFMA on CDNA4: half the CDNA4 rate
+    if mnemonic.startswith("v_smfmac"):
+        K *= 2  # sparse: the instruction's K is the dense equivalent over half the operand
+    return max(4, round(2 * M * N * K / rate))
+
+
+def _lds_bytes(mnemonic: str, rest: str) -> int:
+    if mnemonic.startswith(("ds_bpermute", "ds_permute", "ds_swizzle")):
+        return 64 * 4
+    from translator_kernels.isa import width
+
+    if mnemonic.startswith("ds_read2") or mnemonic.startswith("ds_write2") or mnemonic.startswith(("ds_load_2", "ds_store_2")):
+        return 64 * 2 * width(mnemonic) // 8
+    w = width(mnemonic) or 32
+    if re.search(r"_tr\d*_b(\d+)", mnemonic):
+        w = int(re.search(r"_b(\d+)$", mnemonic).group(1))
+    return 64 * w // 8
+
+
+@dataclass
+class Loop:
+    """One loop of a kernel: where it is and what one iteration issues."""
+    header: str
+    start: int  # line index of the header label
+    end: int  # line index of the back-edge branch
+    ops: dict = field(default_factory=dict)  # mnemonic -> count in the body
+    blocks: int = 1
+
+    def cycles(self, arch: str) -> dict:
+        mat = vec = lds = 0
+        n = {"MFMA": 0, "VALU": 0, "trans": 0, "LDS": 0, "vmem": 0, "SALU": 0, "other": 0}
+        lds_bytes = 0
+        for mn, (cnt, rest_bytes) in self.ops.items():
+            c = classify(mn)
+            if c == "MFMA":
+                mat += cnt * mfma_cycles(mn, arch)
+                n["MFMA"] += cnt
+            elif c == "VALU":
+                if mn.startswith(_TRANS):
+                    vec += cnt * TRANS_CYCLES
+                    n["trans"] += cnt
+                else:
+                    vec += cnt * VALU_CYCLES
+                n["VALU"] += cnt
+            elif c in ("LDS_read", "LDS_write", "LDS_other"):
+                lds_bytes += rest_bytes
+                n["LDS"] += cnt
+            elif c in ("vmem_load", "vmem_store"):
+                n["vmem"] += cnt
+            elif c in ("SALU", "wait", "barrier", "SMEM"):
+                n["SALU"] += cnt
+            else:
+                n["other"] += cnt
+        lds = round(lds_bytes / (LDS_BYTES_PER_CLK / SIMDS))
+        bound = max((("matrix", mat), ("vector", vec), ("LDS", lds)), key=lambda kv: kv[1])[0]
+        return dict(matrix_cycles=mat, vector_cycles=vec, lds_cycles=lds, lds_bytes=lds_bytes, bound=bound,
+                    matrix_over_vector=(mat / vec) if vec else float("inf"), counts=n, blocks=self.blocks)
+
+
+def _kernel_lines(text: str, kernel: str | None) -> list[str]:
+    names = re.findall(r"^([A-Za-z_][\w.$]*):\s*(?:;.*)?$", text, re.M)
+    names = [n for n in names if not n.startswith(".")]
+    if kernel is None:
+        kernel = names[0] if names else None
+    if kernel is None:
+        return text.splitlines()
+    m = re.search(rf"^{re.escape(kernel)}:.*?$(.*?)^\s*s_endpgm", text, re.M | re.S)
+    if not m:
+        raise ValueError(f"kernel {kernel!r} not found in the ISA (kernels: {', '.join(names) or 'none'})")
+    return m.group(1).splitlines()
+
+
+def find_loops(text: str, kernel: str | None = None) -> list[Loop]:
+    """Every loop (back edge) of one kernel's ISA, body instructions counted per mnemonic."""
+    lines = _kernel_lines(text, kernel)
+    labels = {}
+    for i, ln in enumerate(lines):
+        m = _LABEL_RE.match(ln)
+        if m:
+            labels[m.group(1)] = i
+    loops = []
+    for i, ln in enumerate(lines):
+        m = _BRANCH_RE.match(ln)
+        if not m or m.group(2) not in labels or labels[m.group(2)] > i:
+            continue
+        start = labels[m.group(2)]
+        ops, blocks = {}, 1
+        for body in lines[start + 1:i + 1]:
+            if _LABEL_RE.match(body):
+                blocks += 1
+                continue
+            im = _INSTR_RE.match(body.split(";")[0])
+            if not im:
+                continue
+            mn, rest = im.group(1), im.group(2)
+            cnt, nbytes = ops.get(mn, (0, 0))
+            lb = _lds_bytes(mn, rest) if classify(mn).startswith("LDS") else 0
+            ops[mn] = (cnt + 1, nbytes + lb)
+        loops.append(Loop(m.group(2), start, i, ops, blocks))
+    return loops
+
+
+def hot_loop(text: str, arch: str = "gfx942", kernel: str | None = None) -> dict:
+    """The hot loop's MODEL cycles per iteration (see the module docstring); raises if no loop."""
+    loops = find_loops(text, kernel)
+    if not loops:
+        raise ValueError("no loop (no backward branch) in the kernel's ISA")
+    priced = [(lp, lp.cycles(arch)) for lp in loops]
+    lp, c = max(priced, key=lambda pc: (pc[1]["matrix_cycles"], -sum(v[0] for v in pc[0].ops.values())))
+    c["header"] = lp.header
+    c["ops"] = {mn: v[0] for mn, v in sorted(lp.ops.items())}
+    return c
+
+
+# ---- compiling without a GPU, keeping the ISA text -----------------------------------------------
+def compile_isa_texts(entry: str, args=(), kwargs=None, *, arch: str = "gfx942", timeout: float = 600) -> list[str]:
+    """ISA text of every kernel `entry(*args, **kwargs)` compiles for `arch` (child process)."""
+    with tempfile.TemporaryDirectory(prefix="flydsl-hotloop-") as d:
+        spec, out = os.path.join(d, "jobs.pkl"), os.path.join(d, "results.json")
+        with open(spec, "wb") as f:
+            pickle.dump({"jobs": [(entry, tuple(args), dict(kwargs or {}))], "root": d}, f)
+        p = subprocess.run([sys.executable, "-m", "translator_kernels.isa", spec, out], env=compile_env(arch, d),
+                           capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+        done = json.load(open(out)) if os.path.exists(out) else []
+        if not done or done[0].get("error"):
+            msg = done[0]["error"] if done else (p.stderr + p.stdout)[-3000:]
+            raise RuntimeError(f"compile of {entry} for {arch} failed: {msg}")
+        files = sorted(glob.glob(os.path.join(done[0]["dir"], "*", "22_final_isa.s")))
+        return [open(fn).read() for fn in files]
+
+
+def main_text(texts: list[str]) -> str:
+    """The largest kernel of a compile (a launcher may also compile small helpers)."""
+    return max(texts, key=lambda t: t.count("\n"))
+
+
+def format_row(name: str, arch: str, c: dict) -> str:
+    n = c["counts"]
+    return (f"| {name} | {arch} | {n['MFMA']} | {c['matrix_cycles']} | {n['VALU']} ({n['trans']} trans) | "
+            f"{c['vector_cycles']} | {n['LDS']} | {c['lds_cycles']} | {n['vmem']} | "
+            f"{c['matrix_over_vector']:.2f} | {c['bound']} |")
+
+
+HEADER = ("| kernel | arch | MFMA | matrix cyc | VALU | vector cyc | LDS ops | LDS cyc | VMEM | matrix/vector "
+          "| bound |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.hotloop", description=__doc__.splitlines()[0])
+    p.add_argument("isa", nargs="?", help="an ISA file (e.g. a FLYDSL_DUMP_IR 22_final_isa.s)")
+    p.add_argument("--arch", default="gfx942", choices=["gfx942", "gfx950"])
+    p.add_argument("--kernel", help="kernel symbol in the ISA file (default: the first)")
+    p.add_argument("--attention", action="store_true", help="compile our attention kernel (B1 S2048 H32, causal)")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--ops", action="store_true", help="also list the loop body's mnemonics")
+    a = p.parse_args(argv)
+    if a.attention:
+        text = main_text(compile_isa_texts("bench._isa_child:ours", ("attention", a.dtype, [1, 2048, 32, a.d]),
+                                           arch=a.arch))
+        name = f"attention {a.dtype} D{a.d}"
+    elif a.isa:
+        text, name = open(a.isa).read(), os.path.basename(a.isa)
+    else:
+        p.error("give an ISA file or --attention")
+    c = hot_loop(text, a.arch, a.kernel)
+    print("Hot-loop MODEL, cycles per iteration per wave (not a measurement; see bench/hotloop.py)\n")
+    print(HEADER)
+    print(format_row(name, a.arch, c))
+    if a.ops:
+        print("\n" + " ".join(f"{mn}x{n}" for mn, n in c["ops"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
