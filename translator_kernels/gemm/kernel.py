@@ -164,11 +164,26 @@ def _i32(v):
 
 @jit_memo.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
-               bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool):
+               bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
+               w_plain: bool = False, gate=None):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, m, batch, a_bstride, w_bstride, c_bstride, scale)
-    (batch strides in elements; bias/residual are ignored placeholders when absent)."""
+    (batch strides in elements; bias/residual are ignored placeholders when absent).
+
+    split > 1 (split-K): workgroup (x, y + s * N_tiles, z) sums K tiles [s, s + 1) * K_pad / BK / split
+    and C is an fp32 workspace [split, batch, m, n] (c_bstride = m * n) that gets the raw partial sums, no epilogue
+    (splitk.build_splitk_reduce adds them up in a fixed order and applies it).
+
+    w_plain: W is an ordinary row-major [N, K] matrix (row stride K, a multiple of kpack), not
+    preshuffled: bmm's right operand when it is a transposed activation (q @ k.transpose(-2, -1)),
+    read in place. A lane's operand is still one 16-byte load; a wave reads 16 rows x 64 bytes.
+
+    gate (an epilogue program, e.g. "silu"): the gated MLP act(x Wg^T + bg) * (x Wu^T + bu). W is
+    gated.gated_weight's arrangement ([2 * N16, K]: 16 gate rows, then the 16 up rows of the same
+    output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
+    bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
+    the up value of one output element. `activation` still applies after the product."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise ValueError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     parse_epilogue(activation)  # validates
@@ -181,7 +196,14 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise ValueError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
     is950 = arch.startswith("gfx950")
     m_rep, n_rep, k_blk = bm // 16, bn // (16 * WAVES), bk // 32
-    nk = k_pad // bk
+    if gate is not None:
+        parse_epilogue(gate)
+        if bn % 128 or split != 1 or w_plain:
+            raise ValueError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W (got BN={bn})")
+    if split < 1 or (k_pad // bk) % split:
+        raise ValueError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
+    nk = k_pad // bk // split  # K tiles per workgroup
+    n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
     a_loads = -(-a_chunks // THREADS)
     a_cpr = bk // kp  # chunks per A tile row
@@ -236,6 +258,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
+        kt0 = fx.Int32(0)
+        if const_expr(split > 1):
+            s_idx = by // n_tiles
+            kt0 = s_idx * nk  # this workgroup's first K tile
+            by = by % n_tiles
         lane = tid % 64
         wave = tid // 64
         l16 = lane % 16
@@ -304,16 +331,28 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         w_voff = []
         for nr in range_constexpr(n_rep):
             nb = nb0 + nr
-            w_voff.append((nb < nb_total).select((w_base + nb * (kb_total * cpb * 16 * kp) + lane * kp) * esz,
-                                                 fx.Int32(OOB)))
+            if const_expr(w_plain):  # W[n, k] row-major, row stride K: lane (l16, q) reads row nb*16 + l16
+                ok = nb * 16 + l16 < n
+                off = (w_base + (nb * 16 + l16) * k + q * kp) * esz
+            else:
+                ok = nb < nb_total
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + lane * kp) * esz
+            w_voff.append(ok.select(off, fx.Int32(OOB)))
 
-        def load_w(kt):
-            soff = kt * (bk * 16 * esz)
+        def load_w(kt, k_tail=False):
+            """W tile kt -> registers; k_tail (plain layout only): chunks with k >= K read 0."""
+            soff = kt * (bk * (1 if w_plain else 16) * esz)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
                     for h in range_constexpr(lph):
-                        regs.append(gload(rw, w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz, soff))
+                        if const_expr(w_plain):
+                            voff = w_voff[nr] + (kb * 32 + h * 4 * kp) * esz
+                            if const_expr(k_tail):
+                                voff = (kt * bk + (kb * 32 + h * 4 * kp) + q * kp < k).select(voff, fx.Int32(OOB))
+                        else:
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz
+                        regs.append(gload(rw, voff, soff))
             return regs
 
         def compute(accs, w_regs, stage):
@@ -337,7 +376,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             w_next = None
             if const_expr(nxt is not None):
                 a_next = load_a(nxt, k_tail)
-                w_next = load_w(nxt)
+                w_next = load_w(nxt, k_tail)
             accs = compute(accs, w_cur, stage)
             if const_expr(nxt is not None):
                 store_a(a_next, 1 - stage)
@@ -349,8 +388,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # ---- prologue: tile 0 -> LDS stage 0 and W regs ----
         k_tail = k % bk != 0  # only the last tile crosses K (K_pad - K < 32 <= BK)
         accs = [_raw(fx.Vector.filled(4, 0.0, fx.Float32)) for _ in range(m_rep * n_rep)]
-        store_a(load_a(fx.Int32(0), k_tail and nk == 1), 0)
-        w_cur = load_w(fx.Int32(0))
+        store_a(load_a(kt0, k_tail and nk == 1), 0)
+        w_cur = load_w(kt0, k_tail and nk == 1)
         gpu.barrier()
         n_acc = len(accs)
         # ---- main loop, two tiles per iteration so both LDS stages and both W register sets are
@@ -358,7 +397,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         pairs = max(0, (nk - 1 - int(k_tail)) // 2)
         if const_expr(pairs > 0):
             for it, st in range(fx.Index(0), fx.Index(pairs), fx.Index(1), init=accs + w_cur):
-                kt = fx.Int32(it) * 2
+                kt = kt0 + fx.Int32(it) * 2
                 accs1, w1 = step(st[:n_acc], st[n_acc:], 0, kt + 1)
                 accs2, w2 = step(accs1, w1, 1, kt + 2)
                 res = yield [_raw(v) for v in accs2] + [_raw(v) for v in w2]
@@ -366,8 +405,49 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             w_cur = list(res[n_acc:])
         # ---- peeled steps: the rest of the tiles, the K-tail load among them ----
         for s in range_constexpr(2 * pairs, nk):
-            nxt = fx.Int32(s + 1) if s + 1 < nk else None
+            nxt = kt0 + (s + 1) if s + 1 < nk else None
             accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nk - 1)
+
+        if const_expr(split > 1):  # raw fp32 partial sums, rows < M, cols < N; the reduce applies the epilogue
+            p_base = bz * c_bs + s_idx * (c_bytes // (4 * split))  # P[s_idx, bz]
+            for nr in range_constexpr(n_rep):
+                col = by * bn + wave * n_per_wave + l16 + nr * 16
+                for mr in range_constexpr(m_rep):
+                    acc = fx.Vector(_raw(accs[mr * n_rep + nr]))
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        off = ((row < m) & (col < n)).select((p_base + row * n + col) * 4, fx.Int32(OOB))
+                        rocdl.raw_ptr_buffer_store(_raw(acc[i]), rc, _raw(off), zero)
+            return
+
+        if const_expr(gate is not None):  # gated MLP: lane pairs (gate, up) -> act(g) * u
+            c_base = bz * c_bs
+            if const_expr(has_bias):
+                rbg = rsrc(Bias, n_pad * 4)
+            if const_expr(has_residual):
+                rrg = rsrc(Res, c_bytes)
+            for j in range_constexpr(n_rep // 2):
+                colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
+                col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
+                col_ok = col < n
+                sv = fx.Vector.filled(4, scale, fx.Float32)
+                for mr in range_constexpr(m_rep):
+                    gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
+                    uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
+                    if const_expr(has_bias):
+                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw(colg * 4), zero))
+                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + 16) * 4), zero))
+                        gv = gv + fx.Vector.filled(4, bgv, fx.Float32)
+                        uv = uv + fx.Vector.filled(4, buv, fx.Float32)
+                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * uv, activation)
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        c_off = ((row < m) & col_ok).select((c_base + row * n + col) * osz, fx.Int32(OOB))
+                        y = yv[i]
+                        if const_expr(has_residual):
+                            y = y + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rrg, _raw(c_off), zero)).to(fx.Float32)
+                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
+            return
 
         # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
         c_base = bz * c_bs
@@ -403,7 +483,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                scale: fx.Float32, a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
         gemm_kernel(C, A, W, Bias, Res, m, a_bs, w_bs, c_bs, scale, a_bytes, w_bytes, c_bytes).launch(
-            grid=((m + (bm - 1)) // bm, -(-n_pad // bn), batch), block=(THREADS, 1, 1), stream=stream)
+            grid=((m + (bm - 1)) // bm, n_tiles * split, batch), block=(THREADS, 1, 1), stream=stream)
 
     return launch
 
