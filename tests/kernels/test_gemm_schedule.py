@@ -172,3 +172,14 @@ def test_bmm_reads_a_transposed_operand_in_place(arch, monkeypatch):
     torch.testing.assert_close(s.float(), (q.float() @ k.float().transpose(-2, -1)).to(torch.bfloat16).float(),
                                **TOL[torch.bfloat16])
     torch.testing.assert_close(s2, a3 @ shared.transpose(-2, -1), **TOL[torch.float32])
+
+
+def test_isa_wide_tile_fp32_is_not_chosen_where_it_spills():
+    """fp32 4096^2 on gfx950: 128x256x32 (estimated 248 VGPRs) compiled with SGPR spills, so the
+    register cap keeps fp32 at 128x128; the chosen tile compiles with 0 spills."""
+    from bench.isa_gemm import isa_stats
+
+    cfg = G.choose_config(4096, 4096, 4096, "f32", "gfx950")
+    assert (cfg.bm, cfg.bn) == (128, 128)
+    s = isa_stats(4096, 4096, "f32", "gfx950", cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0

@@ -12,8 +12,10 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
     it fits (L2_BYTES), W streams from HBM once per row tile; the GPU reaches min(HBM bandwidth, bytes in flight /
     HBM_LATENCY_S); split-K adds S x M x N x 4 bytes of fp32 partials written and read back
     and a second launch (LAUNCH_S). Grid = M/BM x N/BN x S.
-  - For N = K = 4096 bf16 this picks S = 8 (M = 1, 16) and S = 4 (M = 64; more splits would
-    move more partial bytes than they gain): bench.kernels prints the rows.
+  - For N = K = 4096 bf16 this picks, on gfx942, BK = 256 with S = 2 (M = 1, 16) and S = 1
+    (M = 64); on gfx950 S = 4 (M = 1, 16) and S = 2 (M = 64). More splits fill more CUs but pay
+    the extra launch and the partial bytes: bench.kernels prints the rows, grid and modeled HBM
+    fraction with and without the launch gap.
 
 Large M (bucket > 64) is bound by the MFMAs; the tile trades A/W reuse against how evenly the
 workgroups fill the machine (wave quantization):
@@ -25,7 +27,7 @@ workgroups fill the machine (wave quantization):
     gfx942: both 0.84, so 128x128. A 256x256 tile would need 2 waves per SIMD of accumulators
     (it spills with this kernel's 4-wave layout), so it is not a candidate.
   - Checked for every choice: 2 LDS stages fit the arch (64 KiB gfx942, 160 KiB gfx950) and
-    the register estimate stays under 256 VGPRs.
+    the register estimate stays under MAX_VGPR_EST (240) VGPRs.
 
 Everything here is a model of a GPU we do not have: `register_config` overrides the choice for
 one key and `autotune` (translator_kernels.gemm) times candidates on a real GPU and registers
@@ -48,7 +50,7 @@ HBM_BW = {"gfx942": 5.3e12, "gfx950": 8.0e12}  # vendor peak, bytes/s
 HBM_LATENCY_S = 1.0e-6  # assumed loaded HBM latency (not calibrated on hardware)
 LAUNCH_S = 2.0e-6  # assumed gap a second kernel launch adds
 L2_BYTES = 4 * 1024 * 1024  # L2 per XCD on MI300X and MI355X
-MAX_VGPR_EST = 256
+MAX_VGPR_EST = 240  # 256 is the hard limit; fp32 128x256 estimated at 248 compiled with SGPR spills
 VGPR_FILE = 512  # unified VGPR + AGPR entries per lane of a SIMD
 
 
