@@ -52,6 +52,42 @@ def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, res
     return isa_stats_many([_spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype)])[0]
 
 
+def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1):
+    """(ISA text, metadata dict) of our GEMM ("ours") or FlyDSL's preshuffle GEMM ("flydsl", from the
+    source checkout $FLYDSL_SRC names) at one tile, compiled without a GPU in a child process."""
+    from bench.hotloop import compile_isa_texts, main_text
+    from translator_kernels.isa import parse_isa
+
+    if impl == "ours":
+        spec = _spec(n, k, dtype, arch, bm, bn, bk)
+        spec["split"] = split
+        text = main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch))
+    else:
+        text = main_text(compile_isa_texts("bench.isa_gemm:_compile_flydsl", (n, k, dtype, bm, bn, bk), arch=arch))
+    return text, max(parse_isa(text, arch), key=lambda st: st.instructions).meta
+
+
+def _compile_flydsl(n, k, dtype, bm, bn, bk):
+    """FlyDSL's own preshuffle GEMM at one tile (runs in the compile child; needs $FLYDSL_SRC)."""
+    import os
+
+    src = os.environ.get("FLYDSL_SRC")
+    if not src:
+        raise LookupError("FLYDSL_SRC is not set")
+    if dtype not in ("bf16", "f16"):
+        raise LookupError("FlyDSL's preshuffle GEMM takes fp8/int8/fp16/bf16 inputs, not " + dtype)
+    sys.path.insert(0, src)
+    from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
+
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    m = 2 * bm + 1
+    fn = compile_preshuffle_gemm(N=n, K=k, tile_m=bm, tile_n=bn, tile_k=bk, in_dtype={"bf16": "bf16", "f16": "fp16"}[dtype],
+                                 out_dtype=dtype)
+    a, w, c = torch.zeros(m * k, dtype=tdt), torch.zeros(n * k, dtype=tdt), torch.zeros(m * n, dtype=tdt)
+    e = torch.zeros(0, dtype=torch.float32)
+    fn(c, a, w, e, e, torch.zeros(0, dtype=tdt), m, n, None)
+
+
 def _compile_one(spec):
     """Launch the GEMM for `spec` at M = 2 * BM + 1 under COMPILE_ONLY (runs in the child)."""
     from translator_kernels.gemm.kernel import build_gemm
@@ -62,8 +98,10 @@ def _compile_one(spec):
     n_pad, k_pad = padded_shape(n, k)
     m = 2 * spec["bm"] + 1
     dt, odt = tdt[spec["dtype"]], tdt[spec["out_dtype"]]
-    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
-                                    spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"])
+    split = spec.get("split", 1)
+    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], "f32" if split > 1 else spec["out_dtype"],
+                                    spec["arch"], spec["bm"], spec["bn"], spec["bk"], spec["activation"], spec["bias"],
+                                    spec["residual"], split)
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
     launch(c, a, w, torch.zeros(n), c, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
            w.numel() * w.element_size(), c.numel() * c.element_size())
@@ -92,3 +130,154 @@ if __name__ == "__main__":
         print(markdown_table())
     else:  # one spec as JSON, compiled in this process (the caller sets COMPILE_ONLY and the dump switches)
         _compile_one(json.loads(sys.argv[1]))
+
+
+# ---- bench.kernels' GEMM section: equal tiles, hot loop, decode shapes, flysim bytes ---------------
+def _per_step(cfg_tile, dtype, arch):
+    """MFMAs one wave issues per K step (both kernels: 4 waves along N, 16x16 MFMA blocks)."""
+    from translator_kernels.gemm.kernel import mfma_per_block
+
+    bm, bn, bk = cfg_tile
+    return (bm // 16) * (bn // 64) * (bk // 32) * mfma_per_block(dtype, arch)
+
+
+def equal_tile_rows(archs, dtype="bf16", n=4096, k=4096):
+    """Per arch, per tile (ours' choice for M=4096 and FlyDSL's 128x128x128 test tile, plus
+    128x128x64), ours and FlyDSL's kernel compiled at that same tile: registers, occupancy and
+    the hot-loop MODEL per K step (bench.hotloop)."""
+    import os
+
+    from bench.hotloop import hot_loop
+    from translator_kernels.gemm import choose_config
+    from translator_kernels.isa import occupancy
+
+    impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])
+    rows = []
+    for arch in archs:
+        c = choose_config(4096, n, k, dtype, arch)
+        tiles = list(dict.fromkeys([(c.bm, c.bn, c.bk), (128, 128, 64), (128, 128, 128)]))
+        for tile in tiles:
+            for impl in impls:
+                try:
+                    text, meta = gemm_isa_text(impl, n, k, dtype, arch, *tile)
+                    loop = hot_loop(text, arch)
+                except Exception as e:  # noqa: BLE001 - a failed compile is a table entry, with its reason
+                    rows.append(dict(arch=arch, tile=tile, impl=impl, error=str(e).splitlines()[-1][:160]))
+                    continue
+                steps = max(1, loop["counts"]["MFMA"] // _per_step(tile, dtype, arch))
+                w, lim = occupancy(meta["vgpr"], meta["sgpr"], meta["lds"], 256, arch)
+                rows.append(dict(arch=arch, tile=tile, impl=impl, meta=meta, waves=w, limit=lim, steps=steps,
+                                 loop=loop, chosen=tile == (c.bm, c.bn, c.bk)))
+    return rows
+
+
+def print_equal_tiles(rows):
+    print("## GEMM bf16 4096^3 at equal tiles: ours vs FlyDSL's preshuffle GEMM (static ISA; cycles are the "
+          "bench.hotloop MODEL)\n")
+    print("| arch | tile | impl | VGPR | spills | LDS B | waves/SIMD (limit) | K steps / loop iter | per K step: "
+          "MFMA / VALU / LDS ops / VMEM | per K step: matrix / vector / LDS cycles | bound |")
+    print("|" + "---|" * 11)
+    for r in rows:
+        tile = "x".join(map(str, r["tile"])) + (" (ours' choice)" if r.get("chosen") else "")
+        if "error" in r:
+            print(f"| {r['arch']} | {tile} | {r['impl']} | {r['error']} |" + " |" * 7)
+            continue
+        m, lp, s = r["meta"], r["loop"], r["steps"]
+        n = lp["counts"]
+        print(f"| {r['arch']} | {tile} | {r['impl']} | {m['vgpr']} | {m['vgpr_spill'] + m['sgpr_spill']} | {m['lds']} | "
+              f"{r['waves']} ({r['limit']}) | {s} | {n['MFMA'] / s:g} / {n['VALU'] / s:g} / {n['LDS'] / s:g} / "
+              f"{n['vmem'] / s:g} | {lp['matrix_cycles'] / s:g} / {lp['vector_cycles'] / s:g} / {lp['lds_cycles'] / s:g} "
+              f"| {lp['bound']} |")
+    print()
+
+
+DECODE_M = (1, 16, 64)
+
+
+def decode_rows(archs, dtype="bf16", n=4096, k=4096):
+    """Decode shapes: the chosen config (split-K) and the same tile unsplit, with the compiled
+    kernel's occupancy fed to translator_kernels.gemm.tiles.stream_estimate (a MODEL)."""
+    from translator_kernels.gemm import GemmConfig, choose_config, m_bucket, stream_estimate
+    from translator_kernels.isa import occupancy
+
+    rows = []
+    for arch in archs:
+        for m in DECODE_M:
+            c = choose_config(m_bucket(m), n, k, dtype, arch)
+            for cfg in dict.fromkeys([c, GemmConfig(c.bm, c.bn, c.bk)]):
+                s = isa_stats_many([dict(_spec(n, k, dtype, arch, cfg.bm, cfg.bn, cfg.bk), split=cfg.split)])[0]
+                wpc = occupancy(s["vgpr"], s["sgpr"], s["lds_bytes"], 256, arch)[0]
+                rows.append(dict(arch=arch, m=m, cfg=cfg, chosen=cfg == c, vgpr=s["vgpr"], spills=s["vgpr_spill"],
+                                 **stream_estimate(m, n, k, dtype, arch, cfg, wg_per_cu=wpc)))
+    return rows
+
+
+def print_decode(rows):
+    from translator_kernels.gemm.tiles import CUS, HBM_LATENCY_S, LAUNCH_S
+
+    print(f"## GEMM decode shapes, bf16 N = K = 4096: grid and modeled HBM fraction (MODEL: tiles.stream_estimate, "
+          f"{HBM_LATENCY_S * 1e6:g} us HBM latency, {LAUNCH_S * 1e6:g} us per extra launch; not a measurement)\n")
+    print("| arch | M | tile BMxBNxBK | split | chosen | grid | CUs | grid / CUs | VGPR | WG per CU (ISA) | "
+          "bytes in flight | modeled us | HBM fraction | HBM fraction without the launch gap |")
+    print("|" + "---|" * 14)
+    for r in rows:
+        c = r["cfg"]
+        cus = CUS[r["arch"]]
+        print(f"| {r['arch']} | {r['m']} | {c.bm}x{c.bn}x{c.bk} | {c.split} | {'yes' if r['chosen'] else 'no'} | "
+              f"{r['grid']} | {cus} | {r['grid'] / cus:.2f} | {r['vgpr']} | {r['wg_per_cu']} | {r['in_flight'] / 1e6:.1f} MB | "
+              f"{r['t'] * 1e6:.1f} | {r['hbm_fraction']:.2f} | {r['hbm_fraction_no_launch']:.2f} |")
+    print()
+
+
+def flysim_traffic_rows(arch="gfx942"):
+    """flysim's counted global bytes / compulsory, ours vs FlyDSL's, at countable shapes and equal
+    tiles: 256x512x512 at 128x128x64, and a decode shape M=16 at 16x64x128 (ours also split-K 4
+    ways, partial sums and the reduction launch included; FlyDSL: one launch)."""
+    import os
+
+    import flysim
+    from translator_kernels.gemm import GemmConfig, gemm
+    from translator_kernels.gemm.preshuffle import shuffle_weight
+
+    src = os.environ.get("FLYDSL_SRC")
+    rows = []
+
+    def moved(sim):
+        return sum(r.counters["global_bytes_read"] + r.counters["global_bytes_written"] for r in sim.launches)
+
+    for (m, n, k), tile in (((256, 512, 512), (128, 128, 64)), ((16, 512, 512), None)):
+        g = torch.Generator().manual_seed(0)
+        a = (torch.randn(m, k, generator=g) / 8).to(torch.bfloat16)
+        b = torch.randn(n, k, generator=g).to(torch.bfloat16)
+        ref = a.float() @ b.float().T
+        comp = (m * k + n * k + m * n) * 2
+        for cfg in [GemmConfig(*tile)] if tile else [GemmConfig(16, 64, 128), GemmConfig(16, 64, 128, 4)]:
+            with flysim.simulate(arch=arch) as sim:
+                out = gemm(a, shuffle_weight(b), n, k, _config=cfg)
+            rows.append((f"{m}x{n}x{k}", "ours", f"{cfg.bm}x{cfg.bn}x{cfg.bk} split {cfg.split}", len(sim.launches),
+                         moved(sim), comp, (out.float() - ref).abs().max().item()))
+        if not src:
+            continue
+        sys.path.insert(0, src)
+        from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
+        from tests.utils import shuffle_weight as flydsl_shuffle
+
+        fm, fn_, fk = tile or (16, 64, 128)
+        c = torch.empty(m, n, dtype=torch.bfloat16)
+        e = torch.empty(0)
+        with flysim.simulate(arch=arch, strict_oob=False) as sim:
+            fn = compile_preshuffle_gemm(N=n, K=k, tile_m=fm, tile_n=fn_, tile_k=fk, in_dtype="bf16", out_dtype="bf16")
+            fn(c.view(-1), a.view(-1), flydsl_shuffle(b, layout=(16, 16)).contiguous().view(-1), e, e,
+               torch.empty(0, dtype=torch.bfloat16), m, n, None)
+        rows.append((f"{m}x{n}x{k}", "flydsl", f"{fm}x{fn_}x{fk}", len(sim.launches), moved(sim), comp,
+                     (c.float() - ref).abs().max().item()))
+    return rows
+
+
+def print_flysim_traffic(rows, arch="gfx942"):
+    print(f"## GEMM global bytes under flysim ({arch}; counted, not modeled), ours vs FlyDSL's\n")
+    print("| shape MxNxK | impl | tile | launches | bytes moved | compulsory | moved / compulsory | max abs err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape, impl, tile, nl, mv, comp, err in rows:
+        print(f"| {shape} | {impl} | {tile} | {nl} | {mv:,} | {comp:,} | {mv / comp:.3f} | {err:.3g} |")
+    print()

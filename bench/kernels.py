@@ -10,6 +10,11 @@
 3. A roofline MODEL per kernel and arch (bench.roofline), from the compulsory bytes and from the
    extrapolated no-cache bytes (an upper bound for GEMM / attention, whose re-reads L2 serves
    in part), with the occupancy of (1).
+4. GEMM (bench.isa_gemm): ours vs FlyDSL's preshuffle GEMM compiled at EQUAL tiles (ours' choice
+   and FlyDSL's), with the hot-loop MODEL's matrix / vector / LDS cycles per K step
+   (bench.hotloop); decode shapes (M = 1, 16, 64) with grid, workgroups per CU and the modeled
+   HBM fraction (MODEL); flysim's bytes / compulsory, ours vs FlyDSL's, at countable shapes.
+   The generic ISA table (1) shows our GEMM at its chosen tile only.
 `--small` compiles at the reduced traffic shapes instead of the anchors (for smoke tests).
 """
 
@@ -52,7 +57,8 @@ def flops(family, shape) -> float:
 
 def isa_table(rows, archs, small):
     impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])
-    jobs = [(r, a, i) for r in rows for a in archs for i in impls]
+    # GEMM: ours only here; FlyDSL's GEMM is compared at equal tiles in the GEMM section (4)
+    jobs = [(r, a, i) for r in rows for a in archs for i in impls if not (r[1] == "gemm" and i == "flydsl")]
 
     def one(job):
         (label, fam, dt, anchor, reduced), arch, impl = job
@@ -131,6 +137,16 @@ def roofline_table(rows, archs, occ, moved):
     print()
 
 
+def gemm_section(archs, no_isa=False, no_traffic=False):
+    from . import isa_gemm
+
+    if not no_isa:
+        isa_gemm.print_equal_tiles(isa_gemm.equal_tile_rows(archs))
+        isa_gemm.print_decode(isa_gemm.decode_rows(archs))
+    if not no_traffic:
+        isa_gemm.print_flysim_traffic(isa_gemm.flysim_traffic_rows(archs[0]), archs[0])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.kernels", description=__doc__.splitlines()[0])
     p.add_argument("--arch", action="append", choices=sorted(roofline.GPUS))
@@ -145,6 +161,8 @@ def main(argv=None) -> int:
     occ = {} if a.no_isa else isa_table(rows, archs, a.small)
     moved = {} if a.no_traffic else traffic_table(rows, archs)
     roofline_table(rows, archs, occ, moved)
+    if any(r[1] == "gemm" for r in rows):
+        gemm_section(archs, a.no_isa, a.no_traffic)
     print(f"(bench.kernels: {time.time() - t0:.0f} s)")
     return 0
 

@@ -5,5 +5,5 @@ name it, a rule's priority is explicit, and the registry orders rules by priorit
 (tests/test_architecture.py imports them shuffled and checks that the same rules fire).
 """
 
-from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gemm, gemm_epilogue,  # noqa: F401
-               embedding, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)
+from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gated_mlp, gemm,  # noqa: F401
+               gemm_epilogue, embedding, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)

@@ -1,110 +1,32 @@
 """GEMM entry points: `gemm` (activation x preshuffled weight, fused epilogue), `bmm`
 (activation x activation) and the tile heuristic `choose_config`.
 
-The kernel itself lives in gemm_kernel.py (design notes there); the weight layout in
+The kernel itself lives in kernel.py (design notes there); the weight layout in
 preshuffle.py. Epilogue order: ``out = act(scale * (a @ W.T) + bias) + residual``, computed in
 fp32 and cast once to ``out_dtype``; ``act`` is a one-input per-element program
 (translator_kernels.program: any op of the one op table; "gelu" or "mul(2.0);sigmoid" spell one).
 
-Tile heuristic (`choose_config`), per (M bucket, N, K, dtype, arch), 256 lanes = 4 waves split
-along N, each wave BM x BN/4:
-  - BM follows the M bucket (16, 32, 64, 128): small M is bandwidth-bound on the weight, so
-    the tile does not waste MFMAs on padded rows; M > 64 takes 128 rows for A reuse.
-  - BN = 128 when M > 64 and N_pad has >= 2 such tiles, else 64 (more workgroups for skinny M).
-  - BK = the largest of 128/64/32 that divides K_pad and is <= the cap: 256 bytes of K per row
-    (bf16/fp16 128, fp32 64) when BM <= 32, where more bytes in flight per step hide load
-    latency of the weight stream; 128 bytes (64 / 32) otherwise, to bound registers and LDS.
-  - Checked: 2 LDS stages of BM x BK fit the arch's LDS (64 KiB gfx942, 160 KiB gfx950) and
-    the register estimate (accumulators + 2 W stages + A staging) stays under 224 VGPRs.
-`register_config` overrides the choice for one key; `autotune` times candidates on a real GPU
-and registers the fastest (the hook; it never runs under flysim).
+The kernel (kernel.py) runs one launch; split-K configs (decode shapes) add the deterministic
+reduction of splitk.py. The tile heuristic, its cost models and `register_config` live in
+tiles.py; `autotune` here times candidate configs on a real GPU and registers the fastest (the
+hook; it never runs under flysim).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm.kernel import THREADS, build_gemm, canonical_epilogue, mfma_per_block
+from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
+from translator_kernels.gemm.gated import gated_shape
+from translator_kernels.gemm.splitk import build_splitk_reduce
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
+from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, m_bucket, register_config,
+                                           stream_estimate)
 
 _DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-MAX_VGPR_EST = 224
 _INT32_MAX = 2**31 - 64
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    bm: int
-    bn: int
-    bk: int
-
-
-_OVERRIDES: dict[tuple, GemmConfig] = {}
-
-
-def m_bucket(m: int) -> int:
-    for b in (16, 32, 64):
-        if m <= b:
-            return b
-    return 128
-
-
-def _arch_key(arch: str) -> str:
-    return "gfx950" if arch.startswith("gfx950") else "gfx942"
-
-
-def _vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
-    esz = 4 if dtype == "f32" else 2
-    m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn // 64, cfg.bk // 32
-    lph = 2 if dtype == "f32" else 1
-    a_loads = -(-(cfg.bm * cfg.bk * esz // 16) // THREADS)
-    return m_rep * n_rep * 4 + 2 * n_rep * k_blk * lph * 4 + a_loads * 4 + m_rep * lph * 4 + 16
-
-
-def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
-    """None if the config is legal on `arch`, else the reason."""
-    esz = 4 if dtype == "f32" else 2
-    lds = 2 * cfg.bm * cfg.bk * esz
-    if lds > LDS_BYTES[_arch_key(arch)]:
-        return f"LDS {lds} B exceeds {LDS_BYTES[_arch_key(arch)]} B on {arch}"
-    if _vgpr_estimate(cfg, dtype) > MAX_VGPR_EST:
-        return f"~{_vgpr_estimate(cfg, dtype)} VGPRs exceeds {MAX_VGPR_EST}"
-    if cfg.bm % 16 or cfg.bn % 64 or cfg.bk % 32:
-        return "BM must be a multiple of 16, BN of 64, BK of 32"
-    return None
-
-
-def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig:
-    """The documented tile heuristic (module docstring); `dtype` is a torch dtype or 'f32'/'bf16'/'f16'."""
-    dt = _DT.get(dtype, dtype)
-    n_pad, k_pad = padded_shape(n, k)
-    key = (m_bucket, n, k, dt, _arch_key(arch))
-    if key in _OVERRIDES:
-        return _OVERRIDES[key]
-    bm = min(m_bucket, 128)
-    bn = 128 if (m_bucket > 64 and n_pad >= 256) else 64
-    cap = {("f32", True): 64, ("f32", False): 32, ("bf16", True): 128, ("bf16", False): 64}
-    bk_cap = cap[("f32" if dt == "f32" else "bf16", bm <= 32)]
-    bk = next(b for b in (128, 64, 32) if b <= bk_cap and k_pad % b == 0)
-    cfg = GemmConfig(bm, bn, bk)
-    while config_fits(cfg, dt, arch) and cfg.bk > 32:
-        cfg = GemmConfig(cfg.bm, cfg.bn, cfg.bk // 2)
-    reason = config_fits(cfg, dt, arch)
-    if reason:
-        raise KernelInputError(f"gemm: no legal tile for M<={m_bucket} N={n} K={k} {dt} {arch}: {reason}")
-    return cfg
-
-
-def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:
-    reason = config_fits(cfg, _DT.get(dtype, dtype), arch)
-    if reason:
-        raise KernelInputError(f"gemm: config {cfg} rejected: {reason}")
-    _OVERRIDES[(m_bucket, n, k, _DT.get(dtype, dtype), _arch_key(arch))] = cfg
 
 
 def autotune(a, w_shuffled, n, k, candidates, *, iters=20):
@@ -146,28 +68,43 @@ def _check_bytes(op, name, t):
                                f"split the call")
 
 
-def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None):
-    """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled."""
+def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None, w_plain=False,
+            gate=None):
+    """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or with w_plain
+    [batch or 1, N, K] row-major (K a multiple of kpack)."""
     from flydsl.runtime.device import get_rocm_arch
 
     arch = get_rocm_arch()
     dt = _DT[a3.dtype]
-    n_pad, k_pad = padded_shape(n, k)
+    n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
     k_eff = a3.shape[-1]
     if cfg is None:
-        cfg = choose_config(m_bucket(m), n, k, a3.dtype, arch)
+        cfg = choose_config(m_bucket(m), n_pad if gate else n, k, a3.dtype, arch)
+        if gate:  # column pairs live in one wave: 2 x 16 columns per wave at least, no split
+            cfg = GemmConfig(cfg.bm, max(cfg.bn, 128), cfg.bk)
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a3.device)
     has_bias, has_res = bias is not None, residual is not None
     bias_t = bias if has_bias else torch.zeros(1, dtype=torch.float32, device=a3.device)
     res_t = residual if has_res else out
     for name, t in (("a", a3), ("w", ws), ("out", out)):
         _check_bytes(op, name, t)
+    w_bs = (n * k if w_plain else n_pad * k_pad) if ws.shape[0] > 1 else 0
+    a_bytes, w_bytes = a3.numel() * a3.element_size(), ws.numel() * ws.element_size()
+    if cfg.split > 1:  # partial sums into P, then the deterministic reduction applies the epilogue
+        part = torch.empty((cfg.split, batch, m, n), dtype=torch.float32, device=a3.device)
+        _check_bytes(op, "split-K workspace", part)
+        launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, "f32", arch, cfg.bm, cfg.bn, cfg.bk, None, False, False,
+                              cfg.split, w_plain)
+        kl.call(launcher, part, a3, ws, bias_t, part, m, batch, m * k_eff, w_bs, m * n, 1.0, a_bytes,
+                      w_bytes, part.numel() * 4)
+        reduce = build_splitk_reduce(n, cfg.split, _DT[out_dtype], activation, has_bias, has_res)
+        kl.call(reduce, out, part, bias_t, res_t, batch * m * n, float(scale), part.numel() * 4,
+                      out.numel() * out.element_size())
+        return out
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
-                          activation, has_bias, has_res)
-    w_bs = n_pad * k_pad if ws.shape[0] > 1 else 0
+                          activation, has_bias, has_res, 1, w_plain, gate)
     kl.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
-             a3.numel() * a3.element_size(), ws.numel() * ws.element_size(),
-             out.numel() * out.element_size())
+                  a_bytes, w_bytes, out.numel() * out.element_size())
     return out
 
 
@@ -187,6 +124,30 @@ def _prep_a(op, a, k, w_dtype):
     return a.contiguous()
 
 
+def _check_operands(op, a, w, want, n, k, builder):
+    if w.dtype not in _DT:
+        raise KernelInputError(f"{op}: weight dtype {w.dtype} unsupported; use float32/bfloat16/float16")
+    if tuple(w.shape) != want:
+        raise KernelInputError(f"{op}: prepared weight has shape {tuple(w.shape)}, expected {want} for N={n}, K={k}; "
+                         f"build it with translator_kernels.gemm.{builder}")
+    if a.dim() < 1 or a.shape[-1] != k:
+        raise KernelInputError(f"{op}: a has shape {tuple(a.shape)}, expected [..., {k}]")
+    if a.device != w.device:
+        raise KernelInputError(f"{op}: a on {a.device} but the weight on {w.device}")
+
+
+def _rows(op, a, out_dtype):
+    """(leading dims, M = their product, output dtype) of an [..., K] activation."""
+    lead = tuple(a.shape[:-1])
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in _DT:
+        raise KernelInputError(f"{op}: out_dtype {out_dtype} unsupported; use float32/bfloat16/float16")
+    m = 1
+    for d in lead:
+        m *= d
+    return lead, m, out_dtype
+
+
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
@@ -198,22 +159,8 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
     Returns [..., n] in out_dtype (default: a's dtype)."""
     op = "gemm"
     activation = canonical_epilogue(activation)  # KernelInputError names an unknown / malformed step
-    if w_shuffled.dtype not in _DT:
-        raise KernelInputError(f"{op}: weight dtype {w_shuffled.dtype} unsupported; use float32/bfloat16/float16")
-    if tuple(w_shuffled.shape) != padded_shape(n, k):
-        raise KernelInputError(f"{op}: preshuffled weight has shape {tuple(w_shuffled.shape)}, expected "
-                               f"{padded_shape(n, k)} for N={n}, K={k}; build it with preshuffle.shuffle_weight")
-    if a.dim() < 1 or a.shape[-1] != k:
-        raise KernelInputError(f"{op}: a has shape {tuple(a.shape)}, expected [..., {k}]")
-    if a.device != w_shuffled.device:
-        raise KernelInputError(f"{op}: a on {a.device} but the weight on {w_shuffled.device}")
-    lead = tuple(a.shape[:-1])
-    out_dtype = out_dtype or a.dtype
-    if out_dtype not in _DT:
-        raise KernelInputError(f"{op}: out_dtype {out_dtype} unsupported; use float32/bfloat16/float16")
-    m = 1
-    for d in lead:
-        m *= d
+    _check_operands(op, a, w_shuffled, padded_shape(n, k), n, k, "preshuffle.shuffle_weight")
+    lead, m, out_dtype = _rows(op, a, out_dtype)
     if m == 0:
         return torch.empty(lead + (n,), dtype=out_dtype, device=a.device)
     a2 = _prep_a(op, a.reshape(m, k), k, w_shuffled.dtype)
@@ -230,10 +177,47 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
     return out.reshape(lead + (n,))
 
 
+def _batch_view(bt, batch_shape, n, k):
+    """bt [..., N, K] with row-major matrices as [batch, N, K] with the batch stride N * K (no copy),
+    or None when the batch dims are broadcast or strided otherwise."""
+    w = bt.expand(batch_shape + (n, k))
+    if w.dim() == 2:
+        return w.unsqueeze(0)
+    try:
+        w3 = w.view(-1, n, k)
+    except RuntimeError:
+        return None
+    return w3 if w3.shape[0] == 1 or w3.stride(0) == n * k else None
+
+
+def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
+    """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
+    bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh")."""
+    op = "gemm_gated"
+    gate = canonical_epilogue(gate)
+    if not gate:
+        raise KernelInputError(f"{op}: a gate activation is required (e.g. 'silu'); use gemm for a plain linear")
+    _check_operands(op, a, w_arranged, gated_shape(n, k), n, k, "gated.gated_weight")
+    lead, m, out_dtype = _rows(op, a, out_dtype)
+    if m == 0:
+        return torch.empty(lead + (n,), dtype=out_dtype, device=a.device)
+    a2 = _prep_a(op, a.reshape(m, k), k, w_arranged.dtype)
+    if bias is not None:
+        if tuple(bias.shape) != (gated_shape(n, k)[0],):
+            raise KernelInputError(f"{op}: arranged bias has shape {tuple(bias.shape)}, expected ({gated_shape(n, k)[0]},)")
+        bias = bias.to(torch.float32).contiguous()
+    out = _launch(op, a2.unsqueeze(0), w_arranged.unsqueeze(0), n, k, 1, m, bias=bias, activation=None,
+                  residual=None, scale=1.0, out_dtype=out_dtype, cfg=_config, gate=gate)
+    return out.reshape(lead + (n,))
+
+
 def bmm(a, b, *, out_dtype=None):
     """a[..., M, K] @ b[..., K, N] -> [..., M, N] (batch dims broadcast), both activations.
 
-    b is preshuffled per call (one extra pass over b, a device copy) so the same kernel serves."""
+    When b is a transposed row-major matrix (b.transpose(-2, -1) has unit stride along K, as in
+    q @ k.transpose(-2, -1)), the kernel reads it in place (w_plain). Otherwise (att @ v: b's rows
+    run along N, but each MFMA lane needs 16 bytes along K) b is preshuffled per call: one extra
+    pass over b, a device copy."""
     op = "bmm"
     if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
         raise KernelInputError(f"{op}: shapes {tuple(a.shape)} @ {tuple(b.shape)} are not [..., M, K] @ [..., K, N]")
@@ -249,6 +233,14 @@ def bmm(a, b, *, out_dtype=None):
         return torch.empty(batch_shape + (m, n), dtype=out_dtype, device=a.device)
     a3 = a.expand(batch_shape + (m, k)).reshape(batch, m, k)
     a3 = _prep_a(op, a3, k, a.dtype)
+    bt = b.transpose(-2, -1)  # [..., N, K]
+    if k % kpack_for(b.dtype) == 0 and bt.stride(-1) == 1 and (n == 1 or bt.stride(-2) == k):
+        shared = b[..., :1, :1].numel() == 1
+        w3 = bt.reshape(1, n, k) if shared else _batch_view(bt, batch_shape, n, k)
+        if w3 is not None:
+            out = _launch(op, a3, w3, n, k, batch, m, bias=None, activation=None, residual=None, scale=1.0,
+                          out_dtype=out_dtype, w_plain=True)
+            return out.reshape(batch_shape + (m, n))
     if b[..., :1, :1].numel() == 1:  # one b shared by every batch: shuffle once, batch stride 0
         ws = shuffle_weight_batched(b.reshape(1, k, n).transpose(1, 2))
     else:
@@ -258,5 +250,5 @@ def bmm(a, b, *, out_dtype=None):
     return out.reshape(batch_shape + (m, n))
 
 
-__all__ = ["GemmConfig", "autotune", "bmm", "choose_config", "config_fits", "expected_mfma_count", "gemm",
-           "m_bucket", "register_config", "K_TILE", "N_TILE"]
+__all__ = ["GemmConfig", "autotune", "bmm", "choose_config", "config_fits", "expected_mfma_count", "gemm", "gemm_gated",
+           "m_bucket", "register_config", "stream_estimate", "K_TILE", "N_TILE"]

@@ -3,16 +3,29 @@
 One workgroup = 4 waves (256 lanes) computes a BM x BN tile of C; wave w owns columns
 [w*BN/4, (w+1)*BN/4) and all BM rows, as (BM/16) x (BN/64) MFMA 16x16 accumulators.
 
-Data path per K step of BK elements (K_pad/BK steps, a runtime scf.for, M is runtime):
+Data path per K step of BK elements (K_pad/BK steps; M is a runtime argument):
   A  global --128-bit buffer loads--> registers --ds_write_b128--> LDS (2 stages)
      LDS is laid out like the preshuffled weight, (BM/16, BK/32, 32/kpack, 16, kpack), so
      every MFMA A operand is one conflict-free ds_read_b128 (64 lanes x 16 B contiguous).
   W  global --128-bit buffer loads--> registers (no LDS): the preshuffle puts each lane's
-     operand in one contiguous 16-byte chunk; loads for step k+1 are issued before the
-     MFMAs of step k (register double buffer), A for step k+1 likewise (LDS double buffer),
-     one barrier per step.
+     operand in one contiguous 16-byte chunk.
   MFMA: fp32 -> v_mfma_f32_16x16x4_f32 (8 per 16x16x32 block), bf16/fp16 -> 16x16x16
      (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation.
+
+The scheduled K loop (the hot loop):
+  - Step k computes on LDS stage k % 2 and W register set k % 2 while the loads of tile k+1
+    are in flight; A of tile k+1 is written to the other stage at the end of the step, then
+    one barrier.
+  - The scf.for runs two steps per iteration, so stage offsets are immediates and the two W
+    register sets swap without copies. It never loads the K-tail tile: the last 1-3 steps
+    are peeled, and only the load of the tile that crosses K checks k < K per chunk.
+  - Global offsets are per-thread VGPRs computed once (row < M and the N padding folded in as
+    the sentinel offset); a tile adds a uniform SGPR soffset. The loop body has no VALU.
+  - Each step ends with a sched_group_barrier sequence (`hot_loop_plan`): A operands are read
+    from LDS two operands ahead of their MFMAs (not all at once), the next tile's global loads
+    spread over the first half of the MFMAs, the LDS writes of A follow the last MFMAs. FlyDSL's
+    preshuffle GEMM schedules its hot loop with the same kind of hints; bench.kernels compares
+    the two at equal tiles.
 
 K ordering: lane (r, q) of a 16x16x32 block holds the 16-byte chunk q (and q+4 for fp32)
 of its row; each MFMA sums over q, so A and W are permuted identically along K and the
@@ -98,11 +111,26 @@ def _i32(v):
 
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
-               bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool):
+               bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
+               w_plain: bool = False, gate=None):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, m, batch, a_bstride, w_bstride, c_bstride, scale)
-    (batch strides in elements; bias/residual are ignored placeholders when absent)."""
+    (batch strides in elements; bias/residual are ignored placeholders when absent).
+
+    split > 1 (split-K): workgroup (x, y + s * N_tiles, z) sums K tiles [s, s + 1) * K_pad / BK / split
+    and C is an fp32 workspace [split, batch, m, n] (c_bstride = m * n) that gets the raw partial sums, no epilogue
+    (splitk.build_splitk_reduce adds them up in a fixed order and applies it).
+
+    w_plain: W is an ordinary row-major [N, K] matrix (row stride K, a multiple of kpack), not
+    preshuffled: bmm's right operand when it is a transposed activation (q @ k.transpose(-2, -1)),
+    read in place. A lane's operand is still one 16-byte load; a wave reads 16 rows x 64 bytes.
+
+    gate (an epilogue program, e.g. "silu"): the gated MLP act(x Wg^T + bg) * (x Wu^T + bu). W is
+    gated.gated_weight's arrangement ([2 * N16, K]: 16 gate rows, then the 16 up rows of the same
+    output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
+    bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
+    the up value of one output element. `activation` still applies after the product."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     activation = canonical_epilogue(activation)  # validates
@@ -115,7 +143,14 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
     is950 = arch.startswith("gfx950")
     m_rep, n_rep, k_blk = bm // 16, bn // (16 * WAVES), bk // 32
-    nk = k_pad // bk
+    if gate is not None:
+        gate = canonical_epilogue(gate)  # validates
+        if bn % 128 or split != 1 or w_plain:
+            raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W (got BN={bn})")
+    if split < 1 or (k_pad // bk) % split:
+        raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
+    nk = k_pad // bk // split  # K tiles per workgroup
+    n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
     a_loads = -(-a_chunks // THREADS)
     a_cpr = bk // kp  # chunks per A tile row
@@ -154,6 +189,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             acc = op(_v4f32(), [vector.shuffle(av, av, sel), vector.shuffle(bv, bv, sel), acc])
         return acc
 
+    mpb = mfma_per_block(dtype, arch)
+    hints = hot_loop_plan(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
+
+    def schedule_step(prefetching: bool):
+        """Emit one K step's sched_group_barrier sequence (`hot_loop_plan`); ends the region."""
+        for kind, cnt in hints if prefetching else [h for h in hints if h[0] in ("dsrd", "mfma")]:
+            getattr(rocdl, "sched_" + kind)(cnt)
+        rocdl.sched_barrier(0)
+
     @flyc.kernel
     def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor,
                     m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
@@ -161,6 +205,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
+        kt0 = fx.Int32(0)
+        if const_expr(split > 1):
+            s_idx = by // n_tiles
+            kt0 = s_idx * nk  # this workgroup's first K tile
+            by = by % n_tiles
         lane = tid % 64
         wave = tid // 64
         l16 = lane % 16
@@ -173,10 +222,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         lds = fx.SharedAllocator().allocate(Smem).peek()
         zero = _raw(fx.Int32(0))
 
-        def gload(r, byte_off):
-            return rocdl.raw_ptr_buffer_load(_v4i32(), r, _raw(byte_off), zero)
+        def gload(r, voff, soff):
+            return rocdl.raw_ptr_buffer_load(_v4i32(), r, _raw(voff), _raw(soff), 0)
 
-        # ---- A tile: global -> regs (each thread a_loads chunks) ----
+        # ---- global offsets: the per-thread part once, here; each K tile adds a uniform
+        # byte offset (an SGPR soffset), so the loop body does no per-lane address math. ----
         a_row0 = bx * bm
         a_base = bz * a_bs
 
@@ -187,27 +237,32 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             rest = c // 16
             return c, (rest // a_cpr) * 16 + c % 16, rest % a_cpr
 
-        def load_a(kt):
+        a_voff, a_kk = [], []
+        for i in range_constexpr(a_loads):
+            c, r, kc = a_chunk(i)
+            row = a_row0 + r
+            ok = row < m
+            if const_expr(a_chunks % THREADS != 0):
+                ok = ok & (c < a_chunks)
+            a_voff.append(ok.select((a_base + row * k + kc * kp) * esz, fx.Int32(OOB)))
+            a_kk.append(kc * kp)
+
+        def load_a(kt, k_tail=False):
+            """A tile kt -> registers; k_tail: this tile crosses K (chunks with k >= K read 0)."""
+            soff = kt * (bk * esz)
             regs = []
             for i in range_constexpr(a_loads):
-                c, r, kc = a_chunk(i)
-                row = a_row0 + r
-                kk = kt * bk + kc * kp
-                ok = (row < m) & (kk < k)
-                if const_expr(a_chunks % THREADS != 0):
-                    ok = ok & (c < a_chunks)
-                off = ok.select((a_base + row * k + kk) * esz, fx.Int32(OOB))
-                regs.append(gload(ra, off))
+                voff = a_voff[i]
+                if const_expr(k_tail):
+                    voff = (kt * bk + a_kk[i] < k).select(voff, fx.Int32(OOB))
+                regs.append(gload(ra, voff, soff))
             return regs
 
-        def lds_a_dw(c, r, kc):
-            # (BM/16, BK/32, cpb, 16, kp) layout: unit ((r//16*a_cpr + kc)*16 + r%16), which is c itself
-            return c * 4
-
-        def store_a(regs, stage_off):
+        def store_a(regs, stage):
+            # (BM/16, BK/32, cpb, 16, kp) layout: chunk c goes to 16-byte unit c of the stage
             for i in range_constexpr(a_loads):
-                c, r, kc = a_chunk(i)
-                p = fx.add_offset(lds.a.ptr, _raw(stage_off + lds_a_dw(c, r, kc)))
+                c = tid + i * THREADS
+                p = fx.add_offset(lds.a.ptr, _raw(c * 4 + stage * stage_dw))
                 if const_expr(a_chunks % THREADS != 0):
                     if_op = scf.IfOp(_raw(c < a_chunks), has_else=False)
                     with ir.InsertionPoint(if_op.then_block):
@@ -216,60 +271,130 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 else:
                     fx.ptr_store(regs[i], p)
 
-        # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks ----
+        # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks (block and half offsets are
+        # compile-time constants the buffer instruction's immediate offset absorbs) ----
         nb0 = (by * bn + wave * n_per_wave) // 16
         w_base = bz * w_bs
+        w_voff = []
+        for nr in range_constexpr(n_rep):
+            nb = nb0 + nr
+            if const_expr(w_plain):  # W[n, k] row-major, row stride K: lane (l16, q) reads row nb*16 + l16
+                ok = nb * 16 + l16 < n
+                off = (w_base + (nb * 16 + l16) * k + q * kp) * esz
+            else:
+                ok = nb < nb_total
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + lane * kp) * esz
+            w_voff.append(ok.select(off, fx.Int32(OOB)))
 
-        def load_w(kt):
+        def load_w(kt, k_tail=False):
+            """W tile kt -> registers; k_tail (plain layout only): chunks with k >= K read 0."""
+            soff = kt * (bk * (1 if w_plain else 16) * esz)
             regs = []
             for nr in range_constexpr(n_rep):
-                nb = nb0 + nr
                 for kb in range_constexpr(k_blk):
-                    blk = nb * kb_total + kt * k_blk + kb
                     for h in range_constexpr(lph):
-                        el = ((blk * cpb + h * 4) * 16 + lane) * kp
-                        off = (nb < nb_total).select((w_base + el) * esz, fx.Int32(OOB))
-                        regs.append(gload(rw, off))
+                        if const_expr(w_plain):
+                            voff = w_voff[nr] + (kb * 32 + h * 4 * kp) * esz
+                            if const_expr(k_tail):
+                                voff = (kt * bk + (kb * 32 + h * 4 * kp) + q * kp < k).select(voff, fx.Int32(OOB))
+                        else:
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz
+                        regs.append(gload(rw, voff, soff))
             return regs
 
-        def compute(accs, w_regs, stage_off):
+        def compute(accs, w_regs, stage):
             accs = list(accs)
             for kb in range_constexpr(k_blk):
-                a_ops = []
                 for mr in range_constexpr(m_rep):
                     ops = []
                     for h in range_constexpr(lph):
-                        dw = stage_off + (((mr * k_blk + kb) * cpb + h * 4) * 16 + lane) * 4
+                        dw = stage * stage_dw + (((mr * k_blk + kb) * cpb + h * 4) * 16) * 4 + lane * 4
                         ops.append(fx.ptr_load(fx.add_offset(lds.a.ptr, _raw(dw)), _v4i32()))
-                    a_ops.append(ops)
-                for mr in range_constexpr(m_rep):
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        accs[i] = mfma_block(accs[i], a_ops[mr], w_regs[wb:wb + lph])
+                        accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
             return accs
 
-        # ---- prologue ----
+        def step(accs, w_cur, stage, nxt=None, k_tail=False):
+            """One K tile: MFMAs on LDS stage `stage` with W regs `w_cur`; when `nxt` (a tile index)
+            is given, its A and W loads are in flight meanwhile and A lands in the other stage.
+            Returns (accs, W regs of nxt)."""
+            w_next = None
+            if const_expr(nxt is not None):
+                a_next = load_a(nxt, k_tail)
+                w_next = load_w(nxt, k_tail)
+            accs = compute(accs, w_cur, stage)
+            if const_expr(nxt is not None):
+                store_a(a_next, 1 - stage)
+            schedule_step(nxt is not None)
+            if const_expr(nxt is not None):
+                gpu.barrier()
+            return accs, w_next
+
+        # ---- prologue: tile 0 -> LDS stage 0 and W regs ----
+        k_tail = k % bk != 0  # only the last tile crosses K (K_pad - K < 32 <= BK)
         accs = [_raw(fx.Vector.filled(4, 0.0, fx.Float32)) for _ in range(m_rep * n_rep)]
-        store_a(load_a(fx.Int32(0)), fx.Int32(0))
-        w_cur = load_w(fx.Int32(0))
+        store_a(load_a(kt0, k_tail and nk == 1), 0)
+        w_cur = load_w(kt0, k_tail and nk == 1)
         gpu.barrier()
         n_acc = len(accs)
-        # ---- main loop: prefetch k+1 (A regs, W regs) while computing k ----
-        if const_expr(nk > 1):
-            init = accs + w_cur
-            for kt_idx, st in range(fx.Index(0), fx.Index(nk - 1), fx.Index(1), init=init):
-                kt = fx.Int32(kt_idx)
-                a_next = load_a(kt + 1)
-                w_next = load_w(kt + 1)
-                cur_off = (kt % 2) * stage_dw
-                new_accs = compute(st[:n_acc], st[n_acc:], cur_off)
-                store_a(a_next, ((kt + 1) % 2) * stage_dw)
-                gpu.barrier()
-                res = yield [_raw(v) for v in new_accs] + [_raw(v) for v in w_next]
+        # ---- main loop, two tiles per iteration so both LDS stages and both W register sets are
+        # fixed (no stage arithmetic, no register copies); it never loads the K-tail tile ----
+        pairs = max(0, (nk - 1 - int(k_tail)) // 2)
+        if const_expr(pairs > 0):
+            for it, st in range(fx.Index(0), fx.Index(pairs), fx.Index(1), init=accs + w_cur):
+                kt = kt0 + fx.Int32(it) * 2
+                accs1, w1 = step(st[:n_acc], st[n_acc:], 0, kt + 1)
+                accs2, w2 = step(accs1, w1, 1, kt + 2)
+                res = yield [_raw(v) for v in accs2] + [_raw(v) for v in w2]
             accs = list(res[:n_acc])
             w_cur = list(res[n_acc:])
-        accs = compute(accs, w_cur, fx.Int32(((nk - 1) % 2) * stage_dw))
+        # ---- peeled steps: the rest of the tiles, the K-tail load among them ----
+        for s in range_constexpr(2 * pairs, nk):
+            nxt = kt0 + (s + 1) if s + 1 < nk else None
+            accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nk - 1)
+
+        if const_expr(split > 1):  # raw fp32 partial sums, rows < M, cols < N; the reduce applies the epilogue
+            p_base = bz * c_bs + s_idx * (c_bytes // (4 * split))  # P[s_idx, bz]
+            for nr in range_constexpr(n_rep):
+                col = by * bn + wave * n_per_wave + l16 + nr * 16
+                for mr in range_constexpr(m_rep):
+                    acc = fx.Vector(_raw(accs[mr * n_rep + nr]))
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        off = ((row < m) & (col < n)).select((p_base + row * n + col) * 4, fx.Int32(OOB))
+                        rocdl.raw_ptr_buffer_store(_raw(acc[i]), rc, _raw(off), zero)
+            return
+
+        if const_expr(gate is not None):  # gated MLP: lane pairs (gate, up) -> act(g) * u
+            c_base = bz * c_bs
+            if const_expr(has_bias):
+                rbg = rsrc(Bias, n_pad * 4)
+            if const_expr(has_residual):
+                rrg = rsrc(Res, c_bytes)
+            for j in range_constexpr(n_rep // 2):
+                colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
+                col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
+                col_ok = col < n
+                sv = fx.Vector.filled(4, scale, fx.Float32)
+                for mr in range_constexpr(m_rep):
+                    gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
+                    uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
+                    if const_expr(has_bias):
+                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw(colg * 4), zero))
+                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + 16) * 4), zero))
+                        gv = gv + fx.Vector.filled(4, bgv, fx.Float32)
+                        uv = uv + fx.Vector.filled(4, buv, fx.Float32)
+                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * uv, activation)
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        c_off = ((row < m) & col_ok).select((c_base + row * n + col) * osz, fx.Int32(OOB))
+                        y = yv[i]
+                        if const_expr(has_residual):
+                            y = y + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rrg, _raw(c_off), zero)).to(fx.Float32)
+                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
+            return
 
         # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
         c_base = bz * c_bs
@@ -305,9 +430,49 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                scale: fx.Float32, a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
         gemm_kernel(C, A, W, Bias, Res, m, a_bs, w_bs, c_bs, scale, a_bytes, w_bytes, c_bytes).launch(
-            grid=((m + (bm - 1)) // bm, -(-n_pad // bn), batch), block=(THREADS, 1, 1), stream=stream)
+            grid=((m + (bm - 1)) // bm, n_tiles * split, batch), block=(THREADS, 1, 1), stream=stream)
 
     return launch
+
+
+def _spread(n: int, slots: int) -> list[int]:
+    """n items over `slots` slots as evenly as integers allow (sums to n)."""
+    return [(i + 1) * n // slots - i * n // slots for i in range(slots)] if slots > 0 else []
+
+
+def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
+                  lead_ops: int = 2) -> list[tuple[str, int]]:
+    """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
+    (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).
+
+    The step computes `n_ops` A operands (one (kb, mr) pair each), every operand `reads_per_op`
+    ds_read_b128 then `mfma_per_op` MFMAs. The next tile's `n_vmem` global loads (A first) and
+    `n_dswr` LDS writes of A ride along:
+      - the reads of the first `lead_ops` operands go first, then each operand's first MFMA is
+        followed by the reads of the operand `lead_ops` later: an A operand is read about
+        lead_ops x mfma_per_op MFMAs before its use, and only ~lead_ops + 1 operands are live
+        (left alone, the scheduler hoists every read to the top: 4 VGPRs per operand);
+      - the global loads spread over the first half of the MFMAs, so their latency hides under
+        the second half and the next step;
+      - the LDS writes of A (each waits for its global load) follow the last MFMAs.
+    """
+    n_mfma = n_ops * mfma_per_op
+    lead = min(lead_ops, n_ops)
+    vmem = _spread(n_vmem, max(1, n_mfma // 2)) + [0] * n_mfma
+    dswr_from = max(0, n_mfma - n_dswr)
+    plan, dswr_left = [("dsrd", lead * reads_per_op)], n_dswr
+    for i in range(n_mfma):
+        plan.append(("mfma", 1))
+        if i % mfma_per_op == 0 and i // mfma_per_op + lead < n_ops:
+            plan.append(("dsrd", reads_per_op))
+        if vmem[i]:
+            plan.append(("vmem", vmem[i]))
+        if i >= dswr_from and dswr_left:
+            plan.append(("dswr", 1))
+            dswr_left -= 1
+    if dswr_left:
+        plan.append(("dswr", dswr_left))
+    return plan
 
 
 def _v4i32():

@@ -1,0 +1,185 @@
+"""The scheduled K loop, split-K and the tile heuristic of the preshuffle GEMM.
+
+flysim runs check numerics and launch records (launch count, MFMA counter); the ISA checks
+compile without a GPU and read the hot loop with bench.hotloop's model.
+"""
+
+import pytest
+import torch
+
+import flysim
+from translator_kernels import gemm as G
+from translator_kernels.gemm.kernel import hot_loop_plan
+from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.gemm.tiles import CUS, wave_efficiency
+
+ARCHS = ("gfx942", "gfx950")
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+
+
+def _case(m, n, k, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) / k**0.5).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    return a, w, torch.randn(n, generator=g), torch.randn(m, n, generator=g).to(dtype)
+
+
+def _run(arch, a, w, cfg, **epi):
+    n, k = w.shape
+    with flysim.simulate(arch=arch) as sim:
+        out = G.gemm(a, shuffle_weight(w), n, k, _config=cfg, **epi)
+    return out, sim.launches
+
+
+def _ref(a, w, bias, res, scale=0.5):
+    return torch.nn.functional.silu(scale * (a.float() @ w.float().T) + bias) + res.float()
+
+
+def test_hot_loop_plan_orders_one_step():
+    """128x128x64 bf16 on gfx942: 16 A operands x 4 MFMAs, 8 global loads, 4 LDS writes."""
+    plan = hot_loop_plan(16, 1, 4, 8, 4)
+    total = {}
+    for kind, cnt in plan:
+        total[kind] = total.get(kind, 0) + cnt
+    assert total == {"mfma": 64, "dsrd": 16, "vmem": 8, "dswr": 4}
+    assert plan[0] == ("dsrd", 2)  # two operands read ahead of the first MFMA
+    kinds = [k for k, _ in plan]
+    first_mfma = kinds.index("mfma")
+    mfma_before = [kinds[:i].count("mfma") for i, k in enumerate(kinds) if k == "vmem"]
+    assert max(mfma_before) <= 32  # global loads in the first half of the MFMAs
+    assert [k for k, _ in plan[-8:]].count("dswr") == 4 and first_mfma == 1  # LDS writes after the last MFMAs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("k,bk", [(72, 32), (96, 32), (128, 32), (160, 32), (1000, 64), (64, 64)],
+                         ids=["3tiles-tail", "3tiles", "4tiles", "5tiles", "16tiles-tail", "1tile"])
+def test_k_loop_peeling(arch, k, bk):
+    """Every loop shape: 0..n two-step iterations, 1-3 peeled steps, the K-tail tile loaded with its check."""
+    a, w, b, r = _case(21, 64, k, torch.float32)
+    cfg = G.GemmConfig(32, 64, bk)
+    out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    assert len(launches) == 1
+    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(21, 64, k, "f32", arch, cfg)
+    torch.testing.assert_close(out, _ref(a, w, b, r), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_k_matches_eager_and_is_deterministic(arch):
+    """bf16 M=5 (a decode shape), K=1000 in 16 tiles split 4 ways (the last split has the K tail),
+    full epilogue in the reduction; two runs give the same bits."""
+    m, n, k = 5, 72, 1000
+    a, w, b, r = _case(m, n, k, torch.bfloat16)
+    cfg = G.GemmConfig(16, 64, 64, split=4)
+    out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    again, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    assert len(launches) == 2  # partial sums, then the reduction
+    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(m, n, k, "bf16", arch, cfg)
+    assert not launches[1].counters["mfma_by_kind"]
+    assert torch.equal(out, again)
+    torch.testing.assert_close(out.float(), _ref(a, w, b, r).to(torch.bfloat16).float(), **TOL[torch.bfloat16])
+    single, _ = _run(arch, a, w, G.GemmConfig(16, 64, 64), bias=b, residual=r, activation="silu", scale=0.5)
+    torch.testing.assert_close(out.float(), single.float(), **TOL[torch.bfloat16])
+
+
+def test_split_k_batched_one_tile_per_split():
+    """bmm-style batch (grid z) with split = number of K tiles."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(3, 7, 96, generator=g) / 10
+    w = torch.randn(3, 40, 96, generator=g)
+    from translator_kernels.gemm import _launch
+    from translator_kernels.gemm.preshuffle import shuffle_weight_batched
+
+    with flysim.simulate(arch="gfx942") as sim:
+        out = _launch("bmm", a, shuffle_weight_batched(w), 40, 96, 3, 7, bias=None, activation=None, residual=None,
+                      scale=1.0, out_dtype=torch.float32, cfg=G.GemmConfig(16, 64, 32, split=3))
+    assert len(sim.launches) == 2
+    torch.testing.assert_close(out, a @ w.transpose(1, 2), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_decode_heuristic_splits_k_and_fills_more_of_the_gpu(arch, m):
+    """N = K = 4096 bf16 decode: split-K > 1 and a larger grid, and more modeled HBM bandwidth than
+    the best unsplit tile (tiles.stream_estimate, a MODEL)."""
+    cfg = G.choose_config(G.m_bucket(m), 4096, 4096, "bf16", arch)
+    est = G.stream_estimate(m, 4096, 4096, "bf16", arch, cfg)
+    unsplit = max(G.stream_estimate(m, 4096, 4096, "bf16", arch, G.GemmConfig(cfg.bm, 64, bk))["hbm_fraction"]
+                  for bk in (64, 128, 256))
+    assert est["hbm_fraction"] >= unsplit and est["grid"] >= 64
+    if m <= 16:
+        assert cfg.split > 1
+
+
+def test_wave_quantization_picks_128x256_on_gfx950_only():
+    """4096^2 bf16: 128x128 fills 1024 / 1536 slots on gfx950 (0.67), 128x256 512 / 512."""
+    c942 = G.choose_config(4096, 4096, 4096, "bf16", "gfx942")
+    c950 = G.choose_config(4096, 4096, 4096, "bf16", "gfx950")
+    assert (c942.bm, c942.bn) == (128, 128) and (c950.bm, c950.bn) == (128, 256)
+    assert wave_efficiency(1024, CUS["gfx950"] * 3) == pytest.approx(2 / 3)
+    assert G.config_fits(c950, "bf16", "gfx950") is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_wide_tile_flysim(arch):
+    """The 128x256 tile (gfx950's large-M choice) under flysim: N tail, K tail."""
+    a, w, b, r = _case(130, 300, 240, torch.bfloat16)
+    cfg = G.GemmConfig(128, 256, 64)
+    out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(130, 300, 240, "bf16", arch, cfg)
+    torch.testing.assert_close(out.float(), _ref(a, w, b, r).to(torch.bfloat16).float(), **TOL[torch.bfloat16])
+
+
+FLYDSL_AT_EQUAL_TILE = {"gfx942": 150, "gfx950": 136}  # FlyDSL's preshuffle GEMM, 128x128x64 bf16 (bench.kernels)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_isa_scheduled_loop_at_flydsl_tile(arch):
+    """128x128x64 bf16, 4096^3: VGPRs <= FlyDSL's at the same tile, <= 8 VALU per K step, 0 spills,
+    and a loop body of two K steps."""
+    from bench.hotloop import hot_loop
+    from bench.isa_gemm import gemm_isa_text
+
+    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", arch, 128, 128, 64)
+    loop = hot_loop(text, arch)
+    mfma_per_step = 8 * 2 * 2 * (1 if arch == "gfx950" else 2)
+    steps = loop["counts"]["MFMA"] // mfma_per_step
+    assert steps == 2 and loop["counts"]["MFMA"] == steps * mfma_per_step
+    assert loop["counts"]["VALU"] / steps <= 8
+    assert meta["vgpr"] <= FLYDSL_AT_EQUAL_TILE[arch] and meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bmm_reads_a_transposed_operand_in_place(arch, monkeypatch):
+    """q @ k.transpose(-2, -1) (bf16, 4-D, K = 72 has a K tail) and a right operand shared by the
+    batch: no per-call preshuffle (it would raise here), one launch, eager numerics."""
+    import translator_kernels.gemm as gemm_mod
+
+    def no_shuffle(*_a, **_k):
+        raise AssertionError("bmm preshuffled a transposed operand")
+
+    monkeypatch.setattr(gemm_mod, "shuffle_weight_batched", no_shuffle)
+    g = torch.Generator().manual_seed(5)
+    q = (torch.randn(2, 3, 17, 72, generator=g) / 8).to(torch.bfloat16)
+    k = torch.randn(2, 3, 40, 72, generator=g).to(torch.bfloat16)
+    shared = torch.randn(1, 50, 72, generator=g)
+    a3 = torch.randn(3, 9, 72, generator=g) / 8
+    with flysim.simulate(arch=arch) as sim:
+        s = G.bmm(q, k.transpose(-2, -1))
+        s2 = G.bmm(a3, shared.transpose(-2, -1))
+    assert len(sim.launches) == 2
+    assert sum(sim.launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(
+        17, 40, 72, "bf16", arch, G.choose_config(32, 40, 72, "bf16", arch), batch=6)
+    torch.testing.assert_close(s.float(), (q.float() @ k.float().transpose(-2, -1)).to(torch.bfloat16).float(),
+                               **TOL[torch.bfloat16])
+    torch.testing.assert_close(s2, a3 @ shared.transpose(-2, -1), **TOL[torch.float32])
+
+
+def test_isa_wide_tile_fp32_is_not_chosen_where_it_spills():
+    """fp32 4096^2 on gfx950: 128x256x32 (estimated 248 VGPRs) compiled with SGPR spills, so the
+    register cap keeps fp32 at 128x128; the chosen tile compiles with 0 spills."""
+    from bench.isa_gemm import isa_stats
+
+    cfg = G.choose_config(4096, 4096, 4096, "f32", "gfx950")
+    assert (cfg.bm, cfg.bn) == (128, 128)
+    s = isa_stats(4096, 4096, "f32", "gfx950", cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True)
+    assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0

@@ -1,0 +1,143 @@
+"""Gated MLPs in one GEMM: ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` -> `flydsl.gemm_gated`.
+
+Matched (aten, before the canonical linear lowering, so both linears are still visible):
+
+    mul(silu(linear(x, Wg[, bg])), linear(x, Wu[, bu]))          SwiGLU: Llama, Mistral, Qwen
+    mul(gelu(linear(x, Wg)), linear(x, Wu)), gelu tanh or erf    GeGLU: Gemma (gelu tanh), T5 v1.1
+    (either operand order of the mul; with or without biases)
+
+as HF writes it: ``self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))``. Guards:
+both weights are parameters of one [N, K] shape and dtype, the linears read the same `x`, the
+activation and each linear have one user (the gate's activation, the mul).
+
+Rewrite: one GEMM over the concatenated weights, its epilogue gating column pairs. The weight
+is arranged at translate time (translator_kernels.gemm.gated_weight) so 16 gate rows and the
+matching 16 up rows sit next to each other; each wave then holds a gate and an up accumulator
+of the same output element in registers, and the epilogue writes act(g) * u: the [M, 2N]
+intermediate of two separate GEMMs and the elementwise kernel's reads are gone (x is read once
+instead of twice). The down projection stays an ordinary gemm (its residual add fuses there).
+Counter: `gated_mlp`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from translator_kernels.gemm.gated import gated_weight, unarrange_gated
+
+from ..graph import aten, arg, dtype_of, shape_of
+from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..runtime.ops import dispatch
+from .gemm import _gemm_reason
+
+GATES = {aten.silu.default: "silu", aten.silu_.default: "silu"}
+
+
+@torch.library.custom_op("flydsl::gemm_gated", mutates_args=())
+def gemm_gated(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
+    return dispatch("gemm_gated", a, w, n, k, bias, gate)
+
+
+@gemm_gated.register_fake
+def _(a, w, n, k, bias, gate):
+    return a.new_empty((*a.shape[:-1], n))
+
+
+def ref_gemm_gated(a, w, n, k, bias, gate):
+    from translator_kernels.gemm.kernel import apply_epilogue_torch
+
+    wg, wu, bg, bu = unarrange_gated(w, bias, n, k)
+    x = a.float()
+    g, u = x @ wg.float().t(), x @ wu.float().t()
+    if bias is not None:
+        g, u = g + bg.float(), u + bu.float()
+    return (apply_epilogue_torch(g, gate) * u).to(a.dtype)
+
+
+def kernel_gemm_gated(a, w, n, k, bias, gate):
+    from translator_kernels.gemm import gemm_gated as run
+
+    return run(a, w, n, k, gate, bias=bias)
+
+
+register_family(OpFamily(
+    name="gemm_gated", description="act(A @ Wg.T + bg) * (A @ Wu.T + bu) in one GEMM (SwiGLU / GeGLU)",
+    reference=ref_gemm_gated, kernel=kernel_gemm_gated, kernel_entry="translator_kernels.gemm:gemm_gated",
+    sample_inputs=lambda dt: (torch.randn(5, 40).to(dt), gated_weight(torch.randn(24, 40).to(dt),
+                                                                      torch.randn(24, 40).to(dt)), 24, 40, None, "silu"),
+    tolerance_overrides={torch.float32: (1e-4, 1e-4, "K-length fp32 sums in a different order than BLAS")},
+))
+
+
+def _gate_name(node) -> str | None:
+    if node.op != "call_function":
+        return None
+    if node.target in GATES:
+        return GATES[node.target]
+    if node.target is aten.gelu.default:
+        return "gelu_tanh" if arg(node, "approximate", "none") == "tanh" else "gelu"
+    return None
+
+
+def _linear(node, ctx):
+    """(x, W, bias node) of a single-user aten.linear with a parameter weight, else None."""
+    if node.op != "call_function" or node.target is not aten.linear.default or len(node.users) != 1:
+        return None
+    w = ctx.constant(node.args[1])
+    if w is None or w.dim() != 2:
+        return None
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    return node.args[0], w, bias
+
+
+def _match(node, ctx):
+    """(gate name, act node, gate linear, up linear) of a gated MLP rooted at mul `node`, else None."""
+    if len(node.args) != 2 or node.kwargs or not all(isinstance(a, torch.fx.Node) for a in node.args):
+        return None
+    for act, up in (node.args, node.args[::-1]):
+        gate = _gate_name(act)
+        if gate is None or len(act.users) != 1 or not isinstance(act.args[0], torch.fx.Node):
+            continue
+        g, u = _linear(act.args[0], ctx), _linear(up, ctx)
+        if g is None or u is None or g[0] is not u[0] or (g[2] is None) != (u[2] is None):
+            continue
+        return gate, act, act.args[0], up
+    return None
+
+
+def gated_mlp_supported(node, ctx):
+    m = _match(node, ctx)
+    if m is None:
+        return NO_MATCH
+    _, _, gl, ul = m
+    x, wg, bg = _linear(gl, ctx)
+    _, wu, bu = _linear(ul, ctx)
+    if wg.shape != wu.shape or wg.dtype != wu.dtype:
+        return f"gate and up weights differ ({tuple(wg.shape)} {wg.dtype} vs {tuple(wu.shape)} {wu.dtype})"
+    for b in (bg, bu):
+        if b is not None and (ctx.constant(b) is None or tuple(ctx.constant(b).shape) != (wg.shape[0],)):
+            return "gate / up bias is not an [N] parameter"
+    if [str(s) for s in shape_of(node) or ()] != [str(s) for s in shape_of(gl) or ()]:
+        return "the product broadcasts (its shape is not the linears' shape)"
+    return _gemm_reason(x, wg)
+
+
+@rule(Stage.PATTERN, aten.mul.Tensor, family="gemm_gated", supported=gated_mlp_supported,
+      doc="act(linear(x, Wg)) * linear(x, Wu) (SwiGLU / GeGLU) -> one gated GEMM")
+def lower_gated_mlp(node, ctx):
+    gate, act, gl, ul = _match(node, ctx)
+    x, wg, bg = _linear(gl, ctx)
+    _, wu, bu = _linear(ul, ctx)
+    n, k = wg.shape
+    w = gated_weight(ctx.cast_const(wg.detach()), ctx.cast_const(wu.detach()))
+    bias = None
+    if bg is not None:
+        bias = ctx.add_constant(gated_weight(ctx.constant(bg).detach().float(), ctx.constant(bu).detach().float()),
+                                "gated_b", node)
+    w_node = ctx.add_constant(w, "gated_w", node)
+    xin = ctx.cast_in(x, node)
+    return ctx.replace(node, "gemm_gated", "gated_mlp", (xin, w_node, n, k, bias, gate), [node, act, gl, ul],
+                       out_dtype=dtype_of(node))
+
