@@ -26,7 +26,7 @@ from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
-from translator_kernels.gemm.kernel import _ELEM, OOB, _raw, apply_epilogue_device, parse_epilogue
+from translator_kernels.gemm.kernel import _ELEM, OOB, _raw, apply_epilogue_device, canonical_epilogue
 
 THREADS = 256
 
@@ -36,7 +36,7 @@ def build_splitk_reduce(n: int, split: int, out_dtype: str, activation, has_bias
     """The reduction launcher: launch(Out, P, Bias, Res, total, scale, p_bytes, out_bytes)
 
     Out / Res: [batch * M, N] in out_dtype; P: fp32 [split, batch * M, N]; total = batch * M * N."""
-    parse_epilogue(activation)
+    activation = canonical_epilogue(activation)  # validates
     osz, out_t = _ELEM[out_dtype]
     vec = 4 if n % 4 == 0 else 1  # VEC outputs of one row per thread (16-byte partial loads)
 
