@@ -266,6 +266,28 @@ def call(launcher, *args) -> None:
         fn(*args, _stream(args))
     else:
         fn(*args)
+    log = getattr(_local, "log", None)
+    if log is not None:  # the device path's own record (flysim records its launches itself)
+        log.append(DeviceLaunch(kernel_name(launcher)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLaunch:
+    """A launch this thread made on the device path (rocm, or rocm with the device call recorded)."""
+
+    kernel: str
+
+
+@contextlib.contextmanager
+def launch_log(into: list):
+    """Append a `DeviceLaunch` to `into` for every device launch this thread makes in the block
+    (one list append per launch: no synchronization, nothing read from the device)."""
+    old = getattr(_local, "log", None)
+    _local.log = into
+    try:
+        yield into
+    finally:
+        _local.log = old
 
 
 def _describe(a):

@@ -173,3 +173,23 @@ def test_second_process_compiles_nothing(tmp_path):
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
     assert runs[0]["specializations"] == 3 and runs[0]["compiles"] == 3
     assert runs[1] == {"compiles": 0, "specializations": 3}
+
+
+def test_rocm_path_records_device_launches_for_the_report():
+    """On the rocm backend the launch path itself records each device launch (no sync, one list
+    append), so report rows say flydsl-kernel there too, from launches, never from the name."""
+    from translator import translate
+    from translator.runtime.stub import rocm_compile_env
+    from translator_kernels import launch
+
+    torch.manual_seed(0)
+    tm = translate(_Mlp().eval(), (torch.randn(2, 8, 64),), backend="reference", verify=False)
+    assert not any(r.where == "flydsl-kernel" for r in tm.report.rows)
+    tm.backend = "rocm"  # what translate(backend="rocm") picks on an AMD GPU
+    with rocm_compile_env(tm.arch), launch.record_device_calls() as rec:
+        tm(torch.randn(2, 8, 64))
+    assert [n for n, _ in rec] == ["gemm", "row_norm", "softmax"]
+    assert [r.kernel for r in tm.last_launches] == ["gemm", "row_norm", "softmax"]
+    kernel_rows = {r.op for r in tm.report.rows if r.where == "flydsl-kernel"}
+    assert {"aten.linear", "aten.layer_norm", "aten.softmax"} <= kernel_rows, \
+        [(r.op, r.where, r.detail) for r in tm.report.rows]

@@ -74,6 +74,11 @@ def _run(state, backend, arch):
         with flysim.simulate(arch=arch) as sim:
             state.launches = sim.launches  # live: dispatch reads what each op call appended
             yield state
+    elif backend == "rocm":
+        from translator_kernels.launch import launch_log
+
+        with launch_log(state.launches):  # the launch path appends one record per device launch
+            yield state
     else:
         yield state
 

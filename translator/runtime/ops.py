@@ -47,7 +47,7 @@ def dispatch(name: str, *args):
 
 def _launch_log(st):
     """The list the backend appends launch records to while the call runs, or None."""
-    return st.launches if st.backend == "flysim" else None
+    return st.launches if st.backend in ("flysim", "rocm") else None
 
 
 def _no_alias(out, args):
