@@ -64,26 +64,26 @@ MUTATIONS = (
         "fusion-swallows-smaller-shape", "translator/passes/partition.py",
         "if any(u not in region for u in m.users) and [str(d) for d in shape_of(m)] != full:",
         "if any(u not in region for u in m.users) and False:",
-        ("tests/test_fusion_shapes.py",),
+        ("tests/unit/test_fusion_shapes.py",),
         "an elementwise region takes in a smaller-shaped value that is used outside it"),
     Mutation(
         "verify-first-output-only", "translator/verify.py",
         "for i, (e, g) in enumerate(zip(exp, got)):",
         "for i, (e, g) in enumerate(zip(exp[:1], got[:1])):",
-        ("tests/test_verify.py::test_every_output_is_compared",
-         "tests/test_verify.py::test_a_wrong_second_output_fails_translate"),
+        ("tests/unit/test_verify.py::test_every_output_is_compared",
+         "tests/unit/test_verify.py::test_a_wrong_second_output_fails_translate"),
         "verification compares only the first output"),
     Mutation(
         "model-tolerances-100x", "translator/tolerances.py",
         "    return MODEL_TOLERANCES[precision]\n",
         "    return tuple(100 * t for t in MODEL_TOLERANCES[precision])\n",
-        ("tests/test_verify.py",),
+        ("tests/unit/test_verify.py",),
         "whole-model tolerances loosened 100x where they are read"),
     Mutation(
         "op-tolerances-100x", "translator/tolerances.py",
         "        atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])\n",
         "        atol, rtol = (100 * t for t in TOLERANCES.get(dtype, TOLERANCES[torch.float32]))\n",
-        ("tests/test_verify.py::test_tolerance_tables_are_pinned",),
+        ("tests/unit/test_verify.py::test_tolerance_tables_are_pinned",),
         "per-op tolerances loosened 100x where they are read"),
     Mutation(
         "flysim-buffer-load-ignores-soffset", "flysim/src/flysim/ops_mem.py",
@@ -97,7 +97,7 @@ MUTATIONS = (
         "attention-flops-halved", "translator/report/cost.py",
         "    return 2 * b * q.shape[-2] * k.shape[-2] * q.shape[-1] + 2 * b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
         "    return b * q.shape[-2] * k.shape[-2] * q.shape[-1] + b * q.shape[-2] * k.shape[-2] * v.shape[-1]",
-        ("tests/test_report_flops.py",),
+        ("tests/unit/test_report_flops.py",),
         "the report counts half of attention's FLOPs"),
 )
 

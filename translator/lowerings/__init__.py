@@ -2,7 +2,7 @@
 
 The order of these imports does not matter: each family registers its op before its own rules
 name it, a rule's priority is explicit, and the registry orders rules by priority and name
-(tests/test_architecture.py imports them shuffled and checks that the same rules fire).
+(tests/unit/test_architecture.py imports them shuffled and checks that the same rules fire).
 """
 
 from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gated_mlp, gemm,  # noqa: F401

@@ -22,7 +22,7 @@ import translator
 from translator.frontends import cli
 from translator.verify import calibrate, verify_outputs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_FILES = sorted(p for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
 BY_DESIGN = "kept in PyTorch by design"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"translator": ROOT / "translator", "translator_kernels": ROOT / "translator_kernels",
             "flysim": ROOT / "flysim" / "src" / "flysim", "bench": ROOT / "bench"}
 
@@ -162,7 +162,7 @@ stub.__package__ = "translator.lowerings"
 sys.modules["translator.lowerings"] = stub
 for n in names:
     importlib.import_module("translator.lowerings." + n)
-sys.path.insert(0, str(root / "tests"))
+sys.path.insert(0, str(root / "tests" / "unit"))
 from test_architecture import order_fingerprint
 print(json.dumps(order_fingerprint()))
 '''

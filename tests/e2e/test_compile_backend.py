@@ -19,7 +19,7 @@ from translator.frontends import compile_backend
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator.registry import FAMILIES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
 
 

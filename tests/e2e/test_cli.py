@@ -17,7 +17,7 @@ import pytest
 
 from translator.frontends import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
 EXE = Path(sys.executable).parent / "flydsl-translate"
 

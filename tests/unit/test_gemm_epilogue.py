@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from translator import translate
 from translator_kernels.program import epilogue, parse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class MLPBlock(nn.Module):

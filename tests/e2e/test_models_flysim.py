@@ -11,7 +11,7 @@ import torch
 
 from translator import translate
 
-MODELS = sorted(p for p in (Path(__file__).resolve().parent.parent / "models").glob("*.py") if p.stem != "__init__")
+MODELS = sorted(p for p in (Path(__file__).resolve().parents[2] / "models").glob("*.py") if p.stem != "__init__")
 
 
 def load(path):

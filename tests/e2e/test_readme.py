@@ -4,7 +4,7 @@ from pathlib import Path
 
 from translator.report.ops_table import readme_with_table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ops_table_is_current():
