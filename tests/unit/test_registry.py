@@ -50,6 +50,10 @@ ORACLES = {
                                   (_r(6, 33), _r(6, 33, seed=1))),
     "fused_reduce": lambda: (Fn(lambda m, x: (x * x).mean(-1) + x.amax(-1)), (_r(6, 70),)),
     "scan": lambda: (Fn(lambda m, x: torch.cumsum(x.exp(), 1)), (_r(4, 37),)),
+    "embedding": lambda: (Fn(lambda m, ids: m[0](ids), nn.Embedding(40, 24)),
+                          (torch.randint(0, 40, (3, 5), generator=torch.Generator().manual_seed(0)),)),
+    "gemm_gated": lambda: (Fn(lambda m, x: F.silu(m[0](x)) * m[1](x), nn.Linear(40, 24), nn.Linear(40, 24)),
+                           (_r(5, 40),)),
 }
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 

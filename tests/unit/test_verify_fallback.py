@@ -12,6 +12,7 @@ import torch
 from translator import translate
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator.registry import FAMILIES
+from translator_kernels.gemm.kernel import canonical_epilogue
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ class MLP(torch.nn.Module):
 
 def test_a_diverging_gemm_with_a_fused_epilogue_goes_back_to_pytorch(monkeypatch, deadline):
     # only the GEMM carrying the relu epilogue is wrong: denying the relu alone brought the same rewrite back
-    _break(monkeypatch, "gemm", lambda a, w, n, k, bias, act, *rest: act == "relu")
+    _break(monkeypatch, "gemm", lambda a, w, n, k, bias, act, *rest: act == canonical_epilogue("relu"))
     tm = translate(MLP(), (torch.randn(4, 32),), backend="reference", fallback_on_mismatch=True)
     v = tm.report.verification
     assert v.passed, v.message
@@ -63,7 +64,7 @@ def test_a_diverging_gemm_with_a_fused_epilogue_goes_back_to_pytorch(monkeypatch
 
 
 def test_without_fallback_the_diverging_node_is_named(monkeypatch, deadline):
-    _break(monkeypatch, "gemm", lambda a, w, n, k, bias, act, *rest: act == "relu")
+    _break(monkeypatch, "gemm", lambda a, w, n, k, bias, act, *rest: act == canonical_epilogue("relu"))
     tm = translate(MLP(), (torch.randn(4, 32),), backend="reference")
     v = tm.report.verification
     assert v.passed is False
