@@ -103,3 +103,59 @@ def test_schema_args_fill_defaults_and_keywords():
     assert fastpath.schema_args(op, (1,), {"dim": -1, "log": False}) == (1, -1, False)
     with pytest.raises(TypeError, match="log"):
         fastpath.schema_args(op, (1, -1), {})
+
+
+def test_elementwise_plans_once_per_layout(monkeypatch):
+    """A repeated call plans nothing; a different base-address alignment gets its own plan."""
+    import flysim
+
+    from translator_kernels.generated import elementwise as ew
+    from translator_kernels.program import Program, ref_program
+
+    plans = [0]
+    orig = ew.make_plan
+
+    def counted(*a):
+        plans[0] += 1
+        return orig(*a)
+
+    monkeypatch.setattr(ew, "make_plan", counted)
+    prog = Program(2, (("gelu", (0,), ()), ("add", (2, 1), ())), ((3, "f32"),)).text()
+    x, y = torch.randn(8, 64), torch.randn(64)
+    odd = torch.randn(8 * 64 + 1)[1:].view(8, 64)  # base address 4 bytes off: no 128-bit accesses
+    with flysim.simulate(arch="gfx942") as sim:
+        outs = [ew.fused_elementwise([x, y], prog)[0]]
+        first = plans[0]
+        outs += [ew.fused_elementwise([x, y], prog)[0] for _ in range(2)]
+        assert plans[0] == first  # repeated calls planned nothing
+        got_odd = ew.fused_elementwise([odd, y], prog)[0]
+        assert plans[0] > first
+    assert len(sim.launches) == 4 and all(r.kernel.startswith("fused_elementwise_") for r in sim.launches)
+    assert sim.launches[0].kernel != sim.launches[3].kernel  # the unaligned call runs its own kernel
+    for got in outs:
+        torch.testing.assert_close(got, ref_program([x, y], prog)[0])
+    torch.testing.assert_close(got_odd, ref_program([odd, y], prog)[0])
+
+
+def test_elementwise_bad_input_still_raises_after_a_good_call():
+    import flysim
+
+    from translator_kernels.errors import KernelInputError
+    from translator_kernels.generated.elementwise import fused_elementwise
+    from translator_kernels.program import Program
+
+    prog = Program(1, (("neg", (0,), ()),), ((1, "f32"),)).text()
+    with flysim.simulate(arch="gfx942"):
+        fused_elementwise([torch.randn(4, 8)], prog)
+        with pytest.raises(KernelInputError, match="dtype"):
+            fused_elementwise([torch.randn(4, 8, dtype=torch.float64)], prog)
+
+
+def test_arch_follows_the_active_backend():
+    import flysim
+
+    from translator_kernels import launch
+
+    for arch in ("gfx950", "gfx942", "gfx950"):
+        with flysim.simulate(arch=arch):
+            assert launch.arch() == arch

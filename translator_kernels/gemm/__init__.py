@@ -148,9 +148,7 @@ def _check_bytes(op, name, t):
 
 def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None):
     """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled."""
-    from flydsl.runtime.device import get_rocm_arch
-
-    arch = get_rocm_arch()
+    arch = kl.arch()  # looked up once per target, not per call
     dt = _DT[a3.dtype]
     n_pad, k_pad = padded_shape(n, k)
     k_eff = a3.shape[-1]
@@ -158,7 +156,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
         cfg = choose_config(m_bucket(m), n, k, a3.dtype, arch)
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a3.device)
     has_bias, has_res = bias is not None, residual is not None
-    bias_t = bias if has_bias else torch.zeros(1, dtype=torch.float32, device=a3.device)
+    bias_t = bias if has_bias else _no_bias(a3.device)
     res_t = residual if has_res else out
     for name, t in (("a", a3), ("w", ws), ("out", out)):
         _check_bytes(op, name, t)
@@ -169,6 +167,16 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
              a3.numel() * a3.element_size(), ws.numel() * ws.element_size(),
              out.numel() * out.element_size())
     return out
+
+
+_NO_BIAS: dict = {}  # device -> the fp32 placeholder passed where there is no bias (never read)
+
+
+def _no_bias(device):
+    t = _NO_BIAS.get(device)
+    if t is None:
+        t = _NO_BIAS[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
 
 
 def _prep_a(op, a, k, w_dtype):

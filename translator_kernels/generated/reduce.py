@@ -21,6 +21,7 @@ fp32; values are stored in the program's output dtype.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -36,6 +37,7 @@ GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_s
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
+@functools.lru_cache(maxsize=4096)  # per call otherwise: a sha1 of the whole key
 def kernel_name(text, roles, dtypes, kind, params, n, plan, epi=None) -> str:
     tail = "" if epi is None else f"|{epi}"
     key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}{tail}".encode()).hexdigest()[:16]
@@ -218,12 +220,14 @@ def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi
         return outs
     if args is None:
         return outs
-    note_use(kernel_name(*key))
-    CALLS.setdefault(kernel_name(*key), dict(
-        family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
-        params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
-        dtypes=[DTYPES[t.dtype] for t in inputs], epilogue=epilogue or None,
-        epi_shapes=[list(t.shape) for t in epi_inputs], epi_dtypes=[DTYPES[t.dtype] for t in epi_inputs]))
+    name = kernel_name(*key)
+    note_use(name)
+    if name not in CALLS:  # one call's arguments per kernel, built once
+        CALLS[name] = dict(
+            family="reduce", program=key[0], kind=kind, dims=list(dims), keepdim=bool(keepdim),
+            params=[float(p) for p in params], shapes=[list(t.shape) for t in inputs],
+            dtypes=[DTYPES[t.dtype] for t in inputs], epilogue=epilogue or None,
+            epi_shapes=[list(t.shape) for t in epi_inputs], epi_dtypes=[DTYPES[t.dtype] for t in epi_inputs])
     _launch(key, args)
     return outs
 
