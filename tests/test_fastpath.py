@@ -159,3 +159,34 @@ def test_arch_follows_the_active_backend():
     for arch in ("gfx950", "gfx942", "gfx950"):
         with flysim.simulate(arch=arch):
             assert launch.arch() == arch
+
+
+def test_reduce_and_scan_validate_once_per_layout(monkeypatch):
+    import flysim
+
+    from translator_kernels.generated import reduce as red
+    from translator_kernels.generated import scan as sc
+    from translator_kernels.program import Program
+
+    seen = {"prepare": 0, "validate": 0}
+    for mod, name in ((red, "prepare"), (sc, "_validate")):
+        orig = getattr(mod, name)
+
+        def counted(*a, _orig=orig, _name=name.strip("_")):
+            seen[_name] += 1
+            return _orig(*a)
+
+        monkeypatch.setattr(mod, name, counted)
+    ident = Program(1, (), ((0, "f32"),)).text()
+    x = torch.randn(8, 48)
+    with flysim.simulate(arch="gfx942") as sim:
+        sums = [red.fused_reduce([x], ident, "sum", [-1], False)[0]]
+        scans = [sc.scan([x], ident, "cumsum", -1)]
+        first = dict(seen)  # 1 each, or 0 where an earlier test in this process saw the layout
+        sums += [red.fused_reduce([x], ident, "sum", [-1], False)[0] for _ in range(2)]
+        scans += [sc.scan([x], ident, "cumsum", -1) for _ in range(2)]
+    assert seen == first and max(first.values()) <= 1
+    assert len(sim.launches) == 6
+    for s, c in zip(sums, scans):
+        torch.testing.assert_close(s, x.sum(-1))
+        torch.testing.assert_close(c, x.cumsum(-1))
