@@ -76,15 +76,29 @@ def test_fast_path_matches_custom_op_path(tm, custom_op_entries):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_fast_module_shares_state_and_follows_recompile(tm):
-    fast = fastpath.fast_module(tm.gm)
-    assert fast is fastpath.fast_module(tm.gm)  # built once
-    assert "torch.ops.flydsl" in tm.gm.code and "torch.ops.flydsl" not in fast.code
-    for name, p in fast.named_parameters():
-        assert p is tm.gm.get_parameter(name)  # shared, never copied
-    assert set(tm.state_dict()) == {f"gm.{k}" for k in tm.gm.state_dict()}  # not a submodule of tm
+def test_fast_forward_reads_the_graph_modules_state_and_follows_recompile(tm):
+    fwd = fastpath.fast_forward(tm.gm)
+    assert fwd is fastpath.fast_forward(tm.gm)  # built once
+    assert "torch.ops.flydsl" in tm.gm.code and "torch.ops.flydsl" not in fwd.source
+    assert "flydsl_gemm(" in fwd.source
+    assert set(tm.state_dict()) == {f"gm.{k}" for k in tm.gm.state_dict()}  # nothing added to the module
+    x = torch.randn(4, 32)
+    new = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in tm.gm.state_dict().items()}
+    old_sd = {k: v for k, v in tm.gm.state_dict().items()}
+    tm.backend = "reference"  # plain torch: this test is about which tensors the graph reads
+    try:
+        tm.gm.load_state_dict(new, assign=True)  # new tensor objects in the graph module
+        with torch.no_grad():
+            fast = tm(x)
+            tm.fast_path = False
+            slow = tm(x)
+    finally:
+        tm.fast_path, tm.backend = True, "flysim"
+        tm.gm.load_state_dict(old_sd, assign=True)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
     tm.gm.recompile()
-    assert fastpath.fast_module(tm.gm) is not fast
+    assert fastpath.fast_forward(tm.gm) is not fwd
 
 
 def test_fast_path_not_taken_where_it_could_differ(tm):

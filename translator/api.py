@@ -85,9 +85,9 @@ class TranslatedModule(torch.nn.Module):
         return out
 
     def _run(self, args):
-        gm = fastpath.fast_module(self.gm) if self.fast_path and fastpath.usable(self.gm, args) else self.gm
+        fast = self.fast_path and fastpath.usable(self.gm, args)
         try:
-            return gm(*args)
+            return fastpath.fast_forward(self.gm)(self.gm, *args) if fast else self.gm(*args)
         except AssertionError as e:  # torch.export's input guards: a limit the model itself sets
             if not str(e).startswith("Guard failed"):
                 raise

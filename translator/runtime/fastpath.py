@@ -6,23 +6,24 @@ walks torch.library's layers (dispatcher, schema parsing, the custom_op wrapper,
 autograd checks) before it reaches its body, `runtime.ops.dispatch(name, *args)`: about
 60 us per op on a loaded 2-core host, as much as the kernel adapter itself.
 
-`fast_module(gm)` is a second GraphModule over a copy of the same graph, sharing the
-original's parameters and buffers (nothing is copied; a buffer the graph writes is written
-in the one tensor both see). In it each FlyDSL node calls a plain function `flydsl_<name>`
+`fast_forward(gm)` is the forward FX generates for a copy of the same graph, run with `gm` as
+its `self`: it reads gm's own parameters, buffers and submodules (nothing is copied; a buffer
+the graph writes is written in gm, and a tensor replaced in gm is seen). In it each FlyDSL
+node calls a plain function `flydsl_<name>`
 whose body is the custom op's body, `dispatch("<name>", *args)`, with the node's arguments
 normalized once to the op schema's positional order (defaults filled in). So the call does
 exactly what the custom op's body does: the backend is chosen at call time (`dispatch` reads
 the active `runtime.use_backend`), and each call appends the same `OpCall` with the same
 launch records, which `TranslatedModule.forward` assigns to graph nodes in order.
 
-When the fast module must not be used (`usable`), `TranslatedModule` runs the custom-op graph:
+When the fast forward must not be used (`usable`), `TranslatedModule` runs the custom-op graph:
   - under torch.compile / export tracing, or with a torch function or dispatch mode active
     (fake tensors, proxies, FlopCounter): those see and need the custom ops;
   - with an input that is a tensor subclass (FakeTensor, DTensor, ...);
   - when autograd would record: the custom ops have no backward, and torch.library makes a
-    backward through them an error, which the fast module would turn into silently missing
+    backward through them an error, which the fast forward would turn into silently missing
     gradients (outputs of a kernel carry no grad_fn).
-The fast module is rebuilt when the graph is recompiled (its code object changes) and lives
+The fast forward is rebuilt when the graph is recompiled (its code object changes) and lives
 as long as the graph module (a weak-keyed cache, so nothing is pickled or deep-copied with it).
 """
 
@@ -36,7 +37,7 @@ import torch.utils._pytree as pytree
 
 from . import ops
 
-_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> (gm's code when built, fast gm)
+_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> (gm's code when built, fast forward)
 _LOCK = threading.Lock()
 _CALLERS: dict = {}  # family name -> flydsl_<name>
 
@@ -73,8 +74,10 @@ def _is_flydsl(node) -> bool:
     return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and t.namespace == "flydsl"
 
 
-def build(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A GraphModule over a copy of `gm.graph` whose FlyDSL nodes call `caller(name)`."""
+def build(gm: torch.fx.GraphModule):
+    """The forward function (first argument: the graph module) of a copy of `gm.graph` whose
+    FlyDSL nodes call `caller(name)`. It reads parameters, buffers and submodules through its
+    first argument, so it follows `gm` when they are replaced (`.to()`, `load_state_dict(assign=True)`)."""
     graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
     graph._codegen = gm.graph._codegen  # the pytree in / out specs of an exported graph
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
@@ -83,11 +86,17 @@ def build(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if _is_flydsl(node):
             node.args, node.kwargs = schema_args(node.target, node.args, node.kwargs), {}
             node.target = caller(node.target._opname)
-    return torch.fx.GraphModule(gm, graph, class_name=f"Fast{type(gm).__name__}")
+    code = graph.python_code(root_module="self")
+    scope = dict(code.globals)
+    exec(compile(code.src, f"<flydsl fast forward of {type(gm).__name__}>", "exec"), scope)  # noqa: S102 — FX's own codegen
+    forward = scope["forward"]
+    forward.source = code.src
+    return forward
 
 
-def fast_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The fast module of `gm`, built on first use and again after `gm.recompile()`."""
+def fast_forward(gm: torch.fx.GraphModule):
+    """The fast forward of `gm` (call it as `fast_forward(gm)(gm, *args)`), built on first use and
+    again after `gm.recompile()`."""
     code = gm.code
     hit = _FAST.get(gm)
     if hit is None or hit[0] is not code:
@@ -99,7 +108,7 @@ def fast_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def usable(gm: torch.fx.GraphModule, args) -> bool:
-    """True when running `fast_module(gm)` on `args` is the same as running `gm` (see above)."""
+    """True when the fast forward of `gm` on `args` does what `gm(*args)` does (see above)."""
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() \
             or torch._C._len_torch_dispatch_stack():
         return False
