@@ -30,6 +30,7 @@ from .frontends.progress import stage
 from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
 from .registry import FAMILIES
+from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
@@ -61,6 +62,7 @@ class TranslatedModule(torch.nn.Module):
         # the FlyDSL nodes in call order, named as the report knows them (a loaded graph may rename nodes)
         names = [n.name for n in gm.graph.nodes if is_flydsl(n)]
         self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
+        self.fast_path = True  # run FlyDSL nodes without the custom-op layers (runtime.fastpath); same results
 
     @property
     def code(self) -> str:
@@ -85,8 +87,9 @@ class TranslatedModule(torch.nn.Module):
         return out
 
     def _run(self, args):
+        fast = self.fast_path and fastpath.usable(self.gm, args)
         try:
-            return self.gm(*args)
+            return fastpath.fast_forward(self.gm)(self.gm, *args) if fast else self.gm(*args)
         except AssertionError as e:  # torch.export's input guards: a limit the model itself sets
             if not str(e).startswith("Guard failed"):
                 raise

@@ -59,6 +59,7 @@ _STUBBED: dict = {}  # key -> CompiledFunction whose call state records instead 
 _PLANS: dict = {}  # launcher -> _Plan
 _ORIGIN: dict = {}  # id(launcher) -> (launcher, "module.builder(args)")
 _CONTEXTS: dict = {}  # environment fingerprint -> target part of the key
+_ARCHS: dict = {}  # (environment fingerprint, HSA_OVERRIDE_GFX_VERSION) -> FlyDSL's get_rocm_arch()
 _LOCK = threading.RLock()
 _local = threading.local()
 _NOTHING = object()  # compiled under COMPILE_ONLY: there is nothing to call
@@ -163,6 +164,19 @@ def _context():
         ctx = _CONTEXTS[fp] = (_backends.get_backend().hash(), _truthy(fp[1]),
                                _JF._cache_invalidating_env_values(), toolchain_key())
     return ctx
+
+
+def arch() -> str:
+    """FlyDSL's `get_rocm_arch()`, looked up once per target rather than per call: keyed on the
+    fingerprint (flysim.simulate(arch=...) registers its own backend and sets the arch variables)
+    and the one other variable get_rocm_arch reads."""
+    k = (_fingerprint(), os.environ.get("HSA_OVERRIDE_GFX_VERSION"))
+    a = _ARCHS.get(k)
+    if a is None:
+        from flydsl.runtime.device import get_rocm_arch
+
+        a = _ARCHS[k] = get_rocm_arch()
+    return a
 
 
 @functools.lru_cache(maxsize=1)
@@ -387,3 +401,4 @@ def clear() -> None:
         _COMPILED.clear()
         _STUBBED.clear()
         _CONTEXTS.clear()
+        _ARCHS.clear()

@@ -72,9 +72,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
             gate=None):
     """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or with w_plain
     [batch or 1, N, K] row-major (K a multiple of kpack)."""
-    from flydsl.runtime.device import get_rocm_arch
-
-    arch = get_rocm_arch()
+    arch = kl.arch()  # looked up once per target, not per call
     dt = _DT[a3.dtype]
     n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
     k_eff = a3.shape[-1]
@@ -84,7 +82,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
             cfg = GemmConfig(cfg.bm, max(cfg.bn, 128), cfg.bk)
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a3.device)
     has_bias, has_res = bias is not None, residual is not None
-    bias_t = bias if has_bias else torch.zeros(1, dtype=torch.float32, device=a3.device)
+    bias_t = bias if has_bias else _no_bias(a3.device)
     res_t = residual if has_res else out
     for name, t in (("a", a3), ("w", ws), ("out", out)):
         _check_bytes(op, name, t)
@@ -106,6 +104,16 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     kl.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
                   a_bytes, w_bytes, out.numel() * out.element_size())
     return out
+
+
+_NO_BIAS: dict = {}  # device -> the fp32 placeholder passed where there is no bias (never read)
+
+
+def _no_bias(device):
+    t = _NO_BIAS.get(device)
+    if t is None:
+        t = _NO_BIAS[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
 
 
 def _prep_a(op, a, k, w_dtype):

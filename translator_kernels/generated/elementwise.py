@@ -163,17 +163,73 @@ def prepare(inputs, program):
     return prog, flat_in, outs, flat_out, p
 
 
+class _Layout:
+    """What a call needs once its inputs' layout is known: validated shape, output dtypes, and
+    per (base-address alignment, arch) the launcher and kernel name. Keyed by `_layout_key`."""
+
+    def __init__(self, prog, shape, numel):
+        self.prog, self.text, self.shape, self.numel = prog, prog.text(), shape, numel
+        self.out_dtypes = [TORCH[dt] for _, dt in prog.out]
+        self.launches: dict = {}  # (addresses mod 16, arch) -> (launcher, kernel name)
+
+
+MAX_LAYOUTS = 4096
+_LAYOUTS: dict = {}  # (program, per input (shape, strides, dtype, device)) -> _Layout
+
+
+def _layout_key(inputs, program):
+    """The plan cache key, or None where the inputs cannot key it (prepare then says why)."""
+    try:
+        k = (program, tuple([(t.shape, t.stride(), t.dtype, t.device) for t in inputs]))
+        hash(k)
+        return k
+    except (AttributeError, TypeError):
+        return None
+
+
+def _launch_for(lay: _Layout, inputs, flat_in, flat_out):
+    """(launcher, name) for these base addresses on the current arch; planned once per key."""
+    arch = current_arch()
+    tensors = flat_in + flat_out
+    k = (tuple([t.data_ptr() % 16 for t in tensors]), arch)
+    hit = lay.launches.get(k)
+    if hit is None:
+        in_shapes, in_dtypes = [tuple(t.shape) for t in inputs], [DTYPES[t.dtype] for t in inputs]
+
+        def aligned(vec):
+            return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
+
+        p = make_plan(lay.shape, in_shapes, in_dtypes, [dt for _, dt in lay.prog.out], aligned)
+        name = kernel_name(lay.text, p)
+        CALLS.setdefault(name, dict(family="elementwise", program=lay.text, shapes=[list(s) for s in in_shapes],
+                                    dtypes=list(in_dtypes)))
+        hit = lay.launches[k] = (build_elementwise(lay.text, p, arch), name)
+    return hit
+
+
 def fused_elementwise(inputs, program) -> list[torch.Tensor]:
-    """Run the fused elementwise program (JSON text or Program) on `inputs`; returns its outputs."""
-    prog, flat_in, outs, flat_out, p = prepare(list(inputs), program)
-    if p is None:
+    """Run the fused elementwise program (JSON text or Program) on `inputs`; returns its outputs.
+
+    A repeated call (same program, input shapes, strides, dtypes, device, base-address alignment
+    and arch) plans nothing: it allocates the outputs, flattens the inputs and launches."""
+    inputs = list(inputs)
+    key = _layout_key(inputs, program)
+    lay = _LAYOUTS.get(key) if key is not None else None
+    if lay is None:
+        prog, _, _, _, p = prepare(inputs, program)  # validates: a bad input raises here, never cached
+        lay = _Layout(prog, tuple(torch.broadcast_shapes(*[t.shape for t in inputs])), p.numel if p else 0)
+        if key is not None:
+            if len(_LAYOUTS) >= MAX_LAYOUTS:  # a long-running process seeing ever new shapes
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = lay
+    dev = inputs[0].device
+    outs = [torch.empty(lay.shape, dtype=dt, device=dev) for dt in lay.out_dtypes]
+    if lay.numel == 0:
         return outs
-    launch = build_elementwise(prog.text(), p, current_arch())
-    name = kernel_name(prog.text(), p)
-    CALLS.setdefault(name, dict(
-        family="elementwise", program=prog.text(), shapes=[list(t.shape) for t in inputs],
-        dtypes=[DTYPES[t.dtype] for t in inputs]))
+    flat_in = [t.contiguous().reshape(-1) for t in inputs]
+    flat_in = [t.view(torch.uint8) if t.dtype == torch.bool else t for t in flat_in]
+    flat_out = [o.view(-1).view(torch.uint8) if o.dtype == torch.bool else o.view(-1) for o in outs]
+    launch, name = _launch_for(lay, inputs, flat_in, flat_out)
     note_use(name)
-    args = flat_in + flat_out
-    kl.call(launch, *args)
+    kl.call(launch, *flat_in, *flat_out)
     return outs

@@ -94,9 +94,9 @@ def load_launch(path: Path, prefix: str):
 
 
 def current_arch() -> str:
-    from flydsl.runtime.device import get_rocm_arch
+    from translator_kernels.launch import arch as get_arch
 
-    arch = get_rocm_arch()
+    arch = get_arch()  # looked up once per target
     if arch not in SUPPORTED_ARCHS:
         raise KernelInputError(f"generated kernels: arch {arch!r} is not supported; expected one of {SUPPORTED_ARCHS} "
                                "(set FLYDSL_GPU_ARCH or run under flysim.simulate(arch=...))")

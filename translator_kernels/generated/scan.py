@@ -17,6 +17,7 @@ before each one (identity first: ``cumsum(x) - x`` without its cancellation).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -32,6 +33,7 @@ GENERATED: dict[str, str] = {}  # kernel name -> generated file path
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
+@functools.lru_cache(maxsize=4096)  # per call otherwise: a sha1 of the whole key
 def kernel_name(text, dtypes, kind, plan, reverse, exclusive) -> str:
     key = hashlib.sha1(f"{text}|{dtypes}|{kind}|{plan}|{reverse}|{exclusive}".encode()).hexdigest()[:16]
     return f"scan_{key}"
@@ -57,8 +59,28 @@ def row_vec(n: int, dtypes, flat=()) -> int:
     return vec
 
 
-def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
-    """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor."""
+_LAYOUTS: dict = {}  # (program, kind, dim, reverse, exclusive, per input (shape, strides, dtype, device)) -> _Layout
+MAX_LAYOUTS = 4096
+
+
+class _Layout:
+    """A validated scan call: shapes, dtypes and, per (base-address alignment, arch), launcher and name."""
+
+    def __init__(self, prog, inputs, kind, dim, reverse, exclusive):
+        self.prog, self.text, self.kind, self.reverse, self.exclusive = prog, prog.text(), kind, reverse, exclusive
+        self.shape = shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+        self.dim = dim % max(len(shape), 1)
+        self.shape1 = shape or (1,)
+        self.out_dt = TORCH[prog.out[0][1]]
+        self.n = self.shape1[self.dim]
+        self.m = math.prod(self.shape1) // self.n if self.n else 0
+        self.dtypes = tuple(DTYPES[t.dtype] for t in inputs)
+        self.moved = list(self.shape1)
+        self.moved.append(self.moved.pop(self.dim))
+        self.launches: dict = {}  # (addresses mod 16, arch) -> (launcher, kernel name)
+
+
+def _validate(inputs, program, kind, dim):
     op = f"scan({kind})"
     if kind not in KINDS:
         raise KernelInputError(f"{op}: unknown scan kind; expected one of {sorted(KINDS)}")
@@ -81,37 +103,65 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
     r = max(len(shape), 1)
     if not -r <= dim < r:
         raise KernelInputError(f"{op}: dim {dim} is out of range for shape {shape}")
-    dim %= r
-    shape1 = shape or (1,)
-    out_dt = TORCH[prog.out[0][1]]
-    out = torch.empty(shape, dtype=out_dt, device=inputs[0].device)
-    n = shape1[dim]
-    m = math.prod(shape1) // n if n else 0
-    if m == 0 or n == 0:
-        return out
-    if m * n > 2**31 - 1:
+    n = (shape or (1,))[dim % r]
+    if n and math.prod(shape) > 2**31 - 1:
         raise KernelInputError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
+    return prog
+
+
+def _layout(inputs, program, kind, dim, reverse, exclusive) -> _Layout:
+    """The validated layout of this call, looked up by shapes, strides, dtypes and devices (planned once)."""
+    try:
+        key = (program, kind, dim, reverse, exclusive, tuple([(t.shape, t.stride(), t.dtype, t.device) for t in inputs]))
+        lay = _LAYOUTS.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable program: validation says why
+        key = lay = None
+    if lay is None:
+        lay = _Layout(_validate(inputs, program, kind, dim), inputs, kind, dim, bool(reverse), bool(exclusive))
+        if key is not None:
+            if len(_LAYOUTS) >= MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = lay
+    return lay
+
+
+def _launch_for(lay: _Layout, inputs, flat):
+    arch = current_arch()
+    k = (tuple([f.data_ptr() % 16 for f in flat]), arch)
+    hit = lay.launches.get(k)
+    if hit is None:
+        plan = plan_scan(lay.n, row_vec(lay.n, lay.dtypes, flat))
+        if not plan.fits:
+            raise KernelInputError(f"scan({lay.kind}): rows of N={lay.n} elements are longer than one workgroup scans "
+                                   f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
+        args = (lay.text, lay.dtypes, lay.kind, plan, lay.reverse, lay.exclusive)
+        name = kernel_name(*args)
+        if name not in CALLS:  # one call's arguments per kernel, built once
+            CALLS[name] = dict(family="scan", program=lay.text, kind=lay.kind, dim=lay.dim, reverse=lay.reverse,
+                               exclusive=lay.exclusive, shapes=[list(t.shape) for t in inputs], dtypes=list(lay.dtypes))
+        hit = lay.launches[k] = (build_scan(*args, arch), name)
+    return hit
+
+
+def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
+    """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor.
+
+    A repeated call (same program, kind, dim, flags, input shapes, strides, dtypes, devices, base-address
+    alignment and arch) plans nothing: it flattens the inputs, allocates and launches."""
+    lay = _layout(inputs, program, kind, dim, reverse, exclusive)
+    out = torch.empty(lay.shape, dtype=lay.out_dt, device=inputs[0].device)
+    if lay.m == 0 or lay.n == 0:
+        return out
     flat = []
     for t in inputs:
-        f = t.reshape((1,) * (len(shape1) - t.dim()) + tuple(t.shape)).expand(shape1).movedim(dim, -1)
+        f = t.reshape((1,) * (len(lay.shape1) - t.dim()) + tuple(t.shape)).expand(lay.shape1).movedim(lay.dim, -1)
         f = f.contiguous().reshape(-1)
         flat.append(f.view(torch.uint8) if f.dtype == torch.bool else f)
-    dtypes = tuple(DTYPES[t.dtype] for t in inputs)
-    plan = plan_scan(n, row_vec(n, dtypes, flat))
-    if not plan.fits:
-        raise KernelInputError(f"{op}: rows of N={n} elements are longer than one workgroup scans "
-                               f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
-    res = torch.empty(m * n, dtype=out_dt, device=out.device)
-    launch = build_scan(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive), current_arch())
-    name = kernel_name(prog.text(), dtypes, kind, plan, bool(reverse), bool(exclusive))
-    CALLS.setdefault(name, dict(family="scan", program=prog.text(), kind=kind, dim=dim, reverse=bool(reverse),
-                                exclusive=bool(exclusive), shapes=[list(t.shape) for t in inputs], dtypes=list(dtypes)))
+    res = torch.empty(lay.m * lay.n, dtype=lay.out_dt, device=out.device)
+    launch, name = _launch_for(lay, inputs, flat)
     note_use(name)
-    args = flat + [res.view(torch.uint8) if out_dt == torch.bool else res, m]
-    kl.call(launch, *args)
-    moved = list(shape1)
-    moved.append(moved.pop(dim))
-    out.copy_(res.view(moved).movedim(-1, dim).reshape(shape))
+    kl.call(launch, *flat, res.view(torch.uint8) if lay.out_dt == torch.bool else res, lay.m)
+    out.copy_(res.view(lay.moved).movedim(-1, lay.dim).reshape(lay.shape))
     return out
 
 
