@@ -13,7 +13,7 @@ from translator_kernels.gemm.kernel import hot_loop_plan
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import CUS, wave_efficiency
 
-ARCHS = ("gfx942", "gfx950")
+from translator_kernels.arch import ARCHS  # noqa: E402
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
 
 

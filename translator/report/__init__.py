@@ -170,9 +170,10 @@ class Report:
         v = self.verification
         ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
         fly = s["flydsl_kernel_nodes"] + s["flydsl_reference_nodes"] + s["flydsl_not_run_nodes"]
+        folded = f" (+{s['folded_nodes']} folded once per shape)" if s["folded_nodes"] else ""
         return (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
                 f"launched FlyDSL kernels, {s['flydsl_reference_nodes']} reference-only, {s['flydsl_not_run_nodes']} "
-                f"not run yet), {s['pytorch_nodes']} in PyTorch per forward, {s['folded_nodes']} folded at specialization; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
+                f"not run yet), {s['pytorch_nodes']} in PyTorch{folded}; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
                 f"{100 * s['flydsl_byte_share']:.1f}% of bytes in FlyDSL ops; backend {self.backend} "
                 f"({self.backend_reason}); verification {ver}")
 

@@ -65,8 +65,15 @@ def tensors(v) -> list:
     return []
 
 
+def numel(t) -> int:
+    """Element count; a symbolic (dynamic) size counts at its example value. `int()` of a SymInt
+    would specialize the captured graph's dynamic dims, so the hint is read instead."""
+    n = t.numel()
+    return int(n.node.hint) if isinstance(n, torch.SymInt) else int(n)
+
+
 def nbytes(t) -> int:
-    return int(t.numel()) * t.element_size()
+    return numel(t) * t.element_size()
 
 
 def short_name(target) -> str:
@@ -94,13 +101,13 @@ def model_flops(target, args, out) -> int:
         return 0
     ins = tensors(args)
     if name in PER_ELEMENT:
-        return PER_ELEMENT[name] * (max(t.numel() for t in ins) if ins else 0)
+        return PER_ELEMENT[name] * (max(numel(t) for t in ins) if ins else 0)
     tags = getattr(target, "tags", ())
     if torch.Tag.pointwise in tags:
-        return sum(int(t.numel()) for t in tensors(out))
+        return sum(numel(t) for t in tensors(out))
     if torch.Tag.reduction in tags or name.startswith(("sum", "mean", "amax", "amin", "max", "min", "prod",
                                                            "argmax", "argmin", "any", "all")):
-        return int(ins[0].numel()) if ins else 0
+        return numel(ins[0]) if ins else 0
     return 0
 
 
