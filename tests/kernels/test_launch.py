@@ -18,7 +18,9 @@ from translator_kernels.rows.softmax import build_softmax, softmax
 
 @pytest.fixture
 def traces(monkeypatch):
-    """Every FlyDSL trace, as the origin of the launcher traced ("module.builder(args)")."""
+    """Every FlyDSL trace, as the origin of the launcher traced ("module.builder(args)"). The
+    launch module's in-process cache starts empty, so a count never depends on earlier tests."""
+    kl.clear()
     seen = []
     orig = JF.JitFunction._trace
 
