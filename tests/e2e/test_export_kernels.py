@@ -7,12 +7,12 @@ import re
 import shutil
 import subprocess
 
-import pytest
 import torch
 
 import translator
 
-pytestmark = pytest.mark.skipif(not (shutil.which("cc") and shutil.which("nm")), reason="needs cc and nm")
+def setup_module():
+    assert shutil.which("cc") and shutil.which("nm"), "no cc / nm: ./run setup installs gcc and binutils"
 
 
 def _declared(header: str) -> list[str]:
