@@ -51,11 +51,12 @@ import time
 import torch
 from flydsl.compiler import backends as _backends
 from flydsl.compiler import jit_function as _JF
+from torch.utils._python_dispatch import _disable_current_modes
 
 log = logging.getLogger(__name__)
 
 _COMPILED: dict = {}  # key -> compiled callable, or _NOTHING under COMPILE_ONLY
-_STUBBED: dict = {}  # key -> CompiledFunction whose call state records instead of launching
+_STUBBED: dict = {}  # (id(compiled), id(recorder)) -> CompiledFunction whose call state records instead of launching
 _PLANS: dict = {}  # launcher -> _Plan
 _ORIGIN: dict = {}  # id(launcher) -> (launcher, "module.builder(args)")
 _CONTEXTS: dict = {}  # environment fingerprint -> target part of the key
@@ -266,6 +267,16 @@ def call(launcher, *args) -> None:
     fn = _COMPILED.get(k)
     if fn is None:
         fn = _compile(launcher, args, k)
+    if getattr(_local, "plan_rec", None) is not None:  # a plan records this launch; run it untraced
+        from translator_kernels.plan import on_launch
+
+        on_launch(launcher, k, fn, args)
+        with _disable_current_modes():
+            return _run(launcher, plan, k, fn, args)
+    return _run(launcher, plan, k, fn, args)
+
+
+def _run(launcher, plan, k, fn, args):
     mode = getattr(_local, "mode", None)
     if mode is not None:
         if mode.uses is not None:
@@ -283,6 +294,41 @@ def call(launcher, *args) -> None:
     log = getattr(_local, "log", None)
     if log is not None:  # the device path's own record (flysim records its launches itself)
         log.append(DeviceLaunch(kernel_name(launcher)))
+
+
+class PlannedLaunch:
+    """One launch of a per-call plan (translator_kernels.plan): `launch.call` with everything the
+    key decides already looked up. Its call does what `call` does after the lookup: the modes
+    (collect and compile_only go through `call` itself), the stream, the launch log."""
+
+    __slots__ = ("launcher", "key", "fn", "record", "cuda", "has_stream", "__weakref__")
+
+    def __init__(self, launcher, k, fn, args):
+        self.launcher, self.key, self.fn = launcher, k, fn
+        self.record = DeviceLaunch(kernel_name(launcher))
+        self.has_stream = _plan(launcher).has_stream
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        self.cuda = first is not None and first.is_cuda
+
+    def __call__(self, *args):
+        fn = self.fn
+        mode = getattr(_local, "mode", None)
+        if mode is not None:
+            if mode.uses is not None or mode.compile_only:
+                return call(self.launcher, *args)
+            if fn is _NOTHING:
+                return
+            if mode.recorder is not None:
+                fn = _stubbed(self.key, self.launcher, fn, mode.recorder)
+        elif fn is _NOTHING:
+            return
+        if self.has_stream:
+            fn(*args, _stream(args) if self.cuda else None)
+        else:
+            fn(*args)
+        log = getattr(_local, "log", None)
+        if log is not None:
+            log.append(self.record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,7 +421,7 @@ def record_device_calls(recorder=None):
 
 
 def _stubbed(k, launcher, fn, recorder):
-    stub = _STUBBED.get((k, id(recorder)))
+    stub = _STUBBED.get((id(fn), id(recorder)))
     if stub is None:
         from flydsl.compiler.jit_executor import CallState
 
@@ -386,7 +432,7 @@ def _stubbed(k, launcher, fn, recorder):
         state = CallState(fn._call_spec, lambda packed: recorder(name, packed))
         stub = _JF.CompiledFunction(state, fn._keepalive)
         with _LOCK:
-            _STUBBED[(k, id(recorder))] = stub
+            _STUBBED[(id(fn), id(recorder))] = stub
     return stub
 
 
@@ -396,9 +442,20 @@ def compiled_count() -> int:
 
 
 def clear() -> None:
-    """Forget every compiled specialization (tests; FlyDSL's own caches are untouched)."""
+    """Forget every compiled specialization and every per-call plan (tests; FlyDSL's own caches
+    are untouched)."""
+    from translator_kernels.plan import clear_plans
+
+    clear_plans()
     with _LOCK:
         _COMPILED.clear()
         _STUBBED.clear()
         _CONTEXTS.clear()
         _ARCHS.clear()
+
+
+def planned(fn=None, **options):
+    """translator_kernels.plan.planned (the per-call plan of a host entry), reachable as kl.planned."""
+    from translator_kernels.plan import planned as make
+
+    return make(fn, **options)

@@ -4,6 +4,10 @@ Each lowering file defines its op with `torch.library.custom_op("flydsl::<name>"
 body is `dispatch("<name>", ...)`, and a fake implementation for tracing. Custom ops must
 not return an alias of an input, so a reference that returns a view is copied.
 
+The kernel adapter runs through its per-call plan (translator_kernels.plan): the first call with
+a signature (tensor dtypes, shapes, strides; other arguments; the launch target) runs the adapter
+and records it, later ones replay only the allocations and the compiled launches.
+
 Every call appends an `OpCall` to the active `ExecState.calls`: the op family and the kernel
 launches the call made, read from the backend's launch log around the call (under flysim,
 the simulation's `LaunchRecord`s). This is the evidence the report uses to say a graph
@@ -18,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from translator_kernels.plan import call as planned_call
 
 from . import current
 
@@ -40,9 +46,9 @@ def dispatch(name: str, *args):
         return _no_alias(out, args)
     log = _launch_log(st)
     first = len(log) if log is not None else 0
-    out = fam.kernel(*args)
-    st.calls.append(OpCall(name, list(log[first:]) if log is not None else None))
-    return _no_alias(out, args)
+    out = planned_call(fam.kernel, args, None, True)  # the adapter's per-signature plan; no result aliases an input
+    st.calls.append(OpCall(name, log[first:] if log is not None else None))
+    return out
 
 
 def _launch_log(st):

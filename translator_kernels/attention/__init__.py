@@ -158,6 +158,7 @@ def _prepare_head_scale(head_scale, H, device):
     return True, head_scale.detach().float().reshape(-1).expand(H).contiguous()
 
 
+@kl.planned
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
               scale=None, softcap=None, head_scale=None, precision=None, num_splits=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""

@@ -89,6 +89,7 @@ def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str
     return launch
 
 
+@kl.planned
 def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
     op = "embedding"

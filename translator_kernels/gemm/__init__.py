@@ -156,6 +156,7 @@ def _rows(op, a, out_dtype):
     return lead, m, out_dtype
 
 
+@kl.planned
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
@@ -198,6 +199,7 @@ def _batch_view(bt, batch_shape, n, k):
     return w3 if w3.shape[0] == 1 or w3.stride(0) == n * k else None
 
 
+@kl.planned
 def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
     """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
     bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh")."""
@@ -219,6 +221,7 @@ def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=
     return out.reshape(lead + (n,))
 
 
+@kl.planned
 def bmm(a, b, *, out_dtype=None):
     """a[..., M, K] @ b[..., K, N] -> [..., M, N] (batch dims broadcast), both activations.
 

@@ -207,6 +207,7 @@ def _launch_for(lay: _Layout, inputs, flat_in, flat_out):
     return hit
 
 
+@kl.planned
 def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     """Run the fused elementwise program (JSON text or Program) on `inputs`; returns its outputs.
 

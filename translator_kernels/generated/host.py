@@ -38,6 +38,13 @@ def record_kernels():
 
 
 def note_use(name: str) -> None:
+    """Record `name` in the open record_kernels() sets, now and on each replay of a per-call plan."""
+    from translator_kernels.plan import plan_effect
+
+    plan_effect(_note_use, name)
+
+
+def _note_use(name: str) -> None:
     for rec in getattr(_RECORDERS, "stack", ()):
         rec.add(name)
 

@@ -257,6 +257,7 @@ def _cached_call(lay: _Layout, inputs, epi_inputs):
     return outs, flat + eflat + [o.view(-1) for o in outs] + [lay.m], key
 
 
+@kl.planned
 def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inputs=(),
                  epilogue=None) -> list[torch.Tensor]:
     """Run prologue `program` on `inputs` and reduce its value over `dims` (then `epilogue`, see

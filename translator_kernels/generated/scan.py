@@ -143,6 +143,7 @@ def _launch_for(lay: _Layout, inputs, flat):
     return hit
 
 
+@kl.planned
 def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
     """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor.
 

@@ -200,6 +200,7 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     return launch
 
 
+@kl.planned
 def softmax(x: torch.Tensor, *, log: bool = False) -> torch.Tensor:
     """softmax(x, dim=-1) (or log_softmax) of a 2-D tensor, as a new contiguous tensor."""
     op = "log_softmax" if log else "softmax"

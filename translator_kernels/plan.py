@@ -1,0 +1,452 @@
+"""Per-call plans: a host entry's Python planning runs once per call signature, not per call.
+
+A kernel adapter does the same host work on every call with the same argument shapes: checks,
+tile choice, builder lookups, specialization keys, argument lists, output allocation. `planned(fn)`
+runs that work once per *signature* and replays only what must happen per call.
+
+Signature (what the adapter's decisions may depend on): per tensor argument its dtype, shape,
+strides, device, data-pointer alignment (mod 64: vectorized kernels pick their width from it)
+and which earlier argument it is the same object as; every other argument by type and value
+(lists and tuples element-wise); and the launch target (`launch._context()`: backend, arch,
+COMPILE_ONLY, FlyDSL toolchain). A new batch size is a new signature, so it builds a new plan;
+the launch key holds no run-time dims, so that plan compiles nothing.
+
+Building a plan: the first call with a signature runs `fn` for real, with a TorchDispatchMode
+recording every aten op it runs and `launch.call` recording each launch (launcher, specialization
+key, compiled callable, arguments). The recording becomes a straight-line Python function
+(generated source, like FlyDSL's own argument packers):
+  - an op whose result is a view of its input (view, reshape, unsqueeze, expand, slice ...)
+    is no call at all: the tensor a launch or the result needs is one `as_strided` of its root
+    (an argument, or a buffer the plan allocates), with the recorded geometry; a view with the
+    root's own geometry is the root itself;
+  - any other op that a launch or the result depends on is replayed as the same aten overload
+    with the same arguments: `empty` (outputs, workspaces), and casts, pads or copies where the
+    adapter made them (ops nothing depends on are dropped);
+  - a launch calls the compiled callable the recording found, with the same non-tensor
+    arguments, on the current stream; the launch module's modes (record_device_calls,
+    compile_only, collect) and launch_log behave as they do for `launch.call`;
+  - a Python side effect an adapter declares with `plan_effect(f, *args)` is repeated.
+A replayed call is: signature -> one dict lookup -> that function.
+
+What makes a call unplannable (it then runs `fn` as before, every time): a tensor subclass or a
+tensor that needs autograd among the arguments, an active torch dispatch mode (fake tensors,
+FlopCounter), an unhashable argument, an aten op that returns a Python value (reading tensor data
+on the host: control flow could depend on it), or a nested call inside a plan being recorded
+(the outer plan records it). Decisions that read global state other than the launch target
+must call `clear_plans()` when it changes (gemm.register_config does).
+
+Threads: plans are immutable once built and the recording state is per thread; two threads
+that build the same plan keep the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from translator_kernels import launch as _launch
+
+_PLANS: dict = {}  # (fn, launch target, signature) -> generated run function, or None (unplannable)
+_LOCK = threading.Lock()
+_local = _launch._local  # the launch module's thread state: `plan_rec` is the recording plan
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
+class _Unplannable(Exception):
+    pass
+
+
+def _sig(a, tensors: list, seen: dict):
+    t = type(a)
+    if t in _SCALARS:
+        if a != a:  # NaN never equals itself: no plan could be found again
+            raise _Unplannable("NaN argument")
+        return t, a
+    if t in _TENSOR_TYPES:
+        j = seen.get(id(a))
+        if j is not None:
+            return "same", j
+        if a.requires_grad and torch.is_grad_enabled():
+            raise _Unplannable("autograd")
+        seen[id(a)] = len(tensors)
+        tensors.append(a)
+        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 64
+    if t is tuple or t is list:
+        return t, tuple([_sig(x, tensors, seen) for x in a])
+    if isinstance(a, torch.Tensor):
+        raise _Unplannable("tensor subclass")
+    try:
+        hash(a)
+    except TypeError:
+        raise _Unplannable(f"unhashable {t.__name__}") from None
+    return t, a
+
+
+def signature(args, kwargs):
+    """(signature, tensors in order of first appearance) of a call."""
+    tensors, seen = [], {}
+    sig = tuple([_sig(a, tensors, seen) for a in args])
+    if kwargs:
+        sig += tuple([(k, _sig(v, tensors, seen)) for k, v in kwargs.items()])
+    return sig, tensors
+
+
+def planned(fn=None, *, no_alias: bool = False):
+    """Decorator: `fn(*args, **kwargs)` through its per-signature plan (see the module notes).
+
+    no_alias: the result never shares storage with an argument (a result rooted in one is cloned),
+    as torch.library custom ops require."""
+    if fn is None:
+        return functools.partial(planned, no_alias=no_alias)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return call(fn, args, kwargs, no_alias)
+
+    run.unplanned = fn
+    return run
+
+
+def call(fn, args, kwargs=None, no_alias=False):
+    """`fn(*args, **kwargs)` through its plan, built on the first call with this signature."""
+    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack():
+        return _direct(fn, args, kwargs, no_alias)
+    try:
+        sig, tensors = signature(args, kwargs)
+    except _Unplannable:
+        return _direct(fn, args, kwargs, no_alias)
+    pk = (fn, no_alias, _launch._context(), sig)
+    run = _PLANS.get(pk, _MISSING)
+    if run is _MISSING:
+        return _build(pk, fn, args, kwargs, tensors, no_alias)
+    if run is None:
+        return _direct(fn, args, kwargs, no_alias)
+    return run(*tensors)
+
+
+_MISSING = object()
+
+
+def _direct(fn, args, kwargs, no_alias):
+    out = fn(*args, **(kwargs or {}))
+    return _unaliased(out, args) if no_alias else out
+
+
+def _unaliased(out, args):
+    """`out` with every tensor that shares storage with an argument tensor cloned."""
+    leaves, _ = torch.utils._pytree.tree_flatten(args)
+    ptrs = {a.untyped_storage().data_ptr() for a in leaves if isinstance(a, torch.Tensor) and a.numel()}
+    if not ptrs:
+        return out
+
+    def fix(o):
+        if isinstance(o, torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() in ptrs:
+            return o.clone()
+        return o
+    return torch.utils._pytree.tree_map(fix, out)
+
+
+def _build(pk, fn, args, kwargs, tensors, no_alias):
+    rec = _Recorder(tensors)
+    _local.plan_rec = rec
+    try:
+        with rec:
+            out = fn(*args, **(kwargs or {}))
+    finally:
+        _local.plan_rec = None
+    out = _unaliased(out, args) if no_alias else out
+    try:
+        run = rec.finish(out, no_alias, getattr(fn, "__qualname__", "fn"), len(tensors))
+    except _Unplannable:
+        run = None
+    with _LOCK:
+        _PLANS.setdefault(pk, run)
+    return out
+
+
+def plan_effect(f, *args) -> None:
+    """Run `f(*args)` now and on every replay of the plan being recorded on this thread."""
+    f(*args)
+    rec = getattr(_local, "plan_rec", None)
+    if rec is not None:
+        rec.effect(f, args)
+
+
+def on_launch(launcher, k, fn, args):
+    """launch.call's report of one launch while a plan records (then it runs the launch untraced)."""
+    _local.plan_rec.launch(launcher, k, fn, args)
+
+
+def clear_plans() -> None:
+    """Forget every plan (tests; after a change to state that adapters read, e.g. a GEMM config)."""
+    with _LOCK:
+        _PLANS.clear()
+
+
+def plan_count() -> int:
+    return sum(1 for v in _PLANS.values() if v is not None)
+
+
+def source_of(run) -> str:
+    """The generated source of a plan's run function (for tests and the curious)."""
+    return run.source
+
+
+# ---- recording ------------------------------------------------------------------------------------------
+class _Ref:
+    """A tensor of the recording: an argument, an op's fresh result, a constant, or a view of one."""
+
+    __slots__ = ("kind", "name", "t", "base", "geometry")
+
+    def __init__(self, kind, name, t, base=None, geometry=None):
+        self.kind, self.name, self.t, self.base, self.geometry = kind, name, t, base, geometry
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tensors):
+        super().__init__()
+        self.refs: dict = {}  # id(tensor) -> _Ref
+        self.keep: list = []  # every recorded tensor stays alive while recording (ids stay unique)
+        self.steps: list = []  # ("op", func, args, kwargs, out refs) | ("launch", _Launch, args) | ("effect", f, args)
+        self.views: dict = {}  # (id(root), geometry) -> its view _Ref
+        self.failed: str | None = None
+        for i, t in enumerate(tensors):
+            self._track(t, _Ref("in", f"i{i}", t))
+
+    def _track(self, t, ref):
+        self.refs[id(t)] = ref
+        self.keep.append(t)
+        return ref
+
+    def ref(self, t) -> _Ref:
+        r = self.refs.get(id(t))
+        if r is None:  # made before the call and not an argument: a constant of the plan
+            r = self._track(t, _Ref("const", None, t))
+        return r
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.failed is None:
+            try:
+                self._op(func, args, kwargs, out)
+            except _Unplannable as e:
+                self.failed = str(e)
+        return out
+
+    def _op(self, func, args, kwargs, out):
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not all(o is None or isinstance(o, torch.Tensor) for o in outs):
+            raise _Unplannable(f"{func} returns a Python value (host read of tensor data)")
+        tensor_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        returns = func._schema.returns
+        alias = returns[0].alias_info if len(returns) == 1 else None
+        fresh = []
+        for o in outs:
+            if o is None or any(o is a for a in tensor_args):
+                continue  # in place / out=: the same tensor, already known
+            if alias is not None and not alias.is_write and tensor_args:
+                self._view(o, self.ref(tensor_args[0]))
+            else:
+                fresh.append(o)
+        if fresh or func._schema.is_mutable:
+            refs = []
+            for o in outs:
+                if o is None:
+                    refs.append((None, False))
+                elif id(o) in self.refs:
+                    refs.append((self.refs[id(o)], False))
+                else:
+                    refs.append((self._track(o, _Ref("op", None, o)), True))
+            schema = func._schema.arguments
+            written = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+            mutated = [self.ref(a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and schema[i].name in written]
+            mutated += [self.ref(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k in written]
+            self.steps.append(("op", func, args, kwargs, refs, isinstance(out, (tuple, list)), mutated))
+
+    def _view(self, o, src: _Ref):
+        base = src.base or src
+        if base.kind == "const":
+            self._track(o, _Ref("const", None, o))
+            return
+        geometry = (tuple(o.shape), tuple(o.stride()), o.storage_offset() - base.t.storage_offset())
+        if geometry == (tuple(base.t.shape), tuple(base.t.stride()), 0) and o.dtype == base.t.dtype:
+            self._track(o, base)
+        elif o.dtype != base.t.dtype:
+            raise _Unplannable("a dtype-reinterpreting view")
+        else:
+            same = self.views.get((id(base), geometry))  # one variable per distinct view of a root
+            self._track(o, same or _Ref("view", None, o, base, geometry))
+            if same is None:
+                self.views[(id(base), geometry)] = self.refs[id(o)]
+
+    def launch(self, launcher, k, fn, args):
+        step = _launch.PlannedLaunch(launcher, k, fn, args)
+        self.steps.append(("launch", step, [self._arg(a) for a in args]))
+
+    def _arg(self, a):
+        return self.ref(a) if isinstance(a, torch.Tensor) else a
+
+    def effect(self, f, args):
+        self.steps.append(("effect", f, args))
+
+    # ---- code generation --------------------------------------------------------------------------------
+    def finish(self, out, no_alias, name, n_in):
+        if self.failed:
+            raise _Unplannable(self.failed)
+        leaves, spec = torch.utils._pytree.tree_flatten(out)
+        out_refs = [self.ref(o) if isinstance(o, torch.Tensor) else o for o in leaves]
+        live = self._liveness(out_refs)
+        g = _Codegen(self)
+        for step in self.steps:
+            if step[0] == "op" and id(step) in live:
+                _, func, args, kwargs, refs, multi, _ = step
+                names = [g.fresh(r) if new else "_" for r, new in refs]
+                target = f"({', '.join(names)},)" if multi else names[0]
+                g.emit(f"{target} = {g.op(func, args, kwargs)}")
+            elif step[0] == "launch":
+                _, ln, args = step
+                vals = [g.value(a) for a in args]
+                g.emit(f"{g.const(ln)}({', '.join(vals)})")
+            elif step[0] == "effect":
+                _, f, args = step
+                g.emit(f"{g.const(f)}({', '.join(g.value(a) for a in args)})")
+        results = []
+        for r in out_refs:
+            v = g.value(r)
+            if no_alias and isinstance(r, _Ref) and (r.base or r).kind == "in":
+                v = f"{v}.clone()"
+            results.append(v)
+        g.emit(f"return {_literal(out, iter(results)) if _plain(out) else g.unflatten(results, spec)}")
+        params = ", ".join(f"i{i}" for i in range(n_in))
+        src = (f"def make({', '.join(g.const_names)}):\n    def run({params}):\n"
+               + "".join(f"        {line}\n" for line in g.body) + "    return run\n")
+        scope: dict = {}
+        exec(compile(src, f"<plan of {name}>", "exec"), scope)  # noqa: S102 - our own straight-line code
+        run = scope["make"](*g.const_values)
+        run.source = src
+        return run
+
+    def _liveness(self, out_refs) -> set:
+        """ids of the op steps a launch, an effect or the result depends on (walked backwards)."""
+        need = {id(r.base or r) for r in out_refs if isinstance(r, _Ref)}
+        live = set()
+        for step in reversed(self.steps):
+            if step[0] == "op":
+                _, func, args, kwargs, refs, _, mutated = step
+                if not (any(new and id(r) in need for r, new in refs)
+                        or any(id(m.base or m) in need or (m.base or m).kind != "op" for m in mutated)):
+                    continue
+                live.add(id(step))
+                leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+                need.update(id(self.ref(a).base or self.ref(a)) for a in leaves if isinstance(a, torch.Tensor))
+            elif step[0] == "launch":
+                need.update(id(a.base or a) for a in step[2] if isinstance(a, _Ref))
+        return live
+
+
+def _plain(out) -> bool:
+    """A result built of tensors, scalars, None, lists and tuples: written as a literal."""
+    if type(out) in (list, tuple):
+        return all(_plain(o) for o in out)
+    return isinstance(out, torch.Tensor) or type(out) in _SCALARS
+
+
+def _literal(out, results) -> str:
+    if type(out) in (list, tuple):
+        inner = ", ".join(_literal(o, results) for o in out)
+        return f"[{inner}]" if type(out) is list else f"({inner},)" if len(out) == 1 else f"({inner})"
+    return next(results)
+
+
+_aten = torch.ops.aten
+_DEFAULT_KW = {"layout": torch.strided, "pin_memory": False, "non_blocking": False}
+_FAST_OPS = {  # aten overload -> ("torch" function | "method", name, extra keyword arguments)
+    _aten.empty.memory_format: ("torch", "empty", ()),
+    _aten.empty_strided.default: ("torch", "empty_strided", ()),
+    _aten.zeros.default: ("torch", "zeros", ()),
+    _aten.full.default: ("torch", "full", ()),
+    _aten.constant_pad_nd.default: ("torch", "constant_pad_nd", ()),
+    _aten.new_zeros.default: ("method", "new_zeros", ()),
+    _aten.new_empty.default: ("method", "new_empty", ()),
+    _aten.copy_.default: ("method", "copy_", ()),
+    _aten.clone.default: ("method", "clone", ()),
+    _aten.zero_.default: ("method", "zero_", ()),
+    _aten.fill_.Scalar: ("method", "fill_", ()),
+    _aten._to_copy.default: ("method", "to", (("copy", "True"),)),
+}
+
+
+class _Codegen:
+    """Names for the generated function: arguments i<n>, results t<n>, views v<n>, constants c<n>.
+    A view is materialized once, just before its first use."""
+
+    def __init__(self, rec):
+        self.rec, self.const_names, self.const_values, self.n = rec, [], [], 0
+        self._consts: dict = {}
+        self.body: list = []
+        self.pending: list = []
+
+    def emit(self, line: str):
+        self.body.extend(self.pending)
+        self.pending.clear()
+        self.body.append(line)
+
+    def const(self, obj) -> str:
+        k = id(obj)
+        if k not in self._consts:
+            self._consts[k] = f"c{len(self.const_names)}"
+            self.const_names.append(self._consts[k])
+            self.const_values.append(obj)
+        return self._consts[k]
+
+    def unflatten(self, results, spec) -> str:
+        return f"{self.const(torch.utils._pytree.tree_unflatten)}([{', '.join(results)}], {self.const(spec)})"
+
+    def op(self, func, args, kwargs) -> str:
+        """The call expression of an aten op: its torch function or method where it has one
+        (calling an OpOverload from Python costs ~4x more), else the overload itself."""
+        how = _FAST_OPS.get(func)
+        if how is not None and all(kwargs.get(k, d) == d for k, d in _DEFAULT_KW.items()):
+            kind, name, extra = how
+            kw = [f"{k}={self.value(v)}" for k, v in kwargs.items() if k not in _DEFAULT_KW and v is not None]
+            kw += [f"{k}={v}" for k, v in extra]
+            if kind == "method":
+                return f"{self.value(args[0])}.{name}({', '.join([self.value(a) for a in args[1:]] + kw)})"
+            return f"{self.const(getattr(torch, name))}({', '.join([self.value(a) for a in args] + kw)})"
+        vals = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
+        return f"{self.const(func)}({', '.join(vals)})"
+
+    def fresh(self, r) -> str:
+        if r.name is None:
+            r.name, self.n = f"t{self.n}", self.n + 1
+        return r.name
+
+    def value(self, v) -> str:
+        if isinstance(v, _Ref):
+            if v.kind == "const":
+                return self.const(v.t)
+            if v.kind == "view" and v.name is None:
+                size, stride, delta = v.geometry
+                base = v.base.name
+                off = (f"{base}.storage_offset() + {delta}" if delta else f"{base}.storage_offset()") \
+                    if v.base.kind == "in" else repr(v.base.t.storage_offset() + delta)
+                v.name, self.n = f"v{self.n}", self.n + 1
+                if delta == 0 and (v.base.kind == "in" or v.base.t.storage_offset() == 0):
+                    off = None  # as_strided's default: the base's own storage offset
+                self.pending.append(f"{v.name} = {base}.as_strided({size!r}, {stride!r}"
+                                    + (f", {off})" if off is not None else ")"))
+            return v.name
+        if isinstance(v, torch.Tensor):
+            return self.value(self.rec.ref(v))
+        if type(v) in (int, bool, str, type(None)) or (type(v) is float and math.isfinite(v)):
+            return repr(v)
+        if type(v) in (tuple, list):
+            inner = ", ".join(self.value(x) for x in v)
+            return f"[{inner}]" if type(v) is list else f"({inner},)" if len(v) == 1 else f"({inner})"
+        return self.const(v)
