@@ -21,12 +21,13 @@ pytest.importorskip("flysim")
 FINFO_MIN = torch.finfo(torch.float32).min
 
 
-def run(model, inputs, backend="flysim"):
-    """Translate, assert the pattern fired and left nothing of the chain behind, compare with eager."""
+def run(model, inputs, backend="flysim", chain_ops=("softmax", "bmm", "fused_elementwise")):
+    """Translate, assert the pattern fired and left nothing of the chain behind (no `chain_ops`
+    FlyDSL op besides the attention), compare with eager."""
     model = model.eval()
     tm = translate(model, inputs, backend=backend)
     assert tm.report.counters.get("attention_handwritten") == 1, tm.report.counters
-    left = [op for op in flydsl_ops(tm) if op in ("softmax", "bmm", "fused_elementwise")]
+    left = [op for op in flydsl_ops(tm) if op in chain_ops]
     assert not left, (left, tm.code)
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad(), kl.collect() as (uses, _):
@@ -129,3 +130,126 @@ def test_scale_by_a_learned_0dim_parameter_is_a_head_scale():
     tm, _ = run(ScaleLearned(), qkv(d=16))
     n = attention_node(tm)
     assert n.args[5] == 1.0 and n.args[7] is not None
+
+
+# --- 3. nn.MultiheadAttention with its default need_weights=True, weights dropped --------------
+
+class MHA(nn.Module):
+    def __init__(self, batch_first):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 2, batch_first=batch_first)
+
+    def forward(self, x):
+        out, _weights = self.attn(x, x, x)  # the head-averaged weights are computed, then dropped
+        return out
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_with_unused_weights(batch_first):
+    x = randn(2, 8, 32) if batch_first else randn(8, 2, 32)
+    tm, _ = run(MHA(batch_first), (x,))
+    n = attention_node(tm)
+    assert n.args[5] == pytest.approx(16 ** -0.5)  # q's pre-scaling folded into the kernel's scale
+    assert list(n.args[0].meta["val"].shape) == [1, 4, 8, 16]  # [B*H, S, D] as one batch of B*H heads
+    assert "mean" not in tm.code
+
+
+# --- 4. soft-cap (Gemma-2) and cosine attention with a learned per-head scale (Swin-V2) ---------
+
+class Gemma2Eager(nn.Module):
+    def __init__(self, softcap=50.0, head_dim=16):
+        super().__init__()
+        self.softcap, self.scaling = softcap, head_dim ** -0.5
+
+    def forward(self, q, k, v, mask):
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        w = w / self.softcap
+        w = torch.tanh(w)
+        w = w * self.softcap
+        w = w + mask[:, :, :, : k.shape[-2]]
+        w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, v)
+
+
+class SwinV2Cosine(nn.Module):
+    def __init__(self, heads=2):
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.log(10 * torch.rand((heads, 1, 1)) + 1))
+
+    def forward(self, q, k, v, bias):
+        attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+        logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
+        attn = attn * logit_scale
+        attn = attn + bias.unsqueeze(0)
+        return attn.softmax(dim=-1) @ v
+
+
+def test_gemma2_soft_cap():
+    q, k, v = qkv(s=8)
+    mask = torch.triu(torch.full((8, 8), FINFO_MIN), 1)[None, None]
+    tm, _ = run(Gemma2Eager(softcap=2.0), (q * 4, k * 4, v, mask))  # scores large enough to be capped
+    n = attention_node(tm)
+    assert n.args[5] == pytest.approx(0.25) and n.args[6] == 2.0 and n.args[7] is None
+
+
+def test_swin_v2_cosine_attention_per_head_scale():
+    q, k, v = qkv(h=2, s=8)
+    model = SwinV2Cosine(heads=2)
+    tm, _ = run(model, (q, k, v, randn(2, 8, 8, seed=4)), chain_ops=("softmax", "bmm"))  # normalize: elementwise
+    n = attention_node(tm)
+    assert n.args[5] == 1.0 and n.args[6] is None
+    assert list(n.args[7].meta["val"].shape) == [2, 1, 1]  # exp(clamp(logit_scale)): one scale per head
+
+
+def test_mask_before_soft_cap_is_declined_with_its_reason():
+    class CapAfterMask(nn.Module):
+        def forward(self, q, k, v, mask):
+            w = q @ k.transpose(-1, -2) + mask
+            return torch.softmax(torch.tanh(w / 30.0) * 30.0, -1) @ v
+
+    q, k, v = qkv()
+    tm = translate(CapAfterMask().eval(), (q, k, v, torch.zeros(1, 1, 8, 8)), backend="reference")
+    assert not tm.report.counters.get("attention_handwritten")
+    assert any("not taken by attention: an additive mask is applied before the soft-cap" in r.detail
+               for r in tm.report.rows if r.op == "aten.softmax"), [(r.op, r.detail) for r in tm.report.rows]
+
+
+# --- 5. K / V expanded for MQA / GQA: absorbed into KV-head indexing ---------------------------
+
+def repeat_kv(x, n):
+    b, kvh, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d)
+
+
+class GQA(nn.Module):
+    def __init__(self, how, n):
+        super().__init__()
+        self.how, self.n = how, n
+
+    def expand(self, x):
+        b, kvh, s, d = x.shape
+        if self.how == "repeat_interleave":
+            return x.repeat_interleave(self.n, dim=1)
+        if self.how == "expand_reshape":
+            return x.unsqueeze(2).expand(b, kvh, self.n, s, d).reshape(b, kvh * self.n, s, d)
+        if self.how == "mqa_expand":
+            return x.expand(b, self.n, s, d)
+        return repeat_kv(x, self.n)
+
+    def forward(self, q, k, v):
+        k, v = self.expand(k), self.expand(v)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.size(-1))
+        return torch.matmul(torch.softmax(w, -1), v)
+
+
+@pytest.mark.parametrize("how,hkv", [("repeat_interleave", 2), ("expand_reshape", 2), ("repeat_kv", 1),
+                                     ("mqa_expand", 1)])
+def test_kv_expansion_becomes_kv_head_indexing(how, hkv):
+    q, k, v = qkv(h=4, hkv=hkv, s=8)
+    tm, uses = run(GQA(how, 4 // hkv), (q, k, v))
+    n = attention_node(tm)
+    assert n.args[1].meta["val"].shape[1] == hkv and n.args[2].meta["val"].shape[1] == hkv  # no H copies
+    assert not any(op in tm.code for op in ("repeat_interleave", "expand", "reshape"))
+    (use,) = [u for u in uses if "attention" in kl.kernel_name(u.launcher)]
+    assert use.args[1][0] == "tensor" and use.args[1][2][1] == hkv  # the kernel reads the Hkv-head K ...
+    assert use.args[10] == ("int", 4 // hkv)  # ... with group = H / Hkv (translator_kernels.attention's launch)
