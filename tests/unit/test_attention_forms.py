@@ -253,3 +253,33 @@ def test_kv_expansion_becomes_kv_head_indexing(how, hkv):
     (use,) = [u for u in uses if "attention" in kl.kernel_name(u.launcher)]
     assert use.args[1][0] == "tensor" and use.args[1][2][1] == hkv  # the kernel reads the Hkv-head K ...
     assert use.args[10] == ("int", 4 // hkv)  # ... with group = H / Hkv (translator_kernels.attention's launch)
+
+
+# --- 6. in-place bias add (T5), also on a view of the scores ----------------------------------
+
+class T5Inplace(nn.Module):
+    def forward(self, q, k, v, position_bias):
+        scores = torch.matmul(q, k.transpose(3, 2))
+        scores += position_bias
+        w = nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
+        return torch.matmul(w, v)
+
+
+class InplaceOnView(nn.Module):
+    """torch's old multi_head_attention_forward: bmm scores viewed per head, then a bias added in place."""
+
+    def forward(self, q, k, v, bias):
+        b, h, s, d = q.shape
+        w = torch.bmm(q.reshape(b * h, s, d) * d ** -0.5, k.reshape(b * h, s, d).transpose(1, 2))
+        w = w.view(b, h, s, s)
+        w += bias
+        w = torch.softmax(w, -1).view(b * h, s, s)
+        return torch.bmm(w, v.reshape(b * h, s, d)).view(b, h, s, d)
+
+
+@pytest.mark.parametrize("model", [T5Inplace, InplaceOnView])
+def test_inplace_bias_add_is_seen_through(model):
+    q, k, v = qkv(s=8)
+    tm, _ = run(model(), (q, k, v, randn(1, 2, 8, 8, seed=5)))
+    assert tm.report.counters.get("functionalize") == 1
+    assert attention_node(tm).args[3] is not None  # the bias is the kernel's additive mask

@@ -48,7 +48,7 @@ import torch
 from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, is_call, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
 from .attention import HEAD_DIMS
-from .attention_forms import (causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
+from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
                               unexpand_kv)
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
@@ -74,6 +74,8 @@ class Match:
     masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node), applied last first
     causal: bool = False
     transpose_k: bool = False  # the product's right operand is Kᵀ itself (no transpose to undo)
+    frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
+    heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
     absorbed: list = field(default_factory=list)
     core: list = field(default_factory=list)  # Q·Kᵀ, softmax, ·V: where the report shows a reason
 
@@ -153,7 +155,7 @@ def match(pv, ctx):
     m = Match(q=None, k=None, v=pv.args[1], absorbed=[pv], core=[qk, sm, pv])
     p = pv.args[0]
     while p is not sm:
-        if not (p.target in PASS and len(_real_users(p)) == 1):
+        if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
             return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
         if p.target is aten.dropout.default and len(p.args) > 2 and p.args[2]:
             return "dropout between softmax and @ v runs in training mode"
@@ -169,6 +171,9 @@ def match(pv, ctx):
         return s
     if s is not qk:
         return f"the scores come from {_op(s)}, not from the Q·Kᵀ product"
+    reason = _frame(m, qk)
+    if reason:
+        return reason
     if len(_real_users(qk)) != 1:
         return "the raw scores Q·Kᵀ are also used elsewhere"
     q, kt = qk.args[:2]
@@ -189,6 +194,30 @@ def match(pv, ctx):
     return m
 
 
+def _keeps_last2(n) -> bool:
+    """n is a view / reshape that keeps the last two dims (it only splits or merges leading dims)."""
+    if not is_call(n, *RESHAPES) or not isinstance(n.args[0], torch.fx.Node):
+        return False
+    a, b = shape_of(n.args[0]), shape_of(n)
+    return a is not None and b is not None and [str(d) for d in a[-2:]] == [str(d) for d in b[-2:]]
+
+
+def _frame(m: Match, qk):
+    """Where the masks and tensor scales apply on views of the scores: one view, and either the
+    product's own shape or [B, H, Sq, Sk] over a [B*H, Sq, Sk] product (sets m.heads)."""
+    frames = {tuple(str(d) for d in f): f for f in m.frames}
+    if len(frames) > 1:
+        return f"masks or scales apply to different views of the scores ({sorted(frames)})"
+    if not frames or list(frames)[0] == tuple(str(d) for d in shape_of(qk)):
+        return None
+    (f,) = frames.values()
+    n = shape_of(qk)
+    if len(n) == 3 and len(f) == 4 and static_int(f[1]) is not None and str(f[0] * f[1]) == str(n[0]):
+        m.heads = static_int(f[1])
+        return None
+    return f"masks apply to the scores viewed as {list(f)}, not a [B, H, Sq, Sk] split of the product's {list(n)}"
+
+
 def _chain_first(n, s_shape):
     """(chain operand, other operand) of a binary op on the scores."""
     a, b = n.args[:2]
@@ -201,11 +230,11 @@ def _chain_first(n, s_shape):
 
 def _walk_scores(s, m: Match, ctx):
     """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
-    shape = [str(d) for d in shape_of(s)]
     phase = MASK
     while not is_call(s, *MATMULS):
         if not isinstance(s, torch.fx.Node) or s.op != "call_function":
             return f"the scores come from {s}, not from the Q·Kᵀ product"
+        shape = [str(d) for d in shape_of(s)]
         if len(_real_users(s)) != 1:
             return f"the scores after {_op(s)} are also used elsewhere"
         t = s.target
@@ -240,8 +269,12 @@ def _walk_scores(s, m: Match, ctx):
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
             m.masks.append(("add", mk))
+            m.frames.append(shape_of(s))
             _take(m.absorbed, s)
             s = chain
+        elif _keeps_last2(s):  # a view of the scores that splits or merges batch and heads
+            _take(m.absorbed, s)
+            s = s.args[0]
         elif t in FILLS or t in WHERES:
             step = _fill_step(s, t, m, phase, ctx)
             if isinstance(step, str):
@@ -275,6 +308,7 @@ def _scale_step(m: Match, other, divides: bool, at, ctx):
         return None
     if isinstance(other, torch.fx.Node) and per_head(other, at) and not dtype_reason(other):
         m.head_scale.append((other, divides))
+        m.frames.append(shape_of(at))
         return None
     what = list(shape_of(other)) if isinstance(other, torch.fx.Node) else other
     return f"the scores are {'divided' if divides else 'multiplied'} by {what} (not a number, one element or one per head)"
@@ -305,6 +339,7 @@ def _fill_step(s, t, m: Match, phase, ctx):
         m.causal = True
     else:
         m.masks.append(("keep" if keep else "drop", cond))
+        m.frames.append(shape_of(s))
     fill_node = s.args[2] if t in FILLS else (b if keep else a)
     if isinstance(fill_node, torch.fx.Node):
         m.absorbed += _consts(fill_node)
@@ -396,7 +431,9 @@ def lower_handwritten(node, ctx):
     if m.transpose_k:
         k = ctx.insert(aten.transpose.int, k, -2, -1, before=node)
     rank3 = len(shape_of(q)) == 3
-    if rank3:  # [B*H, S, D] (nn.MultiheadAttention's bmm) as one batch of B*H heads
+    if rank3 and m.heads:  # [B*H, S, D] whose scores were viewed per head: [B, H, S, D]
+        q, k, v = (ctx.insert(aten.unflatten.int, x, 0, [-1, m.heads], before=node) for x in (q, k, v))
+    elif rank3:  # [B*H, S, D] (nn.MultiheadAttention's bmm) as one batch of B*H heads
         q, k, v = (ctx.insert(aten.unsqueeze.default, x, 0, before=node) for x in (q, k, v))
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), _mask(ctx, m, node), m.causal,
             float(m.scale))
@@ -404,7 +441,10 @@ def lower_handwritten(node, ctx):
     if m.softcap is not None or hs is not None:
         args += (None if m.softcap is None else float(m.softcap), hs)
     new = ctx.emit("attention", args, lowering="attention_handwritten", sources=m.absorbed, anchor=node, before=node)
-    out = ctx.insert(aten.squeeze.dim, new, 0, before=node) if rank3 else new
+    out = new
+    if rank3:
+        out = ctx.insert(aten.flatten.using_ints, new, 0, 1, before=node) if m.heads else \
+            ctx.insert(aten.squeeze.dim, new, 0, before=node)
     node.replace_all_uses_with(ctx.cast(out, dtype_of(node), node))
     ctx.erase_unused(m.absorbed)
     return new
