@@ -283,3 +283,52 @@ def test_inplace_bias_add_is_seen_through(model):
     tm, _ = run(model(), (q, k, v, randn(1, 2, 8, 8, seed=5)))
     assert tm.report.counters.get("functionalize") == 1
     assert attention_node(tm).args[3] is not None  # the bias is the kernel's additive mask
+
+
+# --- 8. an SDPA the kernel declines runs as FlyDSL bmm + softmax ------------------------------
+
+class Sdpa(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v, *mask):
+        return F.scaled_dot_product_attention(q, k, v, *mask, **self.kw)
+
+
+def sdpa_row(tm):
+    (row,) = [r for r in tm.report.rows if r.op == "aten.scaled_dot_product_attention"]
+    return row
+
+
+def test_declined_sdpa_is_decomposed_into_flydsl_bmm_and_softmax():
+    q, k = randn(1, 2, 8, 24, seed=1), randn(1, 2, 8, 24, seed=2)
+    v = randn(1, 2, 8, 16, seed=3)  # a value head_dim unlike the query's (MLA-style): the kernel declines
+    model = Sdpa(is_causal=True).eval()
+    tm = translate(model, (q, k, v), backend="flysim")
+    assert tm.report.counters.get("sdpa_decomposed") == 1 and not tm.report.counters.get("sdpa")
+    # Q·Kᵀ and ·V on the bmm kernel, scale + causal where in one elementwise kernel, the softmax kernel
+    assert sorted(flydsl_ops(tm)) == ["bmm", "bmm", "fused_elementwise", "softmax"], tm.code
+    assert "not taken by attention: value head_dim 16 differs" in sdpa_row(tm).detail, sdpa_row(tm).detail
+    assert tm.report.verification.passed, tm.report.verification.message
+    torch.testing.assert_close(tm(q, k, v), model(q, k, v), atol=1e-5, rtol=1e-5)
+    kernels = {getattr(x, "kernel", "") for x in tm.last_launches}
+    assert any(k.startswith("gemm") for k in kernels) and any(k.startswith("softmax") for k in kernels), kernels
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_decomposed_sdpa_masks_and_gqa(mask_dtype):
+    q, k, v = randn(2, 4, 6, 300, seed=1), randn(2, 2, 6, 300, seed=2), randn(2, 2, 6, 300, seed=3)  # D > 256
+    mask = randn(2, 1, 6, 6, seed=4) > -0.5 if mask_dtype is torch.bool else randn(2, 1, 6, 6, seed=4)
+    model = Sdpa(enable_gqa=True, scale=0.1).eval()
+    tm = translate(model, (q, k, v, mask), backend="reference")
+    assert tm.report.counters.get("sdpa_decomposed") == 1 and "softmax" in flydsl_ops(tm)
+    assert "not taken by attention: head_dim=300 is outside 8..256" in sdpa_row(tm).detail
+    torch.testing.assert_close(tm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_no_flydsl_op_takes_stays_whole_with_its_reason():
+    q = randn(1, 2, 4, 16).double()
+    tm = translate(Sdpa().eval(), (q, q, q), backend="reference")
+    assert not tm.report.counters.get("sdpa_decomposed") and not flydsl_ops(tm)
+    assert sdpa_row(tm).detail.startswith("not taken by attention: query dtype float64"), sdpa_row(tm).detail

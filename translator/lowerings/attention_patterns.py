@@ -47,7 +47,7 @@ import torch
 
 from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, is_call, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
-from .attention import HEAD_DIMS
+from .attention import HEAD_DIMS, PREFIX
 from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
                               unexpand_kv)
 
@@ -60,7 +60,6 @@ ADDS = (aten.add.Tensor, aten.add_.Tensor)
 FILLS = (aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 WHERES = (aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf)
 MASK, CAP, SCALE = 0, 1, 2  # walking back from the softmax: what is seen first was applied last
-PREFIX = "not taken by attention: "
 
 
 @dataclass
