@@ -25,6 +25,7 @@ import torch
 
 from ..graph import FLOAT_DTYPES, aten, arg, dtype_of, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
+from . import gemm  # noqa: F401  (registers the bmm family this rule's products run on)
 from .attention import PREFIX, sdpa_supported
 
 
@@ -49,7 +50,7 @@ def sdpa_decompose_supported(node, ctx):
     return None
 
 
-@rule(Stage.DECOMPOSE, aten.scaled_dot_product_attention.default, family="attention",
+@rule(Stage.DECOMPOSE, aten.scaled_dot_product_attention.default, family="bmm",
       supported=sdpa_decompose_supported, name="sdpa_decomposed",
       doc="SDPA the kernel declines -> bmm, softmax, bmm")
 def lower_sdpa_decomposed(node, ctx):
