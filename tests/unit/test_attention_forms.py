@@ -332,3 +332,16 @@ def test_sdpa_no_flydsl_op_takes_stays_whole_with_its_reason():
     tm = translate(Sdpa().eval(), (q, q, q), backend="reference")
     assert not tm.report.counters.get("sdpa_decomposed") and not flydsl_ops(tm)
     assert sdpa_row(tm).detail.startswith("not taken by attention: query dtype float64"), sdpa_row(tm).detail
+
+
+# --- einsum attention (Perceiver, x-transformers) ------------------------------------------------
+
+class EinsumAttention(nn.Module):
+    def forward(self, q, k, v):
+        sim = torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5
+        return torch.einsum("bhij,bhjd->bhid", sim.softmax(dim=-1), v)
+
+
+def test_einsum_attention():
+    tm, _ = run(EinsumAttention(), qkv())
+    assert "einsum" not in tm.code

@@ -109,6 +109,27 @@ def _untranspose(kt):
     return None
 
 
+def _product(n):
+    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
+    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
+    if is_call(n, *MATMULS):
+        return n.args[0], n.args[1], False
+    if not is_call(n, aten.einsum.default) or len(n.args[1]) != 2 or "." in n.args[0]:
+        return None
+    ins, _, out = n.args[0].replace(" ", "").partition("->")
+    a, _, b = ins.partition(",")
+    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
+        return None
+    x, (i, k) = a[:-2], a[-2:]
+    if b[:-2] != x or out[:-1] != x + i:
+        return None
+    if b[-2:] == k + out[-1] and out[-1] not in a:
+        return n.args[1][0], n.args[1][1], False
+    if b[-2:] == out[-1] + k and out[-1] not in a:
+        return n.args[1][0], n.args[1][1], True
+    return None
+
+
 def _last_dim_softmax(n) -> bool:
     return is_call(n, *SOFTMAX) and n.args[1] % len(shape_of(n)) == len(shape_of(n)) - 1
 
@@ -123,7 +144,7 @@ def _find_qk(s, depth: int = 12):
             continue
         seen.add(n)
         depth -= 1
-        if is_call(n, *MATMULS) and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
+        if _product(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
             return n
         todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
     return None
@@ -131,9 +152,9 @@ def _find_qk(s, depth: int = 12):
 
 def chain_of(pv):
     """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
-    if not is_call(pv, *MATMULS):
+    if _product(pv) is None:
         return None
-    p = pv.args[0]
+    p = _product(pv)[0]
     for _ in range(6):
         if _last_dim_softmax(p):
             qk = _find_qk(p.args[0])
@@ -151,8 +172,10 @@ def match(pv, ctx):
     if found is None:
         return False
     sm, qk = found
-    m = Match(q=None, k=None, v=pv.args[1], absorbed=[pv], core=[qk, sm, pv])
-    p = pv.args[0]
+    p, v, vt = _product(pv)
+    if vt:
+        return "V enters the ·V product transposed"
+    m = Match(q=None, k=None, v=v, absorbed=[pv], core=[qk, sm, pv])
     while p is not sm:
         if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
             return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
@@ -175,12 +198,12 @@ def match(pv, ctx):
         return reason
     if len(_real_users(qk)) != 1:
         return "the raw scores Q·Kᵀ are also used elsewhere"
-    q, kt = qk.args[:2]
-    k = _untranspose(kt)
+    q, kt, bt = _product(qk)
+    k = kt if bt else _untranspose(kt)
     _take(m.absorbed, qk)
     if k is None:
         k, m.transpose_k = kt, True
-    elif len(kt.users) == 1:
+    elif not bt and len(kt.users) == 1:
         m.absorbed.append(kt)
     if is_call(q, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(_real_users(q)) == 1 \
             and isinstance(q.args[1], (int, float)) and q.args[1] > 0:  # q pre-scaled (nn.MultiheadAttention)
@@ -230,7 +253,7 @@ def _chain_first(n, s_shape):
 def _walk_scores(s, m: Match, ctx):
     """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
     phase = MASK
-    while not is_call(s, *MATMULS):
+    while _product(s) is None:
         if not isinstance(s, torch.fx.Node) or s.op != "call_function":
             return f"the scores come from {s}, not from the Q·Kᵀ product"
         shape = [str(d) for d in shape_of(s)]
@@ -422,7 +445,7 @@ def _head_scale(ctx, m: Match, at):
     return hs
 
 
-@rule(Stage.PATTERN, *MATMULS, family="attention", supported=handwritten_supported, name="attention_handwritten",
+@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=handwritten_supported, name="attention_handwritten",
       doc="q @ kᵀ · scale (soft-cap, + mask | masked_fill | where) -> softmax -> @ v")
 def lower_handwritten(node, ctx):
     m = match(node, ctx)
