@@ -5,5 +5,6 @@ name it, a rule's priority is explicit, and the registry orders rules by priorit
 (tests/unit/test_architecture.py imports them shuffled and checks that the same rules fire).
 """
 
-from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gated_mlp, gemm,  # noqa: F401
-               gemm_epilogue, embedding, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)
+from . import (attention, attention_decompose, attention_patterns, by_design, einsum, elementwise, fold,  # noqa: F401
+               gated_mlp, gemm, gemm_epilogue, embedding, losses, norm, norm_patterns, norm_residual, reduce, scan,
+               softmax)

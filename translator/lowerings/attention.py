@@ -27,6 +27,7 @@ from ..runtime.ops import dispatch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 HEAD_DIMS = range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1)
+PREFIX = "not taken by attention: "  # how the report starts every reason an attention chain was not fused
 
 
 @torch.library.custom_op("flydsl::attention", mutates_args=())
@@ -118,7 +119,15 @@ def sdpa_supported(node, ctx):
     return None
 
 
-@rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_supported,
+def sdpa_check(node, ctx):
+    """sdpa_supported, with the reason also on the report row as "not taken by attention: ..."."""
+    reason = sdpa_supported(node, ctx)
+    if reason:
+        ctx.not_lowered(node, PREFIX + reason)
+    return reason
+
+
+@rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_check,
       doc="F.scaled_dot_product_attention")
 def lower_sdpa(node, ctx):
     q, k, v = node.args[:3]

@@ -1,43 +1,65 @@
 """Hand-written attention -> `flydsl.attention`.
 
-Anchored on the final ``P @ V`` matmul, the matcher walks back through what real code puts
-between the two matmuls and the softmax:
+Anchored on the final ``P @ V`` product, the matcher walks back through what real code puts
+between the two products and the softmax:
 
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))       # nanoGPT / MinGPT
     att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))    #   tril buffer -> causal
     att = F.softmax(att, dim=-1); att = self.attn_dropout(att); y = att @ v
 
+    w = torch.matmul(q, k.transpose(-1, -2))                               # HF GPT-2 eager (old)
+    w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype)               #   0-dim scale, folded
+    w = torch.where(self.bias[:, :, :S, :S], w, torch.full([], finfo.min))  #   keep-mask -> causal
+
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)          # HF BERT eager
     scores = scores + attention_mask                                       #   additive mask
-    probs = nn.functional.softmax(scores, dim=-1); ctx = torch.matmul(probs, v)
 
-    w = torch.matmul(q, repeat_kv(k, n).transpose(2, 3)) * self.scaling   # HF Llama eager
+    scores = torch.matmul(q, k.transpose(3, 2)); scores += position_bias   # HF T5 (in place)
+
+    w = torch.matmul(q, repeat_kv(k, n).transpose(2, 3)) * self.scaling   # HF Llama / Gemma-2
+    w = torch.tanh(w / softcap) * softcap                                  #   logit soft-cap
     w = w + causal_mask[:, :, :, : k.shape[-2]]
     w = softmax(w, dim=-1, dtype=torch.float32).to(q.dtype); out = torch.matmul(w, repeat_kv(v, n))
 
-Accepted between the matmuls, in any order: a scalar mul/div (the scale; 1.0 when absent),
-additive float masks (several add up to one: T5's position bias + padding mask), masked_fill with -inf or a finfo.min-like value (boolean mask; a
-lower-triangular ones buffer sliced to [:Sq, :Sk] is recognized as causal), the softmax over
-the last dim (optionally in fp32), then casts and eval-mode dropout. Llama's repeat_kv
-(unsqueeze/expand/reshape of K and V) is undone so GQA runs without repeated K/V.
-A masked_fill with finfo.min instead of -inf differs from -inf only on fully masked rows.
+    attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)   # Swin-V2 cosine
+    attn = attn * torch.clamp(self.logit_scale, max=math.log(100.0)).exp()     #   per-head scale
+
+    nn.MultiheadAttention (batch_first either way): q * scale, bmm over [B*H, S, D] operands.
+
+In computation order the kernel applies: scale (numbers and 0-dim constants fold into one
+float; a per-head or runtime 0-dim tensor becomes `head_scale`), soft-cap, then the masks
+(several additive masks add up; boolean masks from masked_fill / where combine into one
+keep-mask; a tril buffer becomes causal). Casts, eval-mode dropout and contiguous copies are
+absorbed anywhere on the way; K / V expansions for GQA / MQA are undone (attention_forms).
+A step in another order (a mask before the soft-cap, a scale on the mask) is declined.
+
+No silent miss: once a softmax over the key dim sits between a Q·Kᵀ product and a ·V
+product, every way the match can fail returns a reason, and the report shows
+"not taken by attention: <reason>" on the chain's products and softmax. Only what is not
+such a chain (a softmax over router logits @ experts) is NO_MATCH.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, shape_of, static_int
+from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, is_call, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
-from .attention import HEAD_DIMS
+from .attention import HEAD_DIMS, PREFIX
+from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
+                              unexpand_kv)
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
-PASS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.dropout.default, aten.clone.default,
-        aten.contiguous.default, aten.type_as.default, aten.alias.default)
+CASTS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
+PASS = (*CASTS, aten.dropout.default, aten.clone.default, aten.contiguous.default, aten.alias.default)
+MULS = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)
+ADDS = (aten.add.Tensor, aten.add_.Tensor)
+FILLS = (aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+WHERES = (aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf)
+MASK, CAP, SCALE = 0, 1, 2  # walking back from the softmax: what is seen first was applied last
 
 
 @dataclass
@@ -46,25 +68,31 @@ class Match:
     k: torch.fx.Node
     v: torch.fx.Node
     scale: float = 1.0
-    mask: torch.fx.Node | None = None  # additive float mask node
-    more_masks: list = field(default_factory=list)  # further additive masks (T5: position bias + padding mask)
-    keep_if_not: torch.fx.Node | None = None  # masked_fill condition: True = masked out
+    head_scale: list = field(default_factory=list)  # (node, divides): tensor multipliers -> head_scale
+    softcap: float | None = None
+    masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node), applied last first
     causal: bool = False
+    transpose_k: bool = False  # the product's right operand is Kᵀ itself (no transpose to undo)
+    frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
+    heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
     absorbed: list = field(default_factory=list)
+    core: list = field(default_factory=list)  # Q·Kᵀ, softmax, ·V: where the report shows a reason
 
 
-def _scalar(x):
-    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def _only_user(n, user) -> bool:
-    return isinstance(n, torch.fx.Node) and [u for u in n.users if u.target is not ASSERT] == [user]
+def _op(n) -> str:
+    t = n.target
+    return f"aten.{t._opname}" if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
 
 
 def _real_users(n) -> list:
     """Users that read n's values: not export's dtype asserts, nor a type_as that only reads its dtype."""
     return [u for u in n.users if u.target is not ASSERT
             and not (u.target is aten.type_as.default and u.args[1] is n and u.args[0] is not n)]
+
+
+def _take(absorbed, *nodes):
+    for n in nodes:
+        absorbed += [n, *asserts(n)]
 
 
 def _untranspose(kt):
@@ -81,194 +109,364 @@ def _untranspose(kt):
     return None
 
 
-def _unrepeat_kv(x, absorbed):
-    """Undo HF repeat_kv: x[:, :, None].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d) -> x."""
-    n = x
-    chain = []
-    if n.op == "call_function" and n.target in (aten.reshape.default, aten.view.default, aten._unsafe_view.default):
-        chain.append(n)
-        n = n.args[0]
-        if n.op == "call_function" and n.target is aten.clone.default:
-            chain.append(n)
-            n = n.args[0]
-        if n.op == "call_function" and n.target is aten.expand.default:
-            chain.append(n)
-            n = n.args[0]
-            while n.op == "call_function" and n.target is aten.slice.Tensor and _full_slice(n):
-                chain.append(n)
-                n = n.args[0]
-            if n.op == "call_function" and n.target is aten.unsqueeze.default and n.args[1] == 2:
-                chain.append(n)
-                base = n.args[0]
-                while base.op == "call_function" and base.target is aten.slice.Tensor and _full_slice(base):
-                    chain.append(base)
-                    base = base.args[0]
-                if len(shape_of(base) or ()) == 4:
-                    absorbed += [c for c in chain if len(c.users) == 1]
-                    return base
-    return x
+def _product(n):
+    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
+    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
+    if is_call(n, *MATMULS):
+        return n.args[0], n.args[1], False
+    if not is_call(n, aten.einsum.default) or len(n.args[1]) != 2 or "." in n.args[0]:
+        return None
+    ins, _, out = n.args[0].replace(" ", "").partition("->")
+    a, _, b = ins.partition(",")
+    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
+        return None
+    x, (i, k) = a[:-2], a[-2:]
+    if b[:-2] != x or out[:-1] != x + i:
+        return None
+    if b[-2:] == k + out[-1] and out[-1] not in a:
+        return n.args[1][0], n.args[1][1], False
+    if b[-2:] == out[-1] + k and out[-1] not in a:
+        return n.args[1][0], n.args[1][1], True
+    return None
 
 
-def _full_slice(n):
-    start = n.args[2] if len(n.args) > 2 else None
-    end = n.args[3] if len(n.args) > 3 else None
-    step = n.args[4] if len(n.args) > 4 else 1
-    return start in (None, 0) and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
+def _last_dim_softmax(n) -> bool:
+    return is_call(n, *SOFTMAX) and n.args[1] % len(shape_of(n)) == len(shape_of(n)) - 1
 
 
-_TRIL_SEEN: dict = {}  # id(buffer) -> (weakref to it, its _version, answer)
+def _find_qk(s, depth: int = 12):
+    """The Q·Kᵀ product the scores s come from (through any ops), else None."""
+    last2 = [str(d) for d in (shape_of(s) or ())[-2:]]
+    todo, seen = [s], set()
+    while todo and depth:
+        n = todo.pop(0)
+        if n in seen or not isinstance(n, torch.fx.Node) or n.op != "call_function":
+            continue
+        seen.add(n)
+        depth -= 1
+        if _product(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
+            return n
+        todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
+    return None
 
 
-def _is_tril(buf: torch.Tensor) -> bool:
-    """Every [..., n, n] plane of buf is nonzero exactly on and below the diagonal (remembered per
-    buffer until it is written to: the support check and the rewrite ask about the same one)."""
-    seen = _TRIL_SEEN.get(id(buf))
-    if seen is not None and seen[0]() is buf and seen[1] == buf._version:
-        return seen[2]
-    planes = buf.reshape(-1, *buf.shape[-2:]).bool()
-    ok = torch.equal(planes, torch.tril(torch.ones_like(planes[0])).expand_as(planes))
-    if len(_TRIL_SEEN) > 256:
-        _TRIL_SEEN.clear()
-    _TRIL_SEEN[id(buf)] = (weakref.ref(buf), buf._version, ok)
-    return ok
-
-
-def _causal_buffer(cond, ctx, scores, absorbed) -> bool:
-    """cond == (tril_buffer[..., :Sq, :Sk] == 0): the nanoGPT causal mask."""
-    if not (cond.op == "call_function" and cond.target in (aten.eq.Scalar,) and cond.args[1] == 0):
-        return False
-    chain = [cond]
-    n = cond.args[0]
-    while n.op == "call_function" and n.target is aten.slice.Tensor:
-        start = n.args[2] if len(n.args) > 2 else None
-        step = n.args[4] if len(n.args) > 4 else 1
-        if start not in (None, 0) or step != 1:
-            return False
-        chain.append(n)
-        n = n.args[0]
-    buf = ctx.constant(n)
-    if buf is None or buf.dim() < 2 or buf.shape[-1] != buf.shape[-2]:
-        return False
-    if not _is_tril(buf):
-        return False
-    if [str(s) for s in shape_of(cond)[-2:]] != [str(s) for s in shape_of(scores)[-2:]]:
-        return False
-    absorbed += [c for c in chain if len(c.users) == 1]
-    return True
+def chain_of(pv):
+    """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
+    if _product(pv) is None:
+        return None
+    p = _product(pv)[0]
+    for _ in range(6):
+        if _last_dim_softmax(p):
+            qk = _find_qk(p.args[0])
+            return (p, qk) if qk is not None else None
+        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or not p.args \
+                or not isinstance(p.args[0], torch.fx.Node):
+            return None
+        p = p.args[0]
+    return None
 
 
 def match(pv, ctx):
-    """A Match, False when this is not attention, or a reason string when it is but cannot be fused."""
-    if pv.target not in MATMULS:
+    """A Match, False when pv is not the end of an attention chain, or the reason it cannot be fused."""
+    found = chain_of(pv)
+    if found is None:
         return False
-    p, v = pv.args[:2]
-    absorbed = [pv]
-    while p.op == "call_function" and p.target in PASS and _only_user(p, absorbed[-1]):
+    sm, qk = found
+    p, v, vt = _product(pv)
+    if vt:
+        return "V enters the ·V product transposed"
+    m = Match(q=None, k=None, v=v, absorbed=[pv], core=[qk, sm, pv])
+    while p is not sm:
+        if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
+            return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
         if p.target is aten.dropout.default and len(p.args) > 2 and p.args[2]:
             return "dropout between softmax and @ v runs in training mode"
-        absorbed += [p, *asserts(p)]
+        _take(m.absorbed, p)
         p = p.args[0]
-    if not (p.op == "call_function" and p.target in SOFTMAX):
-        return False
-    rank = len(shape_of(p))
-    if p.args[1] % rank != rank - 1:
-        return False
-    if not _only_user(p, absorbed[-1]):
+    if len(_real_users(sm)) != 1:
         return "the attention probabilities are also used elsewhere (e.g. returned), so they must be materialized"
-    absorbed += [p, *asserts(p)]
-    m = Match(q=None, k=None, v=v)
-    s = p.args[0]
-    seen_mask = seen_scale = False  # walking backwards: what was applied later is seen first
-    while s.op == "call_function" and len(_real_users(s)) == 1:
+    if dtype_of(sm) not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"softmax output dtype {dtype_of(sm)} is not a float dtype the kernel takes"
+    _take(m.absorbed, sm)
+    s = _walk_scores(sm.args[0], m, ctx)
+    if isinstance(s, str):
+        return s
+    if s is not qk:
+        return f"the scores come from {_op(s)}, not from the Q·Kᵀ product"
+    reason = _frame(m, qk)
+    if reason:
+        return reason
+    if len(_real_users(qk)) != 1:
+        return "the raw scores Q·Kᵀ are also used elsewhere"
+    q, kt, bt = _product(qk)
+    k = kt if bt else _untranspose(kt)
+    _take(m.absorbed, qk)
+    if k is None:
+        k, m.transpose_k = kt, True
+    elif not bt and len(kt.users) == 1:
+        m.absorbed.append(kt)
+    if is_call(q, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(_real_users(q)) == 1 \
+            and isinstance(q.args[1], (int, float)) and q.args[1] > 0:  # q pre-scaled (nn.MultiheadAttention)
+        m.scale *= q.args[1] if q.target in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / q.args[1]
+        _take(m.absorbed, q)
+        q = q.args[0]
+    m.q = q
+    m.k = unexpand_kv(k, m.absorbed) if not m.transpose_k else k
+    m.v = unexpand_kv(m.v, m.absorbed)
+    return m
+
+
+def _keeps_last2(n) -> bool:
+    """n is a view / reshape that keeps the last two dims (it only splits or merges leading dims)."""
+    if not is_call(n, *RESHAPES) or not isinstance(n.args[0], torch.fx.Node):
+        return False
+    a, b = shape_of(n.args[0]), shape_of(n)
+    return a is not None and b is not None and [str(d) for d in a[-2:]] == [str(d) for d in b[-2:]]
+
+
+def _frame(m: Match, qk):
+    """Where the masks and tensor scales apply on views of the scores: one view, and either the
+    product's own shape or [B, H, Sq, Sk] over a [B*H, Sq, Sk] product (sets m.heads)."""
+    frames = {tuple(str(d) for d in f): f for f in m.frames}
+    if len(frames) > 1:
+        return f"masks or scales apply to different views of the scores ({sorted(frames)})"
+    if not frames or list(frames)[0] == tuple(str(d) for d in shape_of(qk)):
+        return None
+    (f,) = frames.values()
+    n = shape_of(qk)
+    if len(n) == 3 and len(f) == 4 and static_int(f[1]) is not None and str(f[0] * f[1]) == str(n[0]):
+        m.heads = static_int(f[1])
+        return None
+    return f"masks apply to the scores viewed as {list(f)}, not a [B, H, Sq, Sk] split of the product's {list(n)}"
+
+
+def _chain_first(n, s_shape):
+    """(chain operand, other operand) of a binary op on the scores."""
+    a, b = n.args[:2]
+    sa = [str(d) for d in shape_of(a) or ()] if isinstance(a, torch.fx.Node) else None
+    sb = [str(d) for d in shape_of(b) or ()] if isinstance(b, torch.fx.Node) else None
+    if sa != s_shape and sb == s_shape:
+        return b, a
+    return a, b
+
+
+def _walk_scores(s, m: Match, ctx):
+    """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
+    phase = MASK
+    while _product(s) is None:
+        if not isinstance(s, torch.fx.Node) or s.op != "call_function":
+            return f"the scores come from {s}, not from the Q·Kᵀ product"
+        shape = [str(d) for d in shape_of(s)]
+        if len(_real_users(s)) != 1:
+            return f"the scores after {_op(s)} are also used elsewhere"
         t = s.target
-        if t in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and _scalar(s.args[1]) is not None:
-            c = _scalar(s.args[1])
-            if c <= 0:
-                return f"score scale {c} is not positive"
-            seen_scale = True
-            m.scale *= c if t in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / c
-            absorbed.append(s)
+        cap = softcap_of(s)
+        if t in CASTS:
+            if dtype_of(s) not in (torch.float32, torch.bfloat16, torch.float16):
+                return f"the scores are cast to {dtype_of(s)}"
+            _take(m.absorbed, s)
             s = s.args[0]
-        elif t in (aten._to_copy.default, aten.to.dtype) and dtype_of(s) in (torch.float32, torch.bfloat16,
-                                                                         torch.float16):
-            absorbed += [s, *asserts(s)]  # scores.float() before the softmax (T5, HF fp32 softmax)
-            s = s.args[0]
-        elif t in (aten.add.Tensor, aten.add_.Tensor) and isinstance(s.args[1], torch.fx.Node) \
-                and m.keep_if_not is None \
-                and not m.causal:
-            mk = s.args[1]
+        elif cap is not None:
+            if phase == SCALE:
+                return "a scale is applied after the soft-cap (the kernel scales before capping)"
+            if m.softcap is not None:
+                return "the scores are soft-capped twice"
+            m.softcap, phase = cap[0], CAP
+            _take(m.absorbed, s, cap[1], cap[2])
+            s = cap[2].args[0]
+        elif t in MULS:
+            divides = t in (aten.div.Tensor, aten.div.Scalar)
+            chain, other = s.args[:2] if divides else _chain_first(s, shape)
+            reason = _scale_step(m, other, divides, s, ctx)
+            if reason:
+                return reason
+            phase = SCALE
+            _take(m.absorbed, s)
+            s = chain
+        elif t in ADDS and isinstance(s.args[1], torch.fx.Node) and len(s.args) == 2 and not s.kwargs.get("alpha"):
+            if phase != MASK:
+                return "an additive mask is applied before the " + ("soft-cap" if phase == CAP else
+                                                                   "scale (softmax(c * (qk + mask)))")
+            chain, mk = _chain_first(s, shape)
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
-            if seen_scale:
-                return "the scale multiplies the additive mask too (softmax(c * (qk + mask)))"
-            if m.mask is not None:
-                m.more_masks.append(m.mask)
-            m.mask, seen_mask = mk, True
-            absorbed.append(s)
+            m.masks.append(("add", mk))
+            m.frames.append(shape_of(s))
+            _take(m.absorbed, s)
+            s = chain
+        elif _keeps_last2(s):  # a view of the scores that splits or merges batch and heads
+            _take(m.absorbed, s)
             s = s.args[0]
-        elif t in (aten.masked_fill.Scalar,) and not seen_mask:
-            fill = _scalar(s.args[2])
-            if fill is None or not (fill == float("-inf") or fill <= -1e30):
-                return f"masked_fill value {s.args[2]} is not -inf or a finfo.min-like value"
-            seen_mask = True
-            if _causal_buffer(s.args[1], ctx, s, absorbed):
-                m.causal = True
-            else:
-                m.keep_if_not = s.args[1]
-            absorbed.append(s)
-            s = s.args[0]
+        elif t in FILLS or t in WHERES:
+            step = _fill_step(s, t, m, phase, ctx)
+            if isinstance(step, str):
+                return step
+            _take(m.absorbed, s)
+            s = step
         else:
-            break
-    if not (s.op == "call_function" and s.target in MATMULS and len(s.users) == 1):
-        return False
-    q, kt = s.args[:2]
-    k = _untranspose(kt)
-    if k is None:
-        return False
-    absorbed.append(s)
-    if len(kt.users) == 1:
-        absorbed.append(kt)
-    m.q, m.absorbed = q, absorbed
-    m.k = _unrepeat_kv(k, absorbed)
-    m.v = _unrepeat_kv(v, absorbed)
-    return m
+            return f"{_op(s)} between Q·Kᵀ and the softmax is not a scale, mask, bias, soft-cap or cast"
+    return s
+
+
+def _consts(n) -> list:
+    """n and what only it reads (a folded constant's nodes: they die with the rewrite)."""
+    out, todo = [], [n]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.fx.Node) and x.op == "call_function" and len(x.users) <= 1 and x not in out:
+            out.append(x)
+            todo += x.all_input_nodes
+    return out
+
+
+def _scale_step(m: Match, other, divides: bool, at, ctx):
+    """Fold `other` (the scores are multiplied or divided by it) into m; a reason when it is no scale."""
+    c = scalar_value(other, ctx)
+    if c is not None:
+        if c <= 0:
+            return f"score scale {c} is not positive"
+        m.scale *= 1.0 / c if divides else c
+        m.absorbed += _consts(other)
+        return None
+    if isinstance(other, torch.fx.Node) and per_head(other, at) and not dtype_reason(other):
+        m.head_scale.append((other, divides))
+        m.frames.append(shape_of(at))
+        return None
+    what = list(shape_of(other)) if isinstance(other, torch.fx.Node) else other
+    return f"the scores are {'divided' if divides else 'multiplied'} by {what} (not a number, one element or one per head)"
+
+
+def _fill_step(s, t, m: Match, phase, ctx):
+    """A masked_fill / where on the scores: returns the scores it reads, or a reason."""
+    if t in FILLS:
+        chain, cond, fill, keep = s.args[0], s.args[1], fill_value(s.args[2], ctx), False
+    else:
+        cond, a, b = s.args[:3]
+        fa, fb = fill_value(a, ctx), fill_value(b, ctx)
+        if fb is not None and fa is None and isinstance(a, torch.fx.Node):
+            chain, fill, keep = a, fb, True
+        elif fa is not None and fb is None and isinstance(b, torch.fx.Node):
+            chain, fill, keep = b, fa, False
+        else:
+            return "torch.where on the scores without a constant fill value"
+    if not masks_out(fill):
+        return f"masked positions get {fill}, not -inf or a very negative value (<= -1e4)"
+    if phase == CAP:
+        return "a mask is applied before the soft-cap (tanh would undo it)"
+    if phase == SCALE and m.head_scale:
+        return "a tensor scale of unknown sign is applied after the mask"
+    if dtype_of(cond) is not torch.bool:
+        return f"the mask condition has dtype {dtype_of(cond)}, not bool"
+    if causal_keep(cond, keep, ctx, s, m.absorbed):
+        m.causal = True
+    else:
+        m.masks.append(("keep" if keep else "drop", cond))
+        m.frames.append(shape_of(s))
+    fill_node = s.args[2] if t in FILLS else (b if keep else a)
+    if isinstance(fill_node, torch.fx.Node):
+        m.absorbed += _consts(fill_node)
+    return chain
+
+
+# --- the rule --------------------------------------------------------------------------------
+
+def _dims(n) -> list[str]:
+    return [str(d) for d in shape_of(n)]
+
+
+def _k_dims(m: Match) -> list[str]:
+    d = _dims(m.k)
+    return d[:-2] + [d[-1], d[-2]] if m.transpose_k else d
+
+
+def _checks(m: Match):
+    """The kernel's limits on a matched chain: None, or the reason it cannot run it."""
+    for t, nm in ((m.q, "query"), (m.k, "key"), (m.v, "value")):
+        r = dtype_reason(t, nm)
+        if r:
+            return r
+    if not (dtype_of(m.q) == dtype_of(m.k) == dtype_of(m.v)):
+        return f"query/key/value dtypes differ ({dtype_of(m.q)}, {dtype_of(m.k)}, {dtype_of(m.v)})"
+    q, k, v = _dims(m.q), _k_dims(m), _dims(m.v)
+    if not (len(q) == len(k) == len(v) and len(q) in (3, 4)):
+        return f"attention operands of ranks {len(q)}/{len(k)}/{len(v)} are not all 4-D [batch, heads, seq, " \
+               "head_dim] or all 3-D [batch*heads, seq, head_dim]"
+    d, dv = static_int(shape_of(m.q)[-1]), static_int(shape_of(m.v)[-1])
+    if d not in HEAD_DIMS or dv != d:
+        return f"head_dim={q[-1]} (value {v[-1]}) is outside {HEAD_DIMS.start}..{HEAD_DIMS.stop - 1} or differs"
+    if k[-1] != q[-1] or k[-2] != v[-2]:
+        return f"key {k} and query {q} / value {v} shapes disagree"
+    if q[0] != k[0] or k[0] != v[0]:
+        return f"batch sizes differ: query {q[0]}, key {k[0]}, value {v[0]} (broadcast batch)"
+    if len(q) == 4:
+        h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.v)[1])
+        if h is None or hkv is None or h % hkv or k[1] != v[1]:
+            return f"head counts {q[1]} / {k[1]} / {v[1]} are not a multiple of each other"
+    elif k[0] != q[0]:
+        return "3-D operands with different batch*heads sizes"
+    if any(len(shape_of(x)) > 4 for _, x in m.masks):
+        return "mask has more than 4 dims"
+    return None
 
 
 def handwritten_supported(node, ctx):
     m = match(node, ctx)
     if m is False:
         return NO_MATCH
-    if isinstance(m, str):
-        return m
-    for t, nm in ((m.q, "query"), (m.k, "key"), (m.v, "value")):
-        r = dtype_reason(t, nm)
-        if r:
-            return r
-    if not (dtype_of(m.q) == dtype_of(m.k) == dtype_of(m.v)):
-        return "query/key/value dtypes differ"
-    if not (len(shape_of(m.q)) == len(shape_of(m.k)) == len(shape_of(m.v)) == 4):
-        return "attention operands are not 4-D [batch, heads, seq, head_dim]"
-    d = static_int(shape_of(m.q)[-1])
-    h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.k)[1])
-    if d not in HEAD_DIMS or static_int(shape_of(m.v)[-1]) != d:
-        return f"head_dim={shape_of(m.q)[-1]} is outside {HEAD_DIMS.start}..{HEAD_DIMS.stop - 1} (or V differs)"
-    if h is None or hkv is None or h % hkv or static_int(shape_of(m.v)[1]) != hkv:
-        return f"head counts {shape_of(m.q)[1]} / {shape_of(m.k)[1]} are not a multiple of each other"
-    if m.mask is not None and any(len(shape_of(x)) > 4 for x in [m.mask, *m.more_masks]):
-        return "mask has more than 4 dims"
-    return None
+    reason = m if isinstance(m, str) else ctx.denied(m.absorbed) or _checks(m)
+    if reason:  # the report shows it on the chain's products and softmax, whatever runs them
+        sm, qk = chain_of(node)
+        for n in (qk, sm, node):
+            ctx.not_lowered(n, PREFIX + reason)
+    return reason
 
 
-@rule(Stage.PATTERN, *MATMULS, family="attention", supported=handwritten_supported, name="attention_handwritten",
-      doc="q @ kᵀ · scale (+ mask | masked_fill) -> softmax -> @ v")
+def _mask(ctx, m: Match, at):
+    """The matched masks as the one mask the kernel takes (None, additive float or bool keep-mask)."""
+    adds = [n for kind, n in reversed(m.masks) if kind == "add"]
+    keeps = [n if kind == "keep" else ctx.insert(aten.logical_not.default, n, before=at)
+             for kind, n in reversed(m.masks) if kind != "add"]
+    add = keep = None
+    for n in adds:  # several additive masks add up to one (broadcast as eager does)
+        add = n if add is None else ctx.insert(aten.add.Tensor, add, n, before=at)
+    for n in keeps:
+        keep = n if keep is None else ctx.insert(aten.logical_and.default, keep, n, before=at)
+    if add is not None and keep is not None:
+        return ctx.insert(aten.where.ScalarOther, keep, add, float("-inf"), before=at)
+    return ctx.cast_in(add, at) if add is not None else keep
+
+
+def _head_scale(ctx, m: Match, at):
+    hs = None
+    for n, divides in m.head_scale:
+        if divides:
+            n = ctx.insert(aten.reciprocal.default, n, before=at)
+        hs = n if hs is None else ctx.insert(aten.mul.Tensor, hs, n, before=at)
+    return hs
+
+
+@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=handwritten_supported, name="attention_handwritten",
+      doc="q @ kᵀ · scale (soft-cap, + mask | masked_fill | where) -> softmax -> @ v")
 def lower_handwritten(node, ctx):
     m = match(node, ctx)
-    mask = m.mask
-    if m.keep_if_not is not None:
-        mask = ctx.insert(aten.logical_not.default, m.keep_if_not, before=node)
-    elif mask is not None:
-        for other in m.more_masks:  # several additive masks add up to one (broadcast as eager does)
-            mask = ctx.insert(aten.add.Tensor, mask, other, before=node)
-        mask = ctx.cast_in(mask, node)
-    args = (ctx.cast_in(m.q, node), ctx.cast_in(m.k, node), ctx.cast_in(m.v, node), mask, m.causal, float(m.scale))
-    return ctx.replace(node, "attention", "attention_handwritten", args, m.absorbed)
+    q, k, v = m.q, m.k, m.v
+    if m.transpose_k:
+        k = ctx.insert(aten.transpose.int, k, -2, -1, before=node)
+    rank3 = len(shape_of(q)) == 3
+    if rank3 and m.heads:  # [B*H, S, D] whose scores were viewed per head: [B, H, S, D]
+        q, k, v = (ctx.insert(aten.unflatten.int, x, 0, [-1, m.heads], before=node) for x in (q, k, v))
+    elif rank3:  # [B*H, S, D] (nn.MultiheadAttention's bmm) as one batch of B*H heads
+        q, k, v = (ctx.insert(aten.unsqueeze.default, x, 0, before=node) for x in (q, k, v))
+    args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), _mask(ctx, m, node), m.causal,
+            float(m.scale))
+    hs = _head_scale(ctx, m, node)
+    if m.softcap is not None or hs is not None:
+        args += (None if m.softcap is None else float(m.softcap), hs)
+    new = ctx.emit("attention", args, lowering="attention_handwritten", sources=m.absorbed, anchor=node, before=node)
+    out = new
+    if rank3:
+        out = ctx.insert(aten.flatten.using_ints, new, 0, 1, before=node) if m.heads else \
+            ctx.insert(aten.squeeze.dim, new, 0, before=node)
+    node.replace_all_uses_with(ctx.cast(out, dtype_of(node), node))
+    ctx.erase_unused(m.absorbed)
+    return new

@@ -13,7 +13,7 @@ from functools import partial
 
 from .. import lowerings  # noqa: F401  (importing the lowerings fills the registry)
 from ..registry import Stage
-from .cleanup import cleanup
+from .cleanup import cleanup, dead_code
 from .fold_shapes import fold_shapes
 from .functionalize import functionalize
 from .fuse_consumers import fuse_consumers
@@ -24,6 +24,7 @@ from .partition import fuse_regions
 PIPELINE = [
     ("normalize", normalize),  # one argument form for every aten call
     ("functionalize", functionalize),  # x += y as x = x + y, where nothing observes the mutation
+    ("dead_code", dead_code),  # what nothing reads (a dead user must not block a pattern)
     ("decompose", partial(match_stage, stage=Stage.DECOMPOSE)),  # losses -> aten ops lowered below
     # hand-written forms first: they consume the nodes the canonical rules would take one by one
     ("match_patterns", partial(match_stage, stage=Stage.PATTERN)),

@@ -4,10 +4,19 @@ whose preshuffled copy replaced it), so the translated module holds each weight 
 from __future__ import annotations
 
 
-def cleanup(ctx) -> int:
+def dead_code(ctx) -> int:
+    """Drop nodes nothing reads (before matching: a dead user, such as nn.MultiheadAttention's
+    head-averaged weights when the model drops them, would otherwise pin what it reads)."""
     g = ctx.gm.graph
     before = len(g.nodes)
     g.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_module" or n.is_impure())
+    return before - len(g.nodes)
+
+
+def cleanup(ctx) -> int:
+    g = ctx.gm.graph
+    before = len(g.nodes)
+    dead_code(ctx)
     used = {n.target for n in g.nodes if n.op == "get_attr"}
     # a call_module node reads every parameter of its module without a get_attr node
     called = tuple(n.target + "." for n in g.nodes if n.op == "call_module")

@@ -8,8 +8,8 @@ out-of-place form:
 
 - the mutated tensor is an intermediate value (not a graph input or a parameter / buffer,
   whose mutation the caller sees),
-- it is not a view of something else, and no view of it was taken (an alias would see the
-  new value),
+- no view of it was taken (an alias would see the new value), and when it is itself a view,
+  its base qualifies in turn with this view its only alias (``s = s.view(...); s += bias``),
 - every other reader of it runs before the in-place op (it reads the old value either way).
 
 `copy_(dst, src)` becomes `src` cast to dst's dtype and broadcast to its shape; `detach_(x)`
@@ -51,11 +51,17 @@ def _inplace_target(node):
     return args[0]
 
 
-def _mutation_unobservable(x, node, order) -> bool:
-    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or _aliases(x):
+def _mutation_unobservable(x, node, order, depth: int = 4, via=None) -> bool:
+    """Nothing but `node` sees x change: x is an intermediate whose other readers run before
+    node; a view x qualifies when its base does, with x its only view (``s.view(...).add_(b)``).
+    via: the reader the mutation arrives through (node itself, or the view of x it mutates)."""
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function":
+        return False
+    if _aliases(x) and not (depth and isinstance(x.target, torch._ops.OpOverload) and x.args
+                            and _mutation_unobservable(x.args[0], node, order, depth - 1, via=x)):
         return False
     for u in x.users:
-        if u is node:
+        if u is (via or node):
             continue
         if _aliases(u) or order.get(u, -1) > order[node]:
             return False

@@ -120,7 +120,9 @@ class Tracking:
                 how = "" if name in absorber else f"; rewritten, result computed by {fnode}"
                 if len(fly) > 1:
                     how += f" (parts in {', '.join(fly[1:])})"
-                detail = entry["head"] + how + (f"; not taken by {reasons[name]}" if name in reasons else "")
+                why = reasons.get(name, "")
+                detail = entry["head"] + how + (f"; {why}" if why.startswith("not taken by ") else
+                                                f"; not taken by {why}" if why else "")
                 rows.append(Row(name, op, shapes, dtype, _initial_where(entry, backend), detail, f, layout, fnode,
                                 bytes=b))
             elif name in folded:

@@ -1,0 +1,237 @@
+"""The pieces of hand-written attention, one recognizer each (used by attention_patterns.py).
+
+Each function reads one step of the graph between Q·Kᵀ and ·V and answers what it computes
+in the kernel's terms, or None when the step is something else:
+
+- `unexpand_kv`: K / V expanded from Hkv to H heads -> the Hkv-head tensor (the kernel reads
+  head h // (H / Hkv), nothing repeated). Forms:
+      repeat_kv(x, n) = x[:, :, None].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d)  # HF Llama
+      x.unsqueeze(2).expand(...).flatten(1, 2)
+      x.repeat_interleave(n, dim=1)                                                   # GQA repos
+      x.expand(b, h, s, d) with one KV head                                           # MQA
+  ``x.repeat(1, n, 1, 1)`` is not undone (it lays heads out as h % Hkv): it stays a copy.
+- `scalar_value`: a 0-dim tensor the scale is divided by, folded to a float when it depends
+  only on constants (``torch.full([], d ** 0.5)``, ``torch.tensor(d).sqrt()``); a tensor that
+  depends on a parameter or an input is passed to the kernel as `head_scale` instead.
+- `per_head`: a multiplier that broadcasts over scores [.., H, Sq, Sk] along H only (Swin-V2's
+  ``clamp(logit_scale, max=log(100)).exp()`` of shape [H, 1, 1]).
+- `softcap_of`: ``tanh(s / c) * c`` (Gemma-2's attention logit soft-capping) -> c.
+- `fill_value`: the value masked positions get (masked_fill / where); -inf or a very negative
+  finite value (finfo.min, -1e4) counts as masked out.
+- `causal_keep`: a boolean condition that is a lower-triangular buffer sliced to [:Sq, :Sk]
+  (``bias[:, :, :T, :T]`` as keep-mask, or ``== 0`` / ``~`` of it as masked-out) -> causal.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..graph import ASSERT, aten, is_call, shape_of, static_int
+
+RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+NEG_FILL = -1e4  # a fill at or below this is "masked out" (exp underflows against any real score)
+
+
+def node_int(a):
+    """An int argument's value (a graph node holding a SymInt that is fixed counts)."""
+    if isinstance(a, torch.fx.Node):
+        return static_int(a.meta.get("val"))
+    return a if isinstance(a, int) and not isinstance(a, bool) else None
+
+
+def _full_slice(n) -> bool:
+    start = node_int(n.args[2]) if len(n.args) > 2 and n.args[2] is not None else 0
+    end = n.args[3] if len(n.args) > 3 else None
+    step = n.args[4] if len(n.args) > 4 else 1
+    return start == 0 and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
+
+
+def _skip_full_slices(n, chain):
+    while is_call(n, aten.slice.Tensor) and _full_slice(n):
+        chain.append(n)
+        n = n.args[0]
+    return n
+
+
+def _heads(n):
+    s = shape_of(n)
+    return static_int(s[1]) if s is not None and len(s) == 4 else None
+
+
+def unexpand_kv(x, absorbed):
+    """The [B, Hkv, S, D] tensor x was expanded from (the expansion nodes x alone read go to
+    `absorbed`), else x."""
+    chain = [x]
+    base = None
+    if is_call(x, aten.repeat_interleave.self_int):
+        dim = x.args[2] if len(x.args) > 2 else x.kwargs.get("dim")
+        if dim is not None and dim % 4 == 1 and len(shape_of(x.args[0]) or ()) == 4:
+            base = x.args[0]
+    elif is_call(x, *RESHAPES, aten.flatten.using_ints):
+        n = x.args[0]
+        if is_call(n, aten.clone.default, aten.contiguous.default):
+            chain.append(n)
+            n = n.args[0]
+        if is_call(n, aten.expand.default):
+            chain.append(n)
+            n = _skip_full_slices(n.args[0], chain)
+            if is_call(n, aten.unsqueeze.default) and n.args[1] == 2:
+                chain.append(n)
+                b = _skip_full_slices(n.args[0], chain)
+                if len(shape_of(b) or ()) == 4:
+                    base = b
+    elif is_call(x, aten.expand.default) and _heads(x.args[0]) == 1:
+        base = x.args[0]  # MQA: one KV head broadcast to every query head
+    if base is None:
+        return x
+    h, hkv = _heads(x), _heads(base)
+    if h is None or hkv is None or h % hkv or [str(d) for d in shape_of(base)[2:]] != [str(d) for d in shape_of(x)[2:]]:
+        return x
+    absorbed += [c for c in chain if len([u for u in c.users if u.target is not ASSERT]) <= 1]
+    return base
+
+
+# --- scalars and multipliers ----------------------------------------------------------------
+
+_FOLDABLE = {aten.full.default, aten.scalar_tensor.default, aten.lift_fresh_copy.default, aten.detach.default,
+             aten.detach_.default, aten.clone.default, aten._to_copy.default, aten.to.dtype, aten.sqrt.default,
+             aten.rsqrt.default, aten.reciprocal.default, aten.exp.default, aten.log.default, aten.mul.Tensor,
+             aten.div.Tensor, aten.pow.Tensor_Scalar, aten.neg.default, aten.add.Tensor, aten.sub.Tensor}
+
+
+def const_tensor(n, ctx, depth: int = 8):
+    """The value of a small tensor computed from constants only (never a parameter, which a
+    user may still change: those stay tensors), else None."""
+    if isinstance(n, (int, float)) and not isinstance(n, bool):
+        return n
+    if not isinstance(n, torch.fx.Node) or depth == 0:
+        return None
+    if n.op == "get_attr":
+        t = ctx.constant(n)
+        if t is None or isinstance(t, torch.nn.Parameter) or t.numel() != 1:
+            return None
+        return t.detach().clone()
+    if n.op != "call_function" or n.target not in _FOLDABLE:
+        return None
+    args = []
+    for a in n.args:
+        if isinstance(a, torch.fx.Node):
+            a = const_tensor(a, ctx, depth - 1)
+            if a is None:
+                return None
+        args.append(a)
+    kwargs = {k: v for k, v in n.kwargs.items() if k != "device"}
+    try:
+        out = n.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 — not foldable here: the tensor stays as it is
+        return None
+    return out if isinstance(out, (int, float)) or (isinstance(out, torch.Tensor) and out.numel() == 1) else None
+
+
+def scalar_value(n, ctx):
+    """n as a Python float: a number, or a one-element tensor computed from constants."""
+    t = const_tensor(n, ctx)
+    if t is None:
+        return None
+    return float(t) if isinstance(t, (int, float)) else float(t.reshape(()).item())
+
+
+def per_head(m, scores) -> bool:
+    """m broadcasts against scores [.., H, Sq, Sk] along the head dim only (or is one element)."""
+    ms, ss = shape_of(m), shape_of(scores)
+    if ms is None or ss is None or len(ms) > len(ss) or len(ss) not in (3, 4):
+        return False
+    pad = [1] * (len(ss) - len(ms)) + [static_int(d) for d in ms]
+    want = [1] * len(ss)
+    want[-3] = static_int(ss[-3])
+    return all(p in (1, w) for p, w in zip(pad, want))
+
+
+def softcap_of(n):
+    """c when n = tanh(x / c) * c (or tanh(x * (1 / c)) * c), with the inner node x, else None."""
+    if not is_call(n, aten.mul.Tensor, aten.mul.Scalar):
+        return None
+    a, c = n.args[:2]
+    if isinstance(a, (int, float)):
+        a, c = c, a
+    if not (isinstance(c, (int, float)) and c > 0 and is_call(a, aten.tanh.default)):
+        return None
+    inner = a.args[0]
+    if is_call(inner, aten.div.Tensor, aten.div.Scalar) and isinstance(inner.args[1], (int, float)) \
+            and abs(inner.args[1] - c) <= 1e-6 * c:
+        return c, a, inner
+    if is_call(inner, aten.mul.Tensor, aten.mul.Scalar) and isinstance(inner.args[1], (int, float)) \
+            and abs(inner.args[1] * c - 1) <= 1e-6:
+        return c, a, inner
+    return None
+
+
+def fill_value(v, ctx):
+    """A masked_fill / where fill as a float, or None."""
+    return scalar_value(v, ctx)
+
+
+def masks_out(fill) -> bool:
+    return fill is not None and (fill == float("-inf") or fill <= NEG_FILL)
+
+
+# --- causal masks ---------------------------------------------------------------------------
+
+_TRIL_SEEN: dict = {}  # id(buffer) -> (weakref to it, its _version, answer)
+
+
+def is_tril(buf: torch.Tensor) -> bool:
+    """Every [..., n, n] plane of buf is nonzero exactly on and below the diagonal (remembered per
+    buffer until it is written to: the support check and the rewrite ask about the same one)."""
+    seen = _TRIL_SEEN.get(id(buf))
+    if seen is not None and seen[0]() is buf and seen[1] == buf._version:
+        return seen[2]
+    planes = buf.reshape(-1, *buf.shape[-2:]).bool()
+    ok = torch.equal(planes, torch.tril(torch.ones_like(planes[0])).expand_as(planes))
+    if len(_TRIL_SEEN) > 256:
+        _TRIL_SEEN.clear()
+    _TRIL_SEEN[id(buf)] = (weakref.ref(buf), buf._version, ok)
+    return ok
+
+
+def _tril_slice(n, ctx, scores, chain) -> bool:
+    """n = tril_buffer[..., :Sq, :Sk] (every slice starts at 0), shaped as the scores' last two dims."""
+    top = n
+    while is_call(n, aten.slice.Tensor):
+        start = node_int(n.args[2]) if len(n.args) > 2 and n.args[2] is not None else 0
+        step = n.args[4] if len(n.args) > 4 else 1
+        if start != 0 or step != 1:
+            return False
+        chain.append(n)
+        n = n.args[0]
+    if is_call(n, aten._to_copy.default, aten.to.dtype):  # bias.bool()
+        chain.append(n)
+        n = n.args[0]
+    buf = ctx.constant(n)
+    if buf is None or buf.dim() < 2 or buf.shape[-1] != buf.shape[-2] or not is_tril(buf):
+        return False
+    return [str(s) for s in shape_of(top)[-2:]] == [str(s) for s in shape_of(scores)[-2:]]
+
+
+def causal_keep(cond, keep: bool, ctx, scores, absorbed) -> bool:
+    """cond (True = keep when `keep`, else True = masked out) is the nanoGPT / GPT-2 tril buffer."""
+    chain = []
+    n = cond
+    if not keep:
+        if is_call(n, aten.eq.Scalar) and n.args[1] == 0:
+            chain.append(n)
+            n = n.args[0]
+        elif is_call(n, aten.logical_not.default, aten.bitwise_not.default):
+            chain.append(n)
+            n = n.args[0]
+        else:
+            return False
+    elif is_call(n, aten.ne.Scalar) and n.args[1] == 0:
+        chain.append(n)
+        n = n.args[0]
+    if not _tril_slice(n, ctx, scores, chain):
+        return False
+    absorbed += [c for c in chain if len(c.users) == 1]
+    return True
