@@ -9,7 +9,7 @@ its hot loop and prices one iteration of it, per wave, on the issuing SIMD:
 
 Finding the loop. The kernel body is cut at its labels (`.LBB0_3:`) into basic blocks. A
 branch (`s_branch`, `s_cbranch_*`) to a label at or before itself is a back edge; the
-instructions from that label to the branch are the loop body (every block laid out in between,
+instructions from that label to its last back edge are the loop body (every block laid out in between,
 so an `if` inside the loop counts both of its sides: a static count, an upper bound where a
 branch is skipped at run time). Of all loops, the hot one has the most matrix cycles, then the
 fewest instructions: nested loops are separate candidates, so the innermost MFMA loop wins.
@@ -170,12 +170,16 @@ def find_loops(text: str, kernel: str | None = None) -> list[Loop]:
         m = _LABEL_RE.match(ln)
         if m:
             labels[m.group(1)] = i
-    loops = []
+    # a header with several back edges (a `continue`-like branch that skips part of the body,
+    # e.g. a prefetch guarded by "is there a next tile") is one loop up to its last back edge
+    last_edge = {}
     for i, ln in enumerate(lines):
         m = _BRANCH_RE.match(ln)
-        if not m or m.group(2) not in labels or labels[m.group(2)] > i:
-            continue
-        start = labels[m.group(2)]
+        if m and m.group(2) in labels and labels[m.group(2)] <= i:
+            last_edge[m.group(2)] = i
+    loops = []
+    for header, i in last_edge.items():
+        start = labels[header]
         ops, blocks = {}, 1
         for body in lines[start + 1:i + 1]:
             if _LABEL_RE.match(body):
@@ -188,7 +192,7 @@ def find_loops(text: str, kernel: str | None = None) -> list[Loop]:
             cnt, nbytes = ops.get(mn, (0, 0))
             lb = _lds_bytes(mn, rest) if classify(mn).startswith("LDS") else 0
             ops[mn] = (cnt + 1, nbytes + lb)
-        loops.append(Loop(m.group(2), start, i, ops, blocks))
+        loops.append(Loop(header, start, i, ops, blocks))
     return loops
 
 

@@ -114,10 +114,8 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
         b, s, h, d = shape
         cfg = attention_config(dt, d, s)
         bm, bn = cfg["block_m"], cfg["block_n"]
-        # causal: q tile i walks keys [0, min(s, (i+1)*bm)) in blocks of bn; with LDS staging the
-        # kernel prefetches one more (clamped, in-bounds) block after the last one
-        extra = bn if cfg["use_lds"] else 0
-        keys = sum(math.ceil(min(s, (i + 1) * bm) / bn) * bn + extra for i in range(math.ceil(s / bm)))
+        # causal: q tile i walks keys [0, min(s, (i+1)*bm)) in blocks of bn (no prefetch past the last)
+        keys = sum(math.ceil(min(s, (i + 1) * bm) / bn) * bn for i in range(math.ceil(s / bm)))
         return b * h * (2 * s * d + 2 * keys * d) * e
     raise ValueError(family)
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS
-from translator_kernels.attention import CUS, attention, split_plan
+from translator_kernels.attention import CUS, attention, attention_config, split_plan
 
 flysim = pytest.importorskip("flysim")
 
@@ -170,6 +170,28 @@ def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, spl
     assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B) and comb.grid == (Sq, H, B)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), reference(q, k, v, m, causal), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("arch,H,Hkv,Sq,Sk,D,causal", [("gfx942", 2, 1, 256, 256, 64, True),
+                                                       ("gfx950", 1, 1, 128, 200, 40, False)])
+def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
+    """flysim's counted global bytes <= Q read once (its padding columns included: they load
+    column 0, then zero) + O written once + per query block its key range (causal: up to the
+    block's last row) in whole KV tiles, each K / V row read once: no tile is prefetched past
+    the last one, and no chunk of a tile is read twice (D=40: 5 chunks a row, 320 a tile, for
+    256 threads)."""
+    q, k, v, _ = make_inputs(1, H, Hkv, Sq, Sk, D, "bf16", None)
+    cfg = attention_config("bf16", D, Sq)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    assert cfg["use_lds"] and Sq % bm == 0  # the prefetching path; no clamped query rows
+    keys = sum(-(-min(Sk, (i + 1) * bm if causal else Sk) // bn) * bn for i in range(Sq // bm))
+    bound = (Sq * (-(-D // 16) * 16 + D) * H + 2 * keys * D * Hkv * (H // Hkv)) * 2
+    with _simulate(arch) as sim:
+        out = attention(q, k, v, causal=causal)
+    (rec,) = sim.launches
+    moved = rec.counters["global_bytes_read"] + rec.counters["global_bytes_written"]
+    assert moved <= bound, (moved, bound)
+    torch.testing.assert_close(out.float(), reference(q, k, v, None, causal), atol=TOL["bf16"][0], rtol=TOL["bf16"][1])
 
 
 def test_custom_scale_and_strided_inputs():

@@ -52,6 +52,26 @@ def test_mfma_cycle_table(mn, arch, cycles):
     assert mfma_cycles(mn, arch) == cycles
 
 
+def test_a_header_with_two_back_edges_is_one_loop_to_the_last():
+    """A guarded prefetch makes LLVM branch back to the header from before and after the loads;
+    the loop is the whole body (the loads counted), not the shorter path that skips them."""
+    isa = """
+kern:
+.LBB0_1:
+	v_mfma_f32_16x16x16_bf16 v[4:7], v[0:1], v[2:3], v[4:7]
+	s_cbranch_scc1 .LBB0_1
+.LBB0_2:
+	buffer_load_dwordx4 v[0:3], v1, s[0:3], 0 offen
+	v_add_u32_e32 v1, 16, v1
+	s_branch .LBB0_1
+	s_endpgm
+"""
+    (lp,) = find_loops(isa)
+    assert lp.header == ".LBB0_1" and lp.blocks == 2
+    c = hot_loop(isa, "gfx942")
+    assert c["counts"]["vmem"] == 1 and c["counts"]["VALU"] == 1 and c["matrix_cycles"] == 16
+
+
 def test_no_loop_is_an_error():
     with pytest.raises(ValueError, match="no loop"):
         hot_loop("kern:\n\tv_mov_b32_e32 v0, 0\n\ts_endpgm\n")

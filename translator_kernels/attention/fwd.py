@@ -278,22 +278,41 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             lds_k = stage.k.ptr
             lds_v = stage.v.ptr
 
+        # per-thread invariants of the cooperative tile copy: chunk c of K is row c // ROW_CH,
+        # column (c % ROW_CH) * CE; of V key c % BLOCK_N, column (c // BLOCK_N) * CE (consecutive
+        # lanes take consecutive keys of one column chunk, so the transposed LDS writes of a
+        # wave land on consecutive addresses). Row offsets are precomputed; a tile clamps them in
+        # offset space (min(row * stride, (Sk - 1 - kb) * stride): one v_min per load).
+        tile_rows = []
+        for it in range_constexpr(CH_ITERS):
+            c = tid + it * THREADS
+            c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
+            tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss, (c // BLOCK_N) * CE))
+
         def gload_tile(kb):
             """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
-            per thread and tensor (keys clamped in range)."""
+            per thread and tensor (keys clamped to Sk - 1)."""
             ks, vs = [], []
+            lim_k = (sk_last - kb) * k_ss
+            lim_v = (sk_last - kb) * v_ss
+            kb_k = k_base + kb * k_ss
+            kb_v = v_base + kb * v_ss
             for it in range_constexpr(CH_ITERS):
-                c = tid + it * THREADS
-                c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
-                key = kb + c // ROW_CH
-                key = (key < sk).select(key, sk_last)
-                col = (c % ROW_CH) * CE
-                ks.append(load_vec(k_ptr, k_base + key * k_ss + col, CE))
-                # V: consecutive lanes take consecutive keys of one column chunk, so that the
-                # transposed LDS writes of a wave land on consecutive addresses
-                vkey = kb + c % BLOCK_N
-                vkey = (vkey < sk).select(vkey, sk_last)
-                vs.append(load_vec(v_ptr, v_base + vkey * v_ss + (c // BLOCK_N) * CE, CE))
+                krow, kcol, vrow, vcol = tile_rows[it]
+                k_off = kb_k + (krow < lim_k).select(krow, lim_k) + kcol
+                v_off = kb_v + (vrow < lim_v).select(vrow, lim_v) + vcol
+                if const_expr(CH_EXACT or it < CH_ITERS - 1):
+                    ks.append(load_vec(k_ptr, k_off, CE))
+                    vs.append(load_vec(v_ptr, v_off, CE))
+                    continue
+                # the last round has fewer chunks than threads: the others load nothing
+                kx = fx.Vector.filled(CE, 0.0, Elem)
+                vx = fx.Vector.filled(CE, 0.0, Elem)
+                if tid + it * THREADS < TILE_CH:
+                    kx = fx.Vector(load_vec(k_ptr, k_off, CE))
+                    vx = fx.Vector(load_vec(v_ptr, v_off, CE))
+                ks.append(kx)
+                vs.append(vx)
             return ks, vs
 
         def lds_store_chunk(k_chunk, v_chunk, c):
@@ -429,8 +448,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 lds_store_tile([state[ST + i] for i in range_constexpr(CH_ITERS)],
                                [state[ST + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
                 gpu_barrier()
-                nk, nv = gload_tile(kb + BLOCK_N)
-                nxt = nk + nv
+                # prefetch the next tile, if there is one (the last tile's would be wasted bytes)
+                nxt = [state[ST + i] for i in range_constexpr(2 * CH_ITERS)]
+                if kb + BLOCK_N < kv_end:
+                    nk, nv = gload_tile(kb + BLOCK_N)
+                    nxt = nk + nv
 
             # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
             s_tiles = [[] for _ in range_constexpr(RG)]
