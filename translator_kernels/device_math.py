@@ -1,4 +1,5 @@
-"""Device math of the per-element op table: fp32 vectors in, fp32 vectors out (i1 for bool ops).
+"""Device math of the per-element op table: vectors of the value kinds in and out (fp32, i1 for bool,
+i32, i64; translator_kernels.program says which kind each op computes in).
 
 Each row of translator_kernels.program.OPS names one function here, called as
 `fn(*value args, *constants)`. Generated kernels (elementwise, reduce, scan) call them from their
@@ -19,6 +20,14 @@ min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is 
   the three-part pi/2 is too short and the error grows without bound (no Payne-Hanek reduction).
   sin(+-0) = +-0; sin / cos of +-inf and NaN are NaN. The hardware v_sin_f32 is not used (flysim
   has no llvm.amdgcn.sin, and its input in revolutions needs the same reduction anyway).
+- integers: the add / sub / mul / neg / min / max / compare / select of the op rows work on i32 and
+  i64 vectors as they are (arith.addi, cmpi signed, ...): exact, never through fp32. Integer division
+  is arith.divsi / remsi (truncating; the backend expands the 64-bit forms) with torch's rounding
+  built on top: floor division and remainder step by one / add the divisor where the remainder is
+  nonzero and its sign differs from the divisor's. A zero divisor is replaced by 1 and the result by
+  0 (MLIR's divsi by 0 is poison; torch raises; the table's reference does the same as the kernel).
+  abs is a select (math.absi needs a lowering the pipeline lacks). Casts: float -> int truncates
+  toward zero (fptosi), int -> float rounds to nearest (sitofp), int -> int sign-extends or wraps.
 - atan: Cephes' reduction to |t| <= tan(pi/8) by 1/x and (x-1)/(x+1), a degree-9 odd polynomial,
   pi/2 and pi/4 added in two fp32 parts; <= 1.25 ulp against fp64 measured on flysim.
 """
@@ -45,15 +54,38 @@ def where(c, a, b):
     return c.select(a, b)
 
 
+def kind_of(x) -> str:
+    """The program kind of a traced vector: "f" (float), "b" (i1), "i" (i32), "l" (i64)."""
+    t = x.dtype
+    if getattr(t, "is_float", False):
+        return "f"
+    return {1: "b", 32: "i", 64: "l"}[t.width]
+
+
+def _is_int(x) -> bool:
+    return kind_of(x) in "il"
+
+
 def to_bool(x):
-    return x != 0.0
+    return x != (0 if _is_int(x) else 0.0)
 
 
 def from_bool(b):
     return b.select(1.0, 0.0)
 
 
+_KIND_T = {"f": F32, "i": fx.Int32, "l": fx.Int64}
+
+
+def splat_int(c: int, dtype_str: str, n: int):
+    """An exact integer constant ("i32" / "i64") splat to `n` lanes."""
+    t = {"i32": fx.Int32, "i64": fx.Int64}[dtype_str]
+    return fx.Vector.filled(n, t(int(c)), t)
+
+
 def absf(x):
+    if _is_int(x):
+        return (x < 0).select(-x, x)
     return fx.math.absf(x)
 
 
@@ -82,19 +114,78 @@ def reciprocal(x):
 
 
 def maximum(a, b):
+    if _is_int(a):
+        return (a < b).select(b, a)
     return fx.max(a, b)  # NaN-propagating, as torch
 
 
 def minimum(a, b):
+    if _is_int(a):
+        return (b < a).select(b, a)
     return fx.min(a, b)
 
 
+def _divisor(b):
+    """(b with zeros replaced by 1, the zero mask): MLIR's integer division by 0 is poison."""
+    z = b == 0
+    return z.select(1, b), z
+
+
+def _divsi(a, b):
+    return fx.Vector(fx.arith.divsi(a, b), a.shape, a.dtype)
+
+
+def _remsi(a, b):
+    return fx.Vector(fx.arith.remsi(a, b), a.shape, a.dtype)
+
+
+def _wrong_sign(r, b):
+    """Lanes where a truncating remainder `r` is nonzero and its sign differs from the divisor's."""
+    return (r != 0) & ((r < 0) ^ (b < 0))
+
+
 def div_trunc(a, b):
+    if _is_int(a):
+        bb, z = _divisor(b)
+        return z.select(0, _divsi(a, bb))
     return trunc(a / b)
 
 
 def div_floor(a, b):
+    if _is_int(a):
+        bb, z = _divisor(b)
+        q = _divsi(a, bb)
+        q = _wrong_sign(a - q * bb, bb).select(q - 1, q)
+        return z.select(0, q)
     return floor(a / b)
+
+
+def remainder(a, b):
+    """torch.remainder: the result takes the divisor's sign (Python's %)."""
+    if _is_int(a):
+        bb, z = _divisor(b)
+        r = _remsi(a, bb)
+        r = _wrong_sign(r, bb).select(r + bb, r)
+        return z.select(0, r)
+    r = a - trunc(a / b) * b  # fmod
+    r = ((r != 0.0) & ((r < 0.0) ^ (b < 0.0))).select(r + b, r)
+    return r
+
+
+def bitwise_and(a, b):
+    return a & b
+
+
+def bitwise_or(a, b):
+    return a | b
+
+
+def bitwise_xor(a, b):
+    return a ^ b
+
+
+def bitwise_not(x):
+    return logical_not(x) if kind_of(x) == "b" else ~x
 
 
 def eq(a, b):
@@ -360,21 +451,24 @@ def pow_scalar(x, c: float):
     return (x < 0.0).select(const_like(x, float("nan")), mag)
 
 
+_CAST_KIND = {"f32": "f", "bf16": "f", "f16": "f", "bool": "b", "i32": "i", "i64": "l"}
+
+
 def cast(x, dtype_str: str):
-    """Round an fp32 value to `dtype_str` and back (an explicit `.to()` in the graph); "bool": x != 0."""
-    if dtype_str == "bool":
-        return to_bool(x)
-    if dtype_str == "f32":
-        return x
-    t = {"bf16": fx.BFloat16, "f16": fx.Float16}[dtype_str]
-    return x.to(t).to(F32)
+    """An explicit `.to(dtype)` in the graph: a value of any kind as the kind of `dtype_str`, a float
+    rounded to bf16 / f16 and back when that is the dtype; "bool": x != 0."""
+    x = as_kind(x, kind_of(x), _CAST_KIND[dtype_str])
+    if dtype_str in ("bf16", "f16"):
+        t = {"bf16": fx.BFloat16, "f16": fx.Float16}[dtype_str]
+        return x.to(t).to(F32)
+    return x
 
 
 def run(prog, xs, width: int, in_dtypes=None) -> list:
     """Every value of program `prog` (translator_kernels.program) on vectors `xs` while a kernel traces
     (the GEMM epilogue's path; generated kernels write the same calls out as source): each op is its
     table row's device function, each argument converted to the kind the op takes."""
-    from translator_kernels.program import OPS
+    from translator_kernels.program import OPS, signature
 
     vals = list(xs)
     kinds = prog.kinds(in_dtypes or ["f32"] * prog.n)
@@ -383,24 +477,34 @@ def run(prog, xs, width: int, in_dtypes=None) -> list:
         if name == "const":
             vals.append(splat(float(params[0]), width))
             continue
-        a = [as_kind(vals[i], kinds[i], k) for i, k in zip(args, op.takes)]
+        if name == "const_int":
+            vals.append(splat_int(params[0], params[1], width))
+            continue
+        wants, _ = signature(name, params, [kinds[i] for i in args])
+        a = [as_kind(vals[i], kinds[i], k) for i, k in zip(args, wants)]
         vals.append(globals()[op.device](*a, *params))
     return vals
 
 
 def as_kind(x, have: str, want: str):
-    """A value of kind `have` ("f" fp32 / "b" i1) as kind `want`."""
+    """A value of kind `have` ("f" fp32, "b" i1, "i" i32, "l" i64) as kind `want`: bool is x != 0 and
+    0 / 1; float -> int truncates toward zero, int -> float rounds, int -> int extends or wraps."""
     if have == want:
         return x
-    return to_bool(x) if want == "b" else from_bool(x)
+    if want == "b":
+        return to_bool(x)
+    if have == "b":
+        return x.select(fx.Vector.filled_like(x, 1, _KIND_T[want]), fx.Vector.filled_like(x, 0, _KIND_T[want]))
+    return x.to(_KIND_T[want])
 
 
 # ---------------------------------------------------------------------------
 # memory: 128-bit (or narrower) buffer loads/stores of one vector, single-element loads
 # ---------------------------------------------------------------------------
 
-_ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16, "bool": fx.Uint8}
-_BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8}
+_ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16, "bool": fx.Uint8, "i32": fx.Int32,
+         "i64": fx.Int64}
+_BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8, "i32": 32, "i64": 64}
 _COPY = {8: fx.rocdl.BufferCopy8b, 16: fx.rocdl.BufferCopy16b, 32: fx.rocdl.BufferCopy32b,
          64: fx.rocdl.BufferCopy64b, 128: fx.rocdl.BufferCopy128b}
 
@@ -413,27 +517,27 @@ def _access(tensor, dt: str, vec: int):
 
 
 def load_vec(tensor, dt: str, vec: int, idx):
-    """Vector `idx` (VEC contiguous elements) of a flat tensor, as fp32 (bool: i1)."""
+    """Vector `idx` (VEC contiguous elements) of a flat tensor, as fp32 (bool: i1; int32 / int64 as they are)."""
     atom, view, et = _access(tensor, dt, vec)
     r = fx.make_rmem_tensor(vec, et)
     fx.copy(atom, fx.slice(view, (None, idx)), r)
     x = fx.memref_load_vec(r)
     if dt == "bool":
         return x != fx.Vector.filled(vec, 0, fx.Uint8)
-    return x if dt == "f32" else x.to(F32)
+    return x if dt in ("f32", "i32", "i64") else x.to(F32)
 
 
 def load_splat(tensor, dt: str, vec: int, idx):
     """Element `idx` of a flat tensor broadcast to a vector of `vec` lanes."""
     x = load_vec(tensor, dt, 1, idx)
-    return fx.Vector.filled(vec, x[0], fx.Boolean if dt == "bool" else F32)
+    return fx.Vector.filled(vec, x[0], {"bool": fx.Boolean, "i32": fx.Int32, "i64": fx.Int64}.get(dt, F32))
 
 
 def store_vec(tensor, dt: str, vec: int, x, idx):
     atom, view, et = _access(tensor, dt, vec)
     if dt == "bool":
         x = x.select(fx.Vector.filled(vec, 1, fx.Uint8), fx.Vector.filled(vec, 0, fx.Uint8))
-    elif dt != "f32":
+    elif dt not in ("f32", "i32", "i64"):
         x = x.to(et)
     r = fx.make_rmem_tensor(vec, et)
     fx.memref_store_vec(x, r)

@@ -2,9 +2,15 @@
 
 A `Program` is a small SSA list: values 0..n_inputs-1 are the inputs, op i defines value
 n_inputs + i. An op is (name, argument value ids, constant parameters). Outputs name a value
-and the dtype it is stored in. All math is fp32 (bool for comparisons); a `cast` op rounds to
-bf16 / f16 where the graph had an explicit `.to()`. Its canonical JSON text is what a graph
-node carries and what caches key on:
+and the dtype it is stored in. Every value has a kind: "f" (fp32: all float math is fp32, a
+`cast` op rounds to bf16 / f16 where the graph had an explicit `.to()`), "b" (bool), "i" (int32)
+or "l" (int64). Integer math is exact in its own width, never routed through fp32. An op's row
+says what kind each argument takes: a fixed kind ("f", "b"), "n" (numeric: the arguments are
+promoted as torch promotes tensors, bool < int32 < int64 < float, and the op runs in that kind:
+`add` of two int64 values is an int64 add), "z" (integer or bool: bitwise ops) or "a" (any, taken
+as it is: `cast`). An argument of another kind is converted first (float -> int truncates toward
+zero, as torch's `.to()`). Its canonical JSON text is what a graph node carries and what caches
+key on:
 
     {"n": 2, "ops": [["mul", [0, 1], []], ["gelu", [2], []]], "out": [[3, "bf16"]]}
 
@@ -37,9 +43,12 @@ import torch
 
 from translator_kernels.errors import KernelInputError
 
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool"}
+DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool",
+          torch.int32: "i32", torch.int64: "i64"}
 TORCH = {v: k for k, v in DTYPES.items()}
-BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8}
+BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8, "i32": 32, "i64": 64}
+KIND = {"f32": "f", "bf16": "f", "f16": "f", "bool": "b", "i32": "i", "i64": "l"}  # a stored dtype's value kind
+KIND_TORCH = {"f": torch.float32, "b": torch.bool, "i": torch.int32, "l": torch.int64}  # a kind's reference dtype
 
 F = torch.nn.functional
 
@@ -48,10 +57,11 @@ F = torch.nn.functional
 class Op:
     """One per-element operation, as every kernel, reference and lowering knows it.
 
-    `ref(*args, *params)` is the torch reference on fp32 tensors (bool for a "b" argument);
-    `device` names the translator_kernels.device_math function called the same way on fp32 (or
-    i1) vectors while a kernel traces. `takes` has one letter per value argument ("f" fp32,
-    "b" bool: the kernel converts an argument of the other kind), `gives` the result's kind."""
+    `ref(*args, *params)` is the torch reference on tensors of the kinds the op takes (fp32,
+    bool, int32, int64); `device` names the translator_kernels.device_math function called the
+    same way on vectors of those kinds while a kernel traces. `takes` has one letter per value
+    argument ("f", "b", or the polymorphic "n" / "z" / "a": see the module docstring), `gives`
+    the result's kind ("f", "b", or "n": the kind the "n" / "z" arguments were promoted to)."""
 
     name: str
     ref: Callable
@@ -73,7 +83,18 @@ def _elu(x, alpha, scale, input_scale):
 
 
 def _cast(x, dt):
-    return x.to(TORCH[dt]) if dt == "bool" else x.to(TORCH[dt]).float()
+    return x.to(TORCH[dt]) if KIND[dt] != "f" else x.to(TORCH[dt]).float()
+
+
+def _int_div(fn):
+    """An integer division's reference: `fn` where the divisor is nonzero, 0 where it is 0 (as the
+    kernel: torch raises there, the GPU has no trap); float division is `fn` as it is (inf / NaN)."""
+    def ref(a, b):
+        if a.is_floating_point():
+            return fn(a, b)
+        zero = b == 0
+        return torch.where(zero, torch.zeros_like(a), fn(a, torch.where(zero, torch.ones_like(b), b)))
+    return ref
 
 
 def _table(*rows):
@@ -82,7 +103,7 @@ def _table(*rows):
 
 OPS = _table(
     # unary: one row and one device function each
-    Op("neg", torch.neg, "neg"), Op("abs", torch.abs, "absf"), Op("exp", torch.exp, "exp"),
+    Op("neg", torch.neg, "neg", takes="n", gives="n"), Op("abs", torch.abs, "absf", takes="n", gives="n"), Op("exp", torch.exp, "exp"),
     Op("exp2", torch.exp2, "exp2"), Op("expm1", torch.expm1, "expm1"), Op("log", torch.log, "log"),
     Op("log2", torch.log2, "log2"), Op("log1p", torch.log1p, "log1p"), Op("sqrt", torch.sqrt, "sqrt"),
     Op("rsqrt", torch.rsqrt, "rsqrt"), Op("reciprocal", torch.reciprocal, "reciprocal"),
@@ -101,29 +122,64 @@ OPS = _table(
     Op("leaky_relu", F.leaky_relu, "leaky_relu", params=1, defaults=(0.01,)),
     Op("pow_scalar", torch.pow, "pow_scalar", params=1),
     Op("clamp", torch.clamp, "clamp", params=2),  # (min or None, max or None)
-    Op("cast", _cast, "cast", params=1),  # ("f32" | "bf16" | "f16" | "bool"): an explicit .to() in the graph
-    Op("const", None, "splat", params=1, takes=""),  # a scalar constant, splat to the vector width
-    # binary
-    Op("add", torch.add, "add", takes="ff"), Op("sub", torch.sub, "sub", takes="ff"),
-    Op("mul", torch.mul, "mul", takes="ff"), Op("div", torch.div, "div", takes="ff"),
-    Op("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), "div_trunc", takes="ff"),
-    Op("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), "div_floor", takes="ff"),
-    Op("maximum", torch.maximum, "maximum", takes="ff"), Op("minimum", torch.minimum, "minimum", takes="ff"),
+    # ("f32" | "bf16" | "f16" | "bool" | "i32" | "i64"): an explicit .to() in the graph
+    Op("cast", _cast, "cast", params=1, takes="a"),
+    Op("const", None, "splat", params=1, takes=""),  # a float scalar constant, splat to the vector width
+    Op("const_int", None, "splat_int", params=2, takes=""),  # (value, "i32" | "i64"): an exact integer constant
+    # binary ("n": int32 / int64 math where both sides are integers, else fp32)
+    Op("add", torch.add, "add", takes="nn", gives="n"), Op("sub", torch.sub, "sub", takes="nn", gives="n"),
+    Op("mul", torch.mul, "mul", takes="nn", gives="n"), Op("div", torch.div, "div", takes="ff"),
+    # integer division rounds as torch does: trunc toward zero, floor toward -inf (the sign of the
+    # divisor), remainder takes the divisor's sign; an integer division by zero gives 0 (torch raises)
+    Op("div_trunc", _int_div(lambda a, b: torch.div(a, b, rounding_mode="trunc")), "div_trunc", takes="nn",
+       gives="n"),
+    Op("div_floor", _int_div(lambda a, b: torch.div(a, b, rounding_mode="floor")), "div_floor", takes="nn",
+       gives="n"),
+    Op("remainder", _int_div(torch.remainder), "remainder", takes="nn", gives="n"),
+    Op("maximum", torch.maximum, "maximum", takes="nn", gives="n"),
+    Op("minimum", torch.minimum, "minimum", takes="nn", gives="n"),
+    Op("bitwise_and", torch.bitwise_and, "bitwise_and", takes="zz", gives="n"),
+    Op("bitwise_or", torch.bitwise_or, "bitwise_or", takes="zz", gives="n"),
+    Op("bitwise_xor", torch.bitwise_xor, "bitwise_xor", takes="zz", gives="n"),
+    Op("bitwise_not", torch.bitwise_not, "bitwise_not", takes="z", gives="n"),
     # comparisons and logic (bool results)
-    Op("eq", torch.eq, "eq", takes="ff", gives="b"), Op("ne", torch.ne, "ne", takes="ff", gives="b"),
-    Op("lt", torch.lt, "lt", takes="ff", gives="b"), Op("le", torch.le, "le", takes="ff", gives="b"),
-    Op("gt", torch.gt, "gt", takes="ff", gives="b"), Op("ge", torch.ge, "ge", takes="ff", gives="b"),
+    Op("eq", torch.eq, "eq", takes="nn", gives="b"), Op("ne", torch.ne, "ne", takes="nn", gives="b"),
+    Op("lt", torch.lt, "lt", takes="nn", gives="b"), Op("le", torch.le, "le", takes="nn", gives="b"),
+    Op("gt", torch.gt, "gt", takes="nn", gives="b"), Op("ge", torch.ge, "ge", takes="nn", gives="b"),
     Op("logical_and", torch.logical_and, "logical_and", takes="bb", gives="b"),
     Op("logical_or", torch.logical_or, "logical_or", takes="bb", gives="b"),
     Op("logical_xor", torch.logical_xor, "logical_xor", takes="bb", gives="b"),
     Op("logical_not", torch.logical_not, "logical_not", takes="b", gives="b"),
-    Op("where", torch.where, "where", takes="bff"),
+    Op("where", torch.where, "where", takes="bnn", gives="n"),
 )
 
 
-def gives(name: str, params) -> str:
-    """The kind ("f" or "b") of op `name`'s result."""
-    return "b" if name == "cast" and params[0] == "bool" else OPS[name].gives
+def promote(kinds) -> str:
+    """The kind torch computes a polymorphic op of arguments of `kinds` in: float if any is float,
+    else the widest integer; all-bool arguments compute as float (their result stored as bool)."""
+    for k in "fli":
+        if k in kinds:
+            return k
+    return "f"
+
+
+def signature(name: str, params, arg_kinds) -> tuple[list, str]:
+    """(the kind each argument is converted to, the result's kind) for op `name` on arguments of
+    `arg_kinds`: the one typing rule the references, the generated sources and the GEMM epilogue share."""
+    op = OPS[name]
+    if name == "cast":
+        return list(arg_kinds), KIND[params[0]]
+    if name == "const_int":
+        return [], KIND[params[1]]
+    poly = [k for k, t in zip(arg_kinds, op.takes) if t in "nz"]
+    p = promote(poly)
+    if "z" in op.takes:
+        if p == "f" and "f" in poly:
+            raise KernelInputError(f"per-element program: {name} takes integer or bool values, got kinds {poly} "
+                                   "(f: float); bitwise ops on float tensors are not defined")
+        p = p if "f" in poly or any(k in "il" for k in poly) else "b"
+    wants = [p if t in "nz" else (k if t == "a" else t) for k, t in zip(arg_kinds, op.takes)]
+    return wants, (p if op.gives == "n" else op.gives)
 
 
 def _canon(p):
@@ -138,12 +194,16 @@ class Program:
 
     def text(self) -> str:
         """The canonical JSON text (integer constants written as floats: clamp(0, 1) == clamp(0.0, 1.0))."""
-        return json.dumps({"n": self.n, "ops": [[o, list(a), [_canon(x) for x in p]] for o, a, p in self.ops],
+        return json.dumps({"n": self.n, "ops": [[o, list(a), list(p) if o == "const_int" else [_canon(x) for x in p]]
+                                                for o, a, p in self.ops],
                            "out": [list(x) for x in self.out]}, separators=(",", ":"))
 
     def kinds(self, in_dtypes) -> list[str]:
-        """'f' or 'b' (bool) for every value."""
-        return ["b" if d == "bool" else "f" for d in in_dtypes] + [gives(o, p) for o, _, p in self.ops]
+        """The kind ("f", "b", "i", "l") of every value, given the inputs' stored dtypes."""
+        kinds = [KIND[d] for d in in_dtypes]
+        for o, a, p in self.ops:
+            kinds.append(signature(o, p, [kinds[i] for i in a])[1])
+        return kinds
 
 
 @functools.lru_cache(maxsize=4096)
@@ -166,6 +226,12 @@ def parse(text: str) -> Program:
                                    f"{op.params} constant(s), got {list(args)} {list(params)} in {text}")
         if any(not 0 <= a < prog.n + i for a in args):
             raise KernelInputError(f"per-element program: op {i} ({name}) reads a value not yet defined: {text}")
+        if name == "const_int" and (not isinstance(params[0], int) or isinstance(params[0], bool)
+                                    or params[1] not in ("i32", "i64")):
+            raise KernelInputError(f"per-element program: op {i} (const_int) takes an integer and 'i32' or 'i64', "
+                                   f"got {list(params)} in {text}")
+        if name == "cast" and params[0] not in BITS:
+            raise KernelInputError(f"per-element program: op {i} casts to {params[0]!r}; dtypes: {sorted(BITS)}")
     for v, dt in prog.out:
         if not 0 <= v < prog.n + len(ops) or dt not in BITS:
             raise KernelInputError(f"per-element program: bad output ({v}, {dt!r}) in {text}")
@@ -182,16 +248,21 @@ def as_program(program) -> Program:
 
 
 def evaluate(prog: Program, inputs) -> list:
-    """Every value of `prog` on `inputs` (fp32, bool for a bool value): the table's torch references,
-    with arguments converted to the kind each op takes, as the kernel does."""
-    vals = [t if t.dtype == torch.bool else t.float() for t in inputs]
+    """Every value of `prog` on `inputs` in its kind's dtype (fp32, bool, int32, int64): the table's
+    torch references, with arguments converted to the kind each op takes, as the kernel does."""
+    vals = [t if t.dtype in (torch.bool, torch.int32, torch.int64) else t.float() for t in inputs]
+    kinds = [KIND[DTYPES.get(t.dtype, "f32")] for t in inputs]
+    dev = inputs[0].device
     for name, args, params in prog.ops:
-        op = OPS[name]
+        wants, k = signature(name, params, [kinds[a] for a in args])
         if name == "const":
-            vals.append(torch.tensor(float(params[0]), dtype=torch.float32, device=inputs[0].device))
-            continue
-        xs = [vals[a].bool() if k == "b" else vals[a].float() for a, k in zip(args, op.takes)]
-        vals.append(op.ref(*xs, *params))
+            vals.append(torch.tensor(float(params[0]), dtype=torch.float32, device=dev))
+        elif name == "const_int":
+            vals.append(torch.tensor(params[0], dtype=KIND_TORCH[k], device=dev))
+        else:
+            xs = [vals[a].to(KIND_TORCH[w]) for a, w in zip(args, wants)]  # float -> int truncates, as torch
+            vals.append(OPS[name].ref(*xs, *params).to(KIND_TORCH[k]))
+        kinds.append(k)
     return vals
 
 

@@ -89,14 +89,15 @@ def test_gemm_epilogue_left_alone():
 class Mixed(nn.Module):
     def forward(self, x, mask, idx):
         y = torch.where(mask, x, torch.full_like(x, -1e4)).to(torch.bfloat16)
-        return F.hardswish(y) * 0.5, (idx * 2) + 1  # the integer chain stays in PyTorch
+        return F.hardswish(y) * 0.5, (idx * 2) + 1  # the int64 chain: a second kernel, exact integer math
 
 
-def test_bool_cast_and_integer_left_in_pytorch():
+def test_bool_cast_and_integer_chain():
     x, mask, idx = torch.randn(2, 5, 7), torch.rand(2, 5, 7) > 0.5, torch.arange(6)
     tm = translate(Mixed().eval(), (x, mask, idx), backend="reference")
     assert tm.report.verification.passed
-    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise"] == 2
+    assert not [r for r in tm.report.rows if r.where == "pytorch" and r.dtype == "int64" and not r.layout]
     want = Mixed()(x, mask, idx)
     got = tm(x, mask, idx)
     torch.testing.assert_close(got[0].float(), want[0].float(), **op_tol(torch.bfloat16))

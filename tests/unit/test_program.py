@@ -15,8 +15,8 @@ aten = torch.ops.aten
 def test_every_row_has_a_device_function_and_a_reference():
     for name, op in OPS.items():
         assert callable(getattr(em, op.device, None)), f"{name}: device_math.{op.device} is missing"
-        assert name == "const" or callable(op.ref), name
-        assert len(op.defaults) <= op.params and set(op.takes) <= {"f", "b"} and op.gives in "fb", name
+        assert name in ("const", "const_int") or callable(op.ref), name
+        assert len(op.defaults) <= op.params and set(op.takes) <= set("fbnza") and op.gives in "fbn", name
 
 
 def test_one_argument_rows_named_like_an_aten_op_are_lowered():

@@ -14,9 +14,14 @@ program ops (a one-argument op of translator_kernels.program.OPS named like its 
 itself: adding such an op to the program's table is all it takes); `ELEMENTWISE` lists what a
 region may contain.
 
-Semantics: math is fp32 (bool for comparisons); a value is rounded to bf16 / fp16 only where
-the graph casts explicitly, and outputs are stored in each node's own dtype (torch's type
-promotion, read from the captured metadata). Integer tensors stay in PyTorch.
+Semantics: float math is fp32 (bool for comparisons); a value is rounded to bf16 / fp16 only
+where the graph casts explicitly, and outputs are stored in each node's own dtype (torch's type
+promotion, read from the captured metadata). int32 / int64 math is exact in the program's integer
+kinds (the mask and position arithmetic HF models write: `(mask.cumsum(-1) - 1)`, `ids != pad`,
+T5's relative-position buckets). A Python int scalar next to an integer tensor becomes an exact
+`const_int` of the dtype torch computes in; a float scalar stays a float constant (torch compares
+and promotes against it in float). An op that would compute an integer result through fp32 math
+(relu, pow, sign ... on int tensors) stays in PyTorch: exact only below 2**24.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ register_family(OpFamily(
 def _alpha(b, node, x, y, name):
     a = node.kwargs.get("alpha", 1)
     if a != 1:
-        y = b.op("mul", [y, b.const(a)])
+        y = b.op("mul", [y, b.arg(a)])
     return b.op(name, [x, y])
 
 
@@ -91,7 +96,14 @@ def _gelu(b, n):
 
 
 def _clamp(b, n, lo=None, hi=None):
-    return b.op("clamp", [b.arg(n.args[0])], [lo, hi])
+    if b.int_dtype is None:
+        return b.op("clamp", [b.arg(n.args[0])], [lo, hi])
+    x = b.arg(n.args[0])  # an integer clamp: exact max / min against integer constants
+    if lo is not None:
+        x = b.op("maximum", [x, b.arg(lo)])
+    if hi is not None:
+        x = b.op("minimum", [x, b.arg(hi)])
+    return x
 
 
 def _div(b, n):
@@ -134,6 +146,12 @@ TABLE = {
     aten.div.Tensor: _div, aten.div.Scalar: _div, aten.div.Tensor_mode: _div,
     aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
     aten.where.self: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.where.ScalarOther: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.where.ScalarSelf: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.where.Scalar: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.min.other: _binary("minimum"), aten.max.other: _binary("maximum"),
+    aten.floor_divide.default: _binary("div_floor"),
+    aten.remainder.Tensor: _binary("remainder"), aten.remainder.Scalar: _binary("remainder"),
     aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(n.args[0])], [float(n.args[1])]),
     aten.clamp.default: lambda b, n: _clamp(b, n, arg(n, "min"), arg(n, "max")),
     aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
@@ -153,7 +171,7 @@ TABLE = {
     aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
 }
 for _name, _op in OPS.items():  # every one-argument op of the program's table named like its aten op
-    if _op.takes in ("f", "b") and not _op.params and hasattr(aten, _name):
+    if _op.arity == 1 and not _op.params and hasattr(aten, _name):
         TABLE.setdefault(getattr(aten, _name).default, _unary(_name))
 for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
     TABLE[getattr(aten, _name).default] = _unary(_name[:-1])
@@ -163,7 +181,21 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     TABLE[getattr(aten, _name).Scalar] = _binary(_name)
 for _name in ("logical_and", "logical_or", "logical_xor"):
     TABLE[getattr(aten, _name).default] = _binary(_name)
-TABLE[aten.bitwise_not.default] = _unary("logical_not")  # bool only (dtype check)
+for _name in ("and", "or", "xor"):  # x & y on int / bool tensors exports as aten.__and__ or aten.bitwise_and
+    for _ov in ("Tensor", "Scalar"):
+        TABLE[getattr(getattr(aten, f"__{_name}__"), _ov)] = _binary(f"bitwise_{_name}")
+        TABLE[getattr(getattr(aten, f"bitwise_{_name}"), _ov)] = _binary(f"bitwise_{_name}")
+
+# what may compute an integer (int32 / int64) result: exact integer math in the program
+INT_EXACT = frozenset({
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar, aten.rsub.Tensor,
+    aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor_mode, aten.floor_divide.default, aten.remainder.Tensor,
+    aten.remainder.Scalar, aten.maximum.default, aten.minimum.default, aten.min.other, aten.max.other,
+    aten.neg.default, aten.abs.default, aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf,
+    aten.where.Scalar, aten.bitwise_not.default, aten.clamp.default, aten.clamp_min.default,
+    aten.clamp_max.default, aten._to_copy.default, aten.to.dtype, aten.type_as.default,
+    aten.dropout.default, aten.clone.default, aten.alias.default,
+} | {t for t, f in TABLE.items() if "bitwise" in str(t) or "__" in str(t)})
 
 ELEMENTWISE = frozenset(TABLE)
 
@@ -181,7 +213,13 @@ def node_supported(node) -> str | None:
             return f"argument {a.name} has no tensor metadata"
         if v.dtype not in DTYPES:
             return (f"dtype {str(v.dtype).replace('torch.', '')} of {a.name} is not supported "
-                    "(fused kernels take float32, bfloat16, float16, bool)")
+                    "(fused kernels take float32, bfloat16, float16, bool, int32, int64)")
+    if out.dtype in (torch.int32, torch.int64) and node.target not in INT_EXACT:
+        return (f"{node.target._opname} with an {str(out.dtype).replace('torch.', '')} result would run in fp32 "
+                "(exact only below 2**24); kept in PyTorch")
+    if node.target is aten.div.Tensor_mode and out.dtype in (torch.int32, torch.int64) and \
+            arg(node, "rounding_mode") is None:
+        return "true division with an integer result"
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return "a symbolic scalar argument"
@@ -197,17 +235,29 @@ def node_supported(node) -> str | None:
             return f"_to_copy with {sorted(extra)} (device / layout changes stay in PyTorch)"
     if node.target is aten.where.self and val(node.args[0]).dtype != torch.bool:
         return "where with a non-bool condition"
-    if node.target is aten.bitwise_not.default and val(node).dtype != torch.bool:
-        return "bitwise_not of an integer tensor"
     if node.target is aten.pow.Tensor_Scalar and not isinstance(node.args[1], (int, float)):
         return "pow exponent is not a number"
     return None
+
+
+def scalar_int_dtype(node):
+    """The integer dtype torch computes `node` in when its Python int scalars meet integer tensors
+    (its result's, or for a comparison its widest integer tensor argument's), else None: the
+    scalars are float constants."""
+    out = val(node).dtype
+    if out.is_floating_point:
+        return None
+    if out in (torch.int32, torch.int64):
+        return out
+    ints = {val(a).dtype for a in node.all_input_nodes} & {torch.int32, torch.int64}
+    return torch.int64 if torch.int64 in ints else (torch.int32 if ints else None)
 
 
 class ProgramBuilder:
     """Collects a region's ops into a Program; nodes outside the region become inputs."""
 
     def __init__(self, members):
+        self.int_dtype = None  # the integer dtype a Python int scalar of the node being added takes
         self.members = set(members)
         self.inputs: list[torch.fx.Node] = []
         self.ops: list[tuple] = []
@@ -230,11 +280,14 @@ class ProgramBuilder:
             if a not in self.inputs:
                 self.inputs.append(a)
             return ("in", self.inputs.index(a))
+        if isinstance(a, (bool, int)) and self.int_dtype is not None:
+            return self.op("const_int", [], [int(a), DTYPES[self.int_dtype]])
         if isinstance(a, (bool, int, float)):
             return self.const(a)
         raise ValueError(f"fused_elementwise: unsupported argument {a!r}")
 
     def add(self, node):
+        self.int_dtype = scalar_int_dtype(node)
         self.values[node] = TABLE[node.target](self, node)
 
     def program(self, outputs) -> Program:

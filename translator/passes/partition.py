@@ -19,6 +19,12 @@ steps, residual: translator/lowerings/gemm_epilogue.py `plan` decides, for both)
 add that a FlyDSL norm takes in (norm_residual.py). Those nodes never join a region, so
 `linear -> gelu -> clamp` stays one GEMM.
 
+Left alone for fold_shapes: nodes whose value depends only on shapes and constants
+(passes.fold_shapes `shape_only_nodes`: a causal mask, T5's relative-position buckets, position
+ids built from `new_ones`). A kernel there would run on every forward and, being a FlyDSL op, cut
+the shape-only region in two, so the ops after it would stay per-forward PyTorch ops; left out,
+the whole region is computed once per input shape.
+
 A region is rewritten only if it holds a real op (a lone eval dropout is not a kernel). The
 fused node goes after the region's last member; the graph is then re-sorted topologically
 (stable), since users of an early member may sit before a later member's inputs.
@@ -32,6 +38,7 @@ import networkx as nx
 
 from ..graph import in_order, shape_of, stable_toposort
 from ..registry import REGION_RULES, Stage, rules_for
+from .fold_shapes import shape_only_nodes
 
 
 def _full_shape(shapes):
@@ -125,7 +132,7 @@ def fuse_regions(ctx) -> int:
     region into one FlyDSL node."""
     count = 0
     for rr in REGION_RULES:
-        count += _fuse(ctx, rr, claimed(ctx))
+        count += _fuse(ctx, rr, claimed(ctx) | shape_only_nodes(ctx.gm))
     if count:
         stable_toposort(ctx.gm.graph)
     return count

@@ -4,8 +4,8 @@
 vector of VEC output elements (128-bit accesses where the shapes allow), BLOCK threads per
 workgroup, a masked tail (threads past the last vector load vector 0 and skip their stores),
 inputs read per vector or once per vector and splat (column / scalar broadcast), the
-expression in fp32 through translator_kernels.device_math, each output stored in its
-dtype. The source is written to a cache folder and imported (FlyDSL reads a kernel's source),
+expression through translator_kernels.device_math (float math in fp32, int32 / int64 math exact
+in its width), each output stored in its dtype. The source is written to a cache folder and imported (FlyDSL reads a kernel's source),
 so what runs is exactly the file a user can take away. Launchers are cached by (program,
 coalesced shape, dtypes, VEC, arch).
 
@@ -24,8 +24,8 @@ import torch
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
-from translator_kernels.generated.source import body
-from translator_kernels.program import DTYPES, TORCH, Plan, Program, as_program, plan as make_plan
+from translator_kernels.generated.source import body, convert
+from translator_kernels.program import DTYPES, KIND, TORCH, Plan, Program, as_program, plan as make_plan
 
 BLOCK = 256
 MAX_ELEMS = 2**31 - 1
@@ -84,11 +84,7 @@ def kernel_source(prog: Program, p: Plan, name: str) -> str:
     L += body(prog, kinds, "VEC")
     L.append("    if ok:")
     for j, (v, dt) in enumerate(prog.out):
-        val = f"x{v}"
-        if dt == "bool" and kinds[v] == "f":
-            val = f"em.to_bool({val})"
-        elif dt != "bool" and kinds[v] == "b":
-            val = f"em.from_bool({val})"
+        val = convert(f"x{v}", kinds[v], KIND[dt])
         L.append(f"        em.store_vec(Out{j}, {dt!r}, VEC, {val}, v)")
     call = ", ".join(ins + outs)
     L += [
@@ -133,7 +129,7 @@ def prepare(inputs, program):
             raise KernelInputError(f"fused_elementwise: input {i} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in DTYPES:
             raise KernelInputError(f"fused_elementwise: input {i} dtype {t.dtype} (shape {tuple(t.shape)}) is not "
-                                   "supported; use float32, bfloat16, float16 or bool (keep other dtypes in PyTorch)")
+                                   "supported; use float32, bfloat16, float16, bool, int32 or int64 (keep other dtypes in PyTorch)")
         if t.device != inputs[0].device:
             raise KernelInputError(f"fused_elementwise: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
                                    "move them to one device")
