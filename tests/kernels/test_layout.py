@@ -38,13 +38,16 @@ CASES = [
     ("expand_t", lambda x: L.expand(x.t()[None], [3, 10, 7]), lambda x: x.t()[None].expand(3, 10, 7)),
     ("index_select", lambda x: L.index_select(x, 0, IDS), lambda x: x.index_select(0, IDS)),
     ("index", lambda x: L.index(x, 1, IDS2), lambda x: x[:, IDS2]),
+    ("expand_splat", lambda x: L.expand(x[:, 3:4], [2, 7, 8]), lambda x: x[:, 3:4].expand(2, 7, 8)),
     ("unfold", lambda x: L.unfold(x, 1, 3, 2), lambda x: x.unfold(1, 3, 2)),
+    ("unfold_vec", lambda x: L.unfold(x, 1, 4, 4), lambda x: x.unfold(1, 4, 4)),
     ("unfold_gap", lambda x: L.unfold(x, 0, 2, 3), lambda x: x.unfold(0, 2, 3)),  # step > size
     ("repeat_interleave", lambda x: L.repeat_interleave(x, 3, 0), lambda x: x.repeat_interleave(3, 0)),
 ]
 FAST = {("pad", torch.float32), ("roll", torch.int64), ("repeat", torch.bfloat16), ("expand_t", torch.bool),
         ("index", torch.float16), ("unfold_gap", torch.float32), ("repeat_interleave", torch.int64),
-        ("pad_vec", torch.float16), ("index_select", torch.bool)}
+        ("pad_vec", torch.float16), ("index_select", torch.bool), ("expand_splat", torch.float32),
+        ("unfold_vec", torch.bfloat16)}
 PARAMS = [pytest.param(name, call, ref, dt, marks=() if (name, dt) in FAST else pytest.mark.slow,
                        id=f"{name}-{str(dt)[6:]}") for name, call, ref in CASES for dt in DTYPES]
 
@@ -121,6 +124,10 @@ def test_vectors_are_128_bit_where_the_map_allows():
     assert not odd.vectorizable(2)  # a pad of 31 splits vectors
     interleave = Layout((8, 128), 32, (SrcDim(8, ((0, 1, 1),)), SrcDim(64, ((1, 1, 2),))), (64, 1))
     assert not interleave.vectorizable(2)
+    splat = Layout((8, 128), 32, (SrcDim(8, ((0, 1, 1),)), SrcDim(1)), (1, 1))
+    assert splat.vectorizable(4) and not splat.reads_last()  # expand [8, 1] -> [8, 128]: one load, splat
+    windows = Layout((3, 8), 32, (SrcDim(32, ((0, 8, 1), (1, 1, 1))),), (1,))
+    assert windows.vectorizable(4) and not Layout((3, 8), 32, (SrcDim(32, ((0, 6, 1), (1, 1, 1))),), (1,)).vectorizable(4)
     out = _run(lambda t: L.pad(t, (32, 32)), x, "gfx942")
     assert torch.equal(out, F.pad(x, (32, 32)))
 
@@ -143,3 +150,15 @@ def test_empty_output_launches_nothing():
     with flysim.simulate(arch="gfx942") as sim:
         out = L.index_select(torch.randn(4, 3), 0, torch.tensor([], dtype=torch.int64))
     assert out.shape == (0, 3) and not sim.launches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_isa_no_spills_and_128_bit_accesses(arch):
+    from bench.isa_layout import isa_rows
+
+    rows = isa_rows(arch)
+    assert all("error" not in r and r["spills"] == 0 for r in rows.values()), rows
+    for name, r in rows.items():
+        if "reflect" not in name:  # reflect reverses the order along the last dim: element accesses
+            assert "buffer_store_dwordx4" in r["stores"], name

@@ -6,4 +6,4 @@ name it, a rule's priority is explicit, and the registry orders rules by priorit
 """
 
 from . import (attention, attention_patterns, by_design, einsum, elementwise, fold, gated_mlp, gemm,  # noqa: F401
-               gemm_epilogue, embedding, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)
+               gemm_epilogue, embedding, layout, losses, norm, norm_patterns, norm_residual, reduce, scan, softmax)

@@ -80,22 +80,30 @@ class Layout:
     def has_fill(self) -> bool:
         return self.src is None or any(s.mode in ("fill", "index") for s in self.src)
 
+    def reads_last(self) -> bool:
+        """Whether any source index depends on the output's last dim (else a vector is one splat)."""
+        last = len(self.out_shape) - 1
+        return self.src is not None and any(t[0] == last for s in self.src for t in s.terms + s.ids)
+
     def vectorizable(self, vec: int) -> bool:
-        """Whether VEC-element vectors of the output's last dim are contiguous source vectors."""
+        """Whether VEC-element vectors of the output's last dim are contiguous source vectors (or one
+        source element splat: no source index depends on the last dim)."""
         if vec == 1:
             return True
         if not self.out_shape or self.out_shape[-1] % vec:
             return False
-        if self.src is None:
+        if not self.reads_last():
             return True
         last = len(self.out_shape) - 1
         for s, st in zip(self.src, self.src_strides):
             uses = [t for t in s.terms if t[0] == last] + [t for t in s.ids if t[0] == last]
             if not uses:
-                if st % vec:
+                if st % vec and (s.terms or s.ids or s.offset):
                     return False
                 continue
-            if s.mode == "index" or uses != [(last, 1, 1)] or len(s.terms) != 1 or st != 1:
+            if s.mode == "index" or uses != [(last, 1, 1)] or st != 1:
+                return False
+            if any(t[0] != last and (t[1] % vec or t[2] != 1) for t in s.terms):
                 return False
             if s.offset % vec or s.size % vec or s.mode in ("clamp", "reflect"):
                 return False
@@ -170,10 +178,13 @@ def _value(lay: Layout, v, Src, Ids, vshape, ostride):
     if keep is not None:
         off = keep.select(off, 0)
     off = fx.Int32(off)
-    atom, view = _access(Src, lay.bits, vec)
-    r = fx.make_rmem_tensor(vec, et)
-    fx.copy(atom, fx.slice(view, (None, off // vec if vec > 1 else off)), r)
+    width = vec if lay.reads_last() else 1  # else one element, splat
+    atom, view = _access(Src, lay.bits, width)
+    r = fx.make_rmem_tensor(width, et)
+    fx.copy(atom, fx.slice(view, (None, off // width if width > 1 else off)), r)
     x = fx.memref_load_vec(r)
+    if width < vec:
+        x = fx.Vector.filled(vec, x[0], et)
     if keep is not None:
         x = fx.Vector.filled(vec, keep, fx.Boolean).select(x, fill)
     return x, good
