@@ -35,6 +35,7 @@ import torch
 from ..graph import aten, arg, dtype_of, shape_of, val
 from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
+from ..passes.partition import _full_shape
 from .fold import FE
 from translator_kernels.program import DTYPES as EW_DTYPES
 
@@ -346,15 +347,15 @@ def broadcast_source(n):
 
 
 def _foldable(fe):
-    """(input position, source) of the first broadcast input of `fe` the kernel can read unexpanded."""
+    """(input position, source) of the first broadcast input of `fe` the kernel can read unexpanded
+    (shapes compared by their printed dims, as partitioning does: no guard on a symbolic size)."""
     ins = list(fe.args[0])
-    full = [str(d) for d in torch.broadcast_shapes(*[tuple(shape_of(i)) for i in ins])]
+    full = _full_shape([shape_of(i) for i in ins])
     for k, a in enumerate(ins):
         src = broadcast_source(a)
         if src is None or not isinstance(val(src), torch.Tensor):
             continue
-        rest = [tuple(shape_of(i)) for j, i in enumerate(ins) if j != k] + [tuple(shape_of(src))]
-        if [str(d) for d in torch.broadcast_shapes(*rest)] == full:
+        if _full_shape([shape_of(i) for j, i in enumerate(ins) if j != k] + [shape_of(src)]) == full:
             return k, src
     return None
 
@@ -377,6 +378,43 @@ def fold_broadcast(node, ctx):
         ctx.gm.graph.erase_node(b)
     ctx.count("layout_broadcast_folded")
     return node
+
+
+# --- an expand only PyTorch ops read stays a view --------------------------------------------
+
+COPYING_READERS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
+                   aten.clone.default, aten.contiguous.default}
+
+
+def _reads_in_place(user) -> bool:
+    """Whether `user` reads an expanded view through its strides (no copy of it first)."""
+    if user.op != "call_function":
+        return user.op == "output"
+    t = user.target
+    return not (getattr(t, "namespace", "") == "flydsl" or t in COPYING_READERS)
+
+
+def view_supported(node, ctx):
+    s = json.loads(node.args[1])
+    if s["op"] not in ("expand", "expand_as") or not all(_reads_in_place(u) for u in node.users):
+        return NO_MATCH
+    return None
+
+
+@rule(Stage.CONSUMER, LAYOUT, family="layout", supported=view_supported, name="layout_view",
+      doc="an expand read only by PyTorch ops that take strides stays a view (no copy, no launch)")
+def keep_expand_view(node, ctx):
+    s = json.loads(node.args[1])
+    x = node.args[0][0]
+    if s["op"] == "expand":
+        new = ctx.insert(aten.expand.default, x, s["size"], before=node)
+    else:
+        new = ctx.insert(aten.expand_as.default, x, node.args[0][1], before=node)
+    new.meta["orig_name"] = node.meta["flydsl"]["sources"][0]
+    node.replace_all_uses_with(new)
+    ctx.gm.graph.erase_node(node)
+    ctx.count("layout_expand_kept_as_view")
+    return new
 
 
 # --- elementwise in disguise: into the generated elementwise regions --------------------------
