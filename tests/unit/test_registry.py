@@ -54,6 +54,7 @@ ORACLES = {
                           (torch.randint(0, 40, (3, 5), generator=torch.Generator().manual_seed(0)),)),
     "gemm_gated": lambda: (Fn(lambda m, x: F.silu(m[0](x)) * m[1](x), nn.Linear(40, 24), nn.Linear(40, 24)),
                            (_r(5, 40),)),
+    "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
 }
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
