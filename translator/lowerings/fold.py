@@ -13,7 +13,9 @@ around them is a `flydsl.fused_elementwise` node; the consumer rules here fold i
 
 A region with several outputs keeps the others; the consumer recomputes the value it reads from
 the region's inputs (cheaper than writing the value and reading it back). These run in the
-CONSUMER stage (translator.passes.fuse_consumers) with the GEMM epilogue and residual add + norm.
+CONSUMER stage (translator.passes.fuse_consumers) with the GEMM epilogue (gemm_epilogue.py, which
+folds the region after a gemm with the same helpers: `prune`, `reshape_region`) and residual
+add + norm.
 """
 
 from __future__ import annotations
@@ -60,6 +62,27 @@ def prune(prog):
     return Program(len(ins), body, tuple((new[v], dt) for v, dt in prog.out)), ins
 
 
+def reshape_region(ctx, f, prog, inputs, gone: dict) -> None:
+    """Make region node `f` compute `prog` over `inputs` (both pruned) without its outputs `gone`
+    ({output index: the node its readers read instead, or None when its getitem is already gone}).
+    The other outputs' getitems are renumbered; `f` is erased when no output is left."""
+    gets = {u.args[1]: u for u in list(f.users)}
+    for j, instead in gone.items():
+        if j in gets and instead is not None:
+            gets[j].replace_all_uses_with(instead)
+            ctx.gm.graph.erase_node(gets[j])
+    keep = [j for j in range(len(prog.out)) if j not in gone]
+    if not keep:
+        ctx.gm.graph.erase_node(f)
+        return
+    rest, kin = prune(Program(prog.n, prog.ops, tuple(prog.out[j] for j in keep)))
+    f.args = ([inputs[i] for i in kin], rest.text())
+    f.meta["val"] = [f.meta["val"][j] for j in keep]
+    for new, old in enumerate(keep):
+        if old in gets:
+            gets[old].args = (f, new)
+
+
 # --- prologue: a region output read only by the consumer -------------------------------------
 
 def _prologue_source(node):
@@ -85,14 +108,7 @@ def _fold_prologue(node, ctx, counter):
     ctx.gm.graph.erase_node(g)
     if len(pf.out) == 1:
         ctx.absorb(node, [f], prepend=True)
-        ctx.gm.graph.erase_node(f)
-    else:  # the region keeps its other outputs; later getitems shift down by one
-        rest, kin = prune(Program(pf.n, pf.ops, pf.out[:j] + pf.out[j + 1:]))
-        f.args = ([f.args[0][i] for i in kin], rest.text())
-        f.meta["val"] = [v for i, v in enumerate(f.meta["val"]) if i != j]
-        for u in list(f.users):
-            if u.args[1] > j:
-                u.args = (f, u.args[1] - 1)
+    reshape_region(ctx, f, pf, f.args[0], {j: None})  # the region keeps its other outputs, if any
     ctx.count(counter)
     return node
 

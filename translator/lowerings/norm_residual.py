@@ -12,10 +12,10 @@ residual stream and the normalized value; the graph gets getitem nodes for the t
 When one addend is a GEMM whose only use is this add (every transformer's ``x + o_proj(attn)``),
 the GEMM epilogue folds the add as its residual for one extra read (4 tensor passes: gemm writes
 x + r, norm reads and writes) where add + norm costs 5 (gemm writes, add+norm reads two and
-writes two). Nothing here has to guess that: the consumer stage visits nodes in graph order,
-the GEMM comes before the add, so the epilogue takes the add first and the norm then reads the
-GEMM. Where the epilogue cannot take it (under precision bf16 / fp16 the GEMM's output is cast
-back first), the add is still there and this rule takes it.
+writes two). So `claims` leaves such an add to the elementwise regions, whose region after a
+GEMM the epilogue folds (the norm then reads the GEMM). Where the GEMM's output is cast back
+first (under precision bf16 / fp16), the addend is the cast, not the GEMM, and this rule takes
+the add.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import torch
 
 from ..graph import aten, dtype_of, is_call, same_shape, users
 from ..registry import NO_MATCH, Stage, rule
-from . import norm  # noqa: F401  (registers the norm families and ops this rule reads)
+from . import gemm, norm  # noqa: F401  (register the norm families and the ops this rule reads)
 
 Node = torch.fx.Node
+GEMM = torch.ops.flydsl.gemm.default
 NORMS = {torch.ops.flydsl.layer_norm.default: "add_layer_norm", torch.ops.flydsl.rms_norm.default: "add_rms_norm"}
 
 
@@ -70,9 +71,12 @@ def add_norm_supported(node, ctx):
 
 def claims(node, ctx) -> list:
     """The residual add (and the precision cast of it) this rule will take into norm `node`: kept
-    out of elementwise regions."""
+    out of elementwise regions. An add of a GEMM that nothing else reads is left to the regions:
+    the GEMM epilogue folds the region it lands in (gemm_epilogue.py) as its residual."""
     parts = _parts(node, ctx)
-    return [] if parts is None else [p for p in parts if p is not None]
+    if parts is None or any(is_call(a, GEMM) and users(a) == [parts[0]] for a in parts[0].args):
+        return []
+    return [p for p in parts if p is not None]
 
 
 @rule(Stage.CONSUMER, torch.ops.flydsl.layer_norm.default, family="add_layer_norm", supported=add_norm_supported,

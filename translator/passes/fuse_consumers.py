@@ -3,13 +3,15 @@ CONSUMER rules.
 
 One mechanism for every fold: the elementwise region read only by a reduction or a scan joins
 its program, the region that alone reads a reduction's result becomes its epilogue
-(translator/lowerings/fold.py), the chain after a GEMM becomes its epilogue (gemm_epilogue.py),
-and a residual add also used later joins the norm that reads it (norm_residual.py). Nodes are
-visited in graph order and each node is offered to the rules again after a fold, so a reduction
-takes in both its prologue and its epilogue, and a GEMM (visited before the norm that reads its
-sum) takes a residual add before the norm could. The partition pass leaves the nodes these rules
-claim out of regions. A fold may make a node read a value defined after it, so the graph is then
-re-sorted (stable).
+(translator/lowerings/fold.py), the part of the region after a GEMM that is computed from the
+GEMM's value alone becomes its epilogue (gemm_epilogue.py: scale, bias, program, residual), and a
+residual add also used later joins the norm that reads it (norm_residual.py). The regions are the
+partition pass's; the per-element program they carry is the one language of all these kernels
+(translator_kernels.program), so what one folds another can. Nodes are visited in graph order
+and each node is offered to the rules again after a fold, so a reduction takes in both its
+prologue and its epilogue. The partition pass leaves the nodes these rules claim (the norm's
+residual add) out of regions. A fold may make a node read a value defined after it, so the graph
+is then re-sorted (stable).
 """
 
 from __future__ import annotations

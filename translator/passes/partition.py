@@ -14,10 +14,10 @@ regions of its fusable producers when the union stays legal:
   smaller intermediates (a scaled bias) are recomputed per element inside the kernel.
 
 Left alone for the consumer stage: the nodes a consumer rule claims (translator.registry
-`Rule.claims`): the chain after a `flydsl.gemm` that its epilogue folds (scale, bias, per-element
-steps, residual: translator/lowerings/gemm_epilogue.py `plan` decides, for both), and a residual
-add that a FlyDSL norm takes in (norm_residual.py). Those nodes never join a region, so
-`linear -> gelu -> clamp` stays one GEMM.
+`Rule.claims`): a residual add that a FlyDSL norm takes in (norm_residual.py). The code after a
+`flydsl.gemm` does join regions: the consumer stage folds the region that reads a gemm into its
+epilogue (translator/lowerings/gemm_epilogue.py), as it folds regions into reductions and scans,
+so `linear -> gelu -> clamp` is one GEMM.
 
 Left alone for fold_shapes: nodes whose value depends only on shapes and constants
 (passes.fold_shapes `shape_only_nodes`: a causal mask, T5's relative-position buckets, position
