@@ -2,9 +2,11 @@
 
     python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny]
 
-Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — kernel adapter,
-specialization key, FlyDSL's CompiledFunction and its per-call argument packing — with only the
-call of the compiled host function (the device launch) replaced by a recorder. Tensors are CPU
+Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — the kernel adapter's
+per-call plan (translator_kernels.plan: signature, lookup, allocations, the compiled launch),
+FlyDSL's CompiledFunction and its per-call argument packing — with only the call of the compiled
+host function (the device launch) replaced by a recorder. The column "of which FlyDSL's
+CompiledFunction call" is the packing alone (FlyDSL's code, not ours). Tensors are CPU
 tensors, so allocations are CPU allocations, no stream is read, and the torch ops an adapter
 runs itself (a cast, a pad, `.contiguous()`) compute on the CPU, which a GPU would do on the
 device: the "meta tensors" column runs the same adapters on meta tensors (no data; FlyDSL packs
@@ -23,8 +25,8 @@ us), which both sides leave out.
 
 Per op family: the median over `--repeat` timed calls (after warm-up). Per model: a whole
 forward, translated (rocm path recorded; ops that stay in PyTorch run for real on CPU tensors,
-so this side also pays their CPU compute) vs eager at batch 0, and the time spent inside
-the FlyDSL kernel adapters divided by their number of calls. The translated forward is the
+so this side also pays their CPU compute) vs eager at batch 0, and the median time of one
+runtime.ops.dispatch call (plan, launch, the OpCall record). The translated forward is the
 call a user makes, `TranslatedModule(*inputs)` (its fast path: FlyDSL nodes call the adapters
 through runtime.ops.dispatch, translator.runtime.fastpath); beside it, the same graph called
 through its torch.ops.flydsl custom ops (`tm.gm(*inputs)`). Goal: median <= 30 us per FlyDSL op call, a forward
@@ -163,7 +165,7 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
 
     model, inputs = _model(name, tiny)
     tm = translate(model, tuple(inputs), arch=arch, backend="reference", verify=False)
-    inside = [0.0, 0]
+    inside = []  # CPU seconds of each ops.dispatch call
     from translator.runtime import ops
 
     dispatch = ops.dispatch
@@ -173,8 +175,7 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
         try:
             return dispatch(name, *args)
         finally:
-            inside[0] += time.thread_time() - t
-            inside[1] += 1
+            inside.append(time.thread_time() - t)
 
     empty_inputs = [_empty_rows(t) for t in inputs]
     tm.backend = "rocm"  # translated without a GPU; called inside rocm_recorded it walks the rocm path
@@ -195,7 +196,7 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
             finally:
                 ops.dispatch = dispatch
         t_eager = _median_us(lambda: model(*empty_inputs), repeat, batch=1)
-    per_op = inside[0] / max(inside[1], 1) * 1e6
+    per_op = statistics.median(inside) * 1e6 if inside else float("nan")
     print(f"| {name} | {calls_per_forward} | {per_op:.1f} | {t_ours / 1e3:.2f} | {t_graph / 1e3:.2f} | "
           f"{t_eager / 1e3:.2f} | {t_ours / t_eager:.2f} | {t_cold:.1f} |", flush=True)
     return per_op, t_ours / t_eager
@@ -223,7 +224,7 @@ def _run(a, t0) -> int:
     if a.no_models:
         return 0
     print("## Whole forward: translated (rocm path, device calls recorded) vs eager at batch 0, measured\n")
-    print("| model | FlyDSL calls per forward | host us per FlyDSL op call (runtime.ops.dispatch) | translated forward ms "
+    print("| model | FlyDSL calls per forward | host us per FlyDSL op call (runtime.ops.dispatch, median) | translated forward ms "
           "(TranslatedModule, fast path) | custom-op graph forward ms (tm.gm) | eager forward ms | "
           "translated / eager | first forward s (compiles) |")
     print("|---|---|---|---|---|---|---|---|")
