@@ -1,6 +1,6 @@
 """Host time per FlyDSL op call on the rocm code path, beside eager PyTorch's dispatch time.
 
-    python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny]
+    python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny] [--pieces]
 
 Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — the kernel adapter's
 per-call plan (translator_kernels.plan: signature, lookup, allocations, the compiled launch),
@@ -149,6 +149,70 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     return ours_all
 
 
+def _inside_us(cls, fn, repeat: int) -> float:
+    """Median CPU us per `fn()` spent inside `cls.__call__` (summed over its calls in one fn())."""
+    orig, spent = cls.__call__, [0.0]
+
+    def timed(self, *args):
+        t = time.thread_time()
+        try:
+            return orig(self, *args)
+        finally:
+            spent[0] += time.thread_time() - t
+
+    cls.__call__ = timed
+    samples = []
+    try:
+        for _ in range(repeat):
+            spent[0] = 0.0
+            fn()
+            samples.append(spent[0])
+    finally:
+        cls.__call__ = orig
+    return statistics.median(samples) * 1e6
+
+
+def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
+    """Where one replayed call's host time goes, per op family (each piece timed on its own)."""
+    from flydsl.compiler.jit_function import CompiledFunction
+
+    from translator.runtime.stub import rocm_recorded
+    from translator_kernels import launch, plan
+
+    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, median)\n")
+    print("| op | whole call | signature | target + plan lookup | replay: allocations, views | "
+          "launch step (modes, stream, log) | FlyDSL CompiledFunction call (argument packing) |")
+    print("|---|---|---|---|---|---|---|")
+    seen = []
+    real_call = plan.call
+
+    def grab(fn, args, kwargs=None, no_alias=False):
+        seen.append((fn, args, kwargs, no_alias))
+        return real_call(fn, args, kwargs, no_alias)
+
+    for label, ours, _ in family_cases(tiny):
+        with rocm_recorded(arch):
+            ours()
+            seen.clear()
+            plan.call = grab
+            try:
+                ours()
+            finally:
+                plan.call = real_call
+            fn, args, kwargs, no_alias = seen[0]
+            sig, tensors = plan.signature(args, kwargs)
+            run = plan._PLANS[(fn, no_alias, launch._context(), sig)]
+            whole = _median_us(ours, repeat)
+            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat)
+            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat)
+            t_run = _median_us(lambda: run(*tensors), repeat)
+            t_launch = _inside_us(launch.PlannedLaunch, lambda: run(*tensors), repeat)
+            t_fly = _inside_us(CompiledFunction, lambda: run(*tensors), repeat)
+        print(f"| {label} | {whole:.1f} | {t_sig:.1f} | {t_look:.1f} | {t_run - t_launch:.1f} | "
+              f"{t_launch - t_fly:.1f} | {t_fly:.1f} |", flush=True)
+    print()
+
+
 def _model(name: str, tiny: bool):
     from models import mini_gpt
 
@@ -209,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-gpt2", action="store_true", help="skip the 12-layer GPT-2-small forward")
     p.add_argument("--no-models", action="store_true", help="op families only")
     p.add_argument("--tiny", action="store_true", help="small shapes, for the smoke test")
+    p.add_argument("--pieces", action="store_true", help="also where one planned call's time goes, per piece")
     a = p.parse_args(argv)
     t0 = time.time()
     threads = torch.get_num_threads()
@@ -221,6 +286,8 @@ def main(argv=None) -> int:
 
 def _run(a, t0) -> int:
     family_table(a.arch, a.repeat, a.tiny)
+    if a.pieces:
+        pieces_table(a.arch, a.repeat, a.tiny)
     if a.no_models:
         return 0
     print("## Whole forward: translated (rocm path, device calls recorded) vs eager at batch 0, measured\n")
