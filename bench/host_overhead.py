@@ -1,10 +1,12 @@
 """Host time per FlyDSL op call on the rocm code path, beside eager PyTorch's dispatch time.
 
-    python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny]
+    python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny] [--pieces]
 
-Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — kernel adapter,
-specialization key, FlyDSL's CompiledFunction and its per-call argument packing — with only the
-call of the compiled host function (the device launch) replaced by a recorder. Tensors are CPU
+Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — the kernel adapter's
+per-call plan (translator_kernels.plan: signature, lookup, allocations, the compiled launch),
+FlyDSL's CompiledFunction and its per-call argument packing — with only the call of the compiled
+host function (the device launch) replaced by a recorder. The column "of which FlyDSL's
+CompiledFunction call" is the packing alone (FlyDSL's code, not ours). Tensors are CPU
 tensors, so allocations are CPU allocations, no stream is read, and the torch ops an adapter
 runs itself (a cast, a pad, `.contiguous()`) compute on the CPU, which a GPU would do on the
 device: the "meta tensors" column runs the same adapters on meta tensors (no data; FlyDSL packs
@@ -23,8 +25,8 @@ us), which both sides leave out.
 
 Per op family: the median over `--repeat` timed calls (after warm-up). Per model: a whole
 forward, translated (rocm path recorded; ops that stay in PyTorch run for real on CPU tensors,
-so this side also pays their CPU compute) vs eager at batch 0, and the time spent inside
-the FlyDSL kernel adapters divided by their number of calls. The translated forward is the
+so this side also pays their CPU compute) vs eager at batch 0, and the median time of one
+runtime.ops.dispatch call (plan, launch, the OpCall record). The translated forward is the
 call a user makes, `TranslatedModule(*inputs)` (its fast path: FlyDSL nodes call the adapters
 through runtime.ops.dispatch, translator.runtime.fastpath); beside it, the same graph called
 through its torch.ops.flydsl custom ops (`tm.gm(*inputs)`). Goal: median <= 30 us per FlyDSL op call, a forward
@@ -98,25 +100,26 @@ def family_cases(tiny: bool, device: str = "cpu"):
     ]
 
 
-def _launch_share(fn, repeat: int) -> float:
-    """Median CPU us per call spent inside translator_kernels.launch.call (key, lookup, FlyDSL packing)."""
-    from translator_kernels import launch
+def _packing_share(fn, repeat: int) -> float:
+    """Median CPU us per call spent inside FlyDSL's CompiledFunction call (its per-slot argument
+    packing; the device call itself is the recorder) — the part of a call that is FlyDSL's."""
+    from flydsl.compiler.jit_function import CompiledFunction
 
-    orig, spent = launch.call, []
+    orig, spent = CompiledFunction.__call__, []
 
-    def timed(*args):
+    def timed(self, *args):
         t = time.thread_time()
         try:
-            return orig(*args)
+            return orig(self, *args)
         finally:
             spent.append(time.thread_time() - t)
 
-    launch.call = timed
+    CompiledFunction.__call__ = timed
     try:
         for _ in range(repeat):
             fn()
     finally:
-        launch.call = orig
+        CompiledFunction.__call__ = orig
     return statistics.median(spent) * 1e6
 
 
@@ -124,7 +127,7 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     from translator.runtime.stub import rocm_recorded
 
     print(f"## Host us per FlyDSL op call, rocm path (device call recorded), arch {arch} (measured)\n")
-    print("| op | ours us (median) | of which launch.call us (median) | ours on meta tensors us (median) | "
+    print("| op | ours us (median) | of which FlyDSL's CompiledFunction call us (median) | ours on meta tensors us (median) | "
           "eager us (zero-row tensors, median) | ours / eager | ours (meta) / eager | device calls per op |")
     print("|---|---|---|---|---|---|---|---|")
     ours_all = []
@@ -135,7 +138,7 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
             ours()
             calls = len(rec)
             t_ours = _median_us(ours, repeat)
-            t_launch = _launch_share(ours, repeat)
+            t_launch = _packing_share(ours, repeat)
             t_meta = _median_us(ours_meta, repeat)
         t_eager = _median_us(eager, repeat)
         ours_all.append(t_ours)
@@ -144,6 +147,70 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     print(f"\nmedian over families: {statistics.median(ours_all):.1f} us per FlyDSL op call "
           f"(goal <= {GOAL_US:.0f} us)\n")
     return ours_all
+
+
+def _inside_us(cls, fn, repeat: int) -> float:
+    """Median CPU us per `fn()` spent inside `cls.__call__` (summed over its calls in one fn())."""
+    orig, spent = cls.__call__, [0.0]
+
+    def timed(self, *args):
+        t = time.thread_time()
+        try:
+            return orig(self, *args)
+        finally:
+            spent[0] += time.thread_time() - t
+
+    cls.__call__ = timed
+    samples = []
+    try:
+        for _ in range(repeat):
+            spent[0] = 0.0
+            fn()
+            samples.append(spent[0])
+    finally:
+        cls.__call__ = orig
+    return statistics.median(samples) * 1e6
+
+
+def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
+    """Where one replayed call's host time goes, per op family (each piece timed on its own)."""
+    from flydsl.compiler.jit_function import CompiledFunction
+
+    from translator.runtime.stub import rocm_recorded
+    from translator_kernels import launch, plan
+
+    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, median)\n")
+    print("| op | whole call | signature | target + plan lookup | replay: allocations, views | "
+          "launch step (modes, stream, log) | FlyDSL CompiledFunction call (argument packing) |")
+    print("|---|---|---|---|---|---|---|")
+    seen = []
+    real_call = plan.call
+
+    def grab(fn, args, kwargs=None, no_alias=False):
+        seen.append((fn, args, kwargs, no_alias))
+        return real_call(fn, args, kwargs, no_alias)
+
+    for label, ours, _ in family_cases(tiny):
+        with rocm_recorded(arch):
+            ours()
+            seen.clear()
+            plan.call = grab
+            try:
+                ours()
+            finally:
+                plan.call = real_call
+            fn, args, kwargs, no_alias = seen[0]
+            sig, tensors = plan.signature(args, kwargs)
+            run = plan._PLANS[(fn, no_alias, launch._context(), sig)]
+            whole = _median_us(ours, repeat)
+            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat)
+            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat)
+            t_run = _median_us(lambda: run(*tensors), repeat)
+            t_launch = _inside_us(launch.PlannedLaunch, lambda: run(*tensors), repeat)
+            t_fly = _inside_us(CompiledFunction, lambda: run(*tensors), repeat)
+        print(f"| {label} | {whole:.1f} | {t_sig:.1f} | {t_look:.1f} | {t_run - t_launch:.1f} | "
+              f"{t_launch - t_fly:.1f} | {t_fly:.1f} |", flush=True)
+    print()
 
 
 def _model(name: str, tiny: bool):
@@ -158,25 +225,23 @@ def _model(name: str, tiny: bool):
 
 def model_row(name: str, arch: str, repeat: int, tiny: bool):
     from translator import translate
-    from translator.registry import FAMILIES
     from translator.runtime.stub import rocm_recorded
 
     model, inputs = _model(name, tiny)
     tm = translate(model, tuple(inputs), arch=arch, backend="reference", verify=False)
-    inside = [0.0, 0]
+    inside = []  # CPU seconds of each ops.dispatch call
+    from translator.runtime import ops
 
-    def timed(kernel):
-        def run(*args, **kwargs):
-            t = time.thread_time()
-            try:
-                return kernel(*args, **kwargs)
-            finally:
-                inside[0] += time.thread_time() - t
-                inside[1] += 1
-        return run
+    dispatch = ops.dispatch
+
+    def timed(name, *args):
+        t = time.thread_time()
+        try:
+            return dispatch(name, *args)
+        finally:
+            inside.append(time.thread_time() - t)
 
     empty_inputs = [_empty_rows(t) for t in inputs]
-    kernels = {name: fam.kernel for name, fam in FAMILIES.items()}
     tm.backend = "rocm"  # translated without a GPU; called inside rocm_recorded it walks the rocm path
     with torch.no_grad():
         with rocm_recorded(arch) as rec:
@@ -188,16 +253,14 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
             calls_per_forward = len(rec)
             t_ours = _median_us(lambda: tm(*inputs), repeat, batch=1)
             t_graph = _median_us(lambda: tm.gm(*inputs), repeat, batch=1)
-            for fam in FAMILIES.values():
-                fam.kernel = timed(fam.kernel)
+            ops.dispatch = timed  # the fast path's nodes call ops.dispatch(name, *args)
             try:
                 for _ in range(repeat):
                     tm(*inputs)
             finally:
-                for n, fam in FAMILIES.items():
-                    fam.kernel = kernels[n]
+                ops.dispatch = dispatch
         t_eager = _median_us(lambda: model(*empty_inputs), repeat, batch=1)
-    per_op = inside[0] / max(inside[1], 1) * 1e6
+    per_op = statistics.median(inside) * 1e6 if inside else float("nan")
     print(f"| {name} | {calls_per_forward} | {per_op:.1f} | {t_ours / 1e3:.2f} | {t_graph / 1e3:.2f} | "
           f"{t_eager / 1e3:.2f} | {t_ours / t_eager:.2f} | {t_cold:.1f} |", flush=True)
     return per_op, t_ours / t_eager
@@ -210,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-gpt2", action="store_true", help="skip the 12-layer GPT-2-small forward")
     p.add_argument("--no-models", action="store_true", help="op families only")
     p.add_argument("--tiny", action="store_true", help="small shapes, for the smoke test")
+    p.add_argument("--pieces", action="store_true", help="also where one planned call's time goes, per piece")
     a = p.parse_args(argv)
     t0 = time.time()
     threads = torch.get_num_threads()
@@ -222,10 +286,12 @@ def main(argv=None) -> int:
 
 def _run(a, t0) -> int:
     family_table(a.arch, a.repeat, a.tiny)
+    if a.pieces:
+        pieces_table(a.arch, a.repeat, a.tiny)
     if a.no_models:
         return 0
     print("## Whole forward: translated (rocm path, device calls recorded) vs eager at batch 0, measured\n")
-    print("| model | FlyDSL calls per forward | host us per FlyDSL op call (adapter) | translated forward ms "
+    print("| model | FlyDSL calls per forward | host us per FlyDSL op call (runtime.ops.dispatch, median) | translated forward ms "
           "(TranslatedModule, fast path) | custom-op graph forward ms (tm.gm) | eager forward ms | "
           "translated / eager | first forward s (compiles) |")
     print("|---|---|---|---|---|---|---|---|")

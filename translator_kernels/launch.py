@@ -459,3 +459,10 @@ def planned(fn=None, **options):
     from translator_kernels.plan import planned as make
 
     return make(fn, **options)
+
+
+def plan_effect(f, *args) -> None:
+    """translator_kernels.plan.plan_effect, reachable as kl.plan_effect."""
+    from translator_kernels.plan import plan_effect as effect
+
+    effect(f, *args)

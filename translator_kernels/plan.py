@@ -53,7 +53,7 @@ from translator_kernels import launch as _launch
 _PLANS: dict = {}  # (fn, launch target, signature) -> generated run function, or None (unplannable)
 _LOCK = threading.Lock()
 _local = _launch._local  # the launch module's thread state: `plan_rec` is the recording plan
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
@@ -61,39 +61,47 @@ class _Unplannable(Exception):
     pass
 
 
-def _sig(a, tensors: list, seen: dict):
+def _encode(a, out: list, tensors: list) -> None:
+    """Append `a`'s part of a signature to `out` (a flat list: each item starts with a marker that
+    tells its length, so no two different calls share an encoding)."""
     t = type(a)
-    if t in _SCALARS:
-        if a != a:  # NaN never equals itself: no plan could be found again
-            raise _Unplannable("NaN argument")
-        return t, a
-    if t in _TENSOR_TYPES:
-        j = seen.get(id(a))
-        if j is not None:
-            return "same", j
+    if t is _Tensor or t is _Parameter:
+        for j, u in enumerate(tensors):
+            if u is a:
+                out += ("same", j)
+                return
         if a.requires_grad and torch.is_grad_enabled():
             raise _Unplannable("autograd")
-        seen[id(a)] = len(tensors)
         tensors.append(a)
-        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 64
-    if t is tuple or t is list:
-        return t, tuple([_sig(x, tensors, seen) for x in a])
-    if isinstance(a, torch.Tensor):
+        out += (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 64)
+    elif t in _SCALARS:
+        if a != a:  # NaN never equals itself: no plan could be found again
+            raise _Unplannable("NaN argument")
+        out += (t, a)
+    elif t is tuple or t is list:
+        out += (t, len(a))
+        for x in a:
+            _encode(x, out, tensors)
+    elif isinstance(a, torch.Tensor):
         raise _Unplannable("tensor subclass")
-    try:
-        hash(a)
-    except TypeError:
-        raise _Unplannable(f"unhashable {t.__name__}") from None
-    return t, a
+    else:
+        try:
+            hash(a)
+        except TypeError:
+            raise _Unplannable(f"unhashable {t.__name__}") from None
+        out += (t, a)
 
 
 def signature(args, kwargs):
     """(signature, tensors in order of first appearance) of a call."""
-    tensors, seen = [], {}
-    sig = tuple([_sig(a, tensors, seen) for a in args])
+    out, tensors = [], []
+    for a in args:
+        _encode(a, out, tensors)
     if kwargs:
-        sig += tuple([(k, _sig(v, tensors, seen)) for k, v in kwargs.items()])
-    return sig, tensors
+        for k, v in kwargs.items():
+            out.append(k)
+            _encode(v, out, tensors)
+    return tuple(out), tensors
 
 
 def planned(fn=None, *, no_alias: bool = False):
@@ -159,22 +167,26 @@ def _build(pk, fn, args, kwargs, tensors, no_alias):
             out = fn(*args, **(kwargs or {}))
     finally:
         _local.plan_rec = None
-    out = _unaliased(out, args) if no_alias else out
     try:
         run = rec.finish(out, no_alias, getattr(fn, "__qualname__", "fn"), len(tensors))
     except _Unplannable:
         run = None
     with _LOCK:
         _PLANS.setdefault(pk, run)
-    return out
+    return _unaliased(out, args) if no_alias else out
 
 
 def plan_effect(f, *args) -> None:
-    """Run `f(*args)` now and on every replay of the plan being recorded on this thread."""
-    f(*args)
+    """Run `f(*args)` now and on every replay of the plan being recorded on this thread, with the
+    replay's tensors in place of this call's. `f` may read tensor data (a host-side check of a
+    kernel's error flag): what it does is not recorded, only that it is called."""
     rec = getattr(_local, "plan_rec", None)
-    if rec is not None:
-        rec.effect(f, args)
+    if rec is None:
+        f(*args)
+        return
+    rec.effect(f, args)
+    with _disable_current_modes():
+        f(*args)
 
 
 def on_launch(launcher, k, fn, args):
@@ -201,10 +213,11 @@ def source_of(run) -> str:
 class _Ref:
     """A tensor of the recording: an argument, an op's fresh result, a constant, or a view of one."""
 
-    __slots__ = ("kind", "name", "t", "base", "geometry")
+    __slots__ = ("kind", "name", "t", "base", "geometry", "alias")
 
     def __init__(self, kind, name, t, base=None, geometry=None):
         self.kind, self.name, self.t, self.base, self.geometry = kind, name, t, base, geometry
+        self.alias = None  # an op result that shares its input's storage (a view as another dtype)
 
 
 class _Recorder(TorchDispatchMode):
@@ -251,7 +264,7 @@ class _Recorder(TorchDispatchMode):
             if o is None or any(o is a for a in tensor_args):
                 continue  # in place / out=: the same tensor, already known
             if alias is not None and not alias.is_write and tensor_args:
-                self._view(o, self.ref(tensor_args[0]))
+                self._view(o, self.ref(tensor_args[0]), func, args, kwargs)
             else:
                 fresh.append(o)
         if fresh or func._schema.is_mutable:
@@ -269,21 +282,24 @@ class _Recorder(TorchDispatchMode):
             mutated += [self.ref(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k in written]
             self.steps.append(("op", func, args, kwargs, refs, isinstance(out, (tuple, list)), mutated))
 
-    def _view(self, o, src: _Ref):
+    def _view(self, o, src: _Ref, func, args, kwargs):
         base = src.base or src
         if base.kind == "const":
             self._track(o, _Ref("const", None, o))
             return
+        if o.dtype != base.t.dtype:  # a view as another dtype (bool as uint8): replayed as the op itself
+            ref = self._track(o, _Ref("op", None, o))
+            ref.alias = base  # a result rooted in an argument is cloned under no_alias
+            self.steps.append(("op", func, args, kwargs, [(ref, True)], False, []))
+            return
         geometry = (tuple(o.shape), tuple(o.stride()), o.storage_offset() - base.t.storage_offset())
-        if geometry == (tuple(base.t.shape), tuple(base.t.stride()), 0) and o.dtype == base.t.dtype:
+        if geometry == (tuple(base.t.shape), tuple(base.t.stride()), 0):
             self._track(o, base)
-        elif o.dtype != base.t.dtype:
-            raise _Unplannable("a dtype-reinterpreting view")
-        else:
-            same = self.views.get((id(base), geometry))  # one variable per distinct view of a root
-            self._track(o, same or _Ref("view", None, o, base, geometry))
-            if same is None:
-                self.views[(id(base), geometry)] = self.refs[id(o)]
+            return
+        same = self.views.get((id(base), geometry))  # one variable per distinct view of a root
+        if same is None:
+            same = self.views[(id(base), geometry)] = _Ref("view", None, o, base, geometry)
+        self._track(o, same)
 
     def launch(self, launcher, k, fn, args):
         step = _launch.PlannedLaunch(launcher, k, fn, args)
@@ -293,7 +309,7 @@ class _Recorder(TorchDispatchMode):
         return self.ref(a) if isinstance(a, torch.Tensor) else a
 
     def effect(self, f, args):
-        self.steps.append(("effect", f, args))
+        self.steps.append(("effect", f, [self._arg(a) for a in args]))
 
     # ---- code generation --------------------------------------------------------------------------------
     def finish(self, out, no_alias, name, n_in):
@@ -319,7 +335,7 @@ class _Recorder(TorchDispatchMode):
         results = []
         for r in out_refs:
             v = g.value(r)
-            if no_alias and isinstance(r, _Ref) and (r.base or r).kind == "in":
+            if no_alias and isinstance(r, _Ref) and _root(r).kind == "in":
                 v = f"{v}.clone()"
             results.append(v)
         g.emit(f"return {_literal(out, iter(results)) if _plain(out) else g.unflatten(results, spec)}")
@@ -345,9 +361,18 @@ class _Recorder(TorchDispatchMode):
                 live.add(id(step))
                 leaves = torch.utils._pytree.tree_leaves((args, kwargs))
                 need.update(id(self.ref(a).base or self.ref(a)) for a in leaves if isinstance(a, torch.Tensor))
-            elif step[0] == "launch":
+            else:  # a launch or an effect: always kept, and so is what it reads
                 need.update(id(a.base or a) for a in step[2] if isinstance(a, _Ref))
         return live
+
+
+def _root(r: _Ref) -> _Ref:
+    """The tensor whose storage `r` uses: a view's base, a dtype view's source, or `r`."""
+    while True:
+        nxt = r.base or r.alias
+        if nxt is None:
+            return r
+        r = nxt
 
 
 def _plain(out) -> bool:

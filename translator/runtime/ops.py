@@ -25,6 +25,7 @@ import torch
 
 from translator_kernels.plan import call as planned_call
 
+from ..registry import FAMILIES
 from . import current
 
 
@@ -36,8 +37,6 @@ class OpCall:
 
 
 def dispatch(name: str, *args):
-    from ..registry import FAMILIES
-
     fam = FAMILIES[name]
     st = current()
     if st.backend == "reference":

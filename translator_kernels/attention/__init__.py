@@ -108,6 +108,17 @@ def _fail(msg: str):
     raise KernelInputError(f"attention: {msg}")
 
 
+_PLACEHOLDERS: dict = {}  # device -> the fp32 [1] tensor passed for an absent mask / head scale / split workspace
+
+
+def _placeholder(device):
+    """A tensor the kernel's specialization never reads or writes (made once per device, not per call)."""
+    t = _PLACEHOLDERS.get(device)
+    if t is None:
+        t = _PLACEHOLDERS[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
@@ -115,7 +126,7 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 def _prepare_mask(mask, B, H, Sq, Sk, qdtype, device):
     """-> (kind, dtype name, storage tensor, 4 element strides)."""
     if mask is None:
-        return MASK_NONE, "none", torch.zeros(1, dtype=torch.float32, device=device), (0, 0, 0, 0)
+        return MASK_NONE, "none", _placeholder(device), (0, 0, 0, 0)
     if not isinstance(mask, torch.Tensor):
         _fail(f"mask must be a tensor or None, got {type(mask).__name__}")
     if mask.device != device:
@@ -145,7 +156,7 @@ def _prepare_mask(mask, B, H, Sq, Sk, qdtype, device):
 def _prepare_head_scale(head_scale, H, device):
     """-> (flag, f32 [H] tensor): one multiplier per query head."""
     if head_scale is None:
-        return False, torch.zeros(1, dtype=torch.float32, device=device)
+        return False, _placeholder(device)
     if not isinstance(head_scale, torch.Tensor) or not head_scale.is_floating_point():
         _fail(f"head_scale must be a float tensor of {H} per-head multipliers, got "
               f"{type(head_scale).__name__ if not isinstance(head_scale, torch.Tensor) else head_scale.dtype}")
@@ -216,7 +227,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
         w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
         wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
     else:
-        w = wml = mflat.new_zeros(1, dtype=torch.float32)
+        w = wml = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
                              rg)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E

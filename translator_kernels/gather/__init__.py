@@ -89,6 +89,13 @@ def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str
     return launch
 
 
+def _check_ids(flag, flat, vocab):
+    if int(flag[0]):
+        bad = flat[(flat < 0) | (flat >= vocab)]
+        raise IndexError(f"embedding: id {int(bad[0])} is out of range for a table of {vocab} rows "
+                         f"({bad.numel()} ids out of range); ids must lie in [0, {vocab})")
+
+
 @kl.planned
 def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
@@ -118,8 +125,6 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     flag = torch.zeros(1, dtype=torch.int32, device=weight.device)
     launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch())
     kl.call(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
-    if flag.device.type == "cpu" and int(flag[0]):
-        bad = flat[(flat < 0) | (flat >= vocab)]
-        raise IndexError(f"{op}: id {int(bad[0])} is out of range for a table of {vocab} rows "
-                         f"({bad.numel()} ids out of range); ids must lie in [0, {vocab})")
+    if flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
+        kl.plan_effect(_check_ids, flag, flat, vocab)
     return out

@@ -150,19 +150,22 @@ def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive:
     A repeated call (same program, kind, dim, flags, input shapes, strides, dtypes, devices, base-address
     alignment and arch) plans nothing: it flattens the inputs, allocates and launches."""
     lay = _layout(inputs, program, kind, dim, reverse, exclusive)
-    out = torch.empty(lay.shape, dtype=lay.out_dt, device=inputs[0].device)
     if lay.m == 0 or lay.n == 0:
-        return out
+        return torch.empty(lay.shape, dtype=lay.out_dt, device=inputs[0].device)
     flat = []
     for t in inputs:
         f = t.reshape((1,) * (len(lay.shape1) - t.dim()) + tuple(t.shape)).expand(lay.shape1).movedim(lay.dim, -1)
         f = f.contiguous().reshape(-1)
         flat.append(f.view(torch.uint8) if f.dtype == torch.bool else f)
-    res = torch.empty(lay.m * lay.n, dtype=lay.out_dt, device=out.device)
+    res = torch.empty(lay.m * lay.n, dtype=lay.out_dt, device=inputs[0].device)
     launch, name = _launch_for(lay, inputs, flat)
     note_use(name)
     kl.call(launch, *flat, res.view(torch.uint8) if lay.out_dt == torch.bool else res, lay.m)
-    out.copy_(res.view(lay.moved).movedim(-1, lay.dim).reshape(lay.shape))
+    moved = res.view(lay.moved).movedim(-1, lay.dim)
+    if moved.is_contiguous():  # the scanned dim is the last (of size > 1): the rows are the output
+        return moved.view(lay.shape)
+    out = torch.empty(lay.shape, dtype=lay.out_dt, device=res.device)
+    out.copy_(moved.reshape(lay.shape))
     return out
 
 

@@ -1,0 +1,210 @@
+"""translator_kernels.plan: a host entry's planning runs once per call signature; replays give the
+same outputs and the same launches as the adapter itself, on flysim and on the rocm path."""
+
+import pytest
+import torch
+
+import flysim
+from translator.registry import FAMILIES
+from translator.runtime.stub import rocm_recorded
+from translator_kernels import launch as kl
+from translator_kernels import plan
+from translator_kernels.attention import attention
+from translator_kernels.gemm import bmm, gemm
+from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.gemm.tiles import GemmConfig
+from translator_kernels.generated.elementwise import fused_elementwise
+from translator_kernels.generated.host import record_kernels
+from translator_kernels.program import Program
+from translator_kernels.rows.softmax import softmax
+
+ARCH = "gfx942"
+
+
+class Counted:
+    """An adapter that counts its own runs (a replayed call never enters it)."""
+
+    def __init__(self, fn):
+        self.fn, self.runs = fn, 0
+        self.__qualname__ = getattr(fn, "__qualname__", "fn")
+
+    def __call__(self, *args, **kwargs):
+        self.runs += 1
+        return self.fn(*args, **kwargs)
+
+
+def _records(sim, start):
+    return [(r.kernel, r.grid, r.block, r.arch, r.counters) for r in sim.launches[start:]]
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _same(a, b):
+    a, b = _flat(a), _flat(b)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x.shape, x.stride(), x.dtype) == (y.shape, y.stride(), y.dtype)
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
+    """The adapter run directly, then through its plan (built, then replayed with the same tensors):
+    identical outputs and identical flysim launch records; the replay never enters the adapter."""
+    kwargs = kwargs or {}
+    adapter = Counted(fn)
+    with flysim.simulate(arch=ARCH) as sim:
+        direct = fn(*args, **kwargs)
+        want = _records(sim, 0)
+        n = len(sim.launches)
+        built = plan.call(adapter, args, kwargs, no_alias)
+        m = len(sim.launches)
+        replayed = plan.call(adapter, args, kwargs, no_alias)
+        got_built, got_replayed = _records(sim, n)[: m - n], _records(sim, m)
+    assert want and got_built == want and got_replayed == want
+    assert adapter.runs == 1, "the second call with this signature must replay the plan"
+    _same(direct, built)
+    _same(direct, replayed)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_plan_matches_its_adapter_on_flysim(name):
+    fam = FAMILIES[name]
+    args = fam.sample_inputs(torch.float32)
+    _check_plan_matches_adapter(fam.kernel, args, no_alias=True)  # how runtime.ops.dispatch calls it
+
+
+def _gemm_operands(m=5, n=48, k=64):
+    g = torch.Generator().manual_seed(1)
+    a, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    return a, shuffle_weight(w), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+
+
+@pytest.mark.parametrize("case", ["epilogue_residual", "split_k", "bmm_shuffled", "attention_split_kv",
+                                  "attention_bool_mask"])
+def test_host_entry_variants_plan_matches_adapter(case):
+    g = torch.Generator().manual_seed(2)
+    if case == "epilogue_residual":
+        a, ws, b, r = _gemm_operands()
+        _check_plan_matches_adapter(gemm.__wrapped__, (a, ws, 48, 64),
+                                    dict(bias=b, activation="gelu", residual=r, scale=0.5))
+    elif case == "split_k":
+        a, ws, b, _ = _gemm_operands(m=2, k=256)
+        _check_plan_matches_adapter(gemm.__wrapped__, (a, ws, 48, 256), dict(bias=b, _config=GemmConfig(16, 64, 64, 2)))
+    elif case == "bmm_shuffled":  # b's rows run along N: preshuffled per call (an op the plan replays)
+        x, y = torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, 24, generator=g)
+        _check_plan_matches_adapter(bmm.__wrapped__, (x, y))
+    elif case == "attention_split_kv":  # decode: the keys split in slices, then the combine kernel
+        q, kv = torch.randn(1, 2, 1, 32, generator=g), torch.randn(1, 2, 64, 32, generator=g)
+        _check_plan_matches_adapter(attention.__wrapped__, (q, kv, kv), dict(num_splits=2))
+    else:
+        q, kv = torch.randn(1, 2, 8, 32, generator=g), torch.randn(1, 2, 16, 32, generator=g)
+        mask = torch.rand(8, 16, generator=g) > 0.3
+        mask[:, 0] = True
+        _check_plan_matches_adapter(attention.__wrapped__, (q, kv, kv), dict(mask=mask))
+
+
+def test_plan_is_reused_and_a_new_batch_builds_a_plan_without_a_compile():
+    kl.clear()
+    with flysim.simulate(arch=ARCH) as sim:
+        softmax(torch.randn(3, 256))
+        plans, compiled = plan.plan_count(), kl.compiled_count()
+        assert plans == 1 and compiled == 1
+        for _ in range(2):
+            y = torch.randn(3, 256)
+            torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
+        assert plan.plan_count() == plans  # same signature: the plan is looked up, not built
+        for rows in (7, 50):  # a run-time dim: a new plan, the same compiled kernel
+            y = torch.randn(rows, 256)
+            torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
+        assert plan.plan_count() == plans + 2 and kl.compiled_count() == compiled
+    assert len(sim.launches) == 5
+
+
+def test_rocm_path_plan_packs_what_the_adapter_packs():
+    a, ws, b, r = _gemm_operands()
+    x = torch.randn(6, 128)
+    with rocm_recorded(ARCH) as rec:
+        for fn, args, kwargs in ((gemm, (a, ws, 48, 64), dict(bias=b, residual=r)), (softmax, (x,), {})):
+            rec.clear()
+            fn.__wrapped__(*args, **kwargs)
+            direct = list(rec)
+            rec.clear()
+            fn(*args, **kwargs)
+            fn(*args, **kwargs)
+            assert direct and list(rec) == direct * 2
+    with rocm_recorded(ARCH), kl.launch_log([]) as log:
+        softmax(x)
+        softmax(x)
+    assert [r.kernel for r in log] == ["softmax", "softmax"]
+
+
+def test_same_object_twice_is_its_own_signature():
+    @plan.planned
+    def add(a, b):
+        return a + b
+
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(add(x, x), x + x)
+    torch.testing.assert_close(add(x, y), x + y)  # not the (x, x) plan: that would return x + x
+    torch.testing.assert_close(add(y, y), y + y)
+
+
+def test_host_read_of_tensor_data_is_never_planned():
+    runs = []
+
+    @plan.planned
+    def branchy(x):
+        runs.append(1)
+        return x * 2 if x.sum().item() > 0 else x * 3
+
+    pos, neg = torch.ones(3), -torch.ones(3)
+    torch.testing.assert_close(branchy(pos), pos * 2)
+    torch.testing.assert_close(branchy(neg), neg * 3)
+    assert len(runs) == 2
+
+
+def test_autograd_and_dispatch_modes_bypass_plans():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    runs = []
+
+    @plan.planned
+    def double(x):
+        runs.append(1)
+        return x * 2
+
+    x = torch.randn(3, requires_grad=True)
+    double(x)
+    double(x)
+    with FlopCounterMode(display=False):
+        double(torch.randn(3))
+        double(torch.randn(3))
+    assert len(runs) == 4 and not any(k[0] is double.__wrapped__ for k in plan._PLANS)
+    with torch.no_grad():  # no autograd to record: planned
+        double(x)
+        double(x)
+    assert len(runs) == 5
+
+
+def test_no_alias_clones_a_result_rooted_in_an_argument():
+    @plan.planned(no_alias=True)
+    def first_row(x):
+        return x[0]
+
+    x = torch.randn(3, 4)
+    for _ in range(2):  # built, then replayed
+        y = first_row(x)
+        torch.testing.assert_close(y, x[0])
+        assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_replay_repeats_the_generated_kernels_use_record():
+    x = torch.randn(4, 64)
+    prog = Program(1, (("exp", (0,), ()),), ((1, "f32"),)).text()
+    with flysim.simulate(arch=ARCH):
+        fused_elementwise([x], prog)  # builds the plan
+        with record_kernels() as used:
+            fused_elementwise([x], prog)  # replays it
+    assert len(used) == 1
