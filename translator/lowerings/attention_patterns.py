@@ -154,15 +154,19 @@ def chain_of(pv):
     """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
     if _product(pv) is None:
         return None
-    p = _product(pv)[0]
-    for _ in range(6):
+    start = _product(pv)[0]
+    last2 = [str(d) for d in (shape_of(start) or ())[-2:]]
+    todo, seen = [(start, 0)], set()
+    while todo:  # breadth first through what sits between the softmax and ·V (probabilities-shaped)
+        p, depth = todo.pop(0)
+        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or _product(p) is not None:
+            continue
+        seen.add(p)
         if _last_dim_softmax(p):
             qk = _find_qk(p.args[0])
             return (p, qk) if qk is not None else None
-        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or not p.args \
-                or not isinstance(p.args[0], torch.fx.Node):
-            return None
-        p = p.args[0]
+        if depth < 6:
+            todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
     return None
 
 
