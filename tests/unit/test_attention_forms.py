@@ -144,6 +144,15 @@ class MHA(nn.Module):
         return out
 
 
+class MHAPadded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 2, batch_first=True)
+
+    def forward(self, x, pad):  # the mask arrives as baddbmm(mask, q * scale, kᵀ)
+        return self.attn(x, x, x, key_padding_mask=pad)[0]
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_attention_with_unused_weights(batch_first):
     x = randn(2, 8, 32) if batch_first else randn(8, 2, 32)
@@ -152,6 +161,14 @@ def test_multihead_attention_with_unused_weights(batch_first):
     assert n.args[5] == pytest.approx(16 ** -0.5)  # q's pre-scaling folded into the kernel's scale
     assert list(n.args[0].meta["val"].shape) == [1, 4, 8, 16]  # [B*H, S, D] as one batch of B*H heads
     assert "mean" not in tm.code
+
+
+def test_multihead_attention_with_a_key_padding_mask():
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[1, 5:] = True
+    tm, _ = run(MHAPadded(), (randn(2, 8, 32), pad))
+    n = attention_node(tm)
+    assert n.args[3] is not None and n.args[5] == pytest.approx(16 ** -0.5)
 
 
 # --- 4. soft-cap (Gemma-2) and cosine attention with a learned per-head scale (Swin-V2) ---------

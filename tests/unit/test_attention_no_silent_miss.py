@@ -5,7 +5,7 @@ translated model either became flydsl.attention or its report rows say
 The chains are enumerated here, on the captured graph each translation starts from, by a
 definition of their own (independent of the matcher's): an SDPA call, or a softmax over the
 last dim with a product (matmul / bmm / einsum) a few ops upstream and its result reaching the
-left operand of a product a few ops downstream. The models: the forms the matcher takes, forms
+left operand of a product (matmul / bmm / einsum / baddbmm) a few ops downstream. The models: the forms the matcher takes, forms
 it declines (each for a different reason), and tiny HF GPT-2 and Llama in eager attention."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import transformers as T
 import translator.api
 from translator import translate
 
-from test_attention_forms import (EinsumAttention, Gemma2Eager, GPT2EagerWhere, GQA, InplaceOnView, MHA, Sdpa,  # noqa: E402
-                                  ScaleLearned, SwinV2Cosine, qkv, randn)
+from test_attention_forms import (EinsumAttention, Gemma2Eager, GPT2EagerWhere, GQA, InplaceOnView, MHA,  # noqa: E402
+                                  MHAPadded, Sdpa, ScaleLearned, SwinV2Cosine, qkv, randn)
 
 aten = torch.ops.aten
-PRODUCTS = {aten.matmul.default, aten.bmm.default, aten.einsum.default}
+PRODUCTS = {aten.matmul.default, aten.bmm.default, aten.einsum.default, aten.baddbmm.default}
 SOFTMAX = {aten.softmax.int, aten._softmax.default}
 
 
@@ -133,6 +133,7 @@ MODELS = {
     "gpt2_where": (GPT2EagerWhere, lambda: qkv()),
     "learned_scale": (ScaleLearned, lambda: qkv()),
     "mha": (lambda: MHA(True), lambda: (randn(2, 8, 32),)),
+    "mha_padded": (MHAPadded, lambda: (randn(2, 8, 32), torch.arange(8).expand(2, 8) > 5)),
     "gemma2": (Gemma2Eager, lambda: (*qkv(), torch.zeros(1, 1, 8, 8))),
     "swin_v2": (SwinV2Cosine, lambda: (*qkv(), randn(2, 8, 8))),
     "gqa": (lambda: GQA("repeat_kv", 2), lambda: qkv(h=4, hkv=2)),
