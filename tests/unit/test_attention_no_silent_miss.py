@@ -4,9 +4,10 @@ translated model either became flydsl.attention or its report rows say
 
 The chains are enumerated here, on the captured graph each translation starts from, by a
 definition of their own (independent of the matcher's): an SDPA call, or a softmax over the
-last dim with a product (matmul / bmm / einsum) a few ops upstream and its result reaching the
-left operand of a product (matmul / bmm / einsum / baddbmm) a few ops downstream. The models: the forms the matcher takes, forms
-it declines (each for a different reason), and tiny HF GPT-2 and Llama in eager attention."""
+last dim with a product (matmul / bmm / einsum / baddbmm) a few ops upstream and its result
+reaching the left operand of a product a few ops downstream. The models: the forms the
+matcher takes, forms it declines (each for a different reason), and tiny HF GPT-2 and Llama
+in eager attention."""
 
 from __future__ import annotations
 
