@@ -66,6 +66,20 @@ class GPT2EagerWhere(nn.Module):
         return torch.matmul(w, v)
 
 
+class GPT2SelfAttention(GPT2EagerWhere):
+    """The same attention with q, k, v split from one projection: Sq and Sk are one size."""
+
+    def __init__(self, d=32, h=2):
+        super().__init__()
+        self.h = h
+        self.c_attn = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, self.h, c // self.h).transpose(1, 2) for y in self.c_attn(x).split(c, dim=2))
+        return super().forward(q, k, v).transpose(1, 2).reshape(b, t, c)
+
+
 class WhereSliced(nn.Module):
     """torch.where(causal_bool, scores, finfo.min) with the mask buffer sliced [:, :, :S, :S]."""
 
@@ -84,8 +98,14 @@ def test_gpt2_where_finfo_min():
     tm, _ = run(GPT2EagerWhere(), qkv(s=8))
     n = attention_node(tm)
     assert n.args[5] == pytest.approx(0.25)  # 1 / full([], 16 ** 0.5) folded to a number
-    # the slice starts at Sk - Sq: not provably 0, so the sliced buffer is passed as a keep-mask
-    assert n.args[4] is True or n.args[3].meta["val"].dtype == torch.bool
+    # the slice starts at Sk - Sq, not provably 0 for separate q and k: the sliced buffer is the keep-mask
+    assert n.args[4] is False and n.args[3].meta["val"].dtype == torch.bool
+
+
+def test_gpt2_self_attention_where_is_causal():
+    tm, _ = run(GPT2SelfAttention(), (randn(2, 8, 32),))
+    n = attention_node(tm)
+    assert n.args[3] is None and n.args[4] is True  # Sk - Sq == 0: the tril buffer is the causal flag
 
 
 def test_where_with_sliced_tril_buffer_is_causal():
@@ -144,6 +164,15 @@ class MHA(nn.Module):
         return out
 
 
+class MHAPadded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 2, batch_first=True)
+
+    def forward(self, x, pad):  # the mask arrives as baddbmm(mask, q * scale, kᵀ)
+        return self.attn(x, x, x, key_padding_mask=pad)[0]
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_attention_with_unused_weights(batch_first):
     x = randn(2, 8, 32) if batch_first else randn(8, 2, 32)
@@ -152,6 +181,14 @@ def test_multihead_attention_with_unused_weights(batch_first):
     assert n.args[5] == pytest.approx(16 ** -0.5)  # q's pre-scaling folded into the kernel's scale
     assert list(n.args[0].meta["val"].shape) == [1, 4, 8, 16]  # [B*H, S, D] as one batch of B*H heads
     assert "mean" not in tm.code
+
+
+def test_multihead_attention_with_a_key_padding_mask():
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[1, 5:] = True
+    tm, _ = run(MHAPadded(), (randn(2, 8, 32), pad))
+    n = attention_node(tm)
+    assert n.args[3] is not None and n.args[5] == pytest.approx(16 ** -0.5)
 
 
 # --- 4. soft-cap (Gemma-2) and cosine attention with a learned per-head scale (Swin-V2) ---------

@@ -73,6 +73,7 @@ class Match:
     masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node), applied last first
     causal: bool = False
     transpose_k: bool = False  # the product's right operand is Kᵀ itself (no transpose to undo)
+    phase: int = MASK  # how far back the walk got: MASK, CAP (soft-cap seen) or SCALE
     frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
     heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
     absorbed: list = field(default_factory=list)
@@ -114,6 +115,8 @@ def _product(n):
     bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
     if is_call(n, *MATMULS):
         return n.args[0], n.args[1], False
+    if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
+        return n.args[1], n.args[2], False
     if not is_call(n, aten.einsum.default) or len(n.args[1]) != 2 or "." in n.args[0]:
         return None
     ins, _, out = n.args[0].replace(" ", "").partition("->")
@@ -154,15 +157,19 @@ def chain_of(pv):
     """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
     if _product(pv) is None:
         return None
-    p = _product(pv)[0]
-    for _ in range(6):
+    start = _product(pv)[0]
+    last2 = [str(d) for d in (shape_of(start) or ())[-2:]]
+    todo, seen = [(start, 0)], set()
+    while todo:  # breadth first through what sits between the softmax and ·V (probabilities-shaped)
+        p, depth = todo.pop(0)
+        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or _product(p) is not None:
+            continue
+        seen.add(p)
         if _last_dim_softmax(p):
             qk = _find_qk(p.args[0])
             return (p, qk) if qk is not None else None
-        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or not p.args \
-                or not isinstance(p.args[0], torch.fx.Node):
-            return None
-        p = p.args[0]
+        if depth < 6:
+            todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
     return None
 
 
@@ -193,7 +200,7 @@ def match(pv, ctx):
         return s
     if s is not qk:
         return f"the scores come from {_op(s)}, not from the Q·Kᵀ product"
-    reason = _frame(m, qk)
+    reason = _baddbmm(m, qk) or _frame(m, qk)
     if reason:
         return reason
     if len(_real_users(qk)) != 1:
@@ -252,7 +259,7 @@ def _chain_first(n, s_shape):
 
 def _walk_scores(s, m: Match, ctx):
     """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
-    phase = MASK
+    phase = m.phase
     while _product(s) is None:
         if not isinstance(s, torch.fx.Node) or s.op != "call_function":
             return f"the scores come from {s}, not from the Q·Kᵀ product"
@@ -305,7 +312,26 @@ def _walk_scores(s, m: Match, ctx):
             s = step
         else:
             return f"{_op(s)} between Q·Kᵀ and the softmax is not a scale, mask, bias, soft-cap or cast"
+        m.phase = phase
     return s
+
+
+def _baddbmm(m: Match, qk):
+    """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c, or a reason."""
+    if not is_call(qk, aten.baddbmm.default):
+        return None
+    beta, alpha = qk.kwargs.get("beta", 1), qk.kwargs.get("alpha", 1)
+    if beta != 1 or not isinstance(alpha, (int, float)) or alpha <= 0:
+        return f"baddbmm with beta={beta}, alpha={alpha} (only beta=1 and a positive alpha are a mask and a scale)"
+    if m.phase != MASK:
+        return "the mask is added (baddbmm) before the " + ("soft-cap" if m.phase == CAP else "scale")
+    mask = qk.args[0]
+    if dtype_of(mask) not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"additive mask dtype {dtype_of(mask)} is not a float dtype"
+    m.scale *= alpha
+    m.masks.append(("add", mask))
+    m.frames.append(shape_of(qk))
+    return None
 
 
 def _consts(n) -> list:
