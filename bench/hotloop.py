@@ -104,8 +104,8 @@ def _lds_bytes(mnemonic: str, rest: str) -> int:
     if mnemonic.startswith("ds_read2") or mnemonic.startswith("ds_write2") or mnemonic.startswith(("ds_load_2", "ds_store_2")):
         return 64 * 2 * width(mnemonic) // 8
     w = width(mnemonic) or 32
-    if re.search(r"_tr\d*_b(\d+)", mnemonic):
-        w = int(re.search(r"_b(\d+)$", mnemonic).group(1))
+    if "_tr" in mnemonic:  # transpose reads: ds_read_tr16_b64 / ds_read_b64_tr_b16 move 64 bits a lane
+        w = max(int(b) for b in re.findall(r"b(\d+)", mnemonic))
     return 64 * w // 8
 
 
