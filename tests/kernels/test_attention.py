@@ -9,7 +9,6 @@ test asserts that the FlyDSL kernel was launched under the simulator.
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch

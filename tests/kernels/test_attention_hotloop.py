@@ -38,6 +38,7 @@ def test_finds_the_inner_mfma_loop_and_prices_it():
     assert c["counts"]["VALU"] == 3 and c["vector_cycles"] == 16 + 4 + 4  # one transcendental
     assert c["lds_bytes"] == 1024 and c["lds_cycles"] == 32
     assert c["counts"]["vmem"] == 1 and c["bound"] == "matrix"
+    assert hot_loop(ISA, "gfx950")["lds_cycles"] == 16  # CDNA4 reads LDS at 256 B/clk per CU
 
 
 @pytest.mark.parametrize("mn,arch,cycles", [

@@ -5,8 +5,8 @@ Design notes
 A wave owns RG groups of 16 query rows (RG = 2 for 16-bit inputs up to D=128, else 1) and
 walks the keys in blocks of BLOCK_N = 16 * N_TILES with an online softmax (running max `m`,
 running sum `l`, fp32 accumulators). Both products run on 16x16 MFMAs (bf16/fp16: 16x16x16,
-on gfx950 16x16x32; fp32: 16x16x4f32) in *transposed* form so that no data ever crosses lanes
-except for the row max:
+on gfx950 the full-rate 16x16x32; fp32: 16x16x4f32) in *transposed* form so that no data
+crosses lanes except for the row max:
 
     Sᵀ = K · Qᵀ     A = K tile (16 keys x D),  B = Qᵀ (D x 16 rows)
     Oᵀ = Vᵀ · Pᵀ    A = Vᵀ (16 d x 16 keys),   B = Pᵀ (16 keys x 16 rows)
@@ -14,29 +14,27 @@ except for the row max:
 With lane = 16 * g + r, the Sᵀ accumulator of lane (g, r) holds row r, keys 4g..4g+3 of the
 tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the Oᵀ accumulator
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
-max needs two xor-shuffles (16, 32); the row sum stays per lane until the epilogue. The RG
-row groups of a wave share every K and V operand read (A operands), so 32 rows per wave halve
-the LDS bytes and the per-tile overhead per score.
+max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
+read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
+Head-dim layouts, LDS staging and the tile plan: tiles.py.
 
-Contractions may permute their K index freely, so the head dimension is laid out to make
-every access a contiguous per-lane vector:
-  * QKᵀ: lane group g covers d in [g*D/4, (g+1)*D/4); k-step s reads 4 (8, 1) of them.
-  * PV with LDS (more than one wave): V is staged *transposed*, Vᵀ[d][key] (row stride
-    BLOCK_N + 4: 16 lanes' 8-byte reads hit all 32 banks), written with ds_write_b16 /
-    ds_write_b16_d16_hi (no VALU); MFMA row m of Oᵀ tile dt stands for d = 16 dt + m and an
-    operand (4 keys of one d) is one 8-byte read; gfx950 pairs two of them for 16x16x32.
-  * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
-    D/16 contiguous elements of one V row and regroups them (v_perm).
-With more than one wave the workgroup copies each K / V tile to LDS (the next tile's global
-loads are issued before the current tile's math); one wave reads K and V straight from global
-memory. Row and key indices are clamped into range so every access is in bounds; out-of-range
-keys are masked to -inf and out-of-range rows are not stored.
+With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
+loads are issued before the current tile's math, and only if there is a next tile. One wave
+reads K and V straight from global memory. Row and key indices are clamped into range so every
+access is in bounds; out-of-range keys are masked to -inf and out-of-range rows not stored.
 
-Vector work (the loop is bound by it on gfx942 at D <= 64 and on gfx950; bench.hotloop):
-tiles that need no mask (below Sk and below the block's first causal row, without a user mask)
-run in a separate loop without any compare; the row max skips NaN canonicalization (a NaN
-score still reaches O through exp2 and l); scale, s - m and the row sum are packed 4-vectors;
-on gfx942 P is rounded to bf16 on its bits (no convert instruction there).
+Vector work per score (the hot loop; bench.hotloop prices it):
+  * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
+    run in a separate loop without any compare;
+  * there the row max is taken over the raw scores and the scale goes into exp2's argument,
+    exp2(c s - m) = one packed fma per two scores (c > 0: a negative scale flips Q's sign bits
+    once in the prologue); masked tiles scale first, then mask;
+  * the row max skips NaN canonicalization (a NaN score still reaches O through exp2 and l);
+    gfx950 exchanges it with ds_bpermute (its generic shuffle lowering costs ~7 VALU a step);
+  * 16-bit inputs sum the row with one MFMA of a ones tile and the Pᵀ operand (ONES_L): no
+    VALU adds, every element of that accumulator holds the full row sum, and l sums exactly
+    the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
+    the bias cancels in O / l); gfx950 has v_cvt_pk_bf16_f32.
 
 Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
 padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
@@ -55,72 +53,14 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
+from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
+                                                MASK_BOOL, MASK_NONE, NNAN, chunk_elems, ir_elem, kernel_config,
+                                                padded_head_dim, v_transpose_read)
 from translator_kernels.device_math import tanh
-
-LOG2E = 1.4426950408889634
-AFN = fx.arith.FastMathFlags.afn
-# the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
-# reaches the output through exp2(s - m) and the row sum
-NNAN = fx.arith.FastMathFlags.nnan
-
-# mask kinds (constexpr)
-MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-
-_FX_DTYPES = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
-_ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
 def gpu_barrier():
     gpu.barrier()
-
-
-def _ir_elem(name: str):
-    return {"f32": ir.F32Type.get, "bf16": ir.BF16Type.get, "f16": ir.F16Type.get}[name]()
-
-
-def _chunk(n: int, elem_bytes: int) -> int:
-    """Largest power-of-two chunk (<= 16 bytes) that divides n elements."""
-    c = 16 // elem_bytes
-    while c > 1 and n % c:
-        c //= 2
-    return c
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """The head dim the MFMA tiles cover: the next multiple of 16 (padding masked in the kernel)."""
-    return -(-head_dim // 16) * 16
-
-
-def v_transpose_read(arch: str, dtype: str, num_waves: int) -> bool:
-    """gfx950, 16-bit, V through LDS: V is staged row-major and each PV operand is read transposed
-    by the hardware (ds_read_b64_tr_b16); gfx942 stages Vᵀ with 2-byte writes instead."""
-    return arch.startswith("gfx950") and dtype != "f32" and num_waves > 1
-
-
-def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1, arch: str = "gfx942") -> dict:
-    """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
-    eb = _ELEM_BYTES[dtype]
-    head_dim = padded_head_dim(head_dim)
-    use_lds = num_waves > 1
-    # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
-    # staging with padding) so that three workgroups fit the 64 KB LDS of a gfx942 CU
-    budget = 8192 if use_lds else 16384
-    n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
-    block_n = 16 * n_tiles
-    kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
-    vstride = block_n + 4                  # Vᵀ row (one d, all keys): 16 lanes' 8-byte reads hit 32 banks
-    return dict(
-        n_tiles=n_tiles,
-        block_n=block_n,
-        block_m=16 * row_groups * num_waves,
-        rows_per_wave=16 * row_groups,
-        threads=64 * num_waves,
-        use_lds=use_lds,
-        lds_stride=kstride,
-        lds_vstride=vstride,
-        lds_bytes=(block_n * kstride + (block_n * kstride if v_transpose_read(arch, dtype, num_waves)
-                                         else head_dim * vstride)) * eb if use_lds else 0,
-    )
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
@@ -132,15 +72,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     DV = head_dim                    # the real head dim
     PADDED = D != DV
     is_f32 = dtype == "f32"
-    eb = _ELEM_BYTES[dtype]
+    eb = ELEM_BYTES[dtype]
     cfg = kernel_config(dtype, DV, num_waves, row_groups, arch)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
-    QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
+    QC = chunk_elems(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
-    VC = _chunk(math.gcd(VN, DV), eb)
-    WC = _chunk(VN, 4)               # fp32 partial-output store chunk (split KV)
-    OC = _chunk(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
+    VC = chunk_elems(math.gcd(VN, DV), eb)
+    WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
+    OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
@@ -157,15 +97,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # one fma per score, exp2(c s - m) (c > 0: a negative scale negates Q once instead)
     RAW_MAX = not softcap
     BPERM = arch.startswith("gfx950")  # row max exchange by ds_bpermute (lane_xor)
-    Elem = _FX_DTYPES[dtype]
-    MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
+    Elem = FX_DTYPES[dtype]
+    MElem = FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
     # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
     # contiguous read, and MFMA row m of Oᵀ tile dt stands for d = 16 dt + m ("tile" order);
     # without LDS a lane reads V rows from global memory and row m stands for d = m VN + dt.
     VT = USE_LDS
     VTR = v_transpose_read(arch, dtype, num_waves)  # V row-major in LDS, operands read transposed
-    CE = _chunk(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
+    CE = chunk_elems(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
     ROW_CH = DV // CE                # chunks per K/V row
     PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
     PAD_ITERS = -(-PAD_EL // THREADS)
@@ -233,7 +173,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
                 x = fx.ptr_load(ptr + fx.Int64(off), result_type=Elem)
                 return fx.Vector.from_elements([x], Elem)
-            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], _ir_elem(dtype)))
+            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
 
         def load_chunks(ptr, off, total, chunk, start=None, zero=True):
             """`total` elements at off in `chunk`s; with `start` (the first element's column) the
@@ -364,7 +304,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         lds_store_chunk(ks[it], vs[it], c)
 
         def lds_chunks(ptr, off, total, chunk):
-            ty = ir.VectorType.get([chunk], _ir_elem(dtype))
+            ty = ir.VectorType.get([chunk], ir_elem(dtype))
             if const_expr(chunk == 1):
                 return [fx.Vector.from_elements([fx.ptr_load(ptr + fx.Int64(off + c), result_type=Elem)], Elem)
                         for c in range_constexpr(total)]
@@ -388,7 +328,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 ptr = fx.to_llvm_ptr(lds_v + fx.Int64((16 * t + 4 * g + r // 4) * LSTR + 16 * dt + 4 * (r % 4)))
                 i16x4 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))
                 return fx.Vector(rocdl.ds_read_tr16_b64(i16x4, ptr).result).bitcast(Elem)
-            ty = ir.VectorType.get([4], _ir_elem(dtype))
+            ty = ir.VectorType.get([4], ir_elem(dtype))
             return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * VSTR + 16 * t + 4 * g), result_type=ty)
 
         def v_operand(kb, t, j):
