@@ -26,10 +26,11 @@ Pricing an instruction (cycles one wave occupies its SIMD's unit; CDNA3 / CDNA4)
   * VALU: a wave64 instruction takes 4 cycles (16 lanes per clock); transcendentals
     (v_exp, v_log, v_rcp, v_rsq, v_sqrt, v_sin, v_cos) are quarter rate: 16 cycles (CDNA3 ISA
     guide, "Transcendental instructions"). Packed v_pk_* ops are one instruction: 4 cycles.
-  * LDS: bytes moved / (128 bytes per clock per CU / 4 SIMDs), i.e. the SIMD's share of the
-    CU's LDS port when all four SIMDs run the same loop (CDNA3 white paper: 128 B/clk/CU;
-    gfx950 taken as the same, its doubled capacity aside). ds_read_b128 of 64 lanes = 1 KiB =
-    32 cycles; ds_bpermute / ds_swizzle / DPP-free cross-lane ops count their 4 bytes a lane.
+  * LDS: bytes moved / (bytes per clock per CU / 4 SIMDs), i.e. the SIMD's share of the
+    CU's LDS port when all four SIMDs run the same loop: 128 B/clk/CU (CDNA3 white paper);
+    gfx950 reads at 256 B/clk (CDNA4 doubled the LDS read bandwidth along with its capacity,
+    64 -> 160 KB), its writes and cross-lane ops taken at 128. ds_read_b128 of 64 lanes = 1 KiB =
+    32 cycles (16 on gfx950); ds_bpermute / ds_swizzle / DPP-free cross-lane ops count their 4 bytes a lane.
   * global / buffer memory, SALU, waits and branches are counted, not priced: latency hiding
     across waves is what the occupancy model speaks to.
 Matrix and vector work issue from different waves concurrently, so an iteration costs at least
@@ -65,6 +66,7 @@ MATRIX_RATE = {
 SIMDS = 4
 VALU_CYCLES, TRANS_CYCLES = 4, 16
 LDS_BYTES_PER_CLK = 128
+LDS_READ_BYTES_PER_CLK = {"gfx942": 128, "gfx950": 256}
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 _MFMA_RE = re.compile(r"v_(?:mfma|smfmac)_[a-z0-9]+_(\d+)x(\d+)x(\d+)_?([a-z0-9_]*)")
 _LABEL_RE = re.compile(r"^(\.?L[A-Za-z0-9_$.]+):")
@@ -104,8 +106,8 @@ def _lds_bytes(mnemonic: str, rest: str) -> int:
     if mnemonic.startswith("ds_read2") or mnemonic.startswith("ds_write2") or mnemonic.startswith(("ds_load_2", "ds_store_2")):
         return 64 * 2 * width(mnemonic) // 8
     w = width(mnemonic) or 32
-    if re.search(r"_tr\d*_b(\d+)", mnemonic):
-        w = int(re.search(r"_b(\d+)$", mnemonic).group(1))
+    if "_tr" in mnemonic:  # transpose reads: ds_read_tr16_b64 / ds_read_b64_tr_b16 move 64 bits a lane
+        w = max(int(b) for b in re.findall(r"b(\d+)", mnemonic))
     return 64 * w // 8
 
 
@@ -136,6 +138,7 @@ class Loop:
                 n["VALU"] += cnt
             elif c in ("LDS_read", "LDS_write", "LDS_other"):
                 lds_bytes += rest_bytes
+                lds += rest_bytes / (LDS_READ_BYTES_PER_CLK[arch] if c == "LDS_read" else LDS_BYTES_PER_CLK)
                 n["LDS"] += cnt
             elif c in ("vmem_load", "vmem_store"):
                 n["vmem"] += cnt
@@ -143,7 +146,7 @@ class Loop:
                 n["SALU"] += cnt
             else:
                 n["other"] += cnt
-        lds = round(lds_bytes / (LDS_BYTES_PER_CLK / SIMDS))
+        lds = round(lds * SIMDS)
         bound = max((("matrix", mat), ("vector", vec), ("LDS", lds)), key=lambda kv: kv[1])[0]
         return dict(matrix_cycles=mat, vector_cycles=vec, lds_cycles=lds, lds_bytes=lds_bytes, bound=bound,
                     matrix_over_vector=(mat / vec) if vec else float("inf"), counts=n, blocks=self.blocks)

@@ -9,7 +9,6 @@ test asserts that the FlyDSL kernel was launched under the simulator.
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -204,6 +203,22 @@ def test_custom_scale_and_strided_inputs():
         out = attention(q, k, v, causal=True, scale=0.3)
     assert len(sim.launches) == 1
     torch.testing.assert_close(out.float(), reference(q, k, v, None, True, 0.3), **op_tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("arch,dtype,causal,opt", [("gfx942", "bf16", True, None), ("gfx950", "f32", False, "hs")])
+def test_negative_scale(arch, dtype, causal, opt):
+    """The kernel takes the row max of raw scores and folds the scale into exp2's fma, which needs
+    scale > 0: a negative one (or a negative per-head scale) flips Q's sign bits instead."""
+    q, k, v, _ = make_inputs(1, 2, 2, 40, 70, 64, dtype, None)
+    kw = {"scale": -0.2}
+    if opt == "hs":
+        kw["head_scale"] = torch.tensor([-1.5, 2.0])
+    with _simulate(arch) as sim:
+        out = attention(q, k, v, causal=causal, **kw)
+    assert len(sim.launches) == 1
+    # the explicit reference (torch's SDPA masks before a negative scale: -inf * -0.2 = inf, NaN rows)
+    ref = reference(q, k, v, None, causal, scale=kw["scale"], head_scale=kw.get("head_scale", torch.ones(2)))
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype][0], rtol=TOL[dtype][1])
 
 
 def test_fully_masked_rows_are_zero():

@@ -5,8 +5,8 @@ Design notes
 A wave owns RG groups of 16 query rows (RG = 2 for 16-bit inputs up to D=128, else 1) and
 walks the keys in blocks of BLOCK_N = 16 * N_TILES with an online softmax (running max `m`,
 running sum `l`, fp32 accumulators). Both products run on 16x16 MFMAs (bf16/fp16: 16x16x16,
-on gfx950 16x16x32; fp32: 16x16x4f32) in *transposed* form so that no data ever crosses lanes
-except for the row max:
+on gfx950 the full-rate 16x16x32; fp32: 16x16x4f32) in *transposed* form so that no data
+crosses lanes except for the row max:
 
     Sᵀ = K · Qᵀ     A = K tile (16 keys x D),  B = Qᵀ (D x 16 rows)
     Oᵀ = Vᵀ · Pᵀ    A = Vᵀ (16 d x 16 keys),   B = Pᵀ (16 keys x 16 rows)
@@ -14,29 +14,27 @@ except for the row max:
 With lane = 16 * g + r, the Sᵀ accumulator of lane (g, r) holds row r, keys 4g..4g+3 of the
 tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the Oᵀ accumulator
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
-max needs two xor-shuffles (16, 32); the row sum stays per lane until the epilogue. The RG
-row groups of a wave share every K and V operand read (A operands), so 32 rows per wave halve
-the LDS bytes and the per-tile overhead per score.
+max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
+read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
+Head-dim layouts, LDS staging and the tile plan: tiles.py.
 
-Contractions may permute their K index freely, so the head dimension is laid out to make
-every access a contiguous per-lane vector:
-  * QKᵀ: lane group g covers d in [g*D/4, (g+1)*D/4); k-step s reads 4 (8, 1) of them.
-  * PV with LDS (more than one wave): V is staged *transposed*, Vᵀ[d][key] (row stride
-    BLOCK_N + 4: 16 lanes' 8-byte reads hit all 32 banks), written with ds_write_b16 /
-    ds_write_b16_d16_hi (no VALU); MFMA row m of Oᵀ tile dt stands for d = 16 dt + m and an
-    operand (4 keys of one d) is one 8-byte read; gfx950 pairs two of them for 16x16x32.
-  * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
-    D/16 contiguous elements of one V row and regroups them (v_perm).
-With more than one wave the workgroup copies each K / V tile to LDS (the next tile's global
-loads are issued before the current tile's math); one wave reads K and V straight from global
-memory. Row and key indices are clamped into range so every access is in bounds; out-of-range
-keys are masked to -inf and out-of-range rows are not stored.
+With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
+loads are issued before the current tile's math, and only if there is a next tile. One wave
+reads K and V straight from global memory. Row and key indices are clamped into range so every
+access is in bounds; out-of-range keys are masked to -inf and out-of-range rows not stored.
 
-Vector work (the loop is bound by it on gfx942 at D <= 64 and on gfx950; bench.hotloop):
-tiles that need no mask (below Sk and below the block's first causal row, without a user mask)
-run in a separate loop without any compare; the row max skips NaN canonicalization (a NaN
-score still reaches O through exp2 and l); scale, s - m and the row sum are packed 4-vectors;
-on gfx942 P is rounded to bf16 on its bits (no convert instruction there).
+Vector work per score (the hot loop; bench.hotloop prices it):
+  * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
+    run in a separate loop without any compare;
+  * there the row max is taken over the raw scores and the scale goes into exp2's argument,
+    exp2(c s - m) = one packed fma per two scores (c > 0: a negative scale flips Q's sign bits
+    once in the prologue); masked tiles scale first, then mask;
+  * the row max skips NaN canonicalization (a NaN score still reaches O through exp2 and l);
+    gfx950 exchanges it with ds_bpermute (its generic shuffle lowering costs ~7 VALU a step);
+  * 16-bit inputs sum the row with one MFMA of a ones tile and the Pᵀ operand (ONES_L): no
+    VALU adds, every element of that accumulator holds the full row sum, and l sums exactly
+    the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
+    the bias cancels in O / l); gfx950 has v_cvt_pk_bf16_f32.
 
 Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
 padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
@@ -55,65 +53,14 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
+from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
+                                                MASK_BOOL, MASK_NONE, NNAN, chunk_elems, ir_elem, kernel_config,
+                                                padded_head_dim, v_transpose_read)
 from translator_kernels.device_math import tanh
-
-LOG2E = 1.4426950408889634
-AFN = fx.arith.FastMathFlags.afn
-# the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
-# reaches the output through exp2(s - m) and the row sum
-NNAN = fx.arith.FastMathFlags.nnan
-
-# mask kinds (constexpr)
-MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-
-_FX_DTYPES = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
-_ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
 def gpu_barrier():
     gpu.barrier()
-
-
-def _ir_elem(name: str):
-    return {"f32": ir.F32Type.get, "bf16": ir.BF16Type.get, "f16": ir.F16Type.get}[name]()
-
-
-def _chunk(n: int, elem_bytes: int) -> int:
-    """Largest power-of-two chunk (<= 16 bytes) that divides n elements."""
-    c = 16 // elem_bytes
-    while c > 1 and n % c:
-        c //= 2
-    return c
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """The head dim the MFMA tiles cover: the next multiple of 16 (padding masked in the kernel)."""
-    return -(-head_dim // 16) * 16
-
-
-def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1) -> dict:
-    """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
-    eb = _ELEM_BYTES[dtype]
-    head_dim = padded_head_dim(head_dim)
-    use_lds = num_waves > 1
-    # keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (17 KB of K+V
-    # staging with padding) so that three workgroups fit the 64 KB LDS of a gfx942 CU
-    budget = 8192 if use_lds else 16384
-    n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
-    block_n = 16 * n_tiles
-    kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
-    vstride = block_n + 4                  # Vᵀ row (one d, all keys): 16 lanes' 8-byte reads hit 32 banks
-    return dict(
-        n_tiles=n_tiles,
-        block_n=block_n,
-        block_m=16 * row_groups * num_waves,
-        rows_per_wave=16 * row_groups,
-        threads=64 * num_waves,
-        use_lds=use_lds,
-        lds_stride=kstride,
-        lds_vstride=vstride,
-        lds_bytes=(block_n * kstride + head_dim * vstride) * eb if use_lds else 0,
-    )
 
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
@@ -125,15 +72,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     DV = head_dim                    # the real head dim
     PADDED = D != DV
     is_f32 = dtype == "f32"
-    eb = _ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, DV, num_waves, row_groups)
+    eb = ELEM_BYTES[dtype]
+    cfg = kernel_config(dtype, DV, num_waves, row_groups, arch)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
-    QC = _chunk(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
+    QC = chunk_elems(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
-    VC = _chunk(math.gcd(VN, DV), eb)
-    WC = _chunk(VN, 4)               # fp32 partial-output store chunk (split KV)
-    OC = _chunk(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
+    VC = chunk_elems(math.gcd(VN, DV), eb)
+    WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
+    OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
     # splits into 8-element steps, and for PV over pairs of 16-key tiles
@@ -141,15 +88,24 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # gfx950 16x16x32 for PV too when V is staged transposed in LDS (an operand = two 8-byte
     # reads); gathering 8 keys from global V rows would cost ~56 VGPRs, so decode keeps 16x16x16
     PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and cfg["use_lds"]
-    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by bit rounding (p_to_elem)
-    Elem = _FX_DTYPES[dtype]
-    MElem = _FX_DTYPES.get(mask_dtype, fx.Float32)
+    # 16-bit inputs: the row sum l is an MFMA of a ones tile with the Pᵀ operand the PV product
+    # reads (no VALU adds, and l sums exactly the rounded p that weight V), so P may be rounded
+    # toward zero: on gfx942 bf16 by keeping the high half of the bits (one v_perm per 2 values)
+    ONES_L = not is_f32
+    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (p_to_elem)
+    # unmasked tiles without soft-cap take the row max of the raw scores and fold the scale into
+    # one fma per score, exp2(c s - m) (c > 0: a negative scale negates Q once instead)
+    RAW_MAX = not softcap
+    BPERM = arch.startswith("gfx950")  # row max exchange by ds_bpermute (lane_xor)
+    Elem = FX_DTYPES[dtype]
+    MElem = FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
     # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
     # contiguous read, and MFMA row m of Oᵀ tile dt stands for d = 16 dt + m ("tile" order);
     # without LDS a lane reads V rows from global memory and row m stands for d = m VN + dt.
     VT = USE_LDS
-    CE = _chunk(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
+    VTR = v_transpose_read(arch, dtype, num_waves)  # V row-major in LDS, operands read transposed
+    CE = chunk_elems(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
     ROW_CH = DV // CE                # chunks per K/V row
     PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
     PAD_ITERS = -(-PAD_EL // THREADS)
@@ -160,7 +116,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @fx.struct
     class KVStage:
         k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
-        v: fx.Array[Elem, max(1, D * VSTR), 16]
+        v: fx.Array[Elem, max(1, BLOCK_N * LSTR if VTR else D * VSTR), 16]
 
     def f32v4():
         return ir.VectorType.get([4], ir.F32Type.get())
@@ -217,7 +173,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
                 x = fx.ptr_load(ptr + fx.Int64(off), result_type=Elem)
                 return fx.Vector.from_elements([x], Elem)
-            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], _ir_elem(dtype)))
+            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
 
         def load_chunks(ptr, off, total, chunk, start=None, zero=True):
             """`total` elements at off in `chunk`s; with `start` (the first element's column) the
@@ -243,6 +199,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             o = start % chunk
             return v.shuffle(v, [o, o + 1, o + 2, o + 3])
 
+        if const_expr(BPERM):
+            xor_addr = {k: ((lane ^ k) * 4).ir_value() for k in (16, 32)}
+
+        def lane_xor(x, k):
+            """x of lane ^ k. gfx950's generic shuffle lowering (permlane swaps plus a compare and a
+            select per step) costs ~7 VALU; one ds_bpermute runs on the LDS pipe instead."""
+            if const_expr(not BPERM):
+                return fx.Float32(fx.gpu.shuffle_xor(x, k, 64))
+            bits = rocdl.ds_bpermute(ir.IntegerType.get_signless(32), xor_addr[k], fx.Float32(x).bitcast(fx.Int32).ir_value())
+            return fx.Float32(fx.Int32(bits).bitcast(fx.Float32))
+
         def exp2(x):
             """Hardware v_exp_f32 (afn: no device-library call); exp2(-inf) = 0."""
             return fx.math.exp2(x, fastmath=AFN)
@@ -250,14 +217,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def p_to_elem(ps):
             """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
             instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
-            p is never NaN, so round half up on the bits (add 0x8000, keep the high half): 1.5 VALU.
-            (Truncating a p pre-scaled by 1 + 2^-8.5 saves the add but measured 1.6x the mean
-            error of round-to-nearest on flysim, with a bias; this matches it.)"""
+            keeping the high half of the bits (truncation) is one v_perm per 2 values. Its bias
+            (every weight rounded down) cancels in O / l because l sums the same rounded p (ONES_L);
+            alone it measured 1.6x the mean error of round-to-nearest."""
             pv = fx.Vector.from_elements(ps, fx.Float32)
             if const_expr(not TRUNC_P):
                 return pv.to(Elem)
-            bits = fx.Vector(pv.bitcast(fx.Int32)) + fx.Vector.filled(4, 0x8000, fx.Int32)
-            halves = fx.Vector(fx.Vector(bits).bitcast(fx.Int16))
+            halves = fx.Vector(pv.bitcast(fx.Int16))
             return fx.Vector(halves.shuffle(halves, [1, 3, 5, 7])).bitcast(fx.BFloat16)
 
         def mfma(a, b_, c):
@@ -287,7 +253,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         for it in range_constexpr(CH_ITERS):
             c = tid + it * THREADS
             c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
-            tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss, (c // BLOCK_N) * CE))
+            if const_expr(VTR):  # V copied like K
+                tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c // ROW_CH) * v_ss, (c % ROW_CH) * CE))
+            else:
+                tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss, (c // BLOCK_N) * CE))
 
         def gload_tile(kb):
             """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
@@ -317,6 +286,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         def lds_store_chunk(k_chunk, v_chunk, c):
             fx.ptr_store(k_chunk, lds_k + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
+            if const_expr(VTR):
+                fx.ptr_store(v_chunk, lds_v + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
+                return
             vt = (c // BLOCK_N) * CE * VSTR + c % BLOCK_N  # Vᵀ[col][key], one element at a time
             vv = fx.Vector(v_chunk)
             for e in range_constexpr(CE):
@@ -332,7 +304,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         lds_store_chunk(ks[it], vs[it], c)
 
         def lds_chunks(ptr, off, total, chunk):
-            ty = ir.VectorType.get([chunk], _ir_elem(dtype))
+            ty = ir.VectorType.get([chunk], ir_elem(dtype))
             if const_expr(chunk == 1):
                 return [fx.Vector.from_elements([fx.ptr_load(ptr + fx.Int64(off + c), result_type=Elem)], Elem)
                         for c in range_constexpr(total)]
@@ -349,7 +321,14 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         def vt_operand(t, dt):
             """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
-            ty = ir.VectorType.get([4], _ir_elem(dtype))
+            if const_expr(VTR):
+                # ds_read_b64_tr_b16: lane 4j + q of a 16-lane group reads V[key 16t + 4g + j][d 16dt + 4q ..
+                # + 3]; the group's 4 x 16 tile comes back transposed: lane r holds d = 16 dt + r, keys
+                # 16t + 4g .. + 3, the layout the Vᵀ operand needs
+                ptr = fx.to_llvm_ptr(lds_v + fx.Int64((16 * t + 4 * g + r // 4) * LSTR + 16 * dt + 4 * (r % 4)))
+                i16x4 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))
+                return fx.Vector(rocdl.ds_read_tr16_b64(i16x4, ptr).result).bitcast(Elem)
+            ty = ir.VectorType.get([4], ir_elem(dtype))
             return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * VSTR + 16 * t + 4 * g), result_type=ty)
 
         def v_operand(kb, t, j):
@@ -368,6 +347,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
                     for u in range_constexpr(RG)]
+        if const_expr(RAW_MAX):
+            # c s = |c| (-s): a negative scale flips the sign bits of Q once, so c > 0 below and
+            # max(c s) = c max(s)
+            neg = c_qk < zero_f
+            c_qk = neg.select(zero_f - c_qk, c_qk)
+            IntE = fx.Int32 if is_f32 else fx.Int16
+            sign = neg.select(IntE(-(2 ** (8 * eb - 1))), IntE(0))
+            q_chunks = [[fx.Vector(fx.Vector(fx.Vector(ch).bitcast(IntE)) ^ sign).bitcast(Elem) for ch in q_chunks[u]]
+                        for u in range_constexpr(RG)]
         if const_expr(USE_LDS and PADDED):
             # the padding columns of the LDS tiles are never written by the tile copies: zero them
             # once (the loop's first barrier orders this before any read)
@@ -375,7 +363,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 e = tid + it * THREADS
                 if e < PAD_EL:
                     fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
-                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((DV + e // BLOCK_N) * VSTR + e % BLOCK_N))
+                    if const_expr(VTR):
+                        fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
+                    else:
+                        fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((DV + e // BLOCK_N) * VSTR + e % BLOCK_N))
 
         # ---- key range ----
         kv_end = sk
@@ -399,7 +390,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
 
         # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
-        init = ([neg_inf] * RG + [zero_f] * RG
+        init = ([neg_inf] * RG + ([fx.Vector.filled(4, 0.0, fx.Float32)] * RG if ONES_L else [zero_f] * RG)
                 + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(RG * VN)])
         if const_expr(USE_LDS):
             pk, pv = gload_tile(kv_start)
@@ -407,9 +398,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def score_tile(acc, kb, t, u, masked):
             """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
             element i is key kb + 16t + 4g + i of row rows[u]."""
-            if const_expr(not masked and not softcap):  # packed: two scores per v_pk_mul_f32
-                sv = fx.Vector(acc * (fx.Vector.filled(4, 0.0, fx.Float32) + c_qk))
-                return [sv[i] for i in range_constexpr(4)]
+            if const_expr(not masked and RAW_MAX):  # raw: the scale goes into exp2's fma
+                return [acc[i] for i in range_constexpr(4)]
             vals = []
             for i in range_constexpr(4):
                 kidx = kb + 16 * t + 4 * g + i
@@ -472,27 +462,38 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
             # ---- online softmax, per row group ----
+            raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
             m_new, l_new, p_tiles = [], [], []
             for u in range_constexpr(RG):
-                m_loc = m_old[u]
+                m_loc = s_tiles[u][0][0] if raw else m_old[u]
                 for t in range_constexpr(N_TILES):
                     for i in range_constexpr(4):
                         m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
-                m_loc = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 16, 64)), fastmath=NNAN)
-                m_n = fx.arith.maximumf(m_loc, fx.Float32(fx.gpu.shuffle_xor(m_loc, 32, 64)), fastmath=NNAN)
-                m_use = (m_n == neg_inf).select(zero_f, m_n)
+                m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
+                m_n = fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN)
+                if const_expr(raw):
+                    # every key of the tile is real: m_n is finite (inputs finite)
+                    m_n = fx.arith.maximumf(m_old[u], m_n * c_qk, fastmath=NNAN)
+                    m_use = m_n
+                else:
+                    m_use = (m_n == neg_inf).select(zero_f, m_n)
                 alpha = exp2(m_old[u] - m_use)
-                # s - m as packed 4-vectors, exp2 per score, the row sum as a 4-vector (v_pk_add)
-                m_vec = fx.Vector.filled(4, 0.0, fx.Float32) + m_use
-                l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
+                # c s - m (raw: one packed fma per two scores) or s - m, exp2 per score
+                m_vec = fx.Vector.filled(4, 0.0, fx.Float32) - m_use
+                c_vec = fx.Vector.filled(4, 0.0, fx.Float32) + c_qk
                 pt = []
                 for t in range_constexpr(N_TILES):
-                    dv = fx.Vector(fx.Vector.from_elements(s_tiles[u][t], fx.Float32) - m_vec)
-                    ps = [exp2(dv[i]) for i in range_constexpr(4)]
-                    l_vec = l_vec + fx.Vector.from_elements(ps, fx.Float32)
-                    pt.append(ps)
-                l_vec = fx.Vector(l_vec)
-                l_n = l_old[u] * alpha + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
+                    sv = fx.Vector.from_elements(s_tiles[u][t], fx.Float32)
+                    dv = fx.Vector(fx.math.fma(sv, c_vec, m_vec) if raw else sv + m_vec)
+                    pt.append([exp2(dv[i]) for i in range_constexpr(4)])
+                if const_expr(ONES_L):
+                    l_n = fx.Vector(l_old[u]) * alpha  # + sum p: the ones MFMA of the PV step
+                else:  # the row sum as a 4-vector (v_pk_add), reduced across lanes in the epilogue
+                    l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
+                    for t in range_constexpr(N_TILES):
+                        l_vec = l_vec + fx.Vector.from_elements(pt[t], fx.Float32)
+                    l_vec = fx.Vector(l_vec)
+                    l_n = l_old[u] * alpha + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
                 o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
                 m_new.append(m_n)
                 l_new.append(l_n)
@@ -510,6 +511,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
                         for u in range_constexpr(RG):
                             o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
+                    for u in range_constexpr(RG):  # ONES_L: row u's sum of p, in every element
+                        l_new[u] = mfma32(fx.Vector.filled(8, 1.0, Elem), pbs[u], l_new[u])
             elif const_expr(VT):
                 for t in range_constexpr(N_TILES):
                     pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
@@ -523,6 +526,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                 o_acc[u][dt] = acc
                             else:
                                 o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
+                    if const_expr(ONES_L):
+                        for u in range_constexpr(RG):
+                            l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
             for t in range_constexpr(0 if VT else N_TILES):
                 v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
                 if const_expr(is_f32):
@@ -538,6 +544,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
                         for u in range_constexpr(RG):
                             o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
+                    for u in range_constexpr(RG):
+                        l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
 
             return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt
 
@@ -604,8 +612,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
         for u in range_constexpr(RG):
             l_part = results[RG + u]
-            l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
-            l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
+            if const_expr(ONES_L):  # the ones MFMA summed the row over all lanes already
+                l_tot = fx.Vector(l_part)[0]
+            else:
+                l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
+                l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
             o_fin = [fx.Vector(results[2 * RG + u * VN + dt]) for dt in range_constexpr(VN)]
             if const_expr(split):
                 store_partials(rows[u], o_fin, results[u], l_tot)

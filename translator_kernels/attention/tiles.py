@@ -1,0 +1,82 @@
+"""The attention kernel's tile plan and data layouts (static, per specialization).
+
+Contractions may permute their K index freely, so the head dimension is laid out to make
+every access a contiguous per-lane vector (lane = 16 g + r):
+  * QKᵀ: lane group g covers d in [g*D/4, (g+1)*D/4); k-step s reads 4 (8, 1) of them.
+  * PV with LDS on gfx942 (more than one wave): V is staged *transposed*, Vᵀ[d][key] (row
+    stride BLOCK_N + 4: 16 lanes' 8-byte reads hit all 32 banks), written with ds_write_b16 /
+    ds_write_b16_d16_hi (no VALU); MFMA row m of Oᵀ tile dt stands for d = 16 dt + m and an
+    operand (4 keys of one d) is one 8-byte read.
+  * PV with LDS on gfx950 (16-bit inputs): V is staged row-major like K (16-byte writes) and
+    each operand is read transposed by the LDS itself (ds_read_b64_tr_b16: lane 4j + q of a
+    16-lane group reads 4 d of key 4g + j; the group's 4 x 16 tile comes back transposed), the
+    same "tile order" as gfx942's; two reads make a 16x16x32 operand (a pair of key tiles).
+  * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
+    D/16 contiguous elements of one V row and regroups them (v_perm).
+Keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (about 17 KB of K + V
+staging with padding) so that three 4-wave workgroups fit the 64 KB LDS of a gfx942 CU.
+"""
+
+import flydsl.expr as fx
+from flydsl._mlir import ir
+
+LOG2E = 1.4426950408889634
+AFN = fx.arith.FastMathFlags.afn
+# the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
+# reaches the output through exp2(s - m) and the row sum
+NNAN = fx.arith.FastMathFlags.nnan
+
+# mask kinds (constexpr)
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+FX_DTYPES = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
+ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def ir_elem(name: str):
+    return {"f32": ir.F32Type.get, "bf16": ir.BF16Type.get, "f16": ir.F16Type.get}[name]()
+
+
+def chunk_elems(n: int, elem_bytes: int) -> int:
+    """Largest power-of-two chunk (<= 16 bytes) that divides n elements."""
+    c = 16 // elem_bytes
+    while c > 1 and n % c:
+        c //= 2
+    return c
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the MFMA tiles cover: the next multiple of 16 (padding masked in the kernel)."""
+    return -(-head_dim // 16) * 16
+
+
+def v_transpose_read(arch: str, dtype: str, num_waves: int) -> bool:
+    """gfx950, 16-bit, V through LDS: V is staged row-major and each PV operand is read transposed
+    by the hardware (ds_read_b64_tr_b16); gfx942 stages Vᵀ with 2-byte writes instead."""
+    return arch.startswith("gfx950") and dtype != "f32" and num_waves > 1
+
+
+def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1, arch: str = "gfx942") -> dict:
+    """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
+    eb = ELEM_BYTES[dtype]
+    head_dim = padded_head_dim(head_dim)
+    use_lds = num_waves > 1
+    budget = 8192 if use_lds else 16384
+    n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
+    block_n = 16 * n_tiles
+    kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
+    vstride = block_n + 4                  # Vᵀ row (one d, all keys): 16 lanes' 8-byte reads hit 32 banks
+    return dict(
+        n_tiles=n_tiles,
+        block_n=block_n,
+        block_m=16 * row_groups * num_waves,
+        rows_per_wave=16 * row_groups,
+        threads=64 * num_waves,
+        use_lds=use_lds,
+        lds_stride=kstride,
+        lds_vstride=vstride,
+        lds_bytes=(block_n * kstride + (block_n * kstride if v_transpose_read(arch, dtype, num_waves)
+                                         else head_dim * vstride)) * eb if use_lds else 0,
+    )
+
+
