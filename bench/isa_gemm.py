@@ -52,15 +52,16 @@ def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, res
     return isa_stats_many([_spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype)])[0]
 
 
-def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1):
+def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1,
+                  kw: int = 1, **epilogue):
     """(ISA text, metadata dict) of our GEMM ("ours") or FlyDSL's preshuffle GEMM ("flydsl", from the
     source checkout $FLYDSL_SRC names) at one tile, compiled without a GPU in a child process."""
     from bench.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
     if impl == "ours":
-        spec = _spec(n, k, dtype, arch, bm, bn, bk)
-        spec["split"] = split
+        spec = _spec(n, k, dtype, arch, bm, bn, bk, **epilogue)
+        spec.update(split=split, kw=kw)
         text = main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch))
     else:
         text = main_text(compile_isa_texts("bench.isa_gemm:_compile_flydsl", (n, k, dtype, bm, bn, bk), arch=arch))
@@ -98,13 +99,14 @@ def _compile_one(spec):
     n_pad, k_pad = padded_shape(n, k)
     m = 2 * spec["bm"] + 1
     dt, odt = tdt[spec["dtype"]], tdt[spec["out_dtype"]]
-    split = spec.get("split", 1)
-    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], "f32" if split > 1 else spec["out_dtype"],
-                                    spec["arch"], spec["bm"], spec["bn"], spec["bk"], spec["activation"], spec["bias"],
-                                    spec["residual"], split)
+    split, kw = spec.get("split", 1), spec.get("kw", 1)
+    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
+                                    spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
+                                    False, None, kw)
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
-    launch(c, a, w, torch.zeros(n), c, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
-           w.numel() * w.element_size(), c.numel() * c.element_size())
+    p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
+    launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
+           w.numel() * w.element_size(), c.numel() * c.element_size(), p.numel() * 4, cnt.numel() * 4)
 
 
 def markdown_table(n=4096, k=4096, archs=("gfx942", "gfx950"), dtypes=("f32", "bf16", "f16"),
@@ -195,37 +197,41 @@ DECODE_M = (1, 16, 64)
 
 
 def decode_rows(archs, dtype="bf16", n=4096, k=4096):
-    """Decode shapes: the chosen config (split-K) and the same tile unsplit, with the compiled
-    kernel's occupancy fed to translator_kernels.gemm.tiles.stream_estimate (a MODEL)."""
+    """Decode shapes: the chosen config (split-K inside the launch, kw = 4 small-N tiles) and, for
+    comparison, the best unsplit 16 x 64 tile of the default layout, with the compiled kernel's
+    occupancy fed to translator_kernels.gemm.tiles.stream_estimate (a MODEL)."""
     from translator_kernels.gemm import GemmConfig, choose_config, m_bucket, stream_estimate
     from translator_kernels.isa import occupancy
 
-    rows = []
+    keys = []
     for arch in archs:
         for m in DECODE_M:
             c = choose_config(m_bucket(m), n, k, dtype, arch)
-            for cfg in dict.fromkeys([c, GemmConfig(c.bm, c.bn, c.bk)]):
-                s = isa_stats_many([dict(_spec(n, k, dtype, arch, cfg.bm, cfg.bn, cfg.bk), split=cfg.split)])[0]
-                wpc = occupancy(s["vgpr"], s["sgpr"], s["lds_bytes"], 256, arch)[0]
-                rows.append(dict(arch=arch, m=m, cfg=cfg, chosen=cfg == c, vgpr=s["vgpr"], spills=s["vgpr_spill"],
-                                 **stream_estimate(m, n, k, dtype, arch, cfg, wg_per_cu=wpc)))
+            base = GemmConfig(c.bm, 64, 256 if k % 256 == 0 else 64)
+            keys += [(arch, m, cfg, cfg == c) for cfg in dict.fromkeys([c, base])]
+    specs = [dict(_spec(n, k, dtype, arch, cfg.bm, cfg.bn, cfg.bk), split=cfg.split, kw=cfg.kw) for arch, _, cfg, _ in keys]
+    rows = []
+    for (arch, m, cfg, chosen), s in zip(keys, isa_stats_many(specs)):
+        wpc = occupancy(s["vgpr"], s["sgpr"], s["lds_bytes"], 256, arch)[0]
+        rows.append(dict(arch=arch, m=m, cfg=cfg, chosen=chosen, vgpr=s["vgpr"], spills=s["vgpr_spill"] + s["sgpr_spill"],
+                         **stream_estimate(m, n, k, dtype, arch, cfg, wg_per_cu=wpc)))
     return rows
 
 
 def print_decode(rows):
-    from translator_kernels.gemm.tiles import CUS, HBM_LATENCY_S, LAUNCH_S
+    from translator_kernels.gemm.tiles import CUS, HBM_LATENCY_S
 
     print(f"## GEMM decode shapes, bf16 N = K = 4096: grid and modeled HBM fraction (MODEL: tiles.stream_estimate, "
-          f"{HBM_LATENCY_S * 1e6:g} us HBM latency, {LAUNCH_S * 1e6:g} us per extra launch; not a measurement)\n")
-    print("| arch | M | tile BMxBNxBK | split | chosen | grid | CUs | grid / CUs | VGPR | WG per CU (ISA) | "
-          "bytes in flight | modeled us | HBM fraction | HBM fraction without the launch gap |")
-    print("|" + "---|" * 14)
+          f"{HBM_LATENCY_S * 1e6:g} us HBM latency, partial sums counted at HBM; not a measurement)\n")
+    print("| arch | M | tile BMxBNxBK | kw | split | chosen | grid | grid / CUs | VGPR | spills | WG per CU (ISA) | "
+          "bytes in flight | partial-sum bytes | modeled us | HBM fraction |")
+    print("|" + "---|" * 15)
     for r in rows:
         c = r["cfg"]
-        cus = CUS[r["arch"]]
-        print(f"| {r['arch']} | {r['m']} | {c.bm}x{c.bn}x{c.bk} | {c.split} | {'yes' if r['chosen'] else 'no'} | "
-              f"{r['grid']} | {cus} | {r['grid'] / cus:.2f} | {r['vgpr']} | {r['wg_per_cu']} | {r['in_flight'] / 1e6:.1f} MB | "
-              f"{r['t'] * 1e6:.1f} | {r['hbm_fraction']:.2f} | {r['hbm_fraction_no_launch']:.2f} |")
+        print(f"| {r['arch']} | {r['m']} | {c.bm}x{c.bn}x{c.bk} | {c.kw} | {c.split} | {'yes' if r['chosen'] else 'no'} | "
+              f"{r['grid']} | {r['grid'] / CUS[r['arch']]:.2f} | {r['vgpr']} | {r['spills']} | {r['wg_per_cu']} | "
+              f"{r['in_flight'] / 1e6:.1f} MB | {r['partial_bytes'] / 1e6:.2f} MB | {r['t'] * 1e6:.1f} | "
+              f"{r['hbm_fraction']:.2f} |")
     print()
 
 

@@ -6,8 +6,8 @@ preshuffle.py. Epilogue order: ``out = act(scale * (a @ W.T) + bias) + residual`
 fp32 and cast once to ``out_dtype``; ``act`` is a one-input per-element program
 (translator_kernels.program: any op of the one op table; "gelu" or "mul(2.0);sigmoid" spell one).
 
-The kernel (kernel.py) runs one launch; split-K configs (decode shapes) add the deterministic
-reduction of splitk.py. The tile heuristic, its cost models and `register_config` live in
+The kernel (kernel.py) runs one launch; split-K configs (decode shapes) add up their partial sums
+inside it, in a fixed order (splitk.py). The tile heuristic, its cost models and `register_config` live in
 tiles.py; `autotune` here times candidate configs on a real GPU and registers the fastest (the
 hook; it never runs under flysim).
 """
@@ -20,7 +20,7 @@ from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.gated import gated_shape
-from translator_kernels.gemm.splitk import build_splitk_reduce
+from translator_kernels.gemm.splitk import splitk_workspace
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, m_bucket, register_config,
                                            stream_estimate)
@@ -68,10 +68,10 @@ def _check_bytes(op, name, t):
                                f"split the call")
 
 
-def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None, w_plain=False,
-            gate=None):
-    """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or with w_plain
-    [batch or 1, N, K] row-major (K a multiple of kpack)."""
+def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None,
+            w_layout="shuffled", gate=None):
+    """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or [batch or 1, N, K]
+    (w_layout "nk") or [batch or 1, K, N] (w_layout "kn") row-major, K a multiple of kpack."""
     arch = kl.arch()  # looked up once per target, not per call
     dt = _DT[a3.dtype]
     n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
@@ -86,23 +86,15 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     res_t = residual if has_res else out
     for name, t in (("a", a3), ("w", ws), ("out", out)):
         _check_bytes(op, name, t)
-    w_bs = (n * k if w_plain else n_pad * k_pad) if ws.shape[0] > 1 else 0
+    w_bs = (n_pad * k_pad if w_layout == "shuffled" else n * k) if ws.shape[0] > 1 else 0
     a_bytes, w_bytes = a3.numel() * a3.element_size(), ws.numel() * ws.element_size()
-    if cfg.split > 1:  # partial sums into P, then the deterministic reduction applies the epilogue
-        part = torch.empty((cfg.split, batch, m, n), dtype=torch.float32, device=a3.device)
-        _check_bytes(op, "split-K workspace", part)
-        launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, "f32", arch, cfg.bm, cfg.bn, cfg.bk, None, False, False,
-                              cfg.split, w_plain)
-        kl.call(launcher, part, a3, ws, bias_t, part, m, batch, m * k_eff, w_bs, m * n, 1.0, a_bytes,
-                      w_bytes, part.numel() * 4)
-        reduce = build_splitk_reduce(n, cfg.split, _DT[out_dtype], activation, has_bias, has_res)
-        kl.call(reduce, out, part, bias_t, res_t, batch * m * n, float(scale), part.numel() * 4,
-                      out.numel() * out.element_size())
-        return out
+    p_ws = cnt = _no_bias(a3.device)  # placeholders unless split-K
+    if cfg.split > 1:  # partial sums in P, tickets in Cnt; the last split of a tile adds them up (splitk.py)
+        p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
-                          activation, has_bias, has_res, 1, w_plain, gate)
-    kl.call(launcher, out, a3, ws, bias_t, res_t, m, batch, m * k_eff, w_bs, m * n, float(scale),
-                  a_bytes, w_bytes, out.numel() * out.element_size())
+                          activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw)
+    kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
+            a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4)
     return out
 
 
@@ -199,6 +191,15 @@ def _batch_view(bt, batch_shape, n, k):
     return w3 if w3.shape[0] == 1 or w3.stride(0) == n * k else None
 
 
+def _in_place(t, batch_shape, rows, cols):
+    """t [..., rows, cols] as [batch or 1, rows, cols] row-major matrices without a copy, or None."""
+    if (cols > 1 and t.stride(-1) != 1) or (rows > 1 and t.stride(-2) != cols):
+        return None
+    if t[..., :1, :1].numel() == 1:  # one matrix shared by every batch entry: batch stride 0
+        return t.reshape(1, rows, cols)
+    return _batch_view(t, batch_shape, rows, cols)
+
+
 @kl.planned
 def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
     """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
@@ -225,10 +226,10 @@ def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=
 def bmm(a, b, *, out_dtype=None):
     """a[..., M, K] @ b[..., K, N] -> [..., M, N] (batch dims broadcast), both activations.
 
-    When b is a transposed row-major matrix (b.transpose(-2, -1) has unit stride along K, as in
-    q @ k.transpose(-2, -1)), the kernel reads it in place (w_plain). Otherwise (att @ v: b's rows
-    run along N, but each MFMA lane needs 16 bytes along K) b is preshuffled per call: one extra
-    pass over b, a device copy."""
+    The kernel reads b in place when its matrices are row-major either way (K a multiple of kpack):
+    b.transpose(-2, -1) row-major [N, K] as in q @ k.transpose(-2, -1) (w_layout "nk"), or b itself
+    row-major [K, N] as in att @ v (w_layout "kn", kernel.py). Any other b (strided rows, or K not a
+    multiple of kpack) is preshuffled per call: one extra pass over b, a device copy."""
     op = "bmm"
     if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
         raise KernelInputError(f"{op}: shapes {tuple(a.shape)} @ {tuple(b.shape)} are not [..., M, K] @ [..., K, N]")
@@ -244,14 +245,13 @@ def bmm(a, b, *, out_dtype=None):
         return torch.empty(batch_shape + (m, n), dtype=out_dtype, device=a.device)
     a3 = a.expand(batch_shape + (m, k)).reshape(batch, m, k)
     a3 = _prep_a(op, a3, k, a.dtype)
-    bt = b.transpose(-2, -1)  # [..., N, K]
-    if k % kpack_for(b.dtype) == 0 and bt.stride(-1) == 1 and (n == 1 or bt.stride(-2) == k):
-        shared = b[..., :1, :1].numel() == 1
-        w3 = bt.reshape(1, n, k) if shared else _batch_view(bt, batch_shape, n, k)
-        if w3 is not None:
-            out = _launch(op, a3, w3, n, k, batch, m, bias=None, activation=None, residual=None, scale=1.0,
-                          out_dtype=out_dtype, w_plain=True)
-            return out.reshape(batch_shape + (m, n))
+    if k % kpack_for(b.dtype) == 0:
+        for t, layout, rows, cols in ((b.transpose(-2, -1), "nk", n, k), (b, "kn", k, n)):
+            w3 = _in_place(t, batch_shape, rows, cols)
+            if w3 is not None:
+                out = _launch(op, a3, w3, n, k, batch, m, bias=None, activation=None, residual=None, scale=1.0,
+                              out_dtype=out_dtype, w_layout=layout)
+                return out.reshape(batch_shape + (m, n))
     if b[..., :1, :1].numel() == 1:  # one b shared by every batch: shuffle once, batch stride 0
         ws = shuffle_weight_batched(b.reshape(1, k, n).transpose(1, 2))
     else:

@@ -112,25 +112,38 @@ def _i32(v):
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
-               w_plain: bool = False, gate=None):
+               w_layout: str = "shuffled", gate=None, kw: int = 1):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
-    launch(C, A, W, bias, residual, m, batch, a_bstride, w_bstride, c_bstride, scale)
-    (batch strides in elements; bias/residual are ignored placeholders when absent).
+    launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
+           a_bytes, w_bytes, c_bytes, p_bytes, cnt_bytes)
+    (batch strides in elements; bias/residual/P/Cnt are ignored placeholders when absent).
 
-    split > 1 (split-K): workgroup (x, y + s * N_tiles, z) sums K tiles [s, s + 1) * K_pad / BK / split
-    and C is an fp32 workspace [split, batch, m, n] (c_bstride = m * n) that gets the raw partial sums, no epilogue
-    (splitk.build_splitk_reduce adds them up in a fixed order and applies it).
+    split > 1 (split-K, splitk.py): workgroup (x, y + s * N_tiles, z) sums K tiles [s, s + 1) * K_pad / BK / split,
+    stores them in the fp32 workspace P and takes a ticket from the int32 counters Cnt (zero before the
+    launch, zero again after it); the last arriver of a tile adds the splits' partials in the fixed order
+    0..split-1 and runs the epilogue. One launch, deterministic.
 
-    w_plain: W is an ordinary row-major [N, K] matrix (row stride K, a multiple of kpack), not
-    preshuffled: bmm's right operand when it is a transposed activation (q @ k.transpose(-2, -1)),
-    read in place. A lane's operand is still one 16-byte load; a wave reads 16 rows x 64 bytes.
+    kw = 4: the 4 waves share the BN columns and split each BK tile (wave w: K blocks [w, w + 1) * BK / 128),
+    then add their accumulators through LDS in wave order; wave 0 runs the epilogue. Small-N tiles
+    (BN = 16) for decode grids; kw = 1: the waves split BN (the default layout).
+
+    w_layout: "shuffled" (preshuffle.py, weights), or an activation read in place by bmm:
+      "nk": W is an ordinary row-major [N, K] matrix (row stride K, a multiple of kpack): the right
+            operand of q @ k.transpose(-2, -1). A lane's operand is still one 16-byte load; a wave
+            reads 16 rows x 64 bytes;
+      "kn": W is given as B = Wᵀ, a row-major [K, N] matrix (row stride N): the right operand of
+            att @ v. A lane's operand (kpack consecutive K of one column) is kpack 2- or 4-byte
+            loads; for each, the 16 lanes of a row read 16 consecutive columns (32 / 64 bytes).
+            No reshuffle pass over B; more load instructions than the other layouts.
 
     gate (an epilogue program, e.g. "silu"): the gated MLP act(x Wg^T + bg) * (x Wu^T + bu). W is
     gated.gated_weight's arrangement ([2 * N16, K]: 16 gate rows, then the 16 up rows of the same
     output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
     bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
     the up value of one output element. `activation` still applies after the product."""
+    from translator_kernels.gemm import splitk as sk  # device helpers that use this module's constants
+
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     activation = canonical_epilogue(activation)  # validates
@@ -139,14 +152,17 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     kp = 16 // esz  # elements per 16-byte chunk
     cpb = 32 // kp  # chunks per row of a 16x16x32 block (bf16: 4, f32: 8)
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
-    if bm % 16 or bn % (16 * WAVES) or bk % 32 or k_pad % bk or k % kp:
+    if bm % 16 or bn % 16 or bk % 32 or k_pad % bk or k % kp:
         raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
     is950 = arch.startswith("gfx950")
-    m_rep, n_rep, k_blk = bm // 16, bn // (16 * WAVES), bk // 32
+    if kw not in (1, WAVES) or bn % (16 * WAVES // kw) or bk % (32 * kw):
+        raise KernelInputError(f"gemm: kw={kw} needs kw in (1, {WAVES}), BN % {16 * WAVES // kw} == 0, "
+                               f"BK % {32 * kw} == 0 (got BN={bn}, BK={bk})")
+    m_rep, n_rep, k_blk = bm // 16, bn * kw // (16 * WAVES), bk // 32 // kw  # per wave
     if gate is not None:
         gate = canonical_epilogue(gate)  # validates
-        if bn % 128 or split != 1 or w_plain:
-            raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W (got BN={bn})")
+        if bn % 128 or split != 1 or w_layout != "shuffled" or kw != 1:
+            raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W / kw (got BN={bn})")
     if split < 1 or (k_pad // bk) % split:
         raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
     nk = k_pad // bk // split  # K tiles per workgroup
@@ -157,7 +173,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     stage_dw = bm * bk * esz // 4  # one LDS stage, in dwords
     nb_total = n_pad // 16
     kb_total = k_pad // 32
-    n_per_wave = bn // WAVES
+    n_per_wave = bn * kw // WAVES
+    n_acc = m_rep * n_rep
+    if kw > 1 and WAVES * n_acc * 256 > 2 * stage_dw:
+        raise KernelInputError(f"gemm: the LDS of tile {bm}x{bn}x{bk} cannot hold the waves' accumulators (kw={kw})")
 
     @fx.struct
     class Smem:
@@ -199,9 +218,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         rocdl.sched_barrier(0)
 
     @flyc.kernel
-    def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor,
-                    m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
-                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32):
+    def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, P: fx.Tensor,
+                    Cnt: fx.Tensor, m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
+                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32, cnt_bytes: fx.Int32):
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
@@ -214,6 +233,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         wave = tid // 64
         l16 = lane % 16
         q = lane // 16
+        wcol = wave * n_per_wave if kw == 1 else 0  # this wave's first column in the tile
+        wk = wave * k_blk if kw > 1 else 0  # this wave's first 32-deep K block in the tile
 
         def rsrc(t, nbytes):
             return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
@@ -273,34 +294,54 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
         # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks (block and half offsets are
         # compile-time constants the buffer instruction's immediate offset absorbs) ----
-        nb0 = (by * bn + wave * n_per_wave) // 16
+        nb0 = (by * bn + wcol) // 16
         w_base = bz * w_bs
         w_voff = []
         for nr in range_constexpr(n_rep):
             nb = nb0 + nr
-            if const_expr(w_plain):  # W[n, k] row-major, row stride K: lane (l16, q) reads row nb*16 + l16
+            if const_expr(w_layout == "nk"):  # W[n, k] row-major, row stride K: lane (l16, q) reads row nb*16 + l16
                 ok = nb * 16 + l16 < n
-                off = (w_base + (nb * 16 + l16) * k + q * kp) * esz
+                off = (w_base + (nb * 16 + l16) * k + q * kp + wk * 32) * esz
+            elif const_expr(w_layout == "kn"):  # B[k, n] row-major, row stride N: lane (l16, q) reads column nb*16 + l16
+                ok = nb * 16 + l16 < n
+                off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
             else:
                 ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + lane * kp) * esz
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * esz
             w_voff.append(ok.select(off, fx.Int32(OOB)))
 
         def load_w(kt, k_tail=False):
-            """W tile kt -> registers; k_tail (plain layout only): chunks with k >= K read 0."""
-            soff = kt * (bk * (1 if w_plain else 16) * esz)
+            """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
+            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * esz)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
                     for h in range_constexpr(lph):
-                        if const_expr(w_plain):
+                        if const_expr(w_layout == "kn"):  # a lane's chunk: kp elements down column n
+                            regs.append(load_kn_chunk(w_voff[nr], kt, kb, h, soff, k_tail))
+                            continue
+                        if const_expr(w_layout == "nk"):
                             voff = w_voff[nr] + (kb * 32 + h * 4 * kp) * esz
                             if const_expr(k_tail):
-                                voff = (kt * bk + (kb * 32 + h * 4 * kp) + q * kp < k).select(voff, fx.Int32(OOB))
+                                kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
+                                voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
                             voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz
                         regs.append(gload(rw, voff, soff))
             return regs
+
+        def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
+            """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
+            elems = []
+            for j in range_constexpr(kp):
+                voff = voff0 + ((kb * 32 + h * 4 * kp + j) * n) * esz
+                if const_expr(k_tail):
+                    kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp + j
+                    voff = (kk < k).select(voff, fx.Int32(OOB))
+                elems.append(rocdl.raw_ptr_buffer_load(_INT_T[esz](), rw, _raw(voff), _raw(soff), 0))
+            return vector.bitcast(_v4i32(), vector.from_elements(T.vec(kp, _INT_T[esz]()), elems))
+
+        a_lane_dw = lane * 4 + wk * (cpb * 64)  # this wave's K blocks of the A stage
 
         def compute(accs, w_regs, stage):
             accs = list(accs)
@@ -308,7 +349,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 for mr in range_constexpr(m_rep):
                     ops = []
                     for h in range_constexpr(lph):
-                        dw = stage * stage_dw + (((mr * k_blk + kb) * cpb + h * 4) * 16) * 4 + lane * 4
+                        dw = stage * stage_dw + (((mr * k_blk * kw + kb) * cpb + h * 4) * 16) * 4 + a_lane_dw
                         ops.append(fx.ptr_load(fx.add_offset(lds.a.ptr, _raw(dw)), _v4i32()))
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
@@ -355,19 +396,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             nxt = kt0 + (s + 1) if s + 1 < nk else None
             accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nk - 1)
 
-        if const_expr(split > 1):  # raw fp32 partial sums, rows < M, cols < N; the reduce applies the epilogue
-            p_base = bz * c_bs + s_idx * (c_bytes // (4 * split))  # P[s_idx, bz]
-            for nr in range_constexpr(n_rep):
-                col = by * bn + wave * n_per_wave + l16 + nr * 16
-                for mr in range_constexpr(m_rep):
-                    acc = fx.Vector(_raw(accs[mr * n_rep + nr]))
-                    for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
-                        off = ((row < m) & (col < n)).select((p_base + row * n + col) * 4, fx.Int32(OOB))
-                        rocdl.raw_ptr_buffer_store(_raw(acc[i]), rc, _raw(off), zero)
-            return
-
-        if const_expr(gate is not None):  # gated MLP: lane pairs (gate, up) -> act(g) * u
+        def store_gated(accs):  # gated MLP: lane pairs (gate, up) -> act(g) * u
             c_base = bz * c_bs
             if const_expr(has_bias):
                 rbg = rsrc(Bias, n_pad * 4)
@@ -394,42 +423,63 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         if const_expr(has_residual):
                             y = y + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rrg, _raw(c_off), zero)).to(fx.Float32)
                         rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
-            return
 
-        # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
-        c_base = bz * c_bs
-        if const_expr(has_bias):
-            rb = rsrc(Bias, n * 4)
-        if const_expr(has_residual):
-            rr = rsrc(Res, c_bytes)
-        col0 = by * bn + wave * n_per_wave + l16
-        for nr in range_constexpr(n_rep):
-            col = col0 + nr * 16
-            col_ok = col < n
+        def store_c(accs):
+            # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
+            c_base = bz * c_bs
             if const_expr(has_bias):
-                b_off = col_ok.select(col * 4, fx.Int32(OOB))
-                bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
-            for mr in range_constexpr(m_rep):
-                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                rb = rsrc(Bias, n * 4)
+            if const_expr(has_residual):
+                rr = rsrc(Res, c_bytes)
+            col0 = by * bn + wcol + l16
+            for nr in range_constexpr(n_rep):
+                col = col0 + nr * 16
+                col_ok = col < n
                 if const_expr(has_bias):
-                    yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
-                yv = apply_epilogue_device(yv, activation)
-                for i in range_constexpr(4):
-                    row = a_row0 + mr * 16 + q * 4 + i
-                    ok = (row < m) & col_ok
-                    c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                    y = yv[i]
-                    if const_expr(has_residual):
-                        rv = rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(c_off), zero)
-                        y = y + out_t(rv).to(fx.Float32)
-                    rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
+                    b_off = col_ok.select(col * 4, fx.Int32(OOB))
+                    bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
+                for mr in range_constexpr(m_rep):
+                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    if const_expr(has_bias):
+                        yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
+                    yv = apply_epilogue_device(yv, activation)
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        ok = (row < m) & col_ok
+                        c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
+                        y = yv[i]
+                        if const_expr(has_residual):
+                            rv = rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(c_off), zero)
+                            y = y + out_t(rv).to(fx.Float32)
+                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
+
+        store = store_gated if gate is not None else store_c
+        if const_expr(kw > 1):  # the waves' K parts, added through LDS in wave order; wave 0 stores
+            accs = sk.add_wave_parts(accs, lds.a.ptr, wave, lane)
+
+        def finish(accs):
+            if const_expr(split > 1):  # partials, a ticket; the last split of the tile adds them and stores
+                region = ((bz * ((m + (bm - 1)) // bm) + bx) * n_tiles + by) * (WAVES // kw) + (wave if kw == 1 else 0)
+                rows_ok = [a_row0 + mr * 16 + q * 4 < m for mr in range(m_rep)]
+                sk.reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split, rows_ok, n_rep, lane)
+            else:
+                store(accs)
+
+        if const_expr(kw > 1):
+            if_op = scf.IfOp(_raw(wave == 0), has_else=False)
+            with ir.InsertionPoint(if_op.then_block):
+                finish(accs)
+                scf.YieldOp([])
+        else:
+            finish(accs)
 
     @flyc.jit
-    def launch(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor,
-               m: fx.Int32, batch: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32,
-               scale: fx.Float32, a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32,
-               stream: fx.Stream = fx.Stream(None)):
-        gemm_kernel(C, A, W, Bias, Res, m, a_bs, w_bs, c_bs, scale, a_bytes, w_bytes, c_bytes).launch(
+    def launch(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, P: fx.Tensor,
+               Cnt: fx.Tensor, m: fx.Int32, batch: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32,
+               scale: fx.Float32, a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32,
+               cnt_bytes: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        gemm_kernel(C, A, W, Bias, Res, P, Cnt, m, a_bs, w_bs, c_bs, scale, a_bytes, w_bytes, c_bytes, p_bytes,
+                    cnt_bytes).launch(
             grid=((m + (bm - 1)) // bm, n_tiles * split, batch), block=(THREADS, 1, 1), stream=stream)
 
     return launch
@@ -473,6 +523,9 @@ def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, 
     if dswr_left:
         plan.append(("dswr", dswr_left))
     return plan
+
+
+_INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
 
 
 def _v4i32():

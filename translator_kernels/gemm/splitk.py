@@ -1,79 +1,121 @@
-"""Split-K for skinny GEMMs (decode, M <= 64): the deterministic reduction of the partial sums.
+"""Split-K inside one launch, for skinny GEMMs (decode, M <= 64): deterministic partial sums.
 
-Why: a decode step's linear (M = 1..64 tokens, N = K = 4096) has M/BM x N/BN = 64 output tiles,
-so 64 workgroups stream the weight while most of the GPU's 304 (MI300X) / 256 (MI355X) CUs idle
-and few bytes are in flight. Splitting K over `split` workgroups per tile multiplies the grid
-(and the bytes in flight) by `split`.
+Why: a decode step's linear (M = 1..64 tokens, N = K = 4096) has few output tiles, so without a
+K split a few hundred workgroups at most stream the weight, with too few bytes in flight to
+reach HBM bandwidth. Splitting K over `split` workgroups per output tile multiplies the grid.
+A second (reduction) launch would cost a launch gap of about a third of the whole GEMM at these
+sizes, so the splits meet inside the GEMM launch:
 
-How (two launches, no atomics):
-  1. the GEMM kernel (kernel.build_gemm with split > 1): workgroup (x, y + s * N_tiles) sums its
-     K_pad / BK / split tiles of K and writes the raw fp32 sums to P[s, b, :, :], a workspace
-     [split, batch, M, N] (only rows < M, columns < N);
-  2. `build_splitk_reduce`: one thread per VEC consecutive outputs adds P[0], P[1], ...,
-     P[split - 1] in that order and applies the GEMM epilogue (scale, bias, program, residual,
-     cast) exactly as the single-pass kernel does.
-The summation order is fixed by the code, never by timing, so a result is bit-identical from
-run to run. It differs from split = 1 only in the fp32 rounding of K's partial sums (within
-the tolerance table). Cost: split x M x N x 4 bytes written and read back; the tile heuristic
-(translator_kernels.gemm.choose_config) weighs that against the fuller grid.
+  1. every workgroup (x, y + s * N_tiles, z) sums its K_pad / BK / split K tiles and stores its
+     accumulators, as each lane holds them (one 16-byte store per 16x16 block, rows >= M
+     skipped), to slot s of its tile's region in the fp32 workspace P
+     ([region, split, accumulators, 64 lanes, 4]; a region is a tile, or a tile's wave with the
+     default layout where each wave owns its columns);
+  2. lane 0 takes a ticket: an atomic add (acq_rel, agent scope) on the region's int32 counter
+     in Cnt. The release makes the partial stores visible to the other workgroups first;
+  3. the workgroup that draws ticket split - 1 is the last of its region: it resets the counter
+     to 0 (Cnt is all zero between launches, so no clearing launch is needed), adds the slots in
+     the fixed order 0, 1, ..., split - 1 (its own from registers, the same fp32 values it
+     stored) and runs the GEMM epilogue.
+The atomic only decides who adds; what is added, and in which order, is fixed by the code, so
+the result is bit-identical from run to run whichever workgroup finishes last. It differs from
+split = 1 only in fp32 rounding of K's partial sums (within the tolerance table). Cost: split x
+the tile bytes written, split - 1 read back (tiles.partial_bytes), which the tile heuristic
+weighs against the fuller grid.
+
+`add_wave_parts` is the same idea one level down (kw = 4: the 4 waves of a workgroup split each
+K tile): the waves' accumulators meet in LDS and are added in wave order 0..3.
 """
 
 from __future__ import annotations
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import const_expr, range_constexpr, rocdl
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith, llvm, scf, vector
+from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from translator_kernels import launch as kl
-from translator_kernels.gemm.kernel import _ELEM, OOB, _raw, apply_epilogue_device, canonical_epilogue
-
-THREADS = 256
+from translator_kernels.gemm.kernel import OOB, WAVES, _raw, _v4f32, _v4i32
 
 
-@kl.builder
-def build_splitk_reduce(n: int, split: int, out_dtype: str, activation, has_bias: bool, has_residual: bool):
-    """The reduction launcher: launch(Out, P, Bias, Res, total, scale, p_bytes, out_bytes)
+def add_wave_parts(accs, lds_ptr, wave, lane):
+    """Every wave's accumulators (list of vector<4xf32>) summed over the 4 waves, in wave order,
+    through LDS (which must hold WAVES x len(accs) x 1 KiB; the A stages are free by now)."""
+    n = len(accs)
+    gpu.barrier()  # the last K step's LDS reads are done in every wave
+    for i in range_constexpr(n):
+        fx.ptr_store(vector.bitcast(_v4i32(), _raw(accs[i])), fx.add_offset(lds_ptr, _raw((wave * n + i) * 256 + lane * 4)))
+    gpu.barrier()
+    out = []
+    for i in range_constexpr(n):
+        tot = None
+        for w in range_constexpr(WAVES):
+            v = fx.Vector(vector.bitcast(_v4f32(), fx.ptr_load(fx.add_offset(lds_ptr, _raw(lane * 4 + (w * n + i) * 256)),
+                                                              _v4i32())))
+            tot = v if tot is None else tot + v
+        out.append(_raw(tot))
+    return out
 
-    Out / Res: [batch * M, N] in out_dtype; P: fp32 [split, batch * M, N]; total = batch * M * N."""
-    activation = canonical_epilogue(activation)  # validates
-    osz, out_t = _ELEM[out_dtype]
-    vec = 4 if n % 4 == 0 else 1  # VEC outputs of one row per thread (16-byte partial loads)
 
-    @flyc.kernel
-    def splitk_reduce(Out: fx.Tensor, P: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, total: fx.Int32,
-                      scale: fx.Float32, p_bytes: fx.Int32, out_bytes: fx.Int32):
-        e0 = (fx.Int32(fx.block_idx.x) * THREADS + fx.Int32(fx.thread_idx.x)) * vec
-        ok = e0 < total
-        zero = _raw(fx.Int32(0))
+def _rsrc(t, nbytes):
+    return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
 
-        def rsrc(t, nbytes):
-            return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
 
-        rp, ro = rsrc(P, p_bytes), rsrc(Out, out_bytes)
-        acc = fx.Vector.filled(vec, 0.0, fx.Float32)
-        for s in range_constexpr(split):  # the fixed order that makes the result deterministic
-            off = ok.select((total * s + e0) * 4, fx.Int32(OOB))
-            acc = acc + fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, T.f32), rp, _raw(off), zero))
-        y = acc * fx.Vector.filled(vec, scale, fx.Float32)
-        if const_expr(has_bias):
-            rb = rsrc(Bias, n * 4)
-            b_off = ok.select((e0 % n) * 4, fx.Int32(OOB))
-            y = y + fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, T.f32), rb, _raw(b_off), zero))
-        y = apply_epilogue_device(y, activation)
-        if const_expr(has_residual):
-            rr = rsrc(Res, out_bytes)
-        for i in range_constexpr(vec):
-            o_off = ok.select((e0 + i) * osz, fx.Int32(OOB))
-            v = y[i]
-            if const_expr(has_residual):
-                v = v + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(o_off), zero)).to(fx.Float32)
-            rocdl.raw_ptr_buffer_store(_raw(v.to(out_t)), ro, _raw(o_off), zero)
+def ticket(cnt, region, lane):
+    """Lane 0 adds 1 to cnt[region] (acq_rel, agent scope); every lane gets the old value."""
+    ptr = fx.to_llvm_ptr(fx.add_offset(fx.get_iter(cnt), _raw(region)))
+    if_op = scf.IfOp(_raw(lane == 0), [T.i32], has_else=True)
+    with ir.InsertionPoint(if_op.then_block):
+        old = llvm.AtomicRMWOp(llvm.AtomicBinOp.add, ptr, _raw(fx.Int32(1)), llvm.AtomicOrdering.acq_rel,
+                               syncscope="agent", alignment=4).res
+        scf.YieldOp([old])
+    with ir.InsertionPoint(if_op.else_block):
+        scf.YieldOp([_raw(fx.Int32(0))])
+    return fx.Int32(rocdl.readlane(T.i32, if_op.results[0], 0))
 
-    @flyc.jit
-    def launch(Out: fx.Tensor, P: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, total: fx.Int32, scale: fx.Float32,
-               p_bytes: fx.Int32, out_bytes: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        splitk_reduce(Out, P, Bias, Res, total, scale, p_bytes, out_bytes).launch(
-            grid=((total + (THREADS * vec - 1)) // (THREADS * vec), 1, 1), block=(THREADS, 1, 1), stream=stream)
 
-    return launch
+def reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split, rows_ok, n_rep, lane):
+    """Steps 1-3 of the module docstring for one region; `store(accs)` is the GEMM epilogue.
+    rows_ok[mr]: whether the lane's first row of row block mr is < M (else its slot stays unwritten)."""
+    n = len(accs)
+    rp, rcnt = _rsrc(P, p_bytes), _rsrc(Cnt, cnt_bytes)
+    zero = _raw(fx.Int32(0))
+
+    def slot(s, i):
+        return (((region * split + s) * n + i) * 64 + lane) * 16
+
+    for i in range_constexpr(n):
+        rocdl.raw_ptr_buffer_store(_raw(accs[i]), rp, _raw(rows_ok[i // n_rep].select(slot(s_idx, i), fx.Int32(OOB))),
+                                   zero)
+    last = scf.IfOp(_raw(ticket(Cnt, region, lane) == split - 1), has_else=False)
+    with ir.InsertionPoint(last.then_block):
+        rocdl.raw_ptr_buffer_store(zero, rcnt, _raw((lane == 0).select(region * 4, fx.Int32(OOB))), zero)
+        tot = []
+        for i in range_constexpr(n):
+            acc = None
+            for s in range_constexpr(split):
+                mine = s_idx == s
+                off = (rows_ok[i // n_rep] & (s_idx != s)).select(slot(s, i), fx.Int32(OOB))
+                v = rocdl.raw_ptr_buffer_load(_v4f32(), rp, _raw(off), zero)
+                v = fx.Vector(arith.select(_raw(mine), _raw(accs[i]), v))
+                acc = v if acc is None else acc + v
+            tot.append(_raw(acc))
+        store(tot)
+        scf.YieldOp([])
+
+
+_COUNTERS: dict = {}  # device -> int32 tickets, zero between launches (each launch resets what it used)
+
+
+def splitk_workspace(device, tiles: int, cfg):
+    """(P, Cnt) for a split-K launch over `tiles` output tiles: P is fresh fp32 scratch, Cnt the
+    device's cached zeroed counters (one per region, grown when a launch needs more). Launches that
+    share Cnt must not overlap in time (one stream)."""
+    import torch
+
+    p = torch.empty(tiles * cfg.split * cfg.bm * cfg.bn, dtype=torch.float32, device=device)
+    regions = tiles * (WAVES // cfg.kw)
+    cnt = _COUNTERS.get(device)
+    if cnt is None or cnt.numel() < regions:
+        cnt = _COUNTERS[device] = torch.zeros(max(regions, 4096), dtype=torch.int32, device=device)
+    return p, cnt

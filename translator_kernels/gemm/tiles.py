@@ -1,21 +1,25 @@
 """The GEMM tile heuristic: which BM x BN x BK tile and split-K factor a call runs with.
 
 `choose_config(m_bucket, n, k, dtype, arch)` is called per launch with the M bucket of the
-call (`m_bucket`: 16, 32, 64, then M rounded up to a multiple of 128), so one compiled
-kernel serves every M of a bucket. 256 lanes = 4 waves split along N, each wave BM x BN/4.
+call (`m_bucket`: 4, 16, 32, 64, then M rounded up to a multiple of 128), so one compiled
+kernel serves every M of a bucket. 256 lanes = 4 waves; `kw` says how they share a tile:
+kw = 1 splits BN (each wave BM x BN/4), kw = 4 splits each BK tile (each wave BM x BN, the
+waves' sums added through LDS).
 
 Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
-  - BM = the bucket (16 / 32 / 64): no MFMAs on padded rows; BN = 64 (the most workgroups).
-  - BK in {32, 64, 128, 256} and split-K factor S (dividing K_pad / BK) minimize
-    `stream_estimate`, a Little's-law cost: each resident workgroup keeps one K tile of loads
-    in flight ((BM + BN) x BK bytes); A, which every column tile re-reads, comes from L2 when
-    it fits (L2_BYTES), W streams from HBM once per row tile; the GPU reaches min(HBM bandwidth, bytes in flight /
-    HBM_LATENCY_S); split-K adds S x M x N x 4 bytes of fp32 partials written and read back
-    and a second launch (LAUNCH_S). Grid = M/BM x N/BN x S.
-  - For N = K = 4096 bf16 this picks, on gfx942, BK = 256 with S = 2 (M = 1, 16) and S = 1
-    (M = 64); on gfx950 S = 4 (M = 1, 16) and S = 2 (M = 64). More splits fill more CUs but pay
-    the extra launch and the partial bytes: bench.kernels prints the rows, grid and modeled HBM
-    fraction with and without the launch gap.
+  - BM = max(16, bucket): no MFMAs on padded rows beyond the 16-row MFMA minimum.
+  - Candidates: kw = 1 with BN = 64, kw = 4 with BN in {16, 32, 64}; BK in {32, ..., 256}; split-K
+    factor S (dividing K_pad / BK, at most MAX_SPLIT) whose partials meet inside the launch
+    (splitk.py). Each is scored by `stream_estimate`, a Little's-law cost: each resident workgroup
+    keeps one K tile of loads in flight ((rows + BN) x BK bytes); A, which every column tile
+    re-reads, comes from L2 when it fits (L2_BYTES), W streams from HBM once per row tile; the
+    GPU reaches min(HBM bandwidth, bytes in flight / HBM_LATENCY_S); split-K adds its fp32
+    partials (`partial_bytes`: S x the tile written, S - 1 read back, all counted at HBM).
+  - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
+    wins; within 2 % of it, fewer splits, then the smaller BK.
+  - For N = K = 4096 bf16 this picks BN = 16, kw = 4 (256 column tiles): on gfx942 S = 4 (grid
+    1024 = 3.4 x 304 CUs), on gfx950 S = 4 (M <= 4) or 2 (grid 512 = 2 x 256 CUs); modeled HBM
+    fraction 0.82-0.99 (bench.kernels prints the rows beside the unsplit 16x64 tile).
 
 Large M (bucket > 64) is bound by the MFMAs; the tile trades A/W reuse against how evenly the
 workgroups fill the machine (wave quantization):
@@ -49,7 +53,8 @@ LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 HBM_BW = {"gfx942": 5.3e12, "gfx950": 8.0e12}  # vendor peak, bytes/s
 HBM_LATENCY_S = 1.0e-6  # assumed loaded HBM latency (not calibrated on hardware)
-LAUNCH_S = 2.0e-6  # assumed gap a second kernel launch adds
+GRID_PER_CU = 2  # decode tiles: workgroups per CU the grid should at least cover (latency hiding)
+MAX_SPLIT = 16
 L2_BYTES = 4 * 1024 * 1024  # L2 per XCD on MI300X and MI355X
 MAX_VGPR_EST = 240  # 256 is the hard limit; fp32 128x256 estimated at 248 compiled with SGPR spills
 VGPR_FILE = 512  # unified VGPR + AGPR entries per lane of a SIMD
@@ -60,14 +65,15 @@ class GemmConfig:
     bm: int
     bn: int
     bk: int
-    split: int = 1  # split-K factor (splitk.py); divides K_pad / BK
+    split: int = 1  # split-K factor across workgroups (splitk.py); divides K_pad / BK
+    kw: int = 1  # waves splitting each K tile inside a workgroup (1: the 4 waves split BN; 4: they split BK)
 
 
 _OVERRIDES: dict[tuple, GemmConfig] = {}
 
 
 def m_bucket(m: int) -> int:
-    for b in (16, 32, 64):
+    for b in (4, 16, 32, 64):
         if m <= b:
             return b
     return -(-m // 128) * 128
@@ -84,7 +90,7 @@ def _esize(dtype: str) -> int:
 def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
     """Accumulators + 2 W register sets + A staging + ~3 live A operands + addresses (the scheduled
     loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140)."""
-    m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn // 64, cfg.bk // 32
+    m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn * cfg.kw // 64, cfg.bk // 32 // cfg.kw
     lph = 2 if dtype == "f32" else 1
     a_loads = -(-(cfg.bm * cfg.bk * _esize(dtype) // 16) // THREADS)
     return m_rep * n_rep * 4 + 2 * n_rep * k_blk * lph * 4 + a_loads * 4 + min(m_rep, 3) * lph * 4 + 16
@@ -102,14 +108,29 @@ def workgroups_per_cu(cfg: GemmConfig, dtype: str, arch: str) -> int:
 
 def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
     """None if the config is legal on `arch`, else the reason."""
-    if cfg.bm % 16 or cfg.bn % 64 or cfg.bk % 32 or cfg.split < 1:
-        return "BM must be a multiple of 16, BN of 64, BK of 32, split >= 1"
+    if cfg.kw not in (1, 4):
+        return "kw (waves splitting K) must be 1 or 4"
+    if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
+        return (f"BM must be a multiple of 16, BN of {64 // cfg.kw}, BK of {32 * cfg.kw} (kw={cfg.kw}), "
+                f"split >= 1")
     lds = lds_bytes(cfg, dtype)
     if lds > LDS_BYTES[arch_key(arch)]:
         return f"LDS {lds} B exceeds {LDS_BYTES[arch_key(arch)]} B on {arch}"
     if vgpr_estimate(cfg, dtype) > MAX_VGPR_EST:
         return f"~{vgpr_estimate(cfg, dtype)} VGPRs exceeds {MAX_VGPR_EST}"
     return None
+
+
+def partial_bytes(m: int, n: int, k: int, cfg: GemmConfig) -> tuple[int, int]:
+    """(written, read) bytes of split-K's fp32 partial tiles (splitk.py): every split stores its
+    lanes' accumulators (rows rounded up to 4 per lane), the last arriver reads the other splits."""
+    if cfg.split == 1:
+        return 0, 0
+    n_pad = padded_shape(n, k)[0]
+    tiles_m = -(-m // cfg.bm)
+    rows = min(tiles_m * cfg.bm, -(-m // 4) * 4)
+    per_split = rows * (-(-n_pad // cfg.bn) * cfg.bn) * 4
+    return cfg.split * per_split, (cfg.split - 1) * per_split
 
 
 def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig,
@@ -131,37 +152,37 @@ def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConf
     a_bytes = m * k * esz
     a_reads = 1 if a_bytes <= L2_BYTES else tiles_n  # A is re-read by every column tile: from L2 if it fits
     gemm_bytes = a_reads * a_bytes + tiles_m * n_pad * k_pad * esz
-    partial = cfg.split * m * n * 4 if cfg.split > 1 else 0
+    p_written, p_read = partial_bytes(m, n, k, cfg)
     out_bytes = m * n * esz
-    per_wg = (gemm_bytes + partial) / grid
+    per_wg = (gemm_bytes + p_written + p_read + out_bytes) / grid
     full, rem = divmod(grid, slots)
     t = full * slots * per_wg / bw(slots) + (rem * per_wg / bw(rem) if rem else 0.0)
-    if cfg.split > 1:  # the reduction kernel: reads the partials, writes C (one pass, full grid)
-        t += (partial + out_bytes) / HBM_BW[a] + LAUNCH_S
-    else:
-        t += out_bytes / HBM_BW[a]
     compulsory = (m * k + n * k + m * n) * esz
     return dict(grid=grid, wg_per_cu=wpc, resident=min(grid, slots), in_flight=in_flight * min(grid, slots),
-                bytes=gemm_bytes + 2 * partial + out_bytes, compulsory=compulsory, t=t,
-                hbm_fraction=compulsory / HBM_BW[a] / t,
-                hbm_fraction_no_launch=compulsory / HBM_BW[a] / (t - (LAUNCH_S if cfg.split > 1 else 0.0)))
+                bytes=gemm_bytes + p_written + p_read + out_bytes, partial_bytes=p_written + p_read,
+                compulsory=compulsory, t=t, hbm_fraction=compulsory / HBM_BW[a] / t)
 
 
 def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
+    """The decode tile: the candidate with the least modeled time among those whose grid covers
+    GRID_PER_CU x the CUs (all candidates when none does)."""
     k_pad = padded_shape(n, k)[1]
-    best = None
-    for bk in (32, 64, 128, 256):
-        if k_pad % bk:
-            continue
-        nkt = k_pad // bk
-        for s in (d for d in range(1, nkt + 1) if nkt % d == 0):
-            cfg = GemmConfig(mb, 64, bk, s)
-            if config_fits(cfg, dt, arch):
+    cands = []
+    for kw, bn in ((1, 64), (4, 16), (4, 32), (4, 64)):
+        for bk in (32, 64, 128, 256):
+            if k_pad % bk or bk % (32 * kw):
                 continue
-            t = stream_estimate(mb, n, k, dt, arch, cfg)["t"]
-            if best is None or t < best[0] * 0.98:  # a clear gain only: else fewer splits, smaller BK
-                best = (t, cfg)
-    return best[1] if best else GemmConfig(mb, 64, 32)
+            nkt = k_pad // bk
+            for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
+                cfg = GemmConfig(max(16, mb), bn, bk, s, kw)
+                if not config_fits(cfg, dt, arch):
+                    cands.append((stream_estimate(mb, n, k, dt, arch, cfg), cfg))
+    if not cands:
+        return GemmConfig(max(16, mb), 64, 32)
+    full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
+    best_t = min(e["t"] for e, _ in full)
+    # within 2 % of the best: fewer splits (less partial traffic), then the smaller BK (less LDS)
+    return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk))[1]
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:
