@@ -60,7 +60,9 @@ FAMILIES = {
 }
 
 
-def measure(family: str, attn: str) -> dict:
+def measure(family: str, attn: str, backend: str = "reference") -> dict:
+    """One family's counts. On a kernel backend (flysim), `not_launched` lists the rows of FlyDSL ops
+    that ran no recorded kernel launch in verification (the report's "flydsl-reference" / "flydsl-op")."""
     import transformers as T
 
     import translator
@@ -72,7 +74,7 @@ def measure(family: str, attn: str) -> dict:
         return {"family": family, "attn": attn, "error": f"not in transformers {T.__version__} ({e})"}
     model.config._attn_implementation = attn
     t0 = time.perf_counter()
-    tm = translator.translate(model.eval(), (x,), backend="reference")
+    tm = translator.translate(model.eval(), (x,), backend=backend)
     secs = time.perf_counter() - t0
     rows = [r for r in tm.report.rows if not r.layout]
     folded = [r for r in rows if r.where == "folded"]
@@ -81,6 +83,7 @@ def measure(family: str, attn: str) -> dict:
             "in_flydsl": sum(r.where.startswith("flydsl") for r in rows),
             "in_pytorch": len(torch_rows), "folded": len(folded), "by_design": sum("by design" in r.detail for r in rows),
             "verified": tm.report.verification.passed, "translate_s": round(secs, 1),
+            "not_launched": [f"{r.node} ({r.where})" for r in rows if r.where in ("flydsl-reference", "flydsl-op")],
             "left": collections.Counter(r.op.removeprefix("aten.") for r in torch_rows).most_common()}
 
 

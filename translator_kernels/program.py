@@ -238,6 +238,18 @@ def parse(text: str) -> Program:
     return prog
 
 
+def integer_accumulation(op: str, prog: Program, in_dtypes) -> None:
+    """Raise if `prog` (a reduction's or scan's prologue) hands integer values to the accumulation:
+    torch accumulates integers in int64, the kernels in fp32. Integer inputs are fine when the program
+    casts them to a float dtype (`(ids * 2).float().sum(-1)`)."""
+    v = prog.out[0][0]
+    kind = prog.kinds(in_dtypes)[v]
+    if kind in "il":
+        raise KernelInputError(f"{op}: the program hands {'int64' if kind == 'l' else 'int32'} values to the "
+                               "accumulation; integer reductions and scans are not supported (torch accumulates "
+                               "integers in int64): keep them in PyTorch, or cast to a float dtype in the program")
+
+
 def as_program(program) -> Program:
     return parse(program) if isinstance(program, str) else program
 

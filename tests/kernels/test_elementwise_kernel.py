@@ -202,8 +202,8 @@ def test_launcher_cached_by_program_and_shape():
 
 def test_clear_errors():
     prog = Program(2, (("add", (0, 1), ()),), ((2, "f32"),))
-    with pytest.raises(ValueError, match="int64.*not supported"):
-        fused_elementwise([torch.zeros(4, dtype=torch.int64), torch.zeros(4)], prog.text())
+    with pytest.raises(ValueError, match="int16.*not supported"):
+        fused_elementwise([torch.zeros(4, dtype=torch.int16), torch.zeros(4)], prog.text())
     with pytest.raises(ValueError, match="do not broadcast"):
         fused_elementwise([torch.zeros(4, 3), torch.zeros(5)], prog.text())
     with pytest.raises(ValueError, match="takes 2 inputs"):
@@ -241,3 +241,78 @@ def test_tail_sizes_slow(dtype, n):
     prog = Program(1, (("gelu", (0,), ()), ("mul", (0, 1), ())), ((2, DTYPES[dtype]),))
     (out,) = run("gfx942", [x], prog)
     close(out, F.gelu(x.float()) * x.float(), dtype, f"n={n}")
+
+
+# integer ops: (program op, eager fn) on int32 / int64 operands; exact, against eager torch
+INT_BINARY = [
+    ("add", torch.add), ("sub", torch.sub), ("mul", torch.mul), ("maximum", torch.maximum),
+    ("minimum", torch.minimum), ("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor")),
+    ("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc")), ("remainder", torch.remainder),
+    ("bitwise_and", torch.bitwise_and), ("bitwise_or", torch.bitwise_or), ("bitwise_xor", torch.bitwise_xor),
+    ("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt), ("ge", torch.ge),
+]
+INT_UNARY = [("neg", torch.neg), ("abs", torch.abs), ("bitwise_not", torch.bitwise_not)]
+
+
+def int_operands(dtype, big, seed=0):
+    """Signed operands of every sign combination, magnitudes past 2**24 (int32) or 2**40 (int64),
+    the divisor never 0 (integer division by 0 is the one documented deviation)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-big, big, (5, 37), generator=g, dtype=torch.int64)
+    b = torch.randint(1, 1000, (37,), generator=g, dtype=torch.int64) * (torch.randint(0, 2, (37,), generator=g) * 2 - 1)
+    a[0, :4] = torch.tensor([big - 1, -big, 2**24 + 1, -(2**24 + 1)])
+    return a.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("dtype,big,arch", [(torch.int64, 2**40, "gfx942"), (torch.int32, 2**30, "gfx950")])
+def test_integer_ops_exact(dtype, big, arch):
+    """Every integer op of the table as outputs of one kernel: exact (no fp32 rounding past 2**24),
+    floor division and remainder follow the divisor's sign as torch's."""
+    a, b = int_operands(dtype, big)
+    n2 = len(INT_BINARY)
+    ops = tuple((name, (0, 1), ()) for name, _ in INT_BINARY) + tuple((name, (0,), ()) for name, _ in INT_UNARY)
+    fns = [f for _, f in INT_BINARY] + [f for _, f in INT_UNARY]
+    want = [fn(a, b) for fn in fns[:n2]] + [fn(a) for fn in fns[n2:]]
+    prog = Program(2, ops, tuple((2 + i, DTYPES[w.dtype]) for i, w in enumerate(want)))
+    outs = run(arch, [a, b], prog)
+    for (name, _), got, ref in zip(INT_BINARY + INT_UNARY, outs, want):
+        assert got.dtype == ref.dtype and torch.equal(got, ref), f"{name} {dtype}: {(got != ref).sum()} differ"
+
+
+def test_integer_division_by_zero_gives_zero():
+    a = torch.tensor([7, -7, 0, 5], dtype=torch.int64)
+    b = torch.tensor([0, 0, 0, 2], dtype=torch.int64)
+    prog = Program(2, (("div_floor", (0, 1), ()), ("remainder", (0, 1), ()), ("div_trunc", (0, 1), ())),
+                   ((2, "i64"), (3, "i64"), (4, "i64")))
+    q, r, t = run("gfx942", [a, b], prog)
+    assert q.tolist() == [0, 0, 0, 2] and r.tolist() == [0, 0, 0, 1] and t.tolist() == [0, 0, 0, 2]
+
+
+def test_casts_between_int_float_bool_and_int32_wraps():
+    """float -> int truncates toward zero, int -> float rounds, int64 -> int32 wraps, bool <-> int;
+    an int32 + int64 sum is computed in int64 (torch's promotion)."""
+    x = torch.tensor([-2.7, -0.5, 0.0, 0.5, 2.7, 1e6 + 0.25, -3e9, 3e9], dtype=torch.float32)
+    i = torch.tensor([3, -1, 0, 2**31 - 1, -(2**31), 2**33 + 5, 2**24 + 1, -7], dtype=torch.int64)
+    j = torch.tensor([1, 2, 3, 4, 5, 6, 7, 2**31 - 1], dtype=torch.int32)
+    ops = (("cast", (0,), ("i64",)), ("cast", (1,), ("f32",)), ("cast", (1,), ("i32",)), ("cast", (1,), ("bool",)),
+           ("cast", (6,), ("i64",)), ("add", (1, 2), ()), ("mul", (2, 2), ()), ("cast", (1,), ("bf16",)))
+    prog = Program(3, ops, ((3, "i64"), (4, "f32"), (5, "i32"), (6, "bool"), (7, "i64"), (8, "i64"), (9, "i32"),
+                            (10, "f32")))
+    outs = run("gfx942", [x, i, j], prog)
+    want = [x.to(torch.int64), i.float(), i.to(torch.int32), i.bool(), i.bool().long(), i + j, j * j,
+            i.to(torch.bfloat16).float()]
+    for k, (got, ref) in enumerate(zip(outs, want)):
+        assert got.dtype == ref.dtype and torch.equal(got, ref), (k, got, ref)
+
+
+def test_where_with_scalar_branches_and_int_constants_past_2_24():
+    """where(cond, tensor, scalar) and where(cond, scalar, scalar) with exact int64 constants."""
+    c = torch.tensor([True, False, True, False])
+    t = torch.tensor([2**40 + 1, -5, 7, 2**53 + 1], dtype=torch.int64)
+    ops = (("const_int", (), (2**41 + 3, "i64")), ("where", (0, 1, 2), ()), ("const_int", (), (-1, "i64")),
+           ("where", (0, 2, 4), ()), ("const", (), (-1e4,)), ("where", (0, 1, 6), ()))
+    prog = Program(2, ops, ((3, "i64"), (5, "i64"), (7, "f32")))
+    a, b, f = run("gfx950", [c, t], prog)
+    assert a.tolist() == [2**40 + 1, 2**41 + 3, 7, 2**41 + 3]
+    assert b.tolist() == [2**41 + 3, -1, 2**41 + 3, -1]
+    assert torch.equal(f, torch.where(c, t.float(), torch.tensor(-1e4)))

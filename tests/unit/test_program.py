@@ -59,3 +59,39 @@ def test_bad_programs_raise_one_clear_error():
     with pytest.raises(KernelInputError, match="one float value"):
         epilogue(Program(1, (("const", (), (0.0,)), ("gt", (0, 1), ())), ((2, "f32"),)))
     assert issubclass(KernelInputError, ValueError)  # callers that catch ValueError keep working
+
+
+def test_integer_kinds_promote_as_torch():
+    from translator_kernels.program import signature
+
+    assert signature("add", (), ["l", "i"]) == (["l", "l"], "l")  # int64 + int32 -> int64
+    assert signature("add", (), ["i", "b"]) == (["i", "i"], "i")
+    assert signature("add", (), ["l", "f"]) == (["f", "f"], "f")  # an int tensor and a float: fp32
+    assert signature("lt", (), ["i", "i"]) == (["i", "i"], "b")
+    assert signature("where", (), ["b", "l", "f"]) == (["b", "f", "f"], "f")
+    assert signature("bitwise_and", (), ["b", "b"]) == (["b", "b"], "b")
+    assert signature("exp", (), ["l"]) == (["f"], "f")  # float-only math converts
+    assert signature("cast", ("i32",), ["f"]) == (["f"], "i")
+    with pytest.raises(KernelInputError, match="bitwise ops on float"):
+        signature("bitwise_or", (), ["f", "l"])
+
+
+def test_integer_constants_are_exact_in_the_text_and_the_reference():
+    big = 2**53 + 1  # not a float64
+    p = Program(1, (("const_int", (), (big, "i64")), ("add", (0, 1), ()), ("div_floor", (0, 1), ())),
+                ((2, "i64"), (3, "i64")))
+    assert parse(p.text()) == p and str(big) in p.text()
+    x = torch.tensor([-7, 7, 2**62], dtype=torch.int64)
+    s, q = ref_program([x], p)
+    assert torch.equal(s, x + big) and torch.equal(q, torch.div(x, big, rounding_mode="floor"))
+    with pytest.raises(KernelInputError, match="const_int"):
+        parse('{"n":1,"ops":[["const_int",[],[1.5,"i64"]]],"out":[[1,"i64"]]}')
+    with pytest.raises(KernelInputError, match="casts to 'i8'"):
+        parse('{"n":1,"ops":[["cast",[0],["i8"]]],"out":[[1,"f32"]]}')
+
+
+def test_integer_division_reference_by_zero_is_zero():
+    a, b = torch.tensor([7, -7, 5]), torch.tensor([0, 0, -2])
+    p = Program(2, (("div_floor", (0, 1), ()), ("remainder", (0, 1), ())), ((2, "i64"), (3, "i64")))
+    q, r = ref_program([a, b], p)
+    assert q.tolist() == [0, 0, -3] and r.tolist() == [0, 0, -1]  # floor and the divisor's sign, as torch

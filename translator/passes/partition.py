@@ -25,6 +25,13 @@ ids built from `new_ones`). A kernel there would run on every forward and, being
 the shape-only region in two, so the ops after it would stay per-forward PyTorch ops; left out,
 the whole region is computed once per input shape.
 
+Bypassed first: `x.to(x.dtype)`, `type_as` of the same dtype and `alias`, which return their input
+itself in eager. As region members they would be copied out as an extra output, and they would tie
+the region to the producer of their input (`mask.long()` read by both a cumsum and `mask == 0`: the
+comparison could not join the region after the cumsum). Dropped too: export's
+`_assert_tensor_metadata` on a value a region computes (the kernel stores the captured dtype on the
+captured device by construction); it alone would make the value an extra output of the kernel.
+
 A region is rewritten only if it holds a real op (a lone eval dropout is not a kernel). The
 fused node goes after the region's last member; the graph is then re-sorted topologically
 (stable), since users of an early member may sit before a later member's inputs.
@@ -138,6 +145,27 @@ def fuse_regions(ctx) -> int:
     return count
 
 
+ALIASES = ("aten.to.dtype", "aten.type_as.default", "aten.alias.default")  # eager returns the input itself
+
+
+def bypass_aliases(ctx, nodes) -> set:
+    """Replace the same-dtype casts and aliases among `nodes` by their input; returns those left."""
+    left = set()
+    for n in nodes:
+        for u in list(n.users):
+            if str(u.target) == "aten._assert_tensor_metadata.default" and not u.users:
+                ctx.gm.graph.erase_node(u)
+        src = n.args[0]
+        same = getattr(n.meta.get("val"), "dtype", None) == getattr(src.meta.get("val"), "dtype", 0)
+        if str(n.target) in ALIASES and same and isinstance(src, type(n)):
+            n.replace_all_uses_with(src)
+            ctx.gm.graph.erase_node(n)
+            ctx.count("alias_bypassed")
+        else:
+            left.add(n)
+    return left
+
+
 def _fuse(ctx, rr, skip) -> int:
     gm = ctx.gm
     fusable = set()
@@ -152,6 +180,7 @@ def _fuse(ctx, rr, skip) -> int:
             ctx.not_lowered(n, f"{rr.name}: {reason}")
             continue
         fusable.add(n)
+    fusable = bypass_aliases(ctx, fusable)
     count = 0
     for members in partition(gm, fusable):
         if all(rr.trivial(m) for m in members):

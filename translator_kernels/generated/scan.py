@@ -26,7 +26,8 @@ import torch
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
-from translator_kernels.program import BITS, DTYPES, TORCH, Program, as_program, parse, ref_program
+from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
+                                        ref_program)
 from translator_kernels.generated.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path
@@ -91,11 +92,12 @@ def _validate(inputs, program, kind, dim):
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16 or bool "
-                                   "(integer and float64 scans stay in PyTorch)")
+            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16, "
+                                   "bool, int32 or int64 (float64 scans stay in PyTorch)")
         if t.device != inputs[0].device:
             raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
                                    "move them to one device")
+    integer_accumulation(op, prog, [DTYPES[t.dtype] for t in inputs])
     try:
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
     except RuntimeError as e:
