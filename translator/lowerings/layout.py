@@ -19,8 +19,10 @@ What is not a launch:
 - a node whose value depends only on shapes and constants stays for fold_shapes, which computes it
   once per input shape (a causal mask's expand, `torch.zeros(b, s)`);
 - an expand (or a repeat of size-1 dims) read by a generated elementwise kernel folds into that
-  kernel's broadcast indexing (`fold_broadcast` below): the kernel reads the small source once per
-  vector instead of a materialized copy.
+  kernel's broadcast indexing, and a fill into a constant of its program (`fold_into_elementwise`
+  below): the kernel reads the small source per vector instead of a materialized copy;
+- an expand or unfold only PyTorch ops read (they take strides) goes back to a view
+  (`keep_view`): both are views in PyTorch, so a copy would only cost.
 
 `masked_fill(x, mask, v)` and `clamp(x, min_t, max_t)` with tensor bounds are elementwise: they are
 rewritten into `where` / `maximum` / `minimum` and join the fused elementwise regions.
@@ -37,7 +39,7 @@ from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from ..passes.partition import _full_shape
 from .fold import FE
-from translator_kernels.program import DTYPES as EW_DTYPES
+from translator_kernels.program import DTYPES as EW_DTYPES, Program, parse
 
 F = torch.nn.functional
 LAYOUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -346,17 +348,30 @@ def broadcast_source(n):
     return None
 
 
+def fill_constant(n):
+    """The value of a layout fill node, rounded to its dtype (as the program's fp32 constant), else None."""
+    if not isinstance(n, torch.fx.Node) or n.target is not LAYOUT:
+        return None
+    s = json.loads(n.args[1])
+    if s["op"] != "fill":
+        return None
+    return float(torch.tensor(s["value"], dtype=_dtype(s["dtype"])).float())
+
+
 def _foldable(fe):
-    """(input position, source) of the first broadcast input of `fe` the kernel can read unexpanded
-    (shapes compared by their printed dims, as partitioning does: no guard on a symbolic size)."""
+    """(input position, broadcast source or None, fill constant or None) of the first input of `fe`
+    the kernel can do without: read unexpanded, or a constant of its program. Shapes are compared
+    by their printed dims, as partitioning does (no guard on a symbolic size)."""
     ins = list(fe.args[0])
     full = _full_shape([shape_of(i) for i in ins])
     for k, a in enumerate(ins):
         src = broadcast_source(a)
-        if src is None or not isinstance(val(src), torch.Tensor):
+        fill = fill_constant(a) if src is None else None
+        if (src is None or not isinstance(val(src), torch.Tensor)) and fill is None:
             continue
-        if _full_shape([shape_of(i) for j, i in enumerate(ins) if j != k] + [shape_of(src)]) == full:
-            return k, src
+        rest = [shape_of(i) for j, i in enumerate(ins) if j != k] + ([shape_of(src)] if src is not None else [])
+        if rest and _full_shape(rest) == full:
+            return k, src, fill
     return None
 
 
@@ -364,23 +379,38 @@ def broadcast_supported(node, ctx):
     return None if _foldable(node) is not None else NO_MATCH
 
 
+def _constant_input(text, k, value) -> str:
+    """Program `text` with input k replaced by the constant `value` (inputs after k shift down)."""
+    prog = parse(text)
+    n = prog.n
+    remap = {i: i - (i > k) for i in range(n)}
+    remap[k] = n - 1  # the constant takes the last input id; op ids stay where they were
+    ops = (("const", (), (value,)),) + tuple((o, tuple(remap.get(a, a) for a in args), p) for o, args, p in prog.ops)
+    return Program(n - 1, ops, tuple((remap.get(v, v), dt) for v, dt in prog.out)).text()
+
+
 @rule(Stage.CONSUMER, FE, family="fused_elementwise", supported=broadcast_supported, name="layout_broadcast",
-      doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing")
-def fold_broadcast(node, ctx):
-    k, src = _foldable(node)
+      doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing; "
+          "a fill becomes a constant of its program")
+def fold_into_elementwise(node, ctx):
+    k, src, fill = _foldable(node)
     ins = list(node.args[0])
     b = ins[k]
-    ins[k] = src
-    node.args = (ins,) + tuple(node.args[1:])
+    if src is not None:
+        ins[k] = src
+        node.args = (ins,) + tuple(node.args[1:])
+        ctx.count("layout_broadcast_folded")
+    else:
+        node.args = (ins[:k] + ins[k + 1:], _constant_input(node.args[1], k, fill)) + tuple(node.args[2:])
+        ctx.count("layout_fill_folded")
     if not b.users:
         if b.target is LAYOUT:
             ctx.absorb(node, [b])
         ctx.gm.graph.erase_node(b)
-    ctx.count("layout_broadcast_folded")
     return node
 
 
-# --- an expand only PyTorch ops read stays a view --------------------------------------------
+# --- an expand or unfold only PyTorch ops read stays a view --------------------------------------------
 
 COPYING_READERS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
                    aten.clone.default, aten.contiguous.default}
@@ -396,24 +426,26 @@ def _reads_in_place(user) -> bool:
 
 def view_supported(node, ctx):
     s = json.loads(node.args[1])
-    if s["op"] not in ("expand", "expand_as") or not all(_reads_in_place(u) for u in node.users):
+    if s["op"] not in ("expand", "expand_as", "unfold") or not all(_reads_in_place(u) for u in node.users):
         return NO_MATCH
     return None
 
 
 @rule(Stage.CONSUMER, LAYOUT, family="layout", supported=view_supported, name="layout_view",
-      doc="an expand read only by PyTorch ops that take strides stays a view (no copy, no launch)")
-def keep_expand_view(node, ctx):
+      doc="an expand or unfold read only by PyTorch ops that take strides stays a view (no copy, no launch)")
+def keep_view(node, ctx):
     s = json.loads(node.args[1])
     x = node.args[0][0]
     if s["op"] == "expand":
         new = ctx.insert(aten.expand.default, x, s["size"], before=node)
-    else:
+    elif s["op"] == "expand_as":
         new = ctx.insert(aten.expand_as.default, x, node.args[0][1], before=node)
+    else:
+        new = ctx.insert(aten.unfold.default, x, s["dim"], s["size"], s["step"], before=node)
     new.meta["orig_name"] = node.meta["flydsl"]["sources"][0]
     node.replace_all_uses_with(new)
     ctx.gm.graph.erase_node(node)
-    ctx.count("layout_expand_kept_as_view")
+    ctx.count(f"layout_{s['op']}_kept_as_view")
     return new
 
 
