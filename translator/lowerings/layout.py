@@ -24,8 +24,8 @@ What is not a launch:
 - an expand or unfold only PyTorch ops read (they take strides) goes back to a view
   (`keep_view`): both are views in PyTorch, so a copy would only cost.
 
-`masked_fill(x, mask, v)` and `clamp(x, min_t, max_t)` with tensor bounds are elementwise: they are
-rewritten into `where` / `maximum` / `minimum` and join the fused elementwise regions.
+`masked_fill(x, mask, v)` and `clamp(x, min_t, max_t)` with tensor bounds are elementwise: rows of
+the elementwise table (translator/lowerings/elementwise.py) put them into fused regions.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from ..passes.partition import _full_shape
 from .fold import FE
-from translator_kernels.program import DTYPES as EW_DTYPES, Program, parse
+from translator_kernels.program import Program, parse
 
 F = torch.nn.functional
 LAYOUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -152,8 +152,9 @@ def folded_at_specialization(node, ctx) -> bool:
 def _common(node, ctx, x, *params):
     if not isinstance(val(x), torch.Tensor):
         return "the source is not a tensor"
-    if dtype_of(x) not in LAYOUT_DTYPES:
-        return f"dtype {str(dtype_of(x)).replace('torch.', '')} is not moved by the layout kernel (real and bool only)"
+    for t in (x, node):
+        if dtype_of(t) not in LAYOUT_DTYPES:
+            return f"dtype {str(dtype_of(t)).replace('torch.', '')} is not moved by the layout kernel (real and bool only)"
     if not _static(params):
         return "a symbolic size or shift (the layout map takes constants)"
     if folded_at_specialization(node, ctx):
@@ -389,7 +390,7 @@ def _constant_input(text, k, value) -> str:
     return Program(n - 1, ops, tuple((remap.get(v, v), dt) for v, dt in prog.out)).text()
 
 
-@rule(Stage.CONSUMER, FE, family="fused_elementwise", supported=broadcast_supported, name="layout_broadcast",
+@rule(Stage.CONSUMER, FE, family="layout", supported=broadcast_supported, name="layout_broadcast",
       doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing; "
           "a fill becomes a constant of its program")
 def fold_into_elementwise(node, ctx):
@@ -449,74 +450,20 @@ def keep_view(node, ctx):
     return new
 
 
-# --- elementwise in disguise: into the generated elementwise regions --------------------------
-
-def _ew_reason(*nodes):
-    for n in nodes:
-        if isinstance(n, torch.fx.Node) and dtype_of(n) not in EW_DTYPES:
-            return (f"dtype {str(dtype_of(n)).replace('torch.', '')} of {n.name}: fused elementwise kernels take "
-                    f"{', '.join(str(d).replace('torch.', '') for d in EW_DTYPES)}")
-    return None
-
-
-def _takes_name(new, node):
-    new.meta["orig_name"] = node.meta.get("orig_name") or node.name  # the report and verification follow it
-    node.replace_all_uses_with(new)
-    ctx_graph = node.graph
-    ctx_graph.erase_node(node)
-    return new
-
-
-def masked_fill_supported(node, ctx):
-    x, mask, value = node.args[0], node.args[1], node.args[2]
-    if dtype_of(mask) != torch.bool:
-        return "masked_fill with a non-bool mask"
-    if isinstance(value, torch.fx.Node) and (not isinstance(val(value), torch.Tensor) or val(value).dim() != 0):
-        return "masked_fill value is not a number or a 0-d tensor"
-    if not isinstance(value, torch.fx.Node) and not isinstance(value, (bool, int, float)):
-        return "masked_fill value is symbolic"
-    if folded_at_specialization(node, ctx):
-        return "depends only on shapes and constants: folded at specialization (computed once per input shape)"
-    return _ew_reason(x, mask, value)
-
-
-@rule(Stage.CANONICAL, aten.masked_fill.Scalar, aten.masked_fill.Tensor, family="fused_elementwise",
-      supported=masked_fill_supported, name="masked_fill",
-      doc="masked_fill outside attention -> where(mask, value, x) in a fused elementwise region")
-def lower_masked_fill(node, ctx):
-    x, mask, value = node.args[0], node.args[1], node.args[2]
-    if isinstance(value, torch.fx.Node):
-        v = ctx.cast(value, dtype_of(x), before=node)
-    else:
-        v = ctx.add_constant(torch.tensor(value, dtype=dtype_of(x), device=val(x).device), "fill_value", before=node)
-    ctx.count("masked_fill_where")
-    return _takes_name(ctx.insert(aten.where.self, mask, v, x, before=node), node)
-
-
-CLAMPS = {aten.clamp.Tensor: ("min", "max"), aten.clamp_min.Tensor: ("min", None),
-          aten.clamp_max.Tensor: (None, "max")}
-
-
-def clamp_tensor_supported(node, ctx):
-    lo, hi = (arg(node, k) if k else None for k in CLAMPS[node.target])
-    if folded_at_specialization(node, ctx):
-        return "depends only on shapes and constants: folded at specialization (computed once per input shape)"
-    if lo is None and hi is None:
+def copy_supported(node, ctx):
+    x = node.args[0]
+    fmt = arg(node, "memory_format")
+    if not (isinstance(x, torch.fx.Node) and x.target is LAYOUT and len(x.users) == 1):
         return NO_MATCH
-    if not all(b is None or isinstance(b, torch.fx.Node) for b in (lo, hi)):
-        return "a clamp bound that is neither a tensor nor absent"
-    return _ew_reason(node.args[0], lo, hi, node)
+    return None if fmt in (None, torch.contiguous_format, torch.preserve_format) else NO_MATCH
 
 
-@rule(Stage.CANONICAL, *CLAMPS, family="fused_elementwise", supported=clamp_tensor_supported, name="clamp_tensor",
-      doc="clamp with tensor bounds -> minimum(maximum(x, lo), hi) in a fused elementwise region")
-def lower_clamp_tensor(node, ctx):
-    lo, hi = (arg(node, k) if k else None for k in CLAMPS[node.target])
-    y = node.args[0]
-    if lo is not None:
-        y = ctx.insert(aten.maximum.default, y, lo, before=node)
-    if hi is not None:
-        y = ctx.insert(aten.minimum.default, y, hi, before=node)
-    y = ctx.cast(y, dtype_of(node), before=node)
-    ctx.count("clamp_tensor_minmax")
-    return _takes_name(y, node)
+@rule(Stage.CONSUMER, aten.clone.default, aten.contiguous.default, family="layout", supported=copy_supported,
+      name="layout_copy", doc="a clone / contiguous of a layout kernel's fresh output is that output")
+def drop_copy(node, ctx):
+    x = node.args[0]
+    ctx.absorb(x, [node])
+    node.replace_all_uses_with(x)
+    ctx.gm.graph.erase_node(node)
+    ctx.count("layout_copy_absorbed")
+    return x
