@@ -1,6 +1,7 @@
 """Data-movement ops through translate(): each lowering's counter fires, the report says a FlyDSL
 kernel ran, numerics match eager exactly on flysim; expand / repeat of size-1 dims read by a
-generated elementwise kernel fold into its broadcast indexing; shape-only values stay for
+generated elementwise kernel fold into its broadcast indexing and a fill into a constant of its
+program; an expand or unfold only PyTorch ops read stays a view; shape-only values stay for
 fold_shapes; what the kernel cannot take stays in PyTorch with its reason."""
 
 import pytest
@@ -20,14 +21,15 @@ class DataMovement(nn.Module):
         b = torch.roll(x, shifts=(1, -2), dims=(0, 1))
         c = x.repeat(2, 1, 3)
         e = torch.index_select(x, 1, idx)
-        f = x.unfold(1, 2, 3)
+        f = x.unfold(1, 2, 3).reshape(4, 4)  # materialized for the reshape (a lone unfold stays a view)
         h = torch.zeros_like(x)
         j = x.repeat_interleave(2, dim=1)
         k = x[idx]
         l = x.masked_fill(m, float("-inf"))
         n = torch.clamp(x, min=x[0], max=x[1] + 1)
         o = x[:, None].expand(4, 2, 6).reshape(8, 6)  # materialized for the view that follows
-        return a, b, c, e, f, h, j, k, l, n, o
+        p = x[:1].expand(3, 6).clone()  # the kernel's output is fresh: the clone is dropped
+        return a, b, c, e, f, h, j, k, l, n, o, p
 
 
 def _rows(tm, *names):
@@ -40,9 +42,9 @@ def test_data_movement_ops_run_on_flydsl_kernels():
     mask = x > 0.5
     tm = translate(m, (x, idx, mask), backend="flysim")
     c = tm.report.counters
-    for name in ("pad", "roll", "repeat", "index_select", "unfold", "fill", "repeat_interleave", "index", "expand"):
+    for name in ("pad", "roll", "repeat", "index_select", "unfold", "fill", "repeat_interleave", "index"):
         assert c.get(f"layout_{name}") == 1, name
-    assert c.get("masked_fill_where") == 1 and c.get("clamp_tensor_minmax") == 1
+    assert c.get("layout_expand") == 2 and c.get("layout_copy_absorbed") == 1
     assert tm.report.verification.passed
     rows = _rows(tm, *OPS)
     assert set(rows) == set(OPS)
@@ -54,15 +56,15 @@ def test_data_movement_ops_run_on_flydsl_kernels():
     for got, want in zip(outs, m(x2, idx2, x2 < 0)):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     kernels = [r.kernel for r in tm.last_launches]
-    assert sum(k.startswith("layout_kernel") for k in kernels) == 9
+    assert sum(k.startswith("layout_kernel") for k in kernels) == 10
     with pytest.raises(IndexError, match="index 9 is out of range for a dim of size 6"):
         tm(x2, torch.tensor([0, 9, 1]), x2 < 0)
 
 
 class Broadcasts(nn.Module):
     def forward(self, x, s, t):
-        y = x * s.expand(4, 6) + t.repeat(4, 1) - s.expand_as(x)
-        return y, torch.cat([x, s.expand(4, 2)], 1)  # cat reads the view's strides: no copy
+        y = (x * s.expand(4, 6) + t.repeat(4, 1) - s.expand_as(x)) * torch.full_like(x, 0.1)
+        return y, torch.cat([x, s.expand(4, 2)], 1), x.unfold(1, 2, 2)  # cat reads the view's strides: no copy
 
 
 def test_expand_and_repeat_read_by_an_elementwise_kernel_become_broadcast():
@@ -70,13 +72,16 @@ def test_expand_and_repeat_read_by_an_elementwise_kernel_become_broadcast():
     x, s, t = torch.randn(4, 6), torch.randn(4, 1), torch.randn(1, 6)
     tm = translate(m, (x, s, t), backend="flysim")
     assert tm.report.counters.get("layout_broadcast_folded") == 3
+    assert tm.report.counters.get("layout_fill_folded") == 1  # full_like: a constant of the program
     assert tm.report.counters.get("layout_expand_kept_as_view") == 1
+    assert tm.report.counters.get("layout_unfold_kept_as_view") == 1  # returned: eager returns the view too
     assert tm.report.verification.passed
     out = tm(x, s, t)
     assert [r.kernel.split("_")[0] for r in tm.last_launches] == ["fused"]  # one kernel, no copies
     for got, want in zip(out, m(x, s, t)):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    rows = _rows(tm, "expand", "repeat", "expand_as")
+    rows = _rows(tm, "expand", "repeat", "expand_as", "full_like")
+    assert len(rows) == 4
     assert all(r.where == "flydsl-kernel" and "fused_elementwise" in r.detail for r in rows.values())
     assert _rows(tm, "expand_1")["expand_1"].where == "pytorch"
 

@@ -106,6 +106,12 @@ def _clamp(b, n, lo=None, hi=None):
     return x
 
 
+def _clamp_tensor(b, n, lo=None, hi=None):
+    y = b.arg(n.args[0])
+    y = y if lo is None else b.op("maximum", [y, b.arg(lo)])  # NaN bounds propagate, as clamp's do
+    return y if hi is None else b.op("minimum", [y, b.arg(hi)])
+
+
 def _div(b, n):
     mode = arg(n, "rounding_mode")
     name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
@@ -156,6 +162,11 @@ TABLE = {
     aten.clamp.default: lambda b, n: _clamp(b, n, arg(n, "min"), arg(n, "max")),
     aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
     aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=n.args[1]),
+    aten.clamp.Tensor: lambda b, n: _clamp_tensor(b, n, arg(n, "min"), arg(n, "max")),
+    aten.clamp_min.Tensor: lambda b, n: _clamp_tensor(b, n, lo=n.args[1]),
+    aten.clamp_max.Tensor: lambda b, n: _clamp_tensor(b, n, hi=n.args[1]),
+    aten.masked_fill.Scalar: lambda b, n: b.op("where", [b.arg(n.args[1]), b.arg(n.args[2]), b.arg(n.args[0])]),
+    aten.masked_fill.Tensor: lambda b, n: b.op("where", [b.arg(n.args[1]), b.arg(n.args[2]), b.arg(n.args[0])]),
     aten.hardtanh.default: lambda b, n: _clamp(b, n, arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
     aten.relu6.default: lambda b, n: _clamp(b, n, 0.0, 6.0),
     aten.gelu.default: _gelu,
@@ -235,6 +246,8 @@ def node_supported(node) -> str | None:
             return f"_to_copy with {sorted(extra)} (device / layout changes stay in PyTorch)"
     if node.target is aten.where.self and val(node.args[0]).dtype != torch.bool:
         return "where with a non-bool condition"
+    if node.target in (aten.masked_fill.Scalar, aten.masked_fill.Tensor) and val(node.args[1]).dtype != torch.bool:
+        return "masked_fill with a non-bool mask"
     if node.target is aten.pow.Tensor_Scalar and not isinstance(node.args[1], (int, float)):
         return "pow exponent is not a number"
     return None

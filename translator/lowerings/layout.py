@@ -19,11 +19,13 @@ What is not a launch:
 - a node whose value depends only on shapes and constants stays for fold_shapes, which computes it
   once per input shape (a causal mask's expand, `torch.zeros(b, s)`);
 - an expand (or a repeat of size-1 dims) read by a generated elementwise kernel folds into that
-  kernel's broadcast indexing (`fold_broadcast` below): the kernel reads the small source once per
-  vector instead of a materialized copy.
+  kernel's broadcast indexing, and a fill into a constant of its program (`fold_into_elementwise`
+  below): the kernel reads the small source per vector instead of a materialized copy;
+- an expand or unfold only PyTorch ops read (they take strides) goes back to a view
+  (`keep_view`): both are views in PyTorch, so a copy would only cost.
 
-`masked_fill(x, mask, v)` and `clamp(x, min_t, max_t)` with tensor bounds are elementwise: they are
-rewritten into `where` / `maximum` / `minimum` and join the fused elementwise regions.
+`masked_fill(x, mask, v)` and `clamp(x, min_t, max_t)` with tensor bounds are elementwise: rows of
+the elementwise table (translator/lowerings/elementwise.py) put them into fused regions.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from ..passes.partition import _full_shape
 from .fold import FE
-from translator_kernels.program import DTYPES as EW_DTYPES
+from translator_kernels.program import Program, parse
 
 F = torch.nn.functional
 LAYOUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -150,8 +152,9 @@ def folded_at_specialization(node, ctx) -> bool:
 def _common(node, ctx, x, *params):
     if not isinstance(val(x), torch.Tensor):
         return "the source is not a tensor"
-    if dtype_of(x) not in LAYOUT_DTYPES:
-        return f"dtype {str(dtype_of(x)).replace('torch.', '')} is not moved by the layout kernel (real and bool only)"
+    for t in (x, node):
+        if dtype_of(t) not in LAYOUT_DTYPES:
+            return f"dtype {str(dtype_of(t)).replace('torch.', '')} is not moved by the layout kernel (real and bool only)"
     if not _static(params):
         return "a symbolic size or shift (the layout map takes constants)"
     if folded_at_specialization(node, ctx):
@@ -346,17 +349,30 @@ def broadcast_source(n):
     return None
 
 
+def fill_constant(n):
+    """The value of a layout fill node, rounded to its dtype (as the program's fp32 constant), else None."""
+    if not isinstance(n, torch.fx.Node) or n.target is not LAYOUT:
+        return None
+    s = json.loads(n.args[1])
+    if s["op"] != "fill":
+        return None
+    return float(torch.tensor(s["value"], dtype=_dtype(s["dtype"])).float())
+
+
 def _foldable(fe):
-    """(input position, source) of the first broadcast input of `fe` the kernel can read unexpanded
-    (shapes compared by their printed dims, as partitioning does: no guard on a symbolic size)."""
+    """(input position, broadcast source or None, fill constant or None) of the first input of `fe`
+    the kernel can do without: read unexpanded, or a constant of its program. Shapes are compared
+    by their printed dims, as partitioning does (no guard on a symbolic size)."""
     ins = list(fe.args[0])
     full = _full_shape([shape_of(i) for i in ins])
     for k, a in enumerate(ins):
         src = broadcast_source(a)
-        if src is None or not isinstance(val(src), torch.Tensor):
+        fill = fill_constant(a) if src is None else None
+        if (src is None or not isinstance(val(src), torch.Tensor)) and fill is None:
             continue
-        if _full_shape([shape_of(i) for j, i in enumerate(ins) if j != k] + [shape_of(src)]) == full:
-            return k, src
+        rest = [shape_of(i) for j, i in enumerate(ins) if j != k] + ([shape_of(src)] if src is not None else [])
+        if rest and _full_shape(rest) == full:
+            return k, src, fill
     return None
 
 
@@ -364,23 +380,38 @@ def broadcast_supported(node, ctx):
     return None if _foldable(node) is not None else NO_MATCH
 
 
-@rule(Stage.CONSUMER, FE, family="fused_elementwise", supported=broadcast_supported, name="layout_broadcast",
-      doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing")
-def fold_broadcast(node, ctx):
-    k, src = _foldable(node)
+def _constant_input(text, k, value) -> str:
+    """Program `text` with input k replaced by the constant `value` (inputs after k shift down)."""
+    prog = parse(text)
+    n = prog.n
+    remap = {i: i - (i > k) for i in range(n)}
+    remap[k] = n - 1  # the constant takes the last input id; op ids stay where they were
+    ops = (("const", (), (value,)),) + tuple((o, tuple(remap.get(a, a) for a in args), p) for o, args, p in prog.ops)
+    return Program(n - 1, ops, tuple((remap.get(v, v), dt) for v, dt in prog.out)).text()
+
+
+@rule(Stage.CONSUMER, FE, family="layout", supported=broadcast_supported, name="layout_broadcast",
+      doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing; "
+          "a fill becomes a constant of its program")
+def fold_into_elementwise(node, ctx):
+    k, src, fill = _foldable(node)
     ins = list(node.args[0])
     b = ins[k]
-    ins[k] = src
-    node.args = (ins,) + tuple(node.args[1:])
+    if src is not None:
+        ins[k] = src
+        node.args = (ins,) + tuple(node.args[1:])
+        ctx.count("layout_broadcast_folded")
+    else:
+        node.args = (ins[:k] + ins[k + 1:], _constant_input(node.args[1], k, fill)) + tuple(node.args[2:])
+        ctx.count("layout_fill_folded")
     if not b.users:
         if b.target is LAYOUT:
             ctx.absorb(node, [b])
         ctx.gm.graph.erase_node(b)
-    ctx.count("layout_broadcast_folded")
     return node
 
 
-# --- an expand only PyTorch ops read stays a view --------------------------------------------
+# --- an expand or unfold only PyTorch ops read stays a view --------------------------------------------
 
 COPYING_READERS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.flatten.using_ints,
                    aten.clone.default, aten.contiguous.default}
@@ -396,95 +427,43 @@ def _reads_in_place(user) -> bool:
 
 def view_supported(node, ctx):
     s = json.loads(node.args[1])
-    if s["op"] not in ("expand", "expand_as") or not all(_reads_in_place(u) for u in node.users):
+    if s["op"] not in ("expand", "expand_as", "unfold") or not all(_reads_in_place(u) for u in node.users):
         return NO_MATCH
     return None
 
 
 @rule(Stage.CONSUMER, LAYOUT, family="layout", supported=view_supported, name="layout_view",
-      doc="an expand read only by PyTorch ops that take strides stays a view (no copy, no launch)")
-def keep_expand_view(node, ctx):
+      doc="an expand or unfold read only by PyTorch ops that take strides stays a view (no copy, no launch)")
+def keep_view(node, ctx):
     s = json.loads(node.args[1])
     x = node.args[0][0]
     if s["op"] == "expand":
         new = ctx.insert(aten.expand.default, x, s["size"], before=node)
-    else:
+    elif s["op"] == "expand_as":
         new = ctx.insert(aten.expand_as.default, x, node.args[0][1], before=node)
+    else:
+        new = ctx.insert(aten.unfold.default, x, s["dim"], s["size"], s["step"], before=node)
     new.meta["orig_name"] = node.meta["flydsl"]["sources"][0]
     node.replace_all_uses_with(new)
     ctx.gm.graph.erase_node(node)
-    ctx.count("layout_expand_kept_as_view")
+    ctx.count(f"layout_{s['op']}_kept_as_view")
     return new
 
 
-# --- elementwise in disguise: into the generated elementwise regions --------------------------
-
-def _ew_reason(*nodes):
-    for n in nodes:
-        if isinstance(n, torch.fx.Node) and dtype_of(n) not in EW_DTYPES:
-            return (f"dtype {str(dtype_of(n)).replace('torch.', '')} of {n.name}: fused elementwise kernels take "
-                    f"{', '.join(str(d).replace('torch.', '') for d in EW_DTYPES)}")
-    return None
-
-
-def _takes_name(new, node):
-    new.meta["orig_name"] = node.meta.get("orig_name") or node.name  # the report and verification follow it
-    node.replace_all_uses_with(new)
-    ctx_graph = node.graph
-    ctx_graph.erase_node(node)
-    return new
-
-
-def masked_fill_supported(node, ctx):
-    x, mask, value = node.args[0], node.args[1], node.args[2]
-    if dtype_of(mask) != torch.bool:
-        return "masked_fill with a non-bool mask"
-    if isinstance(value, torch.fx.Node) and (not isinstance(val(value), torch.Tensor) or val(value).dim() != 0):
-        return "masked_fill value is not a number or a 0-d tensor"
-    if not isinstance(value, torch.fx.Node) and not isinstance(value, (bool, int, float)):
-        return "masked_fill value is symbolic"
-    if folded_at_specialization(node, ctx):
-        return "depends only on shapes and constants: folded at specialization (computed once per input shape)"
-    return _ew_reason(x, mask, value)
-
-
-@rule(Stage.CANONICAL, aten.masked_fill.Scalar, aten.masked_fill.Tensor, family="fused_elementwise",
-      supported=masked_fill_supported, name="masked_fill",
-      doc="masked_fill outside attention -> where(mask, value, x) in a fused elementwise region")
-def lower_masked_fill(node, ctx):
-    x, mask, value = node.args[0], node.args[1], node.args[2]
-    if isinstance(value, torch.fx.Node):
-        v = ctx.cast(value, dtype_of(x), before=node)
-    else:
-        v = ctx.add_constant(torch.tensor(value, dtype=dtype_of(x), device=val(x).device), "fill_value", before=node)
-    ctx.count("masked_fill_where")
-    return _takes_name(ctx.insert(aten.where.self, mask, v, x, before=node), node)
-
-
-CLAMPS = {aten.clamp.Tensor: ("min", "max"), aten.clamp_min.Tensor: ("min", None),
-          aten.clamp_max.Tensor: (None, "max")}
-
-
-def clamp_tensor_supported(node, ctx):
-    lo, hi = (arg(node, k) if k else None for k in CLAMPS[node.target])
-    if folded_at_specialization(node, ctx):
-        return "depends only on shapes and constants: folded at specialization (computed once per input shape)"
-    if lo is None and hi is None:
+def copy_supported(node, ctx):
+    x = node.args[0]
+    fmt = arg(node, "memory_format")
+    if not (isinstance(x, torch.fx.Node) and x.target is LAYOUT and len(x.users) == 1):
         return NO_MATCH
-    if not all(b is None or isinstance(b, torch.fx.Node) for b in (lo, hi)):
-        return "a clamp bound that is neither a tensor nor absent"
-    return _ew_reason(node.args[0], lo, hi, node)
+    return None if fmt in (None, torch.contiguous_format, torch.preserve_format) else NO_MATCH
 
 
-@rule(Stage.CANONICAL, *CLAMPS, family="fused_elementwise", supported=clamp_tensor_supported, name="clamp_tensor",
-      doc="clamp with tensor bounds -> minimum(maximum(x, lo), hi) in a fused elementwise region")
-def lower_clamp_tensor(node, ctx):
-    lo, hi = (arg(node, k) if k else None for k in CLAMPS[node.target])
-    y = node.args[0]
-    if lo is not None:
-        y = ctx.insert(aten.maximum.default, y, lo, before=node)
-    if hi is not None:
-        y = ctx.insert(aten.minimum.default, y, hi, before=node)
-    y = ctx.cast(y, dtype_of(node), before=node)
-    ctx.count("clamp_tensor_minmax")
-    return _takes_name(y, node)
+@rule(Stage.CONSUMER, aten.clone.default, aten.contiguous.default, family="layout", supported=copy_supported,
+      name="layout_copy", doc="a clone / contiguous of a layout kernel's fresh output is that output")
+def drop_copy(node, ctx):
+    x = node.args[0]
+    ctx.absorb(x, [node])
+    node.replace_all_uses_with(x)
+    ctx.gm.graph.erase_node(node)
+    ctx.count("layout_copy_absorbed")
+    return x
