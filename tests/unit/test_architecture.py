@@ -6,6 +6,8 @@
 - One toolbox: counters are bumped through `LowerCtx.count` (no `counters[` in lowerings), arguments
   are read with `translator.graph.arg` (no local `_arg` helpers), and the architectures are listed
   once (translator_kernels/arch.py; flysim, its own distribution, keeps the list it interprets).
+- One tolerance table: tests take atol / rtol from translator.tolerances, never a number of their own
+  (the two exceptions say why).
 - Rule order never comes from import order: the lowerings imported in another order make the same
   rules fire on the same models (a subprocess each, so the registry is filled from scratch).
 """
@@ -141,6 +143,25 @@ def test_one_list_of_architectures():
     where = [str(p.relative_to(ROOT)) for folder in (*PACKAGES.values(), ROOT / "tests") for p, text in _sources(folder)
              if re.search(r"^\s*(SUPPORTED_)?ARCHS\s*=", text, re.M)]
     assert sorted(where) == ["flysim/src/flysim/toolchain.py", "translator_kernels/arch.py"]
+
+
+# tolerances a test still writes as numbers, with the reason the table has no entry for them
+OWN_TOLERANCES = {
+    "tests/kernels/test_gemm_gated.py": "bf16 product of two GEMMs against an fp32 reference rounded once",
+    "tests/unit/test_scan.py": "a bf16 model's cumsum of 300 terms: the error grows with the running sum",
+}
+
+
+def test_tests_take_tolerances_from_the_one_table():
+    """atol= / rtol= numbers in tests come from translator.tolerances (op_tol, op_tolerance, model_tol);
+    0 (an exact comparison) is not a tolerance."""
+    found = set()
+    for p, text in _sources(ROOT / "tests"):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.keyword) and node.arg in ("atol", "rtol") and \
+                    isinstance(node.value, ast.Constant) and node.value.value not in (0, 0.0):
+                found.add(str(p.relative_to(ROOT)))
+    assert found == set(OWN_TOLERANCES), "use translator.tolerances (op_tol / model_tol, or a named entry)"
 
 
 # --- rule order does not depend on import order ---------------------------------------------------
