@@ -4,7 +4,7 @@
   import graph of the project (every import statement, module level or inside a function, read
   with ast) has no cycles, and translator_kernels / flysim never import translator.
 - One toolbox: counters are bumped through `LowerCtx.count` (no `counters[` in lowerings), arguments
-  are read with `translator.graph.arg` (no local `_arg` helpers), and the architectures are listed
+  are read with `translator.graph.arg` (no local `_arg` helpers, no `.args[` in a lowering), and the architectures are listed
   once (translator_kernels/arch.py; flysim, its own distribution, keeps the list it interprets).
 - One tolerance table: tests take atol / rtol from translator.tolerances, never a number of their own
   (the two exceptions say why).
@@ -137,6 +137,23 @@ def test_no_local_argument_helpers():
     bad = [str(p.relative_to(ROOT)) for pkg in PACKAGES.values() for p, text in _sources(pkg)
            if re.search(r"^\s*def _arg\(|def kw_arg\(", text, re.M)]
     assert bad == [], "read aten arguments with translator.graph.arg(node, name)"
+
+
+# lowerings other work is editing now; their `.args[` reads move to arg() in a commit of their own
+ARGS_BY_POSITION = {"translator/lowerings/attention.py", "translator/lowerings/attention_patterns.py",
+                    "translator/lowerings/elementwise.py", "translator/lowerings/gemm.py"}
+
+
+def test_lowerings_read_arguments_by_name():
+    """No `.args[...]` in a lowering: arguments are read by schema name (translator.graph.arg, set_args,
+    getitem_of), so a rule never depends on how a call passed them."""
+    bad = {}
+    for p, text in _sources(ROOT / "translator" / "lowerings"):
+        lines = sorted({n.lineno for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Subscript)
+                        and isinstance(n.value, ast.Attribute) and n.value.attr == "args"})
+        if lines:
+            bad[str(p.relative_to(ROOT))] = lines
+    assert set(bad) == ARGS_BY_POSITION, {k: v for k, v in bad.items() if k not in ARGS_BY_POSITION}
 
 
 def test_one_list_of_architectures():
