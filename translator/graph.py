@@ -3,10 +3,12 @@
 Reading a node:
 - `val` / `dtype_of` / `shape_of` read the fake tensor in ``node.meta["val"]``; support checks
   read only these and never touch the graph.
-- `arg(node, "name")` reads an aten call's argument by its schema name, whether it was passed by
-  position or keyword, else the schema's default. The `normalize` pass puts every aten call in
-  one form first (positional parameters by position, keyword-only ones by keyword), so
-  ``node.args[i]`` and `arg` agree everywhere after it.
+- `arg(node, "name")` reads a call's argument by its schema name (aten and flydsl ops alike),
+  whether it was passed by position or keyword, else the schema's default; `set_args` writes
+  arguments by name and `getitem_of` reads a getitem. Lowerings read arguments only this way
+  (tests/unit/test_architecture.py fails on ``.args[`` in a lowering). The `normalize` pass puts
+  every aten call in the schema's form (positional parameters by position, keyword-only ones by
+  keyword; its docstring says why not keyword form).
 - `captured_name` is the name a node had in the captured graph (the report and node-by-node
   verification key on it); `users` leaves out export's dtype asserts, which read no values.
 - Node order comes from FX itself (`position`, `before`): no per-pass ``{node: index}`` dicts.
@@ -122,6 +124,32 @@ def arg(node: Node, name: str, default=_MISSING):
     if not _packet_has(node.target, name):
         raise KeyError(f"{node.target} has no argument {name!r} (schema: {[a.name for a in schema]})")
     return None if default is _MISSING else default
+
+
+def set_args(node: Node, **named) -> None:
+    """Give call `node` new values for the named arguments (by schema name; a positional parameter
+    stays positional, a skipped one before it gets its default)."""
+    schema = _schema(node.target)
+    if schema is None:
+        raise KeyError(f"{node.target} has no schema; set its arguments by position")
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for name, v in named.items():
+        i = next((i for i, a in enumerate(schema) if a.name == name), None)
+        if i is None:
+            raise KeyError(f"{node.target} has no argument {name!r} (schema: {[a.name for a in schema]})")
+        if schema[i].kwarg_only or name in kwargs:
+            kwargs[name] = v
+            continue
+        args += [a.default_value if a.has_default_value() else None for a in schema[len(args):i + 1]]
+        args[i] = v
+    node.args, node.kwargs = tuple(args), kwargs
+
+
+def getitem_of(n):
+    """(source node, index) when `n` is ``operator.getitem(source, index)``, else None."""
+    if isinstance(n, Node) and n.op == "call_function" and n.target is operator.getitem:
+        return n.args[0], n.args[1]
+    return None
 
 
 def _packet_has(target, name: str) -> bool:

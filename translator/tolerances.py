@@ -51,6 +51,15 @@ MODEL_TOLERANCES = {
     "fp16": (8e-3, 8e-3, 3e-3),
 }
 
+# tests that hold a translated model to eager with torch.testing.assert_close on unit-scale data
+# (translate's own verification uses `model_bound`, which scales with each output): fp32 entries
+# by name, with their reason; bf16 / fp16 read MODEL_TOLERANCES (atol at RMS 1, rtol).
+MODEL_CHECKS = {
+    "model": (1e-4, 1e-4, "GEMMs and reductions sum K terms in another order than eager's; errors "
+                          "compound through layers"),
+    "few_ops": (1e-5, 1e-5, "a few per-element ops, rows or short sums (K <= 64): a few fp32 ulps"),
+}
+
 # a faithful fp32 translation differs from eager by about as much as eager differs from fp64
 # (two roundings of the same math in different orders): allow this many times eager's own error
 CALIBRATION_FACTOR = 4.0
@@ -98,6 +107,19 @@ def model_tolerance(precision: str) -> tuple[float, float, float]:
     if precision not in MODEL_TOLERANCES:
         raise KeyError(f"no model tolerance for precision {precision!r}; one of {', '.join(MODEL_TOLERANCES)}")
     return MODEL_TOLERANCES[precision]
+
+
+def model_tol(precision="fp32", check: str = "model") -> dict:
+    """(atol, rtol) as keyword arguments of torch.testing.assert_close for a translated model against
+    eager in a test: fp32 (a precision name or a dtype) from `MODEL_CHECKS[check]`, bf16 / fp16
+    from MODEL_TOLERANCES."""
+    if isinstance(precision, torch.dtype):
+        precision = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[precision]
+    if precision == "fp32":
+        atol, rtol, _why = MODEL_CHECKS[check]
+    else:
+        atol, rtol, _ = model_tolerance(precision)
+    return {"atol": atol, "rtol": rtol}
 
 
 def rms(t: torch.Tensor) -> float:

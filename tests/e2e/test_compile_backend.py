@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -71,7 +72,7 @@ def test_fullgraph_on_bundled_models(name, flydsl_ops):
     assert len(recs) == 1 and recs[0].fallback_reason is None
     assert recs[0].report.verification.passed
     assert "gemm" in flydsl_ops.calls, "the compiled model ran no flydsl.gemm"
-    torch.testing.assert_close(got, model(*x), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, model(*x), **model_tol())
 
 
 class WithBreak(nn.Module):
@@ -98,7 +99,7 @@ def test_graph_break_gives_two_translated_graphs(flydsl_ops):
     recs = compile_backend.reports()
     assert len(recs) == 2 and all(r.report and r.fallback_reason is None for r in recs)
     assert flydsl_ops.calls.count("gemm") == 2
-    torch.testing.assert_close(got, m(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, m(x), **model_tol(check="few_ops"))
 
 
 def test_new_shapes_are_translated_again():
@@ -107,7 +108,7 @@ def test_new_shapes_are_translated_again():
     with torch.no_grad():
         for shape in [(2, 16, 128), (3, 16, 128), (2, 8, 128)]:
             x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(compiled(x), model(x), **model_tol())
     recs = compile_backend.reports()
     assert recs and all(r.fallback_reason is None and r.translated for r in recs)
 
@@ -159,7 +160,7 @@ def test_flysim_runs_the_gemm_kernel():
     assert tm.backend == "flysim"
     assert [r for r in tm.report.rows if r.where == "flydsl-kernel"]
     assert tm.last_launches, "flysim recorded no kernel launch"
-    torch.testing.assert_close(got, m(x), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, m(x), **model_tol())
 
 
 @pytest.mark.parametrize("path", ["translated", "runs as given"])

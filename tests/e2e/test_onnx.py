@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
+from translator.tolerances import model_tol
 from onnx import TensorProto, helper
 
 import translator
@@ -59,8 +60,8 @@ def test_onnx_export_of_bundled_model(name, dynamo, tmp_path):
     assert "flydsl.gemm" in fams  # Gemm / MatMul with initializer weights are linears
     fresh = tuple(torch.randn_like(t) for t in x)
     with torch.no_grad():
-        torch.testing.assert_close(tm(*x), model(*x), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(tm(*fresh), model(*fresh), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tm(*x), model(*x), **model_tol())
+        torch.testing.assert_close(tm(*fresh), model(*fresh), **model_tol())
 
 
 def test_inputs_made_from_the_file_when_not_given(tmp_path):
@@ -69,7 +70,7 @@ def test_inputs_made_from_the_file_when_not_given(tmp_path):
     tm = translator.translate(str(path), None, backend="reference")
     assert tm.report.verification.passed
     with torch.no_grad():
-        torch.testing.assert_close(tm(*x), model(*x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(tm(*x), model(*x), **model_tol(check="few_ops"))
 
 
 def test_flysim_runs_an_imported_linear(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from translator.tolerances import model_tol
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -145,7 +146,7 @@ def test_op_matches_onnx_reference_evaluator(case):
         if w.dtype == torch.bool or not w.is_floating_point():
             assert torch.equal(g.to(w.dtype), w), (g, w)
         else:
-            torch.testing.assert_close(g.to(w.dtype), w, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(g.to(w.dtype), w, **model_tol(check="few_ops"))
 
 
 def test_every_importer_op_has_a_case():

@@ -6,6 +6,7 @@ compile without a GPU and read the hot loop with bench.hotloop's model.
 
 import pytest
 import torch
+from translator.tolerances import op_tol
 
 import flysim
 from translator_kernels import gemm as G
@@ -15,7 +16,7 @@ from translator_kernels.gemm.preshuffle import padded_shape
 from translator_kernels.gemm.tiles import CUS, partial_bytes, wave_efficiency
 
 from translator_kernels.arch import ARCHS  # noqa: E402
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+TOL = {dt: op_tol(dt, "gemm") for dt in (torch.float32, torch.bfloat16)}
 
 
 def _case(m, n, k, dtype, seed=0):

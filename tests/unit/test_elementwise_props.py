@@ -14,6 +14,7 @@ chain of up to 6 transcendental ops compounds 1-2 ulp per op. Example counts are
 """
 
 import torch
+from translator.tolerances import model_tol, op_tolerance
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -111,7 +112,7 @@ def check(case, backend, reduce=None):
     if backend == "flysim":
         assert len(tm.last_launches) == 1, "the fused FlyDSL kernel did not run"
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
-    tol = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}[want.dtype]
+    tol = model_tol()["atol"] if want.dtype == torch.float32 else op_tolerance(want.dtype)[0]
     atol = tol if reduce is None else max(tol, 1e-3)  # sums of up to ~10^4 terms in another order
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=tol, equal_nan=True,
                                msg=lambda m: f"{steps} {shapes} {dtypes}: {m}")

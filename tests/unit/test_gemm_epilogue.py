@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -62,7 +63,7 @@ def test_mlp_block_activation_and_residual(backend, approximate):
     assert torch.ops.aten.gelu.default not in ops and torch.ops.aten.add.Tensor not in ops
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():
-        torch.testing.assert_close(tm(x), m(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tm(x), m(x), **model_tol())
     if backend == "flysim":  # every FlyDSL op launched a kernel (rows say flydsl-kernel from launches)
         assert tm.last_launches and not tm.report.without_launch(), tm.report.without_launch()
 
@@ -139,7 +140,7 @@ def test_unary_chain_becomes_epilogue_program(name):
     assert not left, tm.code
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():
-        torch.testing.assert_close(tm(x), m(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(tm(x), m(x), **model_tol(check="few_ops"))
 
 
 def test_chain_stops_at_a_tensor_operand_and_a_second_user():
@@ -192,7 +193,7 @@ def test_fusion_models_are_one_kernel_on_flysim(stem, prog, counters):
     fresh = mod.get_inputs()
     with torch.no_grad():
         out = tm(*fresh)
-        torch.testing.assert_close(out, model(*fresh), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out, model(*fresh), **model_tol())
     assert len(tm.last_launches) == 1, tm.last_launches
     assert all(r.where == "flydsl-kernel" for r in tm.report.rows if r.op.startswith("aten.")), \
         [(r.op, r.where) for r in tm.report.rows]
@@ -229,7 +230,7 @@ def test_any_elementwise_op_folds_into_the_epilogue_on_flysim(name):
     torch.manual_seed(1)
     fresh = torch.randn(5, 32)
     with torch.no_grad():
-        torch.testing.assert_close(tm(fresh), m(fresh), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(tm(fresh), m(fresh), **model_tol(check="few_ops"))
     assert len(tm.last_launches) == 1, tm.last_launches
 
 
@@ -265,5 +266,5 @@ def test_gemm_takes_the_part_of_a_region_computed_from_its_value_on_flysim():
     fresh = (torch.randn(6, 32), torch.randn(6, 48))
     with torch.no_grad():
         for got, want in zip(tm(*fresh), m(*fresh)):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got, want, **model_tol(check="few_ops"))
     assert len(tm.last_launches) == 2, tm.last_launches  # the gemm and the multiply

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator import translate
 from translator import registry as R
-from translator.graph import LowerCtx, arg, before, in_order, schema_form, stable_toposort
+from translator.graph import (LowerCtx, arg, before, getitem_of, in_order, schema_form, set_args,
+                             stable_toposort)
 from translator.passes.normalize import normalize
 
 aten = torch.ops.aten
@@ -62,6 +63,22 @@ def test_normalize_puts_positional_parameters_by_position():
     assert normalize(ctx) == 1
     assert n.args == (x, shape, None, 1e-3) and n.kwargs == {}
     assert normalize(ctx) == 0  # once is enough
+
+
+def test_set_args_writes_by_name_and_getitem_of_reads_a_getitem():
+    ctx = _graph(lambda x, w: F.rms_norm(x, [8], w, 1e-3), torch.randn(2, 8), torch.randn(8))
+    n = _call(ctx, aten.rms_norm.default)
+    x = arg(n, "input")
+    n.args, n.kwargs = (x, [8]), {}
+    set_args(n, eps=1e-5)  # a skipped positional parameter before it gets its default
+    assert n.args == (x, [8], None, 1e-5) and arg(n, "eps") == 1e-5
+    add = ctx.insert(aten.add.Tensor, x, x, after=x)
+    set_args(add, alpha=2)  # keyword-only: stays a keyword
+    assert add.args == (x, x) and add.kwargs == {"alpha": 2}
+    with pytest.raises(KeyError, match="no argument 'epsilon'"):
+        set_args(n, epsilon=1.0)
+    g = ctx.gm.graph.call_function(operator.getitem, (n, 0))
+    assert getitem_of(g) == (n, 0) and getitem_of(n) is None and getitem_of(3) is None
 
 
 # --- node order, emit, counters ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -25,7 +26,7 @@ def check(model, inputs, counter, ops, **kw):
     assert all(o in flydsl_ops(tm) for o in ops), flydsl_ops(tm)
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():
-        torch.testing.assert_close(tm(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tm(*inputs), model(*inputs), **model_tol())
     return tm
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
 from translator.registry import Stage, rules_for
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 6e-2, torch.float16: 8e-3}
+TOL = {dt: model_tol(dt)["atol"] for dt in (torch.float32, torch.bfloat16, torch.float16)}
 PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 

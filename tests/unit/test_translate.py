@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -76,7 +77,7 @@ def test_dynamic_batch_and_sequence(block):
     tm = translate(block.eval(), (torch.randn(2, 8, 32),), backend="reference")
     for shape in [(1, 8, 32), (3, 17, 32)]:
         x = torch.randn(shape)
-        torch.testing.assert_close(tm(x), block(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(tm(x), block(x), **model_tol(check="few_ops"))
     with pytest.raises(ShapeError, match="input 0 dim 2 is 31"):
         tm(torch.randn(2, 8, 31))
 

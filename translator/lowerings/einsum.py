@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from ..graph import aten, dtype_of, dtype_reason, static_int
+from ..graph import aten, arg, dtype_of, dtype_reason, static_int
 from ..registry import Stage, rule
 from . import gemm  # noqa: F401,E402  (registers the bmm / gemm families these rules target)
 
@@ -57,7 +57,7 @@ def _expand_ellipsis(eq: str, ranks) -> tuple[list[str], str] | str:
 
 
 def _operands(node):
-    eq, operands = node.args[0], node.args[1]
+    eq, operands = arg(node, "equation"), arg(node, "tensors")
     return eq, list(operands)
 
 

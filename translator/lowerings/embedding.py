@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import aten, dtype_of, dtype_reason, shape_of
+from ..graph import aten, arg, dtype_of, dtype_reason, shape_of
 from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
@@ -46,7 +46,7 @@ register_family(OpFamily(
 
 
 def embedding_supported(node, ctx):
-    weight, ids = node.args[0], node.args[1]
+    weight, ids = arg(node, "weight"), arg(node, "indices")
     r = dtype_reason(weight, "embedding table")
     if r:
         return r
@@ -61,4 +61,4 @@ def embedding_supported(node, ctx):
       doc="nn.Embedding forward (token / position embeddings)")
 def lower_embedding(node, ctx):
     # a gather is exact in any dtype: the table keeps its dtype under precision bf16 / fp16
-    return ctx.replace(node, "embedding", "embedding", (node.args[0], node.args[1]), [node])
+    return ctx.replace(node, "embedding", "embedding", (arg(node, "weight"), arg(node, "indices")), [node])

@@ -26,7 +26,7 @@ import torch
 
 from translator_kernels.program import Program, parse
 
-from ..graph import shape_of, val
+from ..graph import arg, getitem_of, set_args, shape_of, val
 from ..registry import NO_MATCH, Stage, rule
 from . import elementwise, reduce, scan  # noqa: F401  (register the ops folded here)
 
@@ -66,7 +66,7 @@ def reshape_region(ctx, f, prog, inputs, gone: dict) -> None:
     """Make region node `f` compute `prog` over `inputs` (both pruned) without its outputs `gone`
     ({output index: the node its readers read instead, or None when its getitem is already gone}).
     The other outputs' getitems are renumbered; `f` is erased when no output is left."""
-    gets = {u.args[1]: u for u in list(f.users)}
+    gets = {getitem_of(u)[1]: u for u in list(f.users)}
     for j, instead in gone.items():
         if j in gets and instead is not None:
             gets[j].replace_all_uses_with(instead)
@@ -76,7 +76,7 @@ def reshape_region(ctx, f, prog, inputs, gone: dict) -> None:
         ctx.gm.graph.erase_node(f)
         return
     rest, kin = prune(Program(prog.n, prog.ops, tuple(prog.out[j] for j in keep)))
-    f.args = ([inputs[i] for i in kin], rest.text())
+    set_args(f, inputs=[inputs[i] for i in kin], program=rest.text())
     f.meta["val"] = [f.meta["val"][j] for j in keep]
     for new, old in enumerate(keep):
         if old in gets:
@@ -87,9 +87,9 @@ def reshape_region(ctx, f, prog, inputs, gone: dict) -> None:
 
 def _prologue_source(node):
     """The getitem of a fused_elementwise node that only `node` reads, else None."""
-    for g in dict.fromkeys(node.args[0]):
-        if (g.op == "call_function" and g.target is operator.getitem and g.args[0].target is FE
-                and list(g.users) == [node]):
+    for g in dict.fromkeys(arg(node, "inputs")):
+        src = getitem_of(g)
+        if src is not None and src[0].target is FE and list(g.users) == [node]:
             return g
     return None
 
@@ -100,15 +100,15 @@ def prologue_supported(node, ctx):
 
 def _fold_prologue(node, ctx, counter):
     g = _prologue_source(node)
-    f, j = g.args[0], g.args[1]
-    pf = parse(f.args[1])
-    prog, inputs = compose(pf, f.args[0], j, parse(node.args[1]), node.args[0], g)
+    f, j = getitem_of(g)
+    pf = parse(arg(f, "program"))
+    prog, inputs = compose(pf, arg(f, "inputs"), j, parse(arg(node, "program")), arg(node, "inputs"), g)
     prog, keep = prune(prog)
-    node.args = ([inputs[i] for i in keep], prog.text()) + tuple(node.args[2:])
+    set_args(node, inputs=[inputs[i] for i in keep], program=prog.text())
     ctx.gm.graph.erase_node(g)
     if len(pf.out) == 1:
         ctx.absorb(node, [f], prepend=True)
-    reshape_region(ctx, f, pf, f.args[0], {j: None})  # the region keeps its other outputs, if any
+    reshape_region(ctx, f, pf, arg(f, "inputs"), {j: None})  # the region keeps its other outputs, if any
     ctx.count(counter)
     return node
 
@@ -129,7 +129,7 @@ def fold_scan_prologue(node, ctx):
 
 def _epilogue_parts(r):
     """(getitem of r's result, the region node f) when f can become r's epilogue, else None."""
-    if r.args[2] in ("argmax", "argmin", "max", "min") or r.args[7] or len(r.users) != 1:
+    if arg(r, "kind") in ("argmax", "argmin", "max", "min") or arg(r, "epilogue") or len(r.users) != 1:
         return None
     g = next(iter(r.users))
     if g.target is not operator.getitem or len(g.users) != 1:
@@ -137,10 +137,10 @@ def _epilogue_parts(r):
     f = next(iter(g.users))
     if f.target is not FE or len(f.users) != 1 or [str(d) for d in val(f)[0].shape] != [str(d) for d in shape_of(g)]:
         return None
-    pf = parse(f.args[1])
+    pf = parse(arg(f, "program"))
     if len(pf.out) != 1 or pf.out[0][1] == "bool":
         return None
-    for a in f.args[0]:  # an input computed from the result would make a cycle
+    for a in arg(f, "inputs"):  # an input computed from the result would make a cycle
         if a is g:
             continue
         stack, seen = [a], set()
@@ -163,14 +163,14 @@ def epilogue_supported(node, ctx):
           "(log(s) + m)")
 def fold_reduce_epilogue(r, ctx):
     g, f = _epilogue_parts(r)
-    pf = parse(f.args[1])
-    others = [a for a in f.args[0] if a is not g]
-    order = [f.args[0].index(g)] + [i for i, a in enumerate(f.args[0]) if a is not g]
+    pf, ins = parse(arg(f, "program")), arg(f, "inputs")
+    others = [a for a in ins if a is not g]
+    order = [ins.index(g)] + [i for i, a in enumerate(ins) if a is not g]
     vmap = {old: new for new, old in enumerate(order)}
     vmap.update({pf.n + k: pf.n + k for k in range(len(pf.ops))})
     ops = tuple((o, tuple(vmap[a] for a in args), p) for o, args, p in pf.ops)
     epi = Program(pf.n, ops, ((vmap[pf.out[0][0]], pf.out[0][1]),))
-    r.args = tuple(r.args[:6]) + (others, epi.text())
+    set_args(r, epi_inputs=others, epilogue=epi.text())
     ctx.infer(r)
     g.meta["val"] = r.meta["val"][0]
     (fg,) = f.users

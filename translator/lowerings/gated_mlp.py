@@ -85,25 +85,25 @@ def _linear(node, ctx):
     """(x, W, bias node) of a single-user aten.linear with a parameter weight, else None."""
     if node.op != "call_function" or node.target is not aten.linear.default or len(node.users) != 1:
         return None
-    w = ctx.constant(node.args[1])
+    w = ctx.constant(arg(node, "weight"))
     if w is None or w.dim() != 2:
         return None
-    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    return node.args[0], w, bias
+    return arg(node, "input"), w, arg(node, "bias")
 
 
 def _match(node, ctx):
     """(gate name, act node, gate linear, up linear) of a gated MLP rooted at mul `node`, else None."""
-    if len(node.args) != 2 or node.kwargs or not all(isinstance(a, torch.fx.Node) for a in node.args):
+    pair = (arg(node, "self"), arg(node, "other"))
+    if node.kwargs or not all(isinstance(a, torch.fx.Node) for a in pair):
         return None
-    for act, up in (node.args, node.args[::-1]):
+    for act, up in (pair, pair[::-1]):
         gate = _gate_name(act)
-        if gate is None or len(act.users) != 1 or not isinstance(act.args[0], torch.fx.Node):
+        if gate is None or len(act.users) != 1 or not isinstance(arg(act, "self"), torch.fx.Node):
             continue
-        g, u = _linear(act.args[0], ctx), _linear(up, ctx)
+        g, u = _linear(arg(act, "self"), ctx), _linear(up, ctx)
         if g is None or u is None or g[0] is not u[0] or (g[2] is None) != (u[2] is None):
             continue
-        return gate, act, act.args[0], up
+        return gate, act, arg(act, "self"), up
     return None
 
 

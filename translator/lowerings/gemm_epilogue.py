@@ -39,7 +39,7 @@ import torch
 
 from translator_kernels.program import DTYPES, Program, epilogue, parse, then
 
-from ..graph import arg, before, dims, dtype_of, shape_of, users
+from ..graph import arg, before, dims, dtype_of, getitem_of, set_args, shape_of, users
 from ..registry import NO_MATCH, Stage, rule
 from . import elementwise, gemm  # noqa: F401  (register flydsl.fused_elementwise and flydsl.gemm)
 from .fold import prune, reshape_region
@@ -91,8 +91,8 @@ class _Region:
     """The region `f` that alone reads gemm `g`, read as a program over the gemm's value."""
 
     def __init__(self, g, f):
-        self.g, self.f, self.ins = g, f, list(f.args[0])
-        self.prog = parse(f.args[1])
+        self.g, self.f, self.ins = g, f, list(arg(f, "inputs"))
+        self.prog = parse(arg(f, "program"))
         self.gi = self.ins.index(g)
         self.consts = _const_like(self.prog)
         self.outs = {v for v, _ in self.prog.out}
@@ -179,7 +179,7 @@ def _candidates(r: _Region, peeled: set):
 
 def plan(g) -> Fold | None:
     """What of the region after gemm node `g` its epilogue takes (the largest part), or None."""
-    bias, act, residual, scale = g.args[4:]
+    bias, act, residual, scale = (arg(g, k) for k in ("bias", "activation", "residual", "scale"))
     us = users(g)
     if residual is not None or len(us) != 1 or len(g.users) != 1 or us[0].target is not FE:
         return None
@@ -207,10 +207,10 @@ def epilogue_check(node, ctx):
       doc="the elementwise region after a gemm: scale / bias / per-element program / residual -> its epilogue")
 def fuse_epilogue(g, ctx):
     fold = plan(g)
-    f, prog = fold.region, parse(fold.region.args[1])
-    a, w, n, k, bias, act, _, scale = g.args
+    f, prog = fold.region, parse(arg(fold.region, "program"))
+    bias, act, scale = arg(g, "bias"), arg(g, "activation"), arg(g, "scale")
     program = fold.program if not act or fold.program is None else then(parse(act), fold.program)
-    g.args = (a, w, n, k, fold.bias, epilogue(program or act), fold.residual, fold.scale)
+    set_args(g, bias=fold.bias, activation=epilogue(program or act), residual=fold.residual, scale=fold.scale)
     for name in (o for o, _, _ in (fold.program.ops if fold.program else ()) if o != "const"):
         ctx.count("epilogue_arith" if name in ARITH else "epilogue_activation")
     for kind, changed in (("scale", fold.scale != scale), ("bias", fold.bias is not bias),
@@ -218,9 +218,9 @@ def fuse_epilogue(g, ctx):
         if changed:
             ctx.count(f"epilogue_{kind}")
     gone = {j: g for j, (v, _) in enumerate(prog.out) if v == fold.v}
-    names = [gi.meta.get("replaces") for gi in f.users if gi.args[1] in gone]
+    names = [gi.meta.get("replaces") for gi in f.users if getitem_of(gi)[1] in gone]
     g.meta["flydsl"]["anchor"] = names[-1] if names else None  # the captured node g now reproduces
-    ins = list(f.args[0])
+    ins = list(arg(f, "inputs"))
     if len(gone) == len(prog.out):
         ctx.absorb(g, [f])  # the whole region: its ops now run in the gemm (reshape_region erases f)
     gi = ins.index(g)

@@ -62,7 +62,7 @@ def _finish(ctx, node, out, name):
 def _pointwise(e, node):
     """The unreduced loss of the pointwise losses (regression / divergence / hinge)."""
     t = node.target
-    x, y = node.args[0], node.args[1]
+    x, y = arg(node, "self"), arg(node, "target")
     if t is aten.kl_div.default:
         if arg(node, "log_target", False):
             return e(aten.mul.Tensor, e(aten.exp.default, y), e(aten.sub.Tensor, y, x))
@@ -97,8 +97,8 @@ POINTWISE = (aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.de
              aten.kl_div.default, aten.hinge_embedding_loss.default)
 
 
-def _float_args(node, n):
-    for a in node.args[:n]:
+def _float_args(node, names):
+    for a in (arg(node, k) for k in names):
         v = val(a)
         if not isinstance(v, torch.Tensor) or v.dtype not in _FLOAT:
             return f"argument {getattr(a, 'name', a)} is not a float32 / bfloat16 / float16 tensor"
@@ -106,10 +106,11 @@ def _float_args(node, n):
 
 
 def pointwise_supported(node, ctx):
-    r = _float_args(node, 2)
+    r = _float_args(node, ("self", "target"))
     if r:
         return r
-    if tuple(val(node.args[0]).shape) != tuple(val(node.args[1]).shape) and node.target is not aten.kl_div.default:
+    x, y = val(arg(node, "self")), val(arg(node, "target"))
+    if tuple(x.shape) != tuple(y.shape) and node.target is not aten.kl_div.default:
         return "input and target shapes differ (torch broadcasts them with a warning)"
     return None
 
@@ -124,7 +125,7 @@ def lower_pointwise(node, ctx):
 
 
 def cross_entropy_supported(node, ctx):
-    x, t = val(node.args[0]), val(node.args[1])
+    x, t = val(arg(node, "self")), val(arg(node, "target"))
     if x.dtype not in _FLOAT:
         return f"logits dtype {x.dtype} is not supported"
     if x.dim() < 2:
@@ -146,7 +147,7 @@ def lower_cross_entropy(node, ctx):
     """Class indices: logsumexp(x, 1) - x.gather(1, t) over valid targets (the gather and the
     integer mask stay in PyTorch); probability targets: sum(t * (lse - x), 1)."""
     e = _Emit(ctx, node)
-    x, t = node.args[0], node.args[1]
+    x, t = arg(node, "self"), arg(node, "target")
     red = arg(node, "reduction", 1)
     if val(t).dtype in _FLOAT:
         lse = e(aten.logsumexp.default, x, [1], True)
@@ -168,7 +169,7 @@ def lower_cross_entropy(node, ctx):
 
 
 def triplet_supported(node, ctx):
-    r = _float_args(node, 3)
+    r = _float_args(node, ("anchor", "positive", "negative"))
     if r:
         return r
     if arg(node, "swap", False):
@@ -180,7 +181,7 @@ def triplet_supported(node, ctx):
       name="loss_triplet_margin", doc="triplet_margin -> two vector norms + hinge + mean")
 def lower_triplet(node, ctx):
     e = _Emit(ctx, node)
-    a, pos, neg = node.args[:3]
+    a, pos, neg = arg(node, "anchor"), arg(node, "positive"), arg(node, "negative")
     margin, p = float(arg(node, "margin", 1.0)), float(arg(node, "p", 2.0))
     eps = float(arg(node, "eps", 1e-6))
 

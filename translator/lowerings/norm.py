@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of, static_int
+from ..graph import aten, arg, dtype_of, dtype_reason, getitem_of, is_static, shape_of, static_int
 from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
@@ -115,18 +115,16 @@ def _stats_used(node) -> bool:
     """A native_*_norm whose mean / rstd outputs are read (export adds unused getitems too)."""
     if any(u.target is not operator.getitem for u in node.users):
         return True
-    outs = {u.args[1] for u in node.users if u.users}
+    outs = {getitem_of(u)[1] for u in node.users if u.users}
     return bool(outs - {0}) or 0 not in outs
 
 
 def _output0(node):
-    return next(u for u in node.users if u.args[1] == 0 and u.users)
+    return next(u for u in node.users if getitem_of(u)[1] == 0 and u.users)
 
 
 def layer_norm_supported(node, ctx):
-    x, shape = node.args[0], node.args[1]
-    w = node.args[2] if len(node.args) > 2 else None
-    b = node.args[3] if len(node.args) > 3 else None
+    x, shape, w, b = (arg(node, k) for k in ("input", "normalized_shape", "weight", "bias"))
     if node.target is aten.native_layer_norm.default:
         if _stats_used(node):
             return "native_layer_norm's mean/rstd outputs are used"
@@ -136,10 +134,8 @@ def layer_norm_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.layer_norm.default, aten.native_layer_norm.default, family="layer_norm",
       supported=layer_norm_supported, doc="nn.LayerNorm / F.layer_norm")
 def lower_layer_norm(node, ctx):
-    x, shape = node.args[0], list(node.args[1])
-    w = node.args[2] if len(node.args) > 2 else None
-    b = node.args[3] if len(node.args) > 3 else None
-    eps = node.args[4] if len(node.args) > 4 else 1e-5
+    x, shape, w, b, eps = (arg(node, k) for k in ("input", "normalized_shape", "weight", "bias", "eps"))
+    shape = list(shape)
     args = (ctx.cast_in(x, node), shape, ctx.cast_in(w, node), ctx.cast_in(b, node), float(eps))
     if node.target is aten.native_layer_norm.default:
         get0 = _output0(node)
@@ -148,17 +144,14 @@ def lower_layer_norm(node, ctx):
 
 
 def rms_norm_supported(node, ctx):
-    x, shape = node.args[0], node.args[1]
-    w = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
-    return _norm_reason(x, shape, w)
+    return _norm_reason(arg(node, "input"), arg(node, "normalized_shape"), arg(node, "weight"))
 
 
 @rule(Stage.CANONICAL, aten.rms_norm.default, family="rms_norm", supported=rms_norm_supported,
       doc="nn.RMSNorm / F.rms_norm")
 def lower_rms_norm(node, ctx):
-    x, shape = node.args[0], list(node.args[1])
-    w = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
-    eps = node.args[3] if len(node.args) > 3 else node.kwargs.get("eps")
+    x, shape, w, eps = (arg(node, k) for k in ("input", "normalized_shape", "weight", "eps"))
+    shape = list(shape)
     if eps is None:  # torch's default: the input dtype's machine epsilon
         eps = torch.finfo(dtype_of(x)).eps
     args = (ctx.cast_in(x, node), shape, ctx.cast_in(w, node), float(eps))
@@ -288,16 +281,16 @@ def group_norm_supported(node, ctx):
     if node.target is aten.native_group_norm.default:
         if _stats_used(node):
             return "native_group_norm's mean/rstd outputs are used"
-        return _group_reason(node.args[0], node.args[6], node.args[1], node.args[2])
-    return _group_reason(node.args[0], arg(node, "num_groups"), arg(node, "weight"), arg(node, "bias"))
+        return _group_reason(arg(node, "input"), arg(node, "group"), arg(node, "weight"), arg(node, "bias"))
+    return _group_reason(arg(node, "input"), arg(node, "num_groups"), arg(node, "weight"), arg(node, "bias"))
 
 
 @rule(Stage.CANONICAL, aten.group_norm.default, aten.native_group_norm.default, family="group_norm",
       supported=group_norm_supported, doc="nn.GroupNorm / F.group_norm")
 def lower_group_norm(node, ctx):
-    x = node.args[0]
+    x = arg(node, "input")
     if node.target is aten.native_group_norm.default:
-        w, b, groups, eps = node.args[1], node.args[2], node.args[6], node.args[7]
+        w, b, groups, eps = (arg(node, k) for k in ("weight", "bias", "group", "eps"))
         root = _output0(node)
         sources = [*node.users, node]
     else:
@@ -309,7 +302,7 @@ def lower_group_norm(node, ctx):
 
 
 def instance_norm_supported(node, ctx):
-    x = node.args[0]
+    x = arg(node, "input")
     w, b = arg(node, "weight"), arg(node, "bias")
     if not arg(node, "use_input_stats", True):
         return ("instance_norm uses running statistics (track_running_stats=True in eval mode), "
@@ -324,7 +317,7 @@ def instance_norm_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.instance_norm.default, family="group_norm", supported=instance_norm_supported,
       doc="nn.InstanceNorm*d (input statistics): GroupNorm with G = C")
 def lower_instance_norm(node, ctx):
-    x = node.args[0]
+    x = arg(node, "input")
     w, b, eps = arg(node, "weight"), arg(node, "bias"), arg(node, "eps", 1e-5)
     c = static_int(shape_of(x)[1])
     args = (ctx.cast_in(x, node), c, ctx.cast_in(w, node), ctx.cast_in(b, node), float(eps))

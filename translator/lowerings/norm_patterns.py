@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..graph import (CASTS, FLOAT_DTYPES, asserts, aten, dtype_of, dtype_reason, in_order, is_call, same_shape,
-                     shape_of, static_int, users)
+from ..graph import (CASTS, FLOAT_DTYPES, arg, asserts, aten, dtype_of, dtype_reason, in_order, is_call, same_shape,
+                     getitem_of, shape_of, static_int, users)
 from ..registry import NO_MATCH, Stage, rule
 from . import norm  # noqa: F401  (registers the norm families this rule lowers to)
 
@@ -85,6 +85,11 @@ def _is_cast(n) -> bool:
     return True
 
 
+def _other(n, x):
+    """The operand of binary aten call `n` ("self" / "other") that is not x."""
+    return arg(n, "other") if arg(n, "self") is x else arg(n, "self")
+
+
 def _widening(src, dst) -> bool:
     return src == dst or (src in (torch.bfloat16, torch.float16) and dst == torch.float32)
 
@@ -92,9 +97,9 @@ def _widening(src, dst) -> bool:
 def _origin(n):
     """x such that n is x through exact (widening or no-op) casts, and the casts walked."""
     chain = []
-    while _is_cast(n) and _widening(dtype_of(n.args[0]), dtype_of(n)):
+    while _is_cast(n) and _widening(dtype_of(arg(n, "self")), dtype_of(n)):
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     return n, chain
 
 
@@ -111,16 +116,13 @@ def _dims(x, dims) -> tuple | None:
 def _is_mean_of(m, x, dims) -> bool:
     """m == x.mean(dims, keepdim=True), or the mean output of torch.var_mean(x, dims, keepdim=True)."""
     if is_call(m, aten.mean.dim):
-        return _origin(m.args[0])[0] is _origin(x)[0] and _keepdim(m, 2) and _dims(m.args[0], m.args[1]) == dims
-    if is_call(m, operator.getitem) and m.args[1] == 1 and is_call(m.args[0], aten.var_mean.correction):
-        vm = m.args[0]
-        return _origin(vm.args[0])[0] is _origin(x)[0] and vm.kwargs.get("keepdim", False) and \
-            _dims(vm.args[0], vm.args[1] if len(vm.args) > 1 else vm.kwargs.get("dim")) == dims
+        s = arg(m, "self")
+        return _origin(s)[0] is _origin(x)[0] and arg(m, "keepdim") and _dims(s, arg(m, "dim")) == dims
+    vm, j = getitem_of(m) or (None, None)
+    if j == 1 and is_call(vm, aten.var_mean.correction):
+        s = arg(vm, "self")
+        return _origin(s)[0] is _origin(x)[0] and arg(vm, "keepdim") and _dims(s, arg(vm, "dim")) == dims
     return False
-
-
-def _keepdim(n, i) -> bool:
-    return bool(n.args[i] if len(n.args) > i else n.kwargs.get("keepdim", False))
 
 
 # --- the matcher -----------------------------------------------------------------------------
@@ -128,38 +130,37 @@ def _keepdim(n, i) -> bool:
 def _statistic(anchor):
     """(kind, x, dims, mean, stat node, nodes, correction) for a norm statistic, else None."""
     if is_call(anchor, aten.mean.dim):
-        if not _keepdim(anchor, 2) or anchor.kwargs.get("dtype") is not None:
+        if not arg(anchor, "keepdim") or arg(anchor, "dtype") is not None:
             return None
-        sq = anchor.args[0]
-        if is_call(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2 or is_call(sq, aten.square.default):
-            b = sq.args[0]
-        elif is_call(sq, aten.mul.Tensor) and sq.args[0] is sq.args[1]:
-            b = sq.args[0]
+        sq = arg(anchor, "self")
+        if is_call(sq, aten.pow.Tensor_Scalar) and arg(sq, "exponent") == 2 or is_call(sq, aten.square.default):
+            b = arg(sq, "self")
+        elif is_call(sq, aten.mul.Tensor) and arg(sq, "self") is arg(sq, "other"):
+            b = arg(sq, "self")
         else:
             return None
-        dims = _dims(sq, anchor.args[1])
+        dims = _dims(sq, arg(anchor, "dim"))
         if _only_user(sq) is not anchor:
             return None
-        if is_call(b, aten.sub.Tensor) and _is_mean_of(b.args[1], b.args[0], dims):
-            return "layer", b.args[0], dims, b.args[1], anchor, [sq, anchor], 0, [b]
+        if is_call(b, aten.sub.Tensor) and _is_mean_of(arg(b, "other"), arg(b, "self"), dims):
+            return "layer", arg(b, "self"), dims, arg(b, "other"), anchor, [sq, anchor], 0, [b]
         return "rms", b, dims, None, anchor, [sq, anchor], 0, []
     if is_call(anchor, aten.var.dim, aten.var.correction):
-        x = anchor.args[0]
-        dims = _dims(x, anchor.args[1] if len(anchor.args) > 1 else anchor.kwargs.get("dim"))
+        x = arg(anchor, "self")
+        dims = _dims(x, arg(anchor, "dim"))
         if anchor.target is aten.var.dim:
-            unbiased = anchor.args[2] if len(anchor.args) > 2 else anchor.kwargs.get("unbiased", True)
-            keep, corr = _keepdim(anchor, 3), int(bool(unbiased))
+            keep, corr = arg(anchor, "keepdim"), int(bool(arg(anchor, "unbiased")))
         else:
-            c = anchor.kwargs.get("correction")
-            keep, corr = anchor.kwargs.get("keepdim", False), 1 if c is None else c
+            c = arg(anchor, "correction")
+            keep, corr = arg(anchor, "keepdim"), 1 if c is None else c
         return ("layer", x, dims, None, anchor, [anchor], corr, []) if keep else None
-    if is_call(anchor, aten.var_mean.correction) and anchor.kwargs.get("keepdim", False):
-        x = anchor.args[0]
-        dims = _dims(x, anchor.args[1] if len(anchor.args) > 1 else anchor.kwargs.get("dim"))
-        gets = {u.args[1]: u for u in anchor.users if is_call(u, operator.getitem)}
+    if is_call(anchor, aten.var_mean.correction) and arg(anchor, "keepdim"):
+        x = arg(anchor, "self")
+        dims = _dims(x, arg(anchor, "dim"))
+        gets = {getitem_of(u)[1]: u for u in anchor.users if is_call(u, operator.getitem)}
         if 0 not in gets or 1 not in gets:
             return None
-        c = anchor.kwargs.get("correction")
+        c = arg(anchor, "correction")
         return "layer", x, dims, gets[1], gets[0], [anchor, gets[0]], 1 if c is None else c, [gets[1]]
     return None
 
@@ -183,14 +184,14 @@ def match(anchor, ctx):
     kind, x, dims, mean, stat, core, corr, inputs = st
     if dims is None:
         return False
-    e = _next(stat, lambda u: is_call(u, aten.add.Tensor, aten.add.Scalar) and u.kwargs.get("alpha", 1) == 1
-              and _scalar(u.args[1] if u.args[0] is stat else u.args[0]) is not None)
+    e = _next(stat, lambda u: is_call(u, aten.add.Tensor, aten.add.Scalar) and arg(u, "alpha") == 1
+              and _scalar(_other(u, stat)) is not None)
     if e is None:
         return False
-    eps = _scalar(e.args[1] if e.args[0] is stat else e.args[0])
+    eps = _scalar(_other(e, stat))
     core.append(e)
     f = _next(e, lambda u: is_call(u, aten.rsqrt.default, aten.sqrt.default)
-              or is_call(u, aten.pow.Tensor_Scalar) and u.args[1] == -0.5)
+              or is_call(u, aten.pow.Tensor_Scalar) and arg(u, "exponent") == -0.5)
     if f is None:
         return False
     core.append(f)
@@ -202,30 +203,30 @@ def match(anchor, ctx):
             core.append(g)
         else:
             op = aten.div.Tensor
-    n = _next(inv, lambda u: is_call(u, op) and (op is aten.mul.Tensor or u.args[1] is inv))
+    n = _next(inv, lambda u: is_call(u, op) and (op is aten.mul.Tensor or arg(u, "other") is inv))
     if n is None:
         return False
-    num = n.args[1] if n.args[0] is inv else n.args[0]
+    num = _other(n, inv)
     if kind == "rms":
         if _origin(num)[0] is not _origin(x)[0]:
             return False
         x, xcasts = _origin(x)
         inputs += xcasts + _origin(num)[1]
     else:
-        if not (is_call(num, aten.sub.Tensor) and _origin(num.args[0])[0] is _origin(x)[0]):
+        if not (is_call(num, aten.sub.Tensor) and _origin(arg(num, "self"))[0] is _origin(x)[0]):
             return False
         if mean is None:
-            mean = num.args[1]
+            mean = arg(num, "other")
             if not _is_mean_of(mean, x, dims):
                 return False
-        elif num.args[1] is not mean:
+        elif arg(num, "other") is not mean:
             return False
         x, xcasts = _origin(x)
-        inputs += [num, mean, *_origin(num.args[0])[1], *xcasts]
+        inputs += [num, mean, *_origin(arg(num, "self"))[1], *xcasts]
         if is_call(mean, operator.getitem):
-            inputs.append(mean.args[0])
+            inputs.append(getitem_of(mean)[0])
         elif is_call(mean, aten.mean.dim):
-            inputs += _origin(mean.args[0])[1]
+            inputs += _origin(arg(mean, "self"))[1]
     core.append(n)
     m = NormMatch(kind, x, dims, float(eps), n, core, inputs, correction=corr)
     _epilogue(m)
@@ -236,18 +237,15 @@ def _epilogue(m: NormMatch) -> None:
     """Absorb casts, one weight multiply and (LayerNorm) one bias add after the normalized value."""
     cur = m.root
     while (u := _only_user(cur)) is not None:
-        if u.args and u.args[0] is cur:  # a unary user (neg, a cast) has no second operand
-            other = u.args[1] if len(u.args) > 1 else None
-        else:
-            other = u.args[0] if u.args else None
-        if _is_cast(u) and u.args[0] is cur:
+        other = _other(u, cur) if is_call(u, aten.mul.Tensor, aten.add.Tensor) else None
+        if _is_cast(u) and arg(u, "self") is cur:
             pass
         elif dtype_of(u) != dtype_of(cur):
             break  # a wider weight promotes a value eager rounded first: keep that multiply as written
         elif is_call(u, aten.mul.Tensor) and m.weight is None and m.bias is None and _param_ok(other, m.x, m.dims) \
                 and same_shape(u, cur):
             m.weight = other
-        elif is_call(u, aten.add.Tensor) and m.kind == "layer" and m.bias is None and u.kwargs.get("alpha", 1) == 1 \
+        elif is_call(u, aten.add.Tensor) and m.kind == "layer" and m.bias is None and arg(u, "alpha") == 1 \
                 and _param_ok(other, m.x, m.dims) and same_shape(u, cur):
             m.bias = other
         else:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import aten, dtype_of, is_call, same_shape, users
+from ..graph import arg, aten, dtype_of, is_call, same_shape, users
 from ..registry import NO_MATCH, Stage, rule
 from . import gemm, norm  # noqa: F401  (register the norm families and the ops this rule reads)
 
@@ -34,13 +34,13 @@ NORMS = {torch.ops.flydsl.layer_norm.default: "add_layer_norm", torch.ops.flydsl
 def _parts(norm, ctx):
     """(add, precision cast or None) when flydsl norm `norm` reads a residual add also used
     elsewhere, else None."""
-    x, cast = norm.args[0], None
+    x, cast = arg(norm, "x"), None
     if is_call(x, aten._to_copy.default) and x.kwargs == {"dtype": ctx.compute_dtype} and len(x.args) == 1 \
-            and ctx.precision != "fp32" and dtype_of(x.args[0]) == torch.float32 and users(x) == [norm]:
-        x, cast = x.args[0], x  # the precision policy's cast of the sum (LowerCtx.cast_in)
-    if not is_call(x, aten.add.Tensor) or x.kwargs.get("alpha", 1) != 1 or len(x.args) != 2:
+            and ctx.precision != "fp32" and dtype_of(arg(x, "self")) == torch.float32 and users(x) == [norm]:
+        x, cast = arg(x, "self"), x  # the precision policy's cast of the sum (LowerCtx.cast_in)
+    if not is_call(x, aten.add.Tensor) or arg(x, "alpha") != 1:
         return None
-    a, b = x.args
+    a, b = arg(x, "self"), arg(x, "other")
     if not (isinstance(a, Node) and isinstance(b, Node) and same_shape(a, x) and same_shape(b, x)):
         return None
     if not dtype_of(a) == dtype_of(b) == dtype_of(x) or ctx.denied([x]):
@@ -74,7 +74,8 @@ def claims(node, ctx) -> list:
     out of elementwise regions. An add of a GEMM that nothing else reads is left to the regions:
     the GEMM epilogue folds the region it lands in (gemm_epilogue.py) as its residual."""
     parts = _parts(node, ctx)
-    if parts is None or any(is_call(a, GEMM) and users(a) == [parts[0]] for a in parts[0].args):
+    if parts is None or any(is_call(arg(parts[0], k), GEMM) and users(arg(parts[0], k)) == [parts[0]]
+                            for k in ("self", "other")):
         return []
     return [p for p in parts if p is not None]
 
@@ -90,9 +91,10 @@ def lower_add_norm(norm, ctx):
     add's other users that came before the norm are moved after it (fuse_consumers re-sorts)."""
     add, cast = _parts(norm, ctx)
     family = NORMS[norm.target]
-    a, b = (ctx.cast_in(t, norm) for t in add.args)
+    a, b = (ctx.cast_in(arg(add, k), norm) for k in ("self", "other"))
     info = norm.meta["flydsl"]
-    new, (s, y) = ctx.emit(family, (a, b, *norm.args[1:]), lowering=family, sources=[add], anchor=info["anchor"],
+    rest = [arg(norm, p.name) for p in norm.target._schema.arguments[1:]]  # the norm's own arguments after x
+    new, (s, y) = ctx.emit(family, (a, b, *rest), lowering=family, sources=[add], anchor=info["anchor"],
                            before=norm, output_anchors=(add, info["anchor"]))
     ctx.absorb(new, [norm])
     s = ctx.cast(s, dtype_of(add), norm)  # the sum in the compute dtype, back to the model's

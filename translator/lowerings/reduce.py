@@ -97,7 +97,7 @@ def _correction(node):
 def describe(node):
     """(kind, dims, keepdim, params) of an aten reduction node, or None."""
     t = node.target
-    rank = len(val(node.args[0]).shape)
+    rank = len(val(arg(node, "self")).shape)
     if t in (aten.sum.default, aten.mean.default):
         return ("sum" if t is aten.sum.default else "mean"), list(range(rank)), False, []
     if t in (aten.max.default, aten.min.default):
@@ -116,7 +116,7 @@ def describe(node):
         return t._overloadpacket.__name__, _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)), []
     if t in (aten.max.dim, aten.min.dim):
         kind = "max" if t is aten.max.dim else "min"
-        return kind, _dims(node.args[1], rank), bool(arg(node, "keepdim", False)), []
+        return kind, _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)), []
     if t is aten.linalg_vector_norm.default:
         return ("norm", _dims(arg(node, "dim"), rank), bool(arg(node, "keepdim", False)),
                 [float(arg(node, "ord", 2))])
@@ -130,7 +130,7 @@ TARGETS = (aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.
 
 
 def reduce_supported(node, ctx):
-    x = node.args[0]
+    x = arg(node, "self")
     xv, out = val(x), val(node)
     if not isinstance(xv, torch.Tensor) or xv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         dt = getattr(xv, "dtype", None)
@@ -164,7 +164,7 @@ def identity_program(dtype) -> str:
           "over any dims")
 def lower_reduce(node, ctx):
     kind, dims, keepdim, params = describe(node)
-    x = node.args[0]
+    x = arg(node, "self")
     out = val(node)
     vdt = (out[0] if isinstance(out, (tuple, list)) else out).dtype
     if kind in ("argmax", "argmin"):

@@ -73,7 +73,7 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 def scan_reason(node) -> str | None:
     """None when aten scan `node` can run as a flydsl.scan, else why not."""
-    xv, out = val(node.args[0]), val(node)
+    xv, out = val(arg(node, "self")), val(node)
     kind = SCANS[node.target]
     if not isinstance(xv, torch.Tensor):
         return "input is not a tensor with known metadata"
@@ -86,7 +86,7 @@ def scan_reason(node) -> str | None:
         return f"{kind} with result dtype {str(out.dtype).replace('torch.', '')} stays in PyTorch"
     if xv.dim() == 0:
         return f"{kind} of a 0-d tensor (nothing to scan)"
-    n = size_hint(xv.shape[node.args[1] % xv.dim()])
+    n = size_hint(xv.shape[arg(node, "dim") % xv.dim()])
     limit = max_row_length(row_vec(n, (DTYPES[xv.dtype],)))
     if n > limit:
         return f"scanned dim of {n} elements exceeds one workgroup's {limit} (row scans are not split)"
@@ -106,7 +106,7 @@ def scan_supported(node, ctx):
 @rule(Stage.CANONICAL, *SCANS, family="scan", supported=scan_supported,
       doc="cumsum / cumprod / logcumsumexp over any dim (float32 / bfloat16 / float16)")
 def lower_scan(node, ctx):
-    return _emit(ctx, node, node.args[0], SCANS[node.target], node.args[1], False, False,
+    return _emit(ctx, node, arg(node, "self"), SCANS[node.target], arg(node, "dim"), False, False,
                  SCANS[node.target], [node])
 
 
@@ -118,7 +118,7 @@ def _flip_dim(node):
     """The one dim a flip node flips (normalized), else None."""
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.flip.default):
         return None
-    dims = node.args[1]
+    dims = arg(node, "dims")
     rank = len(val(node).shape)
     return dims[0] % rank if len(dims) == 1 and rank else None
 
@@ -126,13 +126,13 @@ def _flip_dim(node):
 def _reversed_parts(node):
     """(scan node, inner flip, x, dim) of the reversed-scan pattern ending at flip `node`, else None."""
     d = _flip_dim(node)
-    s = node.args[0]
+    s = arg(node, "self")
     if d is None or not (isinstance(s, torch.fx.Node) and s.target in SCANS) or single_user(s) is not node:
         return None
-    f = s.args[0]
-    if _flip_dim(f) != d or s.args[1] % len(val(s).shape) != d or single_user(f) is not s:
+    f = arg(s, "self")
+    if _flip_dim(f) != d or arg(s, "dim") % len(val(s).shape) != d or single_user(f) is not s:
         return None
-    return s, f, f.args[0], d
+    return s, f, arg(f, "self"), d
 
 
 def reversed_supported(node, ctx):
@@ -154,10 +154,10 @@ def lower_reversed(node, ctx):
 # --- exclusive: cumsum(x, d) - x ------------------------------------------------------------
 
 def _exclusive_parts(node):
-    if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
+    if arg(node, "alpha") != 1:
         return None
-    s, x = node.args
-    if not (isinstance(s, torch.fx.Node) and s.target is aten.cumsum.default and s.args[0] is x):
+    s, x = arg(node, "self"), arg(node, "other")
+    if not (isinstance(s, torch.fx.Node) and s.target is aten.cumsum.default and arg(s, "self") is x):
         return None
     if single_user(s) is not node or arg(s, "dtype") is not None or val(node).shape != val(s).shape:
         return None
@@ -177,4 +177,4 @@ def exclusive_supported(node, ctx):
       doc="torch.cumsum(x, d) - x -> one exclusive scan")
 def lower_exclusive(node, ctx):
     s, x = _exclusive_parts(node)
-    return _emit(ctx, node, x, "cumsum", s.args[1], False, True, "scan_exclusive", [node, s])
+    return _emit(ctx, node, x, "cumsum", arg(s, "dim"), False, True, "scan_exclusive", [node, s])

@@ -59,11 +59,11 @@ _TARGETS = (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten.
 
 
 def softmax_supported(node, ctx):
-    x = node.args[0]
+    x = arg(node, "self")
     r = dtype_reason(x)
     if r:
         return r
-    if node.target in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
+    if node.target in (aten._softmax.default, aten._log_softmax.default) and arg(node, "half_to_float"):
         return "half_to_float=True (fp16 in, fp32 out) is not supported"
     if len(shape_of(x)) == 0:
         return "softmax of a 0-d tensor"
@@ -73,7 +73,7 @@ def softmax_supported(node, ctx):
 @rule(Stage.CANONICAL, *_TARGETS, family="softmax", supported=softmax_supported,
       doc="softmax / log_softmax over any dim")
 def lower_softmax(node, ctx):
-    x, dim = node.args[0], node.args[1]
+    x, dim = arg(node, "self"), arg(node, "dim")
     log = node.target in (aten.log_softmax.int, aten._log_softmax.default)
     want = arg(node, "dtype") if node.target in (aten.softmax.int, aten.log_softmax.int) else None
     xin = ctx.cast_in(ctx.cast(x, want, node) if want is not None else x, node)

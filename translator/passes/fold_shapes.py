@@ -29,6 +29,8 @@ import threading
 
 import torch
 
+from ..graph import arg
+
 aten = torch.ops.aten
 
 # ops whose tensor inputs matter only through their shape, dtype and device
@@ -151,8 +153,7 @@ def _writes(user, n) -> bool:
     if not isinstance(t, torch._ops.OpOverload):
         return False
     args = t._schema.arguments
-    return any(a.alias_info is not None and a.alias_info.is_write and i < len(user.args) and user.args[i] is n
-               for i, a in enumerate(args))
+    return any(a.alias_info is not None and a.alias_info.is_write and arg(user, a.name) is n for a in args)
 
 
 def _region(frontier, const) -> list:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ..graph import arg
+
 aten = torch.ops.aten
 
 
@@ -77,9 +79,10 @@ def _aliases(n) -> bool:
 
 
 def _out_of_place(ctx, node, order):
-    if _inplace_target(node) is None:
+    target = _inplace_target(node)
+    if target is None:
         return None
-    x = node.args[0]
+    x = arg(node, target.name)
     if not _mutation_unobservable(x, node, order):
         return None
     g = ctx.gm.graph
@@ -87,7 +90,7 @@ def _out_of_place(ctx, node, order):
     if t is aten.detach_.default:
         return x
     if t is aten.copy_.default:
-        src, want = node.args[1], x.meta["val"]
+        src, want = arg(node, "src"), x.meta["val"]
         have = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
         if not isinstance(have, torch.Tensor):
             return None
