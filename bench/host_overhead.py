@@ -46,8 +46,8 @@ import torch.nn.functional as F
 GOAL_US = 30.0
 
 
-def _median_us(fn, repeat: int, batch: int = 5) -> float:
-    """Median over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
+def _median_us(fn, repeat: int, batch: int = 5, pick=statistics.median) -> float:
+    """Median (or `pick`) over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
     for _ in range(3):
         fn()
     samples = []
@@ -56,7 +56,7 @@ def _median_us(fn, repeat: int, batch: int = 5) -> float:
         for _ in range(batch):
             fn()
         samples.append((time.thread_time() - t) / batch)
-    return statistics.median(samples) * 1e6
+    return pick(samples) * 1e6
 
 
 def _empty_rows(t, dim=0):
@@ -150,7 +150,7 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
 
 
 def _inside_us(cls, fn, repeat: int) -> float:
-    """Median CPU us per `fn()` spent inside `cls.__call__` (summed over its calls in one fn())."""
+    """Least CPU us per `fn()` spent inside `cls.__call__` (summed over its calls in one fn())."""
     orig, spent = cls.__call__, [0.0]
 
     def timed(self, *args):
@@ -169,17 +169,20 @@ def _inside_us(cls, fn, repeat: int) -> float:
             samples.append(spent[0])
     finally:
         cls.__call__ = orig
-    return statistics.median(samples) * 1e6
+    return min(samples) * 1e6
 
 
 def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
-    """Where one replayed call's host time goes, per op family (each piece timed on its own)."""
+    """Where one replayed call's host time goes, per op family: each piece timed on its own, the
+    least over `repeat` samples (the sample least disturbed by other processes), so that the pieces
+    of one row can be compared and subtracted."""
     from flydsl.compiler.jit_function import CompiledFunction
 
     from translator.runtime.stub import rocm_recorded
     from translator_kernels import launch, plan
 
-    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, median)\n")
+    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, least of "
+          f"{repeat} samples)\n")
     print("| op | whole call | signature | target + plan lookup | replay: allocations, views | "
           "launch step (modes, stream, log) | FlyDSL CompiledFunction call (argument packing) |")
     print("|---|---|---|---|---|---|---|")
@@ -202,10 +205,10 @@ def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
             fn, args, kwargs, no_alias = seen[0]
             sig, tensors = plan.signature(args, kwargs)
             run = plan._PLANS[(fn, no_alias, launch._context(), sig)]
-            whole = _median_us(ours, repeat)
-            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat)
-            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat)
-            t_run = _median_us(lambda: run(*tensors), repeat)
+            whole = _median_us(ours, repeat, pick=min)
+            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat, pick=min)
+            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat, pick=min)
+            t_run = _median_us(lambda: run(*tensors), repeat, pick=min)
             t_launch = _inside_us(launch.PlannedLaunch, lambda: run(*tensors), repeat)
             t_fly = _inside_us(CompiledFunction, lambda: run(*tensors), repeat)
         print(f"| {label} | {whole:.1f} | {t_sig:.1f} | {t_look:.1f} | {t_run - t_launch:.1f} | "
