@@ -46,8 +46,8 @@ import torch.nn.functional as F
 GOAL_US = 30.0
 
 
-def _median_us(fn, repeat: int, batch: int = 5) -> float:
-    """Median over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
+def _median_us(fn, repeat: int, batch: int = 5, pick=statistics.median) -> float:
+    """Median (or `pick`) over `repeat` samples of the mean CPU time of `batch` back-to-back calls."""
     for _ in range(3):
         fn()
     samples = []
@@ -56,7 +56,7 @@ def _median_us(fn, repeat: int, batch: int = 5) -> float:
         for _ in range(batch):
             fn()
         samples.append((time.thread_time() - t) / batch)
-    return statistics.median(samples) * 1e6
+    return pick(samples) * 1e6
 
 
 def _empty_rows(t, dim=0):
@@ -149,37 +149,50 @@ def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
     return ours_all
 
 
-def _inside_us(cls, fn, repeat: int) -> float:
-    """Median CPU us per `fn()` spent inside `cls.__call__` (summed over its calls in one fn())."""
-    orig, spent = cls.__call__, [0.0]
+def _split_us(fn, repeat: int) -> tuple:
+    """(whole, inside PlannedLaunch calls, inside CompiledFunction calls) CPU us of one `fn()`: the
+    sample with the least whole time (the least disturbed by other processes), so its parts add up."""
+    from flydsl.compiler.jit_function import CompiledFunction
 
-    def timed(self, *args):
-        t = time.thread_time()
-        try:
-            return orig(self, *args)
-        finally:
-            spent[0] += time.thread_time() - t
+    from translator_kernels.launch import PlannedLaunch
 
-    cls.__call__ = timed
+    acc = [0.0, 0.0]
+    origs = [(cls, cls.__call__) for cls in (PlannedLaunch, CompiledFunction)]
+
+    def timing(i, orig):
+        def timed(self, *args):
+            t = time.thread_time()
+            try:
+                return orig(self, *args)
+            finally:
+                acc[i] += time.thread_time() - t
+        return timed
+
+    for i, (cls, orig) in enumerate(origs):
+        cls.__call__ = timing(i, orig)
     samples = []
     try:
         for _ in range(repeat):
-            spent[0] = 0.0
+            acc[0] = acc[1] = 0.0
+            t = time.thread_time()
             fn()
-            samples.append(spent[0])
+            samples.append((time.thread_time() - t, acc[0], acc[1]))
     finally:
-        cls.__call__ = orig
-    return statistics.median(samples) * 1e6
+        for cls, orig in origs:
+            cls.__call__ = orig
+    return tuple(x * 1e6 for x in min(samples))
 
 
 def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
-    """Where one replayed call's host time goes, per op family (each piece timed on its own)."""
-    from flydsl.compiler.jit_function import CompiledFunction
-
+    """Where one replayed call's host time goes, per op family: the least over `repeat` samples (the
+    sample least disturbed by other processes). The whole call, the signature and the lookup are
+    timed on their own; the replay's parts come from one sample of the replay (so they add up; the
+    launch step includes the timer's own ~1 us)."""
     from translator.runtime.stub import rocm_recorded
     from translator_kernels import launch, plan
 
-    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, median)\n")
+    print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, least of "
+          f"{repeat} samples)\n")
     print("| op | whole call | signature | target + plan lookup | replay: allocations, views | "
           "launch step (modes, stream, log) | FlyDSL CompiledFunction call (argument packing) |")
     print("|---|---|---|---|---|---|---|")
@@ -202,12 +215,10 @@ def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
             fn, args, kwargs, no_alias = seen[0]
             sig, tensors = plan.signature(args, kwargs)
             run = plan._PLANS[(fn, no_alias, launch._context(), sig)]
-            whole = _median_us(ours, repeat)
-            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat)
-            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat)
-            t_run = _median_us(lambda: run(*tensors), repeat)
-            t_launch = _inside_us(launch.PlannedLaunch, lambda: run(*tensors), repeat)
-            t_fly = _inside_us(CompiledFunction, lambda: run(*tensors), repeat)
+            whole = _median_us(ours, repeat, pick=min)
+            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat, pick=min)
+            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), sig)), repeat, pick=min)
+            t_run, t_launch, t_fly = _split_us(lambda: run(*tensors), repeat)
         print(f"| {label} | {whole:.1f} | {t_sig:.1f} | {t_look:.1f} | {t_run - t_launch:.1f} | "
               f"{t_launch - t_fly:.1f} | {t_fly:.1f} |", flush=True)
     print()

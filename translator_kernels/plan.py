@@ -11,7 +11,12 @@ and which earlier argument it is the same object as; every other argument by typ
 COMPILE_ONLY, FlyDSL toolchain). A new batch size is a new signature, so it builds a new plan;
 the launch key holds no run-time dims, so that plan compiles nothing.
 
-Building a plan: the first call with a signature runs `fn` for real, with a TorchDispatchMode
+When: the first call with a signature runs `fn` as before and notes the signature; the second
+builds the plan; later ones replay it. Building costs ~1-2 ms (recording, then compiling the
+generated source: ~10-20 adapter calls), so a signature met once (a decode loop's growing KV
+length) never pays it. Both tables are bounded (MAX_PLANS).
+
+Building a plan: the call runs `fn` for real, with a TorchDispatchMode
 recording every aten op it runs and `launch.call` recording each launch (launcher, specialization
 key, compiled callable, arguments). The recording becomes a straight-line Python function
 (generated source, like FlyDSL's own argument packers):
@@ -50,7 +55,9 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from translator_kernels import launch as _launch
 
-_PLANS: dict = {}  # (fn, launch target, signature) -> generated run function, or None (unplannable)
+_PLANS: dict = {}  # (fn, no_alias, launch target, signature) -> generated run function, or None (unplannable)
+_SEEN: dict = {}  # keys met once: the second call with a signature builds its plan
+MAX_PLANS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
 _LOCK = threading.Lock()
 _local = _launch._local  # the launch module's thread state: `plan_rec` is the recording plan
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
@@ -131,6 +138,11 @@ def call(fn, args, kwargs=None, no_alias=False):
     pk = (fn, no_alias, _launch._context(), sig)
     run = _PLANS.get(pk, _MISSING)
     if run is _MISSING:
+        if pk not in _SEEN:  # first sight: a signature met once (a growing decode length) never pays a build
+            if len(_SEEN) >= MAX_PLANS:
+                _SEEN.clear()
+            _SEEN[pk] = None
+            return _direct(fn, args, kwargs, no_alias)
         return _build(pk, fn, args, kwargs, tensors, no_alias)
     if run is None:
         return _direct(fn, args, kwargs, no_alias)
@@ -172,6 +184,8 @@ def _build(pk, fn, args, kwargs, tensors, no_alias):
     except _Unplannable:
         run = None
     with _LOCK:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
         _PLANS.setdefault(pk, run)
     return _unaliased(out, args) if no_alias else out
 
@@ -198,6 +212,7 @@ def clear_plans() -> None:
     """Forget every plan (tests; after a change to state that adapters read, e.g. a GEMM config)."""
     with _LOCK:
         _PLANS.clear()
+        _SEEN.clear()
 
 
 def plan_count() -> int:

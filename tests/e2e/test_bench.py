@@ -83,7 +83,9 @@ def test_flydsl_traffic_without_source_says_so(capsys, monkeypatch):
 
 
 def test_bench_host_overhead_runs(capsys):
-    assert host_overhead.main(["--tiny", "--repeat", "3", "--no-models"]) == 0
+    assert host_overhead.main(["--tiny", "--repeat", "3", "--no-models", "--pieces"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ln.endswith("| 1 |")]
     assert len(rows) == 8 and "median over families" in out  # every family: one recorded device call per op
+    pieces = out.split("## Pieces of one planned call")[1].splitlines()
+    assert len([ln for ln in pieces if ln.startswith("| ") and not ln.startswith("| op")]) == 8

@@ -50,20 +50,22 @@ def _same(a, b):
 
 
 def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
-    """The adapter run directly, then through its plan (built, then replayed with the same tensors):
-    identical outputs and identical flysim launch records; the replay never enters the adapter."""
+    """The adapter run directly, then through plan.call: first sight (runs the adapter), the second
+    call (builds the plan), the third (replays it, with the same tensors): identical outputs and
+    identical flysim launch records; the replay never enters the adapter."""
     kwargs = kwargs or {}
     adapter = Counted(fn)
     with flysim.simulate(arch=ARCH) as sim:
         direct = fn(*args, **kwargs)
         want = _records(sim, 0)
+        plan.call(adapter, args, kwargs, no_alias)
         n = len(sim.launches)
         built = plan.call(adapter, args, kwargs, no_alias)
         m = len(sim.launches)
         replayed = plan.call(adapter, args, kwargs, no_alias)
         got_built, got_replayed = _records(sim, n)[: m - n], _records(sim, m)
     assert want and got_built == want and got_replayed == want
-    assert adapter.runs == 1, "the second call with this signature must replay the plan"
+    assert adapter.runs == 2, "the third call with this signature must replay the plan"
     _same(direct, built)
     _same(direct, replayed)
 
@@ -109,17 +111,39 @@ def test_plan_is_reused_and_a_new_batch_builds_a_plan_without_a_compile():
     kl.clear()
     with flysim.simulate(arch=ARCH) as sim:
         softmax(torch.randn(3, 256))
+        assert plan.plan_count() == 0 and kl.compiled_count() == 1  # first sight: no plan yet
+        softmax(torch.randn(3, 256))
         plans, compiled = plan.plan_count(), kl.compiled_count()
         assert plans == 1 and compiled == 1
         for _ in range(2):
             y = torch.randn(3, 256)
             torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
         assert plan.plan_count() == plans  # same signature: the plan is looked up, not built
-        for rows in (7, 50):  # a run-time dim: a new plan, the same compiled kernel
-            y = torch.randn(rows, 256)
-            torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
+        for rows in (7, 50):  # a run-time dim: a new plan on its second call, the same compiled kernel
+            for _ in range(2):
+                y = torch.randn(rows, 256)
+                torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
         assert plan.plan_count() == plans + 2 and kl.compiled_count() == compiled
-    assert len(sim.launches) == 5
+    assert len(sim.launches) == 8
+
+
+def _planned_double(runs: list):
+    """A planned toy adapter that appends to `runs` each time it really runs."""
+
+    @plan.planned
+    def double(x):
+        runs.append(1)
+        return x * 2
+
+    return double
+
+
+def test_a_signature_met_once_builds_no_plan():
+    runs = []
+    double = _planned_double(runs)
+    for n in range(1, 6):  # a growing length: every signature new
+        double(torch.randn(n))
+    assert len(runs) == 5 and not any(k[0] is double.__wrapped__ for k in plan._PLANS)
 
 
 def test_rocm_path_plan_packs_what_the_adapter_packs():
@@ -131,13 +155,13 @@ def test_rocm_path_plan_packs_what_the_adapter_packs():
             fn.__wrapped__(*args, **kwargs)
             direct = list(rec)
             rec.clear()
-            fn(*args, **kwargs)
-            fn(*args, **kwargs)
-            assert direct and list(rec) == direct * 2
+            for _ in range(3):  # first sight, plan built, plan replayed
+                fn(*args, **kwargs)
+            assert direct and list(rec) == direct * 3
     with rocm_recorded(ARCH), kl.launch_log([]) as log:
-        softmax(x)
-        softmax(x)
-    assert [r.kernel for r in log] == ["softmax", "softmax"]
+        for _ in range(3):
+            softmax(x)
+    assert [r.kernel for r in log] == ["softmax"] * 3
 
 
 def test_same_object_twice_is_its_own_signature():
@@ -146,8 +170,10 @@ def test_same_object_twice_is_its_own_signature():
         return a + b
 
     x, y = torch.randn(4), torch.randn(4)
-    torch.testing.assert_close(add(x, x), x + x)
-    torch.testing.assert_close(add(x, y), x + y)  # not the (x, x) plan: that would return x + x
+    for _ in range(3):  # the (x, x) plan: built, replayed
+        torch.testing.assert_close(add(x, x), x + x)
+    for _ in range(3):  # not the (x, x) plan: that would return x + x
+        torch.testing.assert_close(add(x, y), x + y)
     torch.testing.assert_close(add(y, y), y + y)
 
 
@@ -160,21 +186,18 @@ def test_host_read_of_tensor_data_is_never_planned():
         return x * 2 if x.sum().item() > 0 else x * 3
 
     pos, neg = torch.ones(3), -torch.ones(3)
-    torch.testing.assert_close(branchy(pos), pos * 2)
+    for _ in range(2):  # first sight; then the recording meets .item() and stores "no plan"
+        torch.testing.assert_close(branchy(pos), pos * 2)
     torch.testing.assert_close(branchy(neg), neg * 3)
-    assert len(runs) == 2
+    assert len(runs) == 3
+    assert [v for k, v in plan._PLANS.items() if k[0] is branchy.__wrapped__] == [None]
 
 
 def test_autograd_and_dispatch_modes_bypass_plans():
     from torch.utils.flop_counter import FlopCounterMode
 
     runs = []
-
-    @plan.planned
-    def double(x):
-        runs.append(1)
-        return x * 2
-
+    double = _planned_double(runs)
     x = torch.randn(3, requires_grad=True)
     double(x)
     double(x)
@@ -182,10 +205,10 @@ def test_autograd_and_dispatch_modes_bypass_plans():
         double(torch.randn(3))
         double(torch.randn(3))
     assert len(runs) == 4 and not any(k[0] is double.__wrapped__ for k in plan._PLANS)
-    with torch.no_grad():  # no autograd to record: planned
-        double(x)
-        double(x)
-    assert len(runs) == 5
+    with torch.no_grad():  # no autograd to record: planned on the second call, replayed on the third
+        for _ in range(3):
+            double(x)
+    assert len(runs) == 6
 
 
 def test_no_alias_clones_a_result_rooted_in_an_argument():
@@ -194,7 +217,7 @@ def test_no_alias_clones_a_result_rooted_in_an_argument():
         return x[0]
 
     x = torch.randn(3, 4)
-    for _ in range(2):  # built, then replayed
+    for _ in range(3):  # first sight, built, replayed
         y = first_row(x)
         torch.testing.assert_close(y, x[0])
         assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
@@ -204,6 +227,7 @@ def test_replay_repeats_the_generated_kernels_use_record():
     x = torch.randn(4, 64)
     prog = Program(1, (("exp", (0,), ()),), ((1, "f32"),)).text()
     with flysim.simulate(arch=ARCH):
+        fused_elementwise([x], prog)
         fused_elementwise([x], prog)  # builds the plan
         with record_kernels() as used:
             fused_elementwise([x], prog)  # replays it
