@@ -27,7 +27,7 @@ from flydsl._mlir.dialects import arith, vector
 from flydsl.expr import range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from translator_kernels.gemm.kernel import OOB, _raw, _v4f32, _v4i32
+from translator_kernels.gemm.common import OOB, _raw, _v4f32, _v4i32
 
 PAD_DW = 4  # dwords of padding per staged row
 
@@ -62,7 +62,8 @@ def store_rows_vec(y_of, lds_ptr, region, lane, m_rep, n_rep, n_per_wave, row0, 
                 fx.ptr_store(arith.bitcast(T.i32, _raw(yv[i])), p)
         for t in range_constexpr(-(-pieces // 64)):
             c = lane + 64 * t
-            rl, cg = c // cpr, c % cpr
+            cl = c % pieces if pieces % 64 else c  # lanes past the last piece re-read one (stores masked)
+            rl, cg = cl // cpr, cl % cpr
             parts = []
             for h in range_constexpr(vec // 4):
                 p = fx.add_offset(lds_ptr, _raw(region + rl * rs + cg * vec + h * 4))

@@ -51,16 +51,14 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import scf, vector
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
-from flydsl.expr.typing import T, as_ir_value
+from flydsl.expr.typing import T
 
 from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
+from translator_kernels.gemm import cstore, splitk as sk
+from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32  # noqa: F401 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
-
-WAVES = 4
-THREADS = 64 * WAVES
-OOB = 0x7FFFFFF0  # byte offset past every descriptor we build (tensors are < 2 GiB)
 
 _ELEM = {  # name -> (bytes, DSL type)
     "f32": (4, fx.Float32),
@@ -101,10 +99,6 @@ def mfma_per_block(dtype: str, arch: str) -> int:
     return 1 if arch.startswith("gfx950") else 2
 
 
-def _raw(v):
-    return v if isinstance(v, ir.Value) else as_ir_value(v)
-
-
 def _i32(v):
     return fx.Int32(v)
 
@@ -112,7 +106,7 @@ def _i32(v):
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
-               w_layout: str = "shuffled", gate=None, kw: int = 1):
+               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -128,6 +122,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     then add their accumulators through LDS in wave order; wave 0 runs the epilogue. Small-N tiles
     (BN = 16) for decode grids; kw = 1: the waves split BN (the default layout).
 
+    store_vec: C leaves in 16-byte row pieces staged through LDS (cstore.py) where N allows (N a
+    multiple of 16 bytes / out size, not gated); False keeps the one-element-per-lane stores.
+
     w_layout: "shuffled" (preshuffle.py, weights), or an activation read in place by bmm:
       "nk": W is an ordinary row-major [N, K] matrix (row stride K, a multiple of kpack): the right
             operand of q @ k.transpose(-2, -1). A lane's operand is still one 16-byte load; a wave
@@ -142,8 +139,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
     bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
     the up value of one output element. `activation` still applies after the product."""
-    from translator_kernels.gemm import splitk as sk  # device helpers that use this module's constants
-
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     activation = canonical_epilogue(activation)  # validates
@@ -175,6 +170,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     kb_total = k_pad // 32
     n_per_wave = bn * kw // WAVES
     n_acc = m_rep * n_rep
+    # 16-byte C stores through LDS: N in whole pieces, every staging wave's region inside the A stages
+    store_vec = (store_vec and gate is None and n % cstore.vec_of(osz) == 0
+                 and n_per_wave % cstore.vec_of(osz) == 0
+                 and WAVES // kw * cstore.region_dw(n_per_wave) <= 2 * stage_dw)
     if kw > 1 and WAVES * n_acc * 256 > 2 * stage_dw:
         raise KernelInputError(f"gemm: the LDS of tile {bm}x{bn}x{bk} cannot hold the waves' accumulators (kw={kw})")
 
@@ -427,11 +426,29 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         def store_c(accs):
             # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
             c_base = bz * c_bs
+            rb = rr = None
             if const_expr(has_bias):
                 rb = rsrc(Bias, n * 4)
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
+            if const_expr(store_vec):
+                bias_v = [None] * n_rep
+                if const_expr(has_bias):
+                    for nr in range_constexpr(n_rep):
+                        b_off = (col0 + nr * 16 < n).select((col0 + nr * 16) * 4, fx.Int32(OOB))
+                        bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
+
+                def y_of(mr, nr):
+                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    if const_expr(has_bias):
+                        yv = yv + fx.Vector.filled(4, bias_v[nr], fx.Float32)
+                    return apply_epilogue_device(yv, activation)
+
+                cstore.store_rows_vec(y_of, lds.a.ptr, (wave if kw == 1 else 0) * cstore.region_dw(n_per_wave), lane,
+                                      m_rep, n_rep, n_per_wave, a_row0, by * bn + wcol, m, n, c_base, rc, rr, out_t,
+                                      osz)
+                return
             for nr in range_constexpr(n_rep):
                 col = col0 + nr * 16
                 col_ok = col < n
@@ -456,6 +473,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         store = store_gated if gate is not None else store_c
         if const_expr(kw > 1):  # the waves' K parts, added through LDS in wave order; wave 0 stores
             accs = sk.add_wave_parts(accs, lds.a.ptr, wave, lane)
+        if const_expr(store_vec):  # C is staged where A was: every wave is past its last LDS read
+            gpu.barrier()
 
         def finish(accs):
             if const_expr(split > 1):  # partials, a ticket; the last split of the tile adds them and stores
@@ -526,14 +545,6 @@ def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, 
 
 
 _INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
-
-
-def _v4i32():
-    return T.vec(4, T.i32)
-
-
-def _v4f32():
-    return T.vec(4, T.f32)
 
 
 def _none_blgp():

@@ -35,7 +35,7 @@ from flydsl._mlir.dialects import arith, llvm, scf, vector
 from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from translator_kernels.gemm.kernel import OOB, WAVES, _raw, _v4f32, _v4i32
+from translator_kernels.gemm.common import OOB, WAVES, _raw, _v4f32, _v4i32
 
 
 def add_wave_parts(accs, lds_ptr, wave, lane):
