@@ -331,3 +331,13 @@ def test_isa_integer_ops_compile_without_spills(arch):
     s = isa_stats(prog.text(), [(64, 256), (256,)], ["int64", "int32"], arch)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
     assert "buffer_load_dwordx4" in s["loads"] and "buffer_store_dwordx4" in s["stores"], s
+
+
+def test_float_remainder_and_floor_division_follow_the_divisor():
+    g = torch.Generator().manual_seed(3)
+    a = (torch.rand(4, 65, generator=g) * 200 - 100)
+    b = (torch.rand(65, generator=g) * 4.5 + 0.5) * (torch.randint(0, 2, (65,), generator=g) * 2 - 1)
+    prog = Program(2, (("remainder", (0, 1), ()), ("div_floor", (0, 1), ())), ((2, "f32"), (3, "f32")))
+    r, q = run("gfx942", [a, b], prog)
+    torch.testing.assert_close(r, torch.remainder(a, b), atol=2e-5, rtol=1e-5)
+    assert torch.equal(q, torch.div(a, b, rounding_mode="floor"))
