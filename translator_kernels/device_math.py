@@ -167,9 +167,8 @@ def remainder(a, b):
         r = _remsi(a, bb)
         r = _wrong_sign(r, bb).select(r + bb, r)
         return z.select(0, r)
-    r = a - trunc(a / b) * b  # fmod
-    r = ((r != 0.0) & ((r < 0.0) ^ (b < 0.0))).select(r + b, r)
-    return r
+    r = fx.math.fma(-trunc(a / b), b, a)  # fmod, up to the rounding of the quotient (|a / b| < 2**24)
+    return ((r != 0.0) & ((r < 0.0) ^ (b < 0.0))).select(r + b, r)
 
 
 def bitwise_and(a, b):

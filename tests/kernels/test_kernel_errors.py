@@ -17,7 +17,7 @@ from translator_kernels.rows.norm import group_norm, layer_norm
 
 IDENT = Program(1, (), ((0, "f32"),)).text()
 CASES = {  # name -> (call, words the message must hold)
-    "elementwise dtype": (lambda: fused_elementwise([torch.arange(4)], IDENT), "use float32"),
+    "elementwise dtype": (lambda: fused_elementwise([torch.arange(4, dtype=torch.int16)], IDENT), "use float32"),
     "elementwise program": (lambda: fused_elementwise([torch.randn(4)], '{"n":1,"ops":[["cosh",[0],[]]],'
                                                       '"out":[[1,"f32"]]}'), "unknown op 'cosh'"),
     "reduce kind": (lambda: fused_reduce([torch.randn(4)], IDENT, "median", [0], False), "unknown reduction kind"),
