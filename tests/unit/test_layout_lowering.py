@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from translator import translate
 
 OPS = ["pad", "roll", "repeat", "index_select", "unfold", "zeros_like", "repeat_interleave", "index", "masked_fill",
-       "clamp", "expand"]
+       "clamp", "clamp_min", "expand"]
 
 
 class DataMovement(nn.Module):
@@ -26,7 +26,7 @@ class DataMovement(nn.Module):
         j = x.repeat_interleave(2, dim=1)
         k = x[idx]
         l = x.masked_fill(m, float("-inf"))
-        n = torch.clamp(x, min=x[0], max=x[1] + 1)
+        n = torch.clamp(x, min=x[0], max=x[1] + 1) + torch.clamp_min(x, x[2])
         o = x[:, None].expand(4, 2, 6).reshape(8, 6)  # materialized for the view that follows
         p = x[:1].expand(3, 6).clone()  # the kernel's output is fresh: the clone is dropped
         return a, b, c, e, f, h, j, k, l, n, o, p
@@ -49,7 +49,7 @@ def test_data_movement_ops_run_on_flydsl_kernels():
     rows = _rows(tm, *OPS)
     assert set(rows) == set(OPS)
     assert all(r.where == "flydsl-kernel" for r in rows.values()), {k: r.detail for k, r in rows.items()}
-    assert "fused_elementwise" in rows["masked_fill"].detail and "fused_elementwise" in rows["clamp"].detail
+    assert all("fused_elementwise" in rows[k].detail for k in ("masked_fill", "clamp", "clamp_min"))
     x2, idx2 = torch.randn(4, 6), torch.tensor([3, 3, 1])
     x2[1, 2] = float("nan")  # a NaN value, and a NaN clamp bound: minimum / maximum propagate it as clamp does
     outs = tm(x2, idx2, x2 < 0)
