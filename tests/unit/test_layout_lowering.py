@@ -105,3 +105,20 @@ def test_what_stays_in_pytorch_says_why():
     assert rows["roll"].where == "pytorch" and "flattened" in rows["roll"].detail
     assert rows["index"].where == "pytorch" and "2 index tensors" in rows["index"].detail
     assert rows["masked_fill"].where == "pytorch" and "int64" in rows["masked_fill"].detail
+
+
+class DynamicExpand(nn.Module):
+    def forward(self, x, s):
+        return x * s.expand(x.shape[0], -1, 6) + 1
+
+
+def test_an_expand_to_a_traced_size_folds_into_the_elementwise_kernel():
+    m = DynamicExpand()
+    x, s = torch.randn(3, 5, 6), torch.randn(1, 5, 1)
+    tm = translate(m, (x, s), backend="flysim")
+    assert tm.report.dynamic_dims and tm.report.counters.get("layout_broadcast_folded") == 1
+    row = _rows(tm, "expand")["expand"]
+    assert row.where == "flydsl-kernel" and "fused_elementwise" in row.detail
+    x2 = torch.randn(7, 5, 6)  # another batch: the same graph, no copy of s
+    torch.testing.assert_close(tm(x2, s), m(x2, s), rtol=1e-6, atol=1e-6)
+    assert [r.kernel.split("_")[0] for r in tm.last_launches] == ["fused"]
