@@ -1,7 +1,8 @@
 """How many data-movement ops of small models written the way real code writes them stay in
 PyTorch per forward, and how many FlyDSL launches one forward makes (flysim, verified).
 
-    python -m bench.layout_coverage
+    python -m bench.layout_coverage            # the models, on flysim
+    python -m bench.layout_coverage --host     # host us per layout call, rocm path (device call recorded)
 
 Models: a Swin-style shifted-window block (roll, pad, window partition), a hand-written GQA
 attention with repeat_interleave of K / V, a sliding-window feature (unfold), and masking glue
@@ -92,7 +93,34 @@ def measure(name, model, inputs) -> dict:
             "left in PyTorch": ", ".join(sorted(r.op.removeprefix("aten.") for r in torch_rows))}
 
 
+def host_table(repeat: int = 100) -> None:
+    """Median CPU us per call of the layout entry points on the rocm path with the device call recorded
+    (bench.host_overhead's method), beside eager's dispatch on zero-row tensors."""
+    import translator_kernels.layout as L
+    from bench.host_overhead import _launch_share, _median_us
+    from translator.runtime.stub import rocm_recorded
+
+    x, ids = torch.randn(128, 768), torch.randint(0, 128, (64,))
+    cases = [("pad 128x768 (8, 8)", lambda: L.pad(x, [8, 8]), lambda: F.pad(x[:0], (8, 8))),
+             ("roll 128x768", lambda: L.roll(x, [3], [0]), lambda: torch.roll(x[:0], 3, 0)),
+             ("expand 128x1 -> 128x768", lambda: L.expand(x[:, :1], [128, 768]),
+              lambda: x[:0, :1].expand(0, 768).contiguous()),
+             ("index_select 128x768, 64 ids", lambda: L.index_select(x, 0, ids), lambda: x[:0].index_select(1, ids[:0]))]
+    print("| op | ours us | of which launch.call us | eager us (zero rows) |\n|---|---|---|---|")
+    for label, ours, eager in cases:
+        with rocm_recorded("gfx942") as rec:
+            ours()
+            rec.clear()
+            t, t_launch = _median_us(ours, repeat), _launch_share(ours, repeat)
+        print(f"| {label} | {t:.1f} | {t_launch:.1f} | {_median_us(eager, repeat):.1f} |")
+
+
 if __name__ == "__main__":
+    import sys
+
+    if "--host" in sys.argv:
+        host_table()
+        raise SystemExit
     rows = [measure(n, m, i) for n, (m, i) in models().items()]
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |")

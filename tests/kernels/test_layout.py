@@ -162,3 +162,14 @@ def test_isa_no_spills_and_128_bit_accesses(arch):
     for name, r in rows.items():
         if "reflect" not in name:  # reflect reverses the order along the last dim: element accesses
             assert "buffer_store_dwordx4" in r["stores"], name
+
+
+def test_a_repeated_call_plans_nothing(monkeypatch):
+    planned = []
+    real = L._plan_roll
+    monkeypatch.setattr(L, "_plan_roll", lambda *a: planned.append(a) or real(*a))
+    x = torch.randn(3, 11)
+    with flysim.simulate(arch="gfx942") as sim:
+        first, again = L.roll(x, [4], [1]), L.roll(x + 1, [4], [1])
+    assert len(planned) == 1 and len(sim.launches) == 2
+    assert torch.equal(first, torch.roll(x, 4, 1)) and torch.equal(again, torch.roll(x + 1, 4, 1))

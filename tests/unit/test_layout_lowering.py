@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from translator import translate
 
 OPS = ["pad", "roll", "repeat", "index_select", "unfold", "zeros_like", "repeat_interleave", "index", "masked_fill",
-       "clamp", "expand"]
+       "clamp", "clamp_min", "expand"]
 
 
 class DataMovement(nn.Module):
@@ -26,7 +26,7 @@ class DataMovement(nn.Module):
         j = x.repeat_interleave(2, dim=1)
         k = x[idx]
         l = x.masked_fill(m, float("-inf"))
-        n = torch.clamp(x, min=x[0], max=x[1] + 1)
+        n = torch.clamp(x, min=x[0], max=x[1] + 1) + torch.clamp_min(x, x[2])
         o = x[:, None].expand(4, 2, 6).reshape(8, 6)  # materialized for the view that follows
         p = x[:1].expand(3, 6).clone()  # the kernel's output is fresh: the clone is dropped
         return a, b, c, e, f, h, j, k, l, n, o, p
@@ -49,7 +49,7 @@ def test_data_movement_ops_run_on_flydsl_kernels():
     rows = _rows(tm, *OPS)
     assert set(rows) == set(OPS)
     assert all(r.where == "flydsl-kernel" for r in rows.values()), {k: r.detail for k, r in rows.items()}
-    assert "fused_elementwise" in rows["masked_fill"].detail and "fused_elementwise" in rows["clamp"].detail
+    assert all("fused_elementwise" in rows[k].detail for k in ("masked_fill", "clamp", "clamp_min"))
     x2, idx2 = torch.randn(4, 6), torch.tensor([3, 3, 1])
     x2[1, 2] = float("nan")  # a NaN value, and a NaN clamp bound: minimum / maximum propagate it as clamp does
     outs = tm(x2, idx2, x2 < 0)
@@ -105,3 +105,20 @@ def test_what_stays_in_pytorch_says_why():
     assert rows["roll"].where == "pytorch" and "flattened" in rows["roll"].detail
     assert rows["index"].where == "pytorch" and "2 index tensors" in rows["index"].detail
     assert rows["masked_fill"].where == "pytorch" and "int64" in rows["masked_fill"].detail
+
+
+class DynamicExpand(nn.Module):
+    def forward(self, x, s):
+        return x * s.expand(x.shape[0], -1, 6) + 1
+
+
+def test_an_expand_to_a_traced_size_folds_into_the_elementwise_kernel():
+    m = DynamicExpand()
+    x, s = torch.randn(3, 5, 6), torch.randn(1, 5, 1)
+    tm = translate(m, (x, s), backend="flysim")
+    assert tm.report.dynamic_dims and tm.report.counters.get("layout_broadcast_folded") == 1
+    row = _rows(tm, "expand")["expand"]
+    assert row.where == "flydsl-kernel" and "fused_elementwise" in row.detail
+    x2 = torch.randn(7, 5, 6)  # another batch: the same graph, no copy of s
+    torch.testing.assert_close(tm(x2, s), m(x2, s), rtol=1e-6, atol=1e-6)
+    assert [r.kernel.split("_")[0] for r in tm.last_launches] == ["fused"]

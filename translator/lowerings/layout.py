@@ -177,8 +177,8 @@ def pad_supported(node, ctx):
     if mode not in ("constant", "reflect", "replicate", "circular"):
         return f"pad mode {mode!r} (the layout kernel takes constant, reflect, replicate, circular)"
     pads = list(arg(node, "pad"))
-    if mode != "constant" and not _static(pads) or mode != "constant" and any(p < 0 for p in pads):
-        return f"{mode} pad with negative or symbolic pads {pads}"
+    if mode != "constant" and _static(pads) and any(p < 0 for p in pads):
+        return f"{mode} pad with negative pads {pads} (only constant mode crops)"
     return _common(node, ctx, node.args[0], pads, arg(node, "value"))
 
 
@@ -405,8 +405,7 @@ def fold_into_elementwise(node, ctx):
         node.args = (ins[:k] + ins[k + 1:], _constant_input(node.args[1], k, fill)) + tuple(node.args[2:])
         ctx.count("layout_fill_folded")
     if not b.users:
-        if b.target is LAYOUT:
-            ctx.absorb(node, [b])
+        ctx.absorb(node, [b])  # the report attributes the expand (lowered or a view) to this kernel
         ctx.gm.graph.erase_node(b)
     return node
 

@@ -19,11 +19,13 @@ which is where flysim runs); on a GPU the flag stays on the device and those ele
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
+from translator_kernels.generated.host import current_arch
 from translator_kernels.layout.kernel import Layout, SrcDim, build_layout
 
 __all__ = ["Layout", "SrcDim", "run", "pad", "roll", "repeat", "expand", "index_select", "index", "unfold",
@@ -49,61 +51,89 @@ def _fill_bits(value, dtype) -> int:
         if dtype != torch.bool else int(bool(value))
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """The bytes a strided view spans, as a 1-D tensor starting at its first element."""
-    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    return torch.as_strided(t, (extent,), (1,))
-
-
 def _check_tensor(op, x):
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
     _bits_view(x[:0] if x.dim() else x)  # dtype check
 
 
-def run(lay_src: tuple | None, out_shape, dtype, device, *, src: torch.Tensor | None = None,
-        ids: torch.Tensor | None = None, fill=0, op: str = "layout") -> torch.Tensor:
-    """Launch the layout kernel: `lay_src` the SrcDim per source dim (None: a fill)."""
+@dataclass
+class _Plan:
+    """What a call needs once its op, shapes, strides and dtypes are known (cached per those)."""
+
+    src: tuple | None  # SrcDim per source dim; None: a fill
+    shape: tuple
+    dtype: torch.dtype
+    itype: torch.dtype  # the integer dtype of the element width
+    extent: int  # source elements the flat view spans
+    strides: tuple
+    fill_bits: int
+    words: int  # 0, or 32-bit words per id
+    numel: int
+    launchers: dict = field(default_factory=dict)  # (base addresses mod 16, arch) -> launcher
+
+    def launcher(self, tensors):
+        k = (tuple(t.data_ptr() % 16 for t in tensors), _arch())
+        hit = self.launchers.get(k)
+        if hit is None:
+            esize = torch.empty((), dtype=self.itype).element_size()
+            vec = min(MAX_VEC, 16 // esize)
+            while vec > 1:
+                lay = Layout(self.shape, esize * 8, self.src, self.strides, self.fill_bits, self.words, vec)
+                if lay.vectorizable(vec) and all(t.data_ptr() % (vec * esize) == 0 for t in tensors):
+                    break
+                vec //= 2
+            lay = Layout(self.shape, esize * 8, self.src, self.strides, self.fill_bits, self.words, vec)
+            hit = self.launchers[k] = build_layout(lay, k[1])
+        return hit
+
+
+def plan(lay_src: tuple | None, out_shape, dtype, *, src: torch.Tensor | None = None, ids: torch.Tensor | None = None,
+         fill=0, op: str = "layout") -> _Plan:
+    """Validate and plan one call: `lay_src` the SrcDim per source dim (None: a fill)."""
     out_shape = tuple(int(s) for s in out_shape)
-    out = torch.empty(out_shape, dtype=dtype, device=device)
-    n = out.numel()
-    if n == 0:
-        return out
-    esize = out.element_size()
-    if n * esize >= MAX_BYTES:
+    numel = math.prod(out_shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    if numel * esize >= MAX_BYTES:
         raise KernelInputError(f"{op}: output {out_shape} {dtype} spans >= 2 GiB (32-bit buffer offsets); split it")
-    out_flat = _bits_view(out).reshape(-1)
-    tensors = [out_flat]
-    src_flat, strides = out_flat, ()
+    extent, strides = 0, ()
     if lay_src is not None:
-        if src.numel() == 0:
+        if src.numel() == 0 and numel:
             raise KernelInputError(f"{op}: the source {tuple(src.shape)} is empty but the output {out_shape} is not")
-        src_flat = _flat(_bits_view(src))
-        if src_flat.numel() * esize >= MAX_BYTES:
+        extent = 1 + sum((s - 1) * st for s, st in zip(src.shape, src.stride()))
+        if extent * esize >= MAX_BYTES:
             raise KernelInputError(f"{op}: the source spans >= 2 GiB (32-bit buffer offsets); split it")
         strides = tuple(src.stride())
-        tensors.append(src_flat)
-    words = 0
-    if ids is not None:
-        flat_ids = ids.reshape(-1).contiguous()
-        words = 2 if flat_ids.dtype == torch.int64 else 1
-        ids32 = flat_ids.view(torch.int32)
+    words = 0 if ids is None else (2 if ids.dtype == torch.int64 else 1)
+    itype = torch.uint8 if dtype == torch.bool else _INT[esize]
+    return _Plan(lay_src, out_shape, dtype, itype, extent, strides, _fill_bits(fill, dtype), words, numel)
+
+
+_DUMMY: dict = {}  # device -> a one-word int32 tensor the kernel never writes (no ids / no flag)
+
+
+def launch(p: _Plan, src: torch.Tensor | None, ids: torch.Tensor | None, device, op: str = "layout") -> torch.Tensor:
+    """Allocate the output and launch the planned kernel."""
+    out = torch.empty(p.shape, dtype=p.dtype, device=device)
+    if not p.numel:
+        return out
+    out_flat = out.view(p.itype).view(-1)
+    if p.src is None:
+        src_flat = out_flat
     else:
-        ids32 = torch.zeros(1, dtype=torch.int32, device=device)
-    bits = esize * 8
-    fill_bits = _fill_bits(fill, dtype)
-    vec = min(MAX_VEC, 16 // esize)
-    while vec > 1:
-        lay = Layout(out_shape, bits, lay_src, strides, fill_bits, words, vec)
-        if lay.vectorizable(vec) and all(t.data_ptr() % (vec * esize) == 0 for t in tensors):
-            break
-        vec //= 2
-    lay = Layout(out_shape, bits, lay_src, strides, fill_bits, words, vec)
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
-    kl.call(build_layout(lay, _arch()), src_flat, ids32, out_flat, flag)
-    if ids is not None and flag.device.type == "cpu" and int(flag[0]):
-        size = next(s.size for s in lay_src if s.mode == "index")
-        wrap = next(s.wrap for s in lay_src if s.mode == "index")
+        src_flat = torch.as_strided(src if src.dtype == p.itype else src.view(p.itype), (p.extent,), (1,))
+    dummy = _DUMMY.get(device)
+    if dummy is None:
+        dummy = _DUMMY[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    if ids is None:
+        ids32, flag = dummy, dummy
+    else:
+        ids32 = ids.reshape(-1).contiguous().view(torch.int32)
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+    kl.call(p.launcher((out_flat, src_flat)), src_flat, ids32, out_flat, flag)
+    if ids is not None and flag.device.type == "cpu" and flag.item():
+        size = next(s.size for s in p.src if s.mode == "index")
+        wrap = next(s.wrap for s in p.src if s.mode == "index")
         flat = ids.reshape(-1)
         bad = flat[(flat >= size) | (flat < (-size if wrap else 0))]
         raise IndexError(f"{op}: index {int(bad[0])} is out of range for a dim of size {size} "
@@ -112,9 +142,32 @@ def run(lay_src: tuple | None, out_shape, dtype, device, *, src: torch.Tensor | 
     return out
 
 
-def _arch() -> str:
-    from translator_kernels.generated.host import current_arch
+def run(lay_src: tuple | None, out_shape, dtype, device, *, src: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None, fill=0, op: str = "layout") -> torch.Tensor:
+    """Plan and launch one call (no plan cache: the op entry points below cache theirs)."""
+    return launch(plan(lay_src, out_shape, dtype, src=src, ids=ids, fill=fill, op=op), src, ids, device, op)
 
+
+MAX_PLANS = 4096
+_PLANS: dict = {}  # (op, its constants, source / ids shape, strides, dtype, device) -> _Plan
+
+
+def _cached(op: str, params: tuple, x, ids, planner) -> torch.Tensor:
+    """The op's plan for these inputs (planned once: `planner()` validates and returns plan's
+    arguments), then the launch. A repeated call allocates, views and launches, nothing more."""
+    key = (op, params, x.shape, x.stride(), x.dtype, x.device,
+           None if ids is None else (ids.shape, ids.dtype, ids.device))
+    p = _PLANS.get(key)
+    if p is None:
+        lay_src, shape, kw = planner()
+        p = plan(lay_src, shape, kw.pop("dtype", x.dtype), src=None if lay_src is None else x, ids=ids, op=op, **kw)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = p
+    return launch(p, x, ids, x.device, op)
+
+
+def _arch() -> str:
     return current_arch()
 
 
@@ -124,15 +177,17 @@ def _dim(op, d, r):
     return d % max(r, 1)
 
 
-def _ident(x, skip=()):
-    return [SrcDim(s, ((d, 1, 1),)) for d, s in enumerate(x.shape) if d not in skip]
-
-
 # --- the ops -----------------------------------------------------------------------------------
 
 def pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0) -> torch.Tensor:
     """F.pad: `pads` (before, after) pairs from the last dim backwards; a negative pad crops.
     Modes constant, replicate, reflect, circular."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"pad: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("pad", (tuple(pads), mode, value), x, None, lambda: _plan_pad(x, pads, mode, value))
+
+
+def _plan_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
     op = "pad"
     _check_tensor(op, x)
     pads = [int(p) for p in pads]
@@ -160,11 +215,17 @@ def pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0) -> torch.Tenso
         off = (-before) % s if m == "mod" else -before
         dims.append(SrcDim(s, ((d, 1, 1),), off, m))
         shape.append(o)
-    return run(tuple(dims), shape, x.dtype, x.device, src=x, fill=value if mode == "constant" else 0, op=op)
+    return tuple(dims), shape, dict(fill=value if mode == "constant" else 0)
 
 
 def roll(x: torch.Tensor, shifts, dims) -> torch.Tensor:
     """torch.roll along the given dims (out[i] = x[(i - shift) mod n])."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"roll: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("roll", (tuple(shifts), tuple(dims)), x, None, lambda: _plan_roll(x, shifts, dims))
+
+
+def _plan_roll(x: torch.Tensor, shifts, dims):
     op = "roll"
     _check_tensor(op, x)
     shifts, dims = [int(s) for s in shifts], [int(d) for d in dims]
@@ -176,11 +237,17 @@ def roll(x: torch.Tensor, shifts, dims) -> torch.Tensor:
         total[_dim(op, d, x.dim())] += s
     src = tuple(SrcDim(n, ((d, 1, 1),), (-total[d]) % n if n else 0, "mod" if total[d] % max(n, 1) else "none")
                 for d, n in enumerate(x.shape))
-    return run(src, x.shape, x.dtype, x.device, src=x, op=op)
+    return src, x.shape, {}
 
 
 def repeat(x: torch.Tensor, repeats) -> torch.Tensor:
     """Tensor.repeat: tile `repeats[k]` times along each dim (new leading dims broadcast)."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"repeat: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("repeat", tuple(repeats), x, None, lambda: _plan_repeat(x, repeats))
+
+
+def _plan_repeat(x: torch.Tensor, repeats):
     op = "repeat"
     _check_tensor(op, x)
     repeats = [int(r) for r in repeats]
@@ -193,11 +260,17 @@ def repeat(x: torch.Tensor, repeats) -> torch.Tensor:
         o, r = d + lead, repeats[d + lead]
         src.append(SrcDim(s) if s == 1 else SrcDim(s, ((o, 1, 1),), 0, "mod" if r > 1 else "none"))
     shape = repeats[:lead] + [s * r for s, r in zip(x.shape, repeats[lead:])]
-    return run(tuple(src), shape, x.dtype, x.device, src=x, op=op)
+    return tuple(src), shape, {}
 
 
 def expand(x: torch.Tensor, size) -> torch.Tensor:
     """Tensor.expand materialized: size-1 dims broadcast, -1 keeps a dim, new leading dims."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"expand: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("expand", tuple(size), x, None, lambda: _plan_expand(x, size))
+
+
+def _plan_expand(x: torch.Tensor, size):
     op = "expand"
     _check_tensor(op, x)
     size = [int(s) for s in size]
@@ -212,7 +285,7 @@ def expand(x: torch.Tensor, size) -> torch.Tensor:
             raise KernelInputError(f"{op}: dim {d} of size {s} cannot expand to {o} (only size-1 dims do)")
         src.append(SrcDim(s) if s == 1 else SrcDim(s, ((d + lead, 1, 1),)))
         shape.append(o)
-    return run(tuple(src), shape, x.dtype, x.device, src=x, op=op)
+    return tuple(src), shape, {}
 
 
 def _check_ids(op, x, ids):
@@ -225,24 +298,35 @@ def _check_ids(op, x, ids):
 
 def index_select(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """torch.index_select: ids (1-D, non-negative) pick entries of `dim`."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"index_select: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("index_select", dim, x, ids, lambda: _plan_index_select(x, dim, ids))
+
+
+def _plan_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index_select"
     _check_tensor(op, x)
     _check_ids(op, x, ids)
     if ids.dim() > 1:
         raise KernelInputError(f"{op}: indices must be 1-D, got shape {tuple(ids.shape)}")
-    d = _dim(op, dim, x.dim())
     if x.dim() == 0:
-        x = x.reshape(1)
+        raise KernelInputError(f"{op}: a 0-d tensor has no dim to select from; reshape it to 1-d")
+    d = _dim(op, dim, x.dim())
     src = [SrcDim(s, ((k, 1, 1),)) if k != d else SrcDim(s, mode="index", ids=((d, 1),)) for k, s in enumerate(x.shape)]
     shape = list(x.shape)
     shape[d] = ids.numel()
-    out = run(tuple(src), shape, x.dtype, x.device, src=x, ids=ids, op=op)
-    return out
+    return tuple(src), shape, {}
 
 
 def index(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """x[:, ..., ids] with one integer index tensor at `dim` (negative ids count from the end): the
     ids' dims replace `dim` in the output."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"index: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("index", dim, x, ids, lambda: _plan_index(x, dim, ids))
+
+
+def _plan_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index"
     _check_tensor(op, x)
     _check_ids(op, x, ids)
@@ -258,11 +342,17 @@ def index(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
         else:
             src.append(SrcDim(s, ((j + k - 1, 1, 1),)))
     shape = list(x.shape[:d]) + list(ids.shape) + list(x.shape[d + 1:])
-    return run(tuple(src), shape, x.dtype, x.device, src=x, ids=ids, op=op)
+    return tuple(src), shape, {}
 
 
 def unfold(x: torch.Tensor, dim: int, size: int, step: int) -> torch.Tensor:
     """Tensor.unfold: windows of `size` every `step` along `dim`, the window as a new last dim."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"unfold: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("unfold", (dim, size, step), x, None, lambda: _plan_unfold(x, dim, size, step))
+
+
+def _plan_unfold(x: torch.Tensor, dim: int, size: int, step: int):
     op = "unfold"
     _check_tensor(op, x)
     if x.dim() == 0:
@@ -276,11 +366,17 @@ def unfold(x: torch.Tensor, dim: int, size: int, step: int) -> torch.Tensor:
     src = [SrcDim(s, ((j, 1, 1),)) if j != d else SrcDim(s, ((d, step, 1), (r, 1, 1))) for j, s in enumerate(x.shape)]
     shape = list(x.shape) + [size]
     shape[d] = (n - size) // step + 1
-    return run(tuple(src), shape, x.dtype, x.device, src=x, op=op)
+    return tuple(src), shape, {}
 
 
 def repeat_interleave(x: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
     """torch.repeat_interleave with one repeat count along `dim` (out[i] = x[i // repeats])."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"repeat_interleave: expected a torch.Tensor, got {type(x).__name__}")
+    return _cached("repeat_interleave", (repeats, dim), x, None, lambda: _plan_repeat_interleave(x, repeats, dim))
+
+
+def _plan_repeat_interleave(x: torch.Tensor, repeats: int, dim: int):
     op = "repeat_interleave"
     _check_tensor(op, x)
     if isinstance(repeats, torch.Tensor) or int(repeats) < 0:
@@ -290,7 +386,7 @@ def repeat_interleave(x: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
     src = [SrcDim(s, ((j, 1, repeats if j == d else 1),)) for j, s in enumerate(x.shape)]
     shape = list(x.shape)
     shape[d] *= repeats
-    return run(tuple(src), shape, x.dtype, x.device, src=x, op=op)
+    return tuple(src), shape, {}
 
 
 def fill(shape, value, dtype: torch.dtype, device="cpu") -> torch.Tensor:
@@ -298,4 +394,10 @@ def fill(shape, value, dtype: torch.dtype, device="cpu") -> torch.Tensor:
     shape = [int(s) for s in shape]
     if any(s < 0 for s in shape):
         raise KernelInputError(f"fill: negative size in {shape}")
-    return run(None, shape, dtype, torch.device(device), fill=value, op="fill")
+    _bits_view(torch.empty(0, dtype=dtype))  # dtype check
+    device = torch.device(device)
+    key = ("fill", tuple(shape), value, dtype, device)
+    p = _PLANS.get(key)
+    if p is None:
+        p = _PLANS[key] = plan(None, shape, dtype, fill=value, op="fill")
+    return launch(p, None, None, device, "fill")
