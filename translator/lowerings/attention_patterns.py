@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, shape_of, static_int
+from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, operand, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
 from .attention import HEAD_DIMS
 
@@ -64,7 +64,12 @@ def _only_user(n, user) -> bool:
 def _real_users(n) -> list:
     """Users that read n's values: not export's dtype asserts, nor a type_as that only reads its dtype."""
     return [u for u in n.users if u.target is not ASSERT
-            and not (u.target is aten.type_as.default and u.args[1] is n and u.args[0] is not n)]
+            and not (u.target is aten.type_as.default and arg(u, "other") is n and arg(u, "self") is not n)]
+
+
+def _mm_operands(n):
+    """(left, right) of a matmul (self, other) or bmm (self, mat2)."""
+    return arg(n, "self"), arg(n, "other" if n.target is aten.matmul.default else "mat2")
 
 
 def _untranspose(kt):
@@ -73,11 +78,11 @@ def _untranspose(kt):
         return None
     r = len(shape_of(kt) or ())
     if kt.target is aten.transpose.int:
-        dims = {d % r for d in kt.args[1:3]}
-        return kt.args[0] if dims == {r - 1, r - 2} else None
+        dims = {arg(kt, "dim0") % r, arg(kt, "dim1") % r}
+        return arg(kt, "self") if dims == {r - 1, r - 2} else None
     if kt.target is aten.permute.default:
-        p = [d % r for d in kt.args[1]]
-        return kt.args[0] if p == list(range(r - 2)) + [r - 1, r - 2] else None
+        p = [d % r for d in arg(kt, "dims")]
+        return arg(kt, "self") if p == list(range(r - 2)) + [r - 1, r - 2] else None
     return None
 
 
@@ -87,22 +92,22 @@ def _unrepeat_kv(x, absorbed):
     chain = []
     if n.op == "call_function" and n.target in (aten.reshape.default, aten.view.default, aten._unsafe_view.default):
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
         if n.op == "call_function" and n.target is aten.clone.default:
             chain.append(n)
-            n = n.args[0]
+            n = arg(n, "self")
         if n.op == "call_function" and n.target is aten.expand.default:
             chain.append(n)
-            n = n.args[0]
+            n = arg(n, "self")
             while n.op == "call_function" and n.target is aten.slice.Tensor and _full_slice(n):
                 chain.append(n)
-                n = n.args[0]
-            if n.op == "call_function" and n.target is aten.unsqueeze.default and n.args[1] == 2:
+                n = arg(n, "self")
+            if n.op == "call_function" and n.target is aten.unsqueeze.default and arg(n, "dim") == 2:
                 chain.append(n)
-                base = n.args[0]
+                base = arg(n, "self")
                 while base.op == "call_function" and base.target is aten.slice.Tensor and _full_slice(base):
                     chain.append(base)
-                    base = base.args[0]
+                    base = arg(base, "self")
                 if len(shape_of(base) or ()) == 4:
                     absorbed += [c for c in chain if len(c.users) == 1]
                     return base
@@ -110,9 +115,7 @@ def _unrepeat_kv(x, absorbed):
 
 
 def _full_slice(n):
-    start = n.args[2] if len(n.args) > 2 else None
-    end = n.args[3] if len(n.args) > 3 else None
-    step = n.args[4] if len(n.args) > 4 else 1
+    start, end, step = arg(n, "start"), arg(n, "end"), arg(n, "step")
     return start in (None, 0) and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
 
 
@@ -135,17 +138,16 @@ def _is_tril(buf: torch.Tensor) -> bool:
 
 def _causal_buffer(cond, ctx, scores, absorbed) -> bool:
     """cond == (tril_buffer[..., :Sq, :Sk] == 0): the nanoGPT causal mask."""
-    if not (cond.op == "call_function" and cond.target in (aten.eq.Scalar,) and cond.args[1] == 0):
+    if not (cond.op == "call_function" and cond.target in (aten.eq.Scalar,) and arg(cond, "other") == 0):
         return False
     chain = [cond]
-    n = cond.args[0]
+    n = arg(cond, "self")
     while n.op == "call_function" and n.target is aten.slice.Tensor:
-        start = n.args[2] if len(n.args) > 2 else None
-        step = n.args[4] if len(n.args) > 4 else 1
+        start, step = arg(n, "start"), arg(n, "step")
         if start not in (None, 0) or step != 1:
             return False
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     buf = ctx.constant(n)
     if buf is None or buf.dim() < 2 or buf.shape[-1] != buf.shape[-2]:
         return False
@@ -161,42 +163,43 @@ def match(pv, ctx):
     """A Match, False when this is not attention, or a reason string when it is but cannot be fused."""
     if pv.target not in MATMULS:
         return False
-    p, v = pv.args[:2]
+    p, v = _mm_operands(pv)
     absorbed = [pv]
     while p.op == "call_function" and p.target in PASS and _only_user(p, absorbed[-1]):
-        if p.target is aten.dropout.default and len(p.args) > 2 and p.args[2]:
+        if p.target is aten.dropout.default and arg(p, "train"):
             return "dropout between softmax and @ v runs in training mode"
         absorbed += [p, *asserts(p)]
-        p = p.args[0]
+        p = operand(p)
     if not (p.op == "call_function" and p.target in SOFTMAX):
         return False
     rank = len(shape_of(p))
-    if p.args[1] % rank != rank - 1:
+    if arg(p, "dim") % rank != rank - 1:
         return False
     if not _only_user(p, absorbed[-1]):
         return "the attention probabilities are also used elsewhere (e.g. returned), so they must be materialized"
     absorbed += [p, *asserts(p)]
     m = Match(q=None, k=None, v=v)
-    s = p.args[0]
+    s = arg(p, "self")
     seen_mask = seen_scale = False  # walking backwards: what was applied later is seen first
     while s.op == "call_function" and len(_real_users(s)) == 1:
         t = s.target
-        if t in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and _scalar(s.args[1]) is not None:
-            c = _scalar(s.args[1])
+        if t in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) \
+                and _scalar(arg(s, "other")) is not None:
+            c = _scalar(arg(s, "other"))
             if c <= 0:
                 return f"score scale {c} is not positive"
             seen_scale = True
             m.scale *= c if t in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / c
             absorbed.append(s)
-            s = s.args[0]
+            s = arg(s, "self")
         elif t in (aten._to_copy.default, aten.to.dtype) and dtype_of(s) in (torch.float32, torch.bfloat16,
                                                                          torch.float16):
             absorbed += [s, *asserts(s)]  # scores.float() before the softmax (T5, HF fp32 softmax)
-            s = s.args[0]
-        elif t in (aten.add.Tensor, aten.add_.Tensor) and isinstance(s.args[1], torch.fx.Node) \
+            s = arg(s, "self")
+        elif t in (aten.add.Tensor, aten.add_.Tensor) and isinstance(arg(s, "other"), torch.fx.Node) \
                 and m.keep_if_not is None \
                 and not m.causal:
-            mk = s.args[1]
+            mk = arg(s, "other")
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
             if seen_scale:
@@ -205,23 +208,23 @@ def match(pv, ctx):
                 m.more_masks.append(m.mask)
             m.mask, seen_mask = mk, True
             absorbed.append(s)
-            s = s.args[0]
+            s = arg(s, "self")
         elif t in (aten.masked_fill.Scalar,) and not seen_mask:
-            fill = _scalar(s.args[2])
+            fill = _scalar(arg(s, "value"))
             if fill is None or not (fill == float("-inf") or fill <= -1e30):
-                return f"masked_fill value {s.args[2]} is not -inf or a finfo.min-like value"
+                return f"masked_fill value {arg(s, 'value')} is not -inf or a finfo.min-like value"
             seen_mask = True
-            if _causal_buffer(s.args[1], ctx, s, absorbed):
+            if _causal_buffer(arg(s, "mask"), ctx, s, absorbed):
                 m.causal = True
             else:
-                m.keep_if_not = s.args[1]
+                m.keep_if_not = arg(s, "mask")
             absorbed.append(s)
-            s = s.args[0]
+            s = arg(s, "self")
         else:
             break
     if not (s.op == "call_function" and s.target in MATMULS and len(s.users) == 1):
         return False
-    q, kt = s.args[:2]
+    q, kt = _mm_operands(s)
     k = _untranspose(kt)
     if k is None:
         return False

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import aten, arg, val
+from ..graph import aten, arg, operand, val
 from ..registry import OpFamily, RegionRule, register_family, register_region
 from ..runtime.ops import dispatch
 
@@ -79,35 +79,35 @@ def _alpha(b, node, x, y, name):
 
 
 def _unary(name):
-    return lambda b, n: b.op(name, [b.arg(n.args[0])])
+    return lambda b, n: b.op(name, [b.arg(arg(n, "self"))])
 
 
 def _binary(name):
-    return lambda b, n: b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+    return lambda b, n: b.op(name, [b.arg(arg(n, "self")), b.arg(arg(n, "other"))])
 
 
 def _gelu(b, n):
-    return b.op("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", [b.arg(n.args[0])])
+    return b.op("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", [b.arg(arg(n, "self"))])
 
 
 def _clamp(b, n, lo=None, hi=None):
-    return b.op("clamp", [b.arg(n.args[0])], [lo, hi])
+    return b.op("clamp", [b.arg(arg(n, "self"))], [lo, hi])
 
 
 def _div(b, n):
     mode = arg(n, "rounding_mode")
     name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
-    return b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+    return b.op(name, [b.arg(arg(n, "self")), b.arg(arg(n, "other"))])
 
 
 def _cast(b, n):
     if is_identity(n):
-        return b.arg(n.args[0])
-    return b.op("cast", [b.arg(n.args[0])], [DTYPES[val(n).dtype]])
+        return b.arg(arg(n, "self"))
+    return b.op("cast", [b.arg(arg(n, "self"))], [DTYPES[val(n).dtype]])
 
 
 def _identity(b, n):
-    return b.arg(n.args[0])
+    return b.arg(operand(n))  # dropout's is "input"
 
 
 IDENTITY = {aten.dropout.default, aten.clone.default, aten.alias.default}
@@ -118,36 +118,37 @@ def is_identity(n) -> bool:
     if n.target in IDENTITY:
         return True
     return n.target in (aten._to_copy.default, aten.to.dtype, aten.type_as.default) and \
-        val(n).dtype == val(n.args[0]).dtype
+        val(n).dtype == val(arg(n, "self")).dtype
 
 
 SELU = (1.6732632423543772, 1.0507009873554805)
 
 TABLE = {
-    aten.add.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
-    aten.add.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
-    aten.sub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
-    aten.sub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
-    aten.rsub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
-    aten.rsub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
+    aten.add.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "add"),
+    aten.add.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "add"),
+    aten.sub.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "sub"),
+    aten.sub.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "sub"),
+    aten.rsub.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "other")), b.arg(arg(n, "self")), "sub"),
+    aten.rsub.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "other")), b.arg(arg(n, "self")), "sub"),
     aten.mul.Tensor: _binary("mul"), aten.mul.Scalar: _binary("mul"),
     aten.div.Tensor: _div, aten.div.Scalar: _div, aten.div.Tensor_mode: _div,
     aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
-    aten.where.self: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
-    aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(n.args[0])], [float(n.args[1])]),
+    aten.where.self: lambda b, n: b.op("where", [b.arg(arg(n, k)) for k in ("condition", "self", "other")]),
+    aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(arg(n, "self"))], [float(arg(n, "exponent"))]),
     aten.clamp.default: lambda b, n: _clamp(b, n, arg(n, "min"), arg(n, "max")),
-    aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
-    aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=n.args[1]),
+    aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=arg(n, "min")),
+    aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=arg(n, "max")),
     aten.hardtanh.default: lambda b, n: _clamp(b, n, arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
     aten.relu6.default: lambda b, n: _clamp(b, n, 0.0, 6.0),
     aten.gelu.default: _gelu,
-    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(n.args[0])], [float(arg(n, "negative_slope", 0.01))]),
-    aten.elu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0)),
+    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(arg(n, "self"))],
+                                               [float(arg(n, "negative_slope", 0.01))]),
+    aten.elu.default: lambda b, n: b.op("elu", [b.arg(arg(n, "self"))], [float(arg(n, "alpha", 1.0)),
                                                                       float(arg(n, "scale", 1.0)),
                                                                       float(arg(n, "input_scale", 1.0))]),
-    aten.selu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [SELU[0], SELU[1], 1.0]),
-    aten.celu.default: lambda b, n: b.op("celu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0))]),
-    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(n.args[0])], [float(arg(n, "beta", 1.0)),
+    aten.selu.default: lambda b, n: b.op("elu", [b.arg(arg(n, "self"))], [SELU[0], SELU[1], 1.0]),
+    aten.celu.default: lambda b, n: b.op("celu", [b.arg(arg(n, "self"))], [float(arg(n, "alpha", 1.0))]),
+    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(arg(n, "self"))], [float(arg(n, "beta", 1.0)),
                                                                               float(arg(n, "threshold", 20.0))]),
     aten._to_copy.default: _cast, aten.to.dtype: _cast, aten.type_as.default: _cast,
     aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
@@ -186,7 +187,7 @@ def node_supported(node) -> str | None:
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return "a symbolic scalar argument"
     if node.target._opname.endswith("_"):
-        x = node.args[0]
+        x = arg(node, "self")
         if x.op != "call_function" or len(x.users) != 1:
             return "in-place op on a value that is read elsewhere (its mutation must stay visible)"
     if node.target is aten.dropout.default and arg(node, "train", False):
@@ -195,11 +196,11 @@ def node_supported(node) -> str | None:
         extra = set(node.kwargs) - {"dtype", "memory_format"}
         if extra and any(node.kwargs[k] is not None for k in extra):
             return f"_to_copy with {sorted(extra)} (device / layout changes stay in PyTorch)"
-    if node.target is aten.where.self and val(node.args[0]).dtype != torch.bool:
+    if node.target is aten.where.self and val(arg(node, "condition")).dtype != torch.bool:
         return "where with a non-bool condition"
     if node.target is aten.bitwise_not.default and val(node).dtype != torch.bool:
         return "bitwise_not of an integer tensor"
-    if node.target is aten.pow.Tensor_Scalar and not isinstance(node.args[1], (int, float)):
+    if node.target is aten.pow.Tensor_Scalar and not isinstance(arg(node, "exponent"), (int, float)):
         return "pow exponent is not a number"
     return None
 
