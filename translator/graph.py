@@ -145,6 +145,14 @@ def set_args(node: Node, **named) -> None:
     node.args, node.kwargs = tuple(args), kwargs
 
 
+def operand(node: Node):
+    """The first argument of call `node`, by its schema name (``self``, ``input``, ...)."""
+    schema = _schema(node.target)
+    if schema is None:
+        raise KeyError(f"{node.target} has no schema; read its arguments by position")
+    return arg(node, schema[0].name)
+
+
 def getitem_of(n):
     """(source node, index) when `n` is ``operator.getitem(source, index)``, else None."""
     if isinstance(n, Node) and n.op == "call_function" and n.target is operator.getitem:

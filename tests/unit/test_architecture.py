@@ -139,9 +139,6 @@ def test_no_local_argument_helpers():
     assert bad == [], "read aten arguments with translator.graph.arg(node, name)"
 
 
-# lowerings other work is editing now; their `.args[` reads move to arg() in a commit of their own
-ARGS_BY_POSITION = {"translator/lowerings/attention.py", "translator/lowerings/attention_patterns.py",
-                    "translator/lowerings/elementwise.py", "translator/lowerings/gemm.py"}
 
 
 def test_lowerings_read_arguments_by_name():
@@ -153,7 +150,7 @@ def test_lowerings_read_arguments_by_name():
                         and isinstance(n.value, ast.Attribute) and n.value.attr == "args"})
         if lines:
             bad[str(p.relative_to(ROOT))] = lines
-    assert set(bad) == ARGS_BY_POSITION, {k: v for k, v in bad.items() if k not in ARGS_BY_POSITION}
+    assert bad == {}, "read arguments with translator.graph.arg(node, name) (lines listed)"
 
 
 def test_one_list_of_architectures():

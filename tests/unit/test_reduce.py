@@ -169,3 +169,17 @@ def test_epilogue_after_reduction_folds(backend):
     assert len(nodes(tm, RED)) == 2 and not nodes(tm, EW)  # amax; then exp-sum-log-add in one kernel
     if backend == "flysim":
         assert len(tm.last_launches) == 2
+
+
+class AtanSum(nn.Module):
+    def forward(self, x):
+        return torch.atan(x * 2.0).sum(-1)
+
+
+def test_a_new_table_op_joins_a_reduction_prologue_on_flysim():
+    """docs/adding-an-op.md: atan, added as one table row and one device function, folds into a
+    reduction's prologue with no other edit (one fused_reduce launch)."""
+    tm = check(AtanSum(), (torch.randn(4, 48),), backend="flysim")
+    assert tm.report.counters["reduce_prologue_fused"] == 1 and not nodes(tm, EW)
+    (r,) = nodes(tm, RED)
+    assert "atan" in r.args[1] and len(tm.last_launches) == 1, tm.last_launches

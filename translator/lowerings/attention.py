@@ -87,7 +87,7 @@ register_family(OpFamily(
 
 
 def sdpa_supported(node, ctx):
-    q, k, v = node.args[:3]
+    q, k, v = arg(node, "query"), arg(node, "key"), arg(node, "value")
     mask = arg(node, "attn_mask", None)
     if arg(node, "dropout_p", 0.0) != 0.0:
         return f"dropout_p={arg(node, 'dropout_p', 0.0)} (training-mode dropout is not fused; only 0 is)"
@@ -130,7 +130,7 @@ def sdpa_check(node, ctx):
 @rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_check,
       doc="F.scaled_dot_product_attention")
 def lower_sdpa(node, ctx):
-    q, k, v = node.args[:3]
+    q, k, v = arg(node, "query"), arg(node, "key"), arg(node, "value")
     mask = arg(node, "attn_mask", None)
     causal = bool(arg(node, "is_causal", False))
     scale = arg(node, "scale", None)

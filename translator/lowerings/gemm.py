@@ -27,7 +27,7 @@ import torch
 from translator_kernels.gemm.kernel import apply_epilogue_torch
 from translator_kernels.gemm.preshuffle import shuffle_weight, unshuffle_weight
 
-from ..graph import aten, dtype_of, dtype_reason, shape_of
+from ..graph import aten, arg, dtype_of, dtype_reason, shape_of
 from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
@@ -113,10 +113,10 @@ register_family(OpFamily(
 def _weight_nk(node, ctx) -> torch.Tensor | None:
     """W[N, K] when `node` is a parameter used as the right operand (as [K, N] or via .t())."""
     if node.op == "call_function" and node.target in (aten.t.default, aten.numpy_T.default):
-        c = ctx.constant(node.args[0])
+        c = ctx.constant(arg(node, "self"))
         return c if c is not None and c.dim() == 2 else None
     if node.op == "call_function" and node.target is aten.transpose.int:
-        c = ctx.constant(node.args[0])
+        c = ctx.constant(arg(node, "self"))
         if c is not None and c.dim() == 2:
             return c
         return None
@@ -150,7 +150,7 @@ def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources):
 
 
 def linear_supported(node, ctx):
-    x, w = node.args[0], node.args[1]
+    x, w = arg(node, "input"), arg(node, "weight")
     wt = ctx.constant(w)
     if wt is None:
         return "weight is computed at run time, not a parameter (no translate-time preshuffle)"
@@ -164,14 +164,13 @@ def linear_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=linear_supported,
       doc="aten.linear with a parameter weight")
 def lower_linear(node, ctx):
-    x, w = node.args[0], node.args[1]
-    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    x, w, bias = arg(node, "input"), arg(node, "weight"), arg(node, "bias")
     return _emit_gemm(node, ctx, x, ctx.constant(w), bias, "linear", [node])
 
 
 def addmm_supported(node, ctx):
-    bias, x, m2 = node.args[:3]
-    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+    bias, x, m2 = arg(node, "self"), arg(node, "mat1"), arg(node, "mat2")
+    if arg(node, "beta") != 1 or arg(node, "alpha") != 1:
         return "addmm with beta/alpha other than 1"
     w = _weight_nk(m2, ctx)
     if w is None:
@@ -184,13 +183,13 @@ def addmm_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.addmm.default, family="gemm", supported=addmm_supported,
       doc="addmm(bias, x, W.t()) with a parameter weight")
 def lower_addmm(node, ctx):
-    bias, x, m2 = node.args[:3]
+    bias, x, m2 = arg(node, "self"), arg(node, "mat1"), arg(node, "mat2")
     srcs = [node] + ([m2] if m2.op == "call_function" and len(m2.users) == 1 else [])
     return _emit_gemm(node, ctx, x, _weight_nk(m2, ctx), bias, "addmm", srcs)
 
 
 def mm_supported(node, ctx):
-    a, b = node.args[:2]
+    a, b = _operands(node)
     w = _weight_nk(b, ctx)
     return _gemm_reason(a, w) or (None if w is not None else _bmm_reason(a, b))
 
@@ -198,12 +197,17 @@ def mm_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.mm.default, family="gemm", supported=mm_supported,
       doc="mm with a parameter (gemm) or activation (bmm) right operand")
 def lower_mm(node, ctx):
-    a, b = node.args[:2]
+    a, b = _operands(node)
     w = _weight_nk(b, ctx)
     if w is not None:
         srcs = [node] + ([b] if b.op == "call_function" and len(b.users) == 1 else [])
         return _emit_gemm(node, ctx, a, w, None, "mm", srcs)
     return ctx.replace(node, "bmm", "mm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+
+
+def _operands(node):
+    """(left, right) of mm / bmm (self, mat2) or matmul (self, other)."""
+    return arg(node, "self"), arg(node, "other" if node.target is aten.matmul.default else "mat2")
 
 
 def _bmm_reason(a, b):
@@ -220,17 +224,17 @@ def _bmm_reason(a, b):
 
 
 def bmm_supported(node, ctx):
-    return _bmm_reason(*node.args[:2])
+    return _bmm_reason(*_operands(node))
 
 
 @rule(Stage.CANONICAL, aten.bmm.default, family="bmm", supported=bmm_supported, doc="bmm of two activations")
 def lower_bmm(node, ctx):
-    a, b = node.args[:2]
+    a, b = _operands(node)
     return ctx.replace(node, "bmm", "bmm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
 
 
 def matmul_supported(node, ctx):
-    a, b = node.args[:2]
+    a, b = _operands(node)
     w = ctx.constant(b)
     if w is not None and w.dim() == 2:
         return _gemm_reason(a, w.t())
@@ -240,7 +244,7 @@ def matmul_supported(node, ctx):
 @rule(Stage.CANONICAL, aten.matmul.default, family="gemm", supported=matmul_supported,
       doc="matmul 2-D/3-D/4-D: parameter right operand -> gemm, activations -> bmm")
 def lower_matmul(node, ctx):
-    a, b = node.args[:2]
+    a, b = _operands(node)
     w = ctx.constant(b)
     if w is not None and w.dim() == 2:
         return _emit_gemm(node, ctx, a, w.t(), None, "matmul", [node])
