@@ -51,6 +51,7 @@ def autotune(a, w_shuffled, n, k, candidates, *, iters=20):
             best = (t, cfg)
     if best:
         register_config(mb, n, k, a.dtype, arch, best[1])
+        kl.clear_plans()  # per-call plans keep the tile they chose: choose again
     return best
 
 
