@@ -466,3 +466,10 @@ def plan_effect(f, *args) -> None:
     from translator_kernels.plan import plan_effect as effect
 
     effect(f, *args)
+
+
+def clear_plans() -> None:
+    """translator_kernels.plan.clear_plans, reachable as kl.clear_plans."""
+    from translator_kernels.plan import clear_plans as clear_all
+
+    clear_all()

@@ -24,9 +24,11 @@ key, compiled callable, arguments). The recording becomes a straight-line Python
     is no call at all: the tensor a launch or the result needs is one `as_strided` of its root
     (an argument, or a buffer the plan allocates), with the recorded geometry; a view with the
     root's own geometry is the root itself;
-  - any other op that a launch or the result depends on is replayed as the same aten overload
-    with the same arguments: `empty` (outputs, workspaces), and casts, pads or copies where the
-    adapter made them (ops nothing depends on are dropped);
+  - any other op that a launch or the result depends on is replayed with the same arguments:
+    `empty` (outputs, workspaces), and casts, pads or copies where the adapter made them, through
+    the torch function or Tensor method of the same schema where `_FAST_OPS` names one (an
+    OpOverload called from Python costs ~4x more), else the aten overload (ops nothing depends
+    on are dropped);
   - a launch calls the compiled callable the recording found, with the same non-tensor
     arguments, on the current stream; the launch module's modes (record_device_calls,
     compile_only, collect) and launch_log behave as they do for `launch.call`;
@@ -37,8 +39,10 @@ What makes a call unplannable (it then runs `fn` as before, every time): a tenso
 tensor that needs autograd among the arguments, an active torch dispatch mode (fake tensors,
 FlopCounter), an unhashable argument, an aten op that returns a Python value (reading tensor data
 on the host: control flow could depend on it), or a nested call inside a plan being recorded
-(the outer plan records it). Decisions that read global state other than the launch target
-must call `clear_plans()` when it changes (gemm.register_config does).
+(the outer plan records it). A plan keeps the decisions its adapter made from global state
+other than the arguments and the launch target: whoever changes such state calls
+`clear_plans()` (gemm.autotune does after registering a tile; so must a caller of
+gemm.tiles.register_config).
 
 Threads: plans are immutable once built and the recording state is per thread; two threads
 that build the same plan keep the first.
@@ -217,11 +221,6 @@ def clear_plans() -> None:
 
 def plan_count() -> int:
     return sum(1 for v in _PLANS.values() if v is not None)
-
-
-def source_of(run) -> str:
-    """The generated source of a plan's run function (for tests and the curious)."""
-    return run.source
 
 
 # ---- recording ------------------------------------------------------------------------------------------
