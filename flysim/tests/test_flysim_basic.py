@@ -101,3 +101,17 @@ def test_inline_asm_compare_and_select():
         ballot = bits - (1 << 64) if bits >= 1 << 63 else bits
         assert (mask[64 * w:64 * w + 64] == ballot).all()
     assert sim.launches[-1].counters["ops_by_kind"]["llvm.inline_asm"] == 1
+
+
+def test_f32_to_f16_round_toward_zero():
+    """v_cvt_pkrtz_f16_f32's conversion: truncation toward zero, both signs, overflow to 65504."""
+    from flysim.ops_amd import f32_to_f16_rtz
+
+    ulp = 2.0 ** -10  # fp16 ulp in [1, 2)
+    x = torch.tensor([1 + 0.9 * ulp, -(1 + 0.9 * ulp), 1 + 0.4 * ulp, 1.0, 70000.0, -70000.0, 0.0, float("nan"), 1e-8])
+    want = torch.tensor([1.0, -1.0, 1.0, 1.0, 65504.0, -65504.0, 0.0, float("nan"), 0.0], dtype=torch.float16)
+    got = f32_to_f16_rtz(x)
+    assert torch.equal(got[:7], want[:7]) and torch.isnan(got[7]) and got[8] == 0
+    r = torch.randn(10000) * 100
+    t = f32_to_f16_rtz(r).float()
+    assert bool((t.abs() <= r.abs()).all()) and bool(((r - t).abs() <= r.abs() * 2.0 ** -10 + 2.0 ** -24).all())

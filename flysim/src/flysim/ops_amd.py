@@ -229,6 +229,28 @@ def _permlane32_swap(d, o):
     return f
 
 
+def f32_to_f16_rtz(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> fp16 rounded toward zero (v_cvt_pkrtz_f16_f32): torch rounds to nearest, so a
+    result whose magnitude overshoots |x| steps one ulp back toward zero on its bits (an
+    overflow to inf lands on 65504; NaN stays NaN)."""
+    y = x.to(torch.float16)
+    over = (y.float().abs() > x.abs()) & ~torch.isnan(x)
+    return (y.view(torch.int16) - over.to(torch.int16)).view(torch.float16)
+
+
+@op("rocdl.cvt.pkrtz")
+def _cvt_pkrtz(d, o):
+    """Two fp32 -> a <2 x half> rounded toward zero (v_cvt_pkrtz_f16_f32)."""
+    a, b = d.ins(o)[:2]
+    (out,) = d.outs(o)
+
+    def f(ex):
+        x = torch.stack([ex.R[a].float().expand(ex.N), ex.R[b].float().expand(ex.N)], dim=-1)
+        ex.R[out] = f32_to_f16_rtz(x)
+
+    return f
+
+
 # -- scalar math intrinsics ---------------------------------------------------------
 
 _UN = {"rocdl.exp2": torch.exp2, "rocdl.rcp": torch.reciprocal, "rocdl.rsq": torch.rsqrt,
