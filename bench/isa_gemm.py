@@ -102,7 +102,7 @@ def _compile_one(spec):
     split, kw = spec.get("split", 1), spec.get("kw", 1)
     launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
                                     spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
-                                    False, None, kw)
+                                    "shuffled", None, kw, spec.get("store_vec", True))
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
     p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
     launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
@@ -110,19 +110,20 @@ def _compile_one(spec):
 
 
 def markdown_table(n=4096, k=4096, archs=("gfx942", "gfx950"), dtypes=("f32", "bf16", "f16"),
-                   buckets=(16, 32, 64, 128)):
+                   buckets=(4, 16, 32, 64, 128)):
     """The chosen tile of every (arch, dtype, M bucket) at N x K, compiled with the full epilogue."""
     from translator_kernels.gemm import choose_config
 
-    rows = ["| arch | dtype | M bucket | tile BMxBNxBK | VGPR | AGPR | SGPR | spills (v/s) | LDS B | waves/SIMD | MFMA op (static count) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| arch | dtype | M bucket | tile BMxBNxBK | kw | split | VGPR | AGPR | SGPR | spills (v/s) | LDS B | "
+            "waves/SIMD | MFMA op (static count) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = [(a, d, b) for a in archs for d in dtypes for b in buckets]
     cfgs = [choose_config(mb, n, k, dt, arch) for arch, dt, mb in keys]
-    stats = isa_stats_many([_spec(n, k, dt, arch, c.bm, c.bn, c.bk, "gelu", True, True)
+    stats = isa_stats_many([dict(_spec(n, k, dt, arch, c.bm, c.bn, c.bk, "gelu", True, True), split=c.split, kw=c.kw)
                             for (arch, dt, _), c in zip(keys, cfgs)])
     for (arch, dt, mb), c, s in zip(keys, cfgs, stats):
-        rows.append(f"| {arch} | {dt} | {mb} | {c.bm}x{c.bn}x{c.bk} | {s['vgpr']} | {s['agpr']} | {s['sgpr']} | "
-                    f"{s['vgpr_spill']}/{s['sgpr_spill']} | {s['lds_bytes']} | {s['waves_per_simd']} | "
+        rows.append(f"| {arch} | {dt} | {mb} | {c.bm}x{c.bn}x{c.bk} | {c.kw} | {c.split} | {s['vgpr']} | {s['agpr']} | "
+                    f"{s['sgpr']} | {s['vgpr_spill']}/{s['sgpr_spill']} | {s['lds_bytes']} | {s['waves_per_simd']} | "
                     f"{', '.join(s['mfma_ops'])} ({s['mfma_static']}) |")
     return "\n".join(rows)
 

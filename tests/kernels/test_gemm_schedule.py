@@ -90,6 +90,25 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
     torch.testing.assert_close(out.float(), single.float(), **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_k_result_does_not_depend_on_the_last_arriver(arch, monkeypatch):
+    """flysim serializes the tickets in workgroup order, so split 3 draws the last one and adds the
+    partials. With every counter starting at 1, split 2 draws ticket split - 1 instead (split 3 has
+    stored its partial by then: flysim runs each instruction for all workgroups) and adds them: the
+    same bits. The counters this launch used end at 0 again; the others keep their 1."""
+    from translator_kernels.gemm import splitk
+
+    cfg = G.GemmConfig(16, 16, 128, split=4, kw=4)
+    a, w, b, r = _case(5, 72, 1000, torch.bfloat16)
+    out, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    cnt = torch.ones(4096, dtype=torch.int32)
+    monkeypatch.setitem(splitk._COUNTERS, torch.device("cpu"), cnt)
+    other, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
+    assert torch.equal(out, other)
+    regions = 5  # 1 row tile x 5 column tiles of 16 (N_pad = 80), one region per tile with kw = 4
+    assert int(cnt[:regions].abs().sum()) == 0 and bool((cnt[regions:] == 1).all())
+
+
 def test_split_k_batched_one_tile_per_split():
     """bmm-style batch (grid z) with split = number of K tiles (3, odd), two M tiles."""
     g = torch.Generator().manual_seed(3)

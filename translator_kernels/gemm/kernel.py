@@ -42,7 +42,9 @@ translator_kernels.program (the same program and op table as the generated eleme
 and scan kernels): any op of the table with compile-time constants, e.g. the chain spellings
 "mul(0.5);sigmoid", "gelu;clamp(-1.0,1.0)", "sqrt;log", or an activation name ("relu", "gelu").
 It runs on each lane's 4-accumulator vector through the table's device functions
-(device_math.run), and its canonical text is part of the kernel's cache key.
+(device_math.run), and its canonical text is part of the kernel's cache key. C leaves in 16-byte
+row pieces staged through LDS (cstore.py) where N allows; split-K (splitk.py) adds its partial
+sums inside the launch before the epilogue; kw = 4 tiles add the waves' K parts through LDS first.
 """
 
 
