@@ -10,8 +10,10 @@ then the mask.
 Forms matched (where they appear):
 - ``aten.scaled_dot_product_attention`` — F.scaled_dot_product_attention in HF "sdpa"
   attention (BERT, GPT-2, Llama, ViT), nn.MultiheadAttention's fast path, timm, nanoGPT's
-  flash branch. dropout_p must be 0 (eval); otherwise it stays in PyTorch with that reason.
-Hand-written attention (q @ kᵀ, mask, softmax, @ v) is matched in attention_patterns.py.
+  flash branch. dropout_p must be 0 (eval).
+An SDPA call the kernel declines is decomposed into bmm + softmax (attention_decompose.py);
+hand-written attention (q @ kᵀ, mask, softmax, @ v) is matched in attention_patterns.py. Every
+reason either gives reads "not taken by attention: ..." in the report (PREFIX).
 """
 
 from __future__ import annotations

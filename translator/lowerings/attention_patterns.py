@@ -77,7 +77,6 @@ class Match:
     frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
     heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
     absorbed: list = field(default_factory=list)
-    core: list = field(default_factory=list)  # Q·Kᵀ, softmax, ·V: where the report shows a reason
 
 
 def _op(n) -> str:
@@ -182,7 +181,7 @@ def match(pv, ctx):
     p, v, vt = _product(pv)
     if vt:
         return "V enters the ·V product transposed"
-    m = Match(q=None, k=None, v=v, absorbed=[pv], core=[qk, sm, pv])
+    m = Match(q=None, k=None, v=v, absorbed=[pv])
     while p is not sm:
         if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
             return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
@@ -359,7 +358,8 @@ def _scale_step(m: Match, other, divides: bool, at, ctx):
         m.frames.append(shape_of(at))
         return None
     what = list(shape_of(other)) if isinstance(other, torch.fx.Node) else other
-    return f"the scores are {'divided' if divides else 'multiplied'} by {what} (not a number, one element or one per head)"
+    how = "divided" if divides else "multiplied"
+    return f"the scores are {how} by {what} (not a number, one element or one per head)"
 
 
 def _fill_step(s, t, m: Match, phase, ctx):
@@ -428,8 +428,6 @@ def _checks(m: Match):
         h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.v)[1])
         if h is None or hkv is None or h % hkv or k[1] != v[1]:
             return f"head counts {q[1]} / {k[1]} / {v[1]} are not a multiple of each other"
-    elif k[0] != q[0]:
-        return "3-D operands with different batch*heads sizes"
     if any(len(shape_of(x)) > 4 for _, x in m.masks):
         return "mask has more than 4 dims"
     return None
@@ -471,8 +469,8 @@ def _head_scale(ctx, m: Match, at):
     return hs
 
 
-@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=handwritten_supported, name="attention_handwritten",
-      doc="q @ kᵀ · scale (soft-cap, + mask | masked_fill | where) -> softmax -> @ v")
+@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=handwritten_supported,
+      name="attention_handwritten", doc="q @ kᵀ · scale (soft-cap, + mask | masked_fill | where) -> softmax -> @ v")
 def lower_handwritten(node, ctx):
     m = match(node, ctx)
     q, k, v = m.q, m.k, m.v
