@@ -268,3 +268,32 @@ def test_gemm_takes_the_part_of_a_region_computed_from_its_value_on_flysim():
         for got, want in zip(tm(*fresh), m(*fresh)):
             torch.testing.assert_close(got, want, **model_tol(check="few_ops"))
     assert len(tm.last_launches) == 2, tm.last_launches  # the gemm and the multiply
+
+
+class GPT2Residual(nn.Module):
+    """GPT-2 block tail: x = x + drop(c_proj(h)); the sum feeds the next LayerNorm and is read later."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.c_proj, self.drop, self.ln = nn.Linear(d, d), nn.Dropout(0.1), nn.LayerNorm(d)
+
+    def forward(self, x, h):
+        x = x + self.drop(self.c_proj(h))
+        return self.ln(x) + x
+
+
+def test_residual_through_eval_dropout_goes_to_the_gemm_not_the_norm():
+    """The norm does not claim an add whose other side is a lone GEMM behind an eval dropout: the
+    dropout and the add join a region that the GEMM's epilogue takes (a lone dropout left behind
+    would stay in PyTorch)."""
+    torch.manual_seed(0)
+    m = GPT2Residual().eval()
+    inputs = (torch.randn(2, 3, 32), torch.randn(2, 3, 32))
+    tm = translate(m, inputs, backend="reference")
+    c = tm.report.counters
+    assert c.get("epilogue_residual") == 1 and "add_layer_norm" not in c, c
+    rows = [(r.op, r.where) for r in tm.report.rows if r.op in ("aten.dropout", "aten.add")]
+    assert len(rows) == 3 and all(where != "pytorch" for _, where in rows), rows
+    assert tm.report.verification.passed, tm.report.verification.message
+    with torch.no_grad():
+        torch.testing.assert_close(tm(*inputs), m(*inputs), **model_tol(check="few_ops"))

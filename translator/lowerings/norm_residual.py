@@ -12,8 +12,8 @@ residual stream and the normalized value; the graph gets getitem nodes for the t
 When one addend is a GEMM whose only use is this add (every transformer's ``x + o_proj(attn)``),
 the GEMM epilogue folds the add as its residual for one extra read (4 tensor passes: gemm writes
 x + r, norm reads and writes) where add + norm costs 5 (gemm writes, add+norm reads two and
-writes two). So `claims` leaves such an add to the elementwise regions, whose region after a
-GEMM the epilogue folds (the norm then reads the GEMM). Where the GEMM's output is cast back
+writes two). So `claims` leaves such an add (also through an eval dropout) to the elementwise
+regions, whose region after a GEMM the epilogue folds (the norm then reads the GEMM). Where the GEMM's output is cast back
 first (under precision bf16 / fp16), the addend is the cast, not the GEMM, and this rule takes
 the add.
 """
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import arg, aten, dtype_of, is_call, same_shape, users
+from ..graph import arg, aten, dtype_of, is_call, operand, same_shape, users
 from ..registry import NO_MATCH, Stage, rule
 from . import gemm, norm  # noqa: F401  (register the norm families and the ops this rule reads)
 
 Node = torch.fx.Node
 GEMM = torch.ops.flydsl.gemm.default
+PASS = (aten.dropout.default, aten.clone.default, aten.alias.default)  # compute nothing in eval
 NORMS = {torch.ops.flydsl.layer_norm.default: "add_layer_norm", torch.ops.flydsl.rms_norm.default: "add_rms_norm"}
 
 
@@ -74,10 +75,17 @@ def claims(node, ctx) -> list:
     out of elementwise regions. An add of a GEMM that nothing else reads is left to the regions:
     the GEMM epilogue folds the region it lands in (gemm_epilogue.py) as its residual."""
     parts = _parts(node, ctx)
-    if parts is None or any(is_call(arg(parts[0], k), GEMM) and users(arg(parts[0], k)) == [parts[0]]
-                            for k in ("self", "other")):
+    if parts is None or any(_lone_gemm(arg(parts[0], k), parts[0]) for k in ("self", "other")):
         return []
     return [p for p in parts if p is not None]
+
+
+def _lone_gemm(a, reader) -> bool:
+    """`a` is a GEMM that only `reader` reads, through eval dropout / clone / alias (GPT-2's
+    ``x + self.drop(self.c_proj(h))``): its epilogue will take the add."""
+    while is_call(a, *PASS) and users(a) == [reader] and not (a.target is aten.dropout.default and arg(a, "train")):
+        a, reader = operand(a), a
+    return is_call(a, GEMM) and users(a) == [reader]
 
 
 @rule(Stage.CONSUMER, torch.ops.flydsl.layer_norm.default, family="add_layer_norm", supported=add_norm_supported,
