@@ -34,7 +34,7 @@ import json
 
 import torch
 
-from ..graph import aten, arg, dtype_of, shape_of, val
+from ..graph import aten, arg, dtype_of, set_args, shape_of, val
 from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from ..passes.partition import _full_shape
@@ -179,25 +179,25 @@ def pad_supported(node, ctx):
     pads = list(arg(node, "pad"))
     if mode != "constant" and _static(pads) and any(p < 0 for p in pads):
         return f"{mode} pad with negative pads {pads} (only constant mode crops)"
-    return _common(node, ctx, node.args[0], pads, arg(node, "value"))
+    return _common(node, ctx, arg(node, "self"), pads, arg(node, "value"))
 
 
 @rule(Stage.CANONICAL, aten.pad.default, family="layout", supported=pad_supported, doc="F.pad (any mode but none)")
 def lower_pad(node, ctx):
     mode = arg(node, "mode", "constant")
     value = arg(node, "value")
-    return _emit(node, ctx, "pad", [node.args[0]], pad=[int(p) for p in arg(node, "pad")], mode=mode,
+    return _emit(node, ctx, "pad", [arg(node, "self")], pad=[int(p) for p in arg(node, "pad")], mode=mode,
                  value=0.0 if value is None else value)
 
 
 def constant_pad_supported(node, ctx):
-    return _common(node, ctx, node.args[0], list(arg(node, "pad")), arg(node, "value"))
+    return _common(node, ctx, arg(node, "self"), list(arg(node, "pad")), arg(node, "value"))
 
 
 @rule(Stage.CANONICAL, aten.constant_pad_nd.default, family="layout", supported=constant_pad_supported,
       doc="constant_pad_nd (F.pad's constant mode as some captures spell it)")
 def lower_constant_pad_nd(node, ctx):
-    return _emit(node, ctx, "pad", [node.args[0]], pad=[int(p) for p in arg(node, "pad")], mode="constant",
+    return _emit(node, ctx, "pad", [arg(node, "self")], pad=[int(p) for p in arg(node, "pad")], mode="constant",
                  value=arg(node, "value", 0))
 
 
@@ -205,36 +205,36 @@ def roll_supported(node, ctx):
     shifts, dims = list(arg(node, "shifts")), list(arg(node, "dims") or [])
     if not dims:
         return "roll of the flattened tensor (no dims)"
-    return _common(node, ctx, node.args[0], shifts, dims)
+    return _common(node, ctx, arg(node, "self"), shifts, dims)
 
 
 @rule(Stage.CANONICAL, aten.roll.default, family="layout", supported=roll_supported, doc="torch.roll along dims")
 def lower_roll(node, ctx):
-    return _emit(node, ctx, "roll", [node.args[0]], shifts=[int(s) for s in arg(node, "shifts")],
+    return _emit(node, ctx, "roll", [arg(node, "self")], shifts=[int(s) for s in arg(node, "shifts")],
                  dims=[int(d) for d in arg(node, "dims")])
 
 
 def repeat_supported(node, ctx):
-    return _common(node, ctx, node.args[0], list(arg(node, "repeats")))
+    return _common(node, ctx, arg(node, "self"), list(arg(node, "repeats")))
 
 
 @rule(Stage.CANONICAL, aten.repeat.default, family="layout", supported=repeat_supported, doc="Tensor.repeat")
 def lower_repeat(node, ctx):
-    return _emit(node, ctx, "repeat", [node.args[0]], repeats=[int(r) for r in arg(node, "repeats")])
+    return _emit(node, ctx, "repeat", [arg(node, "self")], repeats=[int(r) for r in arg(node, "repeats")])
 
 
 def expand_supported(node, ctx):
     if node.target is aten.expand_as.default:
-        return _common(node, ctx, node.args[0])
-    return _common(node, ctx, node.args[0], list(arg(node, "size")))
+        return _common(node, ctx, arg(node, "self"))
+    return _common(node, ctx, arg(node, "self"), list(arg(node, "size")))
 
 
 @rule(Stage.CANONICAL, aten.expand.default, aten.expand_as.default, family="layout", supported=expand_supported,
       doc="expand / expand_as (folded into a generated elementwise consumer as broadcast)")
 def lower_expand(node, ctx):
     if node.target is aten.expand_as.default:
-        return _emit(node, ctx, "expand_as", [node.args[0], node.args[1]])
-    return _emit(node, ctx, "expand", [node.args[0]], size=[int(d) for d in arg(node, "size")])
+        return _emit(node, ctx, "expand_as", [arg(node, "self"), arg(node, "other")])
+    return _emit(node, ctx, "expand", [arg(node, "self")], size=[int(d) for d in arg(node, "size")])
 
 
 def _ids_reason(ids):
@@ -245,13 +245,13 @@ def _ids_reason(ids):
 
 def index_select_supported(node, ctx):
     ids = arg(node, "index")
-    return _ids_reason(ids) or _common(node, ctx, node.args[0], arg(node, "dim"))
+    return _ids_reason(ids) or _common(node, ctx, arg(node, "self"), arg(node, "dim"))
 
 
 @rule(Stage.CANONICAL, aten.index_select.default, family="layout", supported=index_select_supported,
       doc="index_select (ids bounds-checked on the device)")
 def lower_index_select(node, ctx):
-    return _emit(node, ctx, "index_select", [node.args[0], arg(node, "index")], dim=int(arg(node, "dim")))
+    return _emit(node, ctx, "index_select", [arg(node, "self"), arg(node, "index")], dim=int(arg(node, "dim")))
 
 
 def index_supported(node, ctx):
@@ -261,7 +261,7 @@ def index_supported(node, ctx):
         return f"{len(tensors)} index tensors (the layout kernel takes one)"
     if any(i is not None for i in idx[idx.index(tensors[0]) + 1:]):
         return "an index after the tensor index"
-    return _ids_reason(tensors[0]) or _common(node, ctx, node.args[0], len(idx))
+    return _ids_reason(tensors[0]) or _common(node, ctx, arg(node, "self"), len(idx))
 
 
 @rule(Stage.CANONICAL, aten.index.Tensor, family="layout", supported=index_supported,
@@ -269,29 +269,29 @@ def index_supported(node, ctx):
 def lower_index(node, ctx):
     idx = list(arg(node, "indices"))
     d = next(i for i, t in enumerate(idx) if t is not None)
-    return _emit(node, ctx, "index", [node.args[0], idx[d]], dim=d)
+    return _emit(node, ctx, "index", [arg(node, "self"), idx[d]], dim=d)
 
 
 def unfold_supported(node, ctx):
-    return _common(node, ctx, node.args[0], arg(node, "dimension"), arg(node, "size"), arg(node, "step"))
+    return _common(node, ctx, arg(node, "self"), arg(node, "dimension"), arg(node, "size"), arg(node, "step"))
 
 
 @rule(Stage.CANONICAL, aten.unfold.default, family="layout", supported=unfold_supported, doc="Tensor.unfold")
 def lower_unfold(node, ctx):
-    return _emit(node, ctx, "unfold", [node.args[0]], dim=int(arg(node, "dimension")), size=int(arg(node, "size")),
+    return _emit(node, ctx, "unfold", [arg(node, "self")], dim=int(arg(node, "dimension")), size=int(arg(node, "size")),
                  step=int(arg(node, "step")))
 
 
 def repeat_interleave_supported(node, ctx):
     if arg(node, "dim") is None:
         return "repeat_interleave without dim (of the flattened tensor)"
-    return _common(node, ctx, node.args[0], arg(node, "repeats"), arg(node, "dim"))
+    return _common(node, ctx, arg(node, "self"), arg(node, "repeats"), arg(node, "dim"))
 
 
 @rule(Stage.CANONICAL, aten.repeat_interleave.self_int, family="layout", supported=repeat_interleave_supported,
       doc="repeat_interleave with one int count along a dim")
 def lower_repeat_interleave(node, ctx):
-    return _emit(node, ctx, "repeat_interleave", [node.args[0]], repeats=int(arg(node, "repeats")),
+    return _emit(node, ctx, "repeat_interleave", [arg(node, "self")], repeats=int(arg(node, "repeats")),
                  dim=int(arg(node, "dim")))
 
 
@@ -303,7 +303,7 @@ FILLS = {aten.zeros_like.default: (0, True), aten.ones_like.default: (1, True),
 
 def fill_supported(node, ctx):
     device = arg(node, "device")
-    if device is not None and torch.device(device) != val(node.args[0]).device:
+    if device is not None and torch.device(device) != val(arg(node, "self")).device:
         return f"a fill on {device}, another device than its like-tensor"
     if arg(node, "layout") not in (None, torch.strided) or arg(node, "pin_memory") not in (None, False):
         return "a layout or pinned-memory request"
@@ -311,7 +311,7 @@ def fill_supported(node, ctx):
         return "a memory_format request"
     value = FILLS[node.target][0]
     value = arg(node, value) if isinstance(value, str) else value
-    return _common(node, ctx, node.args[0], value, None if FILLS[node.target][1] else list(arg(node, "size")))
+    return _common(node, ctx, arg(node, "self"), value, None if FILLS[node.target][1] else list(arg(node, "size")))
 
 
 @rule(Stage.CANONICAL, *FILLS, family="layout", supported=fill_supported,
@@ -320,7 +320,7 @@ def lower_fill(node, ctx):
     value = FILLS[node.target][0]
     value = arg(node, value) if isinstance(value, str) else value
     size = None if FILLS[node.target][1] else [int(d) for d in arg(node, "size")]
-    return _emit(node, ctx, "fill", [node.args[0]], size=size, value=value, dtype=str(dtype_of(node)))
+    return _emit(node, ctx, "fill", [arg(node, "self")], size=size, value=value, dtype=str(dtype_of(node)))
 
 
 # --- folded into a generated elementwise consumer: broadcast instead of a copy ---------------
@@ -334,11 +334,11 @@ def broadcast_source(n):
     if not isinstance(n, torch.fx.Node) or n.op != "call_function":
         return None
     if n.target in EXPANDS:
-        return n.args[0]
+        return arg(n, "self")
     if n.target is not LAYOUT:
         return None
-    s = json.loads(n.args[1])
-    x = n.args[0][0]
+    s = json.loads(arg(n, "spec"))
+    x = arg(n, "inputs")[0]
     if s["op"] in ("expand", "expand_as"):
         return x
     if s["op"] == "repeat":
@@ -353,7 +353,7 @@ def fill_constant(n):
     """The value of a layout fill node, rounded to its dtype (as the program's fp32 constant), else None."""
     if not isinstance(n, torch.fx.Node) or n.target is not LAYOUT:
         return None
-    s = json.loads(n.args[1])
+    s = json.loads(arg(n, "spec"))
     if s["op"] != "fill":
         return None
     return float(torch.tensor(s["value"], dtype=_dtype(s["dtype"])).float())
@@ -363,7 +363,7 @@ def _foldable(fe):
     """(input position, broadcast source or None, fill constant or None) of the first input of `fe`
     the kernel can do without: read unexpanded, or a constant of its program. Shapes are compared
     by their printed dims, as partitioning does (no guard on a symbolic size)."""
-    ins = list(fe.args[0])
+    ins = list(arg(fe, "inputs"))
     full = _full_shape([shape_of(i) for i in ins])
     for k, a in enumerate(ins):
         src = broadcast_source(a)
@@ -395,14 +395,14 @@ def _constant_input(text, k, value) -> str:
           "a fill becomes a constant of its program")
 def fold_into_elementwise(node, ctx):
     k, src, fill = _foldable(node)
-    ins = list(node.args[0])
+    ins = list(arg(node, "inputs"))
     b = ins[k]
     if src is not None:
         ins[k] = src
-        node.args = (ins,) + tuple(node.args[1:])
+        set_args(node, inputs=ins)
         ctx.count("layout_broadcast_folded")
     else:
-        node.args = (ins[:k] + ins[k + 1:], _constant_input(node.args[1], k, fill)) + tuple(node.args[2:])
+        set_args(node, inputs=ins[:k] + ins[k + 1:], program=_constant_input(arg(node, "program"), k, fill))
         ctx.count("layout_fill_folded")
     if not b.users:
         ctx.absorb(node, [b])  # the report attributes the expand (lowered or a view) to this kernel
@@ -425,7 +425,7 @@ def _reads_in_place(user) -> bool:
 
 
 def view_supported(node, ctx):
-    s = json.loads(node.args[1])
+    s = json.loads(arg(node, "spec"))
     if s["op"] not in ("expand", "expand_as", "unfold") or not all(_reads_in_place(u) for u in node.users):
         return NO_MATCH
     return None
@@ -434,12 +434,12 @@ def view_supported(node, ctx):
 @rule(Stage.CONSUMER, LAYOUT, family="layout", supported=view_supported, name="layout_view",
       doc="an expand or unfold read only by PyTorch ops that take strides stays a view (no copy, no launch)")
 def keep_view(node, ctx):
-    s = json.loads(node.args[1])
-    x = node.args[0][0]
+    s = json.loads(arg(node, "spec"))
+    x = arg(node, "inputs")[0]
     if s["op"] == "expand":
         new = ctx.insert(aten.expand.default, x, s["size"], before=node)
     elif s["op"] == "expand_as":
-        new = ctx.insert(aten.expand_as.default, x, node.args[0][1], before=node)
+        new = ctx.insert(aten.expand_as.default, x, arg(node, "inputs")[1], before=node)
     else:
         new = ctx.insert(aten.unfold.default, x, s["dim"], s["size"], s["step"], before=node)
     new.meta["orig_name"] = node.meta["flydsl"]["sources"][0]
@@ -450,7 +450,7 @@ def keep_view(node, ctx):
 
 
 def copy_supported(node, ctx):
-    x = node.args[0]
+    x = arg(node, "self")
     fmt = arg(node, "memory_format")
     if not (isinstance(x, torch.fx.Node) and x.target is LAYOUT and len(x.users) == 1):
         return NO_MATCH
@@ -460,7 +460,7 @@ def copy_supported(node, ctx):
 @rule(Stage.CONSUMER, aten.clone.default, aten.contiguous.default, family="layout", supported=copy_supported,
       name="layout_copy", doc="a clone / contiguous of a layout kernel's fresh output is that output")
 def drop_copy(node, ctx):
-    x = node.args[0]
+    x = arg(node, "self")
     ctx.absorb(x, [node])
     node.replace_all_uses_with(x)
     ctx.gm.graph.erase_node(node)
