@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import aten, arg, val
+from ..graph import aten, arg, operand, val
 from ..registry import OpFamily, RegionRule, register_family, register_region
 from ..runtime.ops import dispatch
 
@@ -77,28 +77,28 @@ register_family(OpFamily(
 # --- aten op -> program ops ------------------------------------------------------------------
 
 def _alpha(b, node, x, y, name):
-    a = node.kwargs.get("alpha", 1)
+    a = arg(node, "alpha", 1)
     if a != 1:
         y = b.op("mul", [y, b.arg(a)])
     return b.op(name, [x, y])
 
 
 def _unary(name):
-    return lambda b, n: b.op(name, [b.arg(n.args[0])])
+    return lambda b, n: b.op(name, [b.arg(operand(n))])
 
 
 def _binary(name):
-    return lambda b, n: b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+    return lambda b, n: b.op(name, [b.arg(arg(n, "self")), b.arg(arg(n, "other"))])
 
 
 def _gelu(b, n):
-    return b.op("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", [b.arg(n.args[0])])
+    return b.op("gelu_tanh" if arg(n, "approximate", "none") == "tanh" else "gelu", [b.arg(operand(n))])
 
 
 def _clamp(b, n, lo=None, hi=None):
     if b.int_dtype is None:
-        return b.op("clamp", [b.arg(n.args[0])], [lo, hi])
-    x = b.arg(n.args[0])  # an integer clamp: exact max / min against integer constants
+        return b.op("clamp", [b.arg(operand(n))], [lo, hi])
+    x = b.arg(operand(n))  # an integer clamp: exact max / min against integer constants
     if lo is not None:
         x = b.op("maximum", [x, b.arg(lo)])
     if hi is not None:
@@ -107,7 +107,7 @@ def _clamp(b, n, lo=None, hi=None):
 
 
 def _clamp_tensor(b, n, lo=None, hi=None):
-    y = b.arg(n.args[0])
+    y = b.arg(operand(n))
     y = y if lo is None else b.op("maximum", [y, b.arg(lo)])  # NaN bounds propagate, as clamp's do
     return y if hi is None else b.op("minimum", [y, b.arg(hi)])
 
@@ -115,17 +115,25 @@ def _clamp_tensor(b, n, lo=None, hi=None):
 def _div(b, n):
     mode = arg(n, "rounding_mode")
     name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
-    return b.op(name, [b.arg(n.args[0]), b.arg(n.args[1])])
+    return b.op(name, [b.arg(arg(n, "self")), b.arg(arg(n, "other"))])
 
 
 def _cast(b, n):
     if is_identity(n):
-        return b.arg(n.args[0])
-    return b.op("cast", [b.arg(n.args[0])], [DTYPES[val(n).dtype]])
+        return b.arg(operand(n))
+    return b.op("cast", [b.arg(operand(n))], [DTYPES[val(n).dtype]])
+
+
+def _where(b, n):
+    return b.op("where", [b.arg(arg(n, "condition")), b.arg(arg(n, "self")), b.arg(arg(n, "other"))])
+
+
+def _masked_fill(b, n):
+    return b.op("where", [b.arg(arg(n, "mask")), b.arg(arg(n, "value")), b.arg(arg(n, "self"))])
 
 
 def _identity(b, n):
-    return b.arg(n.args[0])
+    return b.arg(operand(n))
 
 
 IDENTITY = {aten.dropout.default, aten.clone.default, aten.alias.default}
@@ -136,48 +144,45 @@ def is_identity(n) -> bool:
     if n.target in IDENTITY:
         return True
     return n.target in (aten._to_copy.default, aten.to.dtype, aten.type_as.default) and \
-        val(n).dtype == val(n.args[0]).dtype
+        val(n).dtype == val(operand(n)).dtype
 
 
 SELU = (1.6732632423543772, 1.0507009873554805)
 
 TABLE = {
-    aten.add.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
-    aten.add.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "add"),
-    aten.sub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
-    aten.sub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[0]), b.arg(n.args[1]), "sub"),
-    aten.rsub.Scalar: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
-    aten.rsub.Tensor: lambda b, n: _alpha(b, n, b.arg(n.args[1]), b.arg(n.args[0]), "sub"),
+    aten.add.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "add"),
+    aten.add.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "add"),
+    aten.sub.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "sub"),
+    aten.sub.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "self")), b.arg(arg(n, "other")), "sub"),
+    aten.rsub.Scalar: lambda b, n: _alpha(b, n, b.arg(arg(n, "other")), b.arg(arg(n, "self")), "sub"),
+    aten.rsub.Tensor: lambda b, n: _alpha(b, n, b.arg(arg(n, "other")), b.arg(arg(n, "self")), "sub"),
     aten.mul.Tensor: _binary("mul"), aten.mul.Scalar: _binary("mul"),
     aten.div.Tensor: _div, aten.div.Scalar: _div, aten.div.Tensor_mode: _div,
     aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
-    aten.where.self: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
-    aten.where.ScalarOther: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
-    aten.where.ScalarSelf: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
-    aten.where.Scalar: lambda b, n: b.op("where", [b.arg(a) for a in n.args[:3]]),
+    aten.where.self: _where, aten.where.ScalarOther: _where, aten.where.ScalarSelf: _where, aten.where.Scalar: _where,
     aten.min.other: _binary("minimum"), aten.max.other: _binary("maximum"),
     aten.floor_divide.default: _binary("div_floor"),
     aten.remainder.Tensor: _binary("remainder"), aten.remainder.Scalar: _binary("remainder"),
-    aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(n.args[0])], [float(n.args[1])]),
+    aten.pow.Tensor_Scalar: lambda b, n: b.op("pow_scalar", [b.arg(operand(n))], [float(arg(n, "exponent"))]),
     aten.clamp.default: lambda b, n: _clamp(b, n, arg(n, "min"), arg(n, "max")),
-    aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=n.args[1]),
-    aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=n.args[1]),
+    aten.clamp_min.default: lambda b, n: _clamp(b, n, lo=arg(n, "min")),
+    aten.clamp_max.default: lambda b, n: _clamp(b, n, hi=arg(n, "max")),
     aten.clamp.Tensor: lambda b, n: _clamp_tensor(b, n, arg(n, "min"), arg(n, "max")),
-    aten.clamp_min.Tensor: lambda b, n: _clamp_tensor(b, n, lo=n.args[1]),
-    aten.clamp_max.Tensor: lambda b, n: _clamp_tensor(b, n, hi=n.args[1]),
-    aten.masked_fill.Scalar: lambda b, n: b.op("where", [b.arg(n.args[1]), b.arg(n.args[2]), b.arg(n.args[0])]),
-    aten.masked_fill.Tensor: lambda b, n: b.op("where", [b.arg(n.args[1]), b.arg(n.args[2]), b.arg(n.args[0])]),
+    aten.clamp_min.Tensor: lambda b, n: _clamp_tensor(b, n, lo=arg(n, "min")),
+    aten.clamp_max.Tensor: lambda b, n: _clamp_tensor(b, n, hi=arg(n, "max")),
+    aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
     aten.hardtanh.default: lambda b, n: _clamp(b, n, arg(n, "min_val", -1.0), arg(n, "max_val", 1.0)),
     aten.relu6.default: lambda b, n: _clamp(b, n, 0.0, 6.0),
     aten.gelu.default: _gelu,
-    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(n.args[0])], [float(arg(n, "negative_slope", 0.01))]),
-    aten.elu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0)),
-                                                                      float(arg(n, "scale", 1.0)),
-                                                                      float(arg(n, "input_scale", 1.0))]),
-    aten.selu.default: lambda b, n: b.op("elu", [b.arg(n.args[0])], [SELU[0], SELU[1], 1.0]),
-    aten.celu.default: lambda b, n: b.op("celu", [b.arg(n.args[0])], [float(arg(n, "alpha", 1.0))]),
-    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(n.args[0])], [float(arg(n, "beta", 1.0)),
-                                                                              float(arg(n, "threshold", 20.0))]),
+    aten.leaky_relu.default: lambda b, n: b.op("leaky_relu", [b.arg(operand(n))],
+                                               [float(arg(n, "negative_slope", 0.01))]),
+    aten.elu.default: lambda b, n: b.op("elu", [b.arg(operand(n))], [float(arg(n, "alpha", 1.0)),
+                                                                       float(arg(n, "scale", 1.0)),
+                                                                       float(arg(n, "input_scale", 1.0))]),
+    aten.selu.default: lambda b, n: b.op("elu", [b.arg(operand(n))], [SELU[0], SELU[1], 1.0]),
+    aten.celu.default: lambda b, n: b.op("celu", [b.arg(operand(n))], [float(arg(n, "alpha", 1.0))]),
+    aten.softplus.default: lambda b, n: b.op("softplus", [b.arg(operand(n))], [float(arg(n, "beta", 1.0)),
+                                                                               float(arg(n, "threshold", 20.0))]),
     aten._to_copy.default: _cast, aten.to.dtype: _cast, aten.type_as.default: _cast,
     aten.dropout.default: _identity, aten.clone.default: _identity, aten.alias.default: _identity,
 }
@@ -235,7 +240,7 @@ def node_supported(node) -> str | None:
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return "a symbolic scalar argument"
     if node.target._opname.endswith("_"):
-        x = node.args[0]
+        x = operand(node)
         if x.op != "call_function" or len(x.users) != 1:
             return "in-place op on a value that is read elsewhere (its mutation must stay visible)"
     if node.target is aten.dropout.default and arg(node, "train", False):
@@ -244,11 +249,11 @@ def node_supported(node) -> str | None:
         extra = set(node.kwargs) - {"dtype", "memory_format"}
         if extra and any(node.kwargs[k] is not None for k in extra):
             return f"_to_copy with {sorted(extra)} (device / layout changes stay in PyTorch)"
-    if node.target is aten.where.self and val(node.args[0]).dtype != torch.bool:
+    if node.target is aten.where.self and val(arg(node, "condition")).dtype != torch.bool:
         return "where with a non-bool condition"
-    if node.target in (aten.masked_fill.Scalar, aten.masked_fill.Tensor) and val(node.args[1]).dtype != torch.bool:
+    if node.target in (aten.masked_fill.Scalar, aten.masked_fill.Tensor) and val(arg(node, "mask")).dtype != torch.bool:
         return "masked_fill with a non-bool mask"
-    if node.target is aten.pow.Tensor_Scalar and not isinstance(node.args[1], (int, float)):
+    if node.target is aten.pow.Tensor_Scalar and not isinstance(arg(node, "exponent"), (int, float)):
         return "pow exponent is not a number"
     return None
 
