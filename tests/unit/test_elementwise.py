@@ -189,3 +189,14 @@ def test_atan_region_one_kernel(backend):
     assert "aten.atan.default" not in left, left
     if backend == "flysim":
         assert len(tm.last_launches) == 1, tm.last_launches  # the FlyDSL kernel ran
+
+
+class Alphas(nn.Module):
+    def forward(self, x):  # rsub.Scalar takes alpha by position, add.Tensor by keyword
+        return torch.rsub(x, 2.0, alpha=3) * torch.add(x, 1.5, alpha=2)
+
+
+def test_alpha_by_position_or_keyword_scales_the_operand():
+    tm = check(Alphas(), (torch.randn(4, 32),), backend="flysim")
+    assert tm.report.counters["fused_elementwise"] == 1
+    assert tm.report.counters["fused_elementwise_ops"] >= 3
