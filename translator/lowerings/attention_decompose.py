@@ -33,7 +33,7 @@ def sdpa_decompose_supported(node, ctx):
     """NO_MATCH where the kernel takes the call (lower_sdpa does) or no FlyDSL op could take its parts."""
     if sdpa_supported(node, ctx) is None:
         return NO_MATCH
-    q, k, v = node.args[:3]
+    q, k, v = (arg(node, a) for a in ("query", "key", "value"))
     if not (dtype_of(q) == dtype_of(k) == dtype_of(v) and dtype_of(q) in FLOAT_DTYPES):
         return NO_MATCH
     if not (2 <= len(shape_of(q)) <= 4 and len(shape_of(k)) == len(shape_of(q)) == len(shape_of(v))):
@@ -55,7 +55,7 @@ def sdpa_decompose_supported(node, ctx):
       doc="SDPA the kernel declines -> bmm, softmax, bmm")
 def lower_sdpa_decomposed(node, ctx):
     ctx.not_lowered(node, PREFIX + sdpa_supported(node, ctx))
-    q, k, v = node.args[:3]
+    q, k, v = (arg(node, a) for a in ("query", "key", "value"))
 
     def e(target, *args, **kwargs):
         return ctx.insert(target, *args, before=node, **kwargs)

@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from ..graph import ASSERT, aten, is_call, shape_of, static_int
+from ..graph import ASSERT, aten, arg, is_call, shape_of, static_int
 
 RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 NEG_FILL = -1e4  # a fill at or below this is "masked out" (exp underflows against any real score)
@@ -42,16 +42,15 @@ def node_int(a):
 
 
 def _full_slice(n) -> bool:
-    start = node_int(n.args[2]) if len(n.args) > 2 and n.args[2] is not None else 0
-    end = n.args[3] if len(n.args) > 3 else None
-    step = n.args[4] if len(n.args) > 4 else 1
+    start = 0 if arg(n, "start") is None else node_int(arg(n, "start"))
+    end, step = arg(n, "end"), arg(n, "step")
     return start == 0 and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
 
 
 def _skip_full_slices(n, chain):
     while is_call(n, aten.slice.Tensor) and _full_slice(n):
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     return n
 
 
@@ -66,24 +65,24 @@ def unexpand_kv(x, absorbed):
     chain = [x]
     base = None
     if is_call(x, aten.repeat_interleave.self_int):
-        dim = x.args[2] if len(x.args) > 2 else x.kwargs.get("dim")
-        if dim is not None and dim % 4 == 1 and len(shape_of(x.args[0]) or ()) == 4:
-            base = x.args[0]
+        dim = arg(x, "dim")
+        if dim is not None and dim % 4 == 1 and len(shape_of(arg(x, "self")) or ()) == 4:
+            base = arg(x, "self")
     elif is_call(x, *RESHAPES, aten.flatten.using_ints):
-        n = x.args[0]
+        n = arg(x, "self")
         if is_call(n, aten.clone.default, aten.contiguous.default):
             chain.append(n)
-            n = n.args[0]
+            n = arg(n, "self")
         if is_call(n, aten.expand.default):
             chain.append(n)
-            n = _skip_full_slices(n.args[0], chain)
-            if is_call(n, aten.unsqueeze.default) and n.args[1] == 2:
+            n = _skip_full_slices(arg(n, "self"), chain)
+            if is_call(n, aten.unsqueeze.default) and arg(n, "dim") == 2:
                 chain.append(n)
-                b = _skip_full_slices(n.args[0], chain)
+                b = _skip_full_slices(arg(n, "self"), chain)
                 if len(shape_of(b) or ()) == 4:
                     base = b
-    elif is_call(x, aten.expand.default) and _heads(x.args[0]) == 1:
-        base = x.args[0]  # MQA: one KV head broadcast to every query head
+    elif is_call(x, aten.expand.default) and _heads(arg(x, "self")) == 1:
+        base = arg(x, "self")  # MQA: one KV head broadcast to every query head
     if base is None:
         return x
     h, hkv = _heads(x), _heads(base)
@@ -153,17 +152,20 @@ def softcap_of(n):
     """c when n = tanh(x / c) * c (or tanh(x * (1 / c)) * c), with the inner node x, else None."""
     if not is_call(n, aten.mul.Tensor, aten.mul.Scalar):
         return None
-    a, c = n.args[:2]
+    a, c = arg(n, "self"), arg(n, "other")
     if isinstance(a, (int, float)):
         a, c = c, a
     if not (isinstance(c, (int, float)) and c > 0 and is_call(a, aten.tanh.default)):
         return None
-    inner = a.args[0]
-    if is_call(inner, aten.div.Tensor, aten.div.Scalar) and isinstance(inner.args[1], (int, float)) \
-            and abs(inner.args[1] - c) <= 1e-6 * c:
+    inner = arg(a, "self")
+    if not is_call(inner, aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar):
+        return None
+    d = arg(inner, "other")
+    if not isinstance(d, (int, float)):
+        return None
+    if inner.target in (aten.div.Tensor, aten.div.Scalar) and abs(d - c) <= 1e-6 * c:
         return c, a, inner
-    if is_call(inner, aten.mul.Tensor, aten.mul.Scalar) and isinstance(inner.args[1], (int, float)) \
-            and abs(inner.args[1] * c - 1) <= 1e-6:
+    if inner.target in (aten.mul.Tensor, aten.mul.Scalar) and abs(d * c - 1) <= 1e-6:
         return c, a, inner
     return None
 
@@ -200,15 +202,14 @@ def _tril_slice(n, ctx, scores, chain) -> bool:
     """n = tril_buffer[..., :Sq, :Sk] (every slice starts at 0), shaped as the scores' last two dims."""
     top = n
     while is_call(n, aten.slice.Tensor):
-        start = node_int(n.args[2]) if len(n.args) > 2 and n.args[2] is not None else 0
-        step = n.args[4] if len(n.args) > 4 else 1
-        if start != 0 or step != 1:
+        start = 0 if arg(n, "start") is None else node_int(arg(n, "start"))
+        if start != 0 or arg(n, "step") != 1:
             return False
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     if is_call(n, aten._to_copy.default, aten.to.dtype):  # bias.bool()
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     buf = ctx.constant(n)
     if buf is None or buf.dim() < 2 or buf.shape[-1] != buf.shape[-2] or not is_tril(buf):
         return False
@@ -220,17 +221,17 @@ def causal_keep(cond, keep: bool, ctx, scores, absorbed) -> bool:
     chain = []
     n = cond
     if not keep:
-        if is_call(n, aten.eq.Scalar) and n.args[1] == 0:
+        if is_call(n, aten.eq.Scalar) and arg(n, "other") == 0:
             chain.append(n)
-            n = n.args[0]
+            n = arg(n, "self")
         elif is_call(n, aten.logical_not.default, aten.bitwise_not.default):
             chain.append(n)
-            n = n.args[0]
+            n = arg(n, "self")
         else:
             return False
-    elif is_call(n, aten.ne.Scalar) and n.args[1] == 0:
+    elif is_call(n, aten.ne.Scalar) and arg(n, "other") == 0:
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     if not _tril_slice(n, ctx, scores, chain):
         return False
     absorbed += [c for c in chain if len(c.users) == 1]

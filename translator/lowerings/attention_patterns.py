@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..graph import ASSERT, asserts, aten, dtype_of, dtype_reason, is_call, shape_of, static_int
+from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call, operand, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
 from .attention import HEAD_DIMS, PREFIX
 from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
@@ -87,7 +87,7 @@ def _op(n) -> str:
 def _real_users(n) -> list:
     """Users that read n's values: not export's dtype asserts, nor a type_as that only reads its dtype."""
     return [u for u in n.users if u.target is not ASSERT
-            and not (u.target is aten.type_as.default and u.args[1] is n and u.args[0] is not n)]
+            and not (u.target is aten.type_as.default and arg(u, "other") is n and arg(u, "self") is not n)]
 
 
 def _take(absorbed, *nodes):
@@ -101,24 +101,29 @@ def _untranspose(kt):
         return None
     r = len(shape_of(kt) or ())
     if kt.target is aten.transpose.int:
-        dims = {d % r for d in kt.args[1:3]}
-        return kt.args[0] if dims == {r - 1, r - 2} else None
+        dims = {arg(kt, "dim0") % r, arg(kt, "dim1") % r}
+        return arg(kt, "self") if dims == {r - 1, r - 2} else None
     if kt.target is aten.permute.default:
-        p = [d % r for d in kt.args[1]]
-        return kt.args[0] if p == list(range(r - 2)) + [r - 1, r - 2] else None
+        p = [d % r for d in arg(kt, "dims")]
+        return arg(kt, "self") if p == list(range(r - 2)) + [r - 1, r - 2] else None
     return None
 
 
 def _product(n):
     """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
     bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
-    if is_call(n, *MATMULS):
-        return n.args[0], n.args[1], False
+    if is_call(n, aten.matmul.default):
+        return arg(n, "self"), arg(n, "other"), False
+    if is_call(n, aten.bmm.default):
+        return arg(n, "self"), arg(n, "mat2"), False
     if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
-        return n.args[1], n.args[2], False
-    if not is_call(n, aten.einsum.default) or len(n.args[1]) != 2 or "." in n.args[0]:
+        return arg(n, "batch1"), arg(n, "batch2"), False
+    if not is_call(n, aten.einsum.default):
         return None
-    ins, _, out = n.args[0].replace(" ", "").partition("->")
+    eq, tensors = arg(n, "equation"), arg(n, "tensors")
+    if len(tensors) != 2 or "." in eq:
+        return None
+    ins, _, out = eq.replace(" ", "").partition("->")
     a, _, b = ins.partition(",")
     if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
         return None
@@ -126,14 +131,14 @@ def _product(n):
     if b[:-2] != x or out[:-1] != x + i:
         return None
     if b[-2:] == k + out[-1] and out[-1] not in a:
-        return n.args[1][0], n.args[1][1], False
+        return tensors[0], tensors[1], False
     if b[-2:] == out[-1] + k and out[-1] not in a:
-        return n.args[1][0], n.args[1][1], True
+        return tensors[0], tensors[1], True
     return None
 
 
 def _last_dim_softmax(n) -> bool:
-    return is_call(n, *SOFTMAX) and n.args[1] % len(shape_of(n)) == len(shape_of(n)) - 1
+    return is_call(n, *SOFTMAX) and arg(n, "dim") % len(shape_of(n)) == len(shape_of(n)) - 1
 
 
 def _find_qk(s, depth: int = 12):
@@ -165,7 +170,7 @@ def chain_of(pv):
             continue
         seen.add(p)
         if _last_dim_softmax(p):
-            qk = _find_qk(p.args[0])
+            qk = _find_qk(arg(p, "self"))
             return (p, qk) if qk is not None else None
         if depth < 6:
             todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
@@ -185,16 +190,16 @@ def match(pv, ctx):
     while p is not sm:
         if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
             return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
-        if p.target is aten.dropout.default and len(p.args) > 2 and p.args[2]:
+        if p.target is aten.dropout.default and arg(p, "train"):
             return "dropout between softmax and @ v runs in training mode"
         _take(m.absorbed, p)
-        p = p.args[0]
+        p = operand(p)
     if len(_real_users(sm)) != 1:
         return "the attention probabilities are also used elsewhere (e.g. returned), so they must be materialized"
     if dtype_of(sm) not in (torch.float32, torch.bfloat16, torch.float16):
         return f"softmax output dtype {dtype_of(sm)} is not a float dtype the kernel takes"
     _take(m.absorbed, sm)
-    s = _walk_scores(sm.args[0], m, ctx)
+    s = _walk_scores(arg(sm, "self"), m, ctx)
     if isinstance(s, str):
         return s
     if s is not qk:
@@ -212,10 +217,11 @@ def match(pv, ctx):
     elif not bt and len(kt.users) == 1:
         m.absorbed.append(kt)
     if is_call(q, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(_real_users(q)) == 1 \
-            and isinstance(q.args[1], (int, float)) and q.args[1] > 0:  # q pre-scaled (nn.MultiheadAttention)
-        m.scale *= q.args[1] if q.target in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / q.args[1]
+            and isinstance(arg(q, "other"), (int, float)) and arg(q, "other") > 0:  # q pre-scaled (nn.MHA)
+        c = arg(q, "other")
+        m.scale *= c if q.target in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / c
         _take(m.absorbed, q)
-        q = q.args[0]
+        q = arg(q, "self")
     m.q = q
     m.k = unexpand_kv(k, m.absorbed) if not m.transpose_k else k
     m.v = unexpand_kv(m.v, m.absorbed)
@@ -224,9 +230,9 @@ def match(pv, ctx):
 
 def _keeps_last2(n) -> bool:
     """n is a view / reshape that keeps the last two dims (it only splits or merges leading dims)."""
-    if not is_call(n, *RESHAPES) or not isinstance(n.args[0], torch.fx.Node):
+    if not is_call(n, *RESHAPES) or not isinstance(arg(n, "self"), torch.fx.Node):
         return False
-    a, b = shape_of(n.args[0]), shape_of(n)
+    a, b = shape_of(arg(n, "self")), shape_of(n)
     return a is not None and b is not None and [str(d) for d in a[-2:]] == [str(d) for d in b[-2:]]
 
 
@@ -248,7 +254,7 @@ def _frame(m: Match, qk):
 
 def _chain_first(n, s_shape):
     """(chain operand, other operand) of a binary op on the scores."""
-    a, b = n.args[:2]
+    a, b = arg(n, "self"), arg(n, "other")
     sa = [str(d) for d in shape_of(a) or ()] if isinstance(a, torch.fx.Node) else None
     sb = [str(d) for d in shape_of(b) or ()] if isinstance(b, torch.fx.Node) else None
     if sa != s_shape and sb == s_shape:
@@ -271,7 +277,7 @@ def _walk_scores(s, m: Match, ctx):
             if dtype_of(s) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"the scores are cast to {dtype_of(s)}"
             _take(m.absorbed, s)
-            s = s.args[0]
+            s = operand(s)
         elif cap is not None:
             if phase == SCALE:
                 return "a scale is applied after the soft-cap (the kernel scales before capping)"
@@ -279,17 +285,17 @@ def _walk_scores(s, m: Match, ctx):
                 return "the scores are soft-capped twice"
             m.softcap, phase = cap[0], CAP
             _take(m.absorbed, s, cap[1], cap[2])
-            s = cap[2].args[0]
+            s = arg(cap[2], "self")
         elif t in MULS:
             divides = t in (aten.div.Tensor, aten.div.Scalar)
-            chain, other = s.args[:2] if divides else _chain_first(s, shape)
+            chain, other = (arg(s, "self"), arg(s, "other")) if divides else _chain_first(s, shape)
             reason = _scale_step(m, other, divides, s, ctx)
             if reason:
                 return reason
             phase = SCALE
             _take(m.absorbed, s)
             s = chain
-        elif t in ADDS and isinstance(s.args[1], torch.fx.Node) and len(s.args) == 2 and not s.kwargs.get("alpha"):
+        elif t in ADDS and isinstance(arg(s, "other"), torch.fx.Node) and arg(s, "alpha") == 1:
             if phase != MASK:
                 return "an additive mask is applied before the " + ("soft-cap" if phase == CAP else
                                                                    "scale (softmax(c * (qk + mask)))")
@@ -302,7 +308,7 @@ def _walk_scores(s, m: Match, ctx):
             s = chain
         elif _keeps_last2(s):  # a view of the scores that splits or merges batch and heads
             _take(m.absorbed, s)
-            s = s.args[0]
+            s = arg(s, "self")
         elif t in FILLS or t in WHERES:
             step = _fill_step(s, t, m, phase, ctx)
             if isinstance(step, str):
@@ -319,12 +325,12 @@ def _baddbmm(m: Match, qk):
     """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c, or a reason."""
     if not is_call(qk, aten.baddbmm.default):
         return None
-    beta, alpha = qk.kwargs.get("beta", 1), qk.kwargs.get("alpha", 1)
+    beta, alpha = arg(qk, "beta"), arg(qk, "alpha")
     if beta != 1 or not isinstance(alpha, (int, float)) or alpha <= 0:
         return f"baddbmm with beta={beta}, alpha={alpha} (only beta=1 and a positive alpha are a mask and a scale)"
     if m.phase != MASK:
         return "the mask is added (baddbmm) before the " + ("soft-cap" if m.phase == CAP else "scale")
-    mask = qk.args[0]
+    mask = arg(qk, "self")
     if dtype_of(mask) not in (torch.float32, torch.bfloat16, torch.float16):
         return f"additive mask dtype {dtype_of(mask)} is not a float dtype"
     m.scale *= alpha
@@ -365,9 +371,9 @@ def _scale_step(m: Match, other, divides: bool, at, ctx):
 def _fill_step(s, t, m: Match, phase, ctx):
     """A masked_fill / where on the scores: returns the scores it reads, or a reason."""
     if t in FILLS:
-        chain, cond, fill, keep = s.args[0], s.args[1], fill_value(s.args[2], ctx), False
+        chain, cond, fill, keep = arg(s, "self"), arg(s, "mask"), fill_value(arg(s, "value"), ctx), False
     else:
-        cond, a, b = s.args[:3]
+        cond, a, b = arg(s, "condition"), arg(s, "self"), arg(s, "other")
         fa, fb = fill_value(a, ctx), fill_value(b, ctx)
         if fb is not None and fa is None and isinstance(a, torch.fx.Node):
             chain, fill, keep = a, fb, True
@@ -388,7 +394,7 @@ def _fill_step(s, t, m: Match, phase, ctx):
     else:
         m.masks.append(("keep" if keep else "drop", cond))
         m.frames.append(shape_of(s))
-    fill_node = s.args[2] if t in FILLS else (b if keep else a)
+    fill_node = arg(s, "value") if t in FILLS else (b if keep else a)
     if isinstance(fill_node, torch.fx.Node):
         m.absorbed += _consts(fill_node)
     return chain
