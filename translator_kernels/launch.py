@@ -64,6 +64,7 @@ _ARCHS: dict = {}  # (environment fingerprint, HSA_OVERRIDE_GFX_VERSION) -> FlyD
 _LOCK = threading.RLock()
 _local = threading.local()
 _NOTHING = object()  # compiled under COMPILE_ONLY: there is nothing to call
+CLEAR_HOOKS: list = []  # called by clear(): caches built on top of this module (per-call plans) register here
 
 
 def builder(fn):
@@ -267,10 +268,9 @@ def call(launcher, *args) -> None:
     fn = _COMPILED.get(k)
     if fn is None:
         fn = _compile(launcher, args, k)
-    if getattr(_local, "plan_rec", None) is not None:  # a plan records this launch; run it untraced
-        from translator_kernels.plan import on_launch
-
-        on_launch(launcher, k, fn, args)
+    rec = getattr(_local, "plan_rec", None)
+    if rec is not None:  # a plan (translator_kernels.plan) records this launch; run it untraced
+        rec.launch(launcher, k, fn, args)
         with _disable_current_modes():
             return _run(launcher, plan, k, fn, args)
     return _run(launcher, plan, k, fn, args)
@@ -444,32 +444,11 @@ def compiled_count() -> int:
 def clear() -> None:
     """Forget every compiled specialization and every per-call plan (tests; FlyDSL's own caches
     are untouched)."""
-    from translator_kernels.plan import clear_plans
-
-    clear_plans()
+    for hook in CLEAR_HOOKS:
+        hook()
     with _LOCK:
         _COMPILED.clear()
         _STUBBED.clear()
         _CONTEXTS.clear()
         _ARCHS.clear()
 
-
-def planned(fn=None, **options):
-    """translator_kernels.plan.planned (the per-call plan of a host entry), reachable as kl.planned."""
-    from translator_kernels.plan import planned as make
-
-    return make(fn, **options)
-
-
-def plan_effect(f, *args) -> None:
-    """translator_kernels.plan.plan_effect, reachable as kl.plan_effect."""
-    from translator_kernels.plan import plan_effect as effect
-
-    effect(f, *args)
-
-
-def clear_plans() -> None:
-    """translator_kernels.plan.clear_plans, reachable as kl.clear_plans."""
-    from translator_kernels.plan import clear_plans as clear_all
-
-    clear_all()

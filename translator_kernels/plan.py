@@ -207,16 +207,14 @@ def plan_effect(f, *args) -> None:
         f(*args)
 
 
-def on_launch(launcher, k, fn, args):
-    """launch.call's report of one launch while a plan records (then it runs the launch untraced)."""
-    _local.plan_rec.launch(launcher, k, fn, args)
-
-
 def clear_plans() -> None:
     """Forget every plan (tests; after a change to state that adapters read, e.g. a GEMM config)."""
     with _LOCK:
         _PLANS.clear()
         _SEEN.clear()
+
+
+_launch.CLEAR_HOOKS.append(clear_plans)  # launch.clear() forgets the plans built on its compiled callables
 
 
 def plan_count() -> int:
@@ -317,13 +315,13 @@ class _Recorder(TorchDispatchMode):
 
     def launch(self, launcher, k, fn, args):
         step = _launch.PlannedLaunch(launcher, k, fn, args)
-        self.steps.append(("launch", step, [self._arg(a) for a in args]))
+        self.steps.append(("launch", step, [self._operand(a) for a in args]))
 
-    def _arg(self, a):
+    def _operand(self, a):
         return self.ref(a) if isinstance(a, torch.Tensor) else a
 
     def effect(self, f, args):
-        self.steps.append(("effect", f, [self._arg(a) for a in args]))
+        self.steps.append(("effect", f, [self._operand(a) for a in args]))
 
     # ---- code generation --------------------------------------------------------------------------------
     def finish(self, out, no_alias, name, n_in):

@@ -35,6 +35,7 @@ import math
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
@@ -169,7 +170,7 @@ def _prepare_head_scale(head_scale, H, device):
     return True, head_scale.detach().float().reshape(-1).expand(H).contiguous()
 
 
-@kl.planned
+@kp.planned
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
               scale=None, softcap=None, head_scale=None, precision=None, num_splits=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""

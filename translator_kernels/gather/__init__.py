@@ -21,6 +21,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
@@ -96,7 +97,7 @@ def _check_ids(flag, flat, vocab):
                          f"({bad.numel()} ids out of range); ids must lie in [0, {vocab})")
 
 
-@kl.planned
+@kp.planned
 def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
     op = "embedding"
@@ -126,5 +127,5 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch())
     kl.call(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
     if flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
-        kl.plan_effect(_check_ids, flag, flat, vocab)
+        kp.plan_effect(_check_ids, flag, flat, vocab)
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.gated import gated_shape
@@ -52,7 +53,7 @@ def autotune(a, w_shuffled, n, k, candidates, *, iters=20):
             best = (t, cfg)
     if best:
         register_config(mb, n, k, a.dtype, arch, best[1])
-        kl.clear_plans()  # per-call plans keep the tile they chose: choose again
+        kp.clear_plans()  # per-call plans keep the tile they chose: choose again
     return best
 
 
@@ -150,7 +151,7 @@ def _rows(op, a, out_dtype):
     return lead, m, out_dtype
 
 
-@kl.planned
+@kp.planned
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
@@ -202,7 +203,7 @@ def _in_place(t, batch_shape, rows, cols):
     return _batch_view(t, batch_shape, rows, cols)
 
 
-@kl.planned
+@kp.planned
 def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
     """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
     bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh")."""
@@ -224,7 +225,7 @@ def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=
     return out.reshape(lead + (n,))
 
 
-@kl.planned
+@kp.planned
 def bmm(a, b, *, out_dtype=None):
     """a[..., M, K] @ b[..., K, N] -> [..., M, N] (batch dims broadcast), both activations.
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.generated.source import body, convert
@@ -203,7 +204,7 @@ def _launch_for(lay: _Layout, inputs, flat_in, flat_out):
     return hit
 
 
-@kl.planned
+@kp.planned
 def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     """Run the fused elementwise program (JSON text or Program) on `inputs`; returns its outputs.
 

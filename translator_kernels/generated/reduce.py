@@ -28,6 +28,7 @@ import math
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
@@ -260,7 +261,7 @@ def _cached_call(lay: _Layout, inputs, epi_inputs):
     return outs, flat + eflat + [o.view(-1) for o in outs] + [lay.m], key
 
 
-@kl.planned
+@kp.planned
 def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inputs=(),
                  epilogue=None) -> list[torch.Tensor]:
     """Run prologue `program` on `inputs` and reduce its value over `dims` (then `epilogue`, see

@@ -24,6 +24,7 @@ import math
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
@@ -145,7 +146,7 @@ def _launch_for(lay: _Layout, inputs, flat):
     return hit
 
 
-@kl.planned
+@kp.planned
 def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
     """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor.
 

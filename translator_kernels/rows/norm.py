@@ -26,6 +26,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
@@ -317,33 +318,33 @@ def _grid(m, n, vec, esize, residual, weight, bias, affine):
     return max(1, min(blocks, max(MIN_GRID, g)))
 
 
-@kl.planned
+@kp.planned
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """LayerNorm over the last dim of a 2-D [M, N] x; returns a new contiguous tensor of x's dtype."""
     return _run("layer_norm", x, None, weight, bias, eps, "layer")[0]
 
 
-@kl.planned
+@kp.planned
 def rms_norm(x, weight=None, eps=1e-6):
     """RMSNorm over the last dim of a 2-D [M, N] x: x * rsqrt(mean(x^2) + eps) * weight."""
     return _run("rms_norm", x, None, weight, None, eps, "rms")[0]
 
 
-@kl.planned
+@kp.planned
 def add_layer_norm(x, residual, weight, bias, eps):
     """(x + residual, layer_norm(x + residual)) in one pass."""
     out, total = _run("add_layer_norm", x, residual, weight, bias, eps, "layer")
     return total, out
 
 
-@kl.planned
+@kp.planned
 def add_rms_norm(x, residual, weight, eps):
     """(x + residual, rms_norm(x + residual)) in one pass."""
     out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
     return total, out
 
 
-@kl.planned
+@kp.planned
 def group_norm(x, num_groups, weight, bias, eps):
     """GroupNorm of x [B, C, *spatial]: statistics per (sample, group), per-channel affine."""
     op = "group_norm"

@@ -17,6 +17,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.rows import common as rc
 
 LOG2E = 1.4426950408889634
@@ -200,7 +201,7 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     return launch
 
 
-@kl.planned
+@kp.planned
 def softmax(x: torch.Tensor, *, log: bool = False) -> torch.Tensor:
     """softmax(x, dim=-1) (or log_softmax) of a 2-D tensor, as a new contiguous tensor."""
     op = "log_softmax" if log else "softmax"
