@@ -20,6 +20,7 @@ Forms matched (where they appear):
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -137,14 +138,26 @@ def _gemm_reason(x, w: torch.Tensor | None) -> str | None:
     return None  # K and N come from the weight; the input's last dim must equal K for torch too
 
 
+def cast_weight(dtype, t: torch.Tensor) -> torch.Tensor:
+    """An fp32 parameter at the compute dtype (None: fp32 precision, as given)."""
+    t = t.detach()
+    return t.to(dtype) if dtype is not None and t.dtype == torch.float32 else t
+
+
+def shuffled_weight(dtype, w: torch.Tensor) -> torch.Tensor:
+    return shuffle_weight(cast_weight(dtype, w))
+
+
 def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources):
     n, k = w_nk.shape
-    ws = shuffle_weight(ctx.cast_const(w_nk.detach()))
-    w_node = ctx.add_constant(ws, "w", node)
+    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
+    prep = functools.partial(shuffled_weight, dt)  # rebuilt when the parameter changes (state.prepared)
+    w_node = ctx.add_constant(prep(w_nk), "w", node, derive=prep, sources=(w_nk,))
     b = bias_node
     if b is not None and ctx.precision != "fp32":
         c = ctx.constant(b)
-        b = ctx.add_constant(ctx.cast_const(c), "b", node) if c is not None else ctx.cast_in(b, node)
+        cast = functools.partial(cast_weight, dt)
+        b = ctx.add_constant(cast(c), "b", node, derive=cast, sources=(c,)) if c is not None else ctx.cast_in(b, node)
     xin = ctx.cast_in(x, node)
     return ctx.replace(node, "gemm", lowering, (xin, w_node, n, k, b, None, None, 1.0), sources)
 
