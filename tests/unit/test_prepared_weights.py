@@ -41,3 +41,28 @@ def test_prepared_weights_follow_parameter_updates(backend, precision):
         torch.testing.assert_close(tm(x), m(x), **tol)
     if backend == "flysim":
         assert len(tm.last_launches) == 2
+
+
+class EinsumProjection(nn.Module):
+    """einsum against a parameter: the gemm weight is a permuted copy of it (einsum._to_nk)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 24))
+
+    def forward(self, a):
+        return torch.einsum("bnd,de->bne", a, self.w)
+
+
+def test_einsum_weight_follows_parameter_updates():
+    torch.manual_seed(0)
+    m = EinsumProjection().eval()
+    a = torch.randn(2, 5, 16)
+    tm = translate(m, (a,), backend="reference")
+    assert tm.report.counters.get("einsum") == 1 and flydsl_ops(tm) == ["gemm"]
+    tol = model_tol(check="few_ops")
+    with torch.no_grad():
+        m.w.copy_(torch.randn(16, 24))
+        torch.testing.assert_close(tm(a), m(a), **tol)
+        m.w.mul_(-2)
+        torch.testing.assert_close(tm(a), m(a), **tol)

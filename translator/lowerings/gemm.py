@@ -144,15 +144,17 @@ def cast_weight(dtype, t: torch.Tensor) -> torch.Tensor:
     return t.to(dtype) if dtype is not None and t.dtype == torch.float32 else t
 
 
-def shuffled_weight(dtype, w: torch.Tensor) -> torch.Tensor:
-    return shuffle_weight(cast_weight(dtype, w))
+def shuffled_weight(dtype, w: torch.Tensor, to_nk=None) -> torch.Tensor:
+    return shuffle_weight(cast_weight(dtype, w if to_nk is None else to_nk(w)))
 
 
-def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources):
+def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources, w_from=None):
+    """w_from: (parameter, to_nk) when w_nk is a copy made from a parameter (to_nk(parameter) == w_nk)."""
     n, k = w_nk.shape
     dt = None if ctx.precision == "fp32" else ctx.compute_dtype
-    prep = functools.partial(shuffled_weight, dt)  # rebuilt when the parameter changes (state.prepared)
-    w_node = ctx.add_constant(prep(w_nk), "w", node, derive=prep, sources=(w_nk,))
+    src, to_nk = w_from or (w_nk, None)
+    prep = functools.partial(shuffled_weight, dt, to_nk=to_nk)  # rebuilt when the parameter changes (state.prepared)
+    w_node = ctx.add_constant(prep(src), "w", node, derive=prep, sources=(src,))
     b = bias_node
     if b is not None and ctx.precision != "fp32":
         c = ctx.constant(b)
