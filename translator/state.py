@@ -19,7 +19,7 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   already hold their own copies. The extra memory is the size of the mutated buffers.
 - `prepared(gm, name, derive, sources)`: such a copy (gm's buffer `name`, made as
   `derive(*sources)` from the user's parameters) follows the parameters: before each forward,
-  `refresh_prepared(gm)` compares each source's identity, data pointer and version counter with
+  `refresh_prepared(gm)` compares each source's version counter and data pointer with
   those it was made from (`load_state_dict`, an optimizer step and `p.mul_(2)` under no_grad all
   bump the version) and rebuilds it in place where one differs. A parameter object replaced
   (`load_state_dict(assign=True)`) is not seen: the copy keeps the tensor it was made from. The
@@ -40,8 +40,9 @@ from .errors import InputError
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> [[name, derive, sources, stamp]]
 
 
-def _stamp(tensors) -> tuple:
-    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
+def _stamp(tensors) -> list:
+    """What changes when a held tensor is written (`_version`) or re-pointed (`p.data = ...`)."""
+    return [(t._version, t.data_ptr()) for t in tensors]
 
 
 def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:
