@@ -34,7 +34,7 @@ from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
-from .state import preserved
+from .state import preserved, refresh_prepared
 from .verify import calibrate, first_divergence, verify_outputs
 
 _TRANSLATE_LOCK = threading.RLock()
@@ -91,6 +91,7 @@ class TranslatedModule(torch.nn.Module):
         return out
 
     def _run(self, args):
+        refresh_prepared(self.gm)  # prepared weights follow parameter updates made after translate()
         fast = self.fast_path and fastpath.usable(self.gm, args)
         try:
             return fastpath.fast_forward(self.gm)(self.gm, *args) if fast else self.gm(*args)

@@ -31,6 +31,8 @@ import networkx as nx
 import torch
 from torch._guards import detect_fake_mode
 
+from .state import prepared
+
 aten = torch.ops.aten
 Node = torch.fx.Node
 
@@ -324,11 +326,15 @@ class LowerCtx:
             return obj if isinstance(obj, torch.Tensor) else None
         return None
 
-    def add_constant(self, tensor: torch.Tensor, hint: str, before: Node) -> Node:
-        """Register a translate-time tensor (e.g. a preshuffled weight) and return its get_attr node."""
+    def add_constant(self, tensor: torch.Tensor, hint: str, before: Node, *, derive=None, sources=()) -> Node:
+        """Register a translate-time tensor (e.g. a preshuffled weight) and return its get_attr node.
+        With `derive`: the tensor is `derive(*sources)` of parameters, rebuilt when one of them
+        changes after translation (translator.state.prepared)."""
         self._n_attr += 1
         name = f"_flydsl_{hint}_{self._n_attr}"
         self.gm.register_buffer(name, tensor.detach())
+        if derive is not None:
+            prepared(self.gm, name, derive, sources)
         with self.gm.graph.inserting_before(before):
             node = self.gm.graph.get_attr(name)
         with self.fake_mode:  # a fresh fake of the same layout (from_tensor would fake the view's base too)

@@ -17,15 +17,55 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   reads (weights) stay shared: copying them would double the memory of every translated
   model, and translated FlyDSL ops that need a different layout (preshuffled GEMM weights)
   already hold their own copies. The extra memory is the size of the mutated buffers.
+- `prepared(gm, name, derive, sources)`: such a copy (gm's buffer `name`, made as
+  `derive(*sources)` from the user's parameters) follows the parameters: before each forward,
+  `refresh_prepared(gm)` compares each source's version counter and data pointer with
+  those it was made from (`load_state_dict`, an optimizer step and `p.mul_(2)` under no_grad all
+  bump the version) and rebuilds it in place where one differs. A parameter object replaced
+  (`load_state_dict(assign=True)`) is not seen: the copy keeps the tensor it was made from. The
+  table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
+  owns its weights).
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
 from .errors import InputError
+
+
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> [[name, derive, sources, stamp]]
+
+
+def _stamp(tensors) -> list:
+    """What changes when a held tensor is written (`_version`) or re-pointed (`p.data = ...`)."""
+    return [(t._version, t.data_ptr()) for t in tensors]
+
+
+def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:
+    """Note that gm's buffer `name` is `derive(*sources)`; refresh_prepared rebuilds it when a source changes.
+    `derive` must not reference gm (the table is weak-keyed by it)."""
+    _PREPARED.setdefault(gm, []).append([name, derive, tuple(sources), _stamp(sources)])
+
+
+def refresh_prepared(gm: torch.fx.GraphModule) -> int:
+    """Rebuild, in place, the prepared buffers of `gm` whose sources changed; returns how many."""
+    done = 0
+    for entry in _PREPARED.get(gm, ()):
+        name, derive, sources, stamp = entry
+        now = _stamp(sources)
+        if now == stamp:
+            continue
+        buf = getattr(gm, name, None)
+        if buf is not None:  # None: the lowering that made it was undone (cleanup dropped it)
+            with torch.no_grad():
+                buf.copy_(derive(*sources))
+            done += 1
+        entry[3] = now
+    return done
 
 
 def _buffers(module: torch.nn.Module) -> list:

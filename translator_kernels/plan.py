@@ -41,8 +41,8 @@ FlopCounter), an unhashable argument, an aten op that returns a Python value (re
 on the host: control flow could depend on it), or a nested call inside a plan being recorded
 (the outer plan records it). A plan keeps the decisions its adapter made from global state
 other than the arguments and the launch target: whoever changes such state calls
-`clear_plans()` (gemm.autotune does after registering a tile; so must a caller of
-gemm.tiles.register_config).
+`clear_plans()` (gemm.tiles.register_config does, so a registered or autotuned tile reaches the
+next call).
 
 Threads: plans are immutable once built and the recording state is per thread; two threads
 that build the same plan keep the first.

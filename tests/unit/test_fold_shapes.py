@@ -1,5 +1,7 @@
-"""Shape-only subgraphs (masks, position ids) are computed once per input shape and cached."""
+"""Shape-only subgraphs (masks, position ids) are computed once per input shape and cached; a
+folded value that reads a parameter is recomputed when the parameter changes."""
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -72,3 +74,38 @@ def test_report_says_folded_at_specialization():
     (f,) = folded(tm)
     for name in ("cumsum", "where"):
         assert name in f.sources and rows[name].where == "folded" and "folded at specialization" in rows[name].detail
+
+
+class ParamOnly(nn.Module):
+    """`w.exp()` and `scale * 2` read parameters alone: folded, yet a parameter may change later."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.scale = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return torch.softmax(x, -1) * (self.scale * 2) + self.w.exp()
+
+
+@pytest.mark.parametrize("backend", ["reference", "flysim"])
+def test_folded_parameter_subgraph_follows_parameter_updates(backend):
+    torch.manual_seed(0)
+    m = ParamOnly().eval()
+    x = torch.randn(4, 8)
+    tm = translate(m, (x,), backend=backend)
+    (f,) = folded(tm)
+    assert sorted(f.sources) == ["exp", "mul"]  # scale * 2 and w.exp(): parameters alone
+    torch.testing.assert_close(tm(x), m(x))
+    runs = f.computed
+    torch.testing.assert_close(tm(x), m(x))
+    assert f.computed == runs  # unchanged parameters: served from the cache
+    m.load_state_dict({k: v * 0.5 + 1 for k, v in m.state_dict().items()})  # (a) new values
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x), m(x))
+        assert f.computed == runs + 1
+        m.w.mul_(2)  # (b) an in-place update (an optimizer step)
+        torch.testing.assert_close(tm(x), m(x))
+        assert f.computed == runs + 2
+    if backend == "flysim":
+        assert tm.last_launches  # the softmax and the elementwise region still run as kernels

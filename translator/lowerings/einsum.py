@@ -25,6 +25,7 @@ not take.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -157,19 +158,25 @@ def _pair(ctx, before, A, a: str, B, b: str, out: str):
     return _permute(ctx, got, [(batch + m + n).index(c) for c in out], before)
 
 
+def _to_nk(perm, n_size, wb):
+    """The einsum's parameter as W[N, K] (remade when the parameter changes: state.prepared)."""
+    return wb.detach().permute(perm).reshape(n_size, -1).contiguous()
+
+
 def _gemm(ctx, before, A, a, wb, b, m, n, k, out):
     """A (activation) x a parameter with no batch letters: one gemm against the parameter,
     reshaped to W[N, K] and preshuffled at translate time. None when the gemm declines it."""
     from .gemm import _emit_gemm, _gemm_reason
 
     n_size = math.prod(wb.shape[b.index(c)] for c in n)
-    w = wb.detach().permute([b.index(c) for c in n + k]).reshape(n_size, -1).contiguous()
+    to_nk = functools.partial(_to_nk, [b.index(c) for c in n + k], n_size)
+    w = to_nk(wb)
     a2 = _grouped(ctx, A, a, [m, k], before, batch_dim=False)  # [M..., K]: m letters stay leading dims
     if _gemm_reason(a2, w):
         return None
     w_node = ctx.add_constant(w, "einsum_w", before)  # only for the stand-in below; cleanup drops it
     temp = _call(ctx, before, aten.linear.default, (a2, w_node))
-    got = _lowered(ctx, before, temp, lambda t: _emit_gemm(t, ctx, a2, w, None, "einsum", [t]))
+    got = _lowered(ctx, before, temp, lambda t: _emit_gemm(t, ctx, a2, w, None, "einsum", [t], w_from=(wb, to_nk)))
     got = _ungroup(ctx, got, [(n, None, None)], before, sizes={c: wb.shape[b.index(c)] for c in n}, start=len(m))
     return _permute(ctx, got, [(m + n).index(c) for c in out], before)
 

@@ -21,6 +21,7 @@ Counter: `gated_mlp`.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -30,7 +31,7 @@ from translator_kernels.gemm.gated import gated_weight, unarrange_gated
 from ..graph import aten, arg, dtype_of, shape_of
 from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from .gemm import _gemm_reason
+from .gemm import _gemm_reason, cast_weight
 
 GATES = {aten.silu.default: "silu", aten.silu_.default: "silu"}
 
@@ -124,6 +125,14 @@ def gated_mlp_supported(node, ctx):
     return _gemm_reason(x, wg)
 
 
+def _arranged(dtype, wg, wu):
+    return gated_weight(cast_weight(dtype, wg), cast_weight(dtype, wu))
+
+
+def _arranged_bias(bg, bu):
+    return gated_weight(bg.detach().float(), bu.detach().float())
+
+
 @rule(Stage.PATTERN, aten.mul.Tensor, family="gemm_gated", supported=gated_mlp_supported,
       doc="act(linear(x, Wg)) * linear(x, Wu) (SwiGLU / GeGLU) -> one gated GEMM")
 def lower_gated_mlp(node, ctx):
@@ -131,12 +140,12 @@ def lower_gated_mlp(node, ctx):
     x, wg, bg = _linear(gl, ctx)
     _, wu, bu = _linear(ul, ctx)
     n, k = wg.shape
-    w = gated_weight(ctx.cast_const(wg.detach()), ctx.cast_const(wu.detach()))
+    prep = functools.partial(_arranged, None if ctx.precision == "fp32" else ctx.compute_dtype)
     bias = None
-    if bg is not None:
-        bias = ctx.add_constant(gated_weight(ctx.constant(bg).detach().float(), ctx.constant(bu).detach().float()),
-                                "gated_b", node)
-    w_node = ctx.add_constant(w, "gated_w", node)
+    if bg is not None:  # both rebuilt when a parameter changes after translation (state.prepared)
+        cb, cu = ctx.constant(bg), ctx.constant(bu)
+        bias = ctx.add_constant(_arranged_bias(cb, cu), "gated_b", node, derive=_arranged_bias, sources=(cb, cu))
+    w_node = ctx.add_constant(prep(wg, wu), "gated_w", node, derive=prep, sources=(wg, wu))
     xin = ctx.cast_in(x, node)
     return ctx.replace(node, "gemm_gated", "gated_mlp", (xin, w_node, n, k, bias, gate), [node, act, gl, ul],
                        out_dtype=dtype_of(node))

@@ -20,6 +20,7 @@ Forms matched (where they appear):
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -137,14 +138,28 @@ def _gemm_reason(x, w: torch.Tensor | None) -> str | None:
     return None  # K and N come from the weight; the input's last dim must equal K for torch too
 
 
-def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources):
+def cast_weight(dtype, t: torch.Tensor) -> torch.Tensor:
+    """An fp32 parameter at the compute dtype (None: fp32 precision, as given)."""
+    t = t.detach()
+    return t.to(dtype) if dtype is not None and t.dtype == torch.float32 else t
+
+
+def shuffled_weight(dtype, w: torch.Tensor, to_nk=None) -> torch.Tensor:
+    return shuffle_weight(cast_weight(dtype, w if to_nk is None else to_nk(w)))
+
+
+def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources, w_from=None):
+    """w_from: (parameter, to_nk) when w_nk is a copy made from a parameter (to_nk(parameter) == w_nk)."""
     n, k = w_nk.shape
-    ws = shuffle_weight(ctx.cast_const(w_nk.detach()))
-    w_node = ctx.add_constant(ws, "w", node)
+    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
+    src, to_nk = w_from or (w_nk, None)
+    prep = functools.partial(shuffled_weight, dt, to_nk=to_nk)  # rebuilt when the parameter changes (state.prepared)
+    w_node = ctx.add_constant(prep(src), "w", node, derive=prep, sources=(src,))
     b = bias_node
     if b is not None and ctx.precision != "fp32":
         c = ctx.constant(b)
-        b = ctx.add_constant(ctx.cast_const(c), "b", node) if c is not None else ctx.cast_in(b, node)
+        cast = functools.partial(cast_weight, dt)
+        b = ctx.add_constant(cast(c), "b", node, derive=cast, sources=(c,)) if c is not None else ctx.cast_in(b, node)
     xin = ctx.cast_in(x, node)
     return ctx.replace(node, "gemm", lowering, (xin, w_node, n, k, b, None, None, 1.0), sources)
 

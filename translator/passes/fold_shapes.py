@@ -6,7 +6,7 @@ shapes and constants: `new_ones(ids.shape)`, `cumsum`, `arange`, `diff`, `__and_
 between our kernels (an extra launch on a GPU), and their result only changes when a shape
 does. This pass, run after every lowering, finds the nodes whose values depend only on
 
-- constants (the translated module's parameters and buffers, read-only after translation),
+- constants (the translated module's parameters and buffers),
 - shapes of the inputs (`sym_size`, SymInt arithmetic, and ops that read only an input's
   shape / dtype / device: `new_ones`, `zeros_like`, `full_like`, ...),
 - literals,
@@ -15,7 +15,12 @@ and replaces the tensors such a region hands to the rest of the graph with one c
 `FoldedShapes` module: on the first sight of an input-shape key it runs the region (in
 PyTorch, as eager would) and caches the results; later calls with the same key return them.
 The key is every input shape, dtype and device the region reads, and every SymInt it takes,
-so a new batch or sequence length computes its own. Random ops, in-place ops and FlyDSL ops
+so a new batch or sequence length computes its own. Parameters and buffers can change after
+translation (`load_state_dict`, an optimizer step, `with torch.no_grad(): p.mul_(2)`), so the
+cache also remembers the identity, data pointer and version counter of every constant the region
+reads; when any differs on a forward, the cache is dropped and the region runs again. The check
+is a few integer compares per forward, and a causal-mask buffer that never changes never misses.
+Random ops, in-place ops and FlyDSL ops
 are never folded (the first two are not pure; the last are reported as kernels). Folded
 results are read-only: a region whose result some op writes in place is not folded. The
 report counts the folded ops as "folded at specialization".
@@ -24,6 +29,7 @@ report counts the folded ops as "folded at specialization".
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 import threading
 
@@ -49,13 +55,18 @@ class FoldedShapes(torch.nn.Module):
         self.sources = sources  # captured names of the ops folded in (the report's rows)
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._stamp = None  # (id, data_ptr, version) of each constant the cached results were computed from
         self.computed = 0  # how many times the region ran (once per new key)
 
     def forward(self, *args):
         if any(isinstance(a, torch.SymInt) or _is_fake(a) for a in args):
             return self.region(*args)  # tracing (torch.export, fake propagation): no cache
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        stamp = tuple((id(t), t.data_ptr(), t._version) for t in self._constants())
         with self._lock:
+            if stamp != self._stamp:  # a parameter / buffer the region reads changed: recompute
+                self._cache.clear()
+                self._stamp = stamp
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
@@ -67,6 +78,10 @@ class FoldedShapes(torch.nn.Module):
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
         return out
+
+    def _constants(self):
+        """The parameters and buffers the region reads (GraphModule keeps a Parameter one)."""
+        return itertools.chain(self.region.parameters(), self.region.buffers())
 
 
 def _is_fake(a) -> bool:

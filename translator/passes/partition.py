@@ -9,6 +9,11 @@ regions of its fusable producers when the union stays legal:
 - convex: no path leaves the region and comes back into it (through a PyTorch op or another
   FlyDSL node); otherwise contracting it into one node would make a cycle. Checked with
   networkx ancestor sets of the region's external inputs on the captured graph.
+- ordered around writes: a region never spans an in-place op left in the graph (one whose
+  mutation is observable, so functionalize kept it: `v = h.view(...); v.add_(1); h * 3`) when a
+  member reads or produces the written storage (the written tensor, its base, any view of that
+  base). FX edges do not carry the write: `h * 3` reads `h`, not the `add_`, so without this rule
+  `x * 2` and `h * 3` would fuse into one kernel that never sees the write.
 - one shape: every value used outside the region has the region's full (broadcast) shape.
   Such a value becomes an extra output of the fused kernel, never recomputed or lost;
   smaller intermediates (a scaled bias) are recomputed per element inside the kernel.
@@ -42,8 +47,10 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
+import torch
+from torch.fx import Node
 
-from ..graph import in_order, shape_of, stable_toposort
+from ..graph import arg, in_order, shape_of, stable_toposort
 from ..registry import REGION_RULES, Stage, rules_for
 from .fold_shapes import shape_only_nodes
 
@@ -62,14 +69,57 @@ def _full_shape(shapes):
     return out
 
 
+def _is_view(n) -> bool:
+    t = n.target
+    return n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and bool(n.args) \
+        and any(r.alias_info is not None for r in t._schema.returns)
+
+
+def _storage(x) -> set:
+    """x's base (up through view ops) and every view taken of that base: the nodes sharing x's storage."""
+    while isinstance(x, Node) and _is_view(x) and isinstance(x.args[0], Node):
+        x = x.args[0]
+    out, todo = set(), [x]
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo.extend(u for u in n.users if _is_view(u) and u.args[0] is n)
+    return out
+
+
+def writes(gm) -> list[tuple[int, set]]:
+    """(position, storage nodes) of each node that writes a tensor argument in place."""
+    out = []
+    for pos, n in enumerate(gm.graph.nodes):
+        t = n.target
+        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+            continue
+        written = [arg(n, a.name, None) for a in t._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        touched = set().union(*(_storage(w) for w in written if isinstance(w, Node)))
+        out.append((pos, touched | {n}))
+    return out
+
+
 class _Partitioner:
     def __init__(self, gm):
         self.g = nx.DiGraph()
+        self.pos = {}
         for n in gm.graph.nodes:
+            self.pos[n] = len(self.pos)
             self.g.add_node(n)
             for i in n.all_input_nodes:
                 self.g.add_edge(i, n)
         self._anc = {}
+        self.writes = writes(gm)
+
+    def spans_a_write(self, region: set) -> bool:
+        """Some in-place op sits between members, and a member reads or produces what it writes."""
+        lo, hi = min(self.pos[m] for m in region), max(self.pos[m] for m in region)
+        for pos, touched in self.writes:
+            if lo < pos < hi and any(m in touched or touched.intersection(m.all_input_nodes) for m in region):
+                return True
+        return False
 
     def ancestors(self, n):
         if n not in self._anc:
@@ -77,6 +127,8 @@ class _Partitioner:
         return self._anc[n]
 
     def legal(self, region: set) -> bool:
+        if self.writes and self.spans_a_write(region):
+            return False
         for m in region:
             for i in m.all_input_nodes:
                 if i not in region and self.ancestors(i) & region:

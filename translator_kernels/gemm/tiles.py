@@ -47,6 +47,7 @@ import torch
 from translator_kernels.gemm.kernel import THREADS
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.preshuffle import padded_shape
+from translator_kernels.plan import clear_plans
 
 _DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -221,9 +222,11 @@ def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig
 
 
 def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:
+    """Use `cfg` for this key from the next call on (per-call plans that kept the old tile are dropped)."""
     reason = config_fits(cfg, _DT.get(dtype, dtype), arch)
     if not reason and (padded_shape(n, k)[1] // cfg.bk) % cfg.split:
         reason = f"split {cfg.split} does not divide the K tiles"
     if reason:
         raise KernelInputError(f"gemm: config {cfg} rejected: {reason}")
     _OVERRIDES[(m_bucket, n, k, _DT.get(dtype, dtype), arch_key(arch))] = cfg
+    clear_plans()
