@@ -40,8 +40,8 @@ def ours(family, dt, shape):
         m, n, k = shape
         c = choose_config(m_bucket(m), n, k, dt, os.environ["ARCH"])
         _compile_one(dict(n=n, k=k, dtype=dt, arch=os.environ["ARCH"], bm=c.bm, bn=c.bn, bk=c.bk, activation=None,
-                          bias=False, residual=False, out_dtype=dt))
-        return {"config": f"{c.bm}x{c.bn}x{c.bk}"}
+                          bias=False, residual=False, out_dtype=dt, wm=c.wm))
+        return {"config": f"{c.bm}x{c.bn}x{c.bk}" + (" 8 waves" if c.wm > 1 else "")}
     elif family == "attention":
         from translator_kernels.attention import attention
 

@@ -53,7 +53,7 @@ def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, res
 
 
 def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1,
-                  kw: int = 1, **epilogue):
+                  kw: int = 1, wm: int = 1, **epilogue):
     """(ISA text, metadata dict) of our GEMM ("ours") or FlyDSL's preshuffle GEMM ("flydsl", from the
     source checkout $FLYDSL_SRC names) at one tile, compiled without a GPU in a child process."""
     from bench.hotloop import compile_isa_texts, main_text
@@ -61,7 +61,7 @@ def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn:
 
     if impl == "ours":
         spec = _spec(n, k, dtype, arch, bm, bn, bk, **epilogue)
-        spec.update(split=split, kw=kw)
+        spec.update(split=split, kw=kw, wm=wm)
         text = main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch))
     else:
         text = main_text(compile_isa_texts("bench.isa_gemm:_compile_flydsl", (n, k, dtype, bm, bn, bk), arch=arch))
@@ -102,7 +102,7 @@ def _compile_one(spec):
     split, kw = spec.get("split", 1), spec.get("kw", 1)
     launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
                                     spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
-                                    "shuffled", None, kw, spec.get("store_vec", True))
+                                    "shuffled", None, kw, spec.get("store_vec", True), spec.get("wm", 1))
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
     p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
     launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),

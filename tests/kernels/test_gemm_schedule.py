@@ -15,7 +15,7 @@ from translator_kernels import gemm as G
 from translator_kernels.gemm.kernel import hot_loop_plan
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.preshuffle import padded_shape
-from translator_kernels.gemm.tiles import CUS, partial_bytes, wave_efficiency
+from translator_kernels.gemm.tiles import CUS, four_wave, partial_bytes, wave_efficiency
 
 from translator_kernels.arch import ARCHS  # noqa: E402
 TOL = {dt: op_tol(dt, "gemm") for dt in (torch.float32, torch.bfloat16)}
@@ -138,12 +138,16 @@ def test_decode_fills_the_gpu_and_hbm(arch, m):
 
 
 def test_wave_quantization_picks_128x256_on_gfx950_only():
-    """4096^2 bf16: 128x128 fills 1024 / 1536 slots on gfx950 (0.67), 128x256 512 / 512."""
+    """4096^2 bf16: 128x128 fills 1024 / 1536 slots on gfx950 (0.67), 128x256 512 / 512. gfx950 now
+    runs the 8-wave 256x256 tile there (test_gemm_wide.py); 128x256 is its 4-wave stand-in (gated
+    epilogue, bmm's [K, N] operand)."""
     c942 = G.choose_config(4096, 4096, 4096, "bf16", "gfx942")
     c950 = G.choose_config(4096, 4096, 4096, "bf16", "gfx950")
-    assert (c942.bm, c942.bn) == (128, 128) and (c950.bm, c950.bn) == (128, 256)
+    assert (c942.bm, c942.bn) == (128, 128) and (c950.bm, c950.bn, c950.wm) == (256, 256, 2)
+    c950_4 = four_wave(c950)
+    assert (c950_4.bm, c950_4.bn) == (128, 256)
     assert wave_efficiency(1024, CUS["gfx950"] * 3) == pytest.approx(2 / 3)
-    assert G.config_fits(c950, "bf16", "gfx950") is None
+    assert G.config_fits(c950_4, "bf16", "gfx950") is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)

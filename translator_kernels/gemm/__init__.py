@@ -23,8 +23,8 @@ from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_
 from translator_kernels.gemm.gated import gated_shape
 from translator_kernels.gemm.splitk import splitk_workspace
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
-from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, m_bucket, register_config,
-                                           stream_estimate)
+from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, large_estimate, m_bucket,
+                                           register_config, stream_estimate)
 
 _DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _INT32_MAX = 2**31 - 64
@@ -81,6 +81,8 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     k_eff = a3.shape[-1]
     if cfg is None:
         cfg = choose_config(m_bucket(m), n_pad if gate else n, k, a3.dtype, arch)
+        if gate or w_layout == "kn":  # kernel.py's 4-wave layout only
+            cfg = four_wave(cfg)
         if gate:  # column pairs live in one wave: 2 x 16 columns per wave at least, no split
             cfg = GemmConfig(cfg.bm, max(cfg.bn, 128), cfg.bk)
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a3.device)
@@ -95,7 +97,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     if cfg.split > 1:  # partial sums in P, tickets in Cnt; the last split of a tile adds them up (splitk.py)
         p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
-                          activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw)
+                          activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm)
     kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
             a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4)
     return out
@@ -265,4 +267,4 @@ def bmm(a, b, *, out_dtype=None):
 
 
 __all__ = ["GemmConfig", "autotune", "bmm", "choose_config", "config_fits", "expected_mfma_count", "gemm", "gemm_gated",
-           "m_bucket", "register_config", "stream_estimate", "K_TILE", "N_TILE"]
+           "large_estimate", "m_bucket", "register_config", "stream_estimate", "K_TILE", "N_TILE"]

@@ -59,7 +59,7 @@ from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore, splitk as sk
-from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32  # noqa: F401 (re-exported)
+from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, gemm_launcher  # noqa: F401 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
 _ELEM = {  # name -> (bytes, DSL type)
@@ -108,7 +108,7 @@ def _i32(v):
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
-               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True):
+               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -140,12 +140,23 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     gated.gated_weight's arrangement ([2 * N16, K]: 16 gate rows, then the 16 up rows of the same
     output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
     bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
-    the up value of one output element. `activation` still applies after the product."""
+    the up value of one output element. `activation` still applies after the product.
+
+    wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
+    split / gate / kw; its errors say what it takes."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
     activation = canonical_epilogue(activation)  # validates
     esz, _ = _ELEM[dtype]
     osz, out_t = _ELEM[out_dtype]
+    if wm != 1:
+        from translator_kernels.gemm.wide import WM, build_gemm_wide
+
+        if wm != WM or split != 1 or gate is not None or kw != 1:
+            raise KernelInputError(f"gemm: wm={wm} needs wm == {WM}, split 1, no gate, kw 1 (got split={split}, "
+                                   f"gate={gate}, kw={kw})")
+        return build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, bn, bk, activation,
+                               has_bias, has_residual, w_layout, hot_loop_plan, apply_epilogue_device)
     kp = 16 // esz  # elements per 16-byte chunk
     cpb = 32 // kp  # chunks per row of a 16x16x32 block (bf16: 4, f32: 8)
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
@@ -494,16 +505,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         else:
             finish(accs)
 
-    @flyc.jit
-    def launch(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, P: fx.Tensor,
-               Cnt: fx.Tensor, m: fx.Int32, batch: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32,
-               scale: fx.Float32, a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32,
-               cnt_bytes: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        gemm_kernel(C, A, W, Bias, Res, P, Cnt, m, a_bs, w_bs, c_bs, scale, a_bytes, w_bytes, c_bytes, p_bytes,
-                    cnt_bytes).launch(
-            grid=((m + (bm - 1)) // bm, n_tiles * split, batch), block=(THREADS, 1, 1), stream=stream)
-
-    return launch
+    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS)
 
 
 def _spread(n: int, slots: int) -> list[int]:
@@ -512,7 +514,7 @@ def _spread(n: int, slots: int) -> list[int]:
 
 
 def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
-                  lead_ops: int = 2) -> list[tuple[str, int]]:
+                  lead_ops: int = 2, extra_reads: dict | None = None) -> list[tuple[str, int]]:
     """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
     (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).
 
@@ -526,16 +528,20 @@ def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, 
       - the global loads spread over the first half of the MFMAs, so their latency hides under
         the second half and the next step;
       - the LDS writes of A (each waits for its global load) follow the last MFMAs.
+    extra_reads {operand: count}: LDS reads issued along with that operand's (wide.py: the W
+    operands of a K block, with the block's first A operand).
     """
     n_mfma = n_ops * mfma_per_op
     lead = min(lead_ops, n_ops)
+    extra = extra_reads or {}
     vmem = _spread(n_vmem, max(1, n_mfma // 2)) + [0] * n_mfma
     dswr_from = max(0, n_mfma - n_dswr)
-    plan, dswr_left = [("dsrd", lead * reads_per_op)], n_dswr
+    plan, dswr_left = [("dsrd", sum(reads_per_op + extra.get(j, 0) for j in range(lead)))], n_dswr
     for i in range(n_mfma):
         plan.append(("mfma", 1))
-        if i % mfma_per_op == 0 and i // mfma_per_op + lead < n_ops:
-            plan.append(("dsrd", reads_per_op))
+        j = i // mfma_per_op + lead
+        if i % mfma_per_op == 0 and j < n_ops:
+            plan.append(("dsrd", reads_per_op + extra.get(j, 0)))
         if vmem[i]:
             plan.append(("vmem", vmem[i]))
         if i >= dswr_from and dswr_left:

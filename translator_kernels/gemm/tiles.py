@@ -23,15 +23,27 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
 
 Large M (bucket > 64) is bound by the MFMAs; the tile trades A/W reuse against how evenly the
 workgroups fill the machine (wave quantization):
-  - candidates 128x128 and 128x256, BK = 64 (fp32 32). Workgroups per CU come from the
+  - 4-wave candidates 128x128 and 128x256, BK = 64 (fp32 32). Workgroups per CU come from the
     estimated VGPRs (512 per lane / VGPRs) and LDS (2 stages of BM x BK), slots = CUs x that;
-  - the candidate whose tiles fill the most of their waves (tiles / (waves x slots)) wins,
-    ties go to 128x128 (more workgroups per CU to hide latency). gfx950, 4096^2: 128x128 is
-    1024 tiles on 3 x 256 = 768 slots (0.67), 128x256 is 512 tiles on 2 x 256 = 512 (1.00).
-    gfx942: both 0.84, so 128x128. A 256x256 tile would need 2 waves per SIMD of accumulators
-    (it spills with this kernel's 4-wave layout), so it is not a candidate.
+    the candidate whose tiles fill the most of their waves (tiles / (waves x slots)) wins, ties
+    go to 128x128 (more workgroups per CU to hide latency). gfx942, 4096^2: both 0.84, so 128x128.
+  - gfx950 (bf16 / fp16, N a multiple of 8, K_pad of 64) adds the 8-wave 256x256x64 tile
+    (wm = 2, wide.py: A and W into LDS by DMA, 2 stages = 128 KiB of the 160 KiB,
+    one workgroup = 2 waves per SIMD per CU). It is taken over the 4-wave choice when its wave
+    efficiency is at least as high AND its modeled time (`large_estimate`) is not longer: then
+    it does the same MFMA work moving a third fewer bytes per FLOP than 128x256 (half of
+    128x128's). Where 256 tiles waste work (row or column tiles mostly padding, or too few
+    tiles to give every CU one) the model's time is longer and the 4-wave tile stays:
+    4096^2 -> 256x256 (256 tiles on 256 CUs), 2048^2 or 3072^2 -> 128x128 (docs/gemm.md's table).
   - Checked for every choice: 2 LDS stages fit the arch (64 KiB gfx942, 160 KiB gfx950) and
-    the register estimate stays under MAX_VGPR_EST (240) VGPRs.
+    the register estimate stays under MAX_VGPR_EST (240; 256 for the 8-wave tile, compiled 248).
+
+`large_estimate` (a MODEL): the busiest CU runs ceil(tiles / CUs) tiles one after another at its
+full matrix rate (its resident workgroups share the MFMA units), each tile taking the longer of
+its MFMA time (2 BM BN K_pad / the CU's dense peak) and its operand feed ((BM + BN) K_pad bytes at
+L1_FILL_BYTES_PER_CLK, an assumed 64 B per clock per CU). At 4096^3 bf16 on gfx950 every
+candidate is MFMA-bound at 54.6 us; the feed takes 100 % (128x128), 75 % (128x256) and 50 %
+(256x256) of the MFMA time: the 256 tile leaves the most slack to L2 / HBM.
 
 Everything here is a model of a GPU we do not have: `register_config` overrides the choice for
 one key and `autotune` (translator_kernels.gemm) times candidates on a real GPU and registers
@@ -59,6 +71,12 @@ MAX_SPLIT = 16
 L2_BYTES = 4 * 1024 * 1024  # L2 per XCD on MI300X and MI355X
 MAX_VGPR_EST = 240  # 256 is the hard limit; fp32 128x256 estimated at 248 compiled with SGPR spills
 VGPR_FILE = 512  # unified VGPR + AGPR entries per lane of a SIMD
+MAX_VGPR_WIDE = 256  # the 8-wave tile: 2 waves per SIMD per workgroup, 512 / 2 registers each
+CLOCK_HZ = {"gfx942": 2.1e9, "gfx950": 2.4e9}  # boost clocks (MI300X, MI355X)
+MATRIX_FLOPS_PER_CLK = {"gfx942": {"f32": 256, "bf16": 2048, "f16": 2048},  # dense, per CU (bench.hotloop)
+                        "gfx950": {"f32": 256, "bf16": 4096, "f16": 4096}}
+L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibrated on hardware
+WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +86,7 @@ class GemmConfig:
     bk: int
     split: int = 1  # split-K factor across workgroups (splitk.py); divides K_pad / BK
     kw: int = 1  # waves splitting each K tile inside a workgroup (1: the 4 waves split BN; 4: they split BK)
+    wm: int = 1  # waves along M: 2 = gfx950's 8-wave workgroup (wide.py: 2 x 4 waves, A and W in LDS by DMA)
 
 
 _OVERRIDES: dict[tuple, GemmConfig] = {}
@@ -90,7 +109,12 @@ def _esize(dtype: str) -> int:
 
 def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
     """Accumulators + 2 W register sets + A staging + ~3 live A operands + addresses (the scheduled
-    loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140)."""
+    loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140). The 8-wave
+    tile: accumulators + every A and W operand of one K step + addresses (compiled 256x256x64
+    bf16 with the full epilogue: 248, estimate 248)."""
+    if cfg.wm > 1:
+        m_rep, n_rep, k_blk = cfg.bm // 32, cfg.bn // 64, cfg.bk // 32
+        return m_rep * n_rep * 4 + (m_rep + n_rep) * k_blk * 4 + 24
     m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn * cfg.kw // 64, cfg.bk // 32 // cfg.kw
     lph = 2 if dtype == "f32" else 1
     a_loads = -(-(cfg.bm * cfg.bk * _esize(dtype) // 16) // THREADS)
@@ -98,17 +122,22 @@ def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
 
 
 def lds_bytes(cfg: GemmConfig, dtype: str) -> int:
-    return 2 * cfg.bm * cfg.bk * _esize(dtype)
+    """Two stages of A (and of W for the 8-wave tile, which stages both)."""
+    return 2 * (cfg.bm + (cfg.bn if cfg.wm > 1 else 0)) * cfg.bk * _esize(dtype)
 
 
 def workgroups_per_cu(cfg: GemmConfig, dtype: str, arch: str) -> int:
-    """Estimated resident workgroups per CU (one wave per SIMD each), by VGPRs and LDS."""
-    by_vgpr = VGPR_FILE // (-(-vgpr_estimate(cfg, dtype) // 8) * 8)
+    """Estimated resident workgroups per CU (one wave per SIMD each, two for wm = 2), by VGPRs and LDS."""
+    by_vgpr = VGPR_FILE // (cfg.wm * -(-vgpr_estimate(cfg, dtype) // 8) * 8)
     return max(1, min(8, by_vgpr, LDS_BYTES[arch_key(arch)] // lds_bytes(cfg, dtype)))
 
 
 def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
     """None if the config is legal on `arch`, else the reason."""
+    if cfg.wm not in (1, 2):
+        return "wm (waves along M) must be 1 or 2"
+    if cfg.wm == 2:
+        return _wide_fits(cfg, dtype, arch)
     if cfg.kw not in (1, 4):
         return "kw (waves splitting K) must be 1 or 4"
     if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
@@ -119,6 +148,20 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return f"LDS {lds} B exceeds {LDS_BYTES[arch_key(arch)]} B on {arch}"
     if vgpr_estimate(cfg, dtype) > MAX_VGPR_EST:
         return f"~{vgpr_estimate(cfg, dtype)} VGPRs exceeds {MAX_VGPR_EST}"
+    return None
+
+
+def _wide_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
+    if arch_key(arch) != "gfx950" or dtype not in ("bf16", "f16"):
+        return f"the 8-wave tile (wm=2) runs bf16/f16 on gfx950 only (got {dtype} on {arch})"
+    if cfg.kw != 1 or cfg.split != 1:
+        return "the 8-wave tile (wm=2) takes no split-K and no kw"
+    if cfg.bm % 32 or cfg.bn % 64 or cfg.bk % 32 or (cfg.bm * cfg.bk // 8) % 512 or (cfg.bn * cfg.bk // 8) % 512:
+        return "the 8-wave tile needs BM % 32, BN % 64, BK % 32 == 0 and whole DMA rounds (BM x BK, BN x BK >= 4096)"
+    if lds_bytes(cfg, dtype) > LDS_BYTES["gfx950"]:
+        return f"LDS {lds_bytes(cfg, dtype)} B exceeds {LDS_BYTES['gfx950']} B on {arch}"
+    if vgpr_estimate(cfg, dtype) > MAX_VGPR_WIDE:
+        return f"~{vgpr_estimate(cfg, dtype)} registers exceeds {MAX_VGPR_WIDE} (2 waves per SIMD)"
     return None
 
 
@@ -190,6 +233,19 @@ def wave_efficiency(tiles: int, slots: int) -> float:
     return tiles / (-(-tiles // slots) * slots)
 
 
+def large_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig,
+                   wg_per_cu: int | None = None) -> dict:
+    """Modeled time of an MFMA-bound GEMM (module docstring): tiles, slots, wave efficiency, seconds."""
+    a = arch_key(arch)
+    n_pad, k_pad = padded_shape(n, k)
+    tiles = -(-m // cfg.bm) * -(-n_pad // cfg.bn)
+    wpc = wg_per_cu or workgroups_per_cu(cfg, dtype, a)
+    t_mat = 2 * cfg.bm * cfg.bn * k_pad / (MATRIX_FLOPS_PER_CLK[a][dtype] * CLOCK_HZ[a])
+    t_feed = (cfg.bm + cfg.bn) * k_pad * _esize(dtype) / (L1_FILL_BYTES_PER_CLK * CLOCK_HZ[a])
+    return dict(tiles=tiles, wg_per_cu=wpc, slots=CUS[a] * wpc, wave_efficiency=wave_efficiency(tiles, CUS[a] * wpc),
+                feed_over_mfma=t_feed / t_mat, t=-(-tiles // CUS[a]) * max(t_mat, t_feed))
+
+
 def _large(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     n_pad, k_pad = padded_shape(n, k)
     bk = 32 if dt == "f32" else 64
@@ -202,7 +258,13 @@ def _large(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
         scored.append((wave_efficiency(tiles, CUS[arch_key(arch)] * workgroups_per_cu(c, dt, arch)), c))
     if not scored:
         return cands[0]
-    return max(scored, key=lambda sc: sc[0] + 1e-9 * (sc[1] == cands[0]))[1]
+    best = max(scored, key=lambda sc: sc[0] + 1e-9 * (sc[1] == cands[0]))[1]
+    wide = GemmConfig(*WIDE, wm=2)
+    if config_fits(wide, dt, arch) or k_pad % wide.bk or n % 8:
+        return best
+    w_est, b_est = (large_estimate(mb, n, k, dt, arch, c) for c in (wide, best))
+    take = w_est["wave_efficiency"] >= b_est["wave_efficiency"] and w_est["t"] <= b_est["t"]
+    return wide if take else best
 
 
 def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig:
@@ -214,11 +276,17 @@ def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig
     k_pad = padded_shape(n, k)[1]
     cfg = _skinny(m_bucket, n, k, dt, arch) if m_bucket <= 64 else _large(m_bucket, n, k, dt, arch)
     while (config_fits(cfg, dt, arch) or k_pad % cfg.bk) and cfg.bk > 32:
-        cfg = GemmConfig(cfg.bm, cfg.bn, cfg.bk // 2)
+        cfg = dataclasses.replace(cfg, bk=cfg.bk // 2)
     reason = config_fits(cfg, dt, arch)
     if reason:
         raise KernelInputError(f"gemm: no legal tile for M<={m_bucket} N={n} K={k} {dt} {arch}: {reason}")
     return cfg
+
+
+def four_wave(cfg: GemmConfig) -> GemmConfig:
+    """The 4-wave tile standing in for the 8-wave one where a call needs kernel.py's layout (the
+    gated epilogue, bmm's in-place [K, N] operand): 128 x 256, same BK."""
+    return GemmConfig(128, 256, cfg.bk) if cfg.wm > 1 else cfg
 
 
 def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:
