@@ -12,7 +12,8 @@
    in part), with the occupancy of (1).
 4. GEMM (bench.isa_gemm): ours vs FlyDSL's preshuffle GEMM compiled at EQUAL tiles (ours' choice
    and FlyDSL's), with the hot-loop MODEL's matrix / vector / LDS cycles per K step
-   (bench.hotloop); decode shapes (M = 1, 16, 64) with grid, workgroups per CU and the modeled
+   (bench.hotloop) and the large-M MODEL (wave quantization, modeled time; on gfx950 the 8-wave
+   256x256 tile beside FlyDSL's gfx950 GEMM at that tile); decode shapes (M = 1, 16, 64) with grid, workgroups per CU and the modeled
    HBM fraction (MODEL); flysim's bytes / compulsory, ours vs FlyDSL's, at countable shapes.
    The generic ISA table (1) shows our GEMM at its chosen tile only.
 `--small` compiles at the reduced traffic shapes instead of the anchors (for smoke tests).
@@ -145,6 +146,8 @@ def gemm_section(archs, no_isa=False, no_traffic=False):
         isa_gemm.print_decode(isa_gemm.decode_rows(archs))
     if not no_traffic:
         isa_gemm.print_flysim_traffic(isa_gemm.flysim_traffic_rows(archs[0]), archs[0])
+        if "gfx950" in archs:  # the 8-wave 256x256 tile, ours and FlyDSL's
+            isa_gemm.print_flysim_traffic(isa_gemm.flysim_wide_rows(), "gfx950")
 
 
 def main(argv=None) -> int:
