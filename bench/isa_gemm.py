@@ -402,6 +402,3 @@ def flysim_wide_rows(m=512, n=512, k=256):
             rows.append((shape, "flydsl-a16w16", label, len(sim.launches), moved(sim), comp,
                          (c.float() - ref).abs().max().item()))
     return rows
-        rows.append((shape, "flydsl-a16w16", "256x256x64 (8 waves)", len(sim.launches), moved(sim), comp,
-                     (c.float() - ref).abs().max().item()))
-    return rows
