@@ -22,6 +22,7 @@ from translator_kernels.gemm.kernel import build_gemm, hot_loop_plan
 from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
 WIDE = G.GemmConfig(256, 256, 64, wm=2)
+FLYDSL_A16W16_VGPR = 240  # FlyDSL's gemm_a16w16_gfx950 at 256x256x64 bf16 (bench.kernels, docs/gemm.md)
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -79,12 +80,12 @@ def test_wide_config_rules():
 
 def test_hot_loop_plan_reads_w_operands_with_their_k_block():
     """wide.py's step: 2 K blocks x 8 A operands x 4 MFMAs; the 4 W operands of a K block are read
-    with its first A operand, 8 DMA loads, no LDS writes."""
-    plan = hot_loop_plan(16, 1, 4, 8, 0, extra_reads={0: 4, 8: 4})
+    with its first A operand; no vmem groups (the DMA is left at the top of the step), no LDS writes."""
+    plan = hot_loop_plan(16, 1, 4, 0, 0, extra_reads={0: 4, 8: 4})
     total = {}
     for kind, cnt in plan:
         total[kind] = total.get(kind, 0) + cnt
-    assert total == {"mfma": 64, "dsrd": 24, "vmem": 8}
+    assert total == {"mfma": 64, "dsrd": 24}
     assert plan[0] == ("dsrd", 6)  # operands 0 and 1 ahead of the first MFMA, with K block 0's W
     assert ("dsrd", 5) in plan  # operand 8 (K block 1's first) carries its W reads
 
@@ -143,8 +144,8 @@ def test_wide_tile_reads_a_row_major_w_in_place():
 
 # ---- ISA (compiles without a GPU, ~10-30 s) -----------------------------------------------------------
 def test_isa_wide_tile():
-    """bf16 4096^3, 256x256x64, bias + gelu + residual: 0 spills, VGPR + AGPR <= 256 (2 waves per SIMD
-    with 8-wave workgroups), 128 KiB LDS, C leaves as buffer_store_dwordx4 only, operands arrive by
+    """bf16 4096^3, 256x256x64, bias + gelu + residual: 0 spills, VGPR + AGPR <= 240 (FlyDSL's gfx950
+    GEMM at this tile, bench.kernels; 2 waves per SIMD with 8-wave workgroups), 128 KiB LDS, C leaves as buffer_store_dwordx4 only, operands arrive by
     LDS DMA (buffer_load_dwordx4 ... lds, no ds_write in the loop), and per K step 64 MFMAs, 24
     ds_read_b128, 8 DMA loads, no VALU: matrix-bound by the hot-loop MODEL (1024 matrix / 384 LDS
     cycles)."""
@@ -155,7 +156,7 @@ def test_isa_wide_tile():
     text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", "gfx950", 256, 256, 64, wm=2, activation="gelu", bias=True,
                                residual=True)
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
-    assert meta["vgpr"] + meta["agpr"] <= 256 and meta["lds"] == 131072
+    assert meta["vgpr"] + meta["agpr"] <= FLYDSL_A16W16_VGPR and meta["lds"] == 131072
     assert occupancy(meta["vgpr"] + meta["agpr"], meta["sgpr"], meta["lds"], 512, "gfx950")[0] == 2
     stores = re.findall(r"^\s*(buffer_store_\w+|global_store_\w+)", text, flags=re.M)
     assert stores and set(stores) == {"buffer_store_dwordx4"}, sorted(set(stores))

@@ -36,7 +36,7 @@ workgroups fill the machine (wave quantization):
     tiles to give every CU one) the model's time is longer and the 4-wave tile stays:
     4096^2 -> 256x256 (256 tiles on 256 CUs), 2048^2 or 3072^2 -> 128x128 (docs/gemm.md's table).
   - Checked for every choice: 2 LDS stages fit the arch (64 KiB gfx942, 160 KiB gfx950) and
-    the register estimate stays under MAX_VGPR_EST (240; 256 for the 8-wave tile, compiled 248).
+    the register estimate stays under MAX_VGPR_EST (240; 256 for the 8-wave tile, compiled 220).
 
 `large_estimate` (a MODEL): the busiest CU runs ceil(tiles / CUs) tiles one after another at its
 full matrix rate (its resident workgroups share the MFMA units), each tile taking the longer of
@@ -110,8 +110,8 @@ def _esize(dtype: str) -> int:
 def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
     """Accumulators + 2 W register sets + A staging + ~3 live A operands + addresses (the scheduled
     loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140). The 8-wave
-    tile: accumulators + every A and W operand of one K step + addresses (compiled 256x256x64
-    bf16 with the full epilogue: 248, estimate 248)."""
+    tile, an upper bound: accumulators + every A and W operand of one K step + addresses
+    (estimate 248; compiled 256x256x64 bf16 with the full epilogue: 220)."""
     if cfg.wm > 1:
         m_rep, n_rep, k_blk = cfg.bm // 32, cfg.bn // 64, cfg.bk // 32
         return m_rep * n_rep * 4 + (m_rep + n_rep) * k_blk * 4 + 24

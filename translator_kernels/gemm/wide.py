@@ -23,9 +23,11 @@ Data path per K step (BK = 64: 2 MFMA K blocks):
 The scheduled K loop is kernel.py's: two steps per scf.for iteration (stage offsets are
 immediates), the K-tail tile peeled, and each step's sched_group_barrier sequence from
 kernel.hot_loop_plan (A operands read two ahead, the W operands of a K block with the first of
-its A operands, the next tile's DMA spread over the first half of the MFMAs). The DMA is the
-asynchronous form, which the compiler does not track: each step ends with s_waitcnt vmcnt(0)
-and one barrier, after which the other stage holds tile k + 1.
+its A operands). The next tile's DMA is issued at the top of the step (left to the scheduler: it
+holds no registers, and pinning it among the MFMAs as the 4-wave plan does cost 28 VGPRs), so it
+has the whole step's MFMAs to land. The DMA is the asynchronous form, which the compiler does not
+track: each step ends with s_waitcnt vmcnt(0) and one barrier, after which the other stage holds
+tile k + 1.
 
 Tails: rows >= M of A, rows >= N (or blocks past N_pad) of W, and A chunks with k >= K in the
 last tile get the sentinel offset OOB, so the DMA writes zeros into LDS (never a wrong sum).
@@ -83,8 +85,9 @@ def build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, 
     nk = k_pad // bk
     n_tiles = -(-n_pad // bn)
     nb_total, kb_total = n_pad // 16, k_pad // 32
-    hints = hot_loop_plan(k_blk * m_rep, 1, n_rep, a_loads + w_loads, 0,
-                          extra_reads={kb * m_rep: n_rep for kb in range(k_blk)})
+    # no vmem groups: the DMA holds no registers and the scheduler issues it at the top of the step;
+    # pinning it among the MFMAs (the 4-wave plan's spread) cost 28 VGPRs here (248 vs 220)
+    hints = hot_loop_plan(k_blk * m_rep, 1, n_rep, 0, 0, extra_reads={kb * m_rep: n_rep for kb in range(k_blk)})
 
     @fx.struct
     class Smem:
