@@ -166,3 +166,24 @@ def test_isa_wide_tile():
     assert loop["ops"].get("ds_read_b128") == 24 * steps and "ds_write_b128" not in loop["ops"]
     assert len(re.findall(r"buffer_load_dwordx4 .* lds", text)) >= 8 * steps
     assert loop["matrix_cycles"] / steps == 1024 and loop["lds_cycles"] / steps == 384 and loop["bound"] == "matrix"
+
+
+# ---- slow sweep (-m slow) -----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize("m,n,k", [(256, 256, 64), (257, 512, 128), (512, 264, 320), (100, 200, 248), (513, 520, 512)])
+@pytest.mark.parametrize("epi", [{}, dict(bias=True, activation="gelu_tanh", residual=True, scale=0.25),
+                                 dict(activation="relu", out_dtype=torch.float32)], ids=["plain", "full", "f32-out"])
+def test_wide_tile_sweep(dt, m, n, k, epi):
+    """Row / column / K tails, odd K-tile counts (peeled steps), one-tile K, fp32 output."""
+    a, w, b, r = _case(dt, m, n, k, seed=m + n + k)
+    epi = dict(epi)
+    bias = b if epi.pop("bias", False) else None
+    res = r if epi.pop("residual", False) else None
+    with flysim.simulate(arch="gfx950") as sim:
+        out = G.gemm(a, shuffle_weight(w), n, k, bias=bias, residual=res, _config=WIDE, **epi)
+    _assert_wide_launch(sim.launches[0], m, n, k, dt)
+    y = epi.get("scale", 1.0) * (a.float() @ w.float().T) + (bias if bias is not None else 0.0)
+    y = {"gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"), "relu": torch.relu,
+         None: lambda v: v}[epi.get("activation")](y) + (res.float() if res is not None else 0.0)
+    torch.testing.assert_close(out.float(), y.to(out.dtype).float(), **op_tol(out.dtype, "gemm", reduction_length=k))
