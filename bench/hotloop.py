@@ -25,7 +25,16 @@ Pricing an instruction (cycles one wave occupies its SIMD's unit; CDNA3 / CDNA4)
     gfx950's v_mfma_f32_16x16x32_bf16 = 16, v_mfma_f32_32x32x16_bf16 = 32.
   * VALU: a wave64 instruction takes 4 cycles (16 lanes per clock); transcendentals
     (v_exp, v_log, v_rcp, v_rsq, v_sqrt, v_sin, v_cos) are quarter rate: 16 cycles (CDNA3 ISA
-    guide, "Transcendental instructions"). Packed v_pk_* ops are one instruction: 4 cycles.
+    guide, "Transcendental instructions"). Packed v_pk_* fp32 ops are one instruction: 4 cycles
+    for two values. Checked for gfx950 as well (nothing found that differs from gfx942):
+    LLVM's scheduling model (llvm/lib/Target/AMDGPU/SISchedule.td) gives WriteTrans32 4 passes
+    ("these are quarter rate") in SICommonWriteRes, which both SIDPGFX940FullSpeedModel and
+    SIDPGFX950FullSpeedModel take unchanged, and WriteFloatFMA 1 in both; packed fp32 at full
+    rate is what the vendors' vector fp32 peaks need (MI300X 163.4, MI355X 157.3 TFLOPS = 256
+    flops per CU per clock = 4 SIMDs x 16 lanes x 2 (fma) x 2 (packed)); gfx950's instruction
+    list (llvm/docs/AMDGPU/AMDGPUAsmGFX950.rst) has v_exp_f32, v_exp_f16 and v_exp_legacy_f32,
+    no packed exp. The same model makes the CDNA3-shaped 16x16x16 bf16 MFMA half rate on gfx950
+    (4 passes, as 16x16x32), which the MFMA line above states.
   * LDS: bytes moved / (bytes per clock per CU / 4 SIMDs), i.e. the SIMD's share of the
     CU's LDS port when all four SIMDs run the same loop: 128 B/clk/CU (CDNA3 white paper);
     gfx950 reads at 256 B/clk (CDNA4 doubled the LDS read bandwidth along with its capacity,
@@ -34,8 +43,16 @@ Pricing an instruction (cycles one wave occupies its SIMD's unit; CDNA3 / CDNA4)
   * global / buffer memory, SALU, waits and branches are counted, not priced: latency hiding
     across waves is what the occupancy model speaks to.
 Matrix and vector work issue from different waves concurrently, so an iteration costs at least
-max(matrix, vector, LDS) cycles; `bound` names the largest. This ignores dependency stalls,
-issue limits (one instruction per wave per clock) and the MFMA->VALU read-after-write latency.
+max(matrix, vector, LDS) cycles; `bound` names the largest.
+
+Every block counts (a static upper bound), and beside it the steady path: the body up to the
+earliest back edge that has already issued every MFMA of the body. It is shorter where a
+conditional back edge skips a tail without matrix work, such as an online-softmax rescale that
+runs only when a row max grows; `skipped` lists what the steady path leaves out, so a reader
+can check that it is the rare part.
+
+This ignores dependency stalls, issue limits (one instruction per wave per clock) and the
+MFMA->VALU read-after-write latency.
 
 The GEMM K loop and the attention KV loop both go through `hot_loop(isa_text, arch)`.
 `compile_isa_texts(entry, args, arch)` compiles any kernel-library call without a GPU (through
@@ -119,6 +136,7 @@ class Loop:
     end: int  # line index of the back-edge branch
     ops: dict = field(default_factory=dict)  # mnemonic -> count in the body
     blocks: int = 1
+    early: list = field(default_factory=list)  # the body up to each earlier back edge (Loop each)
 
     def cycles(self, arch: str) -> dict:
         mat = vec = lds = 0
@@ -165,6 +183,23 @@ def _kernel_lines(text: str, kernel: str | None) -> list[str]:
     return m.group(1).splitlines()
 
 
+def _count(lines: list[str]) -> tuple[dict, int]:
+    """mnemonic -> (count, LDS bytes) over `lines`, and the number of basic blocks they span."""
+    ops, blocks = {}, 1
+    for body in lines:
+        if _LABEL_RE.match(body):
+            blocks += 1
+            continue
+        im = _INSTR_RE.match(body.split(";")[0])
+        if not im:
+            continue
+        mn, rest = im.group(1), im.group(2)
+        cnt, nbytes = ops.get(mn, (0, 0))
+        lb = _lds_bytes(mn, rest) if classify(mn).startswith("LDS") else 0
+        ops[mn] = (cnt + 1, nbytes + lb)
+    return ops, blocks
+
+
 def find_loops(text: str, kernel: str | None = None) -> list[Loop]:
     """Every loop (back edge) of one kernel's ISA, body instructions counted per mnemonic."""
     lines = _kernel_lines(text, kernel)
@@ -175,32 +210,28 @@ def find_loops(text: str, kernel: str | None = None) -> list[Loop]:
             labels[m.group(1)] = i
     # a header with several back edges (a `continue`-like branch that skips part of the body,
     # e.g. a prefetch guarded by "is there a next tile") is one loop up to its last back edge
-    last_edge = {}
+    edges = {}
     for i, ln in enumerate(lines):
         m = _BRANCH_RE.match(ln)
         if m and m.group(2) in labels and labels[m.group(2)] <= i:
-            last_edge[m.group(2)] = i
+            edges.setdefault(m.group(2), []).append(i)
     loops = []
-    for header, i in last_edge.items():
+    for header, ends in edges.items():
         start = labels[header]
-        ops, blocks = {}, 1
-        for body in lines[start + 1:i + 1]:
-            if _LABEL_RE.match(body):
-                blocks += 1
-                continue
-            im = _INSTR_RE.match(body.split(";")[0])
-            if not im:
-                continue
-            mn, rest = im.group(1), im.group(2)
-            cnt, nbytes = ops.get(mn, (0, 0))
-            lb = _lds_bytes(mn, rest) if classify(mn).startswith("LDS") else 0
-            ops[mn] = (cnt + 1, nbytes + lb)
-        loops.append(Loop(header, start, i, ops, blocks))
+        ops, blocks = _count(lines[start + 1:ends[-1] + 1])
+        early = [Loop(header, start, e, *_count(lines[start + 1:e + 1])) for e in ends[:-1]]
+        loops.append(Loop(header, start, ends[-1], ops, blocks, early))
     return loops
 
 
 def hot_loop(text: str, arch: str = "gfx942", kernel: str | None = None) -> dict:
-    """The hot loop's MODEL cycles per iteration (see the module docstring); raises if no loop."""
+    """The hot loop's MODEL cycles per iteration (see the module docstring); raises if no loop.
+
+    The result prices every block of the body (a static upper bound). Its "steady" entry prices
+    the shortest way around the loop that still issues all of the body's MFMAs: the body up to
+    the earliest back edge whose stretch holds every MFMA (the whole body when there is none).
+    It differs where a conditional back edge skips a tail with no matrix work, such as a rescale
+    that only runs when a row max grows; which of the two the kernel runs is the kernel's to say."""
     loops = find_loops(text, kernel)
     if not loops:
         raise ValueError("no loop (no backward branch) in the kernel's ISA")
@@ -208,6 +239,14 @@ def hot_loop(text: str, arch: str = "gfx942", kernel: str | None = None) -> dict
     lp, c = max(priced, key=lambda pc: (pc[1]["matrix_cycles"], -sum(v[0] for v in pc[0].ops.values())))
     c["header"] = lp.header
     c["ops"] = {mn: v[0] for mn, v in sorted(lp.ops.items())}
+    steady, st = lp, c
+    for e in lp.early:
+        ec = e.cycles(arch)
+        if ec["counts"]["MFMA"] == c["counts"]["MFMA"]:
+            steady, st = e, dict(ec, header=lp.header, ops={mn: v[0] for mn, v in sorted(e.ops.items())})
+            break
+    c["steady"] = st
+    c["skipped"] = {mn: n - st["ops"].get(mn, 0) for mn, n in c["ops"].items() if n > st["ops"].get(mn, 0)}
     return c
 
 
@@ -234,14 +273,16 @@ def main_text(texts: list[str]) -> str:
 
 
 def format_row(name: str, arch: str, c: dict) -> str:
-    n = c["counts"]
+    n, st = c["counts"], c["steady"]
     return (f"| {name} | {arch} | {n['MFMA']} | {c['matrix_cycles']} | {n['VALU']} ({n['trans']} trans) | "
             f"{c['vector_cycles']} | {n['LDS']} | {c['lds_cycles']} | {n['vmem']} | "
-            f"{c['matrix_over_vector']:.2f} | {c['bound']} |")
+            f"{c['matrix_over_vector']:.2f} | {c['bound']} | {st['counts']['VALU']} ({st['counts']['trans']} trans) | "
+            f"{st['vector_cycles']} | {st['matrix_over_vector']:.2f} |")
 
 
 HEADER = ("| kernel | arch | MFMA | matrix cyc | VALU | vector cyc | LDS ops | LDS cyc | VMEM | matrix/vector "
-          "| bound |\n|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bound | steady VALU | steady vector cyc | steady matrix/vector |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv=None) -> int:
@@ -268,6 +309,8 @@ def main(argv=None) -> int:
     print(format_row(name, a.arch, c))
     if a.ops:
         print("\n" + " ".join(f"{mn}x{n}" for mn, n in c["ops"].items()))
+        if c["skipped"]:
+            print("\nskipped by the steady path: " + " ".join(f"{mn}x{n}" for mn, n in c["skipped"].items()))
     return 0
 
 

@@ -180,7 +180,7 @@ def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
     the last one, and no chunk of a tile is read twice (D=40: 5 chunks a row, 320 a tile, for
     256 threads)."""
     q, k, v, _ = make_inputs(1, H, Hkv, Sq, Sk, D, "bf16", None)
-    cfg = attention_config("bf16", D, Sq)
+    cfg = attention_config("bf16", D, Sq, arch)
     bm, bn = cfg["block_m"], cfg["block_n"]
     assert cfg["use_lds"] and Sq % bm == 0  # the prefetching path; no clamped query rows
     keys = sum(-(-min(Sk, (i + 1) * bm if causal else Sk) // bn) * bn for i in range(Sq // bm))
@@ -191,6 +191,38 @@ def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
     moved = rec.counters["global_bytes_read"] + rec.counters["global_bytes_written"]
     assert moved <= bound, (moved, bound)
     torch.testing.assert_close(out.float(), reference(q, k, v, None, causal), atol=TOL["bf16"][0], rtol=TOL["bf16"][1])
+
+
+@pytest.mark.parametrize("arch,dtype", [("gfx942", "bf16"), ("gfx950", "bf16"), ("gfx950", "f32")])
+@pytest.mark.parametrize("data", ["steady", "growing"])
+def test_rescale_only_when_a_row_max_outgrows_the_reference(arch, dtype, data):
+    """Unmasked tiles rescale O and l (RG exp2 for alpha, then the multiplies) only when some row
+    of the wave outgrows its reference max by more than RESCALE_TAU. Steady scores rescale once,
+    at the first tile; keys scaled up along the sequence rescale at every unmasked tile, while the
+    rows of group 0 (q near zero) never grow and must keep alpha = 1. Counted by flysim's executed
+    math.exp2 ops (one workgroup: Sq = its block of rows); Sk = 250 leaves one masked tail tile (m
+    handed over between the loops)."""
+    Sq, Sk, D = 128 if dtype != "f32" else 64, 250, 64
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, Sq, D, generator=g)
+    k = torch.randn(1, 1, Sk, D, generator=g)
+    v = torch.randn(1, 1, Sk, D, generator=g).to(DTYPES[dtype])
+    if data == "growing":
+        k = k * torch.linspace(0.2, 6.0, Sk).view(1, 1, -1, 1)
+        q[:, :, (torch.arange(Sq) // 16) % 2 == 0] *= 0.01
+    q, k = q.to(DTYPES[dtype]), k.to(DTYPES[dtype])
+    cfg = attention_config(dtype, D, Sq, arch)
+    rg, nt, bn = cfg["rows_per_wave"] // 16, cfg["n_tiles"], cfg["block_n"]
+    assert Sq == cfg["block_m"]
+    full, tail = Sk // bn, int(Sk % bn > 0)
+    rescales = full if data == "growing" else 1
+    want = (full + tail) * rg * nt * 4 + rg * (rescales + tail)
+    with _simulate(arch) as sim:
+        out = attention(q, k, v)
+    (rec,) = sim.launches
+    assert rec.counters["ops_by_kind"]["math.exp2"] == want, (rec.counters["ops_by_kind"]["math.exp2"], want)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), reference(q, k, v, None, False), atol=atol, rtol=rtol)
 
 
 def test_custom_scale_and_strided_inputs():

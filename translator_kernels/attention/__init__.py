@@ -65,9 +65,9 @@ def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
     return (1 if sq <= rows else 2 if sq <= 2 * rows else 4), rg
 
 
-def attention_config(dtype: str, head_dim: int, sq: int) -> dict:
+def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942") -> dict:
     """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
-    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim))
+    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim), arch)
 
 
 @kl.builder
@@ -90,7 +90,7 @@ def build_combine(arch: str, dtype: str, head_dim: int):
 def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
     """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above)."""
     nw, _ = tile_plan(Sq, dtype, head_dim)
-    cfg = attention_config(dtype, head_dim, Sq)
+    cfg = attention_config(dtype, head_dim, Sq, arch)
     tiles = -(-Sk // cfg["block_n"])
     grid = -(-Sq // cfg["block_m"]) * H * B
     if num_splits is None:

@@ -19,9 +19,11 @@ read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead
 Head-dim layouts, LDS staging and the tile plan: tiles.py.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
-loads are issued before the current tile's math, and only if there is a next tile. One wave
-reads K and V straight from global memory. Row and key indices are clamped into range so every
-access is in bounds; out-of-range keys are masked to -inf and out-of-range rows not stored.
+loads are issued before the current tile's math, and only if there is a next tile. Each tile
+load goes through its own buffer descriptors (base at the tile's first key, bounds at the end
+of key Sk - 1 of this head), so the per-thread offsets are loop-invariant and keys past Sk read
+as zero (no address VALU in the loop). One wave reads K and V straight from global memory with
+key indices clamped. Out-of-range keys are masked to -inf and out-of-range rows not stored.
 
 Vector work per score (the hot loop; bench.hotloop prices it):
   * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
@@ -31,6 +33,11 @@ Vector work per score (the hot loop; bench.hotloop prices it):
     once in the prologue); masked tiles scale first, then mask;
   * the row max skips NaN canonicalization (a NaN score still reaches O through exp2 and l);
     gfx950 exchanges it with ds_bpermute (its generic shuffle lowering costs ~7 VALU a step);
+  * unmasked tiles rescale O and l only when some row of the wave outgrows its reference max
+    by more than RESCALE_TAU (log2 units), a wave-uniform branch (ballot): the loop carries
+    m_lim = m_ref + TAU, p = exp2(c s - m_ref) <= 2^TAU, and the steady state issues no alpha
+    exp2 and none of the O multiplies (FlashAttention-4's conditional rescaling); masked tiles
+    rescale every time (they are the few diagonal / tail tiles);
   * 16-bit inputs sum the row with one MFMA of a ones tile and the Pᵀ operand (ONES_L): no
     VALU adds, every element of that accumulator holds the full row sum, and l sums exactly
     the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
@@ -54,7 +61,7 @@ from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
 from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
-                                                MASK_BOOL, MASK_NONE, NNAN, chunk_elems, ir_elem, kernel_config,
+                                                MASK_BOOL, MASK_NONE, NNAN, RESCALE_TAU, chunk_elems, ir_elem, kernel_config,
                                                 padded_head_dim, v_transpose_read)
 from translator_kernels.device_math import tanh
 
@@ -253,39 +260,45 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         # per-thread invariants of the cooperative tile copy: chunk c of K is row c // ROW_CH,
         # column (c % ROW_CH) * CE; of V key c % BLOCK_N, column (c // BLOCK_N) * CE (consecutive
         # lanes take consecutive keys of one column chunk, so the transposed LDS writes of a
-        # wave land on consecutive addresses). Row offsets are precomputed; a tile clamps them in
-        # offset space (min(row * stride, (Sk - 1 - kb) * stride): one v_min per load).
+        # wave land on consecutive addresses). The offsets inside a tile are fixed per thread;
+        # each tile gets its own buffer descriptors (base at its first key, num_records ending
+        # with key Sk - 1 of this head), so keys past Sk read as zero with no VALU per load.
         tile_rows = []
         for it in range_constexpr(CH_ITERS):
             c = tid + it * THREADS
             c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
             if const_expr(VTR):  # V copied like K
-                tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c // ROW_CH) * v_ss, (c % ROW_CH) * CE))
+                tile_rows.append(((c // ROW_CH) * k_ss + (c % ROW_CH) * CE, (c // ROW_CH) * v_ss + (c % ROW_CH) * CE))
             else:
-                tile_rows.append(((c // ROW_CH) * k_ss, (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss, (c // BLOCK_N) * CE))
+                tile_rows.append(((c // ROW_CH) * k_ss + (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss + (c // BLOCK_N) * CE))
+        k_glob = fx.get_iter(K)
+        v_glob = fx.get_iter(V)
+
+        def tile_desc(glob, base, kb, stride):
+            """A buffer descriptor of one K or V tile: element 0 = key kb, bounds at the end of the
+            real head-dim columns of key Sk - 1 (a key past Sk loads zeros, never another head's
+            data)."""
+            rec = ((sk_last - kb) * stride + DV) * eb
+            return fx.rocdl.make_buffer_ptr(glob + fx.Int64(base + kb * stride), num_records_bytes=fx.Int64(rec))
 
         def gload_tile(kb):
             """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
-            per thread and tensor (keys clamped to Sk - 1)."""
+            per thread and tensor (keys past Sk read zero)."""
             ks, vs = [], []
-            lim_k = (sk_last - kb) * k_ss
-            lim_v = (sk_last - kb) * v_ss
-            kb_k = k_base + kb * k_ss
-            kb_v = v_base + kb * v_ss
+            k_tile = tile_desc(k_glob, k_base, kb, k_ss)
+            v_tile = tile_desc(v_glob, v_base, kb, v_ss)
             for it in range_constexpr(CH_ITERS):
-                krow, kcol, vrow, vcol = tile_rows[it]
-                k_off = kb_k + (krow < lim_k).select(krow, lim_k) + kcol
-                v_off = kb_v + (vrow < lim_v).select(vrow, lim_v) + vcol
+                k_off, v_off = tile_rows[it]
                 if const_expr(CH_EXACT or it < CH_ITERS - 1):
-                    ks.append(load_vec(k_ptr, k_off, CE))
-                    vs.append(load_vec(v_ptr, v_off, CE))
+                    ks.append(load_vec(k_tile, k_off, CE))
+                    vs.append(load_vec(v_tile, v_off, CE))
                     continue
                 # the last round has fewer chunks than threads: the others load nothing
                 kx = fx.Vector.filled(CE, 0.0, Elem)
                 vx = fx.Vector.filled(CE, 0.0, Elem)
                 if tid + it * THREADS < TILE_CH:
-                    kx = fx.Vector(load_vec(k_ptr, k_off, CE))
-                    vx = fx.Vector(load_vec(v_ptr, v_off, CE))
+                    kx = fx.Vector(load_vec(k_tile, k_off, CE))
+                    vx = fx.Vector(load_vec(v_tile, v_off, CE))
                 ks.append(kx)
                 vs.append(vx)
             return ks, vs
@@ -469,23 +482,48 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
             # ---- online softmax, per row group ----
             raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
-            m_new, l_new, p_tiles = [], [], []
+            m_tile = []
             for u in range_constexpr(RG):
                 m_loc = s_tiles[u][0][0] if raw else m_old[u]
                 for t in range_constexpr(N_TILES):
                     for i in range_constexpr(4):
                         m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
                 m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
-                m_n = fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN)
-                if const_expr(raw):
-                    # every key of the tile is real: m_n is finite (inputs finite)
-                    m_n = fx.arith.maximumf(m_old[u], m_n * c_qk, fastmath=NNAN)
-                    m_use = m_n
-                else:
-                    m_use = (m_n == neg_inf).select(zero_f, m_n)
-                alpha = exp2(m_old[u] - m_use)
+                m_tile.append(fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN))
+            if const_expr(raw):
+                # the state carries m_lim = m_ref + RESCALE_TAU: the reference max moves (and O, l are
+                # rescaled) only when some row of the wave outgrows it by more than TAU, a wave-uniform
+                # branch the steady state skips; p = exp2(c s - m_ref) <= 2^TAU meanwhile. Every key
+                # of the tile is real: m_tile is finite (inputs finite).
+                m_c = [m_tile[u] * c_qk for u in range_constexpr(RG)]
+                grow = m_c[0] > m_old[0]
+                for u in range_constexpr(1, RG):
+                    grow = grow | (m_c[u] > m_old[u])
+                any_grow = fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), grow)) != fx.Int64(0)
+                m_lim = [m_old[u] for u in range_constexpr(RG)]
+                l_base = [l_old[u] for u in range_constexpr(RG)]
+                o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
+                if any_grow:
+                    m_up = [fx.arith.maximumf(m_old[u], m_c[u] + RESCALE_TAU, fastmath=NNAN)
+                            for u in range_constexpr(RG)]
+                    alphas = [exp2(m_old[u] - m_up[u]) for u in range_constexpr(RG)]
+                    l_base = [(fx.Vector(l_old[u]) if ONES_L else l_old[u]) * alphas[u] for u in range_constexpr(RG)]
+                    o_flat = [fx.Vector(o_acc[u][i]) * alphas[u] for u in range_constexpr(RG) for i in range_constexpr(VN)]
+                    m_lim = m_up
+                o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                m_new = m_lim
+                neg_m = [fx.Vector.filled(4, RESCALE_TAU, fx.Float32) - m_lim[u] for u in range_constexpr(RG)]
+            else:
+                m_use = [(m_tile[u] == neg_inf).select(zero_f, m_tile[u]) for u in range_constexpr(RG)]
+                alphas = [exp2(m_old[u] - m_use[u]) for u in range_constexpr(RG)]
+                l_base = [(fx.Vector(l_old[u]) if ONES_L else l_old[u]) * alphas[u] for u in range_constexpr(RG)]
+                o_acc = [[fx.Vector(o_acc[u][i]) * alphas[u] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                m_new = m_tile
+                neg_m = [fx.Vector.filled(4, 0.0, fx.Float32) - m_use[u] for u in range_constexpr(RG)]
+            l_new, p_tiles = [], []
+            for u in range_constexpr(RG):
                 # c s - m (raw: one packed fma per two scores) or s - m, exp2 per score
-                m_vec = fx.Vector.filled(4, 0.0, fx.Float32) - m_use
+                m_vec = neg_m[u]
                 c_vec = fx.Vector.filled(4, 0.0, fx.Float32) + c_qk
                 pt = []
                 for t in range_constexpr(N_TILES):
@@ -493,15 +531,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     dv = fx.Vector(fx.math.fma(sv, c_vec, m_vec) if raw else sv + m_vec)
                     pt.append([exp2(dv[i]) for i in range_constexpr(4)])
                 if const_expr(ONES_L):
-                    l_n = fx.Vector(l_old[u]) * alpha  # + sum p: the ones MFMA of the PV step
+                    l_n = l_base[u]  # + sum p: the ones MFMA of the PV step
                 else:  # the row sum as a 4-vector (v_pk_add), reduced across lanes in the epilogue
                     l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
                     for t in range_constexpr(N_TILES):
                         l_vec = l_vec + fx.Vector.from_elements(pt[t], fx.Float32)
                     l_vec = fx.Vector(l_vec)
-                    l_n = l_old[u] * alpha + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
-                o_acc[u] = [fx.Vector(o_acc[u][i]) * alpha for i in range_constexpr(VN)]
-                m_new.append(m_n)
+                    l_n = l_base[u] + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
                 l_new.append(l_n)
                 p_tiles.append(pt)
 
@@ -557,6 +593,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         for kb_idx, state in range(fx.Index(kv_start), fx.Index(full_end), fx.Index(BLOCK_N), init=init):
             res_full = yield kv_step(fx.Int32(kb_idx), state, False)
+        if const_expr(RAW_MAX):  # the unmasked loop carried m_ref + RESCALE_TAU; the masked one takes m_ref
+            res_full = [res_full[u] - RESCALE_TAU for u in range_constexpr(RG)] + res_full[RG:]
         for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
             results = yield kv_step(fx.Int32(kb_idx), state, True)
 

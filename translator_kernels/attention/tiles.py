@@ -13,8 +13,8 @@ every access a contiguous per-lane vector (lane = 16 g + r):
     same "tile order" as gfx942's; two reads make a 16x16x32 operand (a pair of key tiles).
   * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
     D/16 contiguous elements of one V row and regroups them (v_perm).
-Keys per iteration: register-bounded without LDS; with LDS an 8 KB K tile (about 17 KB of K + V
-staging with padding) so that three 4-wave workgroups fit the 64 KB LDS of a gfx942 CU.
+Keys per iteration: register-bounded without LDS; with LDS a K tile of K_TILE_BYTES (8 KB on
+gfx942, 16 KB on gfx950), at most 64 keys.
 """
 
 import flydsl.expr as fx
@@ -25,6 +25,11 @@ AFN = fx.arith.FastMathFlags.afn
 # the row max ignores NaN quieting (no v_max x, x canonicalize per score): a NaN score still
 # reaches the output through exp2(s - m) and the row sum
 NNAN = fx.arith.FastMathFlags.nnan
+
+# unmasked tiles keep a reference row max and rescale O and l only when some row's max outgrows
+# it by more than this (log2 units): p = exp2(c s - m_ref) <= 2^8 meanwhile, far inside fp32 and
+# bf16 range, and the steady state skips the rescale (FlashAttention-4's conditional rescaling)
+RESCALE_TAU = 8.0
 
 # mask kinds (constexpr)
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -56,12 +61,19 @@ def v_transpose_read(arch: str, dtype: str, num_waves: int) -> bool:
     return arch.startswith("gfx950") and dtype != "f32" and num_waves > 1
 
 
+# bytes of one K tile staged in LDS: 8 KB (about 17 KB of K + V staging with padding) lets three
+# 4-wave workgroups share a gfx942 CU's 64 KB; gfx950's 160 KB takes 16 KB tiles (64 keys at
+# D=128: the per-iteration row-max exchange, bookkeeping and loop control spread over twice
+# the scores) and still fits four workgroups
+K_TILE_BYTES = {"gfx942": 8192, "gfx950": 16384}
+
+
 def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1, arch: str = "gfx942") -> dict:
     """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
     eb = ELEM_BYTES[dtype]
     head_dim = padded_head_dim(head_dim)
     use_lds = num_waves > 1
-    budget = 8192 if use_lds else 16384
+    budget = K_TILE_BYTES["gfx950" if arch.startswith("gfx950") else "gfx942"] if use_lds else 16384
     n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
     block_n = 16 * n_tiles
     kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
