@@ -23,10 +23,17 @@ after the inputs (read by name on every forward, as the rest of the graph reads 
 cache remembers the identity, data pointer and version counter of each; when any differs on a
 forward, the cache is dropped and the region runs again. The check is a few integer compares
 per forward, and a causal-mask buffer that never changes never misses.
-Random ops, in-place ops and FlyDSL ops
-are never folded (the first two are not pure; the last are reported as kernels). Folded
-results are read-only: a region whose result some op writes in place is not folded. The
-report counts the folded ops as "folded at specialization".
+Random ops and in-place ops are never folded (they are not pure). Folded results are read-only:
+a region whose result some op writes in place is not folded. The report counts the folded ops as
+"folded at specialization".
+
+A FlyDSL op whose inputs are all shape-only is folded too: lowering runs before this pass, so a
+matched op can compute a constant of the input shape — Llama's rotary tables are
+`inv_freq @ positions` (a bmm) then `cos` / `sin` (elementwise regions), three kernel launches per
+forward whose result changes only with the sequence length. In the folded region such an op runs
+its family's torch reference (under the reference backend, so no launch is recorded and none is
+claimed), once per input-shape key, and the report shows its captured ops as folded; each is
+counted as `folded_<family>`.
 """
 
 from __future__ import annotations
@@ -76,7 +83,10 @@ class FoldedShapes(torch.nn.Module):
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        out = tuple(self.region(*args))
+        from ..runtime import current, use_backend
+
+        with use_backend("reference", current().arch):  # FlyDSL ops folded in run their torch reference
+            out = tuple(self.region(*args))
         with self._lock:
             self.computed += 1
             self._cache[key] = out
@@ -102,8 +112,8 @@ def _pure(node) -> bool:
         return False
     if t in (operator.getitem,) or getattr(t, "__module__", "") in ("_operator", "operator", "math", "torch.sym"):
         return True
-    if not isinstance(t, torch._ops.OpOverload) or t.namespace != "aten":
-        return False  # flydsl ops (reported as kernels) and unknown callables
+    if not isinstance(t, torch._ops.OpOverload) or t.namespace not in ("aten", "flydsl"):
+        return False  # unknown callables
     if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
         return False
     return True
@@ -148,7 +158,10 @@ def fold_shapes(ctx) -> int:
     if not any(isinstance(n.meta.get("val"), torch.Tensor) and n.target not in _META_ONLY for n in region):
         return 0
     sub, inputs, n_constants = _subgraph(region, frontier)
-    sources = [n.meta.get("orig_name") or n.name for n in region if n.op == "call_function"]
+    sources = [s for n in region if n.op == "call_function" for s in _captured(n)]
+    for n in region:
+        if "flydsl" in n.meta:
+            ctx.count(f"folded_{n.meta['flydsl']['family']}")
     name = f"_flydsl_folded_{sum(1 for k in gm._modules if k.startswith('_flydsl_folded_'))}"
     gm.add_submodule(name, FoldedShapes(sub, sources, n_constants))
     first_user = min((_first_reader(f, const) for f in frontier), key=lambda u: u._sort_key)
@@ -163,6 +176,13 @@ def fold_shapes(ctx) -> int:
         f.replace_all_uses_with(item, delete_user_cb=lambda u: u not in const)
     ctx.count("fold_shapes", len(sources))
     return len(sources)
+
+
+def _captured(n) -> list:
+    """The captured nodes `n` computes: a FlyDSL node's sources, else itself."""
+    if "flydsl" in n.meta:
+        return list(n.meta["flydsl"]["sources"])
+    return [n.meta.get("orig_name") or n.name]
 
 
 def _first_reader(n, const):
