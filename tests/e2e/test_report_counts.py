@@ -16,7 +16,6 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from translator import translate
 
