@@ -36,6 +36,7 @@ from .report import Report
 from .report.rows import is_flydsl, track
 from .state import preserved, refresh_prepared
 from .verify import calibrate, first_divergence, verify_outputs
+from . import weights
 
 _TRANSLATE_LOCK = threading.RLock()
 
@@ -64,6 +65,13 @@ class TranslatedModule(torch.nn.Module):
         self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
         self.fast_path = True  # run FlyDSL nodes without the custom-op layers (runtime.fastpath); same results
 
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.float()`...: may give the weights new objects (overwrite_module_params_on_conversion)
+        without a registration hook; the next forward resolves them by name (translator.weights)."""
+        out = super()._apply(fn, recurse)
+        weights.changed()
+        return out
+
     @property
     def code(self) -> str:
         return self.gm.code
@@ -91,6 +99,7 @@ class TranslatedModule(torch.nn.Module):
         return out
 
     def _run(self, args):
+        weights.follow(self.gm)  # parameter objects replaced after translate(), found by name
         refresh_prepared(self.gm)  # prepared weights follow parameter updates made after translate()
         fast = self.fast_path and fastpath.usable(self.gm, args)
         try:
@@ -251,6 +260,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
             fallbacks.append({"node": d.node, "op": d.op, "reason": reason, "nodes": new})
             deny.update({s: reason for s in new})
     tm.report.capture_notes[:0] = adapt_notes
+    weights.track(tm.gm, model)  # weights replaced later, on the model or on tm, are followed by name
     if isa:
         from .report.isa import collect
 

@@ -22,7 +22,8 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   `refresh_prepared(gm)` compares each source's version counter and data pointer with
   those it was made from (`load_state_dict`, an optimizer step and `p.mul_(2)` under no_grad all
   bump the version) and rebuilds it in place where one differs. A parameter object replaced
-  (`load_state_dict(assign=True)`) is not seen: the copy keeps the tensor it was made from. The
+  (`load_state_dict(assign=True)`) is found by name before (translator.weights.follow), which
+  swaps the source (`replace_source`). The
   table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
   owns its weights).
 """
@@ -49,6 +50,19 @@ def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:
     """Note that gm's buffer `name` is `derive(*sources)`; refresh_prepared rebuilds it when a source changes.
     `derive` must not reference gm (the table is weak-keyed by it)."""
     _PREPARED.setdefault(gm, []).append([name, derive, tuple(sources), _stamp(sources)])
+
+
+def sources(gm: torch.fx.GraphModule) -> list:
+    """The tensors gm's prepared buffers are made from."""
+    return [s for entry in _PREPARED.get(gm, ()) for s in entry[2]]
+
+
+def replace_source(gm: torch.fx.GraphModule, old: torch.Tensor, new: torch.Tensor) -> None:
+    """`old` was replaced by `new` (a parameter object replaced): what was made from it is remade from `new`."""
+    for entry in _PREPARED.get(gm, ()):
+        if any(s is old for s in entry[2]):
+            entry[2] = tuple(new if s is old else s for s in entry[2])
+            entry[3] = None
 
 
 def refresh_prepared(gm: torch.fx.GraphModule) -> int:

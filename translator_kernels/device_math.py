@@ -34,6 +34,8 @@ min / max (NaN-propagating), trunc / roundeven, fma, select. Everything else is 
 
 from __future__ import annotations
 
+import operator
+
 import flydsl.expr as fx
 
 F32 = fx.Float32
@@ -171,56 +173,15 @@ def remainder(a, b):
     return ((r != 0.0) & ((r < 0.0) ^ (b < 0.0))).select(r + b, r)
 
 
-def bitwise_and(a, b):
-    return a & b
-
-
-def bitwise_or(a, b):
-    return a | b
-
-
-def bitwise_xor(a, b):
-    return a ^ b
+# compares and bitwise / logical ops: the values' own operators (on i1 values & | ^ are the logical ones)
+bitwise_and = logical_and = operator.and_
+bitwise_or = logical_or = operator.or_
+bitwise_xor = logical_xor = operator.xor
+eq, ne, lt, le, gt, ge = operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge
 
 
 def bitwise_not(x):
     return logical_not(x) if kind_of(x) == "b" else ~x
-
-
-def eq(a, b):
-    return a == b
-
-
-def ne(a, b):
-    return a != b
-
-
-def lt(a, b):
-    return a < b
-
-
-def le(a, b):
-    return a <= b
-
-
-def gt(a, b):
-    return a > b
-
-
-def ge(a, b):
-    return a >= b
-
-
-def logical_and(a, b):
-    return a & b
-
-
-def logical_or(a, b):
-    return a | b
-
-
-def logical_xor(a, b):
-    return a ^ b
 
 
 def logical_not(b):

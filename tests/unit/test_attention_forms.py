@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from translator import translate
 from translator_kernels import launch as kl
 
-from test_attention_patterns import attention_node, ops as flydsl_ops  # noqa: E402  (tests/unit on sys.path)
+from attention_helpers import attention_node, ops as flydsl_ops, run_attention  # noqa: E402  (tests/unit on sys.path)
 
 pytest.importorskip("flysim")
 
@@ -23,21 +23,7 @@ FINFO_MIN = torch.finfo(torch.float32).min
 
 
 def run(model, inputs, backend="flysim", chain_ops=("softmax", "bmm", "fused_elementwise")):
-    """Translate, assert the pattern fired and left nothing of the chain behind (no `chain_ops`
-    FlyDSL op besides the attention), compare with eager."""
-    model = model.eval()
-    tm = translate(model, inputs, backend=backend)
-    assert tm.report.counters.get("attention_handwritten") == 1, tm.report.counters
-    left = [op for op in flydsl_ops(tm) if op in chain_ops]
-    assert not left, (left, tm.code)
-    assert tm.report.verification.passed, tm.report.verification.message
-    with torch.no_grad(), kl.collect() as (uses, _):
-        got = tm(*inputs)
-    torch.testing.assert_close(got, model(*inputs), **model_tol("fp32", "few_ops"))
-    if backend == "flysim":
-        assert any("attention" in str(getattr(x, "kernel", x)) for x in tm.last_launches), tm.last_launches
-        assert not tm.report.without_launch(), tm.report.without_launch()
-    return tm, uses
+    return run_attention(model, inputs, backend, chain_ops)
 
 
 def randn(*shape, seed=0):

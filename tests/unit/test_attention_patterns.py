@@ -14,15 +14,7 @@ import torch.nn.functional as F
 
 from translator import translate
 
-
-def ops(tm):
-    return [n.target._opname for n in tm.gm.graph.nodes if getattr(n.target, "namespace", "") == "flydsl"]
-
-
-def attention_node(tm):
-    (n,) = [n for n in tm.gm.graph.nodes if getattr(n.target, "namespace", "") == "flydsl"
-            and n.target._opname == "attention"]
-    return n
+from attention_helpers import attention_node, ops, run_attention  # noqa: E402  (tests/unit on sys.path)
 
 
 class NanoGPT(nn.Module):
@@ -69,13 +61,7 @@ class LlamaEager(nn.Module):
 
 
 def run(model, inputs):
-    tm = translate(model.eval(), inputs, backend="reference")
-    assert tm.report.counters.get("attention_handwritten") == 1, tm.report.counters
-    assert "softmax" not in ops(tm) and "bmm" not in ops(tm)
-    assert tm.report.verification.passed, tm.report.verification.message
-    with torch.no_grad():
-        torch.testing.assert_close(tm(*inputs), model(*inputs), **model_tol(check="few_ops"))
-    return tm
+    return run_attention(model, inputs)[0]
 
 
 def test_nanogpt_causal_tril_buffer():

@@ -16,14 +16,24 @@ and replaces the tensors such a region hands to the rest of the graph with one c
 PyTorch, as eager would) and caches the results; later calls with the same key return them.
 The key is every input shape, dtype and device the region reads, and every SymInt it takes,
 so a new batch or sequence length computes its own. Parameters and buffers can change after
-translation (`load_state_dict`, an optimizer step, `with torch.no_grad(): p.mul_(2)`), so the
-cache also remembers the identity, data pointer and version counter of every constant the region
-reads; when any differs on a forward, the cache is dropped and the region runs again. The check
-is a few integer compares per forward, and a causal-mask buffer that never changes never misses.
-Random ops, in-place ops and FlyDSL ops
-are never folded (the first two are not pure; the last are reported as kernels). Folded
-results are read-only: a region whose result some op writes in place is not folded. The
-report counts the folded ops as "folded at specialization".
+translation (`load_state_dict`, an optimizer step, `with torch.no_grad(): p.mul_(2)`) or be
+replaced by new objects (`load_state_dict(assign=True)`, `module.pos = nn.Parameter(...)`), so
+the constants the region reads stay get_attr nodes of the translated graph, passed to the call
+after the inputs (read by name on every forward, as the rest of the graph reads them), and the
+cache remembers the identity, data pointer and version counter of each; when any differs on a
+forward, the cache is dropped and the region runs again. The check is a few integer compares
+per forward, and a causal-mask buffer that never changes never misses.
+Random ops and in-place ops are never folded (they are not pure). Folded results are read-only:
+a region whose result some op writes in place is not folded. The report counts the folded ops as
+"folded at specialization".
+
+A FlyDSL op whose inputs are all shape-only is folded too: lowering runs before this pass, so a
+matched op can compute a constant of the input shape — Llama's rotary tables are
+`inv_freq @ positions` (a bmm) then `cos` / `sin` (elementwise regions), three kernel launches per
+forward whose result changes only with the sequence length. In the folded region such an op runs
+its family's torch reference (under the reference backend, so no launch is recorded and none is
+claimed), once per input-shape key, and the report shows its captured ops as folded; each is
+counted as `folded_<family>`.
 """
 
 from __future__ import annotations
@@ -49,10 +59,11 @@ CACHE_ENTRIES = 32  # input-shape keys kept per folded region (least recently us
 class FoldedShapes(torch.nn.Module):
     """A shape-only region of a translated graph, evaluated once per input-shape key."""
 
-    def __init__(self, gm: torch.fx.GraphModule, sources: list[str]):
+    def __init__(self, gm: torch.fx.GraphModule, sources: list[str], n_constants: int = 0):
         super().__init__()
         self.region = gm
         self.sources = sources  # captured names of the ops folded in (the report's rows)
+        self.n_constants = n_constants  # the last n arguments: parameters / buffers the region reads
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._stamp = None  # (id, data_ptr, version) of each constant the cached results were computed from
@@ -61,8 +72,9 @@ class FoldedShapes(torch.nn.Module):
     def forward(self, *args):
         if any(isinstance(a, torch.SymInt) or _is_fake(a) for a in args):
             return self.region(*args)  # tracing (torch.export, fake propagation): no cache
-        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
-        stamp = tuple((id(t), t.data_ptr(), t._version) for t in self._constants())
+        n_in = len(args) - self.n_constants
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args[:n_in])
+        stamp = tuple((id(t), t.data_ptr(), t._version) for t in (*args[n_in:], *self._constants()))
         with self._lock:
             if stamp != self._stamp:  # a parameter / buffer the region reads changed: recompute
                 self._cache.clear()
@@ -71,7 +83,10 @@ class FoldedShapes(torch.nn.Module):
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        out = tuple(self.region(*args))
+        from ..runtime import current, use_backend
+
+        with use_backend("reference", current().arch):  # FlyDSL ops folded in run their torch reference
+            out = tuple(self.region(*args))
         with self._lock:
             self.computed += 1
             self._cache[key] = out
@@ -80,7 +95,8 @@ class FoldedShapes(torch.nn.Module):
         return out
 
     def _constants(self):
-        """The parameters and buffers the region reads (GraphModule keeps a Parameter one)."""
+        """Parameters and buffers the region holds itself (a region folded before constants were
+        passed as arguments, as a loaded translation may have)."""
         return itertools.chain(self.region.parameters(), self.region.buffers())
 
 
@@ -96,8 +112,8 @@ def _pure(node) -> bool:
         return False
     if t in (operator.getitem,) or getattr(t, "__module__", "") in ("_operator", "operator", "math", "torch.sym"):
         return True
-    if not isinstance(t, torch._ops.OpOverload) or t.namespace != "aten":
-        return False  # flydsl ops (reported as kernels) and unknown callables
+    if not isinstance(t, torch._ops.OpOverload) or t.namespace not in ("aten", "flydsl"):
+        return False  # unknown callables
     if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
         return False
     return True
@@ -141,10 +157,13 @@ def fold_shapes(ctx) -> int:
         return 0
     if not any(isinstance(n.meta.get("val"), torch.Tensor) and n.target not in _META_ONLY for n in region):
         return 0
-    sub, inputs = _subgraph(gm, region, frontier)
-    sources = [n.meta.get("orig_name") or n.name for n in region if n.op == "call_function"]
+    sub, inputs, n_constants = _subgraph(region, frontier)
+    sources = [s for n in region if n.op == "call_function" for s in _captured(n)]
+    for n in region:
+        if "flydsl" in n.meta:
+            ctx.count(f"folded_{n.meta['flydsl']['family']}")
     name = f"_flydsl_folded_{sum(1 for k in gm._modules if k.startswith('_flydsl_folded_'))}"
-    gm.add_submodule(name, FoldedShapes(sub, sources))
+    gm.add_submodule(name, FoldedShapes(sub, sources, n_constants))
     first_user = min((_first_reader(f, const) for f in frontier), key=lambda u: u._sort_key)
     with g.inserting_before(first_user):
         call = g.call_module(name, tuple(inputs))
@@ -157,6 +176,13 @@ def fold_shapes(ctx) -> int:
         f.replace_all_uses_with(item, delete_user_cb=lambda u: u not in const)
     ctx.count("fold_shapes", len(sources))
     return len(sources)
+
+
+def _captured(n) -> list:
+    """The captured nodes `n` computes: a FlyDSL node's sources, else itself."""
+    if "flydsl" in n.meta:
+        return list(n.meta["flydsl"]["sources"])
+    return [n.meta.get("orig_name") or n.name]
 
 
 def _first_reader(n, const):
@@ -183,33 +209,21 @@ def _region(frontier, const) -> list:
     return sorted(seen, key=lambda n: n._sort_key)
 
 
-def _subgraph(gm, region, frontier):
+def _subgraph(region, frontier):
     """A GraphModule computing `frontier` from the region's outside inputs (placeholders and
-    SymInt nodes read for their shape) plus the constants it reads."""
+    SymInt nodes read for their shape), then the constants (get_attr nodes) it reads; and how
+    many constants there are."""
     sub = torch.fx.Graph()
     env, inputs = {}, []
-    owner = torch.nn.Module()
-
-    def outside(x):
+    constants = [n for n in region if n.op == "get_attr"]
+    for x in [i for n in region for i in n.all_input_nodes if i not in region] + constants:
         if x not in env:
             env[x] = sub.placeholder(f"in_{len(inputs)}")
             env[x].meta["val"] = x.meta.get("val")
             inputs.append(x)
-        return env[x]
-
     for n in region:
-        for i in n.all_input_nodes:
-            if i not in env and i not in region:
-                outside(i)
-        if n.op == "get_attr":
-            obj = gm
-            for part in n.target.split("."):
-                obj = getattr(obj, part)
-            attr = f"c_{len(owner._buffers)}"
-            owner.register_buffer(attr, obj, persistent=False)
-            env[n] = sub.get_attr(attr)
-        else:
+        if n.op != "get_attr":
             env[n] = sub.node_copy(n, lambda x: env[x])
-        env[n].meta = dict(n.meta)
+            env[n].meta = dict(n.meta)
     sub.output(tuple(env[f] for f in frontier))
-    return torch.fx.GraphModule(owner, sub), inputs
+    return torch.fx.GraphModule(torch.nn.Module(), sub), inputs, len(constants)

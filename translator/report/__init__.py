@@ -138,6 +138,8 @@ class Report:
             "layout_nodes": sum(1 for r in self.rows if _is_layout(r) and r.where != "removed"),
             "removed_nodes": sum(1 for r in self.rows if r.where == "removed"),
             "flydsl_ops": dict(fam),
+            "flydsl_absorbed": {f"flydsl.{k.removeprefix('absorbed_')}": n for k, n in sorted(self.counters.items())
+                                if k.startswith("absorbed_")},
             "flydsl_launches": sum(len(v) for v in self.launches.values()),
             "flops_total": flops["total"],
             "flops_in_flydsl_ops": flops["ops"],
@@ -208,8 +210,12 @@ class Report:
                        f"(atol {c.atol:.3g}, rtol {c.rtol:g}, RMS rel {c.rms_bound:.3g}; {c.bound})")
         if self.kernel_sources:
             out.append(f"- kernel sources: [{self.kernel_sources}]({self.kernel_sources})")
-        if self.counters:
-            out.append(f"- rewrites: {', '.join(f'{k} ×{n}' for k, n in sorted(self.counters.items()))}")
+        rewrites = {k: n for k, n in self.counters.items() if not k.startswith("absorbed_")}
+        if rewrites:
+            out.append(f"- rewrites: {', '.join(f'{k} ×{n}' for k, n in sorted(rewrites.items()))}")
+        if s["flydsl_absorbed"]:
+            out.append("- FlyDSL ops folded whole into another FlyDSL kernel (no launch of their own; counted in "
+                       f"rewrites): {', '.join(f'{k} ×{n}' for k, n in s['flydsl_absorbed'].items())}")
         out += ["", "| node | op | shapes | dtype | runs on | detail | FLOPs | bytes |", "|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             out.append(f"| {r.node} | {r.op} | {r.shapes} | {r.dtype} | {r.where} | {r.detail} | {r.flops:,} | "

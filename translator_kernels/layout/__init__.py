@@ -153,12 +153,16 @@ _PLANS: dict = {}  # (op, its constants, source / ids shape, strides, dtype, dev
 
 
 def _cached(op: str, params: tuple, x, ids, planner) -> torch.Tensor:
-    """The op's plan for these inputs (planned once: `planner()` validates and returns plan's
-    arguments), then the launch. A repeated call allocates, views and launches, nothing more."""
+    """The op's plan for these inputs (planned once: the tensor is checked, then `planner()`
+    validates the op's arguments and returns plan's), then the launch. A repeated call
+    allocates, views and launches, nothing more."""
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
     key = (op, params, x.shape, x.stride(), x.dtype, x.device,
            None if ids is None else (ids.shape, ids.dtype, ids.device))
     p = _PLANS.get(key)
     if p is None:
+        _check_tensor(op, x)
         lay_src, shape, kw = planner()
         p = plan(lay_src, shape, kw.pop("dtype", x.dtype), src=None if lay_src is None else x, ids=ids, op=op, **kw)
         if len(_PLANS) >= MAX_PLANS:
@@ -182,14 +186,11 @@ def _dim(op, d, r):
 def pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0) -> torch.Tensor:
     """F.pad: `pads` (before, after) pairs from the last dim backwards; a negative pad crops.
     Modes constant, replicate, reflect, circular."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"pad: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("pad", (tuple(pads), mode, value), x, None, lambda: _plan_pad(x, pads, mode, value))
 
 
 def _plan_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
     op = "pad"
-    _check_tensor(op, x)
     pads = [int(p) for p in pads]
     if len(pads) % 2 or len(pads) // 2 > x.dim():
         raise KernelInputError(f"{op}: {len(pads)} pad values for a {x.dim()}-d tensor; give (before, after) pairs "
@@ -220,14 +221,11 @@ def _plan_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
 
 def roll(x: torch.Tensor, shifts, dims) -> torch.Tensor:
     """torch.roll along the given dims (out[i] = x[(i - shift) mod n])."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"roll: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("roll", (tuple(shifts), tuple(dims)), x, None, lambda: _plan_roll(x, shifts, dims))
 
 
 def _plan_roll(x: torch.Tensor, shifts, dims):
     op = "roll"
-    _check_tensor(op, x)
     shifts, dims = [int(s) for s in shifts], [int(d) for d in dims]
     if not dims or len(shifts) != len(dims):
         raise KernelInputError(f"{op}: needs one dim per shift, got shifts {shifts} and dims {dims} (a roll of the "
@@ -242,50 +240,42 @@ def _plan_roll(x: torch.Tensor, shifts, dims):
 
 def repeat(x: torch.Tensor, repeats) -> torch.Tensor:
     """Tensor.repeat: tile `repeats[k]` times along each dim (new leading dims broadcast)."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"repeat: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("repeat", tuple(repeats), x, None, lambda: _plan_repeat(x, repeats))
 
 
 def _plan_repeat(x: torch.Tensor, repeats):
     op = "repeat"
-    _check_tensor(op, x)
     repeats = [int(r) for r in repeats]
     if len(repeats) < x.dim() or any(r < 0 for r in repeats):
         raise KernelInputError(f"{op}: repeats {repeats} must be non-negative, one per dim of a {x.dim()}-d tensor "
                                "(or more)")
     lead = len(repeats) - x.dim()
-    src = []
-    for d, s in enumerate(x.shape):
-        o, r = d + lead, repeats[d + lead]
-        src.append(SrcDim(s) if s == 1 else SrcDim(s, ((o, 1, 1),), 0, "mod" if r > 1 else "none"))
     shape = repeats[:lead] + [s * r for s, r in zip(x.shape, repeats[lead:])]
-    return tuple(src), shape, {}
+    return _broadcast(x, lead, lambda d: "mod" if repeats[d + lead] > 1 else "none"), shape, {}
 
 
 def expand(x: torch.Tensor, size) -> torch.Tensor:
     """Tensor.expand materialized: size-1 dims broadcast, -1 keeps a dim, new leading dims."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"expand: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("expand", tuple(size), x, None, lambda: _plan_expand(x, size))
 
 
 def _plan_expand(x: torch.Tensor, size):
     op = "expand"
-    _check_tensor(op, x)
     size = [int(s) for s in size]
     lead = len(size) - x.dim()
     if lead < 0:
         raise KernelInputError(f"{op}: size {size} has fewer dims than the tensor {tuple(x.shape)}")
-    src, shape = [], size[:lead]
-    for d, s in enumerate(x.shape):
-        o = size[d + lead]
-        o = s if o == -1 else o
+    shape = size[:lead] + [s if o == -1 else o for s, o in zip(x.shape, size[lead:])]
+    for d, (s, o) in enumerate(zip(x.shape, shape[lead:])):
         if s != 1 and o != s:
             raise KernelInputError(f"{op}: dim {d} of size {s} cannot expand to {o} (only size-1 dims do)")
-        src.append(SrcDim(s) if s == 1 else SrcDim(s, ((d + lead, 1, 1),)))
-        shape.append(o)
-    return tuple(src), shape, {}
+    return _broadcast(x, lead, lambda d: "none"), shape, {}
+
+
+def _broadcast(x, lead, mode) -> tuple:
+    """Source dims of repeat / expand: a size-1 dim broadcasts, dim d reads output dim d + lead
+    (`mode(d)`: "mod" where it is tiled)."""
+    return tuple(SrcDim(s) if s == 1 else SrcDim(s, ((d + lead, 1, 1),), 0, mode(d)) for d, s in enumerate(x.shape))
 
 
 def _check_ids(op, x, ids):
@@ -298,14 +288,11 @@ def _check_ids(op, x, ids):
 
 def index_select(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """torch.index_select: ids (1-D, non-negative) pick entries of `dim`."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"index_select: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("index_select", dim, x, ids, lambda: _plan_index_select(x, dim, ids))
 
 
 def _plan_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index_select"
-    _check_tensor(op, x)
     _check_ids(op, x, ids)
     if ids.dim() > 1:
         raise KernelInputError(f"{op}: indices must be 1-D, got shape {tuple(ids.shape)}")
@@ -321,14 +308,11 @@ def _plan_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
 def index(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """x[:, ..., ids] with one integer index tensor at `dim` (negative ids count from the end): the
     ids' dims replace `dim` in the output."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"index: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("index", dim, x, ids, lambda: _plan_index(x, dim, ids))
 
 
 def _plan_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index"
-    _check_tensor(op, x)
     _check_ids(op, x, ids)
     d = _dim(op, dim, x.dim())
     k = ids.dim()
@@ -347,14 +331,11 @@ def _plan_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
 
 def unfold(x: torch.Tensor, dim: int, size: int, step: int) -> torch.Tensor:
     """Tensor.unfold: windows of `size` every `step` along `dim`, the window as a new last dim."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"unfold: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("unfold", (dim, size, step), x, None, lambda: _plan_unfold(x, dim, size, step))
 
 
 def _plan_unfold(x: torch.Tensor, dim: int, size: int, step: int):
     op = "unfold"
-    _check_tensor(op, x)
     if x.dim() == 0:
         raise KernelInputError(f"{op}: a 0-d tensor has no dim to unfold")
     d = _dim(op, dim, x.dim())
@@ -371,14 +352,11 @@ def _plan_unfold(x: torch.Tensor, dim: int, size: int, step: int):
 
 def repeat_interleave(x: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
     """torch.repeat_interleave with one repeat count along `dim` (out[i] = x[i // repeats])."""
-    if not isinstance(x, torch.Tensor):
-        raise KernelInputError(f"repeat_interleave: expected a torch.Tensor, got {type(x).__name__}")
     return _cached("repeat_interleave", (repeats, dim), x, None, lambda: _plan_repeat_interleave(x, repeats, dim))
 
 
 def _plan_repeat_interleave(x: torch.Tensor, repeats: int, dim: int):
     op = "repeat_interleave"
-    _check_tensor(op, x)
     if isinstance(repeats, torch.Tensor) or int(repeats) < 0:
         raise KernelInputError(f"{op}: repeats must be one non-negative int, got {repeats!r}")
     repeats = int(repeats)
