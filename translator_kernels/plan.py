@@ -59,7 +59,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from translator_kernels import launch as _launch
 
-_PLANS: dict = {}  # (fn, no_alias, launch target, signature) -> generated run function, or None (unplannable)
+_PLANS: dict = {}  # (fn, no_alias, launch target, device calls recorded, signature) -> generated run function,
+#                    or None (unplannable)
 _SEEN: dict = {}  # keys met once: the second call with a signature builds its plan
 MAX_PLANS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
 _LOCK = threading.Lock()
@@ -133,13 +134,15 @@ def planned(fn=None, *, no_alias: bool = False):
 
 def call(fn, args, kwargs=None, no_alias=False):
     """`fn(*args, **kwargs)` through its plan, built on the first call with this signature."""
-    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack():
+    mode = getattr(_local, "mode", None)  # the launch module's mode: record_device_calls, collect, compile_only
+    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack() \
+            or (mode is not None and (mode.uses is not None or mode.compile_only)):
         return _direct(fn, args, kwargs, no_alias)
     try:
         sig, tensors = signature(args, kwargs)
     except _Unplannable:
         return _direct(fn, args, kwargs, no_alias)
-    pk = (fn, no_alias, _launch._context(), sig)
+    pk = (fn, no_alias, _launch._context(), mode is not None, sig)
     run = _PLANS.get(pk, _MISSING)
     if run is _MISSING:
         if pk not in _SEEN:  # first sight: a signature met once (a growing decode length) never pays a build
@@ -314,7 +317,7 @@ class _Recorder(TorchDispatchMode):
         self._track(o, same)
 
     def launch(self, launcher, k, fn, args):
-        step = _launch.PlannedLaunch(launcher, k, fn, args)
+        step = _launch.planned_launch(launcher, k, fn, args)
         self.steps.append(("launch", step, [self._operand(a) for a in args]))
 
     def _operand(self, a):
@@ -339,7 +342,10 @@ class _Recorder(TorchDispatchMode):
                 g.emit(f"{target} = {g.op(func, args, kwargs)}")
             elif step[0] == "launch":
                 _, ln, args = step
-                vals = [g.value(a) for a in args]
+                if isinstance(ln, _launch.PackedLaunch):  # our packer: the tensors' data pointers only
+                    vals = [g.pointer(a) for a in args if isinstance(a, _Ref)]
+                else:
+                    vals = [g.value(a) for a in args]
                 g.emit(f"{g.const(ln)}({', '.join(vals)})")
             elif step[0] == "effect":
                 _, f, args = step
@@ -458,6 +464,14 @@ class _Codegen:
             return f"{self.const(getattr(torch, name))}({', '.join([self.value(a) for a in args] + kw)})"
         vals = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{self.const(func)}({', '.join(vals)})"
+
+    def pointer(self, r) -> str:
+        """The expression of `r`'s data pointer: a view not otherwise needed is never made, its
+        pointer is its root's plus the view's byte offset."""
+        if r.kind == "view" and r.name is None:
+            delta = r.geometry[2] * r.t.element_size()
+            return f"{self.value(r.base)}.data_ptr()" + (f" + {delta}" if delta else "")
+        return f"{self.value(r)}.data_ptr()"
 
     def fresh(self, r) -> str:
         if r.name is None:
