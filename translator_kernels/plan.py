@@ -73,27 +73,28 @@ class _Unplannable(Exception):
     pass
 
 
-def _encode(a, out: list, tensors: list) -> None:
-    """Append `a`'s part of a signature to `out` (a flat list: each item starts with a marker that
-    tells its length, so no two different calls share an encoding)."""
+def _encode(a, out: list, tensors: list, ids: dict) -> None:
+    """Append `a`'s part of a signature to `out`: one tuple per argument (a sequence: its type and
+    length, then its items), which tells apart any two different calls."""
     t = type(a)
     if t is _Tensor or t is _Parameter:
-        for j, u in enumerate(tensors):
-            if u is a:
-                out += ("same", j)
-                return
+        j = ids.get(id(a))
+        if j is not None:
+            out.append(("same", j))
+            return
         if a.requires_grad and torch.is_grad_enabled():
             raise _Unplannable("autograd")
+        ids[id(a)] = len(tensors)
         tensors.append(a)
-        out += (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 64)
+        out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
     elif t in _SCALARS:
         if a != a:  # NaN never equals itself: no plan could be found again
             raise _Unplannable("NaN argument")
-        out += (t, a)
+        out.append((t, a))
     elif t is tuple or t is list:
-        out += (t, len(a))
+        out.append((t, len(a)))
         for x in a:
-            _encode(x, out, tensors)
+            _encode(x, out, tensors, ids)
     elif isinstance(a, torch.Tensor):
         raise _Unplannable("tensor subclass")
     else:
@@ -101,18 +102,27 @@ def _encode(a, out: list, tensors: list) -> None:
             hash(a)
         except TypeError:
             raise _Unplannable(f"unhashable {t.__name__}") from None
-        out += (t, a)
+        out.append((t, a))
 
 
 def signature(args, kwargs):
-    """(signature, tensors in order of first appearance) of a call."""
-    out, tensors = [], []
+    """(signature, tensors in order of first appearance) of a call. Per tensor its dtype, shape,
+    strides, device and data-pointer alignment (mod 64); a tensor met again by its position."""
+    out, tensors, ids = [], [], {}
     for a in args:
-        _encode(a, out, tensors)
+        t = type(a)
+        if (t is _Tensor or t is _Parameter) and id(a) not in ids and not a.requires_grad:
+            ids[id(a)] = len(tensors)
+            tensors.append(a)
+            out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
+        elif t is int or t is bool or a is None:
+            out.append((t, a))
+        else:
+            _encode(a, out, tensors, ids)
     if kwargs:
         for k, v in kwargs.items():
             out.append(k)
-            _encode(v, out, tensors)
+            _encode(v, out, tensors, ids)
     return tuple(out), tensors
 
 
