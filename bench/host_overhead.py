@@ -140,25 +140,26 @@ def _launch_share(fn, repeat: int) -> float:
     from translator_kernels.launch import PackedLaunch, PlannedLaunch
 
     origs, spent = [(c, c.__call__) for c in (PlannedLaunch, PackedLaunch)], []
-
-    def timing(orig):
-        def timed(self, *args):
-            t = time.thread_time_ns()
-            try:
-                return orig(self, *args)
-            finally:
-                spent.append(time.thread_time_ns() - t)
-        return timed
-
     for c, orig in origs:
-        c.__call__ = timing(orig)
+        c.__call__ = _timed(orig, spent)
     try:
         for _ in range(repeat):
             fn()
     finally:
         for c, orig in origs:
             c.__call__ = orig
-    return statistics.median(spent) / 1e3 - _timer_us()
+    return statistics.median(spent) * 1e6 - _timer_us()
+
+
+def _timed(fn, into: list):
+    """`fn` that appends the CPU seconds of each of its calls to `into`."""
+    def timed(*args):
+        t = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            into.append(time.thread_time() - t)
+    return timed
 
 
 def family_table(arch: str, repeat: int, tiny: bool) -> list[float]:
@@ -314,13 +315,7 @@ def model_row(name: str, arch: str, repeat: int, tiny: bool):
     from translator.runtime import ops
 
     dispatch = ops.dispatch
-
-    def timed(name, *args):
-        t = time.thread_time()
-        try:
-            return dispatch(name, *args)
-        finally:
-            inside.append(time.thread_time() - t)
+    timed = _timed(dispatch, inside)
 
     empty_inputs = [_empty_rows(t) for t in inputs]
     tm.backend = "rocm"  # translated without a GPU; called inside rocm_recorded it walks the rocm path
