@@ -115,8 +115,10 @@ def signature(args, kwargs):
             ids[id(a)] = len(tensors)
             tensors.append(a)
             out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
-        elif t is int or t is bool or a is None:
+        elif t is int or t is bool or t is str or a is None or (t is float and a == a):
             out.append((t, a))
+        elif t is list and all(type(x) is int for x in a):  # a shape: one item (no other encoding has a tuple there)
+            out.append((t, tuple(a)))
         else:
             _encode(a, out, tensors, ids)
     if kwargs:
