@@ -21,9 +21,12 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   `derive(*sources)` from the user's parameters) follows the parameters: before each forward,
   `refresh_prepared(gm)` compares each source's version counter and data pointer with
   those it was made from (`load_state_dict`, an optimizer step and `p.mul_(2)` under no_grad all
-  bump the version) and rebuilds it in place where one differs. A parameter object replaced
-  (`load_state_dict(assign=True)`) is found by name before (translator.weights.follow), which
-  swaps the source (`replace_source`). The
+  bump the version) and rebuilds it in place where one differs. A forward where no source changed
+  costs one comparison of all sources' stamps (gm's sources are listed once). A parameter object
+  replaced (`load_state_dict(assign=True)`) is found by name before (translator.weights.follow),
+  which swaps the source (`replace_source`). Not seen: a write through `p.data`
+  (`p.data.copy_(w)`: `.data` is a tensor with a version counter of its own, so nothing short of
+  reading the data would see it; `refresh_prepared(gm, force=True)` rebuilds every copy). The
   table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
   owns its weights).
 """
@@ -38,7 +41,7 @@ import torch
 from .errors import InputError
 
 
-_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> [[name, derive, sources, stamp]]
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> _Prepared
 
 
 def _stamp(tensors) -> list:
@@ -46,39 +49,72 @@ def _stamp(tensors) -> list:
     return [(t._version, t.data_ptr()) for t in tensors]
 
 
+class _Prepared:
+    """gm's prepared buffers: per entry [name, derive, sources, stamp], and every source once with
+    the stamp of all of them, so a forward where nothing changed costs one comparison."""
+
+    def __init__(self):
+        self.entries: list = []
+        self.sources: tuple = ()
+        self.stamp: list = []
+
+    def add(self, entry):
+        self.entries.append(entry)
+        seen = {id(t) for t in self.sources}
+        self.sources += tuple(t for t in entry[2] if id(t) not in seen and not seen.add(id(t)))
+        self.stamp = _stamp(self.sources)
+
+
 def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:
     """Note that gm's buffer `name` is `derive(*sources)`; refresh_prepared rebuilds it when a source changes.
     `derive` must not reference gm (the table is weak-keyed by it)."""
-    _PREPARED.setdefault(gm, []).append([name, derive, tuple(sources), _stamp(sources)])
+    table = _PREPARED.get(gm)
+    if table is None:
+        table = _PREPARED[gm] = _Prepared()
+    table.add([name, derive, tuple(sources), _stamp(sources)])
 
 
 def sources(gm: torch.fx.GraphModule) -> list:
     """The tensors gm's prepared buffers are made from."""
-    return [s for entry in _PREPARED.get(gm, ()) for s in entry[2]]
+    table = _PREPARED.get(gm)
+    return list(table.sources) if table is not None else []
 
 
 def replace_source(gm: torch.fx.GraphModule, old: torch.Tensor, new: torch.Tensor) -> None:
     """`old` was replaced by `new` (a parameter object replaced): what was made from it is remade from `new`."""
-    for entry in _PREPARED.get(gm, ()):
+    table = _PREPARED.get(gm)
+    if table is None:
+        return
+    for entry in table.entries:
         if any(s is old for s in entry[2]):
             entry[2] = tuple(new if s is old else s for s in entry[2])
             entry[3] = None
+    table.sources = tuple(new if s is old else s for s in table.sources)
+    table.stamp = None  # the next refresh_prepared walks the entries
 
 
-def refresh_prepared(gm: torch.fx.GraphModule) -> int:
-    """Rebuild, in place, the prepared buffers of `gm` whose sources changed; returns how many."""
+def refresh_prepared(gm: torch.fx.GraphModule, force: bool = False) -> int:
+    """Rebuild, in place, the prepared buffers of `gm` whose sources changed (all of them with
+    `force`: after a write the version counter does not see, `p.data.copy_(...)`); returns how many."""
+    table = _PREPARED.get(gm)
+    if table is None:
+        return 0
+    now = _stamp(table.sources)
+    if now == table.stamp and not force:  # the common case: no source written or re-pointed since the last forward
+        return 0
     done = 0
-    for entry in _PREPARED.get(gm, ()):
+    for entry in table.entries:
         name, derive, sources, stamp = entry
-        now = _stamp(sources)
-        if now == stamp:
+        now_e = _stamp(sources)
+        if now_e == stamp and not force:
             continue
         buf = getattr(gm, name, None)
         if buf is not None:  # None: the lowering that made it was undone (cleanup dropped it)
             with torch.no_grad():
                 buf.copy_(derive(*sources))
             done += 1
-        entry[3] = now
+        entry[3] = now_e
+    table.stamp = now
     return done
 
 

@@ -331,6 +331,59 @@ class PlannedLaunch:
             log.append(self.record)
 
 
+class PackedLaunch(PlannedLaunch):
+    """A planned launch whose arguments our packer (translator_kernels.packer) packs: called with
+    one data pointer per tensor argument, everything else was packed when the plan was built.
+    Only on the device path (rocm, or rocm with the device call recorded; the plan's key says
+    which): the modes that need the tensors (collect, compile_only) never replay a plan."""
+
+    __slots__ = ("packer", "exe", "_recorder")
+
+    def __init__(self, launcher, k, fn, args, packer, recording):
+        super().__init__(launcher, k, fn, args)
+        self.packer = packer
+        self.exe = None if recording else fn._call_state._func_exe  # the compiled host function
+        self._recorder = (None, None)
+
+    def __call__(self, *ptrs):
+        mode = getattr(_local, "mode", None)
+        if mode is None:
+            exe = self.exe
+        else:
+            rec, exe = self._recorder
+            if rec is not mode.recorder:
+                exe = self._recording(mode.recorder)
+        if exe is None:
+            raise RuntimeError(f"a plan built {'with' if self.exe is None else 'without'} record_device_calls() "
+                               "replayed outside it: plans are keyed on the launch mode")
+        exe(self.packer.pack(ptrs))
+        log = getattr(_local, "log", None)
+        if log is not None:
+            log.append(self.record)
+
+    def _recording(self, recorder):
+        if recorder is None:
+            return None
+        exe = _recording(recorder, self.record.kernel, self.fn)
+        self._recorder = (recorder, exe)
+        return exe
+
+
+def planned_launch(launcher, k, fn, args):
+    """The launch a plan replays: ours packs its arguments where FlyDSL's internals allow it
+    (translator_kernels.packer says why not, once), else FlyDSL's CompiledFunction call does."""
+    from translator_kernels.packer import packer
+
+    mode = getattr(_local, "mode", None)
+    recording = mode is not None and mode.recorder is not None
+    p = _plan(launcher)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    pk = packer(fn, args, p.n_args, p.has_stream, first is not None and first.is_cuda, recording)
+    if pk is None:
+        return PlannedLaunch(launcher, k, fn, args)
+    return PackedLaunch(launcher, k, fn, args, pk, recording)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceLaunch:
     """A launch this thread made on the device path (rocm, or rocm with the device call recorded)."""
@@ -404,7 +457,8 @@ class DeviceCallRecorder(list):
 
 @contextlib.contextmanager
 def record_device_calls(recorder=None):
-    """The rocm path with only the device call replaced by `recorder(name, packed_args)`.
+    """The rocm path with only the device call replaced by `recorder(name, packed_args)` (with a
+    third argument, the compiled function's call spec, where `recorder.wants_spec` is true).
 
     Everything up to the call runs as on a GPU: the key, the compiled `CompiledFunction`
     (a real code object: COMPILE_ONLY must be off), FlyDSL's per-call argument packing. The
@@ -420,6 +474,15 @@ def record_device_calls(recorder=None):
                 del _STUBBED[k]
 
 
+def _recording(recorder, name, fn):
+    """What stands in for `fn`'s host function: `recorder(name, packed)`, or with `fn`'s call spec
+    (per slot: argument index, ctype, fill) for a recorder whose `wants_spec` is true."""
+    if getattr(recorder, "wants_spec", False):
+        spec = fn._call_spec
+        return lambda packed: recorder(name, packed, spec)
+    return lambda packed: recorder(name, packed)
+
+
 def _stubbed(k, launcher, fn, recorder):
     stub = _STUBBED.get((id(fn), id(recorder)))
     if stub is None:
@@ -428,8 +491,7 @@ def _stubbed(k, launcher, fn, recorder):
         if not isinstance(fn, _JF.CompiledFunction) or fn._call_spec is None:
             raise RuntimeError(f"record_device_calls() stands in for a GPU launch, but {k[1][0]} compiled "
                                f"{type(fn).__name__} (run it outside flysim.simulate, with COMPILE_ONLY off)")
-        name = kernel_name(launcher)
-        state = CallState(fn._call_spec, lambda packed: recorder(name, packed))
+        state = CallState(fn._call_spec, _recording(recorder, kernel_name(launcher), fn))
         stub = _JF.CompiledFunction(state, fn._keepalive)
         with _LOCK:
             _STUBBED[(id(fn), id(recorder))] = stub

@@ -59,7 +59,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from translator_kernels import launch as _launch
 
-_PLANS: dict = {}  # (fn, no_alias, launch target, signature) -> generated run function, or None (unplannable)
+_PLANS: dict = {}  # (fn, no_alias, launch target, device calls recorded, signature) -> generated run function,
+#                    or None (unplannable)
 _SEEN: dict = {}  # keys met once: the second call with a signature builds its plan
 MAX_PLANS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
 _LOCK = threading.Lock()
@@ -72,27 +73,28 @@ class _Unplannable(Exception):
     pass
 
 
-def _encode(a, out: list, tensors: list) -> None:
-    """Append `a`'s part of a signature to `out` (a flat list: each item starts with a marker that
-    tells its length, so no two different calls share an encoding)."""
+def _encode(a, out: list, tensors: list, ids: dict) -> None:
+    """Append `a`'s part of a signature to `out`: one tuple per argument (a sequence: its type and
+    length, then its items), which tells apart any two different calls."""
     t = type(a)
     if t is _Tensor or t is _Parameter:
-        for j, u in enumerate(tensors):
-            if u is a:
-                out += ("same", j)
-                return
+        j = ids.get(id(a))
+        if j is not None:
+            out.append(("same", j))
+            return
         if a.requires_grad and torch.is_grad_enabled():
             raise _Unplannable("autograd")
+        ids[id(a)] = len(tensors)
         tensors.append(a)
-        out += (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 64)
+        out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
     elif t in _SCALARS:
         if a != a:  # NaN never equals itself: no plan could be found again
             raise _Unplannable("NaN argument")
-        out += (t, a)
+        out.append((t, a))
     elif t is tuple or t is list:
-        out += (t, len(a))
+        out.append((t, len(a)))
         for x in a:
-            _encode(x, out, tensors)
+            _encode(x, out, tensors, ids)
     elif isinstance(a, torch.Tensor):
         raise _Unplannable("tensor subclass")
     else:
@@ -100,18 +102,29 @@ def _encode(a, out: list, tensors: list) -> None:
             hash(a)
         except TypeError:
             raise _Unplannable(f"unhashable {t.__name__}") from None
-        out += (t, a)
+        out.append((t, a))
 
 
 def signature(args, kwargs):
-    """(signature, tensors in order of first appearance) of a call."""
-    out, tensors = [], []
+    """(signature, tensors in order of first appearance) of a call. Per tensor its dtype, shape,
+    strides, device and data-pointer alignment (mod 64); a tensor met again by its position."""
+    out, tensors, ids = [], [], {}
     for a in args:
-        _encode(a, out, tensors)
+        t = type(a)
+        if (t is _Tensor or t is _Parameter) and id(a) not in ids and not a.requires_grad:
+            ids[id(a)] = len(tensors)
+            tensors.append(a)
+            out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
+        elif t is int or t is bool or t is str or a is None or (t is float and a == a):
+            out.append((t, a))
+        elif t is list and all(type(x) is int for x in a):  # a shape: one item (no other encoding has a tuple there)
+            out.append((t, tuple(a)))
+        else:
+            _encode(a, out, tensors, ids)
     if kwargs:
         for k, v in kwargs.items():
             out.append(k)
-            _encode(v, out, tensors)
+            _encode(v, out, tensors, ids)
     return tuple(out), tensors
 
 
@@ -133,13 +146,15 @@ def planned(fn=None, *, no_alias: bool = False):
 
 def call(fn, args, kwargs=None, no_alias=False):
     """`fn(*args, **kwargs)` through its plan, built on the first call with this signature."""
-    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack():
+    mode = getattr(_local, "mode", None)  # the launch module's mode: record_device_calls, collect, compile_only
+    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack() \
+            or (mode is not None and (mode.uses is not None or mode.compile_only)):
         return _direct(fn, args, kwargs, no_alias)
     try:
         sig, tensors = signature(args, kwargs)
     except _Unplannable:
         return _direct(fn, args, kwargs, no_alias)
-    pk = (fn, no_alias, _launch._context(), sig)
+    pk = (fn, no_alias, _launch._context(), mode is not None, sig)
     run = _PLANS.get(pk, _MISSING)
     if run is _MISSING:
         if pk not in _SEEN:  # first sight: a signature met once (a growing decode length) never pays a build
@@ -314,7 +329,7 @@ class _Recorder(TorchDispatchMode):
         self._track(o, same)
 
     def launch(self, launcher, k, fn, args):
-        step = _launch.PlannedLaunch(launcher, k, fn, args)
+        step = _launch.planned_launch(launcher, k, fn, args)
         self.steps.append(("launch", step, [self._operand(a) for a in args]))
 
     def _operand(self, a):
@@ -339,7 +354,10 @@ class _Recorder(TorchDispatchMode):
                 g.emit(f"{target} = {g.op(func, args, kwargs)}")
             elif step[0] == "launch":
                 _, ln, args = step
-                vals = [g.value(a) for a in args]
+                if isinstance(ln, _launch.PackedLaunch):  # our packer: the tensors' data pointers only
+                    vals = [g.pointer(a) for a in args if isinstance(a, _Ref)]
+                else:
+                    vals = [g.value(a) for a in args]
                 g.emit(f"{g.const(ln)}({', '.join(vals)})")
             elif step[0] == "effect":
                 _, f, args = step
@@ -458,6 +476,14 @@ class _Codegen:
             return f"{self.const(getattr(torch, name))}({', '.join([self.value(a) for a in args] + kw)})"
         vals = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{self.const(func)}({', '.join(vals)})"
+
+    def pointer(self, r) -> str:
+        """The expression of `r`'s data pointer: a view not otherwise needed is never made, its
+        pointer is its root's plus the view's byte offset."""
+        if r.kind == "view" and r.name is None:
+            delta = r.geometry[2] * r.t.element_size()
+            return f"{self.value(r.base)}.data_ptr()" + (f" + {delta}" if delta else "")
+        return f"{self.value(r)}.data_ptr()"
 
     def fresh(self, r) -> str:
         if r.name is None:

@@ -36,6 +36,7 @@ import weakref
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export._unlift import GuardsFn
 
 from . import ops
 
@@ -78,7 +79,8 @@ _METHODS = {aten.view.default: "view", aten.transpose.int: "transpose", aten.per
             aten.reshape.default: "reshape", aten.contiguous.default: "contiguous", aten.sym_size.int: "size",
             aten.unsqueeze.default: "unsqueeze", aten.squeeze.dim: "squeeze", aten.expand.default: "expand",
             aten.t.default: "t", aten.select.int: "select", aten.clone.default: "clone",
-            aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div"}
+            aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div",
+            aten.split.Tensor: "split"}
 
 
 def _is_flydsl(node) -> bool:
@@ -94,18 +96,101 @@ def build(gm: torch.fx.GraphModule):
     graph._codegen = gm.graph._codegen  # the pytree in / out specs of an exported graph
     value, old_output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     graph.output(value, old_output.type)
-    for node in graph.nodes:
+    for node in list(graph.nodes):
         if _is_flydsl(node):
             node.args, node.kwargs = schema_args(node.target, node.args, node.kwargs), {}
             node.target = caller(node.target._opname)
         elif node.op == "call_function" and node.target in _METHODS and isinstance(node.args[0], torch.fx.Node):
             node.op, node.target = "call_method", _METHODS[node.target]
+        elif node.op == "call_module" and isinstance(_resolve(gm, node.target), GuardsFn) and not node.kwargs:
+            with graph.inserting_before(node):  # export's input guards: their function, without Module.__call__
+                node.args = (graph.get_attr(node.target), *node.args)
+            node.op, node.target = "call_method", "forward"
+    _plain_io(graph)
     code = graph.python_code(root_module="self")
+    src = _hoisted_attrs(code.src, graph, gm)
     scope = dict(code.globals)
-    exec(compile(code.src, f"<flydsl fast forward of {type(gm).__name__}>", "exec"), scope)  # noqa: S102 — FX's own codegen
+    exec(compile(src, f"<flydsl fast forward of {type(gm).__name__}>", "exec"), scope)  # noqa: S102 — FX's own codegen
     forward = scope["forward"]
-    forward.source = code.src
+    forward.source = src
     return forward
+
+
+def _resolve(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _plain_io(graph) -> None:
+    """An exported graph flattens its inputs and unflattens its output through pytree specs on every
+    call (~6 us); where those are a plain tuple of inputs and one tensor or a tuple of them, the
+    forward takes and returns them as they are."""
+    info = getattr(graph._codegen, "pytree_info", None)
+    if info is None or info.in_spec is None or info.out_spec is None:
+        return
+    n = len(graph.find_nodes(op="placeholder"))
+    out = graph.output_node()
+    flat = out.args[0]
+    if info.in_spec not in (pytree.tree_structure(((0,) * n, {})), pytree.tree_structure((0,) * n)) \
+            or not isinstance(flat, (tuple, list)) or [p.name for p in graph.find_nodes(op="placeholder")] \
+            != list(info.orig_args[-n:] if n else []):
+        return
+    if info.out_spec == pytree.tree_structure(0) and len(flat) == 1:
+        out.args = (flat[0],)
+    elif info.out_spec == pytree.tree_structure((0,) * len(flat)):
+        out.args = (tuple(flat),)
+    else:
+        return
+    graph._codegen = torch.fx.graph.CodeGen()
+
+
+def _attr_expr(gm, target: str) -> str | None:
+    """`self.<target>` as plain dict reads (`_modules`, `_parameters`, `_buffers`, or the instance
+    dict), skipping nn.Module.__getattr__ (~4 us a dotted parameter read, 0.3 as dict reads)."""
+    obj, expr = gm, "self"
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part in vars(obj):
+            expr, obj = f"{expr}.__dict__[{part!r}]", vars(obj)[part]
+            continue
+        for table in ("_parameters", "_buffers", "_modules"):
+            d = vars(obj).get(table)
+            if d is not None and part in d and (table == "_modules" or i == len(parts) - 1):
+                expr, obj = f"{expr}.{table}[{part!r}]", d[part]
+                break
+        else:
+            return None
+    return expr
+
+
+def _hoisted_attrs(src: str, graph, gm) -> str:
+    """`src` with every get_attr line moved into one read at the top, through `_attr_expr`'s dict
+    reads, falling back to FX's own attribute reads if the module's layout changed since the build
+    (reads have no side effects, so trying again is safe). `src` itself where it is not as expected."""
+    nodes = graph.find_nodes(op="get_attr")
+    if not nodes:
+        return src
+    lines, names, fast, slow = src.split("\n"), [], [], []
+    for node in nodes:
+        fx_read = torch.fx.graph._format_target("self", node.target)
+        expr = _attr_expr(gm, node.target)
+        line = f"    {node.name} = {fx_read}"
+        if expr is None or line not in lines:
+            return src
+        lines.remove(line)
+        names.append(node.name)
+        fast.append(expr)
+        slow.append(fx_read)
+    head = next((i for i, ln in enumerate(lines) if ln.startswith("def forward(")), None)
+    if head is None or not lines[head].endswith(":"):
+        return src
+    while lines[head + 1].lstrip().endswith("self._in_spec)"):  # the pytree input binding stays first
+        head += 1
+    lines.insert(head + 1, f"    try:\n        {', '.join(names)}, = {', '.join(fast)},\n"
+                           f"    except (KeyError, AttributeError):\n        {', '.join(names)}, = {', '.join(slow)},")
+    return "\n".join(lines)
 
 
 def fast_forward(gm: torch.fx.GraphModule):

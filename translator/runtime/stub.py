@@ -42,11 +42,12 @@ def rocm_compile_env(arch: str = "gfx942"):
 
 
 @contextlib.contextmanager
-def rocm_recorded(arch: str = "gfx942"):
-    """Yields the recorder (a list of (kernel name, packed argument count), one per device call)."""
+def rocm_recorded(arch: str = "gfx942", recorder=None):
+    """Yields the recorder: by default a list of (kernel name, packed argument count), one per device
+    call; else `recorder`, called as `recorder(kernel name, packed argument array)`."""
     from translator_kernels import launch
 
     from . import use_backend
 
-    with rocm_compile_env(arch), use_backend("rocm", arch), launch.record_device_calls() as rec:
+    with rocm_compile_env(arch), use_backend("rocm", arch), launch.record_device_calls(recorder) as rec:
         yield rec
