@@ -7,6 +7,7 @@ a folder named like a package) would otherwise shadow them; with these first, `i
 flysim`, `import translator` and `import translator_kernels` always mean this checkout's.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,3 +17,10 @@ for p in (FLYSIM_SRC, ROOT):
     if p in sys.path:
         sys.path.remove(p)
     sys.path.insert(0, p)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist (`-n N`) the N workers share the machine's cores: one torch thread each,
+    # or N workers x torch's default of one thread per core oversubscribe it.
+    import torch
+
+    torch.set_num_threads(1)

@@ -19,3 +19,27 @@ def without_translator(tmp_path_factory):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(block), str(ROOT), str(ROOT / "flysim" / "src")])
     return env
+
+
+@pytest.fixture(scope="session")
+def compiled_isa():
+    """compiled_isa(jobs, name, arch) -> the translator_kernels.isa.Compiled of jobs[name].
+
+    `jobs` maps names to translator_kernels.isa jobs (entry, args, kwargs). The first request for
+    an arch compiles ALL of them in one child process (a child costs a start of Python, torch and
+    FlyDSL, most of a small kernel's compile time); the results are kept for the session, so tests
+    that assert different things about the same kernels compile them once. A failed compile raises
+    its IsaCompileError in the tests that ask for that job."""
+    from translator_kernels.isa import compile_many
+
+    done: dict = {}
+
+    def get(jobs: dict, name: str, arch: str):
+        key = (arch, repr(sorted(jobs.items())))
+        if key not in done:
+            done[key] = dict(zip(jobs, compile_many(list(jobs.values()), arch)))
+        if isinstance(done[key][name], Exception):
+            raise done[key][name]
+        return done[key][name]
+
+    return get

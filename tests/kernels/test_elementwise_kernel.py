@@ -210,25 +210,38 @@ def test_clear_errors():
         fused_elementwise([torch.zeros(4)], prog.text())
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-def test_isa_no_spills_128bit_access(arch):
-    from bench.isa_elementwise import isa_stats
+# kernels whose ISA several tests read: (program, input shapes, input dtypes)
+ISA_KERNELS = {
+    "gelu_tanh_bf16": (Program(3, (("mul", (0, 1), ()), ("gelu", (3,), ()), ("add", (4, 2), ()), ("tanh", (5,), ())),
+                               ((6, "bf16"), (5, "bf16"))), [(64, 256), (256,), (64, 1)], ["bf16", "bf16", "bf16"]),
+    "sin_cos_atan_bf16": (Program(2, (("sin", (0,), ()), ("cos", (0,), ()), ("atan", (1,), ()), ("mul", (2, 4), ()),
+                                      ("add", (5, 3), ())), ((6, "bf16"),)), [(64, 256), (64, 256)], ["bf16", "bf16"]),
+}
 
-    prog = Program(3, (("mul", (0, 1), ()), ("gelu", (3,), ()), ("add", (4, 2), ()), ("tanh", (5,), ())),
-                   ((6, "bf16"), (5, "bf16")))
-    s = isa_stats(prog.text(), [(64, 256), (256,), (64, 1)], ["bf16", "bf16", "bf16"], arch)
+
+@pytest.fixture(scope="module")
+def isa_row(compiled_isa):
+    """isa_row(name, arch): bench.isa_elementwise's row for ISA_KERNELS[name]; all of them compile
+    in one child per arch."""
+    from bench.isa_elementwise import row, tensor_specs
+
+    jobs = {name: ("translator_kernels.generated.elementwise:fused_elementwise",  # as bench.isa_elementwise
+                   (tensor_specs(shapes, dtypes), prog.text()), {})
+            for name, (prog, shapes, dtypes) in ISA_KERNELS.items()}
+    return lambda name, arch: row(compiled_isa(jobs, name, arch))
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_isa_no_spills_128bit_access(arch, isa_row):
+    s = isa_row("gelu_tanh_bf16", arch)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
     assert "buffer_load_dwordx4" in s["loads"] and "buffer_store_dwordx4" in s["stores"], s
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-def test_isa_sin_cos_atan_no_spills(arch):
+def test_isa_sin_cos_atan_no_spills(arch, isa_row):
     """The polynomial ops compile to AMDGPU ISA without the ocml device library, without spills."""
-    from bench.isa_elementwise import isa_stats
-
-    prog = Program(2, (("sin", (0,), ()), ("cos", (0,), ()), ("atan", (1,), ()), ("mul", (2, 4), ()),
-                       ("add", (5, 3), ())), ((6, "bf16"),))
-    s = isa_stats(prog.text(), [(64, 256), (64, 256)], ["bf16", "bf16"], arch)
+    s = isa_row("sin_cos_atan_bf16", arch)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
     print(arch, s)
 

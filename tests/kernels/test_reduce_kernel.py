@@ -167,13 +167,16 @@ def test_two_stage_long_rows(kind, params):
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-def test_isa_no_spills(arch):
-    from bench.isa_reduce import isa_stats
+def test_isa_no_spills(arch, compiled_isa):
+    from bench.isa_elementwise import row, tensor_specs
 
-    prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),))
-    for kind, shape in (("sum", (64, 4096)), ("argmax", (64, 4096)), ("var", (256, 96))):
-        s = isa_stats(prog.text(), [shape, (shape[0], 1)], ["bf16", "f32"], kind, [1], (1,) if kind == "var" else (),
-                      arch)
+    prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),)).text()
+    cases = {"sum": (64, 4096), "argmax": (64, 4096), "var": (256, 96)}
+    jobs = {kind: ("translator_kernels.generated.reduce:fused_reduce",  # the call bench.isa_reduce.isa_stats makes
+                   (tensor_specs([shape, (shape[0], 1)], ["bf16", "f32"]), prog, kind, [1], False,
+                    (1,) if kind == "var" else ()), {}) for kind, shape in cases.items()}
+    for kind, shape in cases.items():
+        s = row(compiled_isa(jobs, kind, arch))  # the three compile in one child
         assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, (kind, s)
         if shape[1] % 8 == 0:
             assert "buffer_load_dwordx4" in s["loads"], (kind, s)

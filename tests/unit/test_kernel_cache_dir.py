@@ -45,3 +45,34 @@ def test_cache_owned_by_someone_else_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "getuid", lambda: os.lstat(d).st_uid + 1)
     with pytest.raises(PermissionError, match="owned by uid"):
         cache_dir()
+
+
+def test_private_ld_lld_link_survives_racing_workers(monkeypatch, tmp_path):
+    """Test workers (pytest-xdist) compile at once on a clean machine, each making flysim's private
+    ROCM_PATH/llvm/bin/ld.lld link. Here another worker makes it between our look and our link: no
+    FileExistsError, and the link is whole. A stale link is replaced; no temporary link is left."""
+    from pathlib import Path
+
+    from flysim import toolchain
+
+    ld = toolchain.find_ld_lld()
+    if ld is None:
+        pytest.skip("no ld.lld on this machine")
+    monkeypatch.setattr(toolchain, "PRIVATE_ROOT", tmp_path / "rocm")
+    link = tmp_path / "rocm" / "llvm" / "bin" / "ld.lld"
+    real_symlink_to = Path.symlink_to
+
+    def other_worker_first(self, target, *a, **k):
+        if not link.is_symlink():
+            real_symlink_to(link, os.path.realpath(ld))  # the other worker's link, made just now
+        return real_symlink_to(self, target, *a, **k)
+
+    monkeypatch.setattr(Path, "symlink_to", other_worker_first)
+    assert toolchain._private_rocm(ld) == str(tmp_path / "rocm")
+    assert os.path.realpath(link) == os.path.realpath(ld)
+    monkeypatch.setattr(Path, "symlink_to", real_symlink_to)
+    link.unlink()
+    link.symlink_to(tmp_path / "gone")  # stale: an ld.lld that is no more
+    toolchain._private_rocm(ld)
+    assert os.path.realpath(link) == os.path.realpath(ld)
+    assert os.listdir(link.parent) == ["ld.lld"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from .errors import SimulationError
@@ -52,11 +53,12 @@ def _llvm_version(path: str) -> int:
 def _private_rocm(ld: str) -> str:
     link = PRIVATE_ROOT / "llvm" / "bin" / "ld.lld"
     link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        if os.path.realpath(link) == os.path.realpath(ld):
-            return str(PRIVATE_ROOT)
-        link.unlink()
-    link.symlink_to(os.path.realpath(ld))
+    if os.path.realpath(link) != os.path.realpath(ld):
+        # a link of a name of our own, renamed over: processes racing here (test workers) each
+        # leave a whole link, never a missing one or a FileExistsError
+        tmp = link.with_name(f".ld.lld.{uuid.uuid4().hex}")
+        tmp.symlink_to(os.path.realpath(ld))
+        os.replace(tmp, link)
     return str(PRIVATE_ROOT)
 
 
