@@ -56,13 +56,13 @@ class _Prepared:
     def __init__(self):
         self.entries: list = []
         self.sources: tuple = ()
-        self.stamp: list = []
+        self.stamp: list | None = None
 
     def add(self, entry):
         self.entries.append(entry)
         seen = {id(t) for t in self.sources}
         self.sources += tuple(t for t in entry[2] if id(t) not in seen and not seen.add(id(t)))
-        self.stamp = _stamp(self.sources)
+        self.stamp = None  # the next refresh compares every entry with its own stamp, then sets this
 
 
 def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:

@@ -35,6 +35,11 @@ the host or synchronizes, so a forward can be captured in a CUDA (HIP) graph.
     (the compiled function's call state: packed C arguments -> host function pointer) by a
     recorder, so CI walks the real-GPU host path on a CPU and benchmarks can time it.
   - COMPILE_ONLY=1 (ISA statistics): `flyc.compile` compiles and returns None; nothing runs.
+
+Per-call plans (translator_kernels.plan) replay launches without the key: `planned_launch` makes a
+`PackedLaunch` (our packer, translator_kernels.packer, wrote every constant slot once; a replay
+passes data pointers only) on the device path, or a `PlannedLaunch` (tensors in, the compiled
+object's own call) where the packer stands aside, flysim included.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ slots were written by FlyDSL's fills, pointer slots hold what FlyDSL's pointer f
 lowest layer, for every family.
 
 It relies on FlyDSL internals, checked once per launch (`unavailable` gives the reason, logged
-once; the launch then goes through FlyDSL's own call): flydsl 0.5.0, a `CompiledFunction` with
+once: a warning where FlyDSL is not as expected, INFO where standing aside is expected, as under
+flysim; the launch then goes through FlyDSL's own call): flydsl 0.5.0, a `CompiledFunction` with
 its call spec (slot list of (argument index, ctype, fill)), per tensor a first slot that is
 FlyDSL's torch pointer fill, no kernel-trace presets, and on the device path a ready call state
 whose host function we call (`_func_exe`). flysim's compiled object is no `CompiledFunction`:
@@ -109,7 +110,9 @@ def packer(fn, args, n_args: int, has_stream: bool, cuda: bool, recording: bool)
     if reason is not None:
         if reason not in _REPORTED and reason != "turned off":
             _REPORTED.add(reason)
-            log.info("planned launches use FlyDSL's own argument packing: %s", reason)
+            expected = "flysim" in reason or "ktrace" in reason or "not ready" in reason
+            (log.info if expected else log.warning)(
+                "planned launches use FlyDSL's own argument packing (slower host path): %s", reason)
         return None
     return Packer(fn, args, n_args, has_stream, cuda)
 

@@ -65,3 +65,20 @@ def test_a_write_through_data_needs_a_forced_refresh():
         torch.testing.assert_close(tm(x), stale, rtol=0, atol=0)
         assert refresh_prepared(tm.gm, force=True) == 2
         torch.testing.assert_close(tm(x), m(x), **tol)
+
+
+def test_a_source_written_between_two_registrations_is_still_rebuilt():
+    """The all-sources stamp is taken by the next refresh, not at registration: a source written
+    after its copy was made and before the next copy's registration is still seen."""
+    from translator.state import prepared
+
+    gm = torch.fx.GraphModule(nn.Module(), torch.fx.Graph())
+    p, q = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))
+    gm.register_buffer("p2", p.detach() * 2)
+    gm.register_buffer("q2", q.detach() * 2)
+    prepared(gm, "p2", lambda t: t * 2, [p])
+    with torch.no_grad():
+        p.mul_(3)
+    prepared(gm, "q2", lambda t: t * 2, [q])
+    assert refresh_prepared(gm) == 1 and torch.equal(gm.p2, torch.full((3,), 6.0))
+    assert refresh_prepared(gm) == 0
