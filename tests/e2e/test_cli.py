@@ -511,14 +511,17 @@ def test_translate_reports_its_stages_in_order():
             pass
 
 
-def test_python_m_translator_and_help_at_80_columns():
-    env = {**__import__("os").environ, "COLUMNS": "80"}
-    proc = subprocess.run([sys.executable, "-m", "translator", "--version"], capture_output=True, text=True, env=env)
+def test_python_m_translator_and_help_at_80_columns(capsys, monkeypatch):
+    """`python -m translator` runs cli.main (one child process); the help pages it prints at
+    COLUMNS=80 are rendered by that same main in-process (a child each would cost a Python + torch
+    start; their text is the same byte for byte)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    proc = subprocess.run([sys.executable, "-m", "translator", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("flydsl-translate ")
     for args in (["--help"], ["convert", "--help"]):
-        proc = subprocess.run([sys.executable, "-m", "translator", *args], capture_output=True, text=True, env=env)
-        assert proc.returncode == 0, proc.stderr
-        lines = proc.stdout.splitlines()
+        code, out, err = run_main(capsys, *args)
+        assert code == 0, err
+        lines = out.splitlines()
         assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80]
-        assert "Exit codes" in proc.stdout and "Example" in proc.stdout
-    assert "3  internal error" in proc.stdout and "--json" in proc.stdout and "--quiet" in proc.stdout
+        assert "Exit codes" in out and "Example" in out
+    assert "3  internal error" in out and "--json" in out and "--quiet" in out
