@@ -145,16 +145,17 @@ kern:
 # per-tile buffer descriptors and gfx950's 16 KB tiles: gfx942 1.74 / 1.26, gfx950 0.84 / 0.63
 # (D128 / D64), static = steady
 @pytest.mark.parametrize("arch,d,static,steady,mfma,perms", [
-    ("gfx942", 128, 1.74, 2.6, 68, 8), ("gfx942", 64, 1.26, 1.5, 72, 16),
-    ("gfx950", 128, 1.15, 1.45, 68, 0), ("gfx950", 64, 0.65, 0.76, 36, 0)])
+    ("gfx942", 128, 1.74, 2.8, 68, 8), ("gfx942", 64, 1.26, 1.55, 72, 16),
+    ("gfx950", 128, 1.14, 1.5, 68, 0), ("gfx950", 64, 0.65, 0.8, 36, 0)])
 def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, perms):
     """Our attention at B1 S2048 H32 bf16 causal (ISA compiled without a GPU): the loop found is
-    the MFMA loop; the rescale of O and l is the only thing the steady path skips (2 exp2 for alpha,
-    the O / l multiplies, no MFMA, no memory); matrix over vector cycles stay at the levels above
-    (issue #15's targets, 1.5x at D=128 and 1x at D=64, are met on gfx942's steady path; gfx950's
-    bound is in docs/attention.md); the row sum is an MFMA, the row-max exchange costs no VALU (no
-    permlane / select), V needs no v_perm regrouping (gfx942's v_perm are P's truncation to bf16,
-    one per 2 scores), and the kernel keeps 2 waves per SIMD without spills."""
+    the MFMA loop; the rescale is the only thing the steady path skips (2 exp2 for alpha, the O / l
+    multiplies and the row-max exchange, no MFMA, no memory traffic); matrix over vector cycles stay
+    at the levels above (issue #15's targets, 1.5x at D=128 and 1x at D=64: met on gfx942, static
+    and steady, and on gfx950's steady path at D=128; gfx950 D=64's bound, 0.82, is worked out in
+    docs/attention.md); the row sum is an MFMA, the row-max exchange costs no VALU (no permlane /
+    select), V needs no v_perm regrouping (gfx942's v_perm are P's truncation to bf16, one per 2
+    scores), and the kernel keeps 2 waves per SIMD without spills."""
     from bench.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
@@ -164,7 +165,8 @@ def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, p
     assert c["counts"]["MFMA"] == c["steady"]["counts"]["MFMA"] == mfma, c
     sk = c["skipped"]
     assert sk.get("v_exp_f32_e32") == 2 and sk.get("v_pk_mul_f32", 0) >= 16, sk
-    assert not any(classify(mn) in ("MFMA", "vmem_load", "vmem_store") or mn.startswith("ds_") for mn in sk), sk
+    assert not any(classify(mn) in ("MFMA", "vmem_load", "vmem_store") or mn.startswith(("ds_read", "ds_write"))
+                   for mn in sk), sk
     assert not any(mn.startswith(("v_permlane", "v_cndmask")) for mn in c["ops"]), c["ops"]
     assert c["ops"].get("v_perm_b32", 0) <= perms, c["ops"]
     if arch == "gfx950":  # V read transposed by the LDS (ds_read_b64_tr_b16), written with 16-byte stores

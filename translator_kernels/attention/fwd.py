@@ -371,6 +371,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             # max(c s) = c max(s)
             neg = c_qk < zero_f
             c_qk = neg.select(zero_f - c_qk, c_qk)
+            inv_c = fx.Float32(1.0) / c_qk  # the rescale threshold in raw-score units (a zero scale: +inf)
             IntE = fx.Int32 if is_f32 else fx.Int16
             sign = neg.select(IntE(-(2 ** (8 * eb - 1))), IntE(0))
             q_chunks = [[fx.Vector(fx.Vector(fx.Vector(ch).bitcast(IntE)) ^ sign).bitcast(Elem) for ch in q_chunks[u]]
@@ -482,37 +483,46 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
             # ---- online softmax, per row group ----
             raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
-            m_tile = []
+            m_tile = []  # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
             for u in range_constexpr(RG):
                 m_loc = s_tiles[u][0][0] if raw else m_old[u]
                 for t in range_constexpr(N_TILES):
                     for i in range_constexpr(4):
                         m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
-                m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
-                m_tile.append(fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN))
+                if const_expr(not raw):
+                    m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
+                    m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN)
+                m_tile.append(m_loc)
             if const_expr(raw):
-                # the state carries m_lim = m_ref + RESCALE_TAU: the reference max moves (and O, l are
-                # rescaled) only when some row of the wave outgrows it by more than TAU, a wave-uniform
-                # branch the steady state skips; p = exp2(c s - m_ref) <= 2^TAU meanwhile. Every key
-                # of the tile is real: m_tile is finite (inputs finite).
-                m_c = [m_tile[u] * c_qk for u in range_constexpr(RG)]
-                grow = m_c[0] > m_old[0]
+                # state: -m_ref per row and, at its end, thr = (m_ref + RESCALE_TAU) / c. The reference
+                # max moves (and O, l are rescaled) only when a raw score of some row of the wave
+                # exceeds thr: a wave-uniform branch the steady state skips, with the row-max exchange
+                # inside it; p = exp2(c s - m_ref) <= 2^TAU meanwhile. Every key of the tile is real:
+                # m_tile is finite (inputs finite).
+                thr = state[len(state) - RG:]
+                grow = m_tile[0] > thr[0]
                 for u in range_constexpr(1, RG):
-                    grow = grow | (m_c[u] > m_old[u])
+                    grow = grow | (m_tile[u] > thr[u])
                 any_grow = fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), grow)) != fx.Int64(0)
-                m_lim = [m_old[u] for u in range_constexpr(RG)]
+                neg_m = [m_old[u] for u in range_constexpr(RG)]
+                thr_new = [thr[u] for u in range_constexpr(RG)]
                 l_base = [l_old[u] for u in range_constexpr(RG)]
                 o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
                 if any_grow:
-                    m_up = [fx.arith.maximumf(m_old[u], m_c[u] + RESCALE_TAU, fastmath=NNAN)
-                            for u in range_constexpr(RG)]
-                    alphas = [exp2(m_old[u] - m_up[u]) for u in range_constexpr(RG)]
+                    m_row = [fx.arith.maximumf(m_tile[u], lane_xor(m_tile[u], 16), fastmath=NNAN)
+                             for u in range_constexpr(RG)]
+                    m_row = [fx.arith.maximumf(m_row[u], lane_xor(m_row[u], 32), fastmath=NNAN)
+                             for u in range_constexpr(RG)]
+                    m_prev = [zero_f - m_old[u] for u in range_constexpr(RG)]
+                    m_ref = [fx.arith.maximumf(m_prev[u], m_row[u] * c_qk, fastmath=NNAN) for u in range_constexpr(RG)]
+                    alphas = [exp2(m_prev[u] - m_ref[u]) for u in range_constexpr(RG)]
                     l_base = [(fx.Vector(l_old[u]) if ONES_L else l_old[u]) * alphas[u] for u in range_constexpr(RG)]
                     o_flat = [fx.Vector(o_acc[u][i]) * alphas[u] for u in range_constexpr(RG) for i in range_constexpr(VN)]
-                    m_lim = m_up
+                    neg_m = [zero_f - m_ref[u] for u in range_constexpr(RG)]
+                    thr_new = [(m_ref[u] + RESCALE_TAU) * inv_c for u in range_constexpr(RG)]
                 o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
-                m_new = m_lim
-                neg_m = [fx.Vector.filled(4, RESCALE_TAU, fx.Float32) - m_lim[u] for u in range_constexpr(RG)]
+                m_new = neg_m
+                neg_m = [fx.Vector.from_elements([neg_m[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
             else:
                 m_use = [(m_tile[u] == neg_inf).select(zero_f, m_tile[u]) for u in range_constexpr(RG)]
                 alphas = [exp2(m_old[u] - m_use[u]) for u in range_constexpr(RG)]
@@ -589,12 +599,20 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     for u in range_constexpr(RG):
                         l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
 
-            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt
+            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt + (thr_new if raw else [])
 
-        for kb_idx, state in range(fx.Index(kv_start), fx.Index(full_end), fx.Index(BLOCK_N), init=init):
-            res_full = yield kv_step(fx.Int32(kb_idx), state, False)
-        if const_expr(RAW_MAX):  # the unmasked loop carried m_ref + RESCALE_TAU; the masked one takes m_ref
-            res_full = [res_full[u] - RESCALE_TAU for u in range_constexpr(RG)] + res_full[RG:]
+        # the unmasked loop (RAW_MAX) carries -m_ref (+inf: no reference yet) and the rescale
+        # thresholds (-inf) at the end of its state; the masked loop takes m_ref
+        init_full = init
+        if const_expr(RAW_MAX):
+            init_full = [fx.Float32(float("inf"))] * RG + init[RG:] + [neg_inf] * RG
+        # counted in tiles from 0 with step 1: LLVM then tests the exit with != (a scalar compare)
+        # instead of a 64-bit < on the VALU
+        n_full = (full_end - kv_start) // BLOCK_N
+        for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=init_full):
+            res_full = yield kv_step(kv_start + fx.Int32(it_idx) * BLOCK_N, state, False)
+        if const_expr(RAW_MAX):
+            res_full = [zero_f - res_full[u] for u in range_constexpr(RG)] + res_full[RG:len(res_full) - RG]
         for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
             results = yield kv_step(fx.Int32(kb_idx), state, True)
 
