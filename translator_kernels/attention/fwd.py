@@ -16,7 +16,8 @@ tile, which is exactly the Páµ€ B-operand layout of the second MFMA, and the Oáµ
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, P's conversion, exp2
+and the lane exchange: mma.py.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
