@@ -66,8 +66,8 @@ def v_transpose_read(arch: str, dtype: str, num_waves: int) -> bool:
 # 16-bit attention at 96 < D <= 128: 64 keys per iteration, so the per-iteration rescale test,
 # bookkeeping and loop control spread over twice the scores, at the 2 waves/SIMD D=128 has
 # anyway (242 VGPRs). Measured elsewhere: non-causal D=128 takes 260 VGPRs at 64 keys (1
-# wave/SIMD; a spill under waves_per_eu=2) and D = 80, 96, 256 drop from 3 to 2 waves/SIMD, so
-# they keep 8 KB.
+# wave/SIMD; a spill under waves_per_eu=2), D = 80 and 256 drop from 3 to 2 waves/SIMD and
+# D = 96 needs about 216 VGPRs, so they keep 8 KB.
 K_TILE_BYTES, WIDE_K_TILE_BYTES = 8192, 16384
 
 
