@@ -65,9 +65,9 @@ def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
     return (1 if sq <= rows else 2 if sq <= 2 * rows else 4), rg
 
 
-def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942") -> dict:
+def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", causal: bool = False) -> dict:
     """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
-    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim), arch)
+    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim), arch, causal)
 
 
 @kl.builder

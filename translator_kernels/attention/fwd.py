@@ -16,7 +16,8 @@ tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the O�
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, P's conversion, exp2
+and the lane exchange: mma.py.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
@@ -63,6 +64,8 @@ from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
                                                 MASK_BOOL, MASK_NONE, NNAN, RESCALE_TAU, chunk_elems, ir_elem, kernel_config,
                                                 padded_head_dim, v_transpose_read)
+from translator_kernels.attention import mma
+from translator_kernels.attention.mma import elem, exp2, slice4, xor_addresses
 from translator_kernels.device_math import tanh
 
 
@@ -80,7 +83,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     PADDED = D != DV
     is_f32 = dtype == "f32"
     eb = ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, DV, num_waves, row_groups, arch)
+    cfg = kernel_config(dtype, DV, num_waves, row_groups, arch, causal)
     N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
     QN = D // 4                      # d elements per lane for Q / K rows
     QC = chunk_elems(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
@@ -124,9 +127,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     class KVStage:
         k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
         v: fx.Array[Elem, max(1, BLOCK_N * LSTR if VTR else D * VSTR), 16]
-
-    def f32v4():
-        return ir.VectorType.get([4], ir.F32Type.get())
 
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
@@ -196,61 +196,19 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 out.append(x)
             return out
 
-        def elem(chunks, chunk, idx):
-            return fx.Vector(chunks[idx // chunk])[idx % chunk]
-
-        def slice4(chunks, chunk, start):
-            v = fx.Vector(chunks[start // chunk])
-            if const_expr(chunk == 4):
-                return v
-            o = start % chunk
-            return v.shuffle(v, [o, o + 1, o + 2, o + 3])
-
-        if const_expr(BPERM):
-            xor_addr = {k: ((lane ^ k) * 4).ir_value() for k in (16, 32)}
+        xaddr = xor_addresses(lane) if const_expr(BPERM) else None
 
         def lane_xor(x, k):
-            """x of lane ^ k. gfx950's generic shuffle lowering (permlane swaps plus a compare and a
-            select per step) costs ~7 VALU; one ds_bpermute runs on the LDS pipe instead."""
-            if const_expr(not BPERM):
-                return fx.Float32(fx.gpu.shuffle_xor(x, k, 64))
-            bits = rocdl.ds_bpermute(ir.IntegerType.get_signless(32), xor_addr[k], fx.Float32(x).bitcast(fx.Int32).ir_value())
-            return fx.Float32(fx.Int32(bits).bitcast(fx.Float32))
-
-        def exp2(x):
-            """Hardware v_exp_f32 (afn: no device-library call); exp2(-inf) = 0."""
-            return fx.math.exp2(x, fastmath=AFN)
-
-        def p_to_elem(ps):
-            """4 probabilities (finite, >= 0) -> the MFMA's 16-bit type. gfx942 has no bf16 convert
-            instruction and LLVM's round-to-nearest-even with NaN care costs ~4.5 VALU per value;
-            keeping the high half of the bits (truncation) is one v_perm per 2 values. Its bias
-            (every weight rounded down) cancels in O / l because l sums the same rounded p (ONES_L);
-            alone it measured 1.6x the mean error of round-to-nearest. fp16 likewise rounds toward
-            zero with v_cvt_pkrtz_f16_f32 (one per 2 values; RTN costs a convert per value + a pack)."""
-            pv = fx.Vector.from_elements(ps, fx.Float32)
-            if const_expr(dtype == "f16" and ONES_L):  # v_cvt_pkrtz_f16_f32: 2 values, toward zero
-                f16x2 = ir.VectorType.get([2], ir.F16Type.get())
-                lo = fx.Vector(rocdl.cvt_pkrtz(f16x2, fx.Float32(ps[0]).ir_value(), fx.Float32(ps[1]).ir_value()))
-                hi = fx.Vector(rocdl.cvt_pkrtz(f16x2, fx.Float32(ps[2]).ir_value(), fx.Float32(ps[3]).ir_value()))
-                return lo.shuffle(hi, [0, 1, 2, 3])
-            if const_expr(not TRUNC_P):
-                return pv.to(Elem)
-            halves = fx.Vector(pv.bitcast(fx.Int16))
-            return fx.Vector(halves.shuffle(halves, [1, 3, 5, 7])).bitcast(fx.BFloat16)
+            return mma.lane_xor(x, k, xaddr)
 
         def mfma(a, b_, c):
-            """One 16x16 MFMA step: fp32 16x16x4 (scalar operands) or 16x16x16 (4-vectors)."""
-            if const_expr(is_f32):
-                op = rocdl.mfma_f32_16x16x4f32(f32v4(), fx.Float32(a).ir_value(), fx.Float32(b_).ir_value(),
-                                               fx.Vector(c).ir_value(), 0, 0,
-                                               ir.Attribute.parse("#rocdl<mfma_perm_b none>"))
-                return fx.Vector(op.result)
-            if const_expr(dtype == "bf16"):
-                a16 = fx.Vector(a).bitcast(fx.Int16)
-                b16 = fx.Vector(b_).bitcast(fx.Int16)
-                return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(f32v4(), [a16, b16, c, 0, 0, 0]))
-            return fx.Vector(rocdl.mfma_f32_16x16x16f16(f32v4(), [a, b_, c, 0, 0, 0]))
+            return mma.mfma(dtype, a, b_, c)
+
+        def mfma32(a, b_, c):
+            return mma.mfma32(dtype, a, b_, c)
+
+        def p_to_elem(ps):
+            return mma.p_to_elem(ps, dtype, TRUNC_P)
 
         if const_expr(USE_LDS):
             stage = fx.SharedAllocator().allocate(KVStage).peek()
@@ -356,12 +314,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             key_c = (key < sk).select(key, sk_last)
             # padding columns only feed padding rows of Oᵀ, which are never stored
             return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False)
-
-        def mfma32(a, b_, c):
-            """gfx950 16x16x32 step: lane (g, r) supplies k = 8g .. 8g+7 as an 8-vector."""
-            if const_expr(dtype == "bf16"):
-                return fx.Vector(rocdl.mfma_f32_16x16x32_bf16(f32v4(), [a, b_, c, 0, 0, 0]))
-            return fx.Vector(rocdl.mfma_f32_16x16x32_f16(f32v4(), [a, b_, c, 0, 0, 0]))
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)

@@ -13,8 +13,8 @@ every access a contiguous per-lane vector (lane = 16 g + r):
     same "tile order" as gfx942's; two reads make a 16x16x32 operand (a pair of key tiles).
   * PV without LDS (one wave: decode): row m stands for d = m * D/16 + dt, so a lane reads
     D/16 contiguous elements of one V row and regroups them (v_perm).
-Keys per iteration: register-bounded without LDS; with LDS a K tile of K_TILE_BYTES (8 KB on
-gfx942, 16 KB on gfx950), at most 64 keys.
+Keys per iteration: register-bounded without LDS; with LDS a K tile of K_TILE_BYTES (8 KB; 16 KB
+on gfx950 for causal 16-bit D=128), at most 64 keys.
 """
 
 import flydsl.expr as fx
@@ -62,18 +62,29 @@ def v_transpose_read(arch: str, dtype: str, num_waves: int) -> bool:
 
 
 # bytes of one K tile staged in LDS: 8 KB (about 17 KB of K + V staging with padding) lets three
-# 4-wave workgroups share a gfx942 CU's 64 KB; gfx950's 160 KB takes 16 KB tiles (64 keys at
-# D=128: the per-iteration row-max exchange, bookkeeping and loop control spread over twice
-# the scores) and still fits four workgroups
-K_TILE_BYTES = {"gfx942": 8192, "gfx950": 16384}
+# 4-wave workgroups share a gfx942 CU's 64 KB. gfx950 (160 KB) stages 16 KB tiles for causal
+# 16-bit attention at 96 < D <= 128: 64 keys per iteration, so the per-iteration rescale test,
+# bookkeeping and loop control spread over twice the scores, at the 2 waves/SIMD D=128 has
+# anyway (242 VGPRs). Measured elsewhere: non-causal D=128 takes 260 VGPRs at 64 keys (1
+# wave/SIMD; a spill under waves_per_eu=2), D = 80 and 256 drop from 3 to 2 waves/SIMD and
+# D = 96 needs about 216 VGPRs, so they keep 8 KB.
+K_TILE_BYTES, WIDE_K_TILE_BYTES = 8192, 16384
 
 
-def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1, arch: str = "gfx942") -> dict:
+def wide_kv_tile(arch: str, dtype: str, head_dim: int, num_waves: int, causal: bool) -> bool:
+    """gfx950, 16-bit, causal, LDS path, 96 < padded D <= 128: WIDE_K_TILE_BYTES K tiles."""
+    return (arch.startswith("gfx950") and ELEM_BYTES[dtype] == 2 and num_waves > 1 and causal
+            and 96 < padded_head_dim(head_dim) <= 128)
+
+
+def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1, arch: str = "gfx942",
+                  causal: bool = False) -> dict:
     """Static tile parameters of one specialization (also used by bench/isa_attention.py)."""
     eb = ELEM_BYTES[dtype]
     head_dim = padded_head_dim(head_dim)
     use_lds = num_waves > 1
-    budget = K_TILE_BYTES["gfx950" if arch.startswith("gfx950") else "gfx942"] if use_lds else 16384
+    wide = wide_kv_tile(arch, dtype, head_dim, num_waves, causal)
+    budget = (WIDE_K_TILE_BYTES if wide else K_TILE_BYTES) if use_lds else 16384
     n_tiles = max(1, min(4, budget // (16 * head_dim * eb)))
     block_n = 16 * n_tiles
     kstride = head_dim + 16 // eb          # padded LDS row: conflict-free 16-byte row reads
