@@ -90,7 +90,7 @@ def _encode(a, out: list, tensors: list, ids: dict) -> None:
     elif t in _SCALARS:
         if a != a:  # NaN never equals itself: no plan could be found again
             raise _Unplannable("NaN argument")
-        out.append((t, a))
+        out.append((t, a, math.copysign(1.0, a)) if t is float and a == 0 else (t, a))  # 0.0 == -0.0
     elif t is tuple or t is list:
         out.append((t, len(a)))
         for x in a:
@@ -115,8 +115,10 @@ def signature(args, kwargs):
             ids[id(a)] = len(tensors)
             tensors.append(a)
             out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
-        elif t is int or t is bool or t is str or a is None or (t is float and a == a):
+        elif t is int or t is bool or t is str or a is None:
             out.append((t, a))
+        elif t is float and a == a:
+            out.append((t, a) if a else (t, a, math.copysign(1.0, a)))  # 0.0 == -0.0, but 1 / x tells them apart
         elif t is list and all(type(x) is int for x in a):  # a shape: one item (no other encoding has a tuple there)
             out.append((t, tuple(a)))
         else:

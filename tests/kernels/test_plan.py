@@ -177,6 +177,29 @@ def test_same_object_twice_is_its_own_signature():
     torch.testing.assert_close(add(y, y), y + y)
 
 
+def test_signed_zero_scalars_are_distinct_signatures():
+    """0.0 == -0.0, so a signature keyed on the value alone replayed one's plan for the other:
+    x / -0.0 came back +inf."""
+    @plan.planned
+    def div(a, s):
+        return a / s
+
+    @plan.planned
+    def mul(a, items):
+        return a * items[0]
+
+    x = torch.tensor([1.0, -2.0])
+    for _ in range(3):  # the +0.0 plan: built, replayed
+        torch.testing.assert_close(div(x, 0.0), x / 0.0)
+    for s in (-0.0, 0.0, -0.0):
+        torch.testing.assert_close(div(x, s), x / s)
+    ones = torch.ones(2)
+    for _ in range(3):  # a zero nested in a list: its sign is part of the signature too
+        assert not torch.signbit(mul(ones, [0.0])).any()
+    assert torch.signbit(mul(ones, [-0.0])).all()
+    assert plan.signature((x, 0.0), None)[0] != plan.signature((x, -0.0), None)[0]
+
+
 def test_host_read_of_tensor_data_is_never_planned():
     runs = []
 
