@@ -22,9 +22,10 @@ def waves_per_simd(vgpr: int, lds_bytes: int, arch: str) -> int:
     return occupancy(vgpr, 0, lds_bytes, 256, arch)[0]
 
 
-def _spec(n, k, dtype, arch, bm, bn, bk, activation=None, bias=False, residual=False, out_dtype=None) -> dict:
+def _spec(n, k, dtype, arch, bm, bn, bk, activation=None, bias=False, residual=False, out_dtype=None,
+          split=1, kw=1, wm=1) -> dict:
     return dict(n=n, k=k, dtype=dtype, arch=arch, bm=bm, bn=bn, bk=bk, activation=activation, bias=bias,
-                residual=residual, out_dtype=out_dtype or dtype)
+                residual=residual, out_dtype=out_dtype or dtype, split=split, kw=kw, wm=wm)
 
 
 def _row(spec, compiled) -> dict:
@@ -47,9 +48,12 @@ def isa_stats_many(specs: list[dict]) -> list[dict]:
     return [out[i] for i in range(len(specs))]
 
 
-def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, residual=False, out_dtype=None):
-    """Compile the GEMM for one config in a child process; return a dict of ISA statistics."""
-    return isa_stats_many([_spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype)])[0]
+def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, residual=False, out_dtype=None,
+              split=1, kw=1, wm=1):
+    """Compile the GEMM for one config (a GemmConfig's fields: tile, split-K, K waves, M waves) in a
+    child process; return a dict of ISA statistics."""
+    return isa_stats_many([_spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype,
+                                 split, kw, wm)])[0]
 
 
 def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1,
