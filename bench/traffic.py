@@ -2,7 +2,9 @@
 
 For each kernel family, `model_bytes(family, dtype, shape, arch)` predicts the bytes our kernel
 moves from the launch geometry it really uses (the norm's grid G, the GEMM tile, the attention
-block sizes), with no cache: every load the kernel issues reaches HBM. `compulsory_bytes` is
+tile plan of this arch, causal flag and head dim: `attention_bytes`), with no cache: every load
+the kernel issues reaches HBM, and loads the hardware drops (buffer accesses past a descriptor's
+bounds) move nothing. `compulsory_bytes` is
 each input read once plus each output written once. `measure` runs the kernel under flysim at
 a reduced, countable shape and reads `global_bytes_read + global_bytes_written`.
 
@@ -109,15 +111,51 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
         n_pad, k_pad = padded_shape(n, k)
         return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e
     if family == "attention":
-        from translator_kernels.attention import attention_config
-
         b, s, h, d = shape
-        cfg = attention_config(dt, d, s)
-        bm, bn = cfg["block_m"], cfg["block_n"]
-        # causal: q tile i walks keys [0, min(s, (i+1)*bm)) in blocks of bn (no prefetch past the last)
-        keys = sum(math.ceil(min(s, (i + 1) * bm) / bn) * bn for i in range(math.ceil(s / bm)))
-        return b * h * (2 * s * d + 2 * keys * d) * e
+        return attention_bytes(dt, s, s, d, arch, causal=True, heads=b * h)
     raise ValueError(family)
+
+
+def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
+    """Global bytes of one attention() call (no mask, no head scale) over `heads` = B x H query
+    heads, launch by launch as translator_kernels.attention tiles it (tile_plan, split_plan,
+    fwd.kernel_config for this arch / causal / dtype / head dim):
+
+    * each workgroup's waves load BLOCK_M query rows of the padded head dim (rows past Sq are
+      clamped to row Sq - 1 and still loaded);
+    * with LDS (more than one wave) K and V come in BLOCK_N-key tiles from key 0 (or the split
+      slice's first key) while a tile starts below the key bound (Sk; causal: min(Sk, end of the
+      query block)); each tile's buffer descriptors end at key Sk - 1, so the last tile moves
+      only its min(BLOCK_N, Sk - kb) real keys of the real head dim;
+    * without LDS (one wave) every lane reads its K / V rows with the key clamped to Sk - 1:
+      each step moves BLOCK_N whole padded rows of K and of V;
+    * the output rows below Sq (real head dim) are written once; a split KV launch writes fp32
+      partials (padded head dim, plus m and l per row) that the combine kernel reads back with
+      all 64 lanes of a row's workgroup: m twice, l and one fp32 per lane per column chunk.
+    """
+    from translator_kernels.attention import attention_config, split_plan
+    from translator_kernels.attention.tiles import padded_head_dim
+
+    e, dp = ESIZE[dt], padded_head_dim(d)
+    cfg = attention_config(dt, d, sq, arch, causal)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    nsplit, chunk = split_plan(1, heads, sq, sk, d, dt, arch)
+    nq = -(-sq // bm)
+    kv = 0  # K + V bytes of one head, summed over query blocks and KV slices
+    for i in range(nq):
+        end = min(sk, (i + 1) * bm) if causal else sk
+        for part in range(nsplit):
+            lo, hi = part * chunk, min(end, (part + 1) * chunk) if nsplit > 1 else end
+            if cfg["use_lds"]:  # the first tile is loaded before the loop, the rest prefetched
+                kv += 2 * sum(min(bn, sk - kb) for kb in range(lo, max(hi, lo + 1), bn)) * d * e
+            else:
+                kv += 2 * -(-max(0, hi - lo) // bn) * bn * dp * e
+    q = nq * nsplit * bm * dp * e
+    if nsplit == 1:
+        return heads * (q + kv + sq * d * e)
+    partials = nsplit * sq * (dp + 2) * 4
+    combine = sq * (nsplit * 64 * 4 * (3 + -(-d // 64)) + d * e)
+    return heads * (q + kv + partials + combine)
 
 
 def run_ours(family, dt, args):
@@ -146,6 +184,10 @@ def run_ours(family, dt, args):
     raise ValueError(family)
 
 
+def _moved(launches) -> int:
+    return sum(r.counters["global_bytes_read"] + r.counters["global_bytes_written"] for r in launches)
+
+
 def measure(family, dt, shape, arch="gfx942") -> dict:
     """Run our kernel under flysim at `shape`; return counted, modeled and compulsory bytes."""
     import flysim
@@ -154,11 +196,25 @@ def measure(family, dt, shape, arch="gfx942") -> dict:
     t0 = time.time()
     with flysim.simulate(arch=arch, check_races=False) as sim:
         run_ours(family, dt, args)
-    rec = [r for r in sim.launches if "shuffle" not in r.kernel][-1]
-    moved = rec.counters["global_bytes_read"] + rec.counters["global_bytes_written"]
+    recs = [r for r in sim.launches if "shuffle" not in r.kernel]
+    # attention may be two launches (split KV + combine); the others' last launch is the kernel
+    moved = _moved(recs if family == "attention" else recs[-1:])
     return dict(family=family, dtype=dt, shape=tuple(shape), arch=arch, moved=moved,
                 model=model_bytes(family, dt, shape, arch), compulsory=compulsory_bytes(family, dt, shape),
                 wall_s=time.time() - t0, launches=len(sim.launches))
+
+
+def measure_attention(dt, sq, sk, d, arch="gfx942", causal=False, b=1, h=1, hkv=None) -> dict:
+    """flysim's global bytes of one attention() call (every launch) at q [b, h, sq, d], k / v
+    [b, hkv, sk, d], the figure `attention_bytes(dt, sq, sk, d, arch, causal, b * h)` models."""
+    import flysim
+    from translator_kernels.attention import attention
+
+    q = torch.randn(b, h, sq, d).to(TD[dt])
+    k, v = (torch.randn(b, hkv or h, sk, d).to(TD[dt]) for _ in range(2))
+    with flysim.simulate(arch=arch, check_races=False) as sim:
+        attention(q, k, v, causal=causal)
+    return dict(moved=_moved(sim.launches), kernels=[r.kernel for r in sim.launches])
 
 
 def extrapolate(meas: dict, anchor_shape) -> dict:
