@@ -43,3 +43,12 @@ def compiled_isa():
         return done[key][name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def gemm_isa(compiled_isa):
+    """gemm_isa(name, arch) -> the translator_kernels.isa.Compiled of gemm_isa_jobs.jobs(arch)[name]:
+    every GEMM ISA job of the kernel tests compiles in the first request's child for that arch."""
+    import gemm_isa_jobs  # this folder's helper module (on sys.path as the tests' folder)
+
+    return lambda name, arch: compiled_isa(gemm_isa_jobs.jobs(arch), name, arch)

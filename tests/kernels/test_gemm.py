@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flysim
+import gemm_isa_jobs  # tests/kernels: the GEMM ISA compiles, batched per arch (conftest gemm_isa)
 from translator.tolerances import op_tol
 from translator_kernels import gemm as G
 from translator_kernels.arch import ARCHS
@@ -175,12 +176,11 @@ def test_choose_config_is_legal_everywhere():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_isa_chosen_tile_no_spills(arch):
+def test_isa_chosen_tile_no_spills(arch, gemm_isa):
     """The large-M bf16 tile compiles to ISA with 0 spills and the arch's MFMA (full table: docs/gemm.md)."""
-    from bench.isa_gemm import isa_stats
-
     cfg = G.choose_config(128, 4096, 4096, "bf16", arch)
-    s = isa_stats(4096, 4096, "bf16", arch, cfg.bm, cfg.bn, cfg.bk)
+    s = gemm_isa_jobs.row(gemm_isa("chosen", arch), "chosen", arch)
+    assert (s["bm"], s["bn"], s["bk"]) == (cfg.bm, cfg.bn, cfg.bk)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0
     assert s["mfma_ops"] == (["v_mfma_f32_16x16x32_bf16"] if arch == "gfx950" else ["v_mfma_f32_16x16x16_bf16"])
     assert s["lds_bytes"] == 2 * cfg.bm * cfg.bk * 2
@@ -227,7 +227,7 @@ PROGRAMS = [  # (program, the same math written in torch, dtype)
     ("div(3.0);tanh;sub(0.5);neg;abs;exp", lambda y: torch.exp(torch.abs(-(torch.tanh(y / 3.0) - 0.5))), "f32"),
     ("leaky_relu(0.1);hardswish;add(1.0);softplus(2.0,5.0)",
      lambda y: F.softplus(F.hardswish(F.leaky_relu(y, 0.1)) + 1.0, 2.0, 5.0), "f16"),
-    ("hardsigmoid;rsub(1.0);relu;silu;clamp(-inf,0.3);mish;gelu_tanh;elu(0.5)",
+    (gemm_isa_jobs.LONG_PROGRAM,
      lambda y: F.elu(F.gelu(F.mish(torch.clamp(F.silu(torch.relu(1.0 - F.hardsigmoid(y))), max=0.3)),
                             approximate="tanh"), 0.5), "f32"),
 ]
@@ -263,11 +263,8 @@ def test_epilogue_program_is_in_the_cache_key():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_isa_long_epilogue_program_no_spills(arch):
+def test_isa_long_epilogue_program_no_spills(arch, gemm_isa):
     """The largest bf16 tile with a long program (every transcendental kind) still has 0 spills."""
-    from bench.isa_gemm import isa_stats
-
-    cfg = G.choose_config(128, 4096, 4096, "bf16", arch)
-    s = isa_stats(4096, 4096, "bf16", arch, cfg.bm, cfg.bn, cfg.bk, bias=True, residual=True,
-                  activation=PROGRAMS[4][0])
+    s = gemm_isa_jobs.row(gemm_isa("long_program", arch), "long_program", arch)
+    assert s["activation"] == PROGRAMS[4][0] and s["bias"] and s["residual"]  # the table's job is this one
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0

@@ -1,13 +1,12 @@
 """128-bit C stores through LDS (translator_kernels/gemm/cstore.py): the same bits as the
 one-element-per-lane stores under flysim, and dwordx4 stores in the compiled ISA."""
 
-import re
-
 import pytest
 import torch
 from translator.tolerances import op_tol
 
 import flysim
+import gemm_isa_jobs  # tests/kernels: the GEMM ISA compiles, batched per arch (conftest gemm_isa)
 from translator_kernels import launch as kl
 from translator_kernels.arch import ARCHS
 from translator_kernels.gemm import GemmConfig
@@ -54,13 +53,14 @@ def test_vector_stores_match_scalar_stores(arch, dt, cfg):
 
 
 @pytest.mark.parametrize("arch,bn", [(a, 128) for a in ARCHS] + [("gfx950", 256)])
-def test_isa_c_stores_are_dwordx4(arch, bn):
+def test_isa_c_stores_are_dwordx4(arch, bn, gemm_isa):
     """bf16 4096^2, 128xBNx64, bias + gelu + residual: C leaves as buffer_store_dwordx4 only, 0 spills
     (gfx950's 128x256 tile had 34 SGPR spills with the one-element stores)."""
-    from bench.isa_gemm import gemm_isa_text
-
-    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", arch, 128, bn, 64, activation="gelu", bias=True,
-                               residual=True)
-    stores = re.findall(r"^\s*(buffer_store_\w+|global_store_\w+)", text, flags=re.M)
-    assert stores and set(stores) == {"buffer_store_dwordx4"}, sorted(set(stores))
-    assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
+    name = f"cstore_{bn}"
+    spec = gemm_isa_jobs.jobs(arch)[name][1][0]
+    assert (spec["bm"], spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"]) == \
+        (128, bn, 64, "gelu", True, True)
+    s = gemm_isa(name, arch).main
+    stores = s.mnemonics("buffer_store_") + s.mnemonics("global_store_")
+    assert stores and set(stores) == {"buffer_store_dwordx4"}, stores
+    assert s.meta["vgpr_spill"] == 0 and s.meta["sgpr_spill"] == 0
