@@ -43,3 +43,11 @@ def test_bench_attention_measure_matches_model():
     """bench.traffic.measure's attention row (causal, Sq = Sk, B x H heads) sees the same bytes."""
     m = traffic.measure("attention", "bf16", (1, 77, 2, 64), "gfx942")
     assert m["launches"] == 1 and m["moved"] == m["model"] > m["compulsory"]
+
+
+def test_attention_model_counts_every_head():
+    """B x H query heads over fewer KV heads (GQA): K / V are read per query head, and the split
+    count follows the grid (B x H workgroups per query block)."""
+    m = traffic.measure_attention("bf16", 1, 200, 64, "gfx950", False, b=2, h=4, hkv=2)
+    assert len(m["kernels"]) == 2
+    assert m["moved"] == traffic.attention_bytes("bf16", 1, 200, 64, "gfx950", False, heads=8)
