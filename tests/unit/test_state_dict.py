@@ -1,0 +1,174 @@
+"""tm.state_dict() / tm.load_state_dict(): the model's keys, values and order, both ways.
+
+Before, tm.state_dict() was the graph module's (keys `gm.*`, preshuffled copies instead of the
+linear weights cleanup removed, num_batches_tracked missing), so `tm.load_state_dict(
+model.state_dict())` failed on key names and a saved tm state dict lost weights. The translated
+module shares the model's weights (like torch.compile's OptimizedModule): loading into it loads
+into the model, and into its own copies of the buffers its graph writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+from translator import translate
+from translator.tolerances import model_tol
+
+
+class Net(nn.Module):
+    """Linear weights cleanup removes (preshuffled copies serve them), a batchnorm in eval (its
+    num_batches_tracked unread), a tied weight, a non-persistent buffer and a step counter the
+    graph writes (the translated module's own copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 48), nn.Linear(48, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.head = nn.Linear(16, 16, bias=False)
+        self.tied = self.head  # the same module twice: its weight under two keys, as torch lists it
+        self.register_buffer("scale", torch.ones(16))
+        self.register_buffer("eps", torch.full((1,), 0.5), persistent=False)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.steps += 1
+        y = self.bn(self.b(torch.relu(self.a(x)))) * self.scale + self.eps
+        return self.head(y) + self.steps
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    m = Net().eval()
+    with torch.no_grad():
+        m.bn.running_mean.normal_()
+        m.bn.running_var.uniform_(0.5, 2)
+    return m
+
+
+def _values(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = {k: (torch.randn(v.shape, generator=g) / 4 if v.is_floating_point() else v + 3)
+           for k, v in m.state_dict().items()}
+    out["bn.running_var"] = out["bn.running_var"].abs() + 0.5
+    return out
+
+
+@pytest.fixture(scope="module")
+def x():
+    return torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def pair(x):
+    m = _model()
+    tm = translate(m, (x,), backend="flysim")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert tm.report.counters.get("linear", 0) >= 2, tm.report.counters
+    assert not hasattr(tm.gm.a, "weight")  # cleanup removed it: a preshuffled copy serves the kernel
+    return m, tm
+
+
+def _same(a: dict, b: dict):
+    assert list(a) == list(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+def _check_forward(tm, want_model, x):
+    with torch.no_grad():
+        got, want = tm(x), want_model(x)
+    torch.testing.assert_close(got, want, **model_tol())
+    assert len(tm.last_launches) >= 3  # the GEMMs ran as FlyDSL kernels on flysim
+
+
+def test_state_dict_is_the_models(pair):
+    m, tm = pair
+    _same(tm.state_dict(), m.state_dict())
+    assert "a.weight" in tm.state_dict() and "bn.num_batches_tracked" in tm.state_dict()
+    assert not any(k.startswith("gm.") or "_flydsl" in k for k in tm.state_dict())
+    kept = tm.state_dict(keep_vars=True)
+    assert kept["a.weight"] is m.a.weight  # shared, not copied
+
+
+def test_saved_state_dict_loads_into_a_fresh_model(pair, x):
+    _, tm = pair
+    buf = io.BytesIO()
+    torch.save(tm.state_dict(), buf)
+    fresh = _model(seed=5)
+    fresh.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
+    _same(fresh.state_dict(), tm.state_dict())
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_load_state_dict_round_trip(pair, x, assign):
+    """Strict load of new values: the forward uses them (the preshuffled copies are rebuilt) and matches
+    an eager model holding them; the user's model holds them too (shared)."""
+    m, tm = pair
+    new = _values(m, seed=7)
+    eager = _model(seed=3)
+    eager.load_state_dict(new)
+    result = tm.load_state_dict(new, assign=assign)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    _same(tm.state_dict(), eager.state_dict())
+    _same(m.state_dict(), eager.state_dict())  # loading into tm loaded into the model: they share
+    assert (m.a.weight.data_ptr() == new["a.weight"].data_ptr()) == assign  # assign: the given tensor itself
+    assert tm.gm.steps.data_ptr() != m.steps.data_ptr()  # the written buffer stays tm's own
+    _check_forward(tm, eager, x)
+    with torch.no_grad():  # later in-place updates on the model (new objects with assign) still reach tm
+        m.a.weight.mul_(-1)
+        eager.a.weight.mul_(-1)
+    _check_forward(tm, eager, x)
+
+
+def test_written_buffer_is_the_translated_modules_own(pair, x):
+    m, tm = pair
+    with torch.no_grad():
+        tm(x)
+        tm(x)
+    assert float(tm.state_dict()["steps"]) == 2.0 and float(m.steps) == 0.0
+    sd = tm.state_dict()
+    sd["steps"] = torch.tensor(10.0)
+    tm.load_state_dict(sd, assign=True)
+    assert float(tm.gm.steps) == 10.0 and float(m.steps) == 10.0
+    assert tm.gm.steps is not m.steps and tm.gm.steps.data_ptr() != m.steps.data_ptr()
+
+
+def test_strict_false_returns_the_usual_keys_and_strict_names_them(pair, x):
+    m, tm = pair
+    sd = dict(m.state_dict())
+    before = sd.pop("b.weight").clone()
+    sd["extra.weight"] = torch.zeros(3)
+    result = tm.load_state_dict(sd, strict=False)
+    assert result.missing_keys == ["b.weight"] and result.unexpected_keys == ["extra.weight"]
+    torch.testing.assert_close(m.b.weight, before, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match='Missing key.*"b.weight".*|Unexpected key.*"extra.weight"'):
+        tm.load_state_dict(sd)
+    sd["b.weight"] = torch.zeros(5, 5)
+    with pytest.raises(RuntimeError, match="size mismatch for b.weight"):
+        tm.load_state_dict(sd, strict=False)
+    _check_forward(tm, copy.deepcopy(m), x)
+
+
+def test_graph_keys_are_refused_with_the_fix(pair):
+    _, tm = pair
+    with pytest.raises(RuntimeError, match="keys under 'gm.'.*model.state_dict"):
+        tm.load_state_dict({f"gm.{k}": v for k, v in tm.gm.state_dict().items()})
+
+
+def test_as_a_submodule_of_a_larger_model(pair, x):
+    m, tm = pair
+    outer = nn.Sequential(tm, nn.ReLU())
+    sd = outer.state_dict()
+    assert list(sd) == [f"0.{k}" for k in m.state_dict()]
+    new = {f"0.{k}": v for k, v in _values(m, seed=11).items()}
+    assert outer.load_state_dict(new).missing_keys == []
+    eager = _model(seed=2)
+    eager.load_state_dict({k[2:]: v for k, v in new.items()})
+    _check_forward(tm, eager, x)
+    result = outer.load_state_dict({k: v for k, v in new.items() if k != "0.a.bias"}, strict=False)
+    assert result.missing_keys == ["0.a.bias"] and result.unexpected_keys == []
