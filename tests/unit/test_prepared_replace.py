@@ -155,6 +155,28 @@ def test_replaced_on_the_translated_module(translated):
         torch.testing.assert_close(v, untouched[k], rtol=0, atol=0)
 
 
+def test_direct_dict_writes_on_the_translated_module_and_the_model(translated):
+    """`_parameters[name] = new`, which no registration hook sees: on tm's graph module the tied head's
+    weight (read by the embedding, and the source of the head's preshuffled copy) follows; on the
+    model, the gated MLP's weights and the position table (folded per shape) follow."""
+    m, tm, ids = translated
+    generation = weights._GENERATION[0]
+    ref = _mirror(m, tm)
+    untouched = {k: v.clone() for k, v in m.state_dict().items()}
+    tm.gm.wte._parameters["weight"] = new = nn.Parameter(torch.randn(V, D) / 5)
+    with torch.no_grad():
+        ref.wte.weight.copy_(new)
+    _check(tm, ref, ids)
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, untouched[k], rtol=0, atol=0)
+    m.wte._parameters["weight"] = nn.Parameter(torch.randn(V, D) / 5)  # the model's: tm follows it again
+    m.gate._parameters["weight"] = nn.Parameter(torch.randn(H, D) / 5)
+    m.up._parameters["bias"] = nn.Parameter(torch.randn(H) / 5)
+    m._parameters["pos"] = nn.Parameter(torch.randn(16, D) / 4)
+    assert weights._GENERATION[0] == generation
+    _check(tm, m, ids)
+
+
 def test_to_round_trip_with_new_parameter_objects(translated):
     """`.to()` under overwrite_module_params_on_conversion makes new Parameter objects; an update of
     the translated module's weight after that still reaches its preshuffled copy."""

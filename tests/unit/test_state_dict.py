@@ -22,8 +22,8 @@ from translator.tolerances import model_tol
 
 class Net(nn.Module):
     """Linear weights cleanup removes (preshuffled copies serve them), a batchnorm in eval (its
-    num_batches_tracked unread), a tied weight, a non-persistent buffer and a step counter the
-    graph writes (the translated module's own copy)."""
+    num_batches_tracked unread), a tied weight, a non-persistent buffer, a step counter the
+    graph writes (the translated module's own copy) and a one-element parameter."""
 
     def __init__(self):
         super().__init__()
@@ -34,11 +34,12 @@ class Net(nn.Module):
         self.register_buffer("scale", torch.ones(16))
         self.register_buffer("eps", torch.full((1,), 0.5), persistent=False)
         self.register_buffer("steps", torch.zeros(()))
+        self.gain = nn.Parameter(torch.ones(()))
 
     def forward(self, x):
         self.steps += 1
         y = self.bn(self.b(torch.relu(self.a(x)))) * self.scale + self.eps
-        return self.head(y) + self.steps
+        return self.head(y) * self.gain + self.steps
 
 
 def _model(seed=0):
@@ -172,3 +173,42 @@ def test_as_a_submodule_of_a_larger_model(pair, x):
     _check_forward(tm, eager, x)
     result = outer.load_state_dict({k: v for k, v in new.items() if k != "0.a.bias"}, strict=False)
     assert result.missing_keys == ["0.a.bias"] and result.unexpected_keys == []
+
+
+def test_direct_dict_writes_on_the_model_are_followed(pair, x):
+    """`module._parameters[name] = new` (accelerate, quantization libraries) and `module._buffers[...]`
+    bypass torch's registration hooks: before, the translated forward kept the old tensors."""
+    from translator import weights
+
+    m, tm = pair
+    _check_forward(tm, m, x)  # the model's forward assigns its step counter: a registration hook fires
+    weights.follow(tm.gm)  # ... so tm looks up every name once here (as its next forward would); then
+    # only the dict snapshots can tell
+    generation = weights._GENERATION[0]
+    g = torch.Generator().manual_seed(3)
+    m.a._parameters["weight"] = nn.Parameter(torch.randn(48, 32, generator=g) / 5)  # a preshuffled copy's source
+    m.bn._parameters["bias"] = nn.Parameter(torch.randn(16, generator=g))  # read directly by the graph
+    m._buffers["scale"] = torch.randn(16, generator=g)
+    m._parameters["gain"] = nn.Parameter(torch.ones(()))  # one element, equal value: a new object all the same
+    assert weights._GENERATION[0] == generation  # no hook saw any of it
+    _check_forward(tm, m, x)
+    with torch.no_grad():
+        m.gain.mul_(3)  # the new object's later in-place update reaches tm
+        m.a.weight.mul_(-1)
+    _check_forward(tm, m, x)
+    _same(tm.state_dict(), m.state_dict())
+
+
+def test_direct_dict_write_of_another_shape_is_a_clear_error(pair, x):
+    from translator.errors import TranslatorError
+
+    m, tm = pair
+    keep = m.b.weight
+    m.b._parameters["weight"] = nn.Parameter(torch.randn(16, 40))
+    try:
+        with pytest.raises(TranslatorError, match=r"b\.weight was replaced by a tensor of shape \[16, 40\].*translate again"):
+            tm(x)
+    finally:
+        m.b._parameters["weight"] = keep
+    _check_forward(tm, m, x)
+
