@@ -1,6 +1,7 @@
 """translate(): capture -> passes -> choose backend -> verify -> report.
 
-The user's model and inputs are never modified: a model in training mode is captured and
+The user's model and inputs are never modified: each internal run gets its own copy of the
+example inputs (a model may write an input in place); a model in training mode is captured and
 verified in eval mode (the report's capture notes say so) and its modes are restored; every
 internal run of the model or of a captured graph restores the buffers it advanced, and the
 translated module owns copies of the buffers its graph writes (translator.state).
@@ -342,10 +343,10 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
                            "batchnorm on its running statistics), and the translation computes eval-mode results; "
                            "the model's own mode is unchanged")
     with _eval_mode(model):
-        eager = _eager(model, inputs)
-        calibration, cal_note = calibrate(model, inputs, eager) if verify and precision == "fp32" else (None, "")
+        eager = _eager(model, _fresh(inputs))
+        calibration, cal_note = calibrate(model, _fresh(inputs), eager) if verify and precision == "fp32" else (None, "")
         while True:
-            tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
+            tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
@@ -381,6 +382,18 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     return tm
 
 
+def _fresh(inputs) -> tuple:
+    """Private copies of the example inputs for one internal run: a model that writes an input in
+    place (`x.mul_(2)`) must change neither the user's tensors nor what the next run is given."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            c = x.detach().clone()
+            x = c.requires_grad_() if x.requires_grad else c
+        out.append(x)
+    return tuple(out)
+
+
 def _eager(model, inputs):
     """The model's eager output on the example inputs, its buffers left as they were."""
     try:
@@ -414,7 +427,7 @@ def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic
 def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
     with torch.no_grad(), preserved(tm):
         try:
-            got = tm(*inputs)
+            got = tm(*_fresh(inputs))
         except Exception as e:  # a kernel failing at run time is a verification failure, with its cause
             from .verify import Verification
 
@@ -423,9 +436,9 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
     v = verify_outputs(eager, got, precision, calibration)
     if not v.passed:
         try:
-            ref = capture(model, inputs, None).gm
+            ref = capture(model, _fresh(inputs), None).gm
             with preserved(ref, tm):
-                v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
+                v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(_fresh(inputs)),
                                                 lambda: runtime.use_backend(tm.backend, tm.arch), precision,
                                                 calibration)
         except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands
