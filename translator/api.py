@@ -77,13 +77,41 @@ class TranslatedModule(torch.nn.Module):
         names = [n.name for n in gm.graph.nodes if is_flydsl(n)]
         self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
         self.fast_path = True  # run FlyDSL nodes without the custom-op layers (runtime.fastpath); same results
+        self.training = False  # an eval-mode forward (see train())
 
     def _apply(self, fn, recurse=True):
-        """`.to()`, `.float()`...: may give the weights new objects (overwrite_module_params_on_conversion)
-        without a registration hook; the next forward resolves them by name (translator.weights)."""
+        """`.to()`, `.float()`...: applied to the whole model whose weights this module shares (as an
+        OptimizedModule's `.to()` moves its model), so the model never ends up half converted (before:
+        only the weights the graph reads directly). Under overwrite_module_params_on_conversion the
+        weights get new objects without a registration hook; the next forward resolves them by name
+        (translator.weights), the graph module's own new objects first."""
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model._apply(fn, recurse)
         out = super()._apply(fn, recurse)
         weights.changed()
         return out
+
+    def requires_grad_(self, requires_grad: bool = True):
+        """On the whole shared model too (before: only the weights the graph reads directly). The
+        translated forward has no backward; without grad on its weights it takes the fast path
+        outside torch.no_grad() as well (runtime.fastpath.usable)."""
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def train(self, mode: bool = True):
+        """`tm.eval()` sets the flag (the translation is an eval-mode forward already; torch.export's
+        graph module itself refuses train() and eval() with NotImplementedError); `tm.train()` is
+        refused with the fix. The model's own mode is never changed."""
+        if mode:
+            raise InputError(
+                "a translated module computes the eval-mode forward it was translated for (dropout off, batch "
+                "norm on its running statistics) and has no backward: train the original model (the translated "
+                "module shares its weights and follows their updates) and call the translated module for inference")
+        self.training = False
+        return self
 
     def _share(self, model: torch.nn.Module, captured: torch.nn.Module) -> None:
         """Make `model` (the user's) the owner of this module's state (the module docstring's State).

@@ -212,3 +212,30 @@ def test_direct_dict_write_of_another_shape_is_a_clear_error(pair, x):
         m.b._parameters["weight"] = keep
     _check_forward(tm, m, x)
 
+
+
+def test_eval_is_accepted_and_train_is_a_clear_error(pair, x):
+    """tm.eval() raised torch.export's NotImplementedError("Calling train() is not supported yet.")."""
+    from translator.errors import TranslatorError
+
+    m, tm = pair
+    assert tm.eval() is tm and tm.training is False
+    with pytest.raises(TranslatorError, match="eval-mode forward.*train the original model"):
+        tm.train()
+    assert m.training is False and not any(mod.training for mod in m.modules())
+    _check_forward(tm, m, x)
+
+
+def test_conversions_and_requires_grad_reach_the_whole_shared_model(pair, x):
+    """tm.double() / tm.requires_grad_(False) changed only the weights the graph reads directly (the
+    biases, the batchnorm's): the model was left half converted (a.weight float32, a.bias float64)."""
+    m, tm = pair
+    tm.double()
+    assert {p.dtype for p in m.state_dict().values() if p.is_floating_point()} == {torch.float64}
+    tm.float()
+    assert {p.dtype for p in m.state_dict().values() if p.is_floating_point()} == {torch.float32}
+    _check_forward(tm, m, x)
+    tm.requires_grad_(False)
+    assert not any(p.requires_grad for p in m.parameters())
+    tm.requires_grad_(True)
+    assert all(p.requires_grad for p in m.parameters())
