@@ -28,9 +28,12 @@ meets each value by identity first (see `_watch`). A name that resolves to anoth
   the owner's parameter / buffer dict: the user's model is never written);
 
 and the prepared copies made from the old tensor are rebuilt from the new one
-(state.replace_source). A replacement of another shape, dtype or device, or one that unties
+(state.replace_source). A copy made from a view of a parameter (GPT-2's Conv1D weight is read as
+`weight.t()`) is tracked through the view's base, and the same view (`as_strided`, same
+geometry) of the new object becomes its source. A replacement of another shape, dtype or device, or one that unties
 weights the captured graph reads as one tensor, cannot be served by kernels specialized at
-translation: a clear error asks to translate again.
+translation: a clear error asks to translate again, on every forward until the replacement is
+undone.
 
 Not seen: a submodule replaced straight in a `_modules` dict (its new tensors are in dicts no
 snapshot holds), and copies of the translated module (a deep copy or a loaded one owns its
@@ -67,7 +70,9 @@ class _Tracked:
 
     def __init__(self, model, weights):
         self.model = weakref.ref(model)
-        self.weights = weights  # [held tensor, its names in the model, its name in gm or None, model's object]
+        # [held tensor, its names in the model, its name in gm or None, model's object, None or the
+        # geometry of the held tensor as a view of the model's object]
+        self.weights = weights
         self.generation = _GENERATION[0]
         self.dicts: list = []  # the parameter / buffer dicts that hold those weights (see _watch)
         self.snapshots: list = []  # a shallow copy of each, taken when the weights were last resolved
@@ -98,7 +103,13 @@ def track(gm: torch.fx.GraphModule, model: torch.nn.Module) -> int:
     for name, t in _tensors(gm):
         in_gm.setdefault(id(t), name)
     held = {id(t): t for _, t in _tensors(gm)} | {id(t): t for t in state.sources(gm)}
-    weights = [[t, in_model[i][1], in_gm.get(i), t] for i, t in held.items() if i in in_model]
+    weights = [[t, in_model[i][1], in_gm.get(i), t, None] for i, t in held.items() if i in in_model]
+    for i, t in held.items():  # a prepared copy made from a view of a parameter (GPT-2 Conv1D's weight.t())
+        base = t._base
+        if i not in in_model and base is not None and id(base) in in_model:
+            geometry = (tuple(base.shape), base.stride(), tuple(t.shape), t.stride(),
+                        t.storage_offset() - base.storage_offset())
+            weights.append([t, in_model[id(base)][1], None, base, geometry])
     if weights:
         if id(gm) not in _TRACKED:
             weakref.finalize(gm, _TRACKED.pop, id(gm), None)
@@ -115,7 +126,7 @@ def _watch(t: _Tracked, gm, model) -> None:
     "changed"), but a one-element one could compare equal by value, so those are checked one by one."""
     sources = {id(s) for s in state.sources(gm)}
     owners = {}
-    for held, names, gm_name, _ in t.weights:
+    for held, names, gm_name, *_ in t.weights:
         for module, name in [(model, n) for n in names] + ([(gm, gm_name)] if gm_name and id(held) in sources else []):
             owner = _owner(module, name)
             if owner is not None:
@@ -134,8 +145,9 @@ def follow(gm: torch.fx.GraphModule) -> None:
         return
     generation, model = _GENERATION[0], t.model()
     for w in t.weights:
-        held, names, gm_name, seen = w
+        held, names, gm_name, seen, view = w
         new = _resolve(gm, gm_name) if gm_name else held
+        now = seen
         if new is held and model is not None:
             found = {id(o): o for o in (_resolve(model, n) for n in names) if o is not None}
             if len(found) > 1:
@@ -143,13 +155,13 @@ def follow(gm: torch.fx.GraphModule) -> None:
                                  "now different tensors: the translated graph reads them as one; translate again")
             now = next(iter(found.values()), seen)
             if now is not seen:
-                w[3] = new = now
-                if gm_name:
-                    _assign(gm, gm_name, now)
+                new = _view_of(now, view, names[0]) if view else now
         if new is not held and isinstance(new, torch.Tensor):
             _check_like(new, held, gm_name or names[0])
+            if now is not seen and gm_name:
+                _assign(gm, gm_name, now)
             state.replace_source(gm, held, new)
-            w[0] = new
+            w[0], w[3] = new, now  # only once checked: after an error the next forward raises it again
     t.generation = generation  # only once all were adopted: after an error the next forward looks again
     if model is not None:
         _watch(t, gm, model)
@@ -175,6 +187,20 @@ def _assign(gm, name, tensor):
     owner, _, leaf = name.rpartition(".")
     mod = gm.get_submodule(owner) if owner else gm
     (mod._parameters if leaf in mod._parameters else mod._buffers)[leaf] = tensor
+
+
+def _view_of(base, geometry, name):
+    """The view of the new `base` that the translation's copy was made from, as it was of the old one."""
+    shape, stride, size, view_stride, offset = geometry
+    if tuple(base.shape) != shape:
+        raise InputError(f"{name} was replaced by a tensor of shape {list(base.shape)}; the translation was made for "
+                         f"shape {list(shape)} (its kernels and prepared weights are specialized to it): translate "
+                         "again with the new weights")
+    if base.stride() != stride:
+        raise InputError(f"{name} was replaced by a tensor with strides {base.stride()}, the translation reads it "
+                         f"with strides {stride}: assign a contiguous tensor (w.contiguous()), or translate again")
+    with torch.no_grad():
+        return base.as_strided(size, view_stride, base.storage_offset() + offset)
 
 
 def _check_like(new, old, name):

@@ -206,8 +206,9 @@ def test_direct_dict_write_of_another_shape_is_a_clear_error(pair, x):
     keep = m.b.weight
     m.b._parameters["weight"] = nn.Parameter(torch.randn(16, 40))
     try:
-        with pytest.raises(TranslatorError, match=r"b\.weight was replaced by a tensor of shape \[16, 40\].*translate again"):
-            tm(x)
+        for _ in range(2):  # and again on the next call (before, the second call ran on the old weight)
+            with pytest.raises(TranslatorError, match=r"b\.weight was replaced by a tensor of shape \[16, 40\].*translate again"):
+                tm(x)
     finally:
         m.b._parameters["weight"] = keep
     _check_forward(tm, m, x)
@@ -239,3 +240,27 @@ def test_conversions_and_requires_grad_reach_the_whole_shared_model(pair, x):
     assert not any(p.requires_grad for p in m.parameters())
     tm.requires_grad_(True)
     assert all(p.requires_grad for p in m.parameters())
+
+
+def test_huggingface_model_state_and_replaced_weights():
+    """An HF model is captured through an adapter module (use_cache off); the weights were tracked on
+    that adapter, which nothing kept alive: weights replaced on the user's model after translate()
+    were not followed. The state dict is the user's model's, without the adapter's prefix."""
+    import gc
+
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(vocab_size=100, n_embd=64, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)
+    m = T.GPT2LMHeadModel(cfg).eval()
+    m.config._attn_implementation = "sdpa"
+    ids = torch.randint(0, 100, (2, 8))
+    tm = translate(m, (ids,), backend="reference")
+    gc.collect()
+    assert list(tm.state_dict()) == list(m.state_dict())
+    g = torch.Generator().manual_seed(4)
+    for mod in (m.transformer.h[0].mlp.c_fc, m.transformer.h[0].attn.c_attn):  # new objects (untied weights)
+        mod.weight = nn.Parameter(torch.randn(mod.weight.shape, generator=g) / 8)
+    with torch.no_grad():
+        got, want = tm(ids), m(ids, use_cache=False).logits
+    got = got.logits if hasattr(got, "logits") else got[0] if isinstance(got, (tuple, list)) else got
+    torch.testing.assert_close(got, want, **model_tol())
