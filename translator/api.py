@@ -1,6 +1,7 @@
 """translate(): capture -> passes -> choose backend -> verify -> report.
 
-The user's model and inputs are never modified: a model in training mode is captured and
+The user's model and inputs are never modified: each internal run gets its own copy of the
+example inputs (a model may write an input in place); a model in training mode is captured and
 verified in eval mode (the report's capture notes say so) and its modes are restored; every
 internal run of the model or of a captured graph restores the buffers it advanced, and the
 translated module owns copies of the buffers its graph writes (translator.state).
@@ -10,6 +11,17 @@ registry and the kernel caches are process-global, and translate is CPU-bound un
 GIL anyway); calls of translated modules may run from any thread (flysim sessions, which
 patch FlyDSL globals, are serialized in translator.runtime).
 
+State: the translated module shares the user's model's weights, like torch.compile's
+OptimizedModule (translator.state, translator.weights): `tm.state_dict()` is the model's state
+dict (its keys, order and tensors, as `model.state_dict()` gives them), except that a buffer the
+graph writes (a step counter, running statistics) comes from the translated module's own copy;
+`tm.load_state_dict(sd)` loads into the model (strict or not, `assign` as torch's), into those
+own copies, and the next forward rebuilds the prepared weights (preshuffled GEMM weights, folded
+shape regions) from the new values. So loading into `tm` changes the user's model too, as loading
+into an OptimizedModule does: that is what sharing means. A graph captured by
+torch.fx.symbolic_trace (from a private copy of the model) and a module loaded by translator.load
+share nothing: their state dict is the graph module's own (keys `gm.*`).
+
 fallback_on_mismatch returns the diverging FlyDSL node to PyTorch, all of it (every
 captured node it absorbed, a GEMM's fused epilogue included), and translates again; each
 round adds at least one captured node to the denied set, so the loop ends.
@@ -18,6 +30,7 @@ round adds at least one captured node to the denied set, so the loop ends.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 
 import torch
@@ -34,7 +47,7 @@ from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
-from .state import preserved, refresh_prepared
+from .state import preserved, refresh_prepared, tensor_at, written_targets
 from .verify import calibrate, first_divergence, verify_outputs
 from . import weights
 
@@ -64,13 +77,96 @@ class TranslatedModule(torch.nn.Module):
         names = [n.name for n in gm.graph.nodes if is_flydsl(n)]
         self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
         self.fast_path = True  # run FlyDSL nodes without the custom-op layers (runtime.fastpath); same results
+        self.training = False  # an eval-mode forward (see train())
 
     def _apply(self, fn, recurse=True):
-        """`.to()`, `.float()`...: may give the weights new objects (overwrite_module_params_on_conversion)
-        without a registration hook; the next forward resolves them by name (translator.weights)."""
+        """`.to()`, `.float()`...: applied to the whole model whose weights this module shares (as an
+        OptimizedModule's `.to()` moves its model), so the model never ends up half converted (before:
+        only the weights the graph reads directly). Under overwrite_module_params_on_conversion the
+        weights get new objects without a registration hook; the next forward resolves them by name
+        (translator.weights), the graph module's own new objects first."""
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model._apply(fn, recurse)
         out = super()._apply(fn, recurse)
         weights.changed()
         return out
+
+    def requires_grad_(self, requires_grad: bool = True):
+        """On the whole shared model too (before: only the weights the graph reads directly). The
+        translated forward has no backward; without grad on its weights it takes the fast path
+        outside torch.no_grad() as well (runtime.fastpath.usable)."""
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def train(self, mode: bool = True):
+        """`tm.eval()` sets the flag (the translation is an eval-mode forward already; torch.export's
+        graph module itself refuses train() and eval() with NotImplementedError); `tm.train()` is
+        refused with the fix. The model's own mode is never changed."""
+        if mode:
+            raise InputError(
+                "a translated module computes the eval-mode forward it was translated for (dropout off, batch "
+                "norm on its running statistics) and has no backward: train the original model (the translated "
+                "module shares its weights and follows their updates) and call the translated module for inference")
+        self.training = False
+        return self
+
+    def _share(self, model: torch.nn.Module, captured: torch.nn.Module) -> None:
+        """Make `model` (the user's) the owner of this module's state (the module docstring's State).
+        `captured` is the module torch.export captured (model itself, or the HF adapter around it)."""
+        names: dict = {}
+        for name, t in _named_tensors(model):
+            names.setdefault(id(t), []).append(name)
+        in_captured = dict(_named_tensors(captured))
+        d = self.__dict__  # plain attributes: the model is no submodule (its weights would be listed twice)
+        d["_model"] = model
+        d["_owned"] = [(key, target) for target in written_targets(self.gm)
+                       for key in names.get(id(in_captured.get(target)), ())]
+        self.register_load_state_dict_post_hook(_drop_graph_keys)
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The model's state dict (see the module docstring's State): its keys, order and tensors,
+        a buffer the graph writes taken from this module's own copy."""
+        model = self.__dict__.get("_model")
+        if model is None:
+            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        out = model.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        prefix = args[1] if len(args) > 1 else prefix  # torch's deprecated positional form
+        for key, target in self._owned:
+            if prefix + key in out:
+                own = tensor_at(self.gm, target)
+                out[prefix + key] = own if keep_vars else own.detach()
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """`load_state_dict` (also as a submodule of a larger model): into the model, and into this
+        module's own copies of the buffers the graph writes (copied, never aliased, with assign=True
+        too: the model's buffer and the translated module's stay separate)."""
+        model = self.__dict__.get("_model")
+        if model is None:
+            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                                 unexpected_keys, error_msgs)
+        self.__dict__["_load_prefix"] = prefix  # for _drop_graph_keys, which torch calls without it
+        sd = _under(state_dict, prefix)
+        try:
+            got = model.load_state_dict(sd, strict=False, assign=local_metadata.get("assign_to_params_buffers", False))
+        except RuntimeError as e:  # size mismatches: torch's own lines, under this module's prefix
+            error_msgs.extend(line.strip() for line in str(e).splitlines()[1:] if line.strip())
+            return
+        missing_keys.extend(prefix + k for k in got.missing_keys)
+        unexpected_keys.extend(prefix + k for k in got.unexpected_keys)
+        if strict and any(k.startswith("gm.") for k in got.unexpected_keys):
+            error_msgs.append("keys under 'gm.' name the translated graph's own tensors (tm.gm.state_dict(), or a "
+                              "translated module's state dict from before it gave the model's keys); load a state "
+                              "dict with the model's keys, as model.state_dict() and tm.state_dict() give them")
+        with torch.no_grad():
+            for key, target in self._owned:
+                own, new = tensor_at(self.gm, target), sd.get(key)
+                if isinstance(new, torch.Tensor) and new.shape == own.shape:
+                    own.copy_(new)
 
     @property
     def code(self) -> str:
@@ -151,6 +247,30 @@ class TranslatedModule(torch.nn.Module):
                         f"input {i} dim {d} is {a.shape[d]}, but this translation serves only {size} there "
                         f"(torch.export specialized that dim while capturing); translate again with an example "
                         f"input of the size you need")
+
+
+def _named_tensors(module):
+    return itertools.chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
+
+
+def _under(state_dict, prefix: str):
+    """The entries of `state_dict` under `prefix`, without it (its version metadata too)."""
+    from collections import OrderedDict
+
+    out = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
+    meta = getattr(state_dict, "_metadata", None)
+    if meta is not None:
+        root = prefix[:-1]
+        out._metadata = type(meta)(("" if k == root else k[len(prefix):], v) for k, v in meta.items()
+                                   if not prefix or k == root or k.startswith(prefix))
+    return out
+
+
+def _drop_graph_keys(tm, incompatible) -> None:
+    """torch's load also walks tm's graph module, which gets no keys (the model's are loaded in
+    TranslatedModule._load_from_state_dict): its tensors are no missing keys."""
+    graph = tm.__dict__.get("_load_prefix", "") + "gm."
+    incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(graph)]
 
 
 def _input_spec(gm):
@@ -238,6 +358,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
         model, example_inputs = onnx_import.import_onnx(model, example_inputs)
     name = name or getattr(model, "onnx_name", None) or type(model).__name__
+    user_model = model
     model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
     _validate(model, arch, backend, precision)
     check_model(model)
@@ -250,10 +371,10 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
                            "batchnorm on its running statistics), and the translation computes eval-mode results; "
                            "the model's own mode is unchanged")
     with _eval_mode(model):
-        eager = _eager(model, inputs)
-        calibration, cal_note = calibrate(model, inputs, eager) if verify and precision == "fp32" else (None, "")
+        eager = _eager(model, _fresh(inputs))
+        calibration, cal_note = calibrate(model, _fresh(inputs), eager) if verify and precision == "fp32" else (None, "")
         while True:
-            tm = _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes)
+            tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
@@ -274,7 +395,9 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
             fallbacks.append({"node": d.node, "op": d.op, "reason": reason, "nodes": new})
             deny.update({s: reason for s in new})
     tm.report.capture_notes[:0] = adapt_notes
-    weights.track(tm.gm, model)  # weights replaced later, on the model or on tm, are followed by name
+    weights.track(tm.gm, user_model)  # weights replaced later, on the model or on tm, are followed by name
+    if tm.report.capture != "torch.fx.symbolic_trace":  # that capture traced a private copy: nothing is shared
+        tm._share(user_model, model)
     if isa:
         from .report.isa import collect
 
@@ -285,6 +408,18 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
         if bad:
             raise StrictError("strict=True, but these ops do not run as FlyDSL kernels:\n  " + "\n  ".join(bad))
     return tm
+
+
+def _fresh(inputs) -> tuple:
+    """Private copies of the example inputs for one internal run: a model that writes an input in
+    place (`x.mul_(2)`) must change neither the user's tensors nor what the next run is given."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            c = x.detach().clone()
+            x = c.requires_grad_() if x.requires_grad else c
+        out.append(x)
+    return tuple(out)
 
 
 def _eager(model, inputs):
@@ -320,7 +455,7 @@ def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic
 def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
     with torch.no_grad(), preserved(tm):
         try:
-            got = tm(*inputs)
+            got = tm(*_fresh(inputs))
         except Exception as e:  # a kernel failing at run time is a verification failure, with its cause
             from .verify import Verification
 
@@ -329,9 +464,9 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
     v = verify_outputs(eager, got, precision, calibration)
     if not v.passed:
         try:
-            ref = capture(model, inputs, None).gm
+            ref = capture(model, _fresh(inputs), None).gm
             with preserved(ref, tm):
-                v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(inputs),
+                v.divergence = first_divergence(ref, tm.gm, pytree.tree_leaves(_fresh(inputs)),
                                                 lambda: runtime.use_backend(tm.backend, tm.arch), precision,
                                                 calibration)
         except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands

@@ -124,11 +124,12 @@ def _buffers(module: torch.nn.Module) -> list:
     weights are never copied; for a user's model every buffer (its code is opaque)."""
     gm = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "gm", None)
     if isinstance(gm, torch.fx.GraphModule):
-        return [(t, _get(gm, t)) for t in written_targets(gm)]
+        return [(t, tensor_at(gm, t)) for t in written_targets(gm)]
     return [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
 
 
-def _get(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+def tensor_at(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+    """gm's tensor at a get_attr target (`"bn.running_mean"`)."""
     owner, _, attr = target.rpartition(".")
     return getattr(gm.get_submodule(owner) if owner else gm, attr)
 

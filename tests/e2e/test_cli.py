@@ -331,6 +331,18 @@ def test_console_script_bad_input_and_version(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("flydsl-translate ")
 
 
+def test_version_and_help_start_without_torch():
+    """`import translator` imported torch (and the translator's core), so `--version` and `--help`
+    took ~5 s (~20 s on a loaded host); the API names are now imported on first use."""
+    code = ("import sys; from translator.frontends.cli import main; "
+            "codes = [main(a.split()) for a in ('--version', '--help', 'convert --help')]; "
+            "print('CODES', codes, 'LOADED', sorted(m for m in ('torch', 'flydsl', 'translator.api') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "flydsl-translate 0.1.0" in proc.stdout and "Usage: flydsl-translate" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "CODES [0, 0, 0] LOADED []", proc.stdout
+
+
 def test_script_may_import_its_siblings(tmp_path, capsys, monkeypatch):
     import translator
 

@@ -133,27 +133,48 @@ def test_replacement_of_another_shape_is_a_clear_error(translated):
 
 
 def test_replaced_on_the_translated_module(translated):
-    """tm.load_state_dict(assign=True) and a new Parameter set on tm's graph module: the prepared
-    copies of those weights (the tied head) and the folded position slice follow; the user's model
-    is not touched."""
+    """tm.load_state_dict(assign=True) takes the model's keys and loads into the model, whose weights
+    tm shares (as torch.compile's OptimizedModule does); a new Parameter set on tm's graph module
+    reaches only tm. The prepared copies of those weights (the tied head) and the folded position
+    slice follow both."""
     m, tm, ids = translated
+    sd = tm.state_dict()
+    assert list(sd) == list(m.state_dict()), sorted(sd)
+    new_wte, new_pos = torch.randn(V, D) / 5, torch.randn(16, D) / 5
+    sd["wte.weight"], sd["pos"] = new_wte, new_pos
+    tm.load_state_dict(sd, assign=True)
+    assert m.wte.weight.data_ptr() == new_wte.data_ptr() and m.pos.data_ptr() == new_pos.data_ptr()
+    _check(tm, m, ids)
     ref = copy.deepcopy(m)
     untouched = {k: v.clone() for k, v in m.state_dict().items()}
-    sd = tm.state_dict()
-    assert {"gm.wte.weight", "gm.pos"} <= set(sd), sorted(sd)
-    new_wte, new_pos = torch.randn(V, D) / 5, torch.randn(16, D) / 5
-    sd["gm.wte.weight"], sd["gm.pos"] = new_wte, new_pos
-    tm.load_state_dict(sd, assign=True)
-    with torch.no_grad():
-        ref.wte.weight.copy_(new_wte)
-        ref.pos.copy_(new_pos)
-    _check(tm, ref, ids)
     tm.gm.wte.weight = nn.Parameter(torch.randn(V, D) / 5)
     with torch.no_grad():
         ref.wte.weight.copy_(tm.gm.wte.weight)
     _check(tm, ref, ids)
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, untouched[k], rtol=0, atol=0)
+
+
+def test_direct_dict_writes_on_the_translated_module_and_the_model(translated):
+    """`_parameters[name] = new`, which no registration hook sees: on tm's graph module the tied head's
+    weight (read by the embedding, and the source of the head's preshuffled copy) follows; on the
+    model, the gated MLP's weights and the position table (folded per shape) follow."""
+    m, tm, ids = translated
+    generation = weights._GENERATION[0]
+    ref = _mirror(m, tm)
+    untouched = {k: v.clone() for k, v in m.state_dict().items()}
+    tm.gm.wte._parameters["weight"] = new = nn.Parameter(torch.randn(V, D) / 5)
+    with torch.no_grad():
+        ref.wte.weight.copy_(new)
+    _check(tm, ref, ids)
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, untouched[k], rtol=0, atol=0)
+    m.wte._parameters["weight"] = nn.Parameter(torch.randn(V, D) / 5)  # the model's: tm follows it again
+    m.gate._parameters["weight"] = nn.Parameter(torch.randn(H, D) / 5)
+    m.up._parameters["bias"] = nn.Parameter(torch.randn(H) / 5)
+    m._parameters["pos"] = nn.Parameter(torch.randn(16, D) / 4)
+    assert weights._GENERATION[0] == generation
+    _check(tm, m, ids)
 
 
 def test_to_round_trip_with_new_parameter_objects(translated):
