@@ -48,8 +48,8 @@ import torch
 from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call, operand, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
 from .attention import HEAD_DIMS, PREFIX
-from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
-                              unexpand_kv)
+from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, fixed_dim, masks_out,
+                              per_head, scalar_value, softcap_of, unexpand_kv)
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
@@ -70,12 +70,13 @@ class Match:
     scale: float = 1.0
     head_scale: list = field(default_factory=list)  # (node, divides): tensor multipliers -> head_scale
     softcap: float | None = None
-    masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node), applied last first
+    masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node, frame), applied last first
     causal: bool = False
     transpose_k: bool = False  # the product's right operand is Kᵀ itself (no transpose to undo)
     phase: int = MASK  # how far back the walk got: MASK, CAP (soft-cap seen) or SCALE
-    frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
+    frames: list = field(default_factory=list)  # (scores node, is a mask) wherever a mask or tensor scale applies
     heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
+    same_batch: bool = False  # both products are bmm / baddbmm: torch itself requires one batch size
     absorbed: list = field(default_factory=list)
 
 
@@ -210,6 +211,7 @@ def match(pv, ctx):
     if len(_real_users(qk)) != 1:
         return "the raw scores Q·Kᵀ are also used elsewhere"
     q, kt, bt = _product(qk)
+    m.same_batch = all(is_call(x, aten.bmm.default, aten.baddbmm.default) for x in (qk, pv))
     k = kt if bt else _untranspose(kt)
     _take(m.absorbed, qk)
     if k is None:
@@ -237,19 +239,22 @@ def _keeps_last2(n) -> bool:
 
 
 def _frame(m: Match, qk):
-    """Where the masks and tensor scales apply on views of the scores: one view, and either the
-    product's own shape or [B, H, Sq, Sk] over a [B*H, Sq, Sk] product (sets m.heads)."""
-    frames = {tuple(str(d) for d in f): f for f in m.frames}
-    if len(frames) > 1:
-        return f"masks or scales apply to different views of the scores ({sorted(frames)})"
-    if not frames or list(frames)[0] == tuple(str(d) for d in shape_of(qk)):
+    """Where the masks and tensor scales apply on views of the scores: the product's own shape,
+    and at most one [B, H, Sq, Sk] split of a [B*H, Sq, Sk] product (sets m.heads; masks in the
+    product's frame are split with it, as older HF Bloom adds ALiBi by baddbmm before its view)."""
+    own = _dims(qk)
+    split = {tuple(_dims(f)): (f, is_mask) for f, is_mask in m.frames if _dims(f) != own}
+    if not split:
         return None
-    (f,) = frames.values()
-    n = shape_of(qk)
-    if len(n) == 3 and len(f) == 4 and static_int(f[1]) is not None and str(f[0] * f[1]) == str(n[0]):
-        m.heads = static_int(f[1])
+    if len(split) > 1:
+        return f"masks or scales apply to different views of the scores ({sorted(split)})"
+    ((f, _),) = split.values()
+    if len(own) == 3 and len(_dims(f)) == 4 and fixed_dim(f, 1) is not None:
+        if any(not is_mask and _dims(x) == own for x, is_mask in m.frames):
+            return "a per-head scale applies to the [B*H, Sq, Sk] product, a mask to its [B, H, Sq, Sk] view"
+        m.heads = fixed_dim(f, 1)  # the view keeps Sq, Sk: at run time its dims 0, 1 split the product's dim 0
         return None
-    return f"masks apply to the scores viewed as {list(f)}, not a [B, H, Sq, Sk] split of the product's {list(n)}"
+    return f"masks apply to the scores viewed as {_dims(f)}, not a [B, H, Sq, Sk] split of the product's {own}"
 
 
 def _chain_first(n, s_shape):
@@ -302,8 +307,11 @@ def _walk_scores(s, m: Match, ctx):
             chain, mk = _chain_first(s, shape)
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
-            m.masks.append(("add", mk))
-            m.frames.append(shape_of(s))
+            if causal_bias(mk, s, m.absorbed):
+                m.causal = True
+            else:
+                m.masks.append(("add", mk, s))
+                m.frames.append((s, True))
             _take(m.absorbed, s)
             s = chain
         elif _keeps_last2(s):  # a view of the scores that splits or merges batch and heads
@@ -334,8 +342,8 @@ def _baddbmm(m: Match, qk):
     if dtype_of(mask) not in (torch.float32, torch.bfloat16, torch.float16):
         return f"additive mask dtype {dtype_of(mask)} is not a float dtype"
     m.scale *= alpha
-    m.masks.append(("add", mask))
-    m.frames.append(shape_of(qk))
+    m.masks.append(("add", mask, qk))
+    m.frames.append((qk, True))
     return None
 
 
@@ -361,7 +369,7 @@ def _scale_step(m: Match, other, divides: bool, at, ctx):
         return None
     if isinstance(other, torch.fx.Node) and per_head(other, at) and not dtype_reason(other):
         m.head_scale.append((other, divides))
-        m.frames.append(shape_of(at))
+        m.frames.append((at, False))
         return None
     what = list(shape_of(other)) if isinstance(other, torch.fx.Node) else other
     how = "divided" if divides else "multiplied"
@@ -389,11 +397,11 @@ def _fill_step(s, t, m: Match, phase, ctx):
         return "a tensor scale of unknown sign is applied after the mask"
     if dtype_of(cond) is not torch.bool:
         return f"the mask condition has dtype {dtype_of(cond)}, not bool"
-    if causal_keep(cond, keep, ctx, s, m.absorbed):
+    if causal_keep(cond, keep, ctx, s, m.absorbed) or computed_causal(cond, keep, s, m.absorbed):
         m.causal = True
     else:
-        m.masks.append(("keep" if keep else "drop", cond))
-        m.frames.append(shape_of(s))
+        m.masks.append(("keep" if keep else "drop", cond, s))
+        m.frames.append((s, True))
     fill_node = arg(s, "value") if t in FILLS else (b if keep else a)
     if isinstance(fill_node, torch.fx.Node):
         m.absorbed += _consts(fill_node)
@@ -411,6 +419,16 @@ def _k_dims(m: Match) -> list[str]:
     return d[:-2] + [d[-1], d[-2]] if m.transpose_k else d
 
 
+def _k_dim(m: Match, i: int):
+    """Dim i (-1: head_dim, -2: keys) of K as [.., Sk, D], fixed where the code fixes it."""
+    return fixed_dim(m.k, {-1: -2, -2: -1}.get(i, i) if m.transpose_k else i)
+
+
+def _same(a, b, fa, fb) -> bool:
+    """Two dims agree: printed alike, or both fixed to one int."""
+    return a == b or (fa is not None and fa == fb)
+
+
 def _checks(m: Match):
     """The kernel's limits on a matched chain: None, or the reason it cannot run it."""
     for t, nm in ((m.q, "query"), (m.k, "key"), (m.v, "value")):
@@ -423,18 +441,18 @@ def _checks(m: Match):
     if not (len(q) == len(k) == len(v) and len(q) in (3, 4)):
         return f"attention operands of ranks {len(q)}/{len(k)}/{len(v)} are not all 4-D [batch, heads, seq, " \
                "head_dim] or all 3-D [batch*heads, seq, head_dim]"
-    d, dv = static_int(shape_of(m.q)[-1]), static_int(shape_of(m.v)[-1])
+    d, dv = fixed_dim(m.q, -1), fixed_dim(m.v, -1)
     if d not in HEAD_DIMS or dv != d:
         return f"head_dim={q[-1]} (value {v[-1]}) is outside {HEAD_DIMS.start}..{HEAD_DIMS.stop - 1} or differs"
-    if k[-1] != q[-1] or k[-2] != v[-2]:
+    if _k_dim(m, -1) != d or not _same(k[-2], v[-2], _k_dim(m, -2), fixed_dim(m.v, -2)):
         return f"key {k} and query {q} / value {v} shapes disagree"
-    if q[0] != k[0] or k[0] != v[0]:
+    if not m.same_batch and (q[0] != k[0] or k[0] != v[0]):
         return f"batch sizes differ: query {q[0]}, key {k[0]}, value {v[0]} (broadcast batch)"
     if len(q) == 4:
-        h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.v)[1])
-        if h is None or hkv is None or h % hkv or k[1] != v[1]:
+        h, hkv = fixed_dim(m.q, 1), fixed_dim(m.v, 1)
+        if h is None or hkv is None or h % hkv or not _same(k[1], v[1], _k_dim(m, -3), hkv):
             return f"head counts {q[1]} / {k[1]} / {v[1]} are not a multiple of each other"
-    if any(len(shape_of(x)) > 4 for _, x in m.masks):
+    if any(len(shape_of(x)) > 4 for _, x, _ in m.masks):
         return "mask has more than 4 dims"
     return None
 
@@ -451,11 +469,18 @@ def handwritten_supported(node, ctx):
     return reason
 
 
+def _split(ctx, m: Match, mask, frame, at):
+    """A mask given in the [B*H, Sq, Sk] product's frame, made to broadcast on its [B, H, ..] split."""
+    if not m.heads or len(_dims(frame)) != 3 or len(shape_of(mask)) < 3 or str(shape_of(mask)[-3]) == "1":
+        return mask
+    return ctx.insert(aten.unflatten.int, mask, -3, [-1, m.heads], before=at)
+
+
 def _mask(ctx, m: Match, at):
     """The matched masks as the one mask the kernel takes (None, additive float or bool keep-mask)."""
-    adds = [n for kind, n in reversed(m.masks) if kind == "add"]
-    keeps = [n if kind == "keep" else ctx.insert(aten.logical_not.default, n, before=at)
-             for kind, n in reversed(m.masks) if kind != "add"]
+    adds = [_split(ctx, m, n, f, at) for kind, n, f in reversed(m.masks) if kind == "add"]
+    keeps = [_split(ctx, m, n if kind == "keep" else ctx.insert(aten.logical_not.default, n, before=at), f, at)
+             for kind, n, f in reversed(m.masks) if kind != "add"]
     add = keep = None
     for n in adds:  # several additive masks add up to one (broadcast as eager does)
         add = n if add is None else ctx.insert(aten.add.Tensor, add, n, before=at)
