@@ -308,3 +308,25 @@ class BertAdditive(nn.Module):
         ext = (1.0 - m[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
         s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1)) + ext
         return torch.matmul(nn.functional.softmax(s, dim=-1), v)
+
+
+class DecodeKVCache(nn.Module):
+    """One new token against a KV cache grown with torch.cat (Sq = 1)."""
+
+    def forward(self, q, k_cache, v_cache, k_new, v_new):
+        k, v = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+class TimmQKV(nn.Module):
+    """timm ViT: one qkv projection, reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4), unbind."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(dim, 3 * dim), heads
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(b, n, c)

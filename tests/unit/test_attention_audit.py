@@ -14,6 +14,8 @@ The audit's two misses, fixed here (tests in the default run):
   views". Now the [B*H] mask is split with the operands.
 - a causal mask built in forward (j > i over aranges, torch.triu of ones or of -inf) ran as a
   bool / float mask tensor computed on every call; it is now the kernel's `causal` flag.
+decode_kv_cache_cat (K / V from torch.cat) and timm_qkv_unbind (q, k, v from unbind) guard
+fixed_dim: it once read an operand by name on every op and crashed the support check on them.
 Every other form matched before the audit; they run with `-m slow` (table in docs/attention.md).
 """
 
@@ -26,11 +28,11 @@ import translator.api
 from translator import translate
 from translator.tolerances import model_tol
 
-from attention_audit_forms import (ArangeCausal, ArangeKeep, BertAdditive, BloomBaddbmm, DropoutEval,  # noqa: E402
-                                   Einsum, FloatTypeAs, GQA, InplaceBias, InplaceMaskedFill, KPermute,
+from attention_audit_forms import (ArangeCausal, ArangeKeep, BertAdditive, BloomBaddbmm, DecodeKVCache,  # noqa: E402
+                                   DropoutEval, Einsum, FloatTypeAs, GQA, InplaceBias, InplaceMaskedFill, KPermute,
                                    KPermuteFromBSHD, MHA, MHACross, Plain, QPreScaled, ScaleBuffer, ScaleFull,
                                    ScaleTensorSqrt, Sdpa, SoftCap, SoftmaxDim3, SoftmaxDtype, SwinV2, T5,
-                                   TriuBoolFill, TriuNegInf, WhereFinfoCausal, WhereInputMask, alibi_slopes, qkv,
+                                   TimmQKV, TriuBoolFill, TriuNegInf, WhereFinfoCausal, WhereInputMask, alibi_slopes, qkv,
                                    rnd)
 from attention_helpers import ops  # noqa: E402
 from test_attention_no_silent_miss import attention_chains, check_chains  # noqa: E402
@@ -102,9 +104,12 @@ CASES = {
     "arange_causal_where": (ArangeKeep, lambda: qkv(), HW),
     "triu_neg_inf_added": (TriuNegInf, lambda: qkv(), HW),
     "triu_bool_masked_fill": (TriuBoolFill, lambda: qkv(), HW),
+    "decode_kv_cache_cat": (DecodeKVCache, lambda: (rnd(1, 2, 1, 16), *(rnd(1, 2, n, 16, seed=s) for n, s in
+                                                                        ((7, 1), (7, 2), (1, 3), (1, 4)))), HW),
+    "timm_qkv_unbind": (TimmQKV, lambda: (rnd(2, 7, 32),), HW),
     "bert_additive_mask": (BertAdditive, lambda: (*qkv(b=2, sq=6), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])), HW),
 }
-FAST = ["mha_cross_default_weights", "bloom_baddbmm_alibi", "arange_causal_masked_fill"]
+FAST = ["mha_cross_default_weights", "bloom_baddbmm_alibi", "arange_causal_masked_fill", "decode_kv_cache_cat"]
 CAUSAL = ["arange_causal_masked_fill", "arange_causal_where", "triu_neg_inf_added", "triu_bool_masked_fill"]
 
 

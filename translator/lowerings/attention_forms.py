@@ -81,7 +81,7 @@ def fixed_dim(n, i: int, depth: int = 12):
         return static_int(s[i])
     if not isinstance(n, torch.fx.Node) or n.op != "call_function":
         return None
-    src = arg(n, "self") if n.target not in (aten.bmm.default, aten.matmul.default) else None
+    src = n.args[0] if n.args else None  # the operand of every op followed below
     if is_call(n, *RESHAPES) and len(n.args[1]) == len(s):
         lit = n.args[1][i]
         return lit if isinstance(lit, int) and lit >= 0 else None
