@@ -51,7 +51,7 @@ def _alibi(h, b, sk, dtype=torch.float32):
 CASES = {
     # fixed by the audit
     "mha_cross_default_weights": (MHACross, lambda: (rnd(2, 3, 32), rnd(2, 9, 32, seed=5)), HW),
-    "mha_cross_bf16": (lambda: MHACross(64, 2).to(bf), lambda: (rnd(2, 5, 64, dtype=bf), rnd(2, 4, 64, 5, dtype=bf)),
+    "mha_cross_bf16": (lambda: MHACross(64, 2).to(bf), lambda: (rnd(2, 5, 64, dtype=bf), rnd(2, 4, 64, seed=5, dtype=bf)),
                        HW),
     "bloom_baddbmm_alibi": (lambda: BloomBaddbmm(2), lambda: (
         rnd(4, 5, 16, seed=1), rnd(4, 5, 16, seed=2), rnd(4, 5, 16, seed=3), _alibi(2, 2, 5),
