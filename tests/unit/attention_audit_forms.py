@@ -330,3 +330,56 @@ class TimmQKV(nn.Module):
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         attn = ((q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
         return (attn @ v).transpose(1, 2).reshape(b, n, c)
+
+
+class ReorderUpcast(nn.Module):
+    """HF GPT-2's reorder_and_upcast_attn: baddbmm(torch.empty(..), q, kᵀ, beta=0, alpha=1/sqrt(d))
+    over [B*H] reshapes of the [B, H, S, D] q and kᵀ, in fp32, viewed back to [B, H, Sq, Sk]."""
+
+    def forward(self, q, k, v, mask):
+        b, h, sq, d = q.shape
+        sk = k.shape[-2]
+        w = torch.empty(b * h, sq, sk, dtype=torch.float32)
+        q2, k2 = q.reshape(-1, sq, d), k.transpose(-1, -2).reshape(-1, d, sk)
+        w = torch.baddbmm(w, q2.float(), k2.float(), beta=0, alpha=1.0 / math.sqrt(d))
+        w = w.reshape(b, h, sq, sk) + mask
+        return torch.matmul(F.softmax(w, dim=-1).type(v.dtype), v)
+
+
+class AnnotatedTransformer(nn.Module):
+    """The Annotated Transformer: masked_fill(mask == 0, -1e9) with an int padding mask."""
+
+    def forward(self, q, k, v, mask):
+        s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return torch.matmul(F.softmax(s.masked_fill(mask == 0, -1e9), dim=-1), v)
+
+
+class SoftmaxModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, q, k, v):
+        return self.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5) @ v
+
+
+class XTransformers(nn.Module):
+    """x-transformers: einsum with spaces, a bottom-right causal triu(j - i + 1), -finfo.max."""
+
+    def forward(self, q, k, v):
+        dots = torch.einsum("b h i d, b h j d -> b h i j", q, k) * q.shape[-1] ** -0.5
+        i, j = dots.shape[-2:]
+        mask = torch.ones((i, j), dtype=torch.bool).triu(j - i + 1)
+        dots = dots.masked_fill(mask, -torch.finfo(dots.dtype).max)
+        return torch.einsum("b h i j, b h j d -> b h i d", dots.softmax(dim=-1), v)
+
+
+class Temperature(nn.Module):
+    """A learned 0-dim temperature dividing the scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / self.t, -1) @ v

@@ -12,6 +12,10 @@ The audit's two misses, fixed here (tests in the default run):
   [B, H, Sq, Sk] for the masked_fill, bmm with V over [B*H]: the ALiBi bias lives in the
   product's frame, the mask in the view's; declined as "masks or scales apply to different
   views". Now the [B*H] mask is split with the operands.
+- HF GPT-2 with reorder_and_upcast_attn: ``baddbmm(torch.empty(..), q, kᵀ, beta=0, alpha=c)``
+  over [B*H] reshapes of [B, H, S, D] q / kᵀ, upcast to fp32, viewed back to [B, H, Sq, Sk] and
+  multiplied by a [B, H, Sk, D] V: declined ("baddbmm with beta=0"); beta=0 is now a scale
+  only, and the kernel reads the [B, H, S, D] q and k the reshapes came from.
 - a causal mask built in forward (j > i over aranges, torch.triu of ones or of -inf) ran as a
   bool / float mask tensor computed on every call; it is now the kernel's `causal` flag.
 decode_kv_cache_cat (K / V from torch.cat) and timm_qkv_unbind (q, k, v from unbind) guard
@@ -28,12 +32,13 @@ import translator.api
 from translator import translate
 from translator.tolerances import model_tol
 
-from attention_audit_forms import (ArangeCausal, ArangeKeep, BertAdditive, BloomBaddbmm, DecodeKVCache,  # noqa: E402
-                                   DropoutEval, Einsum, FloatTypeAs, GQA, InplaceBias, InplaceMaskedFill, KPermute,
-                                   KPermuteFromBSHD, MHA, MHACross, Plain, QPreScaled, ScaleBuffer, ScaleFull,
-                                   ScaleTensorSqrt, Sdpa, SoftCap, SoftmaxDim3, SoftmaxDtype, SwinV2, T5,
-                                   TimmQKV, TriuBoolFill, TriuNegInf, WhereFinfoCausal, WhereInputMask, alibi_slopes, qkv,
-                                   rnd)
+from attention_audit_forms import (AnnotatedTransformer, ArangeCausal, ArangeKeep, BertAdditive,  # noqa: E402
+                                   BloomBaddbmm, DecodeKVCache, DropoutEval, Einsum, FloatTypeAs, GQA, InplaceBias,
+                                   InplaceMaskedFill, KPermute, KPermuteFromBSHD, MHA, MHACross, Plain, QPreScaled,
+                                   ReorderUpcast, ScaleBuffer, ScaleFull, ScaleTensorSqrt, Sdpa, SoftCap,
+                                   SoftmaxDim3, SoftmaxDtype, SoftmaxModule, SwinV2, T5, Temperature, TimmQKV,
+                                   TriuBoolFill, TriuNegInf, WhereFinfoCausal, WhereInputMask, XTransformers,
+                                   alibi_slopes, qkv, rnd)
 from attention_helpers import ops  # noqa: E402
 from test_attention_no_silent_miss import attention_chains, check_chains  # noqa: E402
 
@@ -59,6 +64,8 @@ CASES = {
     "bloom_bf16_sq_ne_sk": (lambda: BloomBaddbmm(4), lambda: (
         rnd(8, 3, 16, seed=1, dtype=bf), rnd(8, 6, 16, seed=2, dtype=bf), rnd(8, 6, 16, seed=3, dtype=bf),
         _alibi(4, 2, 6, bf), torch.zeros(3, 6, dtype=torch.bool)), HW),
+    "gpt2_reorder_upcast": (ReorderUpcast, lambda: (*qkv(h=3, sq=6, sk=9, d=24), rnd(1, 1, 6, 9, seed=6)), HW),
+    "gpt2_reorder_upcast_bf16": (ReorderUpcast, lambda: (*qkv(sq=5, dtype=bf), rnd(1, 1, 5, 5, seed=6)), HW),
     # matched before the audit
     "where_finfo_causal_d24": (WhereFinfoCausal, lambda: qkv(h=3, sq=9, d=24), HW),
     "where_finfo_causal_bf16_sq_lt_sk": (WhereFinfoCausal, lambda: qkv(sq=5, sk=11, dtype=bf), HW),
@@ -107,9 +114,15 @@ CASES = {
     "decode_kv_cache_cat": (DecodeKVCache, lambda: (rnd(1, 2, 1, 16), *(rnd(1, 2, n, 16, seed=s) for n, s in
                                                                         ((7, 1), (7, 2), (1, 3), (1, 4)))), HW),
     "timm_qkv_unbind": (TimmQKV, lambda: (rnd(2, 7, 32),), HW),
+    "annotated_transformer_eq0": (AnnotatedTransformer, lambda: (
+        *qkv(b=2, sq=5), torch.tensor([[1] * 5, [1] * 3 + [0] * 2])[:, None, None, :]), HW),
+    "nn_softmax_module": (SoftmaxModule, lambda: qkv(sq=5), HW),
+    "xtransformers_sq_lt_sk": (XTransformers, lambda: qkv(sq=3, sk=6), HW),
+    "learned_temperature_div": (Temperature, lambda: qkv(sq=5), HW),
     "bert_additive_mask": (BertAdditive, lambda: (*qkv(b=2, sq=6), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])), HW),
 }
-FAST = ["mha_cross_default_weights", "bloom_baddbmm_alibi", "arange_causal_masked_fill", "decode_kv_cache_cat"]
+FAST = ["mha_cross_default_weights", "bloom_baddbmm_alibi", "arange_causal_masked_fill", "decode_kv_cache_cat",
+        "gpt2_reorder_upcast"]
 CAUSAL = ["arange_causal_masked_fill", "arange_causal_where", "triu_neg_inf_added", "triu_bool_masked_fill"]
 
 
@@ -161,3 +174,22 @@ def test_triu_other_than_causal_stays_a_mask():
     mask, causal = _attention_args(tm)[3:5]
     assert mask is not None and causal is False, _attention_args(tm)
     torch.testing.assert_close(tm(*x), model(*x), **model_tol("fp32", "few_ops"))
+
+
+def test_hf_gpt2_reorder_and_upcast_attn_is_taken(monkeypatch):
+    """The real HF GPT-2 attention with reorder_and_upcast_attn=True (reference backend: the
+    kernel's numerics on this form are gpt2_reorder_upcast above)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=1, n_head=2, n_positions=64,
+                                  reorder_and_upcast_attn=True)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.config._attn_implementation = "eager"
+    ids = (torch.randint(0, 100, (2, 9)),)
+    chains = []
+    run = translator.api.run_pipeline
+    monkeypatch.setattr(translator.api, "run_pipeline", lambda ctx: (chains.extend(attention_chains(ctx.gm)), run(ctx))[1])
+    tm = translate(model, ids, backend="reference")
+    assert tm.report.counters.get(HW) == 1, tm.report.counters
+    assert len(chains) == 1 and check_chains(tm, chains) == (chains, []), chains
+    assert tm.report.verification.passed, tm.report.verification.message

@@ -227,7 +227,43 @@ def match(pv, ctx):
     m.q = q
     m.k = unexpand_kv(k, m.absorbed) if not m.transpose_k else k
     m.v = unexpand_kv(m.v, m.absorbed)
+    if len(_dims(m.v)) == 4 and len(_dims(m.q)) == 3 and len(_dims(sm)) == 4 and fixed_dim(sm, 1):
+        _unmerge_heads(m, fixed_dim(sm, 1))
     return m
+
+
+def _merged(x, heads, chain):
+    """The [B, H, .., ..] tensor a [B*H, .., ..] product operand x was reshaped from (through an
+    upcast to fp32: products of 16-bit values are exact in fp32, as the kernel accumulates),
+    else None."""
+    while is_call(x, aten._to_copy.default, aten.to.dtype) and dtype_of(x) == torch.float32 \
+            and dtype_of(operand(x)) in (torch.float32, torch.bfloat16, torch.float16):
+        chain.append(x)
+        x = operand(x)
+    if not is_call(x, *RESHAPES) or len(_dims(arg(x, "self"))) != 4:
+        return None
+    src = arg(x, "self")
+    if fixed_dim(src, 1) != heads or _dims(src)[-2:] != _dims(x)[-2:]:
+        return None
+    chain.append(x)
+    return src
+
+
+def _unmerge_heads(m: Match, heads: int):
+    """q / Kᵀ reshaped from [B, H, S, D] to [B*H, S, D] for a bmm / baddbmm whose scores are viewed
+    back as [B, H, Sq, Sk] and multiply a [B, H, Sk, D] V (HF GPT-2's reorder_and_upcast_attn):
+    the kernel reads the [B, H, ...] tensors themselves."""
+    chain = []
+    q, k = _merged(m.q, heads, chain), _merged(m.k, heads, chain)
+    if q is None or k is None:
+        return
+    m.q, m.heads = q, heads  # masks given on the [B*H, Sq, Sk] scores are split as the operands are
+    kk = _untranspose(k) if m.transpose_k else None
+    if kk is not None:
+        chain.append(k)
+        k, m.transpose_k = kk, False
+    m.k = k if m.transpose_k else unexpand_kv(k, m.absorbed)
+    m.absorbed += [c for c in chain if len(_real_users(c)) <= 1]
 
 
 def _keeps_last2(n) -> bool:
@@ -330,12 +366,17 @@ def _walk_scores(s, m: Match, ctx):
 
 
 def _baddbmm(m: Match, qk):
-    """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c, or a reason."""
+    """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c (beta=0: no mask),
+    or a reason."""
     if not is_call(qk, aten.baddbmm.default):
         return None
     beta, alpha = arg(qk, "beta"), arg(qk, "alpha")
-    if beta != 1 or not isinstance(alpha, (int, float)) or alpha <= 0:
-        return f"baddbmm with beta={beta}, alpha={alpha} (only beta=1 and a positive alpha are a mask and a scale)"
+    if beta not in (0, 1) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        return f"baddbmm with beta={beta}, alpha={alpha} (only beta 1 or 0 and a positive alpha are a mask and a scale)"
+    if beta == 0:  # the input is ignored (HF GPT-2's reorder_and_upcast_attn passes torch.empty)
+        m.scale *= alpha
+        m.absorbed += _consts(arg(qk, "self"))
+        return None
     if m.phase != MASK:
         return "the mask is added (baddbmm) before the " + ("soft-cap" if m.phase == CAP else "scale")
     mask = arg(qk, "self")
