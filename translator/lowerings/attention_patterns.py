@@ -47,9 +47,10 @@ import torch
 
 from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call, operand, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
+from . import attention_softmax  # noqa: F401  (a softmax written out by hand -> aten.softmax first)
 from .attention import HEAD_DIMS, PREFIX
-from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, fixed_dim, masks_out,
-                              per_head, scalar_value, softcap_of, unexpand_kv)
+from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, find_qk, fixed_dim,
+                              masks_out, per_head, product_of, scalar_value, softcap_of, unexpand_kv)
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
@@ -110,68 +111,24 @@ def _untranspose(kt):
     return None
 
 
-def _product(n):
-    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
-    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
-    if is_call(n, aten.matmul.default):
-        return arg(n, "self"), arg(n, "other"), False
-    if is_call(n, aten.bmm.default):
-        return arg(n, "self"), arg(n, "mat2"), False
-    if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
-        return arg(n, "batch1"), arg(n, "batch2"), False
-    if not is_call(n, aten.einsum.default):
-        return None
-    eq, tensors = arg(n, "equation"), arg(n, "tensors")
-    if len(tensors) != 2 or "." in eq:
-        return None
-    ins, _, out = eq.replace(" ", "").partition("->")
-    a, _, b = ins.partition(",")
-    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
-        return None
-    x, (i, k) = a[:-2], a[-2:]
-    if b[:-2] != x or out[:-1] != x + i:
-        return None
-    if b[-2:] == k + out[-1] and out[-1] not in a:
-        return tensors[0], tensors[1], False
-    if b[-2:] == out[-1] + k and out[-1] not in a:
-        return tensors[0], tensors[1], True
-    return None
-
-
 def _last_dim_softmax(n) -> bool:
     return is_call(n, *SOFTMAX) and arg(n, "dim") % len(shape_of(n)) == len(shape_of(n)) - 1
 
 
-def _find_qk(s, depth: int = 12):
-    """The Q·Kᵀ product the scores s come from (through any ops), else None."""
-    last2 = [str(d) for d in (shape_of(s) or ())[-2:]]
-    todo, seen = [s], set()
-    while todo and depth:
-        n = todo.pop(0)
-        if n in seen or not isinstance(n, torch.fx.Node) or n.op != "call_function":
-            continue
-        seen.add(n)
-        depth -= 1
-        if _product(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
-            return n
-        todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
-    return None
-
-
 def chain_of(pv):
     """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
-    if _product(pv) is None:
+    if product_of(pv) is None:
         return None
-    start = _product(pv)[0]
+    start = product_of(pv)[0]
     last2 = [str(d) for d in (shape_of(start) or ())[-2:]]
     todo, seen = [(start, 0)], set()
     while todo:  # breadth first through what sits between the softmax and ·V (probabilities-shaped)
         p, depth = todo.pop(0)
-        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or _product(p) is not None:
+        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or product_of(p) is not None:
             continue
         seen.add(p)
         if _last_dim_softmax(p):
-            qk = _find_qk(arg(p, "self"))
+            qk = find_qk(arg(p, "self"))
             return (p, qk) if qk is not None else None
         if depth < 6:
             todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
@@ -184,7 +141,7 @@ def match(pv, ctx):
     if found is None:
         return False
     sm, qk = found
-    p, v, vt = _product(pv)
+    p, v, vt = product_of(pv)
     if vt:
         return "V enters the ·V product transposed"
     m = Match(q=None, k=None, v=v, absorbed=[pv])
@@ -210,7 +167,7 @@ def match(pv, ctx):
         return reason
     if len(_real_users(qk)) != 1:
         return "the raw scores Q·Kᵀ are also used elsewhere"
-    q, kt, bt = _product(qk)
+    q, kt, bt = product_of(qk)
     m.same_batch = all(is_call(x, aten.bmm.default, aten.baddbmm.default) for x in (qk, pv))
     k = kt if bt else _untranspose(kt)
     _take(m.absorbed, qk)
@@ -306,7 +263,7 @@ def _chain_first(n, s_shape):
 def _walk_scores(s, m: Match, ctx):
     """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
     phase = m.phase
-    while _product(s) is None:
+    while product_of(s) is None:
         if not isinstance(s, torch.fx.Node) or s.op != "call_function":
             return f"the scores come from {s}, not from the Q·Kᵀ product"
         shape = [str(d) for d in shape_of(s)]
