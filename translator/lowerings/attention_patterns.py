@@ -26,10 +26,19 @@ between the two products and the softmax:
 
     nn.MultiheadAttention (batch_first either way): q * scale, bmm over [B*H, S, D] operands.
 
+    s = alibi.baddbmm(q, k, beta=1.0, alpha=inv_norm).view(b, h, sq, sk)  # HF Bloom (older)
+    s = torch.masked_fill(s, mask, finfo.min)                              #   ALiBi in the [B*H] frame,
+    p = softmax(s, -1, dtype=torch.float32).to(dt); torch.bmm(p.view(b * h, sq, sk), v)  # mask in [B, H]
+
+    w = torch.baddbmm(torch.empty(..), q.reshape(-1, sq, d).float(),       # HF GPT-2 reorder_and_upcast_attn
+                      k.transpose(-1, -2).reshape(-1, d, sk).float(), beta=0, alpha=scale)
+    w = w.reshape(b, h, sq, sk) + mask; torch.matmul(softmax(w, -1).type(v.dtype), v)  # [B, H] q, k read
+
 In computation order the kernel applies: scale (numbers and 0-dim constants fold into one
 float; a per-head or runtime 0-dim tensor becomes `head_scale`), soft-cap, then the masks
 (several additive masks add up; boolean masks from masked_fill / where combine into one
-keep-mask; a tril buffer becomes causal). Casts, eval-mode dropout and contiguous copies are
+keep-mask; a tril buffer, or a causal mask built in forward from aranges or triu, becomes
+causal). Casts, eval-mode dropout and contiguous copies are
 absorbed anywhere on the way; K / V expansions for GQA / MQA are undone (attention_forms).
 A step in another order (a mask before the soft-cap, a scale on the mask) is declined.
 
