@@ -3,6 +3,8 @@
 Each function reads one step of the graph between Q·Kᵀ and ·V and answers what it computes
 in the kernel's terms, or None when the step is something else:
 
+- `product_of` / `find_qk`: a product over the last two dims (matmul, bmm, baddbmm, two-operand
+  einsum) and the Q·Kᵀ product some scores come from (also used by attention_softmax.py).
 - `unexpand_kv`: K / V expanded from Hkv to H heads -> the Hkv-head tensor (the kernel reads
   head h // (H / Hkv), nothing repeated). Forms:
       repeat_kv(x, n) = x[:, :, None].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d)  # HF Llama
@@ -20,6 +22,15 @@ in the kernel's terms, or None when the step is something else:
   finite value (finfo.min, -1e4) counts as masked out.
 - `causal_keep`: a boolean condition that is a lower-triangular buffer sliced to [:Sq, :Sk]
   (``bias[:, :, :T, :T]`` as keep-mask, or ``== 0`` / ``~`` of it as masked-out) -> causal.
+- `computed_causal` / `causal_bias`: the causal mask computed in forward, at any sequence length:
+      j > i, i >= j  with i = arange(Sq)[:, None], j = arange(Sk)[None, :]        # masked_fill / where
+      torch.triu(torch.ones(Sq, Sk, dtype=bool), 1)  (tril(...) as keep-mask)    # masked_fill / where
+      torch.triu(torch.full((S, S), float("-inf")), 1)   # added (nn.Transformer's square subsequent mask)
+  are all "key <= row", the kernel's top-left causal: no mask tensor is built or read.
+- `fixed_dim`: a dim's size where export's shape inference leaves an expression the code fixes.
+  nn.MultiheadAttention's cross attention views K as ``k.view(Sk, bsz * H, head_dim)`` with
+  bsz taken from the query; export keeps the two batch sizes apart, so K's head_dim reads
+  ``(8*s70)//s77``, yet the view's literal 8 is the only size it can have at run time.
 """
 
 from __future__ import annotations
@@ -52,6 +63,88 @@ def _skip_full_slices(n, chain):
         chain.append(n)
         n = arg(n, "self")
     return n
+
+
+_SAME_SHAPE = (aten.clone.default, aten.contiguous.default, aten._to_copy.default, aten.to.dtype, aten.alias.default,
+               aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.masked_fill.Scalar,
+               aten.masked_fill.Tensor, aten.add.Tensor, aten.add_.Tensor, aten.dropout.default, aten.softmax.int,
+               aten._softmax.default, aten.type_as.default)
+
+
+def fixed_dim(n, i: int, depth: int = 12):
+    """Dim i of node n as an int: its meta size when fixed, else the literal a view / reshape
+    gave it, followed back through transposes, permutes, same-shape ops and (for the last two
+    dims) the products' operands; None when no code fixes it."""
+    s = shape_of(n)
+    if s is None or depth == 0:
+        return None
+    i %= len(s)
+    if static_int(s[i]) is not None:
+        return static_int(s[i])
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return None
+    if is_call(n, *RESHAPES):
+        size = arg(n, "shape" if n.target is aten.reshape.default else "size")
+        lit = size[i] if len(size) == len(s) else None
+        return lit if isinstance(lit, int) and lit >= 0 else None
+    if is_call(n, aten.transpose.int):
+        a, b = arg(n, "dim0") % len(s), arg(n, "dim1") % len(s)
+        return fixed_dim(arg(n, "self"), b if i == a else a if i == b else i, depth - 1)
+    if is_call(n, aten.permute.default):
+        return fixed_dim(arg(n, "self"), arg(n, "dims")[i] % len(s), depth - 1)
+    if is_call(n, aten.bmm.default, aten.matmul.default) and i >= len(s) - 2:
+        right = arg(n, "mat2" if n.target is aten.bmm.default else "other")
+        return fixed_dim(arg(n, "self"), -2, depth - 1) if i == len(s) - 2 else fixed_dim(right, -1, depth - 1)
+    src = arg(n, "self") if n.target in _SAME_SHAPE else None
+    if isinstance(src, torch.fx.Node) and len(shape_of(src) or ()) == len(s) and str(shape_of(src)[i]) == str(s[i]):
+        return fixed_dim(src, i, depth - 1)
+    return None
+
+
+# --- the two products -----------------------------------------------------------------------
+
+def product_of(n):
+    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
+    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
+    if is_call(n, aten.matmul.default):
+        return arg(n, "self"), arg(n, "other"), False
+    if is_call(n, aten.bmm.default):
+        return arg(n, "self"), arg(n, "mat2"), False
+    if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
+        return arg(n, "batch1"), arg(n, "batch2"), False
+    if not is_call(n, aten.einsum.default):
+        return None
+    eq, tensors = arg(n, "equation"), arg(n, "tensors")
+    if len(tensors) != 2 or "." in eq:
+        return None
+    ins, _, out = eq.replace(" ", "").partition("->")
+    a, _, b = ins.partition(",")
+    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
+        return None
+    x, (i, k) = a[:-2], a[-2:]
+    if b[:-2] != x or out[:-1] != x + i:
+        return None
+    if b[-2:] == k + out[-1] and out[-1] not in a:
+        return tensors[0], tensors[1], False
+    if b[-2:] == out[-1] + k and out[-1] not in a:
+        return tensors[0], tensors[1], True
+    return None
+
+
+def find_qk(s, depth: int = 12):
+    """The Q·Kᵀ product the scores s come from (through any ops), else None."""
+    last2 = [str(d) for d in (shape_of(s) or ())[-2:]]
+    todo, seen = [s], set()
+    while todo and depth:
+        n = todo.pop(0)
+        if n in seen or not isinstance(n, torch.fx.Node) or n.op != "call_function":
+            continue
+        seen.add(n)
+        depth -= 1
+        if product_of(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
+            return n
+        todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
+    return None
 
 
 def _heads(n):
@@ -235,4 +328,66 @@ def causal_keep(cond, keep: bool, ctx, scores, absorbed) -> bool:
     if not _tril_slice(n, ctx, scores, chain):
         return False
     absorbed += [c for c in chain if len(c.users) == 1]
+    return True
+
+
+def _arange_index(n, chain):
+    """'row' when n is arange(Sq) (from 0, step 1) shaped [Sq, 1], 'col' when [1, Sk] or [Sk]."""
+    shape = shape_of(n)
+    if shape is None or len(shape) not in (1, 2):
+        return None
+    seen = []
+    x = _skip_full_slices(n, seen)
+    if is_call(x, aten.unsqueeze.default):
+        seen.append(x)
+        x = _skip_full_slices(arg(x, "self"), seen)
+    start = 0 if is_call(x, aten.arange.default) else arg(x, "start") if is_call(x, aten.arange.start) else None
+    if start != 0 or len(shape_of(x) or ()) != 1:
+        return None
+    chain += [*seen, x]
+    if len(shape) == 1 or str(shape[0]) == "1":
+        return "col"
+    return "row" if str(shape[1]) == "1" else None
+
+
+_MASKED = {aten.gt.Tensor: ("col", "row"), aten.lt.Tensor: ("row", "col")}  # key index > query index
+_KEPT = {aten.ge.Tensor: ("row", "col"), aten.le.Tensor: ("col", "row")}  # key index <= query index
+
+
+def _ones(n) -> bool:
+    return is_call(n, aten.ones.default) or (is_call(n, aten.full.default) and arg(n, "fill_value") in (1, True))
+
+
+def _last2(n, scores) -> bool:
+    s = shape_of(n)
+    return s is not None and len(s) == 2 and [str(d) for d in s] == [str(d) for d in shape_of(scores)[-2:]]
+
+
+def computed_causal(cond, keep: bool, scores, absorbed) -> bool:
+    """cond (True = keep when `keep`, else True = masked out) is the causal mask built in forward
+    from aranges or torch.triu / tril of ones, shaped as the scores' last two dims."""
+    if not _last2(cond, scores):
+        return False
+    chain = [cond]
+    if cond.target in (_KEPT if keep else _MASKED):
+        a, b = (_arange_index(x, chain) for x in (arg(cond, "self"), arg(cond, "other")))
+        ok = (a, b) == (_KEPT if keep else _MASKED)[cond.target]
+    else:
+        tri, diag = (aten.tril.default, 0) if keep else (aten.triu.default, 1)
+        ok = is_call(cond, tri) and (arg(cond, "diagonal") or 0) == diag and _ones(arg(cond, "self"))
+        chain += [arg(cond, "self")] if ok else []
+    if ok:
+        absorbed += chain
+    return ok
+
+
+def causal_bias(mask, scores, absorbed) -> bool:
+    """mask = torch.triu(torch.full((Sq, Sk), -inf or a very negative value), diagonal=1), added."""
+    if not (_last2(mask, scores) and is_call(mask, aten.triu.default) and arg(mask, "diagonal") == 1):
+        return False
+    full = arg(mask, "self")
+    if not (is_call(full, aten.full.default) and isinstance(arg(full, "fill_value"), (int, float))
+            and masks_out(float(arg(full, "fill_value")))):
+        return False
+    absorbed += [mask, full]
     return True

@@ -26,10 +26,19 @@ between the two products and the softmax:
 
     nn.MultiheadAttention (batch_first either way): q * scale, bmm over [B*H, S, D] operands.
 
+    s = alibi.baddbmm(q, k, beta=1.0, alpha=inv_norm).view(b, h, sq, sk)  # HF Bloom (older)
+    s = torch.masked_fill(s, mask, finfo.min)                              #   ALiBi in the [B*H] frame,
+    p = softmax(s, -1, dtype=torch.float32).to(dt); torch.bmm(p.view(b * h, sq, sk), v)  # mask in [B, H]
+
+    w = torch.baddbmm(torch.empty(..), q.reshape(-1, sq, d).float(),       # HF GPT-2 reorder_and_upcast_attn
+                      k.transpose(-1, -2).reshape(-1, d, sk).float(), beta=0, alpha=scale)
+    w = w.reshape(b, h, sq, sk) + mask; torch.matmul(softmax(w, -1).type(v.dtype), v)  # [B, H] q, k read
+
 In computation order the kernel applies: scale (numbers and 0-dim constants fold into one
 float; a per-head or runtime 0-dim tensor becomes `head_scale`), soft-cap, then the masks
 (several additive masks add up; boolean masks from masked_fill / where combine into one
-keep-mask; a tril buffer becomes causal). Casts, eval-mode dropout and contiguous copies are
+keep-mask; a tril buffer, or a causal mask built in forward from aranges or triu, becomes
+causal). Casts, eval-mode dropout and contiguous copies are
 absorbed anywhere on the way; K / V expansions for GQA / MQA are undone (attention_forms).
 A step in another order (a mask before the soft-cap, a scale on the mask) is declined.
 
@@ -47,9 +56,10 @@ import torch
 
 from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call, operand, shape_of, static_int
 from ..registry import NO_MATCH, Stage, rule
+from . import attention_softmax  # noqa: F401  (a softmax written out by hand -> aten.softmax first)
 from .attention import HEAD_DIMS, PREFIX
-from .attention_forms import (RESHAPES, causal_keep, fill_value, masks_out, per_head, scalar_value, softcap_of,
-                              unexpand_kv)
+from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, find_qk, fixed_dim,
+                              masks_out, per_head, product_of, scalar_value, softcap_of, unexpand_kv)
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
@@ -70,12 +80,13 @@ class Match:
     scale: float = 1.0
     head_scale: list = field(default_factory=list)  # (node, divides): tensor multipliers -> head_scale
     softcap: float | None = None
-    masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node), applied last first
+    masks: list = field(default_factory=list)  # ("add" | "keep" | "drop", node, frame), applied last first
     causal: bool = False
     transpose_k: bool = False  # the product's right operand is Kᵀ itself (no transpose to undo)
     phase: int = MASK  # how far back the walk got: MASK, CAP (soft-cap seen) or SCALE
-    frames: list = field(default_factory=list)  # the scores' shape wherever a mask or tensor scale applies
+    frames: list = field(default_factory=list)  # (scores node, is a mask) wherever a mask or tensor scale applies
     heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
+    same_batch: bool = False  # both products are bmm / baddbmm: torch itself requires one batch size
     absorbed: list = field(default_factory=list)
 
 
@@ -109,68 +120,24 @@ def _untranspose(kt):
     return None
 
 
-def _product(n):
-    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
-    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
-    if is_call(n, aten.matmul.default):
-        return arg(n, "self"), arg(n, "other"), False
-    if is_call(n, aten.bmm.default):
-        return arg(n, "self"), arg(n, "mat2"), False
-    if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
-        return arg(n, "batch1"), arg(n, "batch2"), False
-    if not is_call(n, aten.einsum.default):
-        return None
-    eq, tensors = arg(n, "equation"), arg(n, "tensors")
-    if len(tensors) != 2 or "." in eq:
-        return None
-    ins, _, out = eq.replace(" ", "").partition("->")
-    a, _, b = ins.partition(",")
-    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
-        return None
-    x, (i, k) = a[:-2], a[-2:]
-    if b[:-2] != x or out[:-1] != x + i:
-        return None
-    if b[-2:] == k + out[-1] and out[-1] not in a:
-        return tensors[0], tensors[1], False
-    if b[-2:] == out[-1] + k and out[-1] not in a:
-        return tensors[0], tensors[1], True
-    return None
-
-
 def _last_dim_softmax(n) -> bool:
     return is_call(n, *SOFTMAX) and arg(n, "dim") % len(shape_of(n)) == len(shape_of(n)) - 1
 
 
-def _find_qk(s, depth: int = 12):
-    """The Q·Kᵀ product the scores s come from (through any ops), else None."""
-    last2 = [str(d) for d in (shape_of(s) or ())[-2:]]
-    todo, seen = [s], set()
-    while todo and depth:
-        n = todo.pop(0)
-        if n in seen or not isinstance(n, torch.fx.Node) or n.op != "call_function":
-            continue
-        seen.add(n)
-        depth -= 1
-        if _product(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
-            return n
-        todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
-    return None
-
-
 def chain_of(pv):
     """(softmax, Q·Kᵀ) when pv multiplies probabilities from a softmax over Q·Kᵀ scores by V, else None."""
-    if _product(pv) is None:
+    if product_of(pv) is None:
         return None
-    start = _product(pv)[0]
+    start = product_of(pv)[0]
     last2 = [str(d) for d in (shape_of(start) or ())[-2:]]
     todo, seen = [(start, 0)], set()
     while todo:  # breadth first through what sits between the softmax and ·V (probabilities-shaped)
         p, depth = todo.pop(0)
-        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or _product(p) is not None:
+        if not isinstance(p, torch.fx.Node) or p.op != "call_function" or p in seen or product_of(p) is not None:
             continue
         seen.add(p)
         if _last_dim_softmax(p):
-            qk = _find_qk(arg(p, "self"))
+            qk = find_qk(arg(p, "self"))
             return (p, qk) if qk is not None else None
         if depth < 6:
             todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
@@ -183,7 +150,7 @@ def match(pv, ctx):
     if found is None:
         return False
     sm, qk = found
-    p, v, vt = _product(pv)
+    p, v, vt = product_of(pv)
     if vt:
         return "V enters the ·V product transposed"
     m = Match(q=None, k=None, v=v, absorbed=[pv])
@@ -209,7 +176,8 @@ def match(pv, ctx):
         return reason
     if len(_real_users(qk)) != 1:
         return "the raw scores Q·Kᵀ are also used elsewhere"
-    q, kt, bt = _product(qk)
+    q, kt, bt = product_of(qk)
+    m.same_batch = all(is_call(x, aten.bmm.default, aten.baddbmm.default) for x in (qk, pv))
     k = kt if bt else _untranspose(kt)
     _take(m.absorbed, qk)
     if k is None:
@@ -225,7 +193,43 @@ def match(pv, ctx):
     m.q = q
     m.k = unexpand_kv(k, m.absorbed) if not m.transpose_k else k
     m.v = unexpand_kv(m.v, m.absorbed)
+    if len(_dims(m.v)) == 4 and len(_dims(m.q)) == 3 and len(_dims(sm)) == 4 and fixed_dim(sm, 1):
+        _unmerge_heads(m, fixed_dim(sm, 1))
     return m
+
+
+def _merged(x, heads, chain):
+    """The [B, H, .., ..] tensor a [B*H, .., ..] product operand x was reshaped from (through an
+    upcast to fp32: products of 16-bit values are exact in fp32, as the kernel accumulates),
+    else None."""
+    while is_call(x, aten._to_copy.default, aten.to.dtype) and dtype_of(x) == torch.float32 \
+            and dtype_of(operand(x)) in (torch.float32, torch.bfloat16, torch.float16):
+        chain.append(x)
+        x = operand(x)
+    if not is_call(x, *RESHAPES) or len(_dims(arg(x, "self"))) != 4:
+        return None
+    src = arg(x, "self")
+    if fixed_dim(src, 1) != heads or _dims(src)[-2:] != _dims(x)[-2:]:
+        return None
+    chain.append(x)
+    return src
+
+
+def _unmerge_heads(m: Match, heads: int):
+    """q / Kᵀ reshaped from [B, H, S, D] to [B*H, S, D] for a bmm / baddbmm whose scores are viewed
+    back as [B, H, Sq, Sk] and multiply a [B, H, Sk, D] V (HF GPT-2's reorder_and_upcast_attn):
+    the kernel reads the [B, H, ...] tensors themselves."""
+    chain = []
+    q, k = _merged(m.q, heads, chain), _merged(m.k, heads, chain)
+    if q is None or k is None:
+        return
+    m.q, m.heads = q, heads  # masks given on the [B*H, Sq, Sk] scores are split as the operands are
+    kk = _untranspose(k) if m.transpose_k else None
+    if kk is not None:
+        chain.append(k)
+        k, m.transpose_k = kk, False
+    m.k = k if m.transpose_k else unexpand_kv(k, m.absorbed)
+    m.absorbed += [c for c in chain if len(_real_users(c)) <= 1]
 
 
 def _keeps_last2(n) -> bool:
@@ -237,19 +241,22 @@ def _keeps_last2(n) -> bool:
 
 
 def _frame(m: Match, qk):
-    """Where the masks and tensor scales apply on views of the scores: one view, and either the
-    product's own shape or [B, H, Sq, Sk] over a [B*H, Sq, Sk] product (sets m.heads)."""
-    frames = {tuple(str(d) for d in f): f for f in m.frames}
-    if len(frames) > 1:
-        return f"masks or scales apply to different views of the scores ({sorted(frames)})"
-    if not frames or list(frames)[0] == tuple(str(d) for d in shape_of(qk)):
+    """Where the masks and tensor scales apply on views of the scores: the product's own shape,
+    and at most one [B, H, Sq, Sk] split of a [B*H, Sq, Sk] product (sets m.heads; masks in the
+    product's frame are split with it, as older HF Bloom adds ALiBi by baddbmm before its view)."""
+    own = _dims(qk)
+    split = {tuple(_dims(f)): (f, is_mask) for f, is_mask in m.frames if _dims(f) != own}
+    if not split:
         return None
-    (f,) = frames.values()
-    n = shape_of(qk)
-    if len(n) == 3 and len(f) == 4 and static_int(f[1]) is not None and str(f[0] * f[1]) == str(n[0]):
-        m.heads = static_int(f[1])
+    if len(split) > 1:
+        return f"masks or scales apply to different views of the scores ({sorted(split)})"
+    ((f, _),) = split.values()
+    if len(own) == 3 and len(_dims(f)) == 4 and fixed_dim(f, 1) is not None:
+        if any(not is_mask and _dims(x) == own for x, is_mask in m.frames):
+            return "a per-head scale applies to the [B*H, Sq, Sk] product, a mask to its [B, H, Sq, Sk] view"
+        m.heads = fixed_dim(f, 1)  # the view keeps Sq, Sk: at run time its dims 0, 1 split the product's dim 0
         return None
-    return f"masks apply to the scores viewed as {list(f)}, not a [B, H, Sq, Sk] split of the product's {list(n)}"
+    return f"masks apply to the scores viewed as {_dims(f)}, not a [B, H, Sq, Sk] split of the product's {own}"
 
 
 def _chain_first(n, s_shape):
@@ -265,7 +272,7 @@ def _chain_first(n, s_shape):
 def _walk_scores(s, m: Match, ctx):
     """Walk back from the softmax input, filling m; returns the node reached (the product) or a reason."""
     phase = m.phase
-    while _product(s) is None:
+    while product_of(s) is None:
         if not isinstance(s, torch.fx.Node) or s.op != "call_function":
             return f"the scores come from {s}, not from the Q·Kᵀ product"
         shape = [str(d) for d in shape_of(s)]
@@ -302,8 +309,11 @@ def _walk_scores(s, m: Match, ctx):
             chain, mk = _chain_first(s, shape)
             if dtype_of(mk) not in (torch.float32, torch.bfloat16, torch.float16):
                 return f"additive mask dtype {dtype_of(mk)} is not a float dtype"
-            m.masks.append(("add", mk))
-            m.frames.append(shape_of(s))
+            if causal_bias(mk, s, m.absorbed):
+                m.causal = True
+            else:
+                m.masks.append(("add", mk, s))
+                m.frames.append((s, True))
             _take(m.absorbed, s)
             s = chain
         elif _keeps_last2(s):  # a view of the scores that splits or merges batch and heads
@@ -322,20 +332,25 @@ def _walk_scores(s, m: Match, ctx):
 
 
 def _baddbmm(m: Match, qk):
-    """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c, or a reason."""
+    """baddbmm(mask, q, kᵀ, beta=1, alpha=c): the additive mask and the scale c (beta=0: no mask),
+    or a reason."""
     if not is_call(qk, aten.baddbmm.default):
         return None
     beta, alpha = arg(qk, "beta"), arg(qk, "alpha")
-    if beta != 1 or not isinstance(alpha, (int, float)) or alpha <= 0:
-        return f"baddbmm with beta={beta}, alpha={alpha} (only beta=1 and a positive alpha are a mask and a scale)"
+    if beta not in (0, 1) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        return f"baddbmm with beta={beta}, alpha={alpha} (only beta 1 or 0 and a positive alpha are a mask and a scale)"
+    if beta == 0:  # the input is ignored (HF GPT-2's reorder_and_upcast_attn passes torch.empty)
+        m.scale *= alpha
+        m.absorbed += _consts(arg(qk, "self"))
+        return None
     if m.phase != MASK:
         return "the mask is added (baddbmm) before the " + ("soft-cap" if m.phase == CAP else "scale")
     mask = arg(qk, "self")
     if dtype_of(mask) not in (torch.float32, torch.bfloat16, torch.float16):
         return f"additive mask dtype {dtype_of(mask)} is not a float dtype"
     m.scale *= alpha
-    m.masks.append(("add", mask))
-    m.frames.append(shape_of(qk))
+    m.masks.append(("add", mask, qk))
+    m.frames.append((qk, True))
     return None
 
 
@@ -361,7 +376,7 @@ def _scale_step(m: Match, other, divides: bool, at, ctx):
         return None
     if isinstance(other, torch.fx.Node) and per_head(other, at) and not dtype_reason(other):
         m.head_scale.append((other, divides))
-        m.frames.append(shape_of(at))
+        m.frames.append((at, False))
         return None
     what = list(shape_of(other)) if isinstance(other, torch.fx.Node) else other
     how = "divided" if divides else "multiplied"
@@ -389,11 +404,11 @@ def _fill_step(s, t, m: Match, phase, ctx):
         return "a tensor scale of unknown sign is applied after the mask"
     if dtype_of(cond) is not torch.bool:
         return f"the mask condition has dtype {dtype_of(cond)}, not bool"
-    if causal_keep(cond, keep, ctx, s, m.absorbed):
+    if causal_keep(cond, keep, ctx, s, m.absorbed) or computed_causal(cond, keep, s, m.absorbed):
         m.causal = True
     else:
-        m.masks.append(("keep" if keep else "drop", cond))
-        m.frames.append(shape_of(s))
+        m.masks.append(("keep" if keep else "drop", cond, s))
+        m.frames.append((s, True))
     fill_node = arg(s, "value") if t in FILLS else (b if keep else a)
     if isinstance(fill_node, torch.fx.Node):
         m.absorbed += _consts(fill_node)
@@ -411,6 +426,16 @@ def _k_dims(m: Match) -> list[str]:
     return d[:-2] + [d[-1], d[-2]] if m.transpose_k else d
 
 
+def _k_dim(m: Match, i: int):
+    """Dim i (-1: head_dim, -2: keys) of K as [.., Sk, D], fixed where the code fixes it."""
+    return fixed_dim(m.k, {-1: -2, -2: -1}.get(i, i) if m.transpose_k else i)
+
+
+def _same(a, b, fa, fb) -> bool:
+    """Two dims agree: printed alike, or both fixed to one int."""
+    return a == b or (fa is not None and fa == fb)
+
+
 def _checks(m: Match):
     """The kernel's limits on a matched chain: None, or the reason it cannot run it."""
     for t, nm in ((m.q, "query"), (m.k, "key"), (m.v, "value")):
@@ -423,18 +448,18 @@ def _checks(m: Match):
     if not (len(q) == len(k) == len(v) and len(q) in (3, 4)):
         return f"attention operands of ranks {len(q)}/{len(k)}/{len(v)} are not all 4-D [batch, heads, seq, " \
                "head_dim] or all 3-D [batch*heads, seq, head_dim]"
-    d, dv = static_int(shape_of(m.q)[-1]), static_int(shape_of(m.v)[-1])
+    d, dv = fixed_dim(m.q, -1), fixed_dim(m.v, -1)
     if d not in HEAD_DIMS or dv != d:
         return f"head_dim={q[-1]} (value {v[-1]}) is outside {HEAD_DIMS.start}..{HEAD_DIMS.stop - 1} or differs"
-    if k[-1] != q[-1] or k[-2] != v[-2]:
+    if _k_dim(m, -1) != d or not _same(k[-2], v[-2], _k_dim(m, -2), fixed_dim(m.v, -2)):
         return f"key {k} and query {q} / value {v} shapes disagree"
-    if q[0] != k[0] or k[0] != v[0]:
+    if not m.same_batch and (q[0] != k[0] or k[0] != v[0]):
         return f"batch sizes differ: query {q[0]}, key {k[0]}, value {v[0]} (broadcast batch)"
     if len(q) == 4:
-        h, hkv = static_int(shape_of(m.q)[1]), static_int(shape_of(m.v)[1])
-        if h is None or hkv is None or h % hkv or k[1] != v[1]:
+        h, hkv = fixed_dim(m.q, 1), fixed_dim(m.v, 1)
+        if h is None or hkv is None or h % hkv or not _same(k[1], v[1], _k_dim(m, -3), hkv):
             return f"head counts {q[1]} / {k[1]} / {v[1]} are not a multiple of each other"
-    if any(len(shape_of(x)) > 4 for _, x in m.masks):
+    if any(len(shape_of(x)) > 4 for _, x, _ in m.masks):
         return "mask has more than 4 dims"
     return None
 
@@ -451,11 +476,18 @@ def handwritten_supported(node, ctx):
     return reason
 
 
+def _split(ctx, m: Match, mask, frame, at):
+    """A mask given in the [B*H, Sq, Sk] product's frame, made to broadcast on its [B, H, ..] split."""
+    if not m.heads or len(_dims(frame)) != 3 or len(shape_of(mask)) < 3 or str(shape_of(mask)[-3]) == "1":
+        return mask
+    return ctx.insert(aten.unflatten.int, mask, -3, [-1, m.heads], before=at)
+
+
 def _mask(ctx, m: Match, at):
     """The matched masks as the one mask the kernel takes (None, additive float or bool keep-mask)."""
-    adds = [n for kind, n in reversed(m.masks) if kind == "add"]
-    keeps = [n if kind == "keep" else ctx.insert(aten.logical_not.default, n, before=at)
-             for kind, n in reversed(m.masks) if kind != "add"]
+    adds = [_split(ctx, m, n, f, at) for kind, n, f in reversed(m.masks) if kind == "add"]
+    keeps = [_split(ctx, m, n if kind == "keep" else ctx.insert(aten.logical_not.default, n, before=at), f, at)
+             for kind, n, f in reversed(m.masks) if kind != "add"]
     add = keep = None
     for n in adds:  # several additive masks add up to one (broadcast as eager does)
         add = n if add is None else ctx.insert(aten.add.Tensor, add, n, before=at)
