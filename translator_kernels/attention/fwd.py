@@ -396,9 +396,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 vals.append(ok.select(sc, neg_inf))
             return vals
 
-        def kv_step(kb, state, masked):
+        def kv_step(kb, state, masked, first=False):
             """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
-            user-mask checks (only the tiles that straddle them need those)."""
+            user-mask checks (only the tiles that straddle them need those); `first` (an unmasked
+            tile that starts the row: O = l = 0) sets the reference max with no rescale branch."""
             m_old = state[:RG]
             l_old = state[RG:2 * RG]
             o_acc = [[state[2 * RG + u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
@@ -445,7 +446,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
                     m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN)
                 m_tile.append(m_loc)
-            if const_expr(raw):
+            if const_expr(raw and first):
+                # the row's first tile: m_first = its row max (O and l are still zero: nothing to rescale)
+                m_first = [fx.arith.maximumf(m_tile[u], lane_xor(m_tile[u], 16), fastmath=NNAN) for u in range_constexpr(RG)]
+                m_first = [fx.arith.maximumf(m_first[u], lane_xor(m_first[u], 32), fastmath=NNAN) * c_qk
+                         for u in range_constexpr(RG)]
+                l_base = l_old
+                m_new = [zero_f - m_first[u] for u in range_constexpr(RG)]
+                thr_new = [(m_first[u] + RESCALE_TAU) * inv_c for u in range_constexpr(RG)]
+                neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
+            elif const_expr(raw):
                 # state: -m_ref per row and, at its end, thr = (m_ref + RESCALE_TAU) / c. The reference
                 # max moves (and O, l are rescaled) only when a raw score of some row of the wave
                 # exceeds thr: a wave-uniform branch the steady state skips, with the row-max exchange
@@ -560,8 +570,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             init_full = [fx.Float32(float("inf"))] * RG + init[RG:] + [neg_inf] * RG
         # counted in tiles from 0 with step 1: LLVM then tests the exit with != (a scalar compare)
         # instead of a 64-bit < on the VALU
+        # The first unmasked tile is peeled (a loop of at most one trip): it sets each row's reference
+        # max, so the rescale branch runs only when a max outgrows it, never for a row's first tile
         n_full = (full_end - kv_start) // BLOCK_N
-        for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=init_full):
+        res_full = init_full
+        if const_expr(RAW_MAX):
+            n_peel = (n_full > zero_i).select(fx.Int32(1), zero_i)
+            for _p, state in range(fx.Index(0), fx.Index(n_peel), fx.Index(1), init=init_full):
+                res_full = yield kv_step(kv_start, state, False, first=True)
+            kv_start = kv_start + n_peel * BLOCK_N
+            n_full = n_full - n_peel
+        for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=res_full):
             res_full = yield kv_step(kv_start + fx.Int32(it_idx) * BLOCK_N, state, False)
         if const_expr(RAW_MAX):
             res_full = [zero_f - res_full[u] for u in range_constexpr(RG)] + res_full[RG:len(res_full) - RG]
