@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.isa_attention \
         [--quick] [--gfx942-only | --gfx950-only]
-    FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop
+    FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop [--rate-seq 1024] [--rate-data randn]
+    .venv/bin/python -m bench.isa_attention --rescale [--seq 1024]
 
 Each config is compiled to AMDGPU ISA through translator_kernels.isa (COMPILE_ONLY in a child
 process, one child per arch) and the metadata of its final ISA is read back: VGPR / AGPR / SGPR
@@ -16,7 +17,15 @@ The two loops cover different tiles (ours 32 rows x 32-64 keys, FlyDSL's 128-row
 compare the matrix/vector ratio, not the cycles. The steady columns (bench.hotloop: the body up
 to an earlier back edge that skips no MFMA) are ours only: our skipped tail is the rare rescale
 (tests/kernels/test_attention_hotloop.py asserts what it holds); FlyDSL's early back edges skip
-work its iterations need (LDS writes, the causal mask).
+work its iterations need (LDS writes, the causal mask). The last three columns, ours only:
+how often the rescale branch ran, measured under flysim (`rescale_rate`: B1 H1 S=--rate-seq
+causal bf16, --rate-data inputs), and the MODEL's expected vector cycles and matrix/vector at
+that rate, steady + rate x (static - steady). The rate is a measurement of the branch on those
+inputs; the cycles stay a MODEL.
+
+--rescale: the measured rates alone, per arch, D 64 / 128, causal or not, and three inputs
+(`rate_inputs`: randn; Q and K of mean 1; K scaled up along the keys), with what the same
+count was before the first tile was peeled out of the loop (it always took the branch).
 """
 
 from __future__ import annotations
