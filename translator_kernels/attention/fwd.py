@@ -16,8 +16,8 @@ tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the O�
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, P's conversion, exp2
-and the lane exchange: mma.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, the PV product, P's
+conversion, exp2 and the lane exchange: mma.py; the online-softmax steps: softmax.py.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
@@ -104,7 +104,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # reads (no VALU adds, and l sums exactly the rounded p that weight V), so P may be rounded
     # toward zero: on gfx942 bf16 by keeping the high half of the bits (one v_perm per 2 values)
     ONES_L = not is_f32
-    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (p_to_elem)
+    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (mma.p_to_elem)
     # unmasked tiles without soft-cap take the row max of the raw scores and fold the scale into
     # one fma per score, exp2(c s - m) (c > 0: a negative scale negates Q once instead)
     RAW_MAX = not softcap
@@ -208,9 +208,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         def mfma32(a, b_, c):
             return mma.mfma32(dtype, a, b_, c)
-
-        def p_to_elem(ps):
-            return mma.p_to_elem(ps, dtype, TRUNC_P)
 
         if const_expr(USE_LDS):
             stage = fx.SharedAllocator().allocate(KVStage).peek()
@@ -466,53 +463,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
             l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
 
-            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
-            if const_expr(PV32):
-                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
-                for tp in range_constexpr(N_TILES // 2):
-                    t0 = 2 * tp
-                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
-                           for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        lo, hi = fx.Vector(vt_operand(t0, dt)), fx.Vector(vt_operand(t0 + 1, dt))
-                        va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
-                        for u in range_constexpr(RG):
-                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
-                    for u in range_constexpr(RG):  # ONES_L: row u's sum of p, in every element
-                        l_new[u] = mfma32(fx.Vector.filled(8, 1.0, Elem), pbs[u], l_new[u])
-            elif const_expr(VT):
-                for t in range_constexpr(N_TILES):
-                    pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        va = fx.Vector(vt_operand(t, dt))
-                        for u in range_constexpr(RG):
-                            if const_expr(is_f32):
-                                acc = o_acc[u][dt]
-                                for j in range_constexpr(4):
-                                    acc = mfma(va[j], pbs[u][j], acc)
-                                o_acc[u][dt] = acc
-                            else:
-                                o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
-                    if const_expr(ONES_L):
-                        for u in range_constexpr(RG):
-                            l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
-            for t in range_constexpr(0 if VT else N_TILES):
-                v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
-                if const_expr(is_f32):
-                    for dt in range_constexpr(VN):
-                        for u in range_constexpr(RG):
-                            acc = o_acc[u][dt]
-                            for j in range_constexpr(4):
-                                acc = mfma(elem(v_rows[j], VC, dt), p_tiles[u][t][j], acc)
-                            o_acc[u][dt] = acc
-                else:
-                    pbs = [p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
-                        for u in range_constexpr(RG):
-                            o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
-                    for u in range_constexpr(RG):
-                        l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
+            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
+            o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
+                                         vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
+                                         v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
 
             return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt + (thr_new if raw else [])
 
