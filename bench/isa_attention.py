@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.isa_attention \
         [--quick] [--gfx942-only | --gfx950-only]
-    FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop
+    FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop [--rate-seq 1024] [--rate-data randn]
+    .venv/bin/python -m bench.isa_attention --rescale [--seq 1024]
 
 Each config is compiled to AMDGPU ISA through translator_kernels.isa (COMPILE_ONLY in a child
 process, one child per arch) and the metadata of its final ISA is read back: VGPR / AGPR / SGPR
@@ -16,7 +17,15 @@ The two loops cover different tiles (ours 32 rows x 32-64 keys, FlyDSL's 128-row
 compare the matrix/vector ratio, not the cycles. The steady columns (bench.hotloop: the body up
 to an earlier back edge that skips no MFMA) are ours only: our skipped tail is the rare rescale
 (tests/kernels/test_attention_hotloop.py asserts what it holds); FlyDSL's early back edges skip
-work its iterations need (LDS writes, the causal mask).
+work its iterations need (LDS writes, the causal mask). The last three columns, ours only:
+how often the rescale branch ran, measured under flysim (`rescale_rate`: B1 H1 S=--rate-seq
+causal bf16, --rate-data inputs), and the MODEL's expected vector cycles and matrix/vector at
+that rate, steady + rate x (static - steady). The rate is a measurement of the branch on those
+inputs; the cycles stay a MODEL.
+
+--rescale: the measured rates alone, per arch, D 64 / 128, causal or not, and three inputs
+(`rate_inputs`: randn; Q and K of mean 1; K scaled up along the keys), with what the same
+count was before the first tile was peeled out of the loop (it always took the branch).
 """
 
 from __future__ import annotations
@@ -70,8 +79,9 @@ QUICK = [("bf16", 64, False, "none"), ("bf16", 128, True, "none"), ("f32", 64, F
          ("f16", 256, False, "add")]
 
 
-def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128)) -> list[str]:
-    """Markdown rows of the hot-loop comparison (see the module docstring)."""
+def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128), with_cycles=False) -> list:
+    """Markdown rows of the hot-loop comparison (see the module docstring); `with_cycles`: each
+    row with (arch, d, the hot_loop dict)."""
     import os
 
     from bench.hotloop import compile_isa_texts, format_row, hot_loop, main_text
@@ -86,21 +96,129 @@ def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128)) -> list[str]:
                                                    arch=arch))
                 st = max(parse_isa(text, arch), key=lambda k: k.instructions)
                 name = f"{'ours' if impl == 'ours' else 'FlyDSL generic'} D{d}"
-                rows.append(format_row(name, arch, hot_loop(text, arch), steady=impl == "ours")
-                            + f" {st.meta['vgpr']} | {st.spills} | {st.occupancy[0]} |")
+                c = hot_loop(text, arch)
+                row = format_row(name, arch, c, steady=impl == "ours") + f" {st.meta['vgpr']} | {st.spills} | {st.occupancy[0]} |"
+                rows.append((row, (arch, d, c)) if with_cycles else row)
     return rows
 
 
+# ---- how often the rescale branch runs, measured under flysim ----------------------------------
+# statements of the kernel source whose scf ops region_waves counts (found by text, so the counts
+# follow the code when it moves): the rescale branch, the unmasked KV loop, its peeled first tile
+_MARKS = {"rescale": "if any_grow:", "loop": "for it_idx, state in range(", "peel": "for _p, state in range("}
+RATE_DATA = ("randn", "mean", "ramp")
+
+
+def _region_lines() -> dict:
+    from pathlib import Path
+
+    import translator_kernels.attention as pkg
+
+    found = {name: [] for name in _MARKS}
+    for fn in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        for i, ln in enumerate(fn.read_text().splitlines(), 1):
+            for name, mark in _MARKS.items():
+                if ln.strip().startswith(mark):
+                    found[name].append(f"/{fn.name}:{i}")
+    return found
+
+
+def rescale_counts(rec) -> dict:
+    """From the LaunchRecord of a `flysim.simulate(count_regions=True)` attention launch: waves that
+    ran the rescale branch, unmasked-loop iterations (wave x KV tile) and peeled first tiles."""
+    regions, lines = rec.counters["region_waves"], _region_lines()
+
+    def total(name, kind, side):
+        return sum(v[side] for k, v in regions.items() for at in lines[name] if k.endswith(f"{at} {kind}"))
+
+    return {"rescale_waves": total("rescale", "scf.if", "then"), "loop_waves": total("loop", "scf.for", "iterations"),
+            "peeled_waves": total("peel", "scf.for", "iterations")}
+
+
+def rate_inputs(seq: int, d: int, data: str, dtype: str = "bf16", seed: int = 0):
+    """Q, K, V [1, 1, seq, d]. randn; "mean": Q and K with mean 1 (scores of mean sqrt(d), a
+    row max that keeps creeping up); "ramp": K scaled by 0.25 .. 4.25 along the keys (scores
+    grow along the sequence: a row max that outgrows 2^8 again and again)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, seq, d, generator=g) for _ in range(3))
+    if data == "mean":
+        q, k = q + 1, k + 1
+    elif data == "ramp":
+        k = k * (0.25 + 4 * torch.arange(seq) / seq).view(1, 1, -1, 1)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    return q.to(dt), k.to(dt), v.to(dt)
+
+
+def rescale_rate(arch: str, d: int, causal: bool, data: str = "randn", seq: int = 1024, dtype: str = "bf16") -> dict:
+    """Run the kernel under flysim at B1 H1 S=seq and count the rescale branch (see rescale_counts).
+    `rate`: rescales per unmasked-loop iteration (what the hot loop's MODEL prices); `before_peel`:
+    the same ratio had the first tile stayed in the loop (it always rescaled: m starts at -inf);
+    `max_err` against fp32 SDPA."""
+    import flysim
+    import torch
+
+    from translator_kernels.attention import attention
+
+    q, k, v = rate_inputs(seq, d, data, dtype)
+    with flysim.simulate(arch=arch, count_regions=True) as sim:
+        out = attention(q, k, v, causal=causal)
+    c = rescale_counts(sim.launches[-1])
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    loop, peeled, resc = c["loop_waves"], c["peeled_waves"], c["rescale_waves"]
+    return dict(c, rate=resc / loop if loop else 0.0,
+                before_peel=(resc + peeled) / (loop + peeled) if loop + peeled else 0.0,
+                max_err=float((out.float() - ref).abs().max()))
+
+
+def rescale_rows(archs=("gfx942", "gfx950"), dims=(64, 128), seq=1024, data=RATE_DATA, causal=(True, False)) -> list[str]:
+    rows = []
+    for arch in archs:
+        for d in dims:
+            for cz in causal:
+                for dat in data:
+                    r = rescale_rate(arch, d, cz, dat, seq)
+                    rows.append(f"| {arch} | {d} | {int(cz)} | {dat} | {r['peeled_waves']} | {r['loop_waves']} | "
+                                f"{r['rescale_waves']} | {r['rate']:.4f} | {r['before_peel']:.4f} | {r['max_err']:.4f} |")
+    return rows
+
+
+RESCALE_HEADER = ("| arch | D | causal | data | peeled first tiles | loop iterations | rescales | rescales / iteration "
+                  "| before the peel | max abs err |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def expected_cells(c: dict, rate: float) -> str:
+    """MODEL cells: the steady vector cycles + rate x the rescale branch's cycles (static - steady)."""
+    vec = c["steady"]["vector_cycles"] + rate * (c["vector_cycles"] - c["steady"]["vector_cycles"])
+    return f" {rate:.4f} | {vec:.0f} | {c['matrix_cycles'] / vec:.2f} |"
+
+
+def _arg(argv, name, default):
+    return type(default)(argv[argv.index(name) + 1]) if name in argv else default
+
+
 def main(argv):
+    if "--rescale" in argv:
+        seq = _arg(argv, "--seq", 1024)
+        print(f"Rescale branch executions under flysim, B1 H1 S{seq} bf16 (measured; per wave and KV tile)\n")
+        print(RESCALE_HEADER)
+        for row in rescale_rows(seq=seq):
+            print(row, flush=True)
+        return
     if "--hotloop" in argv:
         from bench.hotloop import HEADER
 
+        seq, data = _arg(argv, "--rate-seq", 1024), _arg(argv, "--rate-data", "randn")
         head, rule = HEADER.split("\n")
-        print("Hot-loop MODEL per KV iteration and wave, B1 S2048 H32 bf16 causal (not a measurement)\n")
-        print(head + " VGPR | spills | waves/SIMD |")
-        print(rule + "---|---|---|")
-        for row in hotloop_rows():
-            print(row, flush=True)
+        print("Hot-loop MODEL per KV iteration and wave, B1 S2048 H32 bf16 causal (not a measurement); expected ="
+              f" steady + rate x rescale branch, rate measured under flysim at B1 H1 S{seq} causal, {data} inputs\n")
+        print(head + " VGPR | spills | waves/SIMD | measured rescale rate | expected vector cyc (MODEL) "
+              "| expected matrix/vector (MODEL) |")
+        print(rule + "---|---|---|---|---|---|")
+        for row, (arch, d, c) in hotloop_rows(with_cycles=True):
+            tail = expected_cells(c, rescale_rate(arch, d, True, data, seq)["rate"]) if row.startswith("| ours") else " - | - | - |"
+            print(row + tail, flush=True)
         return
     configs = QUICK if "--quick" in argv else CONFIGS
     print("| arch | dtype | D | causal | mask | VGPR | AGPR | SGPR | spills (v/s) | LDS B | waves/SIMD |")

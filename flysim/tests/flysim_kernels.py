@@ -294,3 +294,25 @@ def build_atomic(kind, block=128, lds_bins=None):
         atomic_kernel(X, Idx, Acc, Old).launch(grid=(n // block, 1, 1), block=(block, 1, 1), stream=stream)
 
     return atomic
+
+
+def build_counted_loop(threads=128):
+    """Out[b, t] = (b + 1) * (11 if wave 0 else 1): workgroup b loops b + 1 times; inside, a
+    wave-uniform branch that only wave 0 takes (for the region_waves counter)."""
+
+    @flyc.kernel
+    def counted_loop_kernel(Out: fx.Tensor):
+        bid = fx.Int32(fx.block_idx.x)
+        tid = fx.Int32(fx.thread_idx.x)
+        for _j, acc in range(fx.Index(0), fx.Index(bid + 1), fx.Index(1), init=[fx.Float32(0.0)]):
+            x = fx.Float32(acc[0]) + fx.Float32(1.0)
+            if tid // WAVE == 0:
+                x = x + fx.Float32(10.0)
+            res = yield [x]
+        Out[bid * threads + tid] = fx.Float32(res)  # one carried value comes back unwrapped
+
+    @flyc.jit
+    def counted_loop(Out: fx.Tensor, blocks: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        counted_loop_kernel(Out).launch(grid=(blocks, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    return counted_loop

@@ -115,3 +115,22 @@ def test_f32_to_f16_round_toward_zero():
     r = torch.randn(10000) * 100
     t = f32_to_f16_rtz(r).float()
     assert bool((t.abs() <= r.abs()).all()) and bool(((r - t).abs() <= r.abs() * 2.0 ** -10 + 2.0 ** -24).all())
+
+
+def test_region_waves_count_each_side_and_iteration_per_wave():
+    """count_regions=True: per scf.for the waves that run each iteration, per scf.if the waves
+    that run each side; off by default (no counter, nothing to pay)."""
+    out = torch.zeros(3 * 128)
+    with flysim.simulate(count_regions=True) as sim:
+        K.build_counted_loop()(out, 3)
+    want = torch.tensor([(b + 1) * (11.0 if t < 64 else 1.0) for b in range(3) for t in range(128)])
+    assert torch.equal(out, want)
+    regions = sim.launches[-1].counters["region_waves"]
+    (loop,) = [v for k, v in regions.items() if k.endswith("scf.for")]
+    (branch,) = [v for k, v in regions.items() if k.endswith("scf.if")]
+    assert loop == {"iterations": (1 + 2 + 3) * 2}  # 2 waves per workgroup
+    assert branch == {"then": 1 + 2 + 3, "else": 1 + 2 + 3}  # wave 0 / wave 1 of each iteration
+    assert all("flysim_kernels.py:" in k for k in regions)
+    with flysim.simulate() as sim:
+        K.build_counted_loop()(out, 3)
+    assert "region_waves" not in sim.launches[-1].counters

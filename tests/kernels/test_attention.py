@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.isa_attention import rescale_counts
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS
 from translator_kernels.attention import CUS, attention, attention_config, split_plan
@@ -197,11 +198,13 @@ def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
 @pytest.mark.parametrize("data", ["steady", "growing"])
 def test_rescale_only_when_a_row_max_outgrows_the_reference(arch, dtype, data):
     """Unmasked tiles rescale O and l (RG exp2 for alpha, then the multiplies) only when some row
-    of the wave outgrows its reference max by more than RESCALE_TAU. Steady scores rescale once,
-    at the first tile; keys scaled up along the sequence rescale at every unmasked tile, while the
-    rows of group 0 (q near zero) never grow and must keep alpha = 1. Counted by flysim's executed
-    math.exp2 ops (one workgroup: Sq = its block of rows); Sk = 250 leaves one masked tail tile (m
-    handed over between the loops)."""
+    of the wave outgrows its reference max by more than RESCALE_TAU. The first unmasked tile is
+    peeled and sets the reference with no rescale, so steady scores never rescale (before the
+    peel: once, at the first tile); keys scaled up along the sequence rescale at every later
+    unmasked tile, while the rows of group 0 (q near zero) never grow and must keep alpha = 1.
+    Counted by flysim's executed math.exp2 ops (one workgroup: Sq = its block of rows) and its
+    region_waves counter of the rescale branch; Sk = 250 leaves one masked tail tile (m handed
+    over between the loops)."""
     Sq, Sk, D = 128 if dtype != "f32" else 64, 250, 64
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 1, Sq, D, generator=g)
@@ -215,12 +218,16 @@ def test_rescale_only_when_a_row_max_outgrows_the_reference(arch, dtype, data):
     rg, nt, bn = cfg["rows_per_wave"] // 16, cfg["n_tiles"], cfg["block_n"]
     assert Sq == cfg["block_m"]
     full, tail = Sk // bn, int(Sk % bn > 0)
-    rescales = full if data == "growing" else 1
+    rescales = full - 1 if data == "growing" else 0
     want = (full + tail) * rg * nt * 4 + rg * (rescales + tail)
-    with _simulate(arch) as sim:
+    with flysim.simulate(arch=arch, count_regions=True) as sim:
         out = attention(q, k, v)
     (rec,) = sim.launches
     assert rec.counters["ops_by_kind"]["math.exp2"] == want, (rec.counters["ops_by_kind"]["math.exp2"], want)
+    waves = Sq // cfg["rows_per_wave"]
+    growing = waves if rg == 2 else waves // 2  # waves holding an odd (unshrunk) 16-row group
+    assert rescale_counts(rec) == {"rescale_waves": rescales * growing if data == "growing" else 0,
+                                   "loop_waves": (full - 1) * waves, "peeled_waves": waves}, rescale_counts(rec)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), reference(q, k, v, None, False), atol=atol, rtol=rtol)
 

@@ -16,8 +16,8 @@ tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the O�
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, P's conversion, exp2
-and the lane exchange: mma.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, the PV product, P's
+conversion, exp2 and the lane exchange: mma.py; the online-softmax steps: softmax.py.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
@@ -36,9 +36,11 @@ Vector work per score (the hot loop; bench.hotloop prices it):
     gfx950 exchanges it with ds_bpermute (its generic shuffle lowering costs ~7 VALU a step);
   * unmasked tiles rescale O and l only when some row of the wave outgrows its reference max
     by more than RESCALE_TAU (log2 units), a wave-uniform branch (ballot): the loop carries
-    m_lim = m_ref + TAU, p = exp2(c s - m_ref) <= 2^TAU, and the steady state issues no alpha
-    exp2 and none of the O multiplies (FlashAttention-4's conditional rescaling); masked tiles
-    rescale every time (they are the few diagonal / tail tiles);
+    the threshold (m_ref + TAU) / c, p = exp2(c s - m_ref) <= 2^TAU, and the steady state issues
+    no alpha exp2 and none of the O multiplies (FlashAttention-4's conditional rescaling); the
+    first unmasked tile of a row is peeled out of the loop and sets m_ref without the branch
+    (it always ran there: m starts at -inf); masked tiles rescale every time (they are the few
+    diagonal / tail tiles); the pieces are in softmax.py;
   * 16-bit inputs sum the row with one MFMA of a ones tile and the Pᵀ operand (ONES_L): no
     VALU adds, every element of that accumulator holds the full row sum, and l sums exactly
     the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
@@ -62,10 +64,10 @@ from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
 from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
-                                                MASK_BOOL, MASK_NONE, NNAN, RESCALE_TAU, chunk_elems, ir_elem, kernel_config,
+                                                MASK_BOOL, MASK_NONE, chunk_elems, ir_elem, kernel_config,
                                                 padded_head_dim, v_transpose_read)
-from translator_kernels.attention import mma
-from translator_kernels.attention.mma import elem, exp2, slice4, xor_addresses
+from translator_kernels.attention import mma, softmax
+from translator_kernels.attention.mma import elem, slice4, xor_addresses
 from translator_kernels.device_math import tanh
 
 
@@ -102,7 +104,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     # reads (no VALU adds, and l sums exactly the rounded p that weight V), so P may be rounded
     # toward zero: on gfx942 bf16 by keeping the high half of the bits (one v_perm per 2 values)
     ONES_L = not is_f32
-    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (p_to_elem)
+    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (mma.p_to_elem)
     # unmasked tiles without soft-cap take the row max of the raw scores and fold the scale into
     # one fma per score, exp2(c s - m) (c > 0: a negative scale negates Q once instead)
     RAW_MAX = not softcap
@@ -206,9 +208,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         def mfma32(a, b_, c):
             return mma.mfma32(dtype, a, b_, c)
-
-        def p_to_elem(ps):
-            return mma.p_to_elem(ps, dtype, TRUNC_P)
 
         if const_expr(USE_LDS):
             stage = fx.SharedAllocator().allocate(KVStage).peek()
@@ -396,9 +395,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 vals.append(ok.select(sc, neg_inf))
             return vals
 
-        def kv_step(kb, state, masked):
+        def kv_step(kb, state, masked, first=False):
             """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
-            user-mask checks (only the tiles that straddle them need those)."""
+            user-mask checks (only the tiles that straddle them need those); `first` (an unmasked
+            tile that starts the row: O = l = 0) sets the reference max with no rescale branch."""
             m_old = state[:RG]
             l_old = state[RG:2 * RG]
             o_acc = [[state[2 * RG + u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
@@ -433,123 +433,40 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                 acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
                     s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
-            # ---- online softmax, per row group ----
+            # ---- online softmax, per row group (softmax.py) ----
             raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
-            m_tile = []  # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
-            for u in range_constexpr(RG):
-                m_loc = s_tiles[u][0][0] if raw else m_old[u]
-                for t in range_constexpr(N_TILES):
-                    for i in range_constexpr(4):
-                        m_loc = fx.arith.maximumf(m_loc, s_tiles[u][t][i], fastmath=NNAN)
-                if const_expr(not raw):
-                    m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 16), fastmath=NNAN)
-                    m_loc = fx.arith.maximumf(m_loc, lane_xor(m_loc, 32), fastmath=NNAN)
-                m_tile.append(m_loc)
-            if const_expr(raw):
-                # state: -m_ref per row and, at its end, thr = (m_ref + RESCALE_TAU) / c. The reference
-                # max moves (and O, l are rescaled) only when a raw score of some row of the wave
-                # exceeds thr: a wave-uniform branch the steady state skips, with the row-max exchange
-                # inside it; p = exp2(c s - m_ref) <= 2^TAU meanwhile. Every key of the tile is real:
-                # m_tile is finite (inputs finite).
+            # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
+            m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
+                      softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
+            if const_expr(raw and first):
+                l_base = l_old
+                m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
+            elif const_expr(raw):
+                # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
                 thr = state[len(state) - RG:]
-                grow = m_tile[0] > thr[0]
-                for u in range_constexpr(1, RG):
-                    grow = grow | (m_tile[u] > thr[u])
-                any_grow = fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), grow)) != fx.Int64(0)
+                any_grow = softmax.rescale_wanted(m_tile, thr)
                 neg_m = [m_old[u] for u in range_constexpr(RG)]
                 thr_new = [thr[u] for u in range_constexpr(RG)]
                 l_base = [l_old[u] for u in range_constexpr(RG)]
                 o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
                 if any_grow:
-                    m_row = [fx.arith.maximumf(m_tile[u], lane_xor(m_tile[u], 16), fastmath=NNAN)
-                             for u in range_constexpr(RG)]
-                    m_row = [fx.arith.maximumf(m_row[u], lane_xor(m_row[u], 32), fastmath=NNAN)
-                             for u in range_constexpr(RG)]
-                    m_prev = [zero_f - m_old[u] for u in range_constexpr(RG)]
-                    m_ref = [fx.arith.maximumf(m_prev[u], m_row[u] * c_qk, fastmath=NNAN) for u in range_constexpr(RG)]
-                    alphas = [exp2(m_prev[u] - m_ref[u]) for u in range_constexpr(RG)]
-                    l_base = [(fx.Vector(l_old[u]) if ONES_L else l_old[u]) * alphas[u] for u in range_constexpr(RG)]
-                    o_flat = [fx.Vector(o_acc[u][i]) * alphas[u] for u in range_constexpr(RG) for i in range_constexpr(VN)]
-                    neg_m = [zero_f - m_ref[u] for u in range_constexpr(RG)]
-                    thr_new = [(m_ref[u] + RESCALE_TAU) * inv_c for u in range_constexpr(RG)]
+                    neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
+                                                                     ONES_L)
                 o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
                 m_new = neg_m
-                neg_m = [fx.Vector.from_elements([neg_m[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
             else:
-                m_use = [(m_tile[u] == neg_inf).select(zero_f, m_tile[u]) for u in range_constexpr(RG)]
-                alphas = [exp2(m_old[u] - m_use[u]) for u in range_constexpr(RG)]
-                l_base = [(fx.Vector(l_old[u]) if ONES_L else l_old[u]) * alphas[u] for u in range_constexpr(RG)]
-                o_acc = [[fx.Vector(o_acc[u][i]) * alphas[u] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
                 m_new = m_tile
-                neg_m = [fx.Vector.filled(4, 0.0, fx.Float32) - m_use[u] for u in range_constexpr(RG)]
-            l_new, p_tiles = [], []
-            for u in range_constexpr(RG):
-                # c s - m (raw: one packed fma per two scores) or s - m, exp2 per score
-                m_vec = neg_m[u]
-                c_vec = fx.Vector.filled(4, 0.0, fx.Float32) + c_qk
-                pt = []
-                for t in range_constexpr(N_TILES):
-                    sv = fx.Vector.from_elements(s_tiles[u][t], fx.Float32)
-                    dv = fx.Vector(fx.math.fma(sv, c_vec, m_vec) if raw else sv + m_vec)
-                    pt.append([exp2(dv[i]) for i in range_constexpr(4)])
-                if const_expr(ONES_L):
-                    l_n = l_base[u]  # + sum p: the ones MFMA of the PV step
-                else:  # the row sum as a 4-vector (v_pk_add), reduced across lanes in the epilogue
-                    l_vec = fx.Vector.filled(4, 0.0, fx.Float32)
-                    for t in range_constexpr(N_TILES):
-                        l_vec = l_vec + fx.Vector.from_elements(pt[t], fx.Float32)
-                    l_vec = fx.Vector(l_vec)
-                    l_n = l_base[u] + ((l_vec[0] + l_vec[1]) + (l_vec[2] + l_vec[3]))
-                l_new.append(l_n)
-                p_tiles.append(pt)
+            if const_expr(raw):
+                neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
+            p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
+            # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
+            l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
 
-            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups ----
-            if const_expr(PV32):
-                # k = 8g + j stands for key 16(t + j//4) + 4g + j%4 of the tile pair (t, t+1)
-                for tp in range_constexpr(N_TILES // 2):
-                    t0 = 2 * tp
-                    pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(Elem)
-                           for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        lo, hi = fx.Vector(vt_operand(t0, dt)), fx.Vector(vt_operand(t0 + 1, dt))
-                        va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
-                        for u in range_constexpr(RG):
-                            o_acc[u][dt] = mfma32(va, pbs[u], o_acc[u][dt])
-                    for u in range_constexpr(RG):  # ONES_L: row u's sum of p, in every element
-                        l_new[u] = mfma32(fx.Vector.filled(8, 1.0, Elem), pbs[u], l_new[u])
-            elif const_expr(VT):
-                for t in range_constexpr(N_TILES):
-                    pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        va = fx.Vector(vt_operand(t, dt))
-                        for u in range_constexpr(RG):
-                            if const_expr(is_f32):
-                                acc = o_acc[u][dt]
-                                for j in range_constexpr(4):
-                                    acc = mfma(va[j], pbs[u][j], acc)
-                                o_acc[u][dt] = acc
-                            else:
-                                o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
-                    if const_expr(ONES_L):
-                        for u in range_constexpr(RG):
-                            l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
-            for t in range_constexpr(0 if VT else N_TILES):
-                v_rows = [v_operand(kb, t, j) for j in range_constexpr(4)]
-                if const_expr(is_f32):
-                    for dt in range_constexpr(VN):
-                        for u in range_constexpr(RG):
-                            acc = o_acc[u][dt]
-                            for j in range_constexpr(4):
-                                acc = mfma(elem(v_rows[j], VC, dt), p_tiles[u][t][j], acc)
-                            o_acc[u][dt] = acc
-                else:
-                    pbs = [p_to_elem(p_tiles[u][t]) for u in range_constexpr(RG)]
-                    for dt in range_constexpr(VN):
-                        va = fx.Vector.from_elements([elem(v_rows[j], VC, dt) for j in range_constexpr(4)], Elem)
-                        for u in range_constexpr(RG):
-                            o_acc[u][dt] = mfma(va, pbs[u], o_acc[u][dt])
-                    for u in range_constexpr(RG):
-                        l_new[u] = mfma(fx.Vector.filled(4, 1.0, Elem), pbs[u], l_new[u])
+            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
+            o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
+                                         vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
+                                         v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
 
             return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt + (thr_new if raw else [])
 
@@ -560,8 +477,17 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             init_full = [fx.Float32(float("inf"))] * RG + init[RG:] + [neg_inf] * RG
         # counted in tiles from 0 with step 1: LLVM then tests the exit with != (a scalar compare)
         # instead of a 64-bit < on the VALU
+        # The first unmasked tile is peeled (a loop of at most one trip): it sets each row's reference
+        # max, so the rescale branch runs only when a max outgrows it, never for a row's first tile
         n_full = (full_end - kv_start) // BLOCK_N
-        for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=init_full):
+        res_full = init_full
+        if const_expr(RAW_MAX):
+            n_peel = (n_full > zero_i).select(fx.Int32(1), zero_i)
+            for _p, state in range(fx.Index(0), fx.Index(n_peel), fx.Index(1), init=init_full):
+                res_full = yield kv_step(kv_start, state, False, first=True)
+            kv_start = kv_start + n_peel * BLOCK_N
+            n_full = n_full - n_peel
+        for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=res_full):
             res_full = yield kv_step(kv_start + fx.Int32(it_idx) * BLOCK_N, state, False)
         if const_expr(RAW_MAX):
             res_full = [zero_f - res_full[u] for u in range_constexpr(RG)] + res_full[RG:len(res_full) - RG]

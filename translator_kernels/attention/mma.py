@@ -1,5 +1,5 @@
-"""Per-lane building blocks of the attention kernel body (fwd.py): MFMA steps, P's conversion to
-the 16-bit operand type, exp2 and the cross-lane xor exchange.
+"""Per-lane building blocks of the attention kernel body (fwd.py): MFMA steps, the PV product,
+P's conversion to the 16-bit operand type, exp2 and the cross-lane xor exchange.
 
 They are plain functions of static arguments (dtype, arch flags) called while the kernel is
 traced, so they hold no dynamic control flow: everything here becomes straight-line code.
@@ -86,3 +86,53 @@ def slice4(chunks, chunk: int, start: int):
         return v
     o = start % chunk
     return v.shuffle(v, [o, o + 1, o + 2, o + 3])
+
+
+def pv_update(p_tiles, o_acc, l_acc, *, dtype: str, trunc: bool, pv32: bool, vt_operand=None, v_rows=None,
+              vc: int = 1, ones_l: bool = True):
+    """Oᵀ += Vᵀ Pᵀ over one KV block, one V operand read for all row groups (o_acc[u][dt], p_tiles[u][t]).
+
+    pv32 (gfx950, V in LDS): 16x16x32 over pairs of 16-key tiles, k = 8g + j standing for key
+    16(t + j//4) + 4g + j%4 of the pair; vt_operand(t, dt): the Vᵀ 4-vector from LDS (tile order);
+    v_rows(t) (no LDS): the 4 V rows this lane reads, each d in [r VN, (r+1) VN) as vc-element
+    chunks, regrouped into the operand here. With ones_l (16-bit inputs) l_acc[u] also takes the
+    ones-tile MFMA of the same Pᵀ operand: row u's sum of p, in every element."""
+    rg, n_tiles, vn = len(p_tiles), len(p_tiles[0]), len(o_acc[0])
+    is_f32 = dtype == "f32"
+    elem_t = FX_DTYPES[dtype]
+    l_acc = list(l_acc)
+    if pv32:
+        for tp in range(n_tiles // 2):
+            t0 = 2 * tp
+            pbs = [fx.Vector.from_elements(p_tiles[u][t0] + p_tiles[u][t0 + 1], fx.Float32).to(elem_t) for u in range(rg)]
+            for dt in range(vn):
+                lo, hi = fx.Vector(vt_operand(t0, dt)), fx.Vector(vt_operand(t0 + 1, dt))
+                va = lo.shuffle(hi, [0, 1, 2, 3, 4, 5, 6, 7])
+                for u in range(rg):
+                    o_acc[u][dt] = mfma32(dtype, va, pbs[u], o_acc[u][dt])
+            for u in range(rg):
+                l_acc[u] = mfma32(dtype, fx.Vector.filled(8, 1.0, elem_t), pbs[u], l_acc[u])
+        return o_acc, l_acc
+    for t in range(n_tiles):
+        rows = None if vt_operand is not None else v_rows(t)
+        pbs = [p_tiles[u][t] if is_f32 else p_to_elem(p_tiles[u][t], dtype, trunc) for u in range(rg)]
+        for dt in range(vn):
+            if vt_operand is not None:
+                va = fx.Vector(vt_operand(t, dt))
+                va = [va[j] for j in range(4)] if is_f32 else va
+            elif is_f32:
+                va = [elem(rows[j], vc, dt) for j in range(4)]
+            else:
+                va = fx.Vector.from_elements([elem(rows[j], vc, dt) for j in range(4)], elem_t)
+            for u in range(rg):
+                if is_f32:
+                    acc = o_acc[u][dt]
+                    for j in range(4):
+                        acc = mfma(dtype, va[j], pbs[u][j], acc)
+                    o_acc[u][dt] = acc
+                else:
+                    o_acc[u][dt] = mfma(dtype, va, pbs[u], o_acc[u][dt])
+        if ones_l:
+            for u in range(rg):
+                l_acc[u] = mfma(dtype, fx.Vector.filled(4, 1.0, elem_t), pbs[u], l_acc[u])
+    return o_acc, l_acc

@@ -73,8 +73,9 @@ def _make_backend_class():
 class Simulation:
     """One simulate() session: its arch, options and the launches it ran."""
 
-    def __init__(self, arch, device, check_races, strict_oob):
+    def __init__(self, arch, device, check_races, strict_oob, count_regions=False):
         self.arch = arch
+        self.count_regions = count_regions
         self.device = torch.device(device) if device is not None else None
         self.check_races = check_races
         self.strict_oob = strict_oob
@@ -95,19 +96,21 @@ _CACHE_ENV = {"FLYDSL_RUNTIME_ENABLE_CACHE": "0", "FLYDSL_COMPILE_LLVM_DIR": "",
 
 
 @contextlib.contextmanager
-def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True):
+def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True, count_regions=False):
     """Run every ``@flyc.jit`` launcher called inside the block under flysim.
 
     ``device``: where lane tensors live (default: the arguments' device).
     ``check_races``: detect LDS races between waves. ``strict_oob``: raise on a
     raw-pointer access outside every argument tensor (else count and warn).
+    ``count_regions``: count, per scf.if and scf.for of a kernel, the waves that run each side
+    (scf.if: then / else) or each iteration (scf.for), into the ``region_waves`` counter.
     """
     from flydsl.compiler import backends as B
     from flydsl.compiler import jit_function as JF
 
     if _sim() is not None:
         raise SimulationError("flysim.simulate() sessions do not nest")
-    sim = Simulation(arch, device, check_races, strict_oob)
+    sim = Simulation(arch, device, check_races, strict_oob, count_regions)
     old_env = toolchain.ensure_compile_env(arch)
     old_env.update({k: os.environ.get(k) for k in _CACHE_ENV})
     os.environ.update(_CACHE_ENV)

@@ -219,6 +219,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     ex.mfma = {}
     ex.warnings = []
     ex.oob_buffer = 0
+    ex.regions = {} if getattr(sim, "count_regions", False) else None
     for slot, v in zip(kernel.arg_slots, args):
         ex.R[slot] = v
     run_block(ex, kernel.body)
@@ -235,4 +236,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
         "oob_buffer_accesses": ex.oob_buffer,
         "warnings": ex.warnings + ex.lds.warnings + ex.mem.warnings,
     }
+    if ex.regions is not None:
+        c["region_waves"] = {k: dict(zip(("then", "else") if k.endswith("scf.if") else ("iterations",), v))
+                             for k, v in ex.regions.items()}
     return LaunchRecord(kernel.name, grid, block, program.arch, c, c["warnings"], time.perf_counter() - t0, ex.lane_ops)

@@ -99,6 +99,7 @@ class Exec:
         self.ops = Counter()
         self.lane_ops = 0
         self.N = 1
+        self.regions = None  # simulate(count_regions=True): region key -> [waves, ...] (see tally)
 
     def run(self, fns):
         try:
@@ -142,6 +143,24 @@ def is_uniform(x):
     return x.dim() == 0
 
 
+WAVE = 64
+
+
+def waves_in(ex, m) -> int:
+    """Waves with at least one lane in mask m (None: every lane of the launch)."""
+    return ex.N // WAVE if m is None else int(m.view(-1, WAVE).any(1).sum())
+
+
+def tally(ex, key, *waves):
+    """Add per-side wave counts to region `key` (scf.if: then, else; scf.for: iterations)."""
+    got = ex.regions.get(key)
+    if got is None:
+        ex.regions[key] = list(waves)
+    else:
+        for i, w in enumerate(waves):
+            got[i] += w
+
+
 def run_block(ex, fns):
     if ex.counting:
         ex.count(fns)
@@ -167,10 +186,14 @@ def _if(d, o):
     outs = d.outs(o)
     _, then_fns = d.region(o.regions[0])
     else_fns = d.region(o.regions[1])[1] if len(o.regions[1].blocks) else []
+    key = f"{loc_text(o.location)} scf.if"
 
     def f(ex):
         c = ex.R[cond]
         if c.dim() == 0:
+            if ex.regions is not None:
+                w = waves_in(ex, ex.mask)
+                tally(ex, key, w if bool(c) else 0, 0 if bool(c) else w)
             run_block(ex, then_fns if bool(c) else else_fns)
             if outs:
                 for k, v in zip(outs, ex.yielded):
@@ -180,6 +203,8 @@ def _if(d, o):
         mt = c if m is None else (m & c)
         mf = ~c if m is None else (m & ~c)
         any_t, any_f = bool(mt.any()), bool(mf.any())
+        if ex.regions is not None:
+            tally(ex, key, waves_in(ex, mt) if any_t else 0, waves_in(ex, mf) if any_f else 0)
         if not (any_t and any_f):
             run_block(ex, then_fns if any_t or not any_f else else_fns)
             if outs:
@@ -205,13 +230,17 @@ def _for(d, o):
     outs = d.outs(o)
     (iv, *iters), body = d.region(o.regions[0])
     ivt = tinfo(str(o.operands[0].type)).dtype
+    key = f"{loc_text(o.location)} scf.for"
 
     def f(ex):
         R = ex.R
         vals = [R[i] for i in inits]
         L, U, S = R[lb], R[ub], R[step]
         if L.dim() == 0 and U.dim() == 0 and S.dim() == 0:
-            for i in range(int(L), int(U), int(S)):
+            trips = range(int(L), int(U), int(S))
+            if ex.regions is not None:
+                tally(ex, key, len(trips) * waves_in(ex, ex.mask))
+            for i in trips:
                 R[iv] = torch.tensor(i, dtype=ivt, device=L.device)
                 for k, v in zip(iters, vals):
                     R[k] = v
@@ -226,6 +255,8 @@ def _for(d, o):
             for t in range(n):
                 act = trips > t
                 ex.mask = act if (m is not None or not bool(act.all())) else None
+                if ex.regions is not None:
+                    tally(ex, key, waves_in(ex, ex.mask))
                 R[iv] = (L + S * t).to(ivt)
                 for k, v in zip(iters, vals):
                     R[k] = v
