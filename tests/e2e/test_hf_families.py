@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.hf_coverage import FAMILIES, measure
+from bench.hf_coverage import FAMILIES, audit_case, measure
 
 DEFAULT = {("opt", "sdpa"), ("t5", "sdpa")}
 CASES = [pytest.param(f, a, marks=() if (f, a) in DEFAULT else pytest.mark.slow, id=f"{f}-{a}")
@@ -32,3 +32,15 @@ def test_family_on_flysim(family, attn):
     assert r["in_pytorch"] == 0, f"left in PyTorch (not by design): {r['left']}"
     assert r["not_launched"] == [], f"FlyDSL ops without a kernel launch: {r['not_launched']}"
     assert r["in_flydsl"] > 0
+
+
+def test_sdpa_on_a_class_without_sdpa_attention_is_one_clear_error():
+    # BLOOM has no sdpa attention (transformers refuses it at construction); a config edited afterwards
+    # used to translate and fail verification: export materializes a boolean causal mask that eager skips,
+    # and BLOOM's attention adds it to the scores
+    from translator import InputError, translate
+
+    model, inputs = audit_case("bloom")
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(InputError, match=r"BloomForCausalLM.*no sdpa attention.*attn_implementation=\"eager\""):
+        translate(model.eval(), inputs, backend="reference")
