@@ -44,3 +44,22 @@ def test_sdpa_on_a_class_without_sdpa_attention_is_one_clear_error():
     model.config._attn_implementation = "sdpa"
     with pytest.raises(InputError, match=r"BloomForCausalLM.*no sdpa attention.*attn_implementation=\"eager\""):
         translate(model.eval(), inputs, backend="reference")
+
+
+def test_hf_translation_serves_other_batch_sizes_and_sequence_lengths():
+    # HF models are captured through a forward(*args) wrapper; export matched the per-input dynamic dims
+    # against that signature, refused them, and every HF model was captured static: one batch size and
+    # sequence length, a ShapeError for any other
+    import torch
+
+    from translator import translate
+
+    model, (ids, mask) = audit_case("bert+mask")
+    tm = translate(model.eval(), (ids, mask), backend="reference")
+    assert tm.report.capture == "torch.export (dynamic dims)", tm.report.capture_notes
+    assert {(0, 0), (0, 1), (1, 0), (1, 1)} <= set(tm.report.dynamic_dims)
+    for b, t in ((3, 8), (2, 5), (1, 12)):
+        ids, mask = torch.randint(0, 128, (b, t)), torch.ones(b, t, dtype=torch.long)
+        mask[0, -2:] = 0
+        with torch.no_grad():
+            torch.testing.assert_close(tm(ids, mask).last_hidden_state, model(ids, mask).last_hidden_state)
