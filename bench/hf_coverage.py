@@ -15,8 +15,9 @@ transformers lacks are listed as such.
 --audit translates the families and options FAMILIES does not cover (AUDIT: more decoders, encoders,
 vision and audio models, MoE; "+mask" a padding attention mask, "+bf16" the model and its float
 inputs in bfloat16, "+b1" batch 1) as a new user would (translate(model, inputs), default precision)
-and prints one row each: whether translate returned (or the error it raised: a TranslatorError is
-the clear kind, anything else is a crash), verification against eager (the worst output's max abs
+and prints one row each: whether translate returned (its seconds; "static shapes" where the capture
+kept no batch / sequence dim dynamic) or the error it raised (a TranslatorError is the clear kind,
+anything else is a crash), verification against eager (the worst output's max abs
 error against its bound), the share of compute ops per forward on FlyDSL kernels (recorded launches
 under flysim) and of the FLOPs of our cost model, and the reasons the report gives for what stayed
 in PyTorch. docs/hf-audit.md holds a measured table and the command.
@@ -210,6 +211,7 @@ def audit(case: str, attn: str, backend: str = "flysim") -> dict:
     s = r.summary()
     reasons = collections.Counter(f"{x.op.removeprefix('aten.')}: {x.detail}" for x in rows if x.where == "pytorch")
     return {"case": case, "attn": attn, "verified": v.passed, "secs": round(time.perf_counter() - t0, 1),
+            "dynamic": bool(r.dynamic_dims),
             "max_abs": worst.max_abs if worst else None, "atol": worst.atol if worst else None,
             "on_kernels": sum(x.where == "flydsl-kernel" for x in rows), "compute_ops": len(rows),
             "in_flydsl_ops": sum(x.where.startswith("flydsl") for x in rows),
@@ -238,7 +240,8 @@ def audit_table(cases, attns, backend="flysim"):
             kern, share = f"{r['on_kernels']}/{r['compute_ops']}", f"{r['kernel_flop_share']:.1%}"
             if backend == "reference":  # no kernel runs: what the FlyDSL ops took
                 kern, share = f"{r['in_flydsl_ops']}/{r['compute_ops']} in FlyDSL ops", f"{r['flop_share']:.1%} (ops)"
-            print(f"| {case} | {attn} | ok ({r['secs']} s) | {ver} | {kern} | {share} "
+            shapes = "" if r["dynamic"] else "; static shapes"
+            print(f"| {case} | {attn} | ok ({r['secs']} s{shapes}) | {ver} | {kern} | {share} "
                   f"| {why} |", flush=True)
 
 

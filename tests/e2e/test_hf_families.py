@@ -7,6 +7,11 @@ recorded launch, never "flydsl-reference"). Each case prints the PyTorch ops per
 translation (all compute ops) and after. Two cases run by default (OPT and T5 with sdpa: the last
 families with integer position / bucket arithmetic left over); the others are @slow, each 20-60 s
 of flysim compiles on a loaded machine.
+
+Below them, what the audit of families we did not write (bench.hf_coverage --audit, docs/hf-audit.md)
+found and fixed, each on the reference backend (the bugs were in capture, adaptation and verification,
+not in kernels): dynamic batch / sequence dims for HF models, sdpa on a class without sdpa attention,
+and an audit row itself.
 """
 
 from __future__ import annotations
@@ -63,3 +68,14 @@ def test_hf_translation_serves_other_batch_sizes_and_sequence_lengths():
         mask[0, -2:] = 0
         with torch.no_grad():
             torch.testing.assert_close(tm(ids, mask).last_hidden_state, model(ids, mask).last_hidden_state)
+
+
+def test_audit_row_reports_a_padded_model_as_a_new_user_sees_it():
+    from bench.hf_coverage import audit
+
+    r = audit("distilbert+mask", "sdpa", backend="reference")
+    assert r["verified"] and r["dynamic"], r
+    assert r["max_abs"] <= r["atol"]
+    assert r["in_flydsl_ops"] >= r["compute_ops"] - 1  # the padding mask's 2-index gather stays, with its reason
+    assert all("index tensors" in why for why, _ in r["reasons"]), r["reasons"]
+    assert audit("bloom", "sdpa", backend="reference")["skip"].startswith("transformers has no sdpa attention")
