@@ -1,7 +1,7 @@
 """How many ops of a HuggingFace model's forward stay in PyTorch after translation.
 
     python -m bench.hf_coverage [--families gpt2,llama,...] [--attn eager,sdpa]
-    python -m bench.hf_coverage --audit [--cases phi3,bloom+mask,...] [--attn ...] [--backend flysim]
+    python -m bench.hf_coverage --audit [--cases phi3,bloom+mask,...] [--attn preferred|eager,sdpa] [--backend flysim]
 
 Each family is built from a tiny random config (no download), translated with
 backend="reference" (what runs where does not depend on the backend; verification runs too),
@@ -195,6 +195,8 @@ def audit(case: str, attn: str, backend: str = "flysim") -> dict:
 
     torch.manual_seed(0)
     model, inputs = audit_case(case)
+    if attn == "preferred":  # sdpa where the class has it, else eager
+        attn = "sdpa" if type(model)._supports_sdpa else "eager"
     if attn == "sdpa" and not type(model)._supports_sdpa:
         return {"case": case, "attn": attn, "skip": f"transformers has no sdpa attention for {type(model).__name__}"}
     model.config._attn_implementation = attn
@@ -231,7 +233,7 @@ def audit_table(cases, attns, backend="flysim"):
             r = audit(case, attn, backend)
             if "skip" in r or "error" in r or "crash" in r:
                 what = "n/a" if "skip" in r else "error" if "error" in r else "CRASH"
-                print(f"| {case} | {attn} | {what} | — | — | — | {r.get('skip') or r.get('error') or r['crash']} |",
+                print(f"| {case} | {r['attn']} | {what} | — | — | — | {r.get('skip') or r.get('error') or r['crash']} |",
                       flush=True)
                 continue
             ver = f"{'yes' if r['verified'] else 'NO'} ({r['max_abs']:.2g} / {r['atol']:.2g})"
@@ -241,7 +243,7 @@ def audit_table(cases, attns, backend="flysim"):
             if backend == "reference":  # no kernel runs: what the FlyDSL ops took
                 kern, share = f"{r['in_flydsl_ops']}/{r['compute_ops']} in FlyDSL ops", f"{r['flop_share']:.1%} (ops)"
             shapes = "" if r["dynamic"] else "; static shapes"
-            print(f"| {case} | {attn} | ok ({r['secs']} s{shapes}) | {ver} | {kern} | {share} "
+            print(f"| {case} | {r['attn']} | ok ({r['secs']} s{shapes}) | {ver} | {kern} | {share} "
                   f"| {why} |", flush=True)
 
 
