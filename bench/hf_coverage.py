@@ -220,8 +220,17 @@ def audit(case: str, attn: str, backend: str = "flysim") -> dict:
             "kernel_flop_share": s["flydsl_kernel_flop_share"], "flop_share": s["flydsl_flop_share"],
             "not_launched": [x.node for x in rows if x.where in ("flydsl-reference", "flydsl-op")],
             "reasons": reasons.most_common(),
-            "attention_misses": sorted({x.detail.split("not taken by attention: ")[1].split(" — ")[0] for x in rows
-                                        if "not taken by attention: " in x.detail and x.where != "pytorch"})}
+            "attention_misses": sorted({_attention_miss(x) for x in rows if x.where != "pytorch"} - {None})}
+
+
+def _attention_miss(row):
+    """Why an attention op (or the softmax of a hand-written one) runs outside flydsl.attention, or None."""
+    if "not taken by attention: " in row.detail:
+        return row.detail.split("not taken by attention: ")[1].split(" — ")[0]
+    if row.op in ("aten.softmax", "aten._softmax", "aten.scaled_dot_product_attention") \
+            and not row.detail.startswith("flydsl.attention"):
+        return f"{row.op} in {row.detail.split(' — ')[0]}"
+    return None
 
 
 def audit_table(cases, attns, backend="flysim"):
