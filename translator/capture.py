@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 
 from dataclasses import dataclass, field
@@ -92,8 +93,8 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
     static), or a torch.export dynamic_shapes spec passed through as given."""
     notes = []
     if isinstance(dynamic_shapes, str) and dynamic_shapes == "auto":
-        dyn = tuple({d: Dim.AUTO for d in default_dynamic_dims(x)} if isinstance(x, torch.Tensor) else None
-                    for x in inputs)
+        dyn = _bind_to_signature(model, tuple({d: Dim.AUTO for d in default_dynamic_dims(x)}
+                                              if isinstance(x, torch.Tensor) else None for x in inputs))
     else:
         dyn = dynamic_shapes
     attempts = [("torch.export (dynamic dims)", dyn), ("torch.export (static)", None)] if dyn is not None else \
@@ -155,6 +156,25 @@ def _linear_modules_to_aten(gm: torch.fx.GraphModule) -> int:
     if done:
         gm.recompile()
     return done
+
+
+def _bind_to_signature(model, specs: tuple) -> tuple:
+    """torch.export matches dynamic_shapes to forward's parameters: a `forward(self, *args)` (the HF
+    wrapper, translator.frontends.hf) takes the specs of the inputs it collects as one tuple. Without
+    this, export refused the per-input specs and every HF model was captured with static shapes (one
+    batch size and sequence length)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return specs
+    out = []
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            return (*out, specs[len(out):])
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or len(out) == len(specs):
+            break
+        out.append(specs[len(out)])
+    return specs
 
 
 @contextlib.contextmanager

@@ -129,6 +129,9 @@ def rms(t: torch.Tensor) -> float:
     return float(t.square().mean().sqrt()) if t.numel() else 0.0
 
 
+_LOW_PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 def model_bound(precision: str, expected: torch.Tensor, eager_error: tuple[float, float] | None = None) -> Bound:
     """The bound one translated output must meet against eager's `expected`.
 
@@ -136,6 +139,9 @@ def model_bound(precision: str, expected: torch.Tensor, eager_error: tuple[float
     on the same inputs (fp32 only), from translator.verify.calibrate."""
     if not (expected.is_floating_point() or expected.is_complex()):
         return Bound(0.0, 0.0, 0.0, exact=True, why=f"{str(expected.dtype)[6:]} output: exact")
+    # precision "fp32" keeps the model's dtypes: a bf16 / fp16 model's output is held to its own dtype's row
+    # (eager rounds each op to that dtype, the FlyDSL ops accumulate in fp32), never to fp32's
+    precision = _LOW_PRECISION.get(expected.dtype, precision) if precision == "fp32" else precision
     atol_rel, rtol, rms_rel = model_tolerance(precision)
     scale = max(rms(expected), torch.finfo(torch.float32).tiny)
     atol = atol_rel * scale

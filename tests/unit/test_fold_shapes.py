@@ -109,3 +109,33 @@ def test_folded_parameter_subgraph_follows_parameter_updates(backend):
         assert f.computed == runs + 2
     if backend == "flysim":
         assert tm.last_launches  # the softmax and the elementwise region still run as kernels
+
+
+class LateShapeRead(nn.Module):
+    """Mixtral's router: a causal mask (shape-only, read early) and, after a data-dependent sort, an
+    `empty_like` of the sort's output (shape-only too, but its input exists only late). One folded
+    call cannot serve both, so each gets its own; before, the early mask, the position ids and the
+    rotary-like cos stayed in PyTorch per forward ("no FlyDSL lowering for aten.mul")."""
+
+    def forward(self, x):
+        t = x.shape[1]
+        pos = torch.arange(t).float() * 0.5
+        bias = torch.where(torch.ones(t, t, dtype=torch.bool).tril(), 0.0, -1e9)
+        h = torch.softmax(x @ x.transpose(-1, -2) + bias, -1) @ x + pos.cos()[:, None]
+        order = torch.sort(h.sum(-1), -1).values
+        return h, order + torch.zeros_like(order).fill_(1.0).sum(-1, keepdim=True)
+
+
+def test_value_read_before_a_late_input_is_folded_in_a_call_of_its_own():
+    m = LateShapeRead().eval()
+    x = torch.randn(2, 8, 16)
+    tm = translate(m, (x,), backend="reference")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert len(folded(tm)) == 2
+    assert tm.report.counters.get("fold_shapes", 0) >= 5
+    rows = {r.node: r for r in tm.report.rows}
+    for name in ("arange", "mul", "cos", "tril", "where"):
+        assert rows[name].where == "folded", (name, rows[name].detail)
+    for shape in ((2, 8, 16), (3, 5, 16)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(tm(x), m(x))

@@ -8,7 +8,11 @@ A `transformers.PreTrainedModel` is wrapped (never modified) so that:
   softmax(QK^T)V, matched by the attention patterns) or "sdpa"
   (`aten.scaled_dot_product_attention`). Others (flash_attention_2, flex_attention, paged
   kernels) are custom ops or higher-order ops the capture cannot see through, so they are
-  refused with one error that names the fix.
+  refused with one error that names the fix. So is "sdpa" set on a config whose class has no
+  sdpa attention (`_supports_sdpa = False`: BLOOM, MPT, Gemma 2): transformers refuses that when
+  it builds the model, but a config edited afterwards slips through, and then HF's mask code
+  (which under torch.export materializes a boolean mask that eager skips) feeds an attention
+  that adds it to the scores, so the captured graph and eager differ.
 
 transformers is optional (`pip install flydsl-translator[hf]`): nothing here imports it
 unless the model is one of its classes.
@@ -59,6 +63,12 @@ def adapt(model):
         raise InputError(f"{type(model).__name__} uses attn_implementation={impl!r}, which the translator cannot "
                          f"capture; build the model with attn_implementation=\"sdpa\" (or \"eager\"), e.g. "
                          f"{type(model).__name__}.from_config(config, attn_implementation=\"sdpa\")")
+    if impl == "sdpa" and getattr(type(model), "_supports_sdpa", True) is False:
+        raise InputError(f"{type(model).__name__}'s config says attn_implementation='sdpa', but the class has no sdpa "
+                         f"attention (transformers refuses it when building the model): its attention runs an sdpa mask "
+                         f"it was not written for, and eager and the captured graph can differ; build it with "
+                         f"attn_implementation=\"eager\", e.g. {type(model).__name__}.from_config(config, "
+                         f"attn_implementation=\"eager\")")
     notes = [f"HuggingFace {type(model).__name__}: attn_implementation={impl!r}"]
     kwargs = {"return_dict": True}
     if _takes(model, "use_cache"):

@@ -143,18 +143,37 @@ def fold_shapes(ctx) -> int:
         g.erase_node(n)
         const.discard(n)
     computed = {n for n in const if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)}
-    frontier = [n for n in computed
-                if any(u not in const for u in n.users) and not any(_writes(u, n) for u in n.users)]
-    while frontier:  # one call for the whole region, placed after its inputs and before its readers
-        region = _region(frontier, const)
+    frontier = sorted((n for n in computed
+                       if any(u not in const for u in n.users) and not any(_writes(u, n) for u in n.users)),
+                      key=lambda n: n._sort_key)
+    folded = 0
+    while frontier:  # one call per group: a value read before some other group's input exists gets its own call
+        group, frontier = _placeable(frontier, const)
+        folded += _fold(ctx, group, const)
+    return folded
+
+
+def _placeable(frontier, const):
+    """(group, rest): the frontier values one call can serve, placed after its region's inputs and before
+    its readers; `rest` is what is read before one of those inputs exists (Mixtral's `empty_like` of the
+    router's sort output comes late, its causal mask early), served by later calls. A single value is
+    always placeable (its region precedes it), so each round makes progress."""
+    group, rest = list(frontier), []
+    while True:
+        region = _region(group, const)
         ins = [i for n in region for i in n.all_input_nodes if i not in region]
         last_in = max((i._sort_key for i in ins), default=None)
-        late = [f for f in frontier if last_in is not None and _first_reader(f, const)._sort_key <= last_in]
+        late = [f for f in group if last_in is not None and _first_reader(f, const)._sort_key <= last_in]
         if not late:
-            break
-        frontier = [f for f in frontier if f not in late]  # read before an input exists: left as it is
-    if not frontier:
-        return 0
+            return group, rest
+        group = [f for f in group if f not in late]
+        rest += late
+
+
+def _fold(ctx, frontier, const) -> int:
+    """Replace the region computing `frontier` with one cached `FoldedShapes` call; its op count."""
+    gm, g = ctx.gm, ctx.gm.graph
+    region = _region(frontier, const)
     if not any(isinstance(n.meta.get("val"), torch.Tensor) and n.target not in _META_ONLY for n in region):
         return 0
     sub, inputs, n_constants = _subgraph(region, frontier)
