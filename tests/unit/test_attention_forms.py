@@ -373,3 +373,18 @@ class EinsumAttention(nn.Module):
 def test_einsum_attention():
     tm, _ = run(EinsumAttention(), qkv())
     assert "einsum" not in tm.code
+
+
+def test_sdpa_one_kv_head_broadcast_is_mqa_on_the_kernel():
+    """Falcon's multi-query SDPA call: one key/value head broadcast over the query heads, no
+    enable_gqa. It was declined ("head count differs ... without enable_gqa"); it is MQA."""
+    q, k, v = randn(2, 4, 6, 16, seed=1), randn(2, 1, 6, 16, seed=2), randn(2, 1, 6, 16, seed=3)
+    model = Sdpa(is_causal=True).eval()
+    tm = translate(model, (q, k, v), backend="flysim")
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert flydsl_ops(tm) == ["attention"] and sdpa_row(tm).flydsl_node, tm.code
+    assert "not taken" not in sdpa_row(tm).detail, sdpa_row(tm).detail
+    with torch.no_grad():
+        got = tm(q, k, v)
+    assert any("attention" in str(getattr(x, "kernel", x)) for x in tm.last_launches), tm.last_launches
+    torch.testing.assert_close(got, model(q, k, v), **model_tol("fp32", "few_ops"))

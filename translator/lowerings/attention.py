@@ -111,7 +111,10 @@ def sdpa_supported(node, ctx):
     h, hkv = shape_of(q)[1], shape_of(k)[1]
     if h % hkv:
         return f"{h} query heads are not a multiple of {hkv} key/value heads"
-    if hkv != h and not arg(node, "enable_gqa", False):
+    if shape_of(v)[1] != hkv:
+        return f"key has {hkv} heads, value {shape_of(v)[1]}"
+    if hkv not in (h, 1) and not arg(node, "enable_gqa", False):
+        # one key/value head broadcasts over the query heads (Falcon's multi-query SDPA call): MQA
         return "key/value head count differs from query's without enable_gqa"
     if mask is not None:
         if dtype_of(mask) not in (torch.bool, dtype_of(q), torch.float32):
