@@ -194,13 +194,13 @@ def expected_cells(c: dict, rate: float) -> str:
     return f" {rate:.4f} | {vec:.0f} | {c['matrix_cycles'] / vec:.2f} |"
 
 
-def _arg(argv, name, default):
+def _option(argv, name, default):
     return type(default)(argv[argv.index(name) + 1]) if name in argv else default
 
 
 def main(argv):
     if "--rescale" in argv:
-        seq = _arg(argv, "--seq", 1024)
+        seq = _option(argv, "--seq", 1024)
         print(f"Rescale branch executions under flysim, B1 H1 S{seq} bf16 (measured; per wave and KV tile)\n")
         print(RESCALE_HEADER)
         for row in rescale_rows(seq=seq):
@@ -209,7 +209,7 @@ def main(argv):
     if "--hotloop" in argv:
         from bench.hotloop import HEADER
 
-        seq, data = _arg(argv, "--rate-seq", 1024), _arg(argv, "--rate-data", "randn")
+        seq, data = _option(argv, "--rate-seq", 1024), _option(argv, "--rate-data", "randn")
         head, rule = HEADER.split("\n")
         print("Hot-loop MODEL per KV iteration and wave, B1 S2048 H32 bf16 causal (not a measurement); expected ="
               f" steady + rate x rescale branch, rate measured under flysim at B1 H1 S{seq} causal, {data} inputs\n")
