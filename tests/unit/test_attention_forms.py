@@ -16,6 +16,7 @@ from translator import translate
 from translator_kernels import launch as kl
 
 from attention_helpers import attention_node, ops as flydsl_ops, run_attention  # noqa: E402  (tests/unit on sys.path)
+from attention_audit_forms import Sdpa  # noqa: E402
 
 pytest.importorskip("flysim")
 
@@ -314,15 +315,6 @@ def test_inplace_bias_add_is_seen_through(model):
 
 
 # --- 8. an SDPA the kernel declines runs as FlyDSL bmm + softmax ------------------------------
-
-class Sdpa(nn.Module):
-    def __init__(self, **kw):
-        super().__init__()
-        self.kw = kw
-
-    def forward(self, q, k, v, *mask):
-        return F.scaled_dot_product_attention(q, k, v, *mask, **self.kw)
-
 
 def sdpa_row(tm):
     (row,) = [r for r in tm.report.rows if r.op == "aten.scaled_dot_product_attention"]
