@@ -82,15 +82,22 @@ class TranslatedModule(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         """`.to()`, `.float()`...: applied to the whole model whose weights this module shares (as an
         OptimizedModule's `.to()` moves its model), so the model never ends up half converted (before:
-        only the weights the graph reads directly). Under overwrite_module_params_on_conversion the
-        weights get new objects without a registration hook; the next forward resolves them by name
-        (translator.weights), the graph module's own new objects first."""
+        only the weights the graph reads directly). The next forward looks at every weight
+        (translator.weights): new objects (overwrite_module_params_on_conversion) are resolved by name,
+        and a dtype or device other than the translation's is a clear error until converted back."""
         model = self.__dict__.get("_model")
         if model is not None:
             model._apply(fn, recurse)
         out = super()._apply(fn, recurse)
-        weights.changed()
+        weights.changed(self.gm)
         return out
+
+    def refresh_weights(self) -> int:
+        """Re-read every weight of the model and rebuild the prepared copies (preshuffled GEMM weights...)
+        from it: after writes that no version counter sees (`p.data.copy_(w)`, a write through `.data`).
+        Returns how many prepared copies were rebuilt. Other changes are seen by the next forward."""
+        weights.follow(self.gm, force=True)
+        return refresh_prepared(self.gm, force=True)
 
     def requires_grad_(self, requires_grad: bool = True):
         """On the whole shared model too (before: only the weights the graph reads directly). The

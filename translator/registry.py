@@ -23,11 +23,22 @@ Adding an op family is one file in translator/lowerings that registers its famil
 plus its import in translator/lowerings/__init__.py (and a kernel in translator_kernels if it
 needs a new one). The README's supported-op table is generated from this registry
 (translator/report/ops_table.py), and its test fails until it is regenerated.
+
+Population is all or nothing (`populating`, around translator/lowerings/__init__.py's imports): a
+Ctrl-C waits for the imports to finish, and where an exception stops them part way, the entries
+of the modules that did not finish (each entry remembers the module whose body registered it) are
+forgotten, so the next import runs those again on a clean registry (before, a first translate()
+interrupted there left "op family registered twice" or ops reported without a lowering in every
+later translate of the process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -121,9 +132,72 @@ REGION_RULES: list[RegionRule] = []
 BY_DESIGN: set = set()
 
 
+_ORIGIN: dict = {}  # id(registered entry) -> the module whose body registered it (see populating)
+
+
+def _registering_module() -> str | None:
+    """The module whose body is executing (the innermost `<module>` frame): a lowering file, also when
+    it registers through a helper defined elsewhere."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_name != "<module>":
+        f = f.f_back
+    return f.f_globals.get("__name__") if f is not None else None
+
+
+def _drop_orphans() -> None:
+    """Forget the entries registered by a module body that did not finish (no longer in sys.modules).
+    Plain loops: no nested function runs here (nothing an interrupt could stop half way)."""
+    for name in list(FAMILIES):
+        origin = _ORIGIN.get(id(FAMILIES[name]))
+        if origin is not None and origin not in sys.modules:
+            del FAMILIES[name]
+    for table in (RULES, REGION_RULES):
+        keep = []
+        for r in table:
+            origin = _ORIGIN.get(id(r))
+            if origin is None or origin in sys.modules:
+                keep.append(r)
+        table[:] = keep
+
+
+@contextlib.contextmanager
+def populating(package: str):
+    """Run the imports of `package`'s lowering files, all or nothing. A Ctrl-C waits until they are
+    done (`_interrupts_deferred`: a lowering file run twice would define its custom op twice, and a
+    new definition makes a new OpOverload where rules compare targets by identity). Where an
+    exception stops one part way anyway, Python drops it (and the modules importing it) from
+    sys.modules, and what those registered is forgotten here, so the next import runs them again on
+    a registry without their entries; the same repair runs on entry, in case an interrupt stopped
+    the one below it."""
+    with _interrupts_deferred():
+        _drop_orphans()
+        try:
+            yield
+        except BaseException:
+            _drop_orphans()
+            raise
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT arriving in the body is raised (by the handler that was installed) once the body is done."""
+    if threading.current_thread() is not threading.main_thread():  # signals only reach the main thread
+        yield
+        return
+    got = []
+    old = signal.signal(signal.SIGINT, lambda sig, frame: got.append(sig))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got:
+            signal.raise_signal(signal.SIGINT)
+
+
 def register_family(fam: OpFamily) -> OpFamily:
     if fam.name in FAMILIES:
         raise ValueError(f"op family {fam.name!r} registered twice")
+    _ORIGIN[id(fam)] = _registering_module()  # before it is published: an interrupt between leaves no orphan
     FAMILIES[fam.name] = fam
     return fam
 
@@ -135,6 +209,7 @@ def register_rule(r: Rule) -> Rule:
         raise ValueError(f"rule {r.name!r} names unknown family {r.family!r}")
     if any(o.name == r.name and o.stage is r.stage for o in RULES):
         raise ValueError(f"rule {r.name!r} registered twice in stage {r.stage.name}")
+    _ORIGIN[id(r)] = _registering_module()
     RULES.append(r)
     return r
 
@@ -153,6 +228,7 @@ def rule(stage: Stage, *targets, family: str, supported: SupportCheck, name: str
 def register_region(r: RegionRule) -> RegionRule:
     if r.family not in FAMILIES:
         raise ValueError(f"region rule {r.name!r} names unknown family {r.family!r}")
+    _ORIGIN[id(r)] = _registering_module()
     REGION_RULES.append(r)
     return r
 

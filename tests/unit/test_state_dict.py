@@ -181,16 +181,15 @@ def test_direct_dict_writes_on_the_model_are_followed(pair, x):
     from translator import weights
 
     m, tm = pair
-    _check_forward(tm, m, x)  # the model's forward assigns its step counter: a registration hook fires
-    weights.follow(tm.gm)  # ... so tm looks up every name once here (as its next forward would); then
-    # only the dict snapshots can tell
-    generation = weights._GENERATION[0]
+    _check_forward(tm, m, x)  # the model's forward assigns its step counter (a new object each call) ...
+    weights.follow(tm.gm)  # ... so tm looks at every name once here (as its next forward would)
+    assert weights._TRACKED[id(tm.gm)].unchanged()
     g = torch.Generator().manual_seed(3)
     m.a._parameters["weight"] = nn.Parameter(torch.randn(48, 32, generator=g) / 5)  # a preshuffled copy's source
     m.bn._parameters["bias"] = nn.Parameter(torch.randn(16, generator=g))  # read directly by the graph
     m._buffers["scale"] = torch.randn(16, generator=g)
     m._parameters["gain"] = nn.Parameter(torch.ones(()))  # one element, equal value: a new object all the same
-    assert weights._GENERATION[0] == generation  # no hook saw any of it
+    assert not weights._TRACKED[id(tm.gm)].unchanged()
     _check_forward(tm, m, x)
     with torch.no_grad():
         m.gain.mul_(3)  # the new object's later in-place update reaches tm
@@ -207,7 +206,7 @@ def test_direct_dict_write_of_another_shape_is_a_clear_error(pair, x):
     m.b._parameters["weight"] = nn.Parameter(torch.randn(16, 40))
     try:
         for _ in range(2):  # and again on the next call (before, the second call ran on the old weight)
-            with pytest.raises(TranslatorError, match=r"b\.weight was replaced by a tensor of shape \[16, 40\].*translate again"):
+            with pytest.raises(TranslatorError, match=r"b\.weight is now a tensor of shape \[16, 40\].*translate again"):
                 tm(x)
     finally:
         m.b._parameters["weight"] = keep

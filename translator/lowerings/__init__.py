@@ -5,6 +5,9 @@ name it, a rule's priority is explicit, and the registry orders rules by priorit
 (tests/unit/test_architecture.py imports them shuffled and checks that the same rules fire).
 """
 
-from . import (attention, attention_decompose, attention_patterns, by_design, einsum, elementwise, fold,  # noqa: F401
-               gated_mlp, gemm, gemm_epilogue, embedding, layout, losses, norm, norm_patterns, norm_residual, reduce,
-               scan, softmax)
+from ..registry import populating
+
+with populating(__name__):  # all or nothing: an interrupted import leaves the registry as it was
+    from . import (attention, attention_decompose, attention_patterns, by_design, einsum, elementwise, fold,  # noqa: F401
+                   gated_mlp, gemm, gemm_epilogue, embedding, layout, losses, norm, norm_patterns, norm_residual,
+                   reduce, scan, softmax)
