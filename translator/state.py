@@ -34,6 +34,7 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
 from __future__ import annotations
 
 import contextlib
+import operator
 import weakref
 
 import torch
@@ -44,9 +45,13 @@ from .errors import InputError
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> _Prepared
 
 
-def _stamp(tensors) -> list:
-    """What changes when a held tensor is written (`_version`) or re-pointed (`p.data = ...`)."""
-    return [(t._version, t.data_ptr()) for t in tensors]
+_VERSION, _PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
+
+
+def _stamp(tensors) -> tuple:
+    """What changes when a held tensor is written (`_version`) or re-pointed (`p.data = ...`): two
+    lists made in C by map (a list of pairs costs ~1.5x more)."""
+    return list(map(_VERSION, tensors)), list(map(_PTR, tensors))
 
 
 class _Prepared:

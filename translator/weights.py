@@ -18,8 +18,9 @@ answer, so they are looked for when a forward starts (`follow`, before refresh_p
   counter does not move; the data pointer does.
 
 What is watched (`_watch`, after translate() and after each look): every dict on the path of every
-tracked name, in the model and in gm (the owner's `_parameters` / `_buffers`, and the `_modules`
-of each module above it), as a shallow snapshot compared with the dict, one C-level list-of-dicts
+tracked name in the model, and in gm of the sources of prepared copies (gm's other weights are read
+from its dicts on every forward anyway): the owner's `_parameters` / `_buffers` and the `_modules`
+of each module above it, as a shallow snapshot compared with the dict, one C-level list-of-dicts
 `==` that meets each value by identity first; the data pointer of each tracked tensor; and each
 tracked storage through a weak reference whose callback notes its death (a storage freed and
 another allocated at its address, which caching allocators do at once, would otherwise look
@@ -140,9 +141,11 @@ def _watch(t: _Tracked, gm, model) -> None:
     """Snapshot what a change would move (see the module docstring). `snapshots == dicts` compares
     each value by identity first, in C; a replaced multi-element tensor makes Tensor.__eq__ raise
     (also "changed"), but a one-element one could compare equal by value, so those are checked one by one."""
+    sources = {id(s) for s in state.sources(gm)}
     dicts = {}
     for held, names, gm_name, *_ in t.weights:
-        for module, name in [(model, n) for n in names] + ([(gm, gm_name)] if gm_name else []):
+        mine = [(gm, gm_name)] if gm_name and id(held) in sources else []
+        for module, name in [(model, n) for n in names] + mine:
             for d in _path_dicts(module, name):
                 dicts.setdefault(id(d), d)
     dicts = list(dicts.values())
