@@ -26,7 +26,8 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   replaced (`load_state_dict(assign=True)`) is found by name before (translator.weights.follow),
   which swaps the source (`replace_source`). Not seen: a write through `p.data`
   (`p.data.copy_(w)`: `.data` is a tensor with a version counter of its own, so nothing short of
-  reading the data would see it; `refresh_prepared(gm, force=True)` rebuilds every copy). The
+  reading the data would see it; `refresh_prepared(gm, force=True)`, which the public
+  `tm.refresh_weights()` calls, rebuilds every copy). The
   table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
   owns its weights).
 """
