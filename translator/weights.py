@@ -145,7 +145,7 @@ def _watch(t: _Tracked, gm, model) -> None:
     dicts = {}
     for held, names, gm_name, *_ in t.weights:
         mine = [(gm, gm_name)] if gm_name and id(held) in sources else []
-        for module, name in [(model, n) for n in names] + mine:
+        for module, name in ([(model, n) for n in names] if model is not None else []) + mine:
             for d in _path_dicts(module, name):
                 dicts.setdefault(id(d), d)
     dicts = list(dicts.values())
@@ -208,8 +208,7 @@ def follow(gm: torch.fx.GraphModule, force: bool = False) -> None:
             w[0], w[3] = new, now  # only once checked: after an error the next forward raises it again
         elif repointed:
             state.replace_source(gm, held, held)  # its storage changed: the copies made from it are remade
-    if model is not None:
-        _watch(t, gm, model)  # only once all were adopted: after an error the next forward looks again
+    _watch(t, gm, model)  # only once all were adopted: after an error the next forward looks again
 
 
 def _ptr(t):
