@@ -23,7 +23,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of
+from translator_kernels.attention import empty_in_order
+
+from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of, val
+from ..layouts import dim_order
 from ..registry import OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
@@ -35,17 +38,25 @@ PREFIX = "not taken by attention: "  # how the report starts every reason an att
 @torch.library.custom_op("flydsl::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               causal: bool, scale: Optional[float], softcap: Optional[float] = None,
-              head_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale)
+              head_scale: Optional[torch.Tensor] = None, out_order: Optional[list[int]] = None) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order)
 
 
 @attention.register_fake
-def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+    return empty_in_order((*q.shape[:-1], v.shape[-1]), tuple(out_order or range(4)), dtype=q.dtype,
+                          device=q.device)
 
 
-def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
-    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V."""
+def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V; laid out
+    in `out_order` as the kernel writes it."""
+    out = _ref_math(q, k, v, mask, causal, scale, softcap, head_scale)
+    o = empty_in_order(out.shape, tuple(out_order or range(4)), dtype=out.dtype, device=out.device)
+    return o.copy_(out)
+
+
+def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale):
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:
         k = k.repeat_interleave(h // hkv, dim=1)
@@ -68,10 +79,11 @@ def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
     return (p @ v.float()).to(q.dtype)
 
 
-def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
+def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
     from translator_kernels.attention import attention as run
 
-    return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale)
+    return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale,
+               out_order=out_order)
 
 
 def _sample(dt):
@@ -141,4 +153,7 @@ def lower_sdpa(node, ctx):
     scale = arg(node, "scale", None)
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
             None if scale is None else float(scale))
+    order = dim_order(val(node))
+    if order not in (None, (0, 1, 2, 3)) and order[-1] == 3:  # O written in the layout eager's SDPA returns
+        args += (None, None, list(order))
     return ctx.replace(node, "attention", "sdpa", args, [node])
