@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from translator_kernels.attention import empty_in_order
 
-from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of, val
+from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
-from ..registry import OpFamily, Stage, register_family, rule
+from .attention_forms import unexpand_kv
+from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -134,6 +135,37 @@ def sdpa_supported(node, ctx):
         if len(shape_of(mask)) > 4:
             return "attn_mask has more than 4 dims"
     return None
+
+
+def _unexpanded(node):
+    """(k base, v base, nodes of the expansions) when SDPA `node` reads K and V repeated from Hkv
+    heads (HF's repeat_kv, repeat_interleave, MQA's expand; attention_forms.unexpand_kv), else None."""
+    absorbed = []
+    k, v = arg(node, "key"), arg(node, "value")
+    kb, vb = unexpand_kv(k, absorbed), unexpand_kv(v, absorbed)
+    if kb is k or vb is v or shape_of(kb)[1] != shape_of(vb)[1]:
+        return None
+    return kb, vb, absorbed
+
+
+def unexpand_supported(node, ctx):
+    m = _unexpanded(node)
+    if m is None:
+        return NO_MATCH
+    return sdpa_supported(node, ctx)
+
+
+@rule(Stage.PATTERN, aten.scaled_dot_product_attention.default, family="attention", supported=unexpand_supported,
+      doc="SDPA on K / V repeated to every query head -> SDPA with enable_gqa on the unrepeated K / V")
+def lower_sdpa_unexpand(node, ctx):
+    """K and V repeated from Hkv heads before SDPA (HF's repeat_kv, gpt-fast's repeat_interleave)
+    are read as they were: the kernel serves GQA (head h reads K/V head h // (H / Hkv), what both
+    repetitions lay out) with no copy of K and V. The SDPA node stays, for the canonical rule."""
+    kb, vb, absorbed = _unexpanded(node)
+    set_args(node, key=kb, value=vb, enable_gqa=True)
+    ctx.count("sdpa_unexpand_kv")
+    ctx.erase_unused(absorbed)
+    return node
 
 
 def sdpa_check(node, ctx):

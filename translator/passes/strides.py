@@ -22,7 +22,9 @@ these two passes make the graph right anyway:
       counter ``stride_restore``;
     * a graph output whose layout differs from eager's is copied to eager's layout, so the user
       gets the strides eager gives; counter ``stride_output``.
-  A FlyDSL node whose layout differs from its anchor's bumps ``stride_mismatch_<family>``.
+  A FlyDSL node whose layout differs from its anchor's bumps ``stride_mismatch_<family>``. A node
+  a lowering marked ``meta["replaces"] = captured name`` (a column slice of a merged GEMM that
+  took a linear's uses: translator/lowerings/qkv.py) is compared with that node's record the same way.
 
 A restore copy is ``permute(order) -> clone(contiguous) -> permute(inverse)``: three aten ops,
 one copy, exact strides for any dense layout. Nodes whose recorded value holds unbacked
@@ -104,16 +106,17 @@ def fix_strides(ctx) -> int:
             continue
         if n.op != "call_function" or not isinstance(val(n), (torch.Tensor, list, tuple)):
             continue
-        if _flydsl_value(n):
-            want = _anchor_val(n, rec)
+        flydsl = _flydsl_value(n)
+        if flydsl or "replaces" in n.meta:  # a value that took a captured node's uses
+            want = _anchor_val(n, rec) if flydsl else rec.get(n.meta["replaces"])
             got = val(n)
             if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and not same_layout(got, want):
                 changed[n] = want
-                if _same_shape(got, want) and dim_order(want) is not None:  # (a dense copy of a view: no count)
+                if flydsl and _same_shape(got, want) and dim_order(want) is not None:  # (a dense copy of a view: no count)
                     ctx.count(f"stride_mismatch_{(n.meta.get('flydsl') or getitem_of(n)[0].meta['flydsl'])['family']}")
-            if not any(i in changed for i in n.all_input_nodes):
+            if flydsl and not any(i in changed for i in n.all_input_nodes):
                 continue
-        elif not any(i in changed for i in n.all_input_nodes):
+        if n not in changed and not any(i in changed for i in n.all_input_nodes):
             continue
         old = val(n)
         if isinstance(old, torch.Tensor) and free_unbacked_symbols(old) or n.target in UNSAFE:
