@@ -7,4 +7,4 @@ name it, a rule's priority is explicit, and the registry orders rules by priorit
 
 from . import (attention, attention_decompose, attention_patterns, by_design, einsum, elementwise, fold,  # noqa: F401
                gated_mlp, gemm, gemm_epilogue, embedding, layout, losses, norm, norm_patterns, norm_residual, qkv,
-               reduce, scan, softmax)
+               reduce, rope, scan, softmax)
