@@ -16,7 +16,7 @@ sibling's uses read its column slice of that output, a view: the outputs are wri
 graph reads them, x is read once and there is one launch instead of three. A slice's strides
 are not those of a separate linear's output (its rows are Nq + Nk + Nv apart); the
 `fix_strides` pass re-checks what reads them (a ``view(B, S, H, D)`` of a column slice stays
-a view). Counter: `qkv`.
+a view). Counters: `qkv` (merged GEMMs), `qkv_merged_linears` (the linears they replaced).
 """
 
 from __future__ import annotations
@@ -87,5 +87,6 @@ def lower_qkv(node, ctx):
         out = ctx.cast(part, dtype_of(s), s)
         s.replace_all_uses_with(out)
         off, prev = off + w.shape[0], part
+    ctx.count("qkv_merged_linears", len(sibs))
     ctx.erase_unused(sibs)
     return new
