@@ -20,7 +20,7 @@ from stride_forms import Fn, heads, merge, r
 
 VIEWS = {"view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice", "select", "t",
          "_unsafe_view", "alias", "flatten", "unflatten", "split_with_sizes", "getitem", "_assert_tensor_metadata",
-         "sym_size", "detach", "_to_copy", "to", "index_put_"}  # index_put_: the cache write (state contract)
+         "sym_size", "detach", "_to_copy", "to", "type_as", "index_put_"}  # index_put_: the cache write (state contract)
 
 
 def _counts(tm):
@@ -130,6 +130,36 @@ def test_interleaved_rope_with_stack_is_one_kernel_on_flysim():
     tm = _check(Fn(lambda m, x, f: gptfast_rope(x, f)), (r(1, 8, 2, 8), f), backend="flysim", rope_stack=1)
     fly, rest = _counts(tm)
     assert fly == 1 and not rest, (fly, [n.format_node() for n in rest])
+
+
+class ComplexRope(nn.Module):
+    """Meta's llama RoPE: complex multiply by a precomputed polar table (a buffer)."""
+
+    def __init__(self, dim=16, end=32):
+        super().__init__()
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+        self.register_buffer("freqs_cis", torch.polar(torch.ones(end, dim // 2), torch.outer(torch.arange(end), freqs)))
+
+    def forward(self, xq, xk):
+        s = xq.shape[1]
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        fc = self.freqs_cis[:s].view(1, s, 1, xq_.shape[-1])
+        return (torch.view_as_real(xq_ * fc).flatten(3).type_as(xq),
+                torch.view_as_real(xk_ * fc).flatten(3).type_as(xk))
+
+
+def test_complex_rope_is_one_kernel_per_tensor_on_flysim():
+    m = ComplexRope().eval()
+    x = (r(1, 8, 4, 16), r(1, 8, 2, 16, seed=1))
+    tm = translator.translate(m, x, backend="flysim", dynamic_shapes=None)
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert tm.report.counters.get("rope_complex") == 2
+    fly, rest = _counts(tm)
+    assert fly == 2 and not rest, (fly, [n.format_node() for n in rest])
+    with torch.no_grad():
+        for g, w in zip(tm(*x), m(*x)):
+            torch.testing.assert_close(g, w, **model_tol())
 
 
 # --- per layer ---------------------------------------------------------------------------------

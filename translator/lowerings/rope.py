@@ -28,8 +28,17 @@ counter ``rope_stack``:
   members are selected per position of the new dim by constant one-hot masks:
   ``where(m1, e1', where(m2, e2', ... e0'))``. One kernel reads every input once.
 
-The complex form (``torch.view_as_complex`` times a complex table, Meta's llama) is not
-rewritten: complex tensors stay in PyTorch (no FlyDSL kernel takes them).
+Complex multiply (Meta's llama reference), counter ``rope_complex``:
+
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+
+  -> the product in real arithmetic over the [.., 2] pairs, A = the real pairs of the
+  view_as_complex operand, F = view_as_real of the table (a view):
+     re = A[..., 0:1] * F[..., 0:1] - A[..., 1:2] * F[..., 1:2]
+     im = A[..., 0:1] * F[..., 1:2] + A[..., 1:2] * F[..., 0:1]
+     out = where([False, True], im, re)
+  No complex tensor is computed; the table stays a buffer, read through a real view.
 """
 
 from __future__ import annotations
@@ -207,3 +216,41 @@ def _tree(n):
         return []
     return [n] + [m for i in n.all_input_nodes for m in _tree(i)] + \
         [i for i in n.all_input_nodes if is_call(i, aten.select.int)]
+
+
+# --- complex multiply ------------------------------------------------------------------------
+
+def _complex_mul(node):
+    """(A, F, absorbed) of ``view_as_real(view_as_complex(A) * F)`` rooted at `node`, else None."""
+    if not is_call(node, aten.view_as_real.default):
+        return None
+    mul = arg(node, "self")
+    if len(mul.users) != 1:
+        return None
+    for z, f in _mul_operands(mul):
+        if is_call(z, aten.view_as_complex.default) and val(f).is_complex() and val(z).dtype == val(f).dtype:
+            return arg(z, "self"), f, [mul, z]
+    return None
+
+
+def complex_supported(node, ctx):
+    m = _complex_mul(node)
+    if m is None:
+        return NO_MATCH
+    return ctx.denied([node, *m[2]])
+
+
+@rule(Stage.DECOMPOSE, aten.view_as_real.default, family="fused_elementwise", supported=complex_supported,
+      doc="view_as_real(view_as_complex(x) * freqs_cis) (complex RoPE) -> real per-element ops over the pairs")
+def lower_rope_complex(node, ctx):
+    a, f, absorbed = _complex_mul(node)
+    ins = lambda *x: ctx.insert(*x, before=node)  # noqa: E731
+    fr = ins(aten.view_as_real.default, f)
+    a0, a1, f0, f1 = (ins(aten.slice.Tensor, t, -1, j, j + 1) for t, j in ((a, 0), (a, 1), (fr, 0), (fr, 1)))
+    re = ins(aten.sub.Tensor, ins(aten.mul.Tensor, a0, f0), ins(aten.mul.Tensor, a1, f1))
+    im = ins(aten.add.Tensor, ins(aten.mul.Tensor, a0, f1), ins(aten.mul.Tensor, a1, f0))
+    out = ins(aten.where.self, _mask(ctx, [False, True], node), im, re)
+    node.replace_all_uses_with(out)
+    ctx.count("rope_complex")
+    ctx.erase_unused([node, *absorbed])
+    return out
