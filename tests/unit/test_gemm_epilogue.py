@@ -151,15 +151,15 @@ def test_chain_stops_at_a_tensor_operand_and_a_second_user():
             super().__init__()
             self.fc, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
 
-        def forward(self, x):
+        def forward(self, x, x2):  # fc2 reads another input: linears of one input merge into one GEMM (qkv.py)
             y = torch.sigmoid(self.fc(x)) * x
-            z = self.fc2(x)
+            z = self.fc2(x2)
             return y + torch.tanh(z) + z
 
     torch.manual_seed(0)
     m = M().eval()
     x = torch.randn(4, 16)
-    tm = translate(m, (x,), backend="reference")
+    tm = translate(m, (x, torch.randn(4, 16)), backend="reference")
     g1, g2 = gemm_nodes(tm)[:2]
     assert g1.args[5] == epilogue("sigmoid") and g2.args[5] is None
     assert tm.report.verification.passed, tm.report.verification.message

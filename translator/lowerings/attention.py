@@ -23,8 +23,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of
-from ..registry import OpFamily, Stage, register_family, rule
+from translator_kernels.attention import empty_in_order
+
+from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
+from ..layouts import dim_order
+from .attention_forms import unexpand_kv
+from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -35,17 +39,25 @@ PREFIX = "not taken by attention: "  # how the report starts every reason an att
 @torch.library.custom_op("flydsl::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               causal: bool, scale: Optional[float], softcap: Optional[float] = None,
-              head_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale)
+              head_scale: Optional[torch.Tensor] = None, out_order: Optional[list[int]] = None) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order)
 
 
 @attention.register_fake
-def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+    return empty_in_order((*q.shape[:-1], v.shape[-1]), tuple(out_order or range(4)), dtype=q.dtype,
+                          device=q.device)
 
 
-def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
-    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V."""
+def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V; laid out
+    in `out_order` as the kernel writes it."""
+    out = _ref_math(q, k, v, mask, causal, scale, softcap, head_scale)
+    o = empty_in_order(out.shape, tuple(out_order or range(4)), dtype=out.dtype, device=out.device)
+    return o.copy_(out)
+
+
+def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale):
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:
         k = k.repeat_interleave(h // hkv, dim=1)
@@ -68,10 +80,11 @@ def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
     return (p @ v.float()).to(q.dtype)
 
 
-def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None):
+def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
     from translator_kernels.attention import attention as run
 
-    return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale)
+    return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale,
+               out_order=out_order)
 
 
 def _sample(dt):
@@ -124,6 +137,37 @@ def sdpa_supported(node, ctx):
     return None
 
 
+def _unexpanded(node):
+    """(k base, v base, nodes of the expansions) when SDPA `node` reads K and V repeated from Hkv
+    heads (HF's repeat_kv, repeat_interleave, MQA's expand; attention_forms.unexpand_kv), else None."""
+    absorbed = []
+    k, v = arg(node, "key"), arg(node, "value")
+    kb, vb = unexpand_kv(k, absorbed), unexpand_kv(v, absorbed)
+    if kb is k or vb is v or shape_of(kb)[1] != shape_of(vb)[1]:
+        return None
+    return kb, vb, absorbed
+
+
+def unexpand_supported(node, ctx):
+    m = _unexpanded(node)
+    if m is None:
+        return NO_MATCH
+    return sdpa_supported(node, ctx)
+
+
+@rule(Stage.PATTERN, aten.scaled_dot_product_attention.default, family="attention", supported=unexpand_supported,
+      doc="SDPA on K / V repeated to every query head -> SDPA with enable_gqa on the unrepeated K / V")
+def lower_sdpa_unexpand(node, ctx):
+    """K and V repeated from Hkv heads before SDPA (HF's repeat_kv, gpt-fast's repeat_interleave)
+    are read as they were: the kernel serves GQA (head h reads K/V head h // (H / Hkv), what both
+    repetitions lay out) with no copy of K and V. The SDPA node stays, for the canonical rule."""
+    kb, vb, absorbed = _unexpanded(node)
+    set_args(node, key=kb, value=vb, enable_gqa=True)
+    ctx.count("sdpa_unexpand_kv")
+    ctx.erase_unused(absorbed)
+    return node
+
+
 def sdpa_check(node, ctx):
     """sdpa_supported, with the reason also on the report row as "not taken by attention: ..."."""
     reason = sdpa_supported(node, ctx)
@@ -141,4 +185,7 @@ def lower_sdpa(node, ctx):
     scale = arg(node, "scale", None)
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
             None if scale is None else float(scale))
+    order = dim_order(val(node))
+    if order not in (None, (0, 1, 2, 3)) and order[-1] == 3:  # O written in the layout eager's SDPA returns
+        args += (None, None, list(order))
     return ctx.replace(node, "attention", "sdpa", args, [node])

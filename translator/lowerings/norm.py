@@ -188,12 +188,12 @@ def _(x, residual, normalized_shape, weight, eps):
 
 
 def ref_add_layer_norm(x, residual, normalized_shape, weight, bias, eps):
-    s = x + residual  # rounded to x's dtype, as eager's add
+    s = (x + residual).contiguous()  # rounded to x's dtype, as eager's add; laid out as the kernel writes it
     return s, ref_layer_norm(s, normalized_shape, weight, bias, eps)
 
 
 def ref_add_rms_norm(x, residual, normalized_shape, weight, eps):
-    s = x + residual
+    s = (x + residual).contiguous()
     return s, ref_rms_norm(s, normalized_shape, weight, eps)
 
 
@@ -243,7 +243,7 @@ def _(x, num_groups, weight, bias, eps):
 
 
 def ref_group_norm(x, num_groups, weight, bias, eps):
-    return F.group_norm(x.float(), num_groups, _f(weight), _f(bias), eps).to(x.dtype)
+    return F.group_norm(x.float(), num_groups, _f(weight), _f(bias), eps).to(x.dtype).contiguous()  # as the kernel
 
 
 def kernel_group_norm(x, num_groups, weight, bias, eps):

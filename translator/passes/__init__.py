@@ -20,8 +20,10 @@ from .fuse_consumers import fuse_consumers
 from .match import match_stage
 from .normalize import normalize
 from .partition import fuse_regions
+from .strides import fix_strides, record_strides
 
 PIPELINE = [
+    ("record_strides", record_strides),  # eager's layout of every value, before any rewrite
     ("normalize", normalize),  # one argument form for every aten call
     ("functionalize", functionalize),  # x += y as x = x + y, where nothing observes the mutation
     ("dead_code", dead_code),  # what nothing reads (a dead user must not block a pattern)
@@ -31,6 +33,7 @@ PIPELINE = [
     ("match_canonical", partial(match_stage, stage=Stage.CANONICAL)),
     ("partition", fuse_regions),  # elementwise regions -> generated kernels
     ("fuse_consumers", fuse_consumers),  # prologues, epilogues, residual adds into FlyDSL nodes
+    ("fix_strides", fix_strides),  # consumers of a FlyDSL op's layout fixed (view -> reshape, ...)
     ("fold_shapes", fold_shapes),  # what depends only on shapes and constants: once per input shape, cached
     ("cleanup", cleanup),
 ]

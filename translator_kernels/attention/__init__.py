@@ -1,6 +1,7 @@
 """Flash attention forward: torch entry point, validation and launcher cache.
 
-    out = attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, head_scale=None)
+    out = attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, head_scale=None,
+                    out_order=None)
 
 q [B, H, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA: query head h reads K/V
 head h // (H / Hkv), as repeat_interleave would lay them out; nothing is repeated); any D from
@@ -15,6 +16,10 @@ twice the CUs (304 on MI300X, 256 on MI355X) and the query fits one wave (Sq <= 
 are split into slices of whole KV tiles, one workgroup each, so that the grid reaches 2x the
 CUs where Sk allows; the forward kernel writes fp32 partial results and combine.py merges them
 in slice order (deterministic). `num_splits` forces a split count (tests, benchmarks).
+
+`out_order` lays O out in memory in that dim order (outermost first; the head dim stays
+innermost): (0, 2, 1, 3) writes [B, Sq, H, D] memory, the layout eager SDPA returns for a query
+read from a [B, S, H, D] projection, so `o.transpose(1, 2).view(B, S, H*D)` needs no copy.
 
 Score options, applied in this order before the mask: `scale` (default 1/sqrt(D)) times
 `head_scale[h]` when given (a tensor of H per-head multipliers: Swin-V2's cosine attention
@@ -112,6 +117,24 @@ def _fail(msg: str):
 _PLACEHOLDERS: dict = {}  # device -> the fp32 [1] tensor passed for an absent mask / head scale / split workspace
 
 
+def _out_order(order):
+    """The output's dim order, outermost first (None: [B, H, Sq, D] contiguous). The kernel
+    writes O through its strides, so any order with the head dim innermost costs nothing:
+    (0, 2, 1, 3) writes O as [B, Sq, H, D], which `.transpose(1, 2)` reads as [B, Sq, H*D]."""
+    if order is None:
+        return (0, 1, 2, 3)
+    order = tuple(int(d) for d in order)
+    if sorted(order) != [0, 1, 2, 3] or order[-1] != 3:
+        _fail(f"out_order={order!r} must be a permutation of (0, 1, 2, 3) that keeps the head dim (3) innermost")
+    return order
+
+
+def empty_in_order(shape, order, *, dtype, device) -> torch.Tensor:
+    """An uninitialized tensor of `shape` whose memory holds its dims in `order` (outermost first)."""
+    t = torch.empty([shape[d] for d in order], dtype=dtype, device=device)
+    return t.permute([order.index(d) for d in range(len(order))])
+
+
 def _placeholder(device):
     """A tensor the kernel's specialization never reads or writes (made once per device, not per call)."""
     t = _PLACEHOLDERS.get(device)
@@ -172,7 +195,8 @@ def _prepare_head_scale(head_scale, H, device):
 
 @kp.planned
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
-              scale=None, softcap=None, head_scale=None, precision=None, num_splits=None) -> torch.Tensor:
+              scale=None, softcap=None, head_scale=None, precision=None, num_splits=None,
+              out_order=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -205,15 +229,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
             _fail(f"precision={precision!r} applies to float32 inputs and must be 'bf16' or 'fp16'")
         cdt = _PRECISIONS[precision]
         q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    out_order = _out_order(out_order)
     if B == 0 or H == 0 or Sq == 0:
-        return torch.empty((B, H, Sq, D), dtype=out_dtype, device=q.device)
+        return empty_in_order((B, H, Sq, D), out_order, dtype=out_dtype, device=q.device)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     dtype = _DTYPES[q.dtype]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     kind, mname, mflat, mstr = _prepare_mask(mask, B, H, Sq, Sk, q.dtype, q.device)
     has_hs, hs = _prepare_head_scale(head_scale, H, q.device)
-    out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
+    out = empty_in_order((B, H, Sq, D), out_order, dtype=q.dtype, device=q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mflat)):
         span = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
         if span * t.element_size() >= _I32_LIMIT:
