@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, shape_of
-from ..registry import OpFamily, Stage, register_family, rule
+from ..registry import OpFamily, Reason, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -125,11 +125,9 @@ def sdpa_supported(node, ctx):
 
 
 def sdpa_check(node, ctx):
-    """sdpa_supported, with the reason also on the report row as "not taken by attention: ..."."""
+    """sdpa_supported, its reason on the report row as "not taken by attention: ..."."""
     reason = sdpa_supported(node, ctx)
-    if reason:
-        ctx.not_lowered(node, PREFIX + reason)
-    return reason
+    return Reason(reason, prefix=PREFIX) if reason else None
 
 
 @rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_check,

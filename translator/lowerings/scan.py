@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import aten, arg, single_user, size_hint, static_int, val
-from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
@@ -139,14 +139,13 @@ def reversed_supported(node, ctx):
     parts = _reversed_parts(node)
     if parts is None:
         return NO_MATCH
-    return scan_reason(parts[0])
+    return scan_reason(parts[0]) or Match(s=parts[0], f=parts[1], x=parts[2], d=parts[3])
 
 
 @rule(Stage.PATTERN, aten.flip.default, family="scan", supported=reversed_supported, name="scan_reversed",
       doc="x.flip(d).cumsum(d).flip(d) (and cumprod / logcumsumexp) -> one reversed scan")
-def lower_reversed(node, ctx):
-    s, f, x, d = _reversed_parts(node)
-    return _emit(ctx, node, x, SCANS[s.target], d, True, False, "scan_reversed", [node, s, f])
+def lower_reversed(node, ctx, m):
+    return _emit(ctx, node, m.x, SCANS[m.s.target], m.d, True, False, "scan_reversed", [node, m.s, m.f])
 
 
 
@@ -170,11 +169,10 @@ def exclusive_supported(node, ctx):
     parts = _exclusive_parts(node)
     if parts is None:
         return NO_MATCH
-    return scan_reason(parts[0])
+    return scan_reason(parts[0]) or Match(s=parts[0], x=parts[1])
 
 
 @rule(Stage.PATTERN, aten.sub.Tensor, family="scan", supported=exclusive_supported, name="scan_exclusive",
       doc="torch.cumsum(x, d) - x -> one exclusive scan")
-def lower_exclusive(node, ctx):
-    s, x = _exclusive_parts(node)
-    return _emit(ctx, node, x, "cumsum", arg(s, "dim"), False, True, "scan_exclusive", [node, s])
+def lower_exclusive(node, ctx, m):
+    return _emit(ctx, node, m.x, "cumsum", arg(m.s, "dim"), False, True, "scan_exclusive", [node, m.s])
