@@ -8,6 +8,10 @@
   once (translator_kernels/arch.py; flysim, its own distribution, keeps the list it interprets).
 - One tolerance table: tests take atol / rtol from translator.tolerances, never a number of their own
   (the two exceptions say why).
+- Match once: no rule's rewrite calls (directly or through its module's helpers) a function its
+  support check calls; the check hands its match to the rewrite (translator.registry).
+- Folders too: the import graph of translator/'s subfolders (a module of translator/ itself is its
+  own node) has no loop, which a file-level cycle test cannot see.
 - Rule order never comes from import order: the lowerings imported in another order make the same
   rules fire on the same models (a subprocess each, so the registry is filled from scratch).
 """
@@ -51,6 +55,19 @@ def _resolve(name: str, mods) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _spelled_modules(path: Path) -> tuple:
+    """Relative module names a module spells as strings (".api", ".frontends.serialize"): what its
+    importlib.import_module calls may import."""
+    tree = ast.parse(path.read_text(), str(path))
+    return tuple(sorted({n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                         and re.fullmatch(r"\.[A-Za-z_][\w.]*", n.value)}))
+
+
+def _relative(name: str, package: str) -> str:
+    return package + name
+
+
 def import_graph() -> nx.DiGraph:
     mods = _modules()
     g = nx.DiGraph()
@@ -67,6 +84,9 @@ def import_graph() -> nx.DiGraph:
                     up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join(up + ([base] if base else []))
                 targets = [f"{base}.{a.name}" for a in node.names]  # a submodule, or a name in `base`
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and "importlib" in \
+                    ast.unparse(node.func):  # importlib.import_module(".x", __name__) and the names it is fed
+                targets = [_relative(c, package) for c in _spelled_modules(path)]
             for t in targets:
                 dep = _resolve(t, mods)
                 if dep is not None and dep != mod:
@@ -85,6 +105,7 @@ def _cycles(prefix: str) -> list:
 def test_the_import_graph_sees_the_project():
     assert {"translator.api", "translator.graph", "translator.registry", "translator_kernels.arch",
             "flysim.toolchain"} <= set(GRAPH)
+    assert GRAPH.has_edge("translator", "translator.frontends.compile_backend")  # importlib, lazily
     assert GRAPH.has_edge("translator.passes.partition", "translator.registry")
     assert GRAPH.has_edge("translator.lowerings.fold", "translator.graph")
 
@@ -157,6 +178,102 @@ def test_one_list_of_architectures():
     where = [str(p.relative_to(ROOT)) for folder in (*PACKAGES.values(), ROOT / "tests") for p, text in _sources(folder)
              if re.search(r"^\s*(SUPPORTED_)?ARCHS\s*=", text, re.M)]
     assert sorted(where) == ["flysim/src/flysim/toolchain.py", "translator_kernels/arch.py"]
+
+
+# --- match once: a rewrite never runs its check's matcher again -------------------------------------
+
+LOWERINGS = ROOT / "translator" / "lowerings"
+
+
+def _lowering_namespaces() -> dict:
+    """{module stem: {name: FunctionDef}}: a lowerings module's top-level functions and those it
+    imports from its sibling modules (`from .forms import find_qk`)."""
+    trees = {p.stem: ast.parse(p.read_text()) for p in sorted(LOWERINGS.glob("*.py"))}
+    own = {m: {n.name: n for n in t.body if isinstance(n, ast.FunctionDef)} for m, t in trees.items()}
+    spaces = {}
+    for m, t in trees.items():
+        space = dict(own[m])
+        for n in t.body:
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in own:
+                space.update({a.asname or a.name: own[n.module][a.name] for a in n.names if a.name in own[n.module]})
+        spaces[m] = space
+    return trees, spaces
+
+
+def _called(fn) -> set:
+    """Names a function's body calls (not its decorators)."""
+    return {n.func.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def _reachable(fn, space) -> set:
+    """Names of the lowerings' functions `fn` calls, directly or through them."""
+    seen, todo = set(), [fn]
+    while todo:
+        for name in _called(todo.pop()) & set(space):
+            if name not in seen:
+                seen.add(name)
+                todo.append(space[name])
+    return seen
+
+
+def rules_that_match_twice() -> dict:
+    trees, spaces = _lowering_namespaces()
+    twice = {}
+    for m, t in trees.items():
+        space = spaces[m]
+        for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
+            for deco in fn.decorator_list:
+                if not (isinstance(deco, ast.Call) and getattr(deco.func, "id", "") == "rule"):
+                    continue
+                check = next(k.value for k in deco.keywords if k.arg == "supported")
+                root = check.func if isinstance(check, ast.Call) else check  # a factory: supported=_for("rms")
+                if not isinstance(root, ast.Name) or root.id not in space:
+                    continue
+                by_check = _called(space[root.id]) & set(space)
+                again = by_check & _reachable(fn, space)
+                if again:
+                    twice[f"{m}.{fn.name}"] = sorted(again)
+    return twice
+
+
+def test_the_match_once_check_sees_the_rules():
+    trees, spaces = _lowering_namespaces()
+    assert {"find_qk", "product_of", "manual_softmax"} <= set(spaces["attention_softmax"]) | set(spaces["forms"])
+    assert "_fold_prologue" in _reachable(spaces["fold"]["fold_reduce_prologue"], spaces["fold"])
+
+
+def test_no_rewrite_runs_its_checks_matcher_again():
+    """The support check returns the match and the rewrite receives it (registry.Rule.apply)."""
+    assert rules_that_match_twice() == {}
+
+
+def test_generic_forms_import_no_family():
+    """forms.py is usable by any family: it imports graph helpers only, never a family module."""
+    assert sorted(b for a, b in GRAPH.edges if a == "translator.lowerings.forms") == ["translator.graph"]
+
+
+def _folder(mod: str) -> str:
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and (ROOT / "/".join(parts)).is_dir()) \
+        else parts[0] if len(parts) == 1 else mod
+
+
+def folder_graph() -> nx.DiGraph:
+    """translator/'s subfolders (translator.lowerings, ...) and top-level modules as nodes."""
+    g = nx.DiGraph()
+    for a, b in GRAPH.edges:
+        if a.split(".")[0] == b.split(".")[0] == "translator":
+            fa, fb = _folder(a), _folder(b)
+            g.add_nodes_from((fa, fb))
+            if fa != fb:
+                g.add_edge(fa, fb)
+    return g
+
+
+def test_no_loops_between_folders():
+    g = folder_graph()
+    assert {"translator.lowerings", "translator.passes", "translator.runtime", "translator.frontends"} <= set(g)
+    assert [sorted(c) for c in nx.simple_cycles(g)] == []
 
 
 # tolerances a test still writes as numbers, with the reason the table has no entry for them
