@@ -73,17 +73,15 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from translator_kernels.arch import GPUS
 from translator_kernels.isa import ROOT, classify, compile_env
 
 # dense matrix flops per CU per clock, by arch and MFMA input type
-MATRIX_RATE = {
-    "gfx942": {"f32": 256, "xf32": 512, "bf16": 2048, "f16": 2048, "i8": 4096, "fp8": 4096, "f64": 256},
-    "gfx950": {"f32": 256, "xf32": 512, "bf16": 4096, "f16": 4096, "i8": 8192, "fp8": 8192, "f64": 128},
-}
-SIMDS = 4
+MATRIX_RATE = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # views of translator_kernels.arch.GPUS
+SIMDS = GPUS["gfx942"].simds
 VALU_CYCLES, TRANS_CYCLES = 4, 16
-LDS_BYTES_PER_CLK = 128
-LDS_READ_BYTES_PER_CLK = {"gfx942": 128, "gfx950": 256}
+LDS_BYTES_PER_CLK = GPUS["gfx942"].lds_write_bytes_per_clk  # both archs
+LDS_READ_BYTES_PER_CLK = {a: g.lds_read_bytes_per_clk for a, g in GPUS.items()}
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 _MFMA_RE = re.compile(r"v_(?:mfma|smfmac)_[a-z0-9]+_(\d+)x(\d+)x(\d+)_?([a-z0-9_]*)")
 _LABEL_RE = re.compile(r"^(\.?L[A-Za-z0-9_$.]+):")

@@ -21,7 +21,9 @@ import time
 
 import torch
 
-TD = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from translator_kernels.arch import NAMED_DTYPES
+
+TD = NAMED_DTYPES  # translator_kernels.arch
 ESIZE = {"f32": 4, "bf16": 2, "f16": 2}
 
 

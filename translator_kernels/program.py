@@ -41,11 +41,10 @@ from typing import Callable
 
 import torch
 
+from translator_kernels.arch import DTYPE_NAMES, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool",
-          torch.int32: "i32", torch.int64: "i64"}
-TORCH = {v: k for k, v in DTYPES.items()}
+DTYPES, TORCH = DTYPE_NAMES, NAMED_DTYPES  # the one dtype-name map (translator_kernels.arch)
 BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8, "i32": 32, "i64": 64}
 KIND = {"f32": "f", "bf16": "f", "f16": "f", "bool": "b", "i32": "i", "i64": "l"}  # a stored dtype's value kind
 KIND_TORCH = {"f": torch.float32, "b": torch.bool, "i": torch.int32, "l": torch.int64}  # a kind's reference dtype

@@ -276,6 +276,87 @@ def test_no_loops_between_folders():
     assert [sorted(c) for c in nx.simple_cycles(g)] == []
 
 
+# --- one table of hardware facts, one dtype-name map --------------------------------------------
+
+ARCH_NAMES = {"gfx942", "gfx950"}
+# tables keyed by arch that hold measurements, not facts of the hardware
+ARCH_KEYED_MEASUREMENTS = {"FLYDSL_AT_EQUAL_TILE": "FlyDSL's own GEMM measured by bench.kernels (tests/kernels)"}
+SHORT_DTYPES = {"f32", "bf16", "f16", "bool", "i32", "i64"}  # kernel names ("fp16" / "fp32" name precisions)
+FACTS = {5.3e12, 8.0e12, 2.1e9, 2.4e9, 1307e12, 2517e12, 163.4e12, 157.3e12}  # HBM B/s, clocks, peaks
+LDS_SIZES = {64 * 1024, 160 * 1024}
+
+
+def _number(n) -> bool:
+    """A number written out: a constant, or arithmetic of constants (64 * 1024)."""
+    if isinstance(n, ast.Constant):
+        return isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
+    if isinstance(n, ast.UnaryOp):
+        return _number(n.operand)
+    return isinstance(n, ast.BinOp) and _number(n.left) and _number(n.right)
+
+
+def _value(n):
+    return eval(compile(ast.Expression(n), "<fact>", "eval"), {})  # constants only (checked by _number)
+
+
+def _torch_dtype(n) -> bool:
+    return isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "torch"
+
+
+def hardware_fact_copies() -> list:
+    """Places outside translator_kernels/arch.py that write a hardware fact or the dtype-name map again:
+    a dict keyed by arch with numbers (or dicts of numbers) as values, a dict between torch dtypes and
+    short names, an LDS size (64 * 1024, 160 * 1024) or a known clock / bandwidth / peak."""
+    found = []
+    for folder in (*PACKAGES.values(), ROOT / "tests"):
+        for p, text in _sources(folder):
+            rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+            if rel in ("translator_kernels/arch.py", "tests/unit/test_architecture.py") or rel.startswith("flysim/"):
+                continue
+            tree = ast.parse(text)
+            measured = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                        and any(getattr(t, "id", "") in ARCH_KEYED_MEASUREMENTS for t in n.targets)}
+            for n in ast.walk(tree):
+                where = f"{rel}:{getattr(n, 'lineno', 0)}"
+                if isinstance(n, ast.Dict) and n.keys and id(n) not in measured:
+                    keys = [k.value for k in n.keys if isinstance(k, ast.Constant)]
+                    if set(keys) & ARCH_NAMES and all(_number(v) or isinstance(v, ast.Dict) and all(map(_number, v.values))
+                                                      for v in n.values):
+                        found.append(f"{where} a table of arch facts")
+                    pairs = list(zip(n.keys, n.values))
+                    if sum(_torch_dtype(k) and isinstance(v, ast.Constant) and v.value in SHORT_DTYPES or
+                           _torch_dtype(v) and isinstance(k, ast.Constant) and k.value in SHORT_DTYPES
+                           for k, v in pairs) >= 2:
+                        found.append(f"{where} a dtype-name map")
+                elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _number(n) and \
+                        _value(n) in LDS_SIZES and "1024" in ast.unparse(n):
+                    found.append(f"{where} an LDS size")
+                elif isinstance(n, ast.Constant) and isinstance(n.value, float) and n.value in FACTS:
+                    found.append(f"{where} a clock, bandwidth or peak")
+    return found
+
+
+def test_hardware_facts_and_dtype_names_are_written_once():
+    """translator_kernels/arch.py holds them (GPUS, DTYPE_NAMES); everything else reads it."""
+    assert hardware_fact_copies() == []
+
+
+def test_the_fact_check_sees_a_copy(tmp_path):
+    copy = tmp_path / "copy.py"
+    copy.write_text('import torch\nCUS = {"gfx942": 304, "gfx950": 256}\nLDS = 64 * 1024\n'
+                    'DT = {torch.float32: "f32", torch.bfloat16: "bf16"}\nBW = 5.3e12\n')
+    saved = dict(PACKAGES)
+    PACKAGES.clear()
+    PACKAGES["probe"] = tmp_path
+    try:
+        got = hardware_fact_copies()
+    finally:
+        PACKAGES.clear()
+        PACKAGES.update(saved)
+    assert sorted(g.split(" ", 1)[1] for g in got) == ["a clock, bandwidth or peak", "a dtype-name map",
+                                                        "a table of arch facts", "an LDS size"]
+
+
 # tolerances a test still writes as numbers, with the reason the table has no entry for them
 OWN_TOLERANCES = {
     "tests/kernels/test_gemm_gated.py": "bf16 product of two GEMMs against an fp32 reference rounded once",

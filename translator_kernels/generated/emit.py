@@ -37,6 +37,8 @@ import pathlib
 
 import torch
 
+from translator_kernels.arch import DTYPE_NAMES
+
 HERE = pathlib.Path(__file__).resolve().parent
 CALL = json.loads({call!r})
 ARCH = {arch!r}
@@ -101,7 +103,7 @@ def main():
         if w.dtype in (torch.bool, torch.int64):
             assert torch.equal(o.cpu(), w.cpu()), f"output {{i}} differs"
         else:
-            atol, rtol = TOL[{{torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}}[w.dtype]]
+            atol, rtol = TOL[DTYPE_NAMES[w.dtype]]
             torch.testing.assert_close(o.float().cpu(), w.float().cpu(), atol=atol, rtol=rtol)
     print("{name}: ok on", "GPU" if gpu else f"flysim ({{ARCH}})")
 
