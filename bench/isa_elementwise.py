@@ -28,7 +28,7 @@ def row(compiled) -> dict:
 
 
 def isa_stats(program: str, shapes, dtypes, arch: str) -> dict:
-    c = compile_isa("translator_kernels.generated.elementwise:fused_elementwise", (tensor_specs(shapes, dtypes), program),
+    c = compile_isa("translator_kernels.codegen.elementwise:fused_elementwise", (tensor_specs(shapes, dtypes), program),
                     arch=arch)
     return row(c)
 

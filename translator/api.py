@@ -174,7 +174,7 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
-        from translator_kernels.generated.emit import record_kernels
+        from translator_kernels.codegen.emit import record_kernels
 
         # the lock is re-entrant: held here too, the last_* attributes describe one whole call
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()

@@ -19,7 +19,7 @@ kernels (the whole kernel), reductions and scans (their prologue, and a reductio
 and the GEMM epilogue (a one-input program run on the accumulators after scale and bias;
 `chain("gelu;clamp(-1.0,1.0)")` is a shorthand spelling of one). `OPS` is the one op table:
 per op its arity and argument kinds, constants, torch reference and device function. The
-generated kernels write a call of the device function per op (generated/source.py), the GEMM
+generated kernels write a call of the device function per op (codegen/source.py), the GEMM
 makes the same calls while it traces (device_math.run), the references evaluate the same rows
 (`evaluate`, `ref_program`), and translator.lowerings.elementwise maps aten ops onto them. A new
 one-argument op is one row here plus one function in device_math (docs/adding-an-op.md).

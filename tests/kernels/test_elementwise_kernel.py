@@ -1,4 +1,4 @@
-"""Generated fused elementwise kernels (translator_kernels.generated.elementwise) on flysim against eager.
+"""Generated fused elementwise kernels (translator_kernels.codegen.elementwise) on flysim against eager.
 
 References are eager torch on fp32 copies of the inputs; each case asserts the FlyDSL kernel
 was launched exactly once. fp32 tolerance: rtol 1e-5 instead of 1.3e-6 for the transcendental
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import flysim
 from translator.tolerances import op_tol
-from translator_kernels.generated.elementwise import build_elementwise, fused_elementwise
+from translator_kernels.codegen.elementwise import build_elementwise, fused_elementwise
 from translator_kernels.program import DTYPES, OPS, Program
 
 TOL = {dt: op_tol(dt, "fused_elementwise") for dt in (torch.float32, torch.bfloat16, torch.float16)}
@@ -225,7 +225,7 @@ def isa_row(compiled_isa):
     in one child per arch."""
     from bench.isa_elementwise import row, tensor_specs
 
-    jobs = {name: ("translator_kernels.generated.elementwise:fused_elementwise",  # as bench.isa_elementwise
+    jobs = {name: ("translator_kernels.codegen.elementwise:fused_elementwise",  # as bench.isa_elementwise
                    (tensor_specs(shapes, dtypes), prog.text()), {})
             for name, (prog, shapes, dtypes) in ISA_KERNELS.items()}
     return lambda name, arch: row(compiled_isa(jobs, name, arch))

@@ -1,4 +1,4 @@
-"""Generated fused reduction kernels (translator_kernels.generated.reduce) on flysim against eager.
+"""Generated fused reduction kernels (translator_kernels.codegen.reduce) on flysim against eager.
 
 References are eager torch on fp32 copies; each case asserts the FlyDSL kernel launched once.
 fp32 tolerance: atol 1e-5, rtol 1e-5 instead of 1.3e-6: the kernel sums in a tree (per lane,
@@ -14,7 +14,7 @@ import torch
 import flysim
 from translator.tolerances import op_tol
 from translator_kernels.program import DTYPES, Program
-from translator_kernels.generated.reduce import build_reduce, fused_reduce
+from translator_kernels.codegen.reduce import build_reduce, fused_reduce
 
 TOL = {dt: op_tol(dt, "fused_reduce") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
@@ -172,7 +172,7 @@ def test_isa_no_spills(arch, compiled_isa):
 
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),)).text()
     cases = {"sum": (64, 4096), "argmax": (64, 4096), "var": (256, 96)}
-    jobs = {kind: ("translator_kernels.generated.reduce:fused_reduce",  # the call bench.isa_reduce.isa_stats makes
+    jobs = {kind: ("translator_kernels.codegen.reduce:fused_reduce",  # the call bench.isa_reduce.isa_stats makes
                    (tensor_specs([shape, (shape[0], 1)], ["bf16", "f32"]), prog, kind, [1], False,
                     (1,) if kind == "var" else ()), {}) for kind, shape in cases.items()}
     for kind, shape in cases.items():
@@ -188,8 +188,8 @@ def test_emit_sources_with_checks(tmp_path, without_translator):
     import subprocess
     import sys
 
-    from translator_kernels.generated.elementwise import fused_elementwise
-    from translator_kernels.generated.emit import emit_sources
+    from translator_kernels.codegen.elementwise import fused_elementwise
+    from translator_kernels.codegen.emit import emit_sources
 
     g = torch.Generator().manual_seed(6)
     x, w = torch.randn(4, 24, generator=g), torch.rand(24, generator=g)

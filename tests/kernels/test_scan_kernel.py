@@ -1,4 +1,4 @@
-"""translator_kernels.generated.scan on flysim against eager torch scans computed in fp32.
+"""translator_kernels.codegen.scan on flysim against eager torch scans computed in fp32.
 
 Tolerances: the dtype table, fp32 relaxed to atol=rtol=1e-5 (the kernel combines lanes, waves
 and tiles in a tree, torch scans sequentially; logaddexp is a 1-ulp exp / log sequence); for
@@ -11,7 +11,7 @@ import torch
 import flysim
 from translator.tolerances import op_tolerance
 from translator_kernels.program import DTYPES, Program
-from translator_kernels.generated.scan import scan
+from translator_kernels.codegen.scan import scan
 
 TOL = {dt: op_tolerance(dt, "scan") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 IDENT = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}
@@ -102,8 +102,8 @@ def test_emit_sources_writes_scan_with_a_passing_check(tmp_path, without_transla
     import subprocess
     import sys
 
-    from translator_kernels.generated.emit import emit_sources
-    from translator_kernels.generated.emit import record_kernels
+    from translator_kernels.codegen.emit import emit_sources
+    from translator_kernels.codegen.emit import record_kernels
 
     x = torch.randn(3, 40)
     prog = Program(1, (("mul", (0, 0), ()),), ((1, "f32"),)).text()  # cumsum(x * x, -1), reversed

@@ -27,7 +27,7 @@ from ..registry import Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
+from translator_kernels.codegen.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
                                                  split_factor)
 
 
@@ -55,7 +55,7 @@ def _(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue):
 
 
 def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
-    from translator_kernels.generated.reduce import fused_reduce as run
+    from translator_kernels.codegen.reduce import fused_reduce as run
 
     return run(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue or None)
 
@@ -72,7 +72,7 @@ register_family(OpFamily(
     description="a reduction (sum/mean/amax/amin/var/std/logsumexp/arg*/max/min/norm) over any dims, "
                 "with its fused elementwise prologue, as one generated kernel",
     reference=ref_fused_reduce, kernel=kernel_fused_reduce,
-    kernel_entry="translator_kernels.generated.reduce:fused_reduce", sample_inputs=_sample,
+    kernel_entry="translator_kernels.codegen.reduce:fused_reduce", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "tree summation order differs from torch's; "
                                          "exp / log are 1-ulp sequences")},
 ))

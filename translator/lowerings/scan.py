@@ -2,7 +2,7 @@
 
 One node scans (cumsum / cumprod / logcumsumexp), along `dim` of the broadcast shape, the value
 an elementwise `program` (the fused_elementwise format) computes from `inputs`; the kernel
-(translator_kernels.generated.scan) moves `dim` last, so every dim gives the right answer.
+(translator_kernels.codegen.scan) moves `dim` last, so every dim gives the right answer.
 
 Forms matched (where they appear):
 - ``torch.cumsum(x, d)`` / ``x.cumsum(d, dtype=...)`` (positions from attention masks in HF
@@ -28,7 +28,7 @@ from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.scan import max_row_length, ref_scan, row_vec  # noqa: E402
+from translator_kernels.codegen.scan import max_row_length, ref_scan, row_vec  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::scan", mutates_args=())
@@ -44,7 +44,7 @@ def _(inputs, program, kind, dim, reverse, exclusive):
 
 
 def kernel_scan(inputs, program, kind, dim, reverse, exclusive):
-    from translator_kernels.generated.scan import scan as run
+    from translator_kernels.codegen.scan import scan as run
 
     return run(inputs, program, kind, dim, reverse, exclusive)
 
@@ -59,7 +59,7 @@ register_family(OpFamily(
     name="scan",
     description="cumsum / cumprod / logcumsumexp along any dim (reversed, exclusive), with its fused "
                 "elementwise prologue, as one generated kernel",
-    reference=ref_scan, kernel=kernel_scan, kernel_entry="translator_kernels.generated.scan:scan", sample_inputs=_sample,
+    reference=ref_scan, kernel=kernel_scan, kernel_entry="translator_kernels.codegen.scan:scan", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "lane / wave / tile combine order differs from torch's "
                                          "sequential scan; logaddexp is a 1-ulp exp / log sequence")},
 ))
