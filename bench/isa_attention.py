@@ -85,7 +85,8 @@ def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128), with_cycles=False) 
     row with (arch, d, the hot_loop dict)."""
     import os
 
-    from bench.hotloop import compile_isa_texts, format_row, hot_loop, main_text
+    from bench.hotloop import format_row
+    from translator_kernels.hotloop import compile_isa_texts, hot_loop, main_text
     from translator_kernels.isa import parse_isa
 
     impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])

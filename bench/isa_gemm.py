@@ -61,7 +61,7 @@ def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn:
                   kw: int = 1, wm: int = 1, **epilogue):
     """(ISA text, metadata dict) of our GEMM ("ours") or FlyDSL's preshuffle GEMM ("flydsl", from the
     source checkout $FLYDSL_SRC names) at one tile, compiled without a GPU in a child process."""
-    from bench.hotloop import compile_isa_texts, main_text
+    from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
     if impl == "ours":
@@ -219,7 +219,7 @@ def equal_tile_rows(archs, dtype="bf16", n=4096, k=4096):
     (tiles.large_estimate: wave quantization, modeled time) at 4096^3."""
     import os
 
-    from bench.hotloop import hot_loop
+    from translator_kernels.hotloop import hot_loop
     from translator_kernels.gemm import GemmConfig, choose_config, large_estimate
     from translator_kernels.isa import occupancy
 

@@ -10,7 +10,7 @@ Sources: the vendors' data sheets (CUs, boost clock, HBM bandwidth, dense peaks)
 ISA guides and white papers (LDS size and port width, VGPR file, MFMA shapes and pass counts).
 The dense matrix peak is cus x clock x flops per CU per clock (MI300X bf16: 304 x 2.1 GHz x 2048
 = 1307 TFLOPS; MI355X: 256 x 2.4 GHz x 4096 = 2517 TFLOPS); gfx950 runs the CDNA3-shaped bf16 /
-f16 MFMAs (16x16x16, 32x32x8: half the K) at the CDNA3 rate (bench/hotloop.py prices them).
+f16 MFMAs (16x16x16, 32x32x8: half the K) at the CDNA3 rate (translator_kernels/hotloop.py prices them).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_isa_wide_tile():
     LDS DMA (buffer_load_dwordx4 ... lds, no ds_write in the loop), and per K step 64 MFMAs, 24
     ds_read_b128, 8 DMA loads, no VALU: matrix-bound by the hot-loop MODEL (1024 matrix / 384 LDS
     cycles)."""
-    from bench.hotloop import hot_loop
+    from translator_kernels.hotloop import hot_loop
     from bench.isa_gemm import gemm_isa_text
     from translator_kernels.isa import occupancy
 
