@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.isa_elementwise import row, tensor_specs
+from translator_kernels.isa import summary_row as row
+from translator_kernels.isa import tensor_specs
 from translator_kernels.isa import compile_isa
 
 

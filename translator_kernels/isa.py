@@ -45,7 +45,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from translator_kernels.arch import ARCHS, GPUS
+from translator_kernels.arch import ARCHS, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -308,6 +308,21 @@ def compile_isa(entry: str, args=(), kwargs=None, *, arch: str = "gfx942", timeo
     if isinstance(r, Exception):
         raise r
     return r
+
+
+# ---- reading a compile: what the ISA tests and benchmarks read ------------------------------------
+def tensor_specs(shapes, dtypes) -> list[TensorSpec]:
+    """Zero-input specs for kernel-program dtype names (f32 / bf16 / f16, or torch names)."""
+    return [TensorSpec(tuple(s), str(NAMED_DTYPES[dt]).removeprefix("torch.") if dt in NAMED_DTYPES else dt)
+            for s, dt in zip(shapes, dtypes)]
+
+
+def summary_row(compiled: Compiled) -> dict:
+    """The main kernel's metadata (vgpr, agpr, sgpr, vgpr_spill, sgpr_spill, lds, block), its buffer
+    load / store mnemonics and occupancy."""
+    s = compiled.main
+    return dict(s.meta, loads=s.mnemonics("buffer_load"), stores=s.mnemonics("buffer_store"),
+                waves_per_simd=s.occupancy[0])
 
 
 def _load(entry: str):

@@ -168,7 +168,8 @@ def test_two_stage_long_rows(kind, params):
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills(arch, compiled_isa):
-    from bench.isa_elementwise import row, tensor_specs
+    from translator_kernels.isa import summary_row as row
+    from translator_kernels.isa import tensor_specs
 
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),)).text()
     cases = {"sum": (64, 4096), "argmax": (64, 4096), "var": (256, 96)}

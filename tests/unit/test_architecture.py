@@ -300,7 +300,9 @@ def _value(n):
 
 
 def _torch_dtype(n) -> bool:
-    return isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "torch"
+    """torch.float32, or its name spelled as a string ("float32")."""
+    return isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "torch" or \
+        isinstance(n, ast.Constant) and n.value in ("float32", "bfloat16", "float16")
 
 
 def hardware_fact_copies() -> list:
@@ -344,7 +346,7 @@ def test_hardware_facts_and_dtype_names_are_written_once():
 def test_the_fact_check_sees_a_copy(tmp_path):
     copy = tmp_path / "copy.py"
     copy.write_text('import torch\nCUS = {"gfx942": 304, "gfx950": 256}\nLDS = 64 * 1024\n'
-                    'DT = {torch.float32: "f32", torch.bfloat16: "bf16"}\nBW = 5.3e12\n')
+                    'DT = {torch.float32: "f32", torch.bfloat16: "bf16"}\nBW = 5.3e12\nN = {"f32": "float32", "f16": "float16"}\n')
     saved = dict(PACKAGES)
     PACKAGES.clear()
     PACKAGES["probe"] = tmp_path
@@ -354,7 +356,7 @@ def test_the_fact_check_sees_a_copy(tmp_path):
         PACKAGES.clear()
         PACKAGES.update(saved)
     assert sorted(g.split(" ", 1)[1] for g in got) == ["a clock, bandwidth or peak", "a dtype-name map",
-                                                        "a table of arch facts", "an LDS size"]
+                                                        "a dtype-name map", "a table of arch facts", "an LDS size"]
 
 
 # tolerances a test still writes as numbers, with the reason the table has no entry for them
