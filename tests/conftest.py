@@ -44,12 +44,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.executor == "flysim":
-        return
-    import pytest
+    from executors import skip_flysim_only
 
-    for item in items:
-        mark = item.get_closest_marker("flysim_only")
-        if mark is not None:
-            why = mark.args[0] if mark.args else "flysim only"
-            item.add_marker(pytest.mark.skip(reason=f"flysim only ({why}); executor is {config.executor}"))
+    skip_flysim_only(items, config.executor)

@@ -34,6 +34,19 @@ def choose_executor(asked: str, gpu_present: bool) -> str:
     return asked
 
 
+def skip_flysim_only(items, executor: str) -> list:
+    """On an executor other than flysim, skip the tests marked flysim_only, each with its reason;
+    returns the skipped ones."""
+    skipped = []
+    for item in items if executor != "flysim" else ():
+        mark = item.get_closest_marker("flysim_only")
+        if mark is not None:
+            why = mark.args[0] if mark.args else "flysim only"
+            item.add_marker(pytest.mark.skip(reason=f"flysim only ({why}); executor is {executor}"))
+            skipped.append(item)
+    return skipped
+
+
 class Executor:
     def __init__(self, name: str):
         self.name = name

@@ -62,7 +62,7 @@ def test_the_rocm_executor_moves_inputs_to_the_gpu():
 # flysim-counter tests @pytest.mark.flysim_only). The list only shrinks: a new kernel test file takes
 # the fixture.
 NOT_YET_ON_THE_FIXTURE = {
-    "test_attention.py", "test_elementwise_kernel.py", "test_gather.py", "test_gemm.py", "test_gemm_cstore.py",
+    "test_attention.py", "test_elementwise_kernel.py", "test_gemm.py", "test_gemm_cstore.py",
     "test_gemm_gated.py", "test_gemm_plans.py", "test_gemm_schedule.py", "test_gemm_wide.py", "test_launch.py",
     "test_layout.py", "test_numeric_edges.py", "test_packer.py", "test_plan.py", "test_reduce_kernel.py",
     "test_scan_kernel.py",
@@ -73,4 +73,23 @@ def test_kernel_tests_take_the_executor_from_the_fixture():
     opening = {p.name for p in (ROOT / "tests" / "kernels").glob("test_*.py") if "flysim.simulate(" in p.read_text()}
     assert opening - NOT_YET_ON_THE_FIXTURE == set(), "take the executor from the fixture (tests/executors.py)"
     assert NOT_YET_ON_THE_FIXTURE - opening == set(), "this file now takes the fixture: drop it from the list"
-    assert {"test_softmax.py", "test_norm.py"}.isdisjoint(opening)
+    assert {"test_softmax.py", "test_norm.py", "test_gather.py"}.isdisjoint(opening)
+
+
+class _Item:
+    def __init__(self, *marks):
+        self.marks, self.added = list(marks), []
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.marks if m.name == name), None)
+
+    def add_marker(self, m):
+        self.added.append(m.mark)
+
+
+def test_flysim_only_tests_are_skipped_on_rocm_with_their_reason():
+    counters, plain = _Item(pytest.mark.flysim_only("reads MFMA counters").mark), _Item()
+    assert executors.skip_flysim_only([counters, plain], "flysim") == [] and not counters.added
+    assert executors.skip_flysim_only([counters, plain], "rocm") == [counters] and not plain.added
+    (skip,) = counters.added
+    assert skip.name == "skip" and skip.kwargs["reason"] == "flysim only (reads MFMA counters); executor is rocm"
