@@ -64,7 +64,7 @@ def test_the_rocm_executor_moves_inputs_to_the_gpu():
 NOT_YET_ON_THE_FIXTURE = {
     "test_attention.py", "test_elementwise_kernel.py", "test_gemm.py", "test_gemm_cstore.py",
     "test_gemm_gated.py", "test_gemm_plans.py", "test_gemm_schedule.py", "test_gemm_wide.py", "test_launch.py",
-    "test_layout.py", "test_numeric_edges.py", "test_packer.py", "test_plan.py", "test_reduce_kernel.py",
+    "test_layout.py", "test_numeric_edges.py", "test_packer.py", "test_plan.py",
 }
 
 
@@ -72,7 +72,8 @@ def test_kernel_tests_take_the_executor_from_the_fixture():
     opening = {p.name for p in (ROOT / "tests" / "kernels").glob("test_*.py") if "flysim.simulate(" in p.read_text()}
     assert opening - NOT_YET_ON_THE_FIXTURE == set(), "take the executor from the fixture (tests/executors.py)"
     assert NOT_YET_ON_THE_FIXTURE - opening == set(), "this file now takes the fixture: drop it from the list"
-    assert {"test_softmax.py", "test_norm.py", "test_gather.py", "test_scan_kernel.py"}.isdisjoint(opening)
+    assert {"test_softmax.py", "test_norm.py", "test_gather.py", "test_scan_kernel.py",
+            "test_reduce_kernel.py"}.isdisjoint(opening)
 
 
 class _Item:
