@@ -14,7 +14,9 @@ import sys
 
 import torch
 
-TD = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from translator_kernels.arch import NAMED_DTYPES
+
+TD = NAMED_DTYPES  # translator_kernels.arch
 
 
 def ours(family, dt, shape):

@@ -103,9 +103,9 @@ def family_cases(tiny: bool, device: str = "cpu"):
     from translator_kernels.attention import attention
     from translator_kernels.gemm import gemm
     from translator_kernels.gemm.preshuffle import shuffle_weight
-    from translator_kernels.generated.elementwise import fused_elementwise
-    from translator_kernels.generated.reduce import fused_reduce
-    from translator_kernels.generated.scan import scan
+    from translator_kernels.codegen.elementwise import fused_elementwise
+    from translator_kernels.codegen.reduce import fused_reduce
+    from translator_kernels.codegen.scan import scan
     from translator_kernels.program import Program
     from translator_kernels.rows.norm import layer_norm, rms_norm
     from translator_kernels.rows.softmax import softmax

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 
+from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.isa import compile_many
 
 _ENTRY = "bench.isa_attention:_compile_one"
@@ -43,7 +44,7 @@ def _compile_one(dtype, head_dim, causal, mask, sq, sk, hkv):
 
     from translator_kernels.attention import attention
 
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    dt = NAMED_DTYPES[dtype]
     q = torch.zeros(1, 4, sq, head_dim, dtype=dt)
     k = torch.zeros(1, hkv, sk, head_dim, dtype=dt)
     m = {"none": None, "bool": torch.ones(sq, sk, dtype=torch.bool), "add": torch.zeros(sq, sk)}[mask]
@@ -84,7 +85,8 @@ def hotloop_rows(archs=("gfx942", "gfx950"), dims=(64, 128), with_cycles=False) 
     row with (arch, d, the hot_loop dict)."""
     import os
 
-    from bench.hotloop import compile_isa_texts, format_row, hot_loop, main_text
+    from bench.hotloop import format_row
+    from translator_kernels.hotloop import compile_isa_texts, hot_loop, main_text
     from translator_kernels.isa import parse_isa
 
     impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])
@@ -147,7 +149,7 @@ def rate_inputs(seq: int, d: int, data: str, dtype: str = "bf16", seed: int = 0)
         q, k = q + 1, k + 1
     elif data == "ramp":
         k = k * (0.25 + 4 * torch.arange(seq) / seq).view(1, 1, -1, 1)
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    dt = NAMED_DTYPES[dtype]
     return q.to(dt), k.to(dt), v.to(dt)
 
 

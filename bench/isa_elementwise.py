@@ -9,26 +9,13 @@ from __future__ import annotations
 import json
 import sys
 
-from translator_kernels.isa import TensorSpec, compile_isa
-
-_TORCH_NAME = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-
-
-def tensor_specs(shapes, dtypes) -> list[TensorSpec]:
-    """Zero-input specs for kernel-program dtype names (f32 / bf16 / f16 or torch names)."""
-    return [TensorSpec(tuple(s), _TORCH_NAME.get(dt, dt)) for s, dt in zip(shapes, dtypes)]
-
-
-def row(compiled) -> dict:
-    """The main kernel's metadata (vgpr, agpr, sgpr, vgpr_spill, sgpr_spill, lds, block), its buffer
-    load / store mnemonics and occupancy."""
-    s = compiled.main
-    return dict(s.meta, loads=s.mnemonics("buffer_load"), stores=s.mnemonics("buffer_store"),
-                waves_per_simd=s.occupancy[0])
+from translator_kernels.isa import compile_isa
+from translator_kernels.isa import summary_row as row
+from translator_kernels.isa import tensor_specs
 
 
 def isa_stats(program: str, shapes, dtypes, arch: str) -> dict:
-    c = compile_isa("translator_kernels.generated.elementwise:fused_elementwise", (tensor_specs(shapes, dtypes), program),
+    c = compile_isa("translator_kernels.codegen.elementwise:fused_elementwise", (tensor_specs(shapes, dtypes), program),
                     arch=arch)
     return row(c)
 

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.isa import compile_many, occupancy
 
 _ENTRY = "bench.isa_gemm:_compile_one"
@@ -60,7 +61,7 @@ def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn:
                   kw: int = 1, wm: int = 1, **epilogue):
     """(ISA text, metadata dict) of our GEMM ("ours") or FlyDSL's preshuffle GEMM ("flydsl", from the
     source checkout $FLYDSL_SRC names) at one tile, compiled without a GPU in a child process."""
-    from bench.hotloop import compile_isa_texts, main_text
+    from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
     if impl == "ours":
@@ -85,7 +86,7 @@ def _compile_flydsl(n, k, dtype, bm, bn, bk):
     sys.path.insert(0, src)
     from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
 
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    tdt = NAMED_DTYPES[dtype]
     m = 2 * bm + 1
     fn = compile_preshuffle_gemm(N=n, K=k, tile_m=bm, tile_n=bn, tile_k=bk, in_dtype={"bf16": "bf16", "f16": "fp16"}[dtype],
                                  out_dtype=dtype)
@@ -107,7 +108,7 @@ def _compile_flydsl_a16w16(n, k, dtype, bm, bn, bk):
     import flydsl.expr as fx
     from kernels.gemm.gemm_a16w16_gfx950 import gemm_a16w16
 
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    tdt = NAMED_DTYPES[dtype]
     a, w = torch.zeros(2 * bm, k, dtype=tdt), torch.zeros(n, k, dtype=tdt)
     gemm_a16w16(a, w.T, out=torch.zeros(2 * bm, n, dtype=tdt), user_kwargs=dict(block_m=bm, block_n=bn, block_k=bk),
                 stream=fx.Stream(None))
@@ -118,7 +119,7 @@ def _compile_one(spec):
     from translator_kernels.gemm.kernel import build_gemm
     from translator_kernels.gemm.preshuffle import padded_shape
 
-    tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    tdt = NAMED_DTYPES
     n, k = spec["n"], spec["k"]
     n_pad, k_pad = padded_shape(n, k)
     m = 2 * spec["bm"] + 1
@@ -218,7 +219,7 @@ def equal_tile_rows(archs, dtype="bf16", n=4096, k=4096):
     (tiles.large_estimate: wave quantization, modeled time) at 4096^3."""
     import os
 
-    from bench.hotloop import hot_loop
+    from translator_kernels.hotloop import hot_loop
     from translator_kernels.gemm import GemmConfig, choose_config, large_estimate
     from translator_kernels.isa import occupancy
 

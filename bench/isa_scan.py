@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.isa_elementwise import row, tensor_specs
+from translator_kernels.isa import summary_row as row
+from translator_kernels.isa import tensor_specs
 from translator_kernels.isa import compile_isa
 
 
 def isa_stats(program: str, shapes, dtypes, kind: str, dim: int, reverse: bool, exclusive: bool, arch: str) -> dict:
     args = (tensor_specs(shapes, dtypes), program, kind, dim, reverse, exclusive)
-    return row(compile_isa("translator_kernels.generated.scan:scan", args, arch=arch))
+    return row(compile_isa("translator_kernels.codegen.scan:scan", args, arch=arch))
 
 
 if __name__ == "__main__":

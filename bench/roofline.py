@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from translator.report.cost import GPUS, NEED_WAVES, kernel_time  # noqa: F401  (one table of peaks)
+from translator_kernels.arch import FLOAT_NAMES
 from translator.report.cost import nbytes as _nbytes
 from translator.report.cost import tensors as _tensors
 
@@ -79,5 +80,5 @@ def model_traffic(model, inputs, arch: str = "gfx942") -> dict:
         eager_gm = capture(model.eval(), tuple(inputs), None).gm
         flops = measure_flops(eager_gm, list(inputs))
         tm = translate(model, tuple(inputs), arch=arch, backend="reference", verify=False, dynamic_shapes=None)
-    dt = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(inputs[0].dtype, "f32")
+    dt = FLOAT_NAMES.get(inputs[0].dtype, "f32")
     return dict(eager=graph_traffic(eager_gm, flops, arch, dt), translated=graph_traffic(tm.gm, flops, arch, dt))

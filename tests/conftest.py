@@ -24,3 +24,26 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+
+# --- the executor kernel tests run on (tests/kernels/conftest.py: the `executor` fixture) ---------
+
+def pytest_addoption(parser):
+    parser.addoption("--executor", choices=("auto", "flysim", "rocm"), default="auto",
+                     help="what runs the kernel tests' FlyDSL kernels: flysim (the interpreter, CPU), rocm (an AMD "
+                          "GPU) or auto (rocm when an AMD GPU is present, else flysim)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "flysim_only(reason): the test reads what only flysim reports (counters, "
+                                       "races, out-of-bounds records); skipped on the rocm executor")
+    from executors import choose_executor  # tests/executors.py
+    from translator.runtime import rocm_gpu_present
+
+    config.executor = choose_executor(config.getoption("--executor"), rocm_gpu_present())
+
+
+def pytest_collection_modifyitems(config, items):
+    from executors import skip_flysim_only
+
+    skip_flysim_only(items, config.executor)

@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from . import runtime
 from .capture import capture, check_inputs, check_model
 from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError
-from .frontends.progress import stage
+from .progress import stage
 from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
 from .registry import FAMILIES
@@ -181,7 +181,7 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
-        from translator_kernels.generated.emit import record_kernels
+        from translator_kernels.codegen.emit import record_kernels
 
         # the lock is re-entrant: held here too, the last_* attributes describe one whole call
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
@@ -360,7 +360,7 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
 
 def _translate(model, example_inputs, *, arch, backend, precision, verify, strict, fallback_on_mismatch,
                dynamic_shapes, name, isa) -> TranslatedModule:
-    from .frontends import hf, onnx_import
+    from .adapters import hf, onnx_import
 
     if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
         model, example_inputs = onnx_import.import_onnx(model, example_inputs)

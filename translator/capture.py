@@ -160,7 +160,7 @@ def _linear_modules_to_aten(gm: torch.fx.GraphModule) -> int:
 
 def _bind_to_signature(model, specs: tuple) -> tuple:
     """torch.export matches dynamic_shapes to forward's parameters: a `forward(self, *args)` (the HF
-    wrapper, translator.frontends.hf) takes the specs of the inputs it collects as one tuple. Without
+    wrapper, translator.adapters.hf) takes the specs of the inputs it collects as one tuple. Without
     this, export refused the per-input specs and every HF model was captured with static shapes (one
     batch size and sequence length)."""
     try:

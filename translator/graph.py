@@ -62,6 +62,20 @@ def dims(shape) -> list[str] | None:
     return None if shape is None else [str(d) for d in shape]
 
 
+def full_shape(shapes):
+    """The broadcast of symbolic shapes compared by their printed dims, or None if they clash."""
+    r = max(len(s) for s in shapes)
+    out = ["1"] * r
+    for s in shapes:
+        s = ["1"] * (r - len(s)) + [str(d) for d in s]
+        for i, d in enumerate(s):
+            if d != "1":
+                if out[i] not in ("1", d):
+                    return None
+                out[i] = d
+    return out
+
+
 def same_shape(a, b) -> bool:
     sa, sb = shape_of(a), shape_of(b)
     return sa is not None and sb is not None and dims(sa) == dims(sb)
@@ -237,6 +251,42 @@ def before(x, g) -> bool:
     if not isinstance(x, Node) or x is g or x.graph is not g.graph or erased(x) or erased(g):
         return False
     return x < g  # FX orders the nodes of one graph by Node._sort_key
+
+
+# ops whose tensor inputs matter only through their shape, dtype and device
+META_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
+             aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
+             aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
+
+
+def is_pure(node) -> bool:
+    """A call with no side effect and no randomness (same inputs, same value)."""
+    t = node.target
+    if node.op != "call_function":
+        return False
+    if t in (operator.getitem,) or getattr(t, "__module__", "") in ("_operator", "operator", "math", "torch.sym"):
+        return True
+    if not isinstance(t, torch._ops.OpOverload) or t.namespace not in ("aten", "flydsl"):
+        return False  # unknown callables
+    if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
+        return False
+    return True
+
+
+def shape_only_nodes(gm) -> set:
+    """Nodes whose value depends on no tensor data of the graph's inputs (the fold_shapes pass
+    serves them from a cache; a lowering leaves them to it)."""
+    const = set()
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            const.add(n)
+        elif is_pure(n):
+            ins = n.all_input_nodes
+            if n.target in META_ONLY:
+                ins = [i for i in ins if not isinstance(i.meta.get("val"), torch.Tensor)]
+            if all(i in const for i in ins):
+                const.add(n)
+    return const
 
 
 def stable_toposort(graph: torch.fx.Graph) -> None:

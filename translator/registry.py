@@ -9,9 +9,16 @@ the `rule` decorator on the rewrite, next to it:
     @rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=linear_supported)
     def lower_linear(node, ctx): ...
 
-A support check returns None (supported), a reason string (quoted verbatim in the report) or
-`NO_MATCH` (this is not the form the rule looks for; nothing to report); `check` turns that
-into a typed `Verdict`. Within a stage, rules that look at the same node are tried by
+A support check matches once and hands what it found to the rewrite (Inductor's `Match`,
+tinygrad's named bindings): it returns the match (any object that is not a string: a `Match`
+of named bindings, or the family's own match record; None when the node itself is all the
+rewrite needs), a reason string (quoted verbatim in the report; a `Reason` also names the other
+nodes of the form the report shows it on) or a falsy `NO_MATCH` (this is not the form the rule
+looks for; nothing to report). `check` turns that into a typed `Verdict` whose `match` the
+matching pass hands to the rewrite as `rewrite(node, ctx, match)`. A rewrite never runs the
+matcher again (tests/unit/test_architecture.py), and a support check writes nothing anywhere:
+reasons for other nodes are returned, not recorded. A rewrite of two parameters (node, ctx) is
+for a rule whose check binds nothing. Within a stage, rules that look at the same node are tried by
 descending `priority`, then by name: the order never depends on which module was imported
 first. A typo in a stage is an AttributeError on `Stage`, not a silently idle rule.
 
@@ -36,9 +43,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import signal
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -60,16 +69,41 @@ class _NoMatch:
     def __repr__(self):
         return "NO_MATCH"
 
+    def __bool__(self):
+        return False
+
 
 NO_MATCH = _NoMatch()  # a support check's answer for "not this form at all"
 
 
+class Match(types.SimpleNamespace):
+    """What a support check found, by name (`Match(a=left, b=right)`): the rewrite reads `m.a`."""
+
+
+class Reason(str):
+    """A reason that the report shows on the node and on `also` (the other nodes of the matched form,
+    such as a hand-written norm's statistics), returned by the check for the matching pass to record.
+    The report line is `prefix + reason` when a prefix is given, else "<rule name>: <reason>"."""
+
+    def __new__(cls, text: str, also=(), prefix: str | None = None):
+        r = super().__new__(cls, text)
+        r.also, r.prefix = tuple(also), prefix
+        return r
+
+
+def report_line(r: Rule, reason: str) -> str:
+    """How the report quotes rule `r`'s reason."""
+    prefix = getattr(reason, "prefix", None)
+    return f"{r.name}: {reason}" if prefix is None else prefix + reason
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """A support check's answer: supported, a reason it is not, or no match (not this form)."""
+    """A support check's answer: supported (with its match), a reason it is not, or no match."""
 
     supported: bool
     reason: str | None = None
+    match: Any = None
 
     @property
     def matched(self) -> bool:
@@ -79,8 +113,8 @@ class Verdict:
 SUPPORTED = Verdict(True)
 NOT_MATCHED = Verdict(False)
 
-# A support check: (node, ctx) -> None | reason | NO_MATCH.
-SupportCheck = Callable[[Node, Any], Optional[str]]
+# A support check: (node, ctx) -> match | None | reason | NO_MATCH.
+SupportCheck = Callable[[Node, Any], Any]
 
 
 @dataclass
@@ -106,10 +140,22 @@ class Rule:
     stage: Stage
     targets: tuple  # aten OpOverloads (or callables) this rule inspects
     supported: SupportCheck
-    rewrite: Callable[[Node, Any], Any]
+    rewrite: Callable[..., Any]  # (node, ctx, match), or (node, ctx) when the check binds nothing
     priority: int = 0  # higher is tried first among a stage's rules for one node
     doc: str = ""
     claims: Callable[[Node, Any], list] | None = None  # CONSUMER rules: (node, ctx) -> nodes it will fold in
+
+    def apply(self, node: Node, ctx, verdict: Verdict):
+        """Run the rewrite on a supported verdict, handing it the check's match."""
+        if _takes_match(self.rewrite):
+            return self.rewrite(node, ctx, verdict.match)
+        return self.rewrite(node, ctx)
+
+
+def _takes_match(fn) -> bool:
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) >= 3
 
 
 @dataclass
@@ -241,13 +287,18 @@ def rules_for(stage: Stage) -> list[Rule]:
 
 
 def check(r: Rule, node: Node, ctx) -> Verdict:
-    """Run rule `r`'s support check on `node` as a typed verdict."""
+    """Run rule `r`'s support check on `node` as a typed verdict (its match kept for the rewrite)."""
     out = r.supported(node, ctx)
     if out is None:
         return SUPPORTED
     if out is NO_MATCH:
         return NOT_MATCHED
-    if isinstance(out, str) and out:
-        return Verdict(False, out)
-    raise TypeError(f"support check of rule {r.name!r} returned {out!r}; it must return None (supported), "
-                    "a reason string, or translator.registry.NO_MATCH")
+    if isinstance(out, bool):  # `return x is not None` is a bug, not an answer
+        pass
+    elif isinstance(out, str):
+        if out:
+            return Verdict(False, out)
+    elif out:
+        return Verdict(True, None, out)
+    raise TypeError(f"support check of rule {r.name!r} returned {out!r}; it must return a match (None when the "
+                    "node is all the rewrite needs), a reason string, or translator.registry.NO_MATCH")

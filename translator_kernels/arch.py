@@ -1,8 +1,81 @@
-"""The GPU architectures the kernel library targets: the one list the translator, the kernels,
-the ISA tools and the kernel tests read.
+"""The GPUs the kernel library targets, as one table of hardware facts, and the one dtype-name map.
+
+The translator, the kernels, the ISA tools, the timing and roofline models, the report and the
+tests read these; a second copy of any of them fails tests/unit/test_architecture.py.
 
 gfx942 is MI300X / MI325X (CDNA3), gfx950 is MI350X / MI355X (CDNA4). flysim, its own
 distribution, keeps the list of the architectures it interprets (flysim.toolchain.ARCHS).
+
+Sources: the vendors' data sheets (CUs, boost clock, HBM bandwidth, dense peaks), the CDNA3 / CDNA4
+ISA guides and white papers (LDS size and port width, VGPR file, MFMA shapes and pass counts).
+The dense matrix peak is cus x clock x flops per CU per clock (MI300X bf16: 304 x 2.1 GHz x 2048
+= 1307 TFLOPS; MI355X: 256 x 2.4 GHz x 4096 = 2517 TFLOPS); gfx950 runs the CDNA3-shaped bf16 /
+f16 MFMAs (16x16x16, 32x32x8: half the K) at the CDNA3 rate (translator_kernels/hotloop.py prices them).
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
 ARCHS = ("gfx942", "gfx950")
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # "gfx942"
+    gpu: str  # the product its numbers are for
+    cus: int
+    clock_hz: float  # boost clock
+    lds_bytes: int  # LDS per CU (what one workgroup may allocate at most)
+    lds_read_bytes_per_clk: int  # per CU
+    hbm_bytes_per_s: float  # vendor peak
+    matrix_flops_per_clk: dict  # dense MFMA flops per CU per clock, by input type
+    mfma: dict = field(default_factory=dict)  # input type -> the (M, N, K) shapes at the full rate above
+    lds_write_bytes_per_clk: int = 128  # per CU
+    l2_bytes: int = 4 * 1024 * 1024  # per XCD
+    simds: int = 4  # per CU
+    vgpr_file: int = 512  # unified VGPR + AGPR entries per lane of a SIMD
+    sgpr_file: int = 800  # SGPRs per SIMD
+    max_waves: int = 8  # waves per SIMD (the occupancy model's cap)
+    wave: int = 64
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense matrix peak (flops per second) for MFMA input type `dtype` ("bf16", "f32", ...)."""
+        return self.cus * self.clock_hz * self.matrix_flops_per_clk[dtype]
+
+
+_CDNA3_RATES = {"f32": 256, "xf32": 512, "bf16": 2048, "f16": 2048, "i8": 4096, "fp8": 4096, "f64": 256}
+_CDNA3_MFMA = {"f32": ((16, 16, 4), (32, 32, 2)), "bf16": ((16, 16, 16), (32, 32, 8)), "f16": ((16, 16, 16), (32, 32, 8))}
+
+MI300X = Arch("gfx942", "MI300X", cus=304, clock_hz=2.1e9, lds_bytes=64 * 1024, lds_read_bytes_per_clk=128,
+              hbm_bytes_per_s=5.3e12, matrix_flops_per_clk=_CDNA3_RATES, mfma=_CDNA3_MFMA)
+# CDNA4: twice the low-precision matrix rate (K doubled in its bf16 / f16 shapes), half the f64,
+# 2.5x the LDS with twice its read port
+MI355X = Arch("gfx950", "MI355X", cus=256, clock_hz=2.4e9, lds_bytes=160 * 1024, lds_read_bytes_per_clk=256,
+              hbm_bytes_per_s=8.0e12,
+              matrix_flops_per_clk={**_CDNA3_RATES, "bf16": 4096, "f16": 4096, "i8": 8192, "fp8": 8192, "f64": 128},
+              mfma={**_CDNA3_MFMA, "bf16": ((16, 16, 32), (32, 32, 16)), "f16": ((16, 16, 32), (32, 32, 16))})
+GPUS = {g.name: g for g in (MI300X, MI355X)}
+assert tuple(GPUS) == ARCHS
+
+
+def gpu(arch: str) -> Arch:
+    """The facts of `arch` (a KeyError names an arch outside ARCHS)."""
+    return GPUS[arch]
+
+
+# --- dtype names: the one map between torch dtypes and the short names kernels and programs use ---
+
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool",
+               torch.int32: "i32", torch.int64: "i64"}
+NAMED_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+FLOAT_NAMES = {dt: DTYPE_NAMES[dt] for dt in (torch.float32, torch.bfloat16, torch.float16)}  # what MFMA kernels take
+
+
+def device_arch() -> str | None:
+    """The arch of the AMD GPU torch sees ("gfx942" from "gfx942:sramecc+:xnack-"), else None."""
+    if not (getattr(torch.version, "hip", None) and torch.cuda.is_available()):
+        return None
+    return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]

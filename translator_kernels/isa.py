@@ -19,6 +19,7 @@ instruction mix by class, vector-memory access widths, and every mnemonic's coun
 counts: each instruction once, whatever the loop trip counts.
 
 Occupancy (`occupancy`) is a MODEL of CDNA3/CDNA4 wave slots per SIMD (4 SIMDs per CU):
+  (the numbers below are translator_kernels.arch.GPUS's)
   - at most 8 waves per SIMD;
   - VGPRs: a 512-entry unified VGPR+AGPR file per lane; a wave holds `.vgpr_count` (which on
     gfx90a+ already counts AGPRs) rounded up to 8;
@@ -44,12 +45,12 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from translator_kernels.arch import ARCHS
+from translator_kernels.arch import ARCHS, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-MAX_WAVES = 8
+LDS_PER_CU = {a: g.lds_bytes for a, g in GPUS.items()}  # views of the one table (translator_kernels.arch)
+MAX_WAVES = GPUS["gfx942"].max_waves
 _META = {"vgpr": "vgpr_count", "agpr": "agpr_count", "sgpr": "sgpr_count", "vgpr_spill": "vgpr_spill_count",
          "sgpr_spill": "sgpr_spill_count", "lds": "group_segment_fixed_size", "block": "max_flat_workgroup_size"}
 _WIDTH = {"ubyte": 8, "sbyte": 8, "byte": 8, "ushort": 16, "sshort": 16, "short": 16, "dword": 32, "dwordx2": 64,
@@ -135,11 +136,12 @@ class IsaStats:
 def occupancy(vgpr: int, sgpr: int, lds: int, block: int, arch: str) -> tuple[int, str]:
     """(waves per SIMD, the limiting resource) under the model in the module docstring."""
     per_simd = -(-max(1, -(-block // 64)) // 4)  # waves a workgroup puts on each SIMD
-    limits = {"waves": MAX_WAVES,
-              "VGPR": 512 // (-(-max(vgpr, 1) // 8) * 8),
-              "SGPR": 800 // (-(-max(sgpr, 1) // 16) * 16)}
+    g = GPUS[arch]
+    limits = {"waves": g.max_waves,
+              "VGPR": g.vgpr_file // (-(-max(vgpr, 1) // 8) * 8),
+              "SGPR": g.sgpr_file // (-(-max(sgpr, 1) // 16) * 16)}
     if lds:
-        limits["LDS"] = (LDS_PER_CU[arch] // lds) * per_simd
+        limits["LDS"] = (g.lds_bytes // lds) * per_simd
     limits = {k: (v // per_simd) * per_simd for k, v in limits.items()}  # whole workgroups only
     name = min(limits, key=lambda k: (limits[k], k != "waves"))
     return limits[name], name
@@ -306,6 +308,21 @@ def compile_isa(entry: str, args=(), kwargs=None, *, arch: str = "gfx942", timeo
     if isinstance(r, Exception):
         raise r
     return r
+
+
+# ---- reading a compile: what the ISA tests and benchmarks read ------------------------------------
+def tensor_specs(shapes, dtypes) -> list[TensorSpec]:
+    """Zero-input specs for kernel-program dtype names (f32 / bf16 / f16, or torch names)."""
+    return [TensorSpec(tuple(s), str(NAMED_DTYPES[dt]).removeprefix("torch.") if dt in NAMED_DTYPES else dt)
+            for s, dt in zip(shapes, dtypes)]
+
+
+def summary_row(compiled: Compiled) -> dict:
+    """The main kernel's metadata (vgpr, agpr, sgpr, vgpr_spill, sgpr_spill, lds, block), its buffer
+    load / store mnemonics and occupancy."""
+    s = compiled.main
+    return dict(s.meta, loads=s.mnemonics("buffer_load"), stores=s.mnemonics("buffer_store"),
+                waves_per_simd=s.occupancy[0])
 
 
 def _load(entry: str):

@@ -19,7 +19,7 @@ kernels (the whole kernel), reductions and scans (their prologue, and a reductio
 and the GEMM epilogue (a one-input program run on the accumulators after scale and bias;
 `chain("gelu;clamp(-1.0,1.0)")` is a shorthand spelling of one). `OPS` is the one op table:
 per op its arity and argument kinds, constants, torch reference and device function. The
-generated kernels write a call of the device function per op (generated/source.py), the GEMM
+generated kernels write a call of the device function per op (codegen/source.py), the GEMM
 makes the same calls while it traces (device_math.run), the references evaluate the same rows
 (`evaluate`, `ref_program`), and translator.lowerings.elementwise maps aten ops onto them. A new
 one-argument op is one row here plus one function in device_math (docs/adding-an-op.md).
@@ -41,11 +41,10 @@ from typing import Callable
 
 import torch
 
+from translator_kernels.arch import DTYPE_NAMES, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.bool: "bool",
-          torch.int32: "i32", torch.int64: "i64"}
-TORCH = {v: k for k, v in DTYPES.items()}
+DTYPES, TORCH = DTYPE_NAMES, NAMED_DTYPES  # the one dtype-name map (translator_kernels.arch)
 BITS = {"f32": 32, "bf16": 16, "f16": 16, "bool": 8, "i32": 32, "i64": 64}
 KIND = {"f32": "f", "bf16": "f", "f16": "f", "bool": "b", "i32": "i", "i64": "l"}  # a stored dtype's value kind
 KIND_TORCH = {"f": torch.float32, "b": torch.bool, "i": torch.int32, "l": torch.int64}  # a kind's reference dtype

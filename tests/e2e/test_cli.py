@@ -162,9 +162,9 @@ def test_unknown_option_and_missing_argument(capsys):
 
 
 def test_out_is_a_file(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
-    monkeypatch.setattr(translator, "translate", fake_translate(passed=True), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(passed=True), raising=False)
     script = write_script(tmp_path, GOOD)
     blocker = tmp_path / "blocker"
     blocker.write_text("")
@@ -220,10 +220,10 @@ def fake_translate(passed=True, raises=None, calls=None):
 def test_options_reach_translate(tmp_path, capsys, monkeypatch):
     import torch
 
-    import translator
+    import translator.api
 
     calls = []
-    monkeypatch.setattr(translator, "translate", fake_translate(calls=calls), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(calls=calls), raising=False)
     script = write_script(tmp_path, GOOD)
     out = tmp_path / "o"
     code, stdout, err = run_main(
@@ -247,9 +247,9 @@ def test_options_reach_translate(tmp_path, capsys, monkeypatch):
 
 
 def test_default_out_dir(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
-    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(), raising=False)
     monkeypatch.chdir(tmp_path)
     script = write_script(tmp_path, GOOD, name="tiny_net.py")
     code, _, err = run_main(capsys, "convert", script)
@@ -262,9 +262,9 @@ def test_default_out_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_failed_verification_exits_1_and_still_writes(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
-    monkeypatch.setattr(translator, "translate", fake_translate(passed=False), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(passed=False), raising=False)
     script = write_script(tmp_path, GOOD)
     code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
     assert code == 1
@@ -277,11 +277,11 @@ def test_failed_verification_exits_1_and_still_writes(tmp_path, capsys, monkeypa
     [("InputError", 2), ("StrictError", 2), ("BackendError", 2), ("CaptureError", 2)],
 )
 def test_translator_errors_map_to_exit_codes(error_name, expected_code, tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
     from translator import errors
 
     exc = getattr(errors, error_name)("the reason; the fix")
-    monkeypatch.setattr(translator, "translate", fake_translate(raises=exc), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(raises=exc), raising=False)
     script = write_script(tmp_path, GOOD)
     code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
     assert code == expected_code
@@ -289,9 +289,9 @@ def test_translator_errors_map_to_exit_codes(error_name, expected_code, tmp_path
 
 
 def test_internal_error_exits_3(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
-    monkeypatch.setattr(translator, "translate", fake_translate(raises=KeyError("oops")), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(raises=KeyError("oops")), raising=False)
     script = write_script(tmp_path, GOOD)
     code, _, err = run_main(capsys, "convert", script, "--out", tmp_path / "o")
     assert code == 3
@@ -344,9 +344,9 @@ def test_version_and_help_start_without_torch():
 
 
 def test_script_may_import_its_siblings(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
-    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(), raising=False)
     (tmp_path / "flydsl_cli_test_sibling_layers.py").write_text("import torch.nn as nn\nWIDTH = 8\nLayer = nn.Linear\n")
     script = write_script(
         tmp_path,
@@ -380,7 +380,7 @@ def get_init_inputs():
 def test_emit_kernels_writes_generated_sources_with_checks(tmp_path, capsys):
     import torch
 
-    import translator
+    import translator.api
 
     class Other(torch.nn.Module):  # generates another kernel in this process first: it must not be emitted
         def forward(self, x):
@@ -447,10 +447,10 @@ def test_capture_failure_is_one_line_and_the_graph_dump_only_with_debug(tmp_path
 
 
 def test_out_is_checked_before_the_work(tmp_path, capsys, monkeypatch):
-    import translator
+    import translator.api
 
     calls = []
-    monkeypatch.setattr(translator, "translate", fake_translate(calls=calls), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(calls=calls), raising=False)
     blocker = tmp_path / "blocker"
     blocker.write_text("")
     code, _, err = run_main(capsys, "convert", write_script(tmp_path, GOOD), "--out", blocker / "sub" / "dir")
@@ -484,13 +484,13 @@ def test_scalar_inputs_are_accepted_as_by_the_python_api(tmp_path, capsys):
 
 
 def test_progress_bar_only_on_a_terminal_and_never_with_quiet_or_json(tmp_path, capsys, monkeypatch):
-    import translator
-    from translator.frontends import progress
+    import translator.api
+    from translator import progress
 
     seen = []
     real = progress.show_progress
     monkeypatch.setattr(progress, "show_progress", lambda enabled: (seen.append(enabled), real(False))[1])
-    monkeypatch.setattr(translator, "translate", fake_translate(), raising=False)
+    monkeypatch.setattr(translator.api, "translate", fake_translate(), raising=False)
     script = write_script(tmp_path, GOOD)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     for flags, want in (([], True), (["--quiet"], False), (["--json"], False)):
@@ -507,8 +507,8 @@ def test_progress_bar_only_on_a_terminal_and_never_with_quiet_or_json(tmp_path, 
 def test_translate_reports_its_stages_in_order():
     import torch
 
-    import translator
-    from translator.frontends import progress
+    import translator.api
+    from translator import progress
 
     stages = []
     token = progress._listener.set(lambda name, done: stages.append((name, done)))

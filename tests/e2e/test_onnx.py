@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 import translator
 from translator import InputError
 from translator.frontends import cli
-from translator.frontends.onnx_import import import_onnx
+from translator.adapters.onnx_import import import_onnx
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))

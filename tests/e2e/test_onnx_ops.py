@@ -16,7 +16,7 @@ from translator.tolerances import model_tol
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from translator.frontends.onnx_import import OPS, ONNXModel
+from translator.adapters.onnx_import import OPS, ONNXModel
 
 _rng = np.random.default_rng(0)
 

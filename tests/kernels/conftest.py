@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import executors  # tests/executors.py
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,3 +54,14 @@ def gemm_isa(compiled_isa):
     import gemm_isa_jobs  # this folder's helper module (on sys.path as the tests' folder)
 
     return lambda name, arch: compiled_isa(gemm_isa_jobs.jobs(arch), name, arch)
+
+
+
+@pytest.fixture(autouse=True)
+def executor(request):
+    """The session's executor (tests/conftest.py: --executor), also what `executors.current()` returns to
+    a module's helpers (a test's run_kernel need not pass it along)."""
+    ex = executors.Executor(request.config.executor)
+    executors.ACTIVE[:] = [ex]
+    yield ex
+    executors.ACTIVE.clear()

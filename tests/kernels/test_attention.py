@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from bench.isa_attention import rescale_counts
 from translator.tolerances import op_tol, op_tolerance
-from translator_kernels.arch import ARCHS
+from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.attention import CUS, attention, attention_config, split_plan
 
 flysim = pytest.importorskip("flysim")
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DTYPES = {name: NAMED_DTYPES[name] for name in ("f32", "bf16", "f16")}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.
 TOL = {k: op_tolerance(dt, "attention") for k, dt in DTYPES.items()}
 

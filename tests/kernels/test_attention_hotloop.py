@@ -1,10 +1,10 @@
-"""bench.hotloop: the loop finder and the cycle MODEL on a hand-written ISA listing (no compile)."""
+"""translator_kernels.hotloop: the loop finder and the cycle MODEL on a hand-written ISA listing (no compile)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.hotloop import find_loops, hot_loop, mfma_cycles
+from translator_kernels.hotloop import find_loops, hot_loop, mfma_cycles
 from translator_kernels.isa import classify
 
 ISA = """
@@ -77,7 +77,7 @@ kern:
 @pytest.mark.parametrize("mn,nbytes", [("ds_read_b64_tr_b16", 512), ("ds_read_tr16_b64", 512), ("ds_read_b128", 1024),
                                        ("ds_read2_b64", 1024), ("ds_bpermute_b32", 256)])
 def test_lds_bytes_per_wave(mn, nbytes):
-    from bench.hotloop import _lds_bytes
+    from translator_kernels.hotloop import _lds_bytes
 
     assert _lds_bytes(mn, "") == nbytes
 
@@ -157,7 +157,7 @@ def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, p
     docs/attention.md); the row sum is an MFMA, the row-max exchange costs no VALU (no permlane /
     select), V needs no v_perm regrouping (gfx942's v_perm are P's truncation to bf16, one per 2
     scores), and the kernel keeps 2 waves per SIMD without spills."""
-    from bench.hotloop import compile_isa_texts, main_text
+    from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
     text = main_text(compile_isa_texts("bench._isa_child:ours", ("attention", "bf16", [1, 2048, 32, d]), arch=arch))

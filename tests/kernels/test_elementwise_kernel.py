@@ -1,4 +1,4 @@
-"""Generated fused elementwise kernels (translator_kernels.generated.elementwise) on flysim against eager.
+"""Generated fused elementwise kernels (translator_kernels.codegen.elementwise) on flysim against eager.
 
 References are eager torch on fp32 copies of the inputs; each case asserts the FlyDSL kernel
 was launched exactly once. fp32 tolerance: rtol 1e-5 instead of 1.3e-6 for the transcendental
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import flysim
 from translator.tolerances import op_tol
-from translator_kernels.generated.elementwise import build_elementwise, fused_elementwise
+from translator_kernels.codegen.elementwise import build_elementwise, fused_elementwise
 from translator_kernels.program import DTYPES, OPS, Program
 
 TOL = {dt: op_tol(dt, "fused_elementwise") for dt in (torch.float32, torch.bfloat16, torch.float16)}
@@ -221,11 +221,12 @@ ISA_KERNELS = {
 
 @pytest.fixture(scope="module")
 def isa_row(compiled_isa):
-    """isa_row(name, arch): bench.isa_elementwise's row for ISA_KERNELS[name]; all of them compile
+    """isa_row(name, arch): translator_kernels.isa.summary_row of ISA_KERNELS[name]; all of them compile
     in one child per arch."""
-    from bench.isa_elementwise import row, tensor_specs
+    from translator_kernels.isa import summary_row as row
+    from translator_kernels.isa import tensor_specs
 
-    jobs = {name: ("translator_kernels.generated.elementwise:fused_elementwise",  # as bench.isa_elementwise
+    jobs = {name: ("translator_kernels.codegen.elementwise:fused_elementwise",  # as bench.isa_elementwise
                    (tensor_specs(shapes, dtypes), prog.text()), {})
             for name, (prog, shapes, dtypes) in ISA_KERNELS.items()}
     return lambda name, arch: row(compiled_isa(jobs, name, arch))
@@ -335,13 +336,14 @@ def test_where_with_scalar_branches_and_int_constants_past_2_24():
 def test_isa_integer_ops_compile_without_spills(arch):
     """int64 division / remainder (the backend's long expansion), compares, selects and casts reach
     AMDGPU ISA (flysim interprets the MLIR; this proves the LLVM backend takes it), 64-bit vectors."""
-    from bench.isa_elementwise import isa_stats
+    from translator_kernels.isa import compile_isa, summary_row, tensor_specs
 
     ops = (("add", (0, 1), ()), ("const_int", (), (3, "i64")), ("div_floor", (2, 3), ()), ("remainder", (0, 3), ()),
            ("lt", (4, 5), ()), ("where", (6, 4, 5), ()), ("cast", (0,), ("f32",)), ("abs", (0,), ()),
            ("maximum", (0, 1), ()), ("bitwise_xor", (0, 1), ()), ("bitwise_not", (6,), ()))
     prog = Program(2, ops, ((7, "i64"), (4, "i32"), (8, "f32"), (9, "i64"), (10, "i64"), (11, "i64"), (12, "bool")))
-    s = isa_stats(prog.text(), [(64, 256), (256,)], ["int64", "int32"], arch)
+    s = summary_row(compile_isa("translator_kernels.codegen.elementwise:fused_elementwise",
+                                (tensor_specs([(64, 256), (256,)], ["int64", "int32"]), prog.text()), arch=arch))
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0, s
     assert "buffer_load_dwordx4" in s["loads"] and "buffer_store_dwordx4" in s["stores"], s
 

@@ -14,12 +14,12 @@ import flysim
 import gemm_isa_jobs  # tests/kernels: the GEMM ISA compiles, batched per arch (conftest gemm_isa)
 from translator.tolerances import op_tol
 from translator_kernels import gemm as G
-from translator_kernels.arch import ARCHS
+from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.gemm.kernel import mfma_per_block
 from translator_kernels.gemm.preshuffle import (padded_shape, shuffle_weight, shuffle_weight_batched,
                                            unshuffle_weight)
 
-DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DT = {k: NAMED_DTYPES[k] for k in ("f32", "bf16", "f16")}
 # One dtype-keyed table. fp32 override: rtol 1e-4 because the kernel sums K products in MFMA
 # order (4-deep partial sums per 16x16x4 step), not torch's order; K up to 4096.
 TOL = {k: op_tol(dt, "gemm") for k, dt in DT.items()}

@@ -8,12 +8,12 @@ from translator.tolerances import op_tol
 import flysim
 import gemm_isa_jobs  # tests/kernels: the GEMM ISA compiles, batched per arch (conftest gemm_isa)
 from translator_kernels import launch as kl
-from translator_kernels.arch import ARCHS
+from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.gemm import GemmConfig
 from translator_kernels.gemm.kernel import build_gemm
 from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
-DT = {"f32": torch.float32, "bf16": torch.bfloat16}
+DT = {k: NAMED_DTYPES[k] for k in ("f32", "bf16")}
 
 
 def _run(arch, dt, m, n, k, cfg, store_vec):

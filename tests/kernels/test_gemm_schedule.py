@@ -1,7 +1,7 @@
 """The scheduled K loop, split-K and the tile heuristic of the preshuffle GEMM.
 
 flysim runs check numerics and launch records (launch count, MFMA counter); the ISA checks
-compile without a GPU and read the hot loop with bench.hotloop's model.
+compile without a GPU and read the hot loop with translator_kernels.hotloop's model.
 """
 
 import pytest
@@ -167,7 +167,7 @@ FLYDSL_AT_EQUAL_TILE = {"gfx942": 150, "gfx950": 136}  # FlyDSL's preshuffle GEM
 def test_isa_scheduled_loop_at_flydsl_tile(arch):
     """128x128x64 bf16, 4096^3: VGPRs <= FlyDSL's at the same tile, <= 8 VALU per K step, 0 spills,
     and a loop body of two K steps."""
-    from bench.hotloop import hot_loop
+    from translator_kernels.hotloop import hot_loop
     from bench.isa_gemm import gemm_isa_text
 
     text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", arch, 128, 128, 64)

@@ -16,6 +16,7 @@ from translator.tolerances import op_tol
 import flysim
 from translator_kernels import gemm as G
 from translator_kernels import launch as kl
+from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import tiles
 from translator_kernels.gemm.kernel import build_gemm, hot_loop_plan
@@ -23,7 +24,7 @@ from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
 WIDE = G.GemmConfig(256, 256, 64, wm=2)
 FLYDSL_A16W16_VGPR = 240  # FlyDSL's gemm_a16w16_gfx950 at 256x256x64 bf16 (bench.kernels, docs/gemm.md)
-DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+DT = {k: NAMED_DTYPES[k] for k in ("bf16", "f16")}
 
 
 def _case(dt, m, n, k, seed=0):
@@ -149,7 +150,7 @@ def test_isa_wide_tile():
     LDS DMA (buffer_load_dwordx4 ... lds, no ds_write in the loop), and per K step 64 MFMAs, 24
     ds_read_b128, 8 DMA loads, no VALU: matrix-bound by the hot-loop MODEL (1024 matrix / 384 LDS
     cycles)."""
-    from bench.hotloop import hot_loop
+    from translator_kernels.hotloop import hot_loop
     from bench.isa_gemm import gemm_isa_text
     from translator_kernels.isa import occupancy
 

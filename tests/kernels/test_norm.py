@@ -1,4 +1,5 @@
-"""Row-norm kernels (translator_kernels.rows.norm) on flysim against eager torch.
+"""Row-norm kernels (translator_kernels.rows.norm) against eager torch, on the session's
+executor (flysim, or rocm on an AMD GPU: tests/executors.py).
 
 LayerNorm, RMSNorm, residual-add + LayerNorm / RMSNorm (two outputs) and GroupNorm.
 References are computed in fp32 from the same inputs (for add+norm: from the sum rounded to
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.arch import ARCHS
 from translator_kernels.rows import norm
@@ -23,10 +24,10 @@ ROWS = (1, 3, 128)
 
 
 def run_kernel(arch, fn, *args, **kwargs):
-    with flysim.simulate(arch=arch) as sim:
-        out = fn(*args, **kwargs)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
-    return out
+    with executors.current().run(arch) as ex:
+        out = fn(*(ex.put(a) for a in args), **kwargs)
+    assert len(ex.launches) == 1, "the FlyDSL kernel did not run"
+    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
 
 
 def close(out, ref, dtype, what):

@@ -13,8 +13,8 @@ from translator_kernels.attention import attention
 from translator_kernels.gemm import bmm, gemm
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import GemmConfig
-from translator_kernels.generated.elementwise import fused_elementwise
-from translator_kernels.generated.host import record_kernels
+from translator_kernels.codegen.elementwise import fused_elementwise
+from translator_kernels.codegen.host import record_kernels
 from translator_kernels.program import Program
 from translator_kernels.rows.softmax import softmax
 

@@ -1,4 +1,5 @@
-"""Generated fused reduction kernels (translator_kernels.generated.reduce) on flysim against eager.
+"""Generated fused reduction kernels (translator_kernels.codegen.reduce) against eager, on the
+session's executor (flysim, or rocm on an AMD GPU: tests/executors.py).
 
 References are eager torch on fp32 copies; each case asserts the FlyDSL kernel launched once.
 fp32 tolerance: atol 1e-5, rtol 1e-5 instead of 1.3e-6: the kernel sums in a tree (per lane,
@@ -11,10 +12,10 @@ import math
 import pytest
 import torch
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.program import DTYPES, Program
-from translator_kernels.generated.reduce import build_reduce, fused_reduce
+from translator_kernels.codegen.reduce import build_reduce, fused_reduce
 
 TOL = {dt: op_tol(dt, "fused_reduce") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
@@ -24,10 +25,10 @@ def ident(dtype):
 
 
 def run(inputs, program, kind, dims, keepdim=False, params=(), arch="gfx942"):
-    with flysim.simulate(arch=arch) as sim:
-        outs = fused_reduce(inputs, program, kind, dims, keepdim, params)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
-    return outs
+    with executors.current().run(arch) as ex:
+        outs = fused_reduce([ex.put(t) for t in inputs], program, kind, dims, keepdim, params)
+    assert len(ex.launches) == 1, "the FlyDSL kernel did not run"
+    return type(outs)(o.cpu() for o in outs)
 
 
 def close(got, ref, dtype, what):
@@ -159,20 +160,22 @@ def test_two_stage_long_rows(kind, params):
     x = torch.randn(2, 72000, generator=g).to(torch.bfloat16)
     c = torch.randn(2, 1, generator=g)
     prog = Program(2, (("sub", (0, 1), ()),), ((2, "bf16"),))
-    with flysim.simulate(arch="gfx942") as sim:
-        (out,) = fused_reduce([x, c], prog.text(), kind, [-1], False, params)
-    assert len(sim.launches) == 2
+    with executors.current().run("gfx942") as ex:
+        (out,) = fused_reduce([ex.put(x), ex.put(c)], prog.text(), kind, [-1], False, params)
+    assert len(ex.launches) == 2
+    out = out.cpu()
     ref = REF[kind](x.float() - c, [-1], False, params).to(torch.bfloat16)
     close(out, ref, torch.bfloat16, f"two-stage {kind}{params}")
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills(arch, compiled_isa):
-    from bench.isa_elementwise import row, tensor_specs
+    from translator_kernels.isa import summary_row as row
+    from translator_kernels.isa import tensor_specs
 
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "bf16"),)).text()
     cases = {"sum": (64, 4096), "argmax": (64, 4096), "var": (256, 96)}
-    jobs = {kind: ("translator_kernels.generated.reduce:fused_reduce",  # the call bench.isa_reduce.isa_stats makes
+    jobs = {kind: ("translator_kernels.codegen.reduce:fused_reduce",  # the call bench.isa_reduce.isa_stats makes
                    (tensor_specs([shape, (shape[0], 1)], ["bf16", "f32"]), prog, kind, [1], False,
                     (1,) if kind == "var" else ()), {}) for kind, shape in cases.items()}
     for kind, shape in cases.items():
@@ -188,17 +191,17 @@ def test_emit_sources_with_checks(tmp_path, without_translator):
     import subprocess
     import sys
 
-    from translator_kernels.generated.elementwise import fused_elementwise
-    from translator_kernels.generated.emit import emit_sources
+    from translator_kernels.codegen.elementwise import fused_elementwise
+    from translator_kernels.codegen.emit import emit_sources
 
     g = torch.Generator().manual_seed(6)
     x, w = torch.randn(4, 24, generator=g), torch.rand(24, generator=g)
     ew = Program(2, (("mul", (0, 1), ()), ("silu", (2,), ())), ((3, "f32"),)).text()
     red = Program(2, (("mul", (0, 1), ()), ("mul", (2, 2), ())), ((3, "f32"),)).text()
     epi = Program(2, (("add", (0, 1), ()), ("rsqrt", (2,), ())), ((3, "f32"),)).text()  # rsqrt(mean + eps[row])
-    with flysim.simulate(arch="gfx942"):
-        fused_elementwise([x, w], ew)
-        fused_reduce([x, w], red, "mean", [-1], True, (), [torch.full((4, 1), 1e-5)], epi)
+    with executors.current().run("gfx942") as ex:
+        fused_elementwise([ex.put(x), ex.put(w)], ew)
+        fused_reduce([ex.put(x), ex.put(w)], red, "mean", [-1], True, (), [ex.put(torch.full((4, 1), 1e-5))], epi)
     paths = emit_sources(tmp_path)
     index = json.loads((tmp_path / "index.json").read_text())
     mine = [e for e in index if e.get("program") in (ew, red) and e["shapes"] == [[4, 24], [24]]]
@@ -208,7 +211,8 @@ def test_emit_sources_with_checks(tmp_path, without_translator):
         assert "@flyc.kernel" in src and "def launch" in src
         proc = subprocess.run([sys.executable, str(tmp_path / e["check"])], capture_output=True, text=True,
                               cwd=str(tmp_path), env=without_translator)
-        assert proc.returncode == 0 and "ok on flysim" in proc.stdout, proc.stderr[-2000:]
+        want = "ok on flysim" if executors.current().name == "flysim" else "ok on GPU"  # where the script ran
+        assert proc.returncode == 0 and want in proc.stdout, proc.stderr[-2000:]
     assert all(p.exists() for p in paths)
 
 
@@ -243,7 +247,9 @@ def test_epilogue_per_row(n):
     m = x.amax(-1)
     prog = Program(2, (("sub", (0, 1), ()), ("exp", (2,), ())), ((3, "f32"),))
     epi = Program(2, (("log", (0,), ()), ("add", (2, 1), ())), ((3, "bf16"),))
-    with flysim.simulate(arch="gfx950") as sim:
-        (out,) = fused_reduce([x, m[:, None]], prog.text(), "sum", [-1], False, (), [m], epi.text())
-    assert len(sim.launches) == (1 if n < 65536 else 2)
+    with executors.current().run("gfx950") as ex:
+        (out,) = fused_reduce([ex.put(x), ex.put(m[:, None])], prog.text(), "sum", [-1], False, (), [ex.put(m)],
+                              epi.text())
+    assert len(ex.launches) == (1 if n < 65536 else 2)
+    out = out.cpu()
     close(out, torch.logsumexp(x, -1).to(torch.bfloat16), torch.bfloat16, f"epilogue n={n}")

@@ -1,4 +1,5 @@
-"""translator_kernels.generated.scan on flysim against eager torch scans computed in fp32.
+"""translator_kernels.codegen.scan against eager torch scans computed in fp32, on the session's
+executor (flysim, or rocm on an AMD GPU: tests/executors.py).
 
 Tolerances: the dtype table, fp32 relaxed to atol=rtol=1e-5 (the kernel combines lanes, waves
 and tiles in a tree, torch scans sequentially; logaddexp is a 1-ulp exp / log sequence); for
@@ -8,10 +9,10 @@ carries their rounding)."""
 import pytest
 import torch
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tolerance
 from translator_kernels.program import DTYPES, Program
-from translator_kernels.generated.scan import scan
+from translator_kernels.codegen.scan import scan
 
 TOL = {dt: op_tolerance(dt, "scan") for dt in (torch.float32, torch.bfloat16, torch.float16)}
 IDENT = {"cumsum": 0.0, "cumprod": 1.0, "logcumsumexp": float("-inf")}
@@ -40,9 +41,9 @@ def sample(shape, kind, dt):
 
 def run_case(shape, dim, kind, dt, reverse=False, exclusive=False, arch="gfx942"):
     x = sample(shape, kind, dt)
-    with flysim.simulate(arch=arch) as sim:
-        got = scan([x], ident(dt), kind, dim, reverse, exclusive)
-    assert sim.launches, "the scan kernel did not launch"
+    with executors.current().run(arch) as ex:
+        got = scan([ex.put(x)], ident(dt), kind, dim, reverse, exclusive).cpu()
+    assert ex.launches, "the scan kernel did not launch"
     want = eager(x.float(), kind, dim % len(shape), reverse, exclusive)
     atol, rtol = TOL[dt]
     if kind == "cumsum":  # a long sum's rounding scales with its partial sums, not with the result
@@ -81,17 +82,17 @@ def test_gfx950():
 def test_masked_cumsum_prologue():
     x, mask = torch.randn(4, 3, 130), torch.rand(4, 1, 130) > 0.5  # mask broadcast over dim 1
     prog = Program(2, (("mul", (0, 1), ()),), ((2, "f32"),)).text()
-    with flysim.simulate(arch="gfx942"):
-        got = scan([x, mask], prog, "cumsum", -1)
+    with executors.current().run("gfx942") as ex:
+        got = scan([ex.put(x), ex.put(mask)], prog, "cumsum", -1).cpu()
     torch.testing.assert_close(got, torch.cumsum(x * mask, -1), atol=TOL[torch.float32][0],
                                rtol=TOL[torch.float32][1])
 
 
 def test_special_values():
     x = torch.tensor([[0.0, float("-inf"), 1.0, float("nan"), 2.0], [float("-inf")] * 4 + [3.0]])
-    with flysim.simulate(arch="gfx942"):
-        got = scan([x], ident(torch.float32), "logcumsumexp", -1)
-        s = scan([x[:, :3]], ident(torch.float32), "cumsum", -1)
+    with executors.current().run("gfx942") as ex:
+        got = scan([ex.put(x)], ident(torch.float32), "logcumsumexp", -1).cpu()
+        s = scan([ex.put(x[:, :3])], ident(torch.float32), "cumsum", -1).cpu()
     torch.testing.assert_close(got, torch.logcumsumexp(x, -1), equal_nan=True)
     torch.testing.assert_close(s, torch.cumsum(x[:, :3], -1), equal_nan=True)
 
@@ -102,31 +103,32 @@ def test_emit_sources_writes_scan_with_a_passing_check(tmp_path, without_transla
     import subprocess
     import sys
 
-    from translator_kernels.generated.emit import emit_sources
-    from translator_kernels.generated.emit import record_kernels
+    from translator_kernels.codegen.emit import emit_sources
+    from translator_kernels.codegen.emit import record_kernels
 
     x = torch.randn(3, 40)
     prog = Program(1, (("mul", (0, 0), ()),), ((1, "f32"),)).text()  # cumsum(x * x, -1), reversed
-    with flysim.simulate(arch="gfx942"), record_kernels() as used:
-        scan([x], prog, "cumsum", -1, reverse=True)
+    with executors.current().run("gfx942") as ex, record_kernels() as used:
+        scan([ex.put(x)], prog, "cumsum", -1, reverse=True)
     assert len(used) == 1
     emit_sources(tmp_path, names=used)
     (entry,) = json.loads((tmp_path / "index.json").read_text())
     assert entry["family"] == "scan" and entry["reverse"] is True
     proc = subprocess.run([sys.executable, str(tmp_path / entry["check"])], capture_output=True, text=True,
                           cwd=str(tmp_path), env=without_translator)
-    assert proc.returncode == 0 and "ok on flysim" in proc.stdout, proc.stderr[-2000:]
+    want = "ok on flysim" if executors.current().name == "flysim" else "ok on GPU"  # the script says where it ran
+    assert proc.returncode == 0 and want in proc.stdout, proc.stderr[-2000:]
 
 
 def test_empty_and_errors():
-    with flysim.simulate(arch="gfx942"):
-        assert scan([torch.randn(0, 5)], ident(torch.float32), "cumsum", -1).shape == (0, 5)
+    with executors.current().run("gfx942") as ex:
+        assert scan([ex.put(torch.randn(0, 5))], ident(torch.float32), "cumsum", -1).shape == (0, 5)
         with pytest.raises(ValueError, match="int64"):
-            scan([torch.arange(5)], ident(torch.float32), "cumsum", 0)
+            scan([ex.put(torch.arange(5))], ident(torch.float32), "cumsum", 0)
         with pytest.raises(ValueError, match="unknown scan kind"):
-            scan([torch.randn(5)], ident(torch.float32), "cummax", 0)
+            scan([ex.put(torch.randn(5))], ident(torch.float32), "cummax", 0)
         with pytest.raises(ValueError, match="longer than one workgroup"):
-            scan([torch.randn(1, 1024 * 32 + 1)], ident(torch.float32), "cumsum", -1)
+            scan([ex.put(torch.randn(1, 1024 * 32 + 1))], ident(torch.float32), "cumsum", -1)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Softmax / log-softmax kernel (translator_kernels.rows.softmax) on flysim against eager torch.
+"""Softmax / log-softmax kernel (translator_kernels.rows.softmax) against eager torch, on the session's
+executor (flysim, or rocm on an AMD GPU: tests/executors.py).
 
 References are computed in fp32 from the same inputs; outputs are compared in fp32 with the
 project's dtype tolerance table. Every case asserts the FlyDSL kernel was launched.
@@ -9,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.arch import ARCHS
 from translator_kernels.rows.softmax import softmax
@@ -26,10 +27,10 @@ def ref_softmax(x, log):
 
 
 def run_kernel(arch, x, log):
-    with flysim.simulate(arch=arch) as sim:
-        out = softmax(x, log=log)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
-    return out
+    with executors.current().run(arch) as ex:
+        out = softmax(ex.put(x), log=log)
+    assert len(ex.launches) == 1, "the FlyDSL kernel did not run"
+    return out.cpu()
 
 
 def check(arch, x, log):

@@ -8,6 +8,10 @@
   once (translator_kernels/arch.py; flysim, its own distribution, keeps the list it interprets).
 - One tolerance table: tests take atol / rtol from translator.tolerances, never a number of their own
   (the two exceptions say why).
+- Match once: no rule's rewrite calls (directly or through its module's helpers) a function its
+  support check calls; the check hands its match to the rewrite (translator.registry).
+- Folders too: the import graph of translator/'s subfolders (a module of translator/ itself is its
+  own node) has no loop, which a file-level cycle test cannot see.
 - Rule order never comes from import order: the lowerings imported in another order make the same
   rules fire on the same models (a subprocess each, so the registry is filled from scratch).
 """
@@ -51,6 +55,19 @@ def _resolve(name: str, mods) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _spelled_modules(path: Path) -> tuple:
+    """Relative module names a module spells as strings (".api", ".frontends.serialize"): what its
+    importlib.import_module calls may import."""
+    tree = ast.parse(path.read_text(), str(path))
+    return tuple(sorted({n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                         and re.fullmatch(r"\.[A-Za-z_][\w.]*", n.value)}))
+
+
+def _relative(name: str, package: str) -> str:
+    return package + name
+
+
 def import_graph() -> nx.DiGraph:
     mods = _modules()
     g = nx.DiGraph()
@@ -67,6 +84,9 @@ def import_graph() -> nx.DiGraph:
                     up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join(up + ([base] if base else []))
                 targets = [f"{base}.{a.name}" for a in node.names]  # a submodule, or a name in `base`
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and "importlib" in \
+                    ast.unparse(node.func):  # importlib.import_module(".x", __name__) and the names it is fed
+                targets = [_relative(c, package) for c in _spelled_modules(path)]
             for t in targets:
                 dep = _resolve(t, mods)
                 if dep is not None and dep != mod:
@@ -85,6 +105,7 @@ def _cycles(prefix: str) -> list:
 def test_the_import_graph_sees_the_project():
     assert {"translator.api", "translator.graph", "translator.registry", "translator_kernels.arch",
             "flysim.toolchain"} <= set(GRAPH)
+    assert GRAPH.has_edge("translator", "translator.frontends.compile_backend")  # importlib, lazily
     assert GRAPH.has_edge("translator.passes.partition", "translator.registry")
     assert GRAPH.has_edge("translator.lowerings.fold", "translator.graph")
 
@@ -157,6 +178,185 @@ def test_one_list_of_architectures():
     where = [str(p.relative_to(ROOT)) for folder in (*PACKAGES.values(), ROOT / "tests") for p, text in _sources(folder)
              if re.search(r"^\s*(SUPPORTED_)?ARCHS\s*=", text, re.M)]
     assert sorted(where) == ["flysim/src/flysim/toolchain.py", "translator_kernels/arch.py"]
+
+
+# --- match once: a rewrite never runs its check's matcher again -------------------------------------
+
+LOWERINGS = ROOT / "translator" / "lowerings"
+
+
+def _lowering_namespaces() -> dict:
+    """{module stem: {name: FunctionDef}}: a lowerings module's top-level functions and those it
+    imports from its sibling modules (`from .forms import find_qk`)."""
+    trees = {p.stem: ast.parse(p.read_text()) for p in sorted(LOWERINGS.glob("*.py"))}
+    own = {m: {n.name: n for n in t.body if isinstance(n, ast.FunctionDef)} for m, t in trees.items()}
+    spaces = {}
+    for m, t in trees.items():
+        space = dict(own[m])
+        for n in t.body:
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in own:
+                space.update({a.asname or a.name: own[n.module][a.name] for a in n.names if a.name in own[n.module]})
+        spaces[m] = space
+    return trees, spaces
+
+
+def _called(fn) -> set:
+    """Names a function's body calls (not its decorators)."""
+    return {n.func.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def _reachable(fn, space) -> set:
+    """Names of the lowerings' functions `fn` calls, directly or through them."""
+    seen, todo = set(), [fn]
+    while todo:
+        for name in _called(todo.pop()) & set(space):
+            if name not in seen:
+                seen.add(name)
+                todo.append(space[name])
+    return seen
+
+
+def rules_that_match_twice() -> dict:
+    trees, spaces = _lowering_namespaces()
+    twice = {}
+    for m, t in trees.items():
+        space = spaces[m]
+        for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
+            for deco in fn.decorator_list:
+                if not (isinstance(deco, ast.Call) and getattr(deco.func, "id", "") == "rule"):
+                    continue
+                check = next(k.value for k in deco.keywords if k.arg == "supported")
+                root = check.func if isinstance(check, ast.Call) else check  # a factory: supported=_for("rms")
+                if not isinstance(root, ast.Name) or root.id not in space:
+                    continue
+                by_check = _called(space[root.id]) & set(space)
+                again = by_check & _reachable(fn, space)
+                if again:
+                    twice[f"{m}.{fn.name}"] = sorted(again)
+    return twice
+
+
+def test_the_match_once_check_sees_the_rules():
+    trees, spaces = _lowering_namespaces()
+    assert {"find_qk", "product_of", "manual_softmax"} <= set(spaces["attention_softmax"]) | set(spaces["forms"])
+    assert "_fold_prologue" in _reachable(spaces["fold"]["fold_reduce_prologue"], spaces["fold"])
+
+
+def test_no_rewrite_runs_its_checks_matcher_again():
+    """The support check returns the match and the rewrite receives it (registry.Rule.apply)."""
+    assert rules_that_match_twice() == {}
+
+
+def test_generic_forms_import_no_family():
+    """forms.py is usable by any family: it imports graph helpers only, never a family module."""
+    assert sorted(b for a, b in GRAPH.edges if a == "translator.lowerings.forms") == ["translator.graph"]
+
+
+def _folder(mod: str) -> str:
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and (ROOT / "/".join(parts)).is_dir()) \
+        else parts[0] if len(parts) == 1 else mod
+
+
+def folder_graph() -> nx.DiGraph:
+    """translator/'s subfolders (translator.lowerings, ...) and top-level modules as nodes."""
+    g = nx.DiGraph()
+    for a, b in GRAPH.edges:
+        if a.split(".")[0] == b.split(".")[0] == "translator":
+            fa, fb = _folder(a), _folder(b)
+            g.add_nodes_from((fa, fb))
+            if fa != fb:
+                g.add_edge(fa, fb)
+    return g
+
+
+def test_no_loops_between_folders():
+    g = folder_graph()
+    assert {"translator.lowerings", "translator.passes", "translator.runtime", "translator.frontends"} <= set(g)
+    assert [sorted(c) for c in nx.simple_cycles(g)] == []
+
+
+# --- one table of hardware facts, one dtype-name map --------------------------------------------
+
+ARCH_NAMES = {"gfx942", "gfx950"}
+# tables keyed by arch that hold measurements, not facts of the hardware
+ARCH_KEYED_MEASUREMENTS = {"FLYDSL_AT_EQUAL_TILE": "FlyDSL's own GEMM measured by bench.kernels (tests/kernels)"}
+SHORT_DTYPES = {"f32", "bf16", "f16", "bool", "i32", "i64"}  # kernel names ("fp16" / "fp32" name precisions)
+FACTS = {5.3e12, 8.0e12, 2.1e9, 2.4e9, 1307e12, 2517e12, 163.4e12, 157.3e12}  # HBM B/s, clocks, peaks
+LDS_SIZES = {64 * 1024, 160 * 1024}
+
+
+def _number(n) -> bool:
+    """A number written out: a constant, or arithmetic of constants (64 * 1024)."""
+    if isinstance(n, ast.Constant):
+        return isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
+    if isinstance(n, ast.UnaryOp):
+        return _number(n.operand)
+    return isinstance(n, ast.BinOp) and _number(n.left) and _number(n.right)
+
+
+def _value(n):
+    return eval(compile(ast.Expression(n), "<fact>", "eval"), {})  # constants only (checked by _number)
+
+
+def _torch_dtype(n) -> bool:
+    """torch.float32, or its name spelled as a string ("float32")."""
+    return isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "torch" or \
+        isinstance(n, ast.Constant) and n.value in ("float32", "bfloat16", "float16")
+
+
+def hardware_fact_copies() -> list:
+    """Places outside translator_kernels/arch.py that write a hardware fact or the dtype-name map again:
+    a dict keyed by arch with numbers (or dicts of numbers) as values, a dict between torch dtypes and
+    short names, an LDS size (64 * 1024, 160 * 1024) or a known clock / bandwidth / peak."""
+    found = []
+    for folder in (*PACKAGES.values(), ROOT / "tests"):
+        for p, text in _sources(folder):
+            rel = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+            if rel in ("translator_kernels/arch.py", "tests/unit/test_architecture.py") or rel.startswith("flysim/"):
+                continue
+            tree = ast.parse(text)
+            measured = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                        and any(getattr(t, "id", "") in ARCH_KEYED_MEASUREMENTS for t in n.targets)}
+            for n in ast.walk(tree):
+                where = f"{rel}:{getattr(n, 'lineno', 0)}"
+                if isinstance(n, ast.Dict) and n.keys and id(n) not in measured:
+                    keys = [k.value for k in n.keys if isinstance(k, ast.Constant)]
+                    if set(keys) & ARCH_NAMES and all(_number(v) or isinstance(v, ast.Dict) and all(map(_number, v.values))
+                                                      for v in n.values):
+                        found.append(f"{where} a table of arch facts")
+                    pairs = list(zip(n.keys, n.values))
+                    if sum(_torch_dtype(k) and isinstance(v, ast.Constant) and v.value in SHORT_DTYPES or
+                           _torch_dtype(v) and isinstance(k, ast.Constant) and k.value in SHORT_DTYPES
+                           for k, v in pairs) >= 2:
+                        found.append(f"{where} a dtype-name map")
+                elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _number(n) and \
+                        _value(n) in LDS_SIZES and "1024" in ast.unparse(n):
+                    found.append(f"{where} an LDS size")
+                elif isinstance(n, ast.Constant) and isinstance(n.value, float) and n.value in FACTS:
+                    found.append(f"{where} a clock, bandwidth or peak")
+    return found
+
+
+def test_hardware_facts_and_dtype_names_are_written_once():
+    """translator_kernels/arch.py holds them (GPUS, DTYPE_NAMES); everything else reads it."""
+    assert hardware_fact_copies() == []
+
+
+def test_the_fact_check_sees_a_copy(tmp_path):
+    copy = tmp_path / "copy.py"
+    copy.write_text('import torch\nCUS = {"gfx942": 304, "gfx950": 256}\nLDS = 64 * 1024\n'
+                    'DT = {torch.float32: "f32", torch.bfloat16: "bf16"}\nBW = 5.3e12\nN = {"f32": "float32", "f16": "float16"}\n')
+    saved = dict(PACKAGES)
+    PACKAGES.clear()
+    PACKAGES["probe"] = tmp_path
+    try:
+        got = hardware_fact_copies()
+    finally:
+        PACKAGES.clear()
+        PACKAGES.update(saved)
+    assert sorted(g.split(" ", 1)[1] for g in got) == ["a clock, bandwidth or peak", "a dtype-name map",
+                                                        "a dtype-name map", "a table of arch facts", "an LDS size"]
 
 
 # tolerances a test still writes as numbers, with the reason the table has no entry for them

@@ -151,7 +151,7 @@ def test_elementwise_plans_once_per_layout(monkeypatch):
     """A repeated call plans nothing; a different base-address alignment gets its own plan."""
     import flysim
 
-    from translator_kernels.generated import elementwise as ew
+    from translator_kernels.codegen import elementwise as ew
     from translator_kernels.program import Program, ref_program
 
     plans = [0]
@@ -183,7 +183,7 @@ def test_elementwise_bad_input_still_raises_after_a_good_call():
     import flysim
 
     from translator_kernels.errors import KernelInputError
-    from translator_kernels.generated.elementwise import fused_elementwise
+    from translator_kernels.codegen.elementwise import fused_elementwise
     from translator_kernels.program import Program
 
     prog = Program(1, (("neg", (0,), ()),), ((1, "f32"),)).text()
@@ -206,8 +206,8 @@ def test_arch_follows_the_active_backend():
 def test_reduce_and_scan_validate_once_per_layout(monkeypatch):
     import flysim
 
-    from translator_kernels.generated import reduce as red
-    from translator_kernels.generated import scan as sc
+    from translator_kernels.codegen import reduce as red
+    from translator_kernels.codegen import scan as sc
     from translator_kernels.program import Program
 
     seen = {"prepare": 0, "validate": 0}

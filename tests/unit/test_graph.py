@@ -139,6 +139,23 @@ def test_support_checks_answer_with_a_typed_verdict():
         R.check(rule_with(False), None, None)  # a bool is not an answer
 
 
+def test_the_rewrite_receives_the_match_its_check_found():
+    """Match once: the check's match object reaches the rewrite; a Reason lands on the other nodes it names."""
+    seen = []
+    found = R.Match(a="left", b="right")
+    r = R.Rule("probe", "softmax", R.Stage.CANONICAL, (), lambda n, c: found, lambda n, c, m: seen.append(m))
+    v = R.check(r, None, None)
+    assert v.supported and v.match is found
+    r.apply(None, None, v)
+    assert seen == [found] and seen[0].a == "left"
+    two = R.Rule("probe", "softmax", R.Stage.CANONICAL, (), lambda n, c: None, lambda n, c: seen.append("two"))
+    two.apply(None, None, R.check(two, None, None))  # a check that binds nothing: (node, ctx)
+    assert seen[-1] == "two" and not R.NO_MATCH
+    why = R.Reason("fp64 is not supported", also=("mean", "rsqrt"))
+    v = R.check(R.Rule("probe", "softmax", R.Stage.CANONICAL, (), lambda n, c: why, lambda n, c: None), None, None)
+    assert (v.supported, v.reason, v.reason.also) == (False, "fp64 is not supported", ("mean", "rsqrt"))
+
+
 def test_rules_are_tried_by_priority_then_name():
     names = [r.name for r in R.rules_for(R.Stage.CONSUMER)]
     assert names.index("gemm_epilogue") < names.index("add_layer_norm")  # priority 1 before 0

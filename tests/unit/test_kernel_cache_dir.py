@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from translator_kernels.generated.host import cache_dir
+from translator_kernels.codegen.host import cache_dir
 
 
 def test_default_cache_is_private_and_not_in_tmp(monkeypatch, tmp_path):

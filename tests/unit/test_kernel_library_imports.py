@@ -76,12 +76,12 @@ def test_kernel_library_never_imports_translator():
 
 def test_the_check_finds_a_cycle(tmp_path, monkeypatch):
     """The walk sees function-level and relative imports (a check that finds nothing proves nothing)."""
-    pkg = tmp_path / LIB / "generated"
+    pkg = tmp_path / LIB / "codegen"
     pkg.mkdir(parents=True)
     (tmp_path / LIB / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def f():\n    from translator_kernels.generated import b\n")
+    (pkg / "a.py").write_text("def f():\n    from translator_kernels.codegen import b\n")
     (pkg / "b.py").write_text("from . import a\nimport translator.api\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     g, outside = graph()
-    assert list(nx.simple_cycles(g)) and outside[f"{LIB}.generated.b"] == {"translator.api"}
+    assert list(nx.simple_cycles(g)) and outside[f"{LIB}.codegen.b"] == {"translator.api"}

@@ -1,7 +1,7 @@
-"""bench.traffic's attention byte MODEL against flysim's counted bytes, at shapes that are not
+"""translator_kernels.traffic's attention byte MODEL against flysim's counted bytes, at shapes that are not
 multiples of the kernel's tiles.
 
-The model (`traffic.attention_bytes`) must equal flysim's global_bytes_read +
+The model (`translator_kernels.traffic.attention_bytes`) must equal flysim's global_bytes_read +
 global_bytes_written summed over the call's launches, exactly: the bench extrapolates the
 anchor-shape traffic from the model, so any gap here would be carried to the anchor. The cases
 cover the pieces the model adds up: the query rows a workgroup loads past Sq, the last KV tile
@@ -13,7 +13,8 @@ sit next to each other so the process compiles each once.
 
 import pytest
 
-from bench import traffic
+from bench import traffic  # measures (flysim)
+from translator_kernels import traffic as traffic_model
 
 CASES = [  # dtype, Sq, Sk, D, arch, causal
     ("bf16", 200, 200, 64, "gfx942", True),    # two 128-row blocks, last block ends at key 200
@@ -36,7 +37,7 @@ def test_attention_model_equals_flysim(dt, sq, sk, d, arch, causal):
     m = traffic.measure_attention(dt, sq, sk, d, arch, causal)
     split = split_plan(1, 1, sq, sk, d, dt, arch)[0] > 1
     assert len(m["kernels"]) == 1 + split and "attention_fwd" in m["kernels"][0], m["kernels"]
-    assert m["moved"] == traffic.attention_bytes(dt, sq, sk, d, arch, causal)
+    assert m["moved"] == traffic_model.attention_bytes(dt, sq, sk, d, arch, causal)
 
 
 def test_bench_attention_measure_matches_model():
@@ -50,4 +51,4 @@ def test_attention_model_counts_every_head():
     count follows the grid (B x H workgroups per query block)."""
     m = traffic.measure_attention("bf16", 1, 200, 64, "gfx950", False, b=2, h=4, hkv=2)
     assert len(m["kernels"]) == 2
-    assert m["moved"] == traffic.attention_bytes("bf16", 1, 200, 64, "gfx950", False, heads=8)
+    assert m["moved"] == traffic_model.attention_bytes("bf16", 1, 200, 64, "gfx950", False, heads=8)

@@ -358,9 +358,9 @@ def _held_output(debug: bool):
 
 def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None,
                  export_kernels: Optional[Path] = None, show: str = "table", debug: bool = False) -> int:
-    import translator
+    from translator import api
     from translator.errors import TranslatorError
-    from translator.frontends.progress import show_progress
+    from translator.progress import show_progress
 
     out = out if out is not None else Path("out") / script.stem
     check_out(out)
@@ -369,7 +369,7 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
         model, inputs = (script, None) if onnx else build_model(module, script)
         try:
             with show_progress(show == "table" and sys.stderr.isatty()), _held_output(debug):
-                tm = translator.translate(model, inputs, name=script.stem, **options)
+                tm = api.translate(model, inputs, name=script.stem, **options)
         except TranslatorError as exc:  # InputError, StrictError, CaptureError, BackendError, ...
             if debug:
                 typer.echo(f"{type(exc).__name__}: {exc}", err=True)

@@ -28,7 +28,7 @@ from translator_kernels.attention import empty_in_order
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
 from .attention_forms import unexpand_kv
-from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Reason, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -152,28 +152,29 @@ def unexpand_supported(node, ctx):
     m = _unexpanded(node)
     if m is None:
         return NO_MATCH
-    return sdpa_supported(node, ctx)
+    reason = sdpa_supported(node, ctx)
+    if reason:
+        return reason
+    kb, vb, absorbed = m
+    return Match(kb=kb, vb=vb, absorbed=absorbed)
 
 
 @rule(Stage.PATTERN, aten.scaled_dot_product_attention.default, family="attention", supported=unexpand_supported,
       doc="SDPA on K / V repeated to every query head -> SDPA with enable_gqa on the unrepeated K / V")
-def lower_sdpa_unexpand(node, ctx):
+def lower_sdpa_unexpand(node, ctx, m):
     """K and V repeated from Hkv heads before SDPA (HF's repeat_kv, gpt-fast's repeat_interleave)
     are read as they were: the kernel serves GQA (head h reads K/V head h // (H / Hkv), what both
     repetitions lay out) with no copy of K and V. The SDPA node stays, for the canonical rule."""
-    kb, vb, absorbed = _unexpanded(node)
-    set_args(node, key=kb, value=vb, enable_gqa=True)
+    set_args(node, key=m.kb, value=m.vb, enable_gqa=True)
     ctx.count("sdpa_unexpand_kv")
-    ctx.erase_unused(absorbed)
+    ctx.erase_unused(m.absorbed)
     return node
 
 
 def sdpa_check(node, ctx):
-    """sdpa_supported, with the reason also on the report row as "not taken by attention: ..."."""
+    """sdpa_supported, its reason on the report row as "not taken by attention: ..."."""
     reason = sdpa_supported(node, ctx)
-    if reason:
-        ctx.not_lowered(node, PREFIX + reason)
-    return reason
+    return Reason(reason, prefix=PREFIX) if reason else None
 
 
 @rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_check,

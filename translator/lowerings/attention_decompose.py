@@ -24,14 +24,16 @@ import math
 import torch
 
 from ..graph import FLOAT_DTYPES, aten, arg, dtype_of, shape_of, static_int
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Stage, rule
 from . import gemm  # noqa: F401  (registers the bmm family this rule's products run on)
 from .attention import PREFIX, sdpa_supported
 
 
 def sdpa_decompose_supported(node, ctx):
-    """NO_MATCH where the kernel takes the call (lower_sdpa does) or no FlyDSL op could take its parts."""
-    if sdpa_supported(node, ctx) is None:
+    """NO_MATCH where the kernel takes the call (lower_sdpa does) or no FlyDSL op could take its parts;
+    else the kernel's reason, for the report row."""
+    declined = sdpa_supported(node, ctx)
+    if declined is None:
         return NO_MATCH
     q, k, v = (arg(node, a) for a in ("query", "key", "value"))
     if not (dtype_of(q) == dtype_of(k) == dtype_of(v) and dtype_of(q) in FLOAT_DTYPES):
@@ -47,14 +49,14 @@ def sdpa_decompose_supported(node, ctx):
     mask = arg(node, "attn_mask", None)
     if mask is not None and (dtype_of(mask) is not torch.bool and dtype_of(mask) not in FLOAT_DTYPES):
         return NO_MATCH
-    return None
+    return Match(declined=declined)
 
 
 @rule(Stage.DECOMPOSE, aten.scaled_dot_product_attention.default, family="bmm",
       supported=sdpa_decompose_supported, name="sdpa_decomposed",
       doc="SDPA the kernel declines -> bmm, softmax, bmm")
-def lower_sdpa_decomposed(node, ctx):
-    ctx.not_lowered(node, PREFIX + sdpa_supported(node, ctx))
+def lower_sdpa_decomposed(node, ctx, m):
+    ctx.not_lowered(node, PREFIX + m.declined)
     q, k, v = (arg(node, a) for a in ("query", "key", "value"))
 
     def e(target, *args, **kwargs):

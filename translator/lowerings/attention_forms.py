@@ -3,8 +3,7 @@
 Each function reads one step of the graph between Q·Kᵀ and ·V and answers what it computes
 in the kernel's terms, or None when the step is something else:
 
-- `product_of` / `find_qk`: a product over the last two dims (matmul, bmm, baddbmm, two-operand
-  einsum) and the Q·Kᵀ product some scores come from (also used by attention_softmax.py).
+(The product finders, `product_of` and `find_qk`, are generic forms: translator/lowerings/forms.py.)
 - `unexpand_kv`: K / V expanded from Hkv to H heads -> the Hkv-head tensor (the kernel reads
   head h // (H / Hkv), nothing repeated). Forms:
       repeat_kv(x, n) = x[:, :, None].expand(b, kvh, n, s, d).reshape(b, kvh * n, s, d)  # HF Llama
@@ -98,52 +97,6 @@ def fixed_dim(n, i: int, depth: int = 12):
     src = arg(n, "self") if n.target in _SAME_SHAPE else None
     if isinstance(src, torch.fx.Node) and len(shape_of(src) or ()) == len(s) and str(shape_of(src)[i]) == str(s[i]):
         return fixed_dim(src, i, depth - 1)
-    return None
-
-
-# --- the two products -----------------------------------------------------------------------
-
-def product_of(n):
-    """(a, b, bt) when n = a @ b (bt False) or a @ bᵀ (bt True) over the last two dims: matmul,
-    bmm, or a two-operand einsum such as "bhid,bhjd->bhij" / "bhij,bhjd->bhid", else None."""
-    if is_call(n, aten.matmul.default):
-        return arg(n, "self"), arg(n, "other"), False
-    if is_call(n, aten.bmm.default):
-        return arg(n, "self"), arg(n, "mat2"), False
-    if is_call(n, aten.baddbmm.default):  # mask + q @ kᵀ in one op (nn.MultiheadAttention with a mask)
-        return arg(n, "batch1"), arg(n, "batch2"), False
-    if not is_call(n, aten.einsum.default):
-        return None
-    eq, tensors = arg(n, "equation"), arg(n, "tensors")
-    if len(tensors) != 2 or "." in eq:
-        return None
-    ins, _, out = eq.replace(" ", "").partition("->")
-    a, _, b = ins.partition(",")
-    if len(a) != len(b) or len(a) != len(out) or len(a) < 2 or len(set(a + b)) != len(a) + 1:
-        return None
-    x, (i, k) = a[:-2], a[-2:]
-    if b[:-2] != x or out[:-1] != x + i:
-        return None
-    if b[-2:] == k + out[-1] and out[-1] not in a:
-        return tensors[0], tensors[1], False
-    if b[-2:] == out[-1] + k and out[-1] not in a:
-        return tensors[0], tensors[1], True
-    return None
-
-
-def find_qk(s, depth: int = 12):
-    """The Q·Kᵀ product the scores s come from (through any ops), else None."""
-    last2 = [str(d) for d in (shape_of(s) or ())[-2:]]
-    todo, seen = [s], set()
-    while todo and depth:
-        n = todo.pop(0)
-        if n in seen or not isinstance(n, torch.fx.Node) or n.op != "call_function":
-            continue
-        seen.add(n)
-        depth -= 1
-        if product_of(n) is not None and [str(d) for d in (shape_of(n) or ())[-2:]] == last2:
-            return n
-        todo += [a for a in n.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
     return None
 
 

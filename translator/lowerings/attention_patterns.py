@@ -55,11 +55,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call, operand, shape_of, static_int
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Reason, Stage, rule
 from . import attention_softmax  # noqa: F401  (a softmax written out by hand -> aten.softmax first)
 from .attention import HEAD_DIMS, PREFIX
-from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, find_qk, fixed_dim,
-                              masks_out, per_head, product_of, scalar_value, softcap_of, unexpand_kv)
+from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, fixed_dim, masks_out,
+                              per_head, scalar_value, softcap_of, unexpand_kv)
+from .forms import find_qk, product_of
 
 MATMULS = (aten.matmul.default, aten.bmm.default)
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
@@ -465,15 +466,16 @@ def _checks(m: Match):
 
 
 def handwritten_supported(node, ctx):
+    """The Match, or the reason the chain stays: the report shows it on the chain's products and
+    softmax, whatever runs them."""
     m = match(node, ctx)
     if m is False:
         return NO_MATCH
     reason = m if isinstance(m, str) else ctx.denied(m.absorbed) or _checks(m)
-    if reason:  # the report shows it on the chain's products and softmax, whatever runs them
+    if reason:
         sm, qk = chain_of(node)
-        for n in (qk, sm, node):
-            ctx.not_lowered(n, PREFIX + reason)
-    return reason
+        return Reason(reason, also=(qk, sm), prefix=PREFIX)
+    return m
 
 
 def _split(ctx, m: Match, mask, frame, at):
@@ -509,8 +511,7 @@ def _head_scale(ctx, m: Match, at):
 
 @rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=handwritten_supported,
       name="attention_handwritten", doc="q @ kᵀ · scale (soft-cap, + mask | masked_fill | where) -> softmax -> @ v")
-def lower_handwritten(node, ctx):
-    m = match(node, ctx)
+def lower_handwritten(node, ctx, m):
     q, k, v = m.q, m.k, m.v
     if m.transpose_k:
         k = ctx.insert(aten.transpose.int, k, -2, -1, before=node)

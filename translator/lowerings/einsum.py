@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..graph import aten, arg, dtype_of, dtype_reason, static_int
-from ..registry import Stage, rule
+from ..registry import Match, Stage, rule
 from . import gemm  # noqa: F401,E402  (registers the bmm / gemm families these rules target)
 
 
@@ -85,7 +85,7 @@ def einsum_supported(node, ctx):
             sizes.setdefault(c, d)
     if any(c not in sizes for c in out):
         return "an output letter appears in no operand"
-    return None
+    return Match(operands=operands, ops=ops, out=out)
 
 
 def _same(a, b) -> bool:
@@ -97,9 +97,8 @@ def _same(a, b) -> bool:
 
 @rule(Stage.CANONICAL, aten.einsum.default, family="bmm", supported=einsum_supported,
       doc="einsum: pairwise (opt_einsum path) bmm / gemm with transposes and reshapes")
-def lower_einsum(node, ctx):
-    eq, operands = _operands(node)
-    ops, out = _expand_ellipsis(eq, [len(o.meta["val"].shape) for o in operands])
+def lower_einsum(node, ctx, m):
+    operands, ops, out = m.operands, m.ops, m.out
     if len(ops) == 2:
         res = _pair(ctx, node, operands[0], ops[0], operands[1], ops[1], out)
     else:

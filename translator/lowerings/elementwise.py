@@ -2,7 +2,7 @@
 
 One node runs a whole region of elementwise aten ops (found by translator.passes.partition from
 the region rule at the bottom)
-as one generated FlyDSL kernel (translator_kernels.generated.elementwise). The region's expression DAG
+as one generated FlyDSL kernel (translator_kernels.codegen.elementwise). The region's expression DAG
 is carried as the node's `program` string (JSON; see translator_kernels.program),
 so the node is an ordinary custom op: traceable, printable, cacheable by its text.
 
@@ -54,7 +54,7 @@ def ref_fused_elementwise(inputs, program):
 
 
 def kernel_fused_elementwise(inputs, program):
-    from translator_kernels.generated.elementwise import fused_elementwise as run
+    from translator_kernels.codegen.elementwise import fused_elementwise as run
 
     return run(inputs, program)
 
@@ -68,7 +68,7 @@ register_family(OpFamily(
     name="fused_elementwise",
     description="a fused region of elementwise ops as one generated kernel (fp32 math)",
     reference=ref_fused_elementwise, kernel=kernel_fused_elementwise,
-    kernel_entry="translator_kernels.generated.elementwise:fused_elementwise", sample_inputs=_sample,
+    kernel_entry="translator_kernels.codegen.elementwise:fused_elementwise", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "exp / log / erf / tanh are 1-2 ulp sequences, "
                                          "not correctly rounded; chains compound it")},
 ))

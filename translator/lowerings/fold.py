@@ -27,7 +27,7 @@ import torch
 from translator_kernels.program import Program, parse
 
 from ..graph import arg, getitem_of, set_args, shape_of, val
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Stage, rule
 from . import elementwise, reduce, scan  # noqa: F401  (register the ops folded here)
 
 FE = torch.ops.flydsl.fused_elementwise.default
@@ -95,11 +95,11 @@ def _prologue_source(node):
 
 
 def prologue_supported(node, ctx):
-    return None if _prologue_source(node) is not None else NO_MATCH
-
-
-def _fold_prologue(node, ctx, counter):
     g = _prologue_source(node)
+    return NO_MATCH if g is None else Match(g=g)
+
+
+def _fold_prologue(node, ctx, g, counter):
     f, j = getitem_of(g)
     pf = parse(arg(f, "program"))
     prog, inputs = compose(pf, arg(f, "inputs"), j, parse(arg(node, "program")), arg(node, "inputs"), g)
@@ -115,14 +115,14 @@ def _fold_prologue(node, ctx, counter):
 
 @rule(Stage.CONSUMER, REDUCE, family="fused_reduce", supported=prologue_supported, name="reduce_prologue",
       priority=1, doc="the elementwise region read only by a reduction joins its program ((x * x).mean(-1))")
-def fold_reduce_prologue(node, ctx):
-    return _fold_prologue(node, ctx, "reduce_prologue_fused")
+def fold_reduce_prologue(node, ctx, m):
+    return _fold_prologue(node, ctx, m.g, "reduce_prologue_fused")
 
 
 @rule(Stage.CONSUMER, SCAN, family="scan", supported=prologue_supported, name="scan_prologue",
       doc="the elementwise region read only by a scan joins its program (masked cumsum: cumsum(x * mask))")
-def fold_scan_prologue(node, ctx):
-    return _fold_prologue(node, ctx, "scan_prologue")
+def fold_scan_prologue(node, ctx, m):
+    return _fold_prologue(node, ctx, m.g, "scan_prologue")
 
 
 # --- epilogue: the region that alone reads a reduction's result ------------------------------
@@ -155,14 +155,15 @@ def _epilogue_parts(r):
 
 
 def epilogue_supported(node, ctx):
-    return None if _epilogue_parts(node) is not None else NO_MATCH
+    parts = _epilogue_parts(node)
+    return NO_MATCH if parts is None else Match(g=parts[0], f=parts[1])
 
 
 @rule(Stage.CONSUMER, REDUCE, family="fused_reduce", supported=epilogue_supported, name="reduce_epilogue",
       doc="the one-output elementwise region that alone reads a reduction's result becomes its epilogue "
           "(log(s) + m)")
-def fold_reduce_epilogue(r, ctx):
-    g, f = _epilogue_parts(r)
+def fold_reduce_epilogue(r, ctx, m):
+    g, f = m.g, m.f
     pf, ins = parse(arg(f, "program")), arg(f, "inputs")
     others = [a for a in ins if a is not g]
     order = [ins.index(g)] + [i for i, a in enumerate(ins) if a is not g]

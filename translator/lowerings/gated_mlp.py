@@ -29,7 +29,7 @@ import torch
 from translator_kernels.gemm.gated import gated_weight, unarrange_gated
 
 from ..graph import aten, arg, dtype_of, shape_of
-from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .gemm import _gemm_reason, cast_weight
 
@@ -122,7 +122,7 @@ def gated_mlp_supported(node, ctx):
             return "gate / up bias is not an [N] parameter"
     if [str(s) for s in shape_of(node) or ()] != [str(s) for s in shape_of(gl) or ()]:
         return "the product broadcasts (its shape is not the linears' shape)"
-    return _gemm_reason(x, wg)
+    return _gemm_reason(x, wg) or Match(gate=m[0], act=m[1], gl=gl, ul=ul, x=x, wg=wg, bg=bg, wu=wu, bu=bu)
 
 
 def _arranged(dtype, wg, wu):
@@ -135,10 +135,8 @@ def _arranged_bias(bg, bu):
 
 @rule(Stage.PATTERN, aten.mul.Tensor, family="gemm_gated", supported=gated_mlp_supported,
       doc="act(linear(x, Wg)) * linear(x, Wu) (SwiGLU / GeGLU) -> one gated GEMM")
-def lower_gated_mlp(node, ctx):
-    gate, act, gl, ul = _match(node, ctx)
-    x, wg, bg = _linear(gl, ctx)
-    _, wu, bu = _linear(ul, ctx)
+def lower_gated_mlp(node, ctx, m):
+    gate, act, gl, ul, x, wg, bg, wu, bu = m.gate, m.act, m.gl, m.ul, m.x, m.wg, m.bg, m.wu, m.bu
     n, k = wg.shape
     prep = functools.partial(_arranged, None if ctx.precision == "fp32" else ctx.compute_dtype)
     bias = None

@@ -29,7 +29,7 @@ from translator_kernels.gemm.kernel import apply_epilogue_torch
 from translator_kernels.gemm.preshuffle import shuffle_weight, unshuffle_weight
 
 from ..graph import aten, arg, dtype_of, dtype_reason, shape_of
-from ..registry import OpFamily, Stage, register_family, rule
+from ..registry import Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 # ---- the ops ------------------------------------------------------------------------------
@@ -173,14 +173,13 @@ def linear_supported(node, ctx):
         return f"weight has {wt.dim()} dims, expected [N, K]"
     if len(shape_of(x)) < 1:
         return "input is a scalar"
-    return _gemm_reason(x, wt)
+    return _gemm_reason(x, wt) or Match(x=x, w=wt, bias=arg(node, "bias"))
 
 
 @rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=linear_supported,
       doc="aten.linear with a parameter weight")
-def lower_linear(node, ctx):
-    x, w, bias = arg(node, "input"), arg(node, "weight"), arg(node, "bias")
-    return _emit_gemm(node, ctx, x, ctx.constant(w), bias, "linear", [node])
+def lower_linear(node, ctx, m):
+    return _emit_gemm(node, ctx, m.x, m.w, m.bias, "linear", [node])
 
 
 def addmm_supported(node, ctx):
@@ -192,32 +191,32 @@ def addmm_supported(node, ctx):
         return "right operand is not a parameter; addmm of two activations stays in PyTorch"
     if shape_of(bias) not in ((w.shape[0],), (1, w.shape[0])):
         return f"bias of shape {shape_of(bias)} is not a per-column [N] bias"
-    return _gemm_reason(x, w)
+    return _gemm_reason(x, w) or Match(x=x, w=w, bias=bias, b=m2)
 
 
 @rule(Stage.CANONICAL, aten.addmm.default, family="gemm", supported=addmm_supported,
       doc="addmm(bias, x, W.t()) with a parameter weight")
-def lower_addmm(node, ctx):
-    bias, x, m2 = arg(node, "self"), arg(node, "mat1"), arg(node, "mat2")
-    srcs = [node] + ([m2] if m2.op == "call_function" and len(m2.users) == 1 else [])
-    return _emit_gemm(node, ctx, x, _weight_nk(m2, ctx), bias, "addmm", srcs)
+def lower_addmm(node, ctx, m):
+    return _emit_gemm(node, ctx, m.x, m.w, m.bias, "addmm", _sources(node, m.b))
+
+
+def _sources(node, b):
+    """The node, and the transpose feeding its weight when nothing else reads it."""
+    return [node] + ([b] if b.op == "call_function" and len(b.users) == 1 else [])
 
 
 def mm_supported(node, ctx):
     a, b = _operands(node)
     w = _weight_nk(b, ctx)
-    return _gemm_reason(a, w) or (None if w is not None else _bmm_reason(a, b))
+    return _gemm_reason(a, w) or (None if w is not None else _bmm_reason(a, b)) or Match(a=a, b=b, w=w)
 
 
 @rule(Stage.CANONICAL, aten.mm.default, family="gemm", supported=mm_supported,
       doc="mm with a parameter (gemm) or activation (bmm) right operand")
-def lower_mm(node, ctx):
-    a, b = _operands(node)
-    w = _weight_nk(b, ctx)
-    if w is not None:
-        srcs = [node] + ([b] if b.op == "call_function" and len(b.users) == 1 else [])
-        return _emit_gemm(node, ctx, a, w, None, "mm", srcs)
-    return ctx.replace(node, "bmm", "mm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+def lower_mm(node, ctx, m):
+    if m.w is not None:
+        return _emit_gemm(node, ctx, m.a, m.w, None, "mm", _sources(node, m.b))
+    return ctx.replace(node, "bmm", "mm", (ctx.cast_in(m.a, node), ctx.cast_in(m.b, node)), [node])
 
 
 def _operands(node):
@@ -239,28 +238,26 @@ def _bmm_reason(a, b):
 
 
 def bmm_supported(node, ctx):
-    return _bmm_reason(*_operands(node))
+    a, b = _operands(node)
+    return _bmm_reason(a, b) or Match(a=a, b=b)
 
 
 @rule(Stage.CANONICAL, aten.bmm.default, family="bmm", supported=bmm_supported, doc="bmm of two activations")
-def lower_bmm(node, ctx):
-    a, b = _operands(node)
-    return ctx.replace(node, "bmm", "bmm", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+def lower_bmm(node, ctx, m):
+    return ctx.replace(node, "bmm", "bmm", (ctx.cast_in(m.a, node), ctx.cast_in(m.b, node)), [node])
 
 
 def matmul_supported(node, ctx):
     a, b = _operands(node)
     w = ctx.constant(b)
     if w is not None and w.dim() == 2:
-        return _gemm_reason(a, w.t())
-    return _bmm_reason(a, b)
+        return _gemm_reason(a, w.t()) or Match(a=a, b=b, w=w.t())
+    return _bmm_reason(a, b) or Match(a=a, b=b, w=None)
 
 
 @rule(Stage.CANONICAL, aten.matmul.default, family="gemm", supported=matmul_supported,
       doc="matmul 2-D/3-D/4-D: parameter right operand -> gemm, activations -> bmm")
-def lower_matmul(node, ctx):
-    a, b = _operands(node)
-    w = ctx.constant(b)
-    if w is not None and w.dim() == 2:
-        return _emit_gemm(node, ctx, a, w.t(), None, "matmul", [node])
-    return ctx.replace(node, "bmm", "matmul", (ctx.cast_in(a, node), ctx.cast_in(b, node)), [node])
+def lower_matmul(node, ctx, m):
+    if m.w is not None:
+        return _emit_gemm(node, ctx, m.a, m.w, None, "matmul", [node])
+    return ctx.replace(node, "bmm", "matmul", (ctx.cast_in(m.a, node), ctx.cast_in(m.b, node)), [node])

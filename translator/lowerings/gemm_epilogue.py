@@ -200,13 +200,13 @@ def plan(g) -> Fold | None:
 
 
 def epilogue_check(node, ctx):
-    return None if plan(node) is not None else NO_MATCH
+    fold = plan(node)
+    return NO_MATCH if fold is None else fold
 
 
 @rule(Stage.CONSUMER, GEMM, family="gemm", supported=epilogue_check, name="gemm_epilogue", priority=1,
       doc="the elementwise region after a gemm: scale / bias / per-element program / residual -> its epilogue")
-def fuse_epilogue(g, ctx):
-    fold = plan(g)
+def fuse_epilogue(g, ctx, fold):
     f, prog = fold.region, parse(arg(fold.region, "program"))
     bias, act, scale = arg(g, "bias"), arg(g, "activation"), arg(g, "scale")
     program = fold.program if not act or fold.program is None else then(parse(act), fold.program)

@@ -34,10 +34,9 @@ import json
 
 import torch
 
-from ..graph import aten, arg, dtype_of, set_args, shape_of, val
-from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..graph import META_ONLY, aten, arg, dtype_of, full_shape, set_args, shape_of, shape_only_nodes, val
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from ..passes.partition import _full_shape
 from .fold import FE
 from translator_kernels.program import Program, parse
 
@@ -138,14 +137,12 @@ def folded_at_specialization(node, ctx) -> bool:
     """Whether fold_shapes will serve `node` from its cache (it depends only on shapes and constants):
     then a launch per forward would be a loss. Ops that read only a tensor's shape fold with the
     rest of a region, never alone (translator.passes.fold_shapes)."""
-    from ..passes.fold_shapes import _META_ONLY, shape_only_nodes
-
     const = shape_only_nodes(ctx.gm)
     if node not in const:
         return False
-    if node.target not in _META_ONLY:
+    if node.target not in META_ONLY:
         return True
-    return any(m.op == "call_function" and m.target not in _META_ONLY and isinstance(val(m), torch.Tensor)
+    return any(m.op == "call_function" and m.target not in META_ONLY and isinstance(val(m), torch.Tensor)
                and any(u not in const for u in m.users) for m in const)
 
 
@@ -364,20 +361,21 @@ def _foldable(fe):
     the kernel can do without: read unexpanded, or a constant of its program. Shapes are compared
     by their printed dims, as partitioning does (no guard on a symbolic size)."""
     ins = list(arg(fe, "inputs"))
-    full = _full_shape([shape_of(i) for i in ins])
+    full = full_shape([shape_of(i) for i in ins])
     for k, a in enumerate(ins):
         src = broadcast_source(a)
         fill = fill_constant(a) if src is None else None
         if (src is None or not isinstance(val(src), torch.Tensor)) and fill is None:
             continue
         rest = [shape_of(i) for j, i in enumerate(ins) if j != k] + ([shape_of(src)] if src is not None else [])
-        if rest and _full_shape(rest) == full:
+        if rest and full_shape(rest) == full:
             return k, src, fill
     return None
 
 
 def broadcast_supported(node, ctx):
-    return None if _foldable(node) is not None else NO_MATCH
+    found = _foldable(node)
+    return NO_MATCH if found is None else Match(k=found[0], src=found[1], fill=found[2])
 
 
 def _constant_input(text, k, value) -> str:
@@ -393,8 +391,8 @@ def _constant_input(text, k, value) -> str:
 @rule(Stage.CONSUMER, FE, family="layout", supported=broadcast_supported, name="layout_broadcast",
       doc="an expand / repeat of size-1 dims read by a generated elementwise kernel becomes broadcast indexing; "
           "a fill becomes a constant of its program")
-def fold_into_elementwise(node, ctx):
-    k, src, fill = _foldable(node)
+def fold_into_elementwise(node, ctx, m):
+    k, src, fill = m.k, m.src, m.fill
     ins = list(arg(node, "inputs"))
     b = ins[k]
     if src is not None:

@@ -36,7 +36,7 @@ import torch
 
 from ..graph import (CASTS, FLOAT_DTYPES, arg, asserts, aten, dtype_of, dtype_reason, in_order, is_call, same_shape,
                      getitem_of, shape_of, static_int, users)
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Reason, Stage, rule
 from . import norm  # noqa: F401  (registers the norm families this rule lowers to)
 
 Node = torch.fx.Node
@@ -305,23 +305,22 @@ def param_arg(ctx, p, shape, at):
     return ctx.cast_in(p, at)
 
 
-def handwritten_supported(node, ctx):
+def handwritten_supported(node, ctx, kind=None):
+    """The matched norm (of `kind`, when given) and what it absorbs, or the reason it stays; the
+    report shows a reason on every op of the norm, not only on the statistic."""
     m = match(node, ctx)
-    if m is False:
+    if m is False or kind is not None and m.kind != kind:
         return NO_MATCH
     absorbed = _absorb(m)
     reason = absorbed if isinstance(absorbed, str) else ctx.denied(absorbed) or _norm_checks(m, ctx)
-    if reason:  # the report shows it on every op of the norm, not only on the statistic
-        for n in m.core:
-            if n is not node:
-                ctx.not_lowered(n, f"{RULE[m.kind]}: {reason}")
-    return reason
+    if reason:
+        return Reason(reason, also=[n for n in m.core if n is not node])
+    return Match(norm=m, absorbed=absorbed)
 
 
 def _for(kind):
     def supported(node, ctx):
-        m = match(node, ctx)
-        return NO_MATCH if m is False or m.kind != kind else handwritten_supported(node, ctx)
+        return handwritten_supported(node, ctx, kind)
     return supported
 
 
@@ -329,9 +328,8 @@ def _for(kind):
       doc="x·rsqrt(mean(x²)+eps)·w, x/sqrt(mean(x·x)+eps), fp32 upcast / cast back (+ residual add)")
 @rule(Stage.PATTERN, *STATS, family="layer_norm", supported=_for("layer"), name=RULE["layer"],
       doc="(x-mean)/sqrt(var+eps)·w+b, var biased or mean((x-mean)²) (+ residual add)")
-def lower_handwritten(node, ctx):
-    m = match(node, ctx)
-    absorbed = _absorb(m)
+def lower_handwritten(node, ctx, found):
+    m, absorbed = found.norm, found.absorbed
     shape = [static_int(shape_of(m.x)[d]) for d in m.dims]
     out = dtype_of(m.root)
     x = m.x if m.x.meta["val"].dtype.itemsize >= out.itemsize else ctx.cast(m.x, out, m.root)

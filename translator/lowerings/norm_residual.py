@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import arg, aten, dtype_of, is_call, operand, same_shape, users
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Stage, rule
 from . import gemm, norm  # noqa: F401  (register the norm families and the ops this rule reads)
 
 Node = torch.fx.Node
@@ -67,7 +67,8 @@ def _reads(node, target) -> bool:
 
 
 def add_norm_supported(node, ctx):
-    return None if _parts(node, ctx) is not None else NO_MATCH
+    parts = _parts(node, ctx)
+    return NO_MATCH if parts is None else Match(add=parts[0], cast=parts[1])
 
 
 def claims(node, ctx) -> list:
@@ -94,10 +95,10 @@ def _lone_gemm(a, reader) -> bool:
 @rule(Stage.CONSUMER, torch.ops.flydsl.rms_norm.default, family="add_rms_norm", supported=add_norm_supported,
       name="add_rms_norm", claims=claims,
       doc="rms_norm(x + r) where x + r is also used later -> (x + r, norm) in one pass")
-def lower_add_norm(norm, ctx):
+def lower_add_norm(norm, ctx, m):
     """``s, y = flydsl.add_<kind>_norm(a, b, ...)``: s takes the add's uses, y the norm's. The
     add's other users that came before the norm are moved after it (fuse_consumers re-sorts)."""
-    add, cast = _parts(norm, ctx)
+    add, cast = m.add, m.cast
     family = NORMS[norm.target]
     a, b = (ctx.cast_in(arg(add, k), norm) for k in ("self", "other"))
     info = norm.meta["flydsl"]

@@ -23,11 +23,11 @@ import math
 import torch
 
 from ..graph import aten, arg, size_hint, static_int, val
-from ..registry import OpFamily, Stage, register_family, rule
+from ..registry import Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
+from translator_kernels.codegen.reduce import (SPLIT, max_row_length, out_shape, ref_fused_reduce,  # noqa: E402
                                                  split_factor)
 
 
@@ -55,7 +55,7 @@ def _(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue):
 
 
 def kernel_fused_reduce(inputs, program, kind, dims, keepdim, params, epi_inputs=(), epilogue=""):
-    from translator_kernels.generated.reduce import fused_reduce as run
+    from translator_kernels.codegen.reduce import fused_reduce as run
 
     return run(inputs, program, kind, dims, keepdim, params, epi_inputs, epilogue or None)
 
@@ -72,7 +72,7 @@ register_family(OpFamily(
     description="a reduction (sum/mean/amax/amin/var/std/logsumexp/arg*/max/min/norm) over any dims, "
                 "with its fused elementwise prologue, as one generated kernel",
     reference=ref_fused_reduce, kernel=kernel_fused_reduce,
-    kernel_entry="translator_kernels.generated.reduce:fused_reduce", sample_inputs=_sample,
+    kernel_entry="translator_kernels.codegen.reduce:fused_reduce", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "tree summation order differs from torch's; "
                                          "exp / log are 1-ulp sequences")},
 ))
@@ -140,7 +140,7 @@ def reduce_supported(node, ctx):
         return f"result dtype {vout.dtype} is not supported"
     if node.target is aten.linalg_vector_norm.default and arg(node, "dtype") is not None:
         return "linalg_vector_norm with dtype= stays in PyTorch"
-    kind, dims, _, _ = describe(node)
+    kind, dims, keepdim, params = describe(node)
     # a dynamic reduced dim (batch / sequence) is fine: kernels are generated per row length at
     # run time; the example size is checked here, longer rows at run time raise a clear error
     n = math.prod(size_hint(xv.shape[d]) for d in dims)
@@ -152,7 +152,7 @@ def reduce_supported(node, ctx):
     numel = [static_int(s) for s in xv.shape]
     if None not in numel and math.prod(numel) >= 2**31:
         return "more than 2^31 - 1 elements (buffer offsets are 32-bit)"
-    return None
+    return Match(kind=kind, dims=dims, keepdim=keepdim, params=params)
 
 
 def identity_program(dtype) -> str:
@@ -162,8 +162,8 @@ def identity_program(dtype) -> str:
 @rule(Stage.CANONICAL, *TARGETS, family="fused_reduce", supported=reduce_supported,
       doc="sum / mean / amax / amin / var / std / logsumexp / argmax / argmin / max / min / vector_norm "
           "over any dims")
-def lower_reduce(node, ctx):
-    kind, dims, keepdim, params = describe(node)
+def lower_reduce(node, ctx, m):
+    kind, dims, keepdim, params = m.kind, m.dims, m.keepdim, m.params
     x = arg(node, "self")
     out = val(node)
     vdt = (out[0] if isinstance(out, (tuple, list)) else out).dtype

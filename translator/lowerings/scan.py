@@ -2,7 +2,7 @@
 
 One node scans (cumsum / cumprod / logcumsumexp), along `dim` of the broadcast shape, the value
 an elementwise `program` (the fused_elementwise format) computes from `inputs`; the kernel
-(translator_kernels.generated.scan) moves `dim` last, so every dim gives the right answer.
+(translator_kernels.codegen.scan) moves `dim` last, so every dim gives the right answer.
 
 Forms matched (where they appear):
 - ``torch.cumsum(x, d)`` / ``x.cumsum(d, dtype=...)`` (positions from attention masks in HF
@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 
 from ..graph import aten, arg, single_user, size_hint, static_int, val
-from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 
 from translator_kernels.program import DTYPES, TORCH, Program, parse  # noqa: E402
-from translator_kernels.generated.scan import max_row_length, ref_scan, row_vec  # noqa: E402
+from translator_kernels.codegen.scan import max_row_length, ref_scan, row_vec  # noqa: E402
 
 
 @torch.library.custom_op("flydsl::scan", mutates_args=())
@@ -44,7 +44,7 @@ def _(inputs, program, kind, dim, reverse, exclusive):
 
 
 def kernel_scan(inputs, program, kind, dim, reverse, exclusive):
-    from translator_kernels.generated.scan import scan as run
+    from translator_kernels.codegen.scan import scan as run
 
     return run(inputs, program, kind, dim, reverse, exclusive)
 
@@ -59,7 +59,7 @@ register_family(OpFamily(
     name="scan",
     description="cumsum / cumprod / logcumsumexp along any dim (reversed, exclusive), with its fused "
                 "elementwise prologue, as one generated kernel",
-    reference=ref_scan, kernel=kernel_scan, kernel_entry="translator_kernels.generated.scan:scan", sample_inputs=_sample,
+    reference=ref_scan, kernel=kernel_scan, kernel_entry="translator_kernels.codegen.scan:scan", sample_inputs=_sample,
     tolerance_overrides={torch.float32: (1e-5, 1e-5, "lane / wave / tile combine order differs from torch's "
                                          "sequential scan; logaddexp is a 1-ulp exp / log sequence")},
 ))
@@ -139,14 +139,13 @@ def reversed_supported(node, ctx):
     parts = _reversed_parts(node)
     if parts is None:
         return NO_MATCH
-    return scan_reason(parts[0])
+    return scan_reason(parts[0]) or Match(s=parts[0], f=parts[1], x=parts[2], d=parts[3])
 
 
 @rule(Stage.PATTERN, aten.flip.default, family="scan", supported=reversed_supported, name="scan_reversed",
       doc="x.flip(d).cumsum(d).flip(d) (and cumprod / logcumsumexp) -> one reversed scan")
-def lower_reversed(node, ctx):
-    s, f, x, d = _reversed_parts(node)
-    return _emit(ctx, node, x, SCANS[s.target], d, True, False, "scan_reversed", [node, s, f])
+def lower_reversed(node, ctx, m):
+    return _emit(ctx, node, m.x, SCANS[m.s.target], m.d, True, False, "scan_reversed", [node, m.s, m.f])
 
 
 
@@ -170,11 +169,10 @@ def exclusive_supported(node, ctx):
     parts = _exclusive_parts(node)
     if parts is None:
         return NO_MATCH
-    return scan_reason(parts[0])
+    return scan_reason(parts[0]) or Match(s=parts[0], x=parts[1])
 
 
 @rule(Stage.PATTERN, aten.sub.Tensor, family="scan", supported=exclusive_supported, name="scan_exclusive",
       doc="torch.cumsum(x, d) - x -> one exclusive scan")
-def lower_exclusive(node, ctx):
-    s, x = _exclusive_parts(node)
-    return _emit(ctx, node, x, "cumsum", arg(s, "dim"), False, True, "scan_exclusive", [node, s])
+def lower_exclusive(node, ctx, m):
+    return _emit(ctx, node, m.x, "cumsum", arg(m.s, "dim"), False, True, "scan_exclusive", [node, m.s])

@@ -45,14 +45,10 @@ import threading
 
 import torch
 
-from ..graph import arg
+from ..graph import META_ONLY as _META_ONLY, arg, shape_only_nodes
 
 aten = torch.ops.aten
 
-# ops whose tensor inputs matter only through their shape, dtype and device
-_META_ONLY = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
-              aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
-              aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
 CACHE_ENTRIES = 32  # input-shape keys kept per folded region (least recently used dropped)
 
 
@@ -104,34 +100,6 @@ def _is_fake(a) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(a, FakeTensor)
-
-
-def _pure(node) -> bool:
-    t = node.target
-    if node.op != "call_function":
-        return False
-    if t in (operator.getitem,) or getattr(t, "__module__", "") in ("_operator", "operator", "math", "torch.sym"):
-        return True
-    if not isinstance(t, torch._ops.OpOverload) or t.namespace not in ("aten", "flydsl"):
-        return False  # unknown callables
-    if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
-        return False
-    return True
-
-
-def shape_only_nodes(gm) -> set:
-    """Nodes whose value depends on no tensor data of the graph's inputs."""
-    const = set()
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            const.add(n)
-        elif _pure(n):
-            ins = n.all_input_nodes
-            if n.target in _META_ONLY:
-                ins = [i for i in ins if not isinstance(i.meta.get("val"), torch.Tensor)]
-            if all(i in const for i in ins):
-                const.add(n)
-    return const
 
 
 def fold_shapes(ctx) -> int:

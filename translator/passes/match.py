@@ -3,7 +3,8 @@
 For each node a rule looks at: a node the user (or verification's fallback) pinned to PyTorch
 stays; else the rules run by priority (translator.registry.rules_for). A rule's support check
 reads fake-tensor metadata and answers supported (rewrite, next node), a reason (the report
-quotes it; the next rule may still take the node) or no match (not this form: nothing to say).
+quotes it on the node and on the other nodes of the form a `Reason` names; the next rule may still
+take the node) or no match (not this form: nothing to say). The rewrite receives the check's match.
 A support check that raises is a translator bug: the node stays in PyTorch with that stated as
 its reason, and the rest of the model is still translated.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from ..graph import captured_name, erased
-from ..registry import Stage, check, rules_for
+from ..registry import Stage, check, report_line, rules_for
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,9 @@ def _apply_first(ctx, node, rules) -> bool:
         if not verdict.matched:
             continue
         if not verdict.supported:
-            ctx.not_lowered(node, f"{r.name}: {verdict.reason}")
+            for n in (node, *getattr(verdict.reason, "also", ())):
+                ctx.not_lowered(n, report_line(r, verdict.reason))
             continue
-        r.rewrite(node, ctx)
+        r.apply(node, ctx, verdict)
         return True
     return False

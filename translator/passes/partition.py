@@ -50,23 +50,9 @@ import networkx as nx
 import torch
 from torch.fx import Node
 
-from ..graph import arg, in_order, shape_of, stable_toposort
+from ..graph import arg, full_shape, in_order, shape_of, stable_toposort
 from ..registry import REGION_RULES, Stage, rules_for
 from .fold_shapes import shape_only_nodes
-
-
-def _full_shape(shapes):
-    """The broadcast of symbolic shapes compared by their printed dims, or None if they clash."""
-    r = max(len(s) for s in shapes)
-    out = ["1"] * r
-    for s in shapes:
-        s = ["1"] * (r - len(s)) + [str(d) for d in s]
-        for i, d in enumerate(s):
-            if d != "1":
-                if out[i] not in ("1", d):
-                    return None
-                out[i] = d
-    return out
 
 
 def _is_view(n) -> bool:
@@ -134,7 +120,7 @@ class _Partitioner:
                 if i not in region and self.ancestors(i) & region:
                     return False  # a path leaves the region and re-enters it at m
         shapes = [shape_of(m) for m in region]
-        full = _full_shape(shapes)
+        full = full_shape(shapes)
         if full is None:
             return False
         for m in region:

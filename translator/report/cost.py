@@ -27,14 +27,15 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from translator_kernels.arch import FLOAT_NAMES, GPUS as ARCH_GPUS
+
 aten = torch.ops.aten
 
-GPUS = {
-    "gfx942": dict(name="MI300X", bw=5.3e12, peak={"bf16": 1307e12, "f16": 1307e12, "f32": 163.4e12}),
-    "gfx950": dict(name="MI355X", bw=8.0e12, peak={"bf16": 2517e12, "f16": 2517e12, "f32": 157.3e12}),
-}
+# the roofline's view of translator_kernels.arch.GPUS (the one table of hardware facts)
+GPUS = {a: dict(name=g.gpu, bw=g.hbm_bytes_per_s, peak={dt: g.peak_flops(dt) for dt in FLOAT_NAMES.values()})
+        for a, g in ARCH_GPUS.items()}
 NEED_WAVES = {"memory": 4, "compute": 2}
-_DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_DT = FLOAT_NAMES
 
 # FLOPs per element for ops that are neither pointwise-tagged nor counted by FlopCounter
 PER_ELEMENT = {

@@ -21,7 +21,7 @@ def emit_kernels(tm, directory) -> list[Path]:
     used = sorted({n.meta["flydsl"]["family"] for n in tm.gm.graph.nodes if "flydsl" in n.meta})
     written: list[Path] = []
     if tm.backend != "reference":
-        from translator_kernels.generated.emit import emit_sources
+        from translator_kernels.codegen.emit import emit_sources
 
         written += emit_sources(out, names=tm.last_generated_kernels)
     lines = ["# FlyDSL kernels of this translation", "",

@@ -1,7 +1,7 @@
 """Compile every FlyDSL kernel specialization a translated graph needs, before it runs.
 
 A specialization is decided by a FlyDSL op's argument shapes, dtypes, strides and constant
-arguments (translator.report.isa.specializations groups the graph's nodes by them). For each
+arguments (translator.runtime.specializations groups the graph's nodes by them). For each
 distinct one, the op family's kernel adapter — the code the rocm and flysim backends run — is
 called once under `translator_kernels.launch.compile_only()`: it builds its launcher and
 compiles it through the one launch path, and launches nothing. Arguments are the graph's own
@@ -23,6 +23,7 @@ import sys
 import torch
 
 from ..registry import FAMILIES
+from .specializations import specializations
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,6 @@ def _value(gm, a, device):
 
 def calls(gm, device="cpu") -> list[tuple[dict, tuple, dict]]:
     """(specialization, args, kwargs) per distinct FlyDSL specialization with a kernel, in graph order."""
-    from ..report.isa import specializations
-
     nodes = {n.name: n for n in gm.graph.nodes}
     out = []
     for spec in specializations(gm):

@@ -44,14 +44,15 @@ from translator_kernels import plan as kp
 from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
+from translator_kernels.arch import FLOAT_NAMES, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
-_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-_PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
+_DTYPES = FLOAT_NAMES
+_PRECISIONS = {"bf16": NAMED_DTYPES["bf16"], "f16": NAMED_DTYPES["f16"], "fp16": NAMED_DTYPES["f16"]}
 _I32_LIMIT = 2**31
 LOG2E = 1.4426950408889634
-CUS = {"gfx942": 304, "gfx950": 256}
+CUS = {a: g.cus for a, g in GPUS.items()}  # a view of translator_kernels.arch.GPUS
 
 
 def _arch() -> str:
@@ -99,7 +100,7 @@ def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch
     tiles = -(-Sk // cfg["block_n"])
     grid = -(-Sq // cfg["block_m"]) * H * B
     if num_splits is None:
-        want = -(-2 * CUS.get(arch, 304) // grid)
+        want = -(-2 * CUS.get(arch, CUS["gfx942"]) // grid)
         if nw > 1 or want <= 1 or tiles < 2:
             return 1, Sk
         num_splits = want

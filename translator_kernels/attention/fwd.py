@@ -26,7 +26,7 @@ of key Sk - 1 of this head), so the per-thread offsets are loop-invariant and ke
 as zero (no address VALU in the loop). One wave reads K and V straight from global memory with
 key indices clamped. Out-of-range keys are masked to -inf and out-of-range rows not stored.
 
-Vector work per score (the hot loop; bench.hotloop prices it):
+Vector work per score (the hot loop; translator_kernels.hotloop prices it):
   * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
     run in a separate loop without any compare;
   * there the row max is taken over the raw scores and the scale goes into exp2's argument,

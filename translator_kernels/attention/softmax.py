@@ -5,7 +5,7 @@ branch stay in the kernel body (FlyDSL rewrites the control flow of the kernel f
 Lane (g, r) holds row r of a group and keys 4g .. 4g + 3 of each 16-key tile (the Sᵀ accumulator
 layout), so a row's max over a tile is the lane's max, then two xor exchanges (16, 32).
 
-Three kinds of tile (bench.hotloop prices the loop of the second):
+Three kinds of tile (translator_kernels.hotloop prices the loop of the second):
   * the first unmasked tile of a row (peeled out of the loop): the scores are raw (unscaled);
     the row max sets the reference m_ref = c max(s) and the rescale threshold
     thr = (m_ref + RESCALE_TAU) / c in raw-score units; O and l are still zero, nothing to rescale;

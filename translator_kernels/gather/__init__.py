@@ -21,12 +21,13 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 
 from translator_kernels import launch as kl
+from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
 BLOCK = 256
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+DTYPES = FLOAT_NAMES  # what the gather kernel takes (translator_kernels.arch)
 _BITS = {"f32": 32, "bf16": 16, "f16": 16}
 _ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
 _COPY = {16: fx.rocdl.BufferCopy16b, 32: fx.rocdl.BufferCopy32b, 64: fx.rocdl.BufferCopy64b,

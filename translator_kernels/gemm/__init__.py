@@ -22,11 +22,12 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.gated import gated_shape
 from translator_kernels.gemm.splitk import splitk_workspace
+from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, large_estimate, m_bucket,
                                            register_config, stream_estimate)
 
-_DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_DT = FLOAT_NAMES
 _INT32_MAX = 2**31 - 64
 
 

@@ -57,24 +57,25 @@ import dataclasses
 import torch
 
 from translator_kernels.gemm.kernel import THREADS
+from translator_kernels.arch import FLOAT_NAMES, GPUS
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.preshuffle import padded_shape
 from translator_kernels.plan import clear_plans
 
-_DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
-HBM_BW = {"gfx942": 5.3e12, "gfx950": 8.0e12}  # vendor peak, bytes/s
+_DT = FLOAT_NAMES
+# views of the one table of hardware facts (translator_kernels.arch.GPUS)
+LDS_BYTES = {a: g.lds_bytes for a, g in GPUS.items()}
+CUS = {a: g.cus for a, g in GPUS.items()}
+HBM_BW = {a: g.hbm_bytes_per_s for a, g in GPUS.items()}  # vendor peak, bytes/s
 HBM_LATENCY_S = 1.0e-6  # assumed loaded HBM latency (not calibrated on hardware)
 GRID_PER_CU = 2  # decode tiles: workgroups per CU the grid should at least cover (latency hiding)
 MAX_SPLIT = 16
-L2_BYTES = 4 * 1024 * 1024  # L2 per XCD on MI300X and MI355X
+L2_BYTES = GPUS["gfx942"].l2_bytes  # L2 per XCD (the same on MI300X and MI355X)
 MAX_VGPR_EST = 240  # 256 is the hard limit; fp32 128x256 estimated at 248 compiled with SGPR spills
-VGPR_FILE = 512  # unified VGPR + AGPR entries per lane of a SIMD
+VGPR_FILE = GPUS["gfx942"].vgpr_file  # unified VGPR + AGPR entries per lane of a SIMD (both archs)
 MAX_VGPR_WIDE = 256  # the 8-wave tile: 2 waves per SIMD per workgroup, 512 / 2 registers each
-CLOCK_HZ = {"gfx942": 2.1e9, "gfx950": 2.4e9}  # boost clocks (MI300X, MI355X)
-MATRIX_FLOPS_PER_CLK = {"gfx942": {"f32": 256, "bf16": 2048, "f16": 2048},  # dense, per CU (bench.hotloop)
-                        "gfx950": {"f32": 256, "bf16": 4096, "f16": 4096}}
+CLOCK_HZ = {a: g.clock_hz for a, g in GPUS.items()}  # boost clocks
+MATRIX_FLOPS_PER_CLK = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # dense, per CU
 L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibrated on hardware
 WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
 

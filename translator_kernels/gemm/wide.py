@@ -46,13 +46,14 @@ from flydsl._mlir.dialects import vector
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from translator_kernels.arch import GPUS
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore
 from translator_kernels.gemm.common import OOB, _raw, _v4f32, _v4i32, gemm_launcher
 
 WM, WN = 2, 4  # waves along M and along N
 THREADS = 64 * WM * WN
-LDS_LIMIT = 160 * 1024
+LDS_LIMIT = GPUS["gfx950"].lds_bytes  # the 8-wave tile is gfx950's
 
 
 def build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, bn, bk, activation, has_bias,

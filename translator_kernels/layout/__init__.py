@@ -25,7 +25,7 @@ import torch
 
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.generated.host import current_arch
+from translator_kernels.codegen.host import current_arch
 from translator_kernels.layout.kernel import Layout, SrcDim, build_layout
 
 __all__ = ["Layout", "SrcDim", "run", "pad", "roll", "repeat", "expand", "index_select", "index", "unfold",

@@ -21,7 +21,7 @@ import torch
 import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 
-from translator_kernels.arch import ARCHS
+from translator_kernels.arch import ARCHS, FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 
 WAVE = 64  # gfx942 and gfx950 are wave64
@@ -29,7 +29,7 @@ MAX_BLOCK = 1024
 TARGET_VECS_PER_THREAD = 4
 MAX_ELEMS_PER_THREAD = 64  # fp32 values a thread holds; bounds register use (0 spills)
 
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+DTYPES = FLOAT_NAMES  # what the row kernels take (translator_kernels.arch)
 
 
 def elem_type(dtype_str: str):

@@ -26,10 +26,10 @@ import torch
 from translator_kernels import launch as kl
 from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
-from translator_kernels.generated.host import current_arch, load_launch, note_use, write_source
+from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
                                         ref_program)
-from translator_kernels.generated.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
+from translator_kernels.codegen.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)

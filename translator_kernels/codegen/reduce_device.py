@@ -1,4 +1,4 @@
-"""Device helpers of the generated row-reduction kernels (translator_kernels.generated.reduce).
+"""Device helpers of the generated row-reduction kernels (translator_kernels.codegen.reduce).
 
 Plain Python over FlyDSL values, inlined while a kernel traces; no dynamic `if` here (the
 generated kernel body holds those). A reduction is one of three combines: "sum", "max",

@@ -1,4 +1,4 @@
-"""Device helpers of the generated scan kernels (translator_kernels.generated.scan).
+"""Device helpers of the generated scan kernels (translator_kernels.codegen.scan).
 
 Plain Python over FlyDSL fp32 scalars, inlined while a kernel traces. A scan combine is one of
 "sum", "prod" or "logaddexp" (log(e^a + e^b), for logcumsumexp); all three are associative

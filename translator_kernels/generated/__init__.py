@@ -1,1 +1,0 @@
-"""Generated kernels: elementwise chains, reductions and scans, written from a per-element program."""

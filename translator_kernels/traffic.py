@@ -1,0 +1,136 @@
+"""A global-memory traffic MODEL of our kernels (not a measurement): bytes moved per call.
+
+For each kernel family, `model_bytes(family, dtype, shape, arch)` predicts the bytes our kernel
+moves from the launch geometry it really uses (the norm's grid, the GEMM tile, the attention tile
+plan of this arch, causal flag and head dim: `attention_bytes`), with no cache: every load the
+kernel issues reaches HBM, and loads the hardware drops (buffer accesses past a descriptor's
+bounds) move nothing. `compulsory_bytes` is each input read once plus each output written once.
+bench/traffic.py checks the model against flysim's counted bytes at reduced shapes and prints
+the ratios.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from translator_kernels.arch import NAMED_DTYPES
+
+ESIZE = {name: torch.empty((), dtype=NAMED_DTYPES[name]).element_size() for name in ("f32", "bf16", "f16")}
+TD = NAMED_DTYPES
+
+
+def compulsory_bytes(family, dt, shape) -> int:
+    e = ESIZE[dt]
+    if family == "softmax":
+        m, n = shape
+        return 2 * m * n * e
+    if family == "layer_norm":
+        m, n = shape
+        return 2 * m * n * e + 2 * n * 4
+    if family == "rms_norm":
+        m, n = shape
+        return 2 * m * n * e + n * e
+    if family == "gemm":
+        m, n, k = shape
+        return (m * k + n * k + m * n) * e
+    if family == "attention":
+        b, s, h, d = shape
+        return 4 * b * h * s * d * e
+    raise ValueError(family)
+
+
+def norm_grid(family, dt, shape) -> int:
+    """Workgroups of our norm kernel (its own `_grid` on meta tensors of the same shape)."""
+    from translator_kernels.rows import norm
+    from translator_kernels.rows import common as rc
+
+    m, n = shape
+    x = torch.empty(m, n, dtype=TD[dt], device="meta")
+    w = torch.empty(n, dtype=torch.float32 if family == "layer_norm" else TD[dt], device="meta")
+    b = torch.empty(n, device="meta") if family == "layer_norm" else None
+    vec = rc.pick_vec(n, x.dtype, x, w, *([b] if b is not None else []))
+    return norm._grid(m, n, vec, x.element_size(), False, w, b, "row")
+
+
+def norm_rows_per_block(dt, shape) -> int:
+    from translator_kernels.rows import common as rc
+
+    m, n = shape
+    x = torch.empty(m, n, dtype=TD[dt], device="meta")
+    plan = rc.plan_row(n, rc.pick_vec(n, x.dtype, x))
+    return plan.rows_per_block if rc.row_fits(plan) else 1
+
+
+def gemm_tile(dt, shape, arch):
+    from translator_kernels.gemm import choose_config, m_bucket
+
+    m, n, k = shape
+    return choose_config(m_bucket(m), n, k, dt, arch)
+
+
+def model_bytes(family, dt, shape, arch="gfx942") -> int:
+    """Predicted global bytes of our kernel (no cache); see the module docstring."""
+    e = ESIZE[dt]
+    if family == "softmax":
+        return compulsory_bytes(family, dt, shape)
+    if family in ("layer_norm", "rms_norm"):
+        m, n = shape
+        pbytes = compulsory_bytes(family, dt, shape) - 2 * m * n * e
+        # each row group of a workgroup (rows_per_block of them when short rows share it) loads the
+        # weights once; a workgroup keeps them in registers while it walks further row-blocks
+        return 2 * m * n * e + norm_grid(family, dt, shape) * min(m, norm_rows_per_block(dt, shape)) * pbytes
+    if family == "gemm":
+        from translator_kernels.gemm.preshuffle import padded_shape
+
+        m, n, k = shape
+        c = gemm_tile(dt, shape, arch)
+        n_pad, k_pad = padded_shape(n, k)
+        return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e
+    if family == "attention":
+        b, s, h, d = shape
+        return attention_bytes(dt, s, s, d, arch, causal=True, heads=b * h)
+    raise ValueError(family)
+
+
+def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
+    """Global bytes of one attention() call (no mask, no head scale) over `heads` = B x H query
+    heads, launch by launch as translator_kernels.attention tiles it (tile_plan, split_plan,
+    fwd.kernel_config for this arch / causal / dtype / head dim):
+
+    * each workgroup's waves load BLOCK_M query rows of the padded head dim (rows past Sq are
+      clamped to row Sq - 1 and still loaded);
+    * with LDS (more than one wave) K and V come in BLOCK_N-key tiles from key 0 (or the split
+      slice's first key) while a tile starts below the key bound (Sk; causal: min(Sk, end of the
+      query block)); each tile's buffer descriptors end at key Sk - 1, so the last tile moves
+      only its min(BLOCK_N, Sk - kb) real keys of the real head dim;
+    * without LDS (one wave) every lane reads its K / V rows with the key clamped to Sk - 1:
+      each step moves BLOCK_N whole padded rows of K and of V;
+    * the output rows below Sq (real head dim) are written once; a split KV launch writes fp32
+      partials (padded head dim, plus m and l per row) that the combine kernel reads back with
+      all 64 lanes of a row's workgroup: m twice, l and one fp32 per lane per column chunk.
+    """
+    from translator_kernels.attention import attention_config, split_plan
+    from translator_kernels.attention.tiles import padded_head_dim
+
+    e, dp = ESIZE[dt], padded_head_dim(d)
+    cfg = attention_config(dt, d, sq, arch, causal)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    nsplit, chunk = split_plan(1, heads, sq, sk, d, dt, arch)
+    nq = -(-sq // bm)
+    kv = 0  # K + V bytes of one head, summed over query blocks and KV slices
+    for i in range(nq):
+        end = min(sk, (i + 1) * bm) if causal else sk
+        for part in range(nsplit):
+            lo, hi = part * chunk, min(end, (part + 1) * chunk) if nsplit > 1 else end
+            if cfg["use_lds"]:  # the first tile is loaded before the loop, the rest prefetched
+                kv += 2 * sum(min(bn, sk - kb) for kb in range(lo, max(hi, lo + 1), bn)) * d * e
+            else:
+                kv += 2 * -(-max(0, hi - lo) // bn) * bn * dp * e
+    q = nq * nsplit * bm * dp * e
+    if nsplit == 1:
+        return heads * (q + kv + sq * d * e)
+    partials = nsplit * sq * (dp + 2) * 4
+    combine = sq * (nsplit * 64 * 4 * (3 + -(-d // 64)) + d * e)
+    return heads * (q + kv + partials + combine)
