@@ -26,7 +26,7 @@ import functools
 import torch
 
 from ..graph import aten, arg, captured_name, dtype_of, users
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Stage, rule
 from .gemm import cast_weight, linear_supported, shuffled_weight
 
 
@@ -41,7 +41,7 @@ def _siblings(node, ctx) -> list:
         if u.op != "call_function" or u.target is not aten.linear.default or arg(u, "input") is not x:
             continue
         w, b = ctx.constant(arg(u, "weight")), arg(u, "bias")
-        if linear_supported(u, ctx) is not None or w.shape[1] != w0.shape[1] or w.dtype != w0.dtype:
+        if isinstance(linear_supported(u, ctx), str) or w.shape[1] != w0.shape[1] or w.dtype != w0.dtype:
             continue
         if (b is None) != (arg(node, "bias") is None) or (b is not None and ctx.constant(b) is None):
             continue
@@ -51,7 +51,8 @@ def _siblings(node, ctx) -> list:
 
 
 def qkv_supported(node, ctx):
-    return None if _siblings(node, ctx) else NO_MATCH
+    sibs = _siblings(node, ctx)
+    return Match(sibs=sibs) if sibs else NO_MATCH
 
 
 def _concat(dt, *ws):
@@ -64,8 +65,8 @@ def _concat_bias(dt, *bs):
 
 @rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=qkv_supported, priority=10,
       doc="linears reading one input (Q, K, V projections) -> one GEMM over concatenated weights")
-def lower_qkv(node, ctx):
-    sibs = _siblings(node, ctx)
+def lower_qkv(node, ctx, m):
+    sibs = m.sibs
     ws = [ctx.constant(arg(s, "weight")) for s in sibs]
     dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     prep = functools.partial(_concat, dt)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import aten, arg, is_call, shape_of, static_int, val
-from ..registry import NO_MATCH, Stage, rule
+from ..registry import NO_MATCH, Match, Stage, rule
 from .elementwise import ELEMENTWISE
 
 MAX_TREE = 24  # nodes of one stacked member rebuilt at most
@@ -118,7 +118,8 @@ def rotate_half_supported(node, ctx):
     m = _match_rotate_half(node)
     if m is None or not val(m[0]).is_floating_point():
         return NO_MATCH
-    return ctx.denied([node, *m[3]])
+    x, cos, sin, absorbed = m
+    return ctx.denied([node, *absorbed]) or Match(x=x, cos=cos, sin=sin, absorbed=absorbed)
 
 
 def _mask(ctx, rows: list, before):
@@ -128,8 +129,8 @@ def _mask(ctx, rows: list, before):
 
 @rule(Stage.DECOMPOSE, aten.add.Tensor, family="fused_elementwise", supported=rotate_half_supported,
       doc="x * cos + rotate_half(x) * sin (cat of halves) -> per-element ops over [.., 2, D/2] (one kernel)")
-def lower_rope_rotate_half(node, ctx):
-    x, cos, sin, absorbed = _match_rotate_half(node)
+def lower_rope_rotate_half(node, ctx, m):
+    x, cos, sin, absorbed = m.x, m.cos, m.sin, m.absorbed
     h = static_int(shape_of(x)[-1]) // 2
     ins = lambda *a: ctx.insert(*a, before=node)  # noqa: E731
     X, C, S = (ins(aten.unflatten.int, t, -1, [2, h]) for t in (x, cos, sin))
@@ -170,10 +171,22 @@ def stack_supported(node, ctx):
         return NO_MATCH
     if not all(_elem(t) and _tree_size(t, MAX_TREE) for t in parts):
         return NO_MATCH
-    return ctx.denied([node])
+    return ctx.denied([node]) or Match(parts=parts, tree=_tree_nodes(parts))
 
 
-def _lift(ctx, n, before, memo):
+def _tree_nodes(parts) -> set:
+    """The per-element nodes of the trees rooted at `parts` (what the rewrite lifts)."""
+    out: set = set()
+    todo = list(parts)
+    while todo:
+        n = todo.pop()
+        if _elem(n) and n not in out:
+            out.add(n)
+            todo.extend(n.all_input_nodes)
+    return out
+
+
+def _lift(ctx, n, before, memo, tree):
     """n's per-element tree rebuilt with a new last dim of size 1 (leaves unsqueezed there)."""
     if not isinstance(n, torch.fx.Node):
         return n
@@ -182,8 +195,8 @@ def _lift(ctx, n, before, memo):
     if is_call(n, aten.select.int) and _last(arg(n, "self"), arg(n, "dim")) and arg(n, "index") >= 0:
         j = arg(n, "index")  # t[..., j] -> t[..., j:j+1]: the same elements, the dim kept
         out = ctx.insert(aten.slice.Tensor, arg(n, "self"), -1, j, j + 1, before=before)
-    elif _elem(n):
-        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _lift(ctx, a, before, memo))
+    elif n in tree:
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _lift(ctx, a, before, memo, tree))
         out = ctx.insert(n.target, *args, before=before, **kwargs)
     elif isinstance(val(n), torch.Tensor):
         out = ctx.insert(aten.unsqueeze.default, n, -1, before=before)
@@ -195,10 +208,10 @@ def _lift(ctx, n, before, memo):
 
 @rule(Stage.DECOMPOSE, aten.stack.default, family="fused_elementwise", supported=stack_supported,
       doc="stack([per-element expressions], -1) (RoPE's interleaved pairs) -> one per-element program")
-def lower_rope_stack(node, ctx):
-    parts = arg(node, "tensors")
+def lower_rope_stack(node, ctx, m):
+    parts, tree = m.parts, m.tree
     memo: dict = {}
-    lifted = [_lift(ctx, t, node, memo) for t in parts]
+    lifted = [_lift(ctx, t, node, memo, tree) for t in parts]
     n = len(parts)
     out = lifted[0]
     for i in range(1, n):
@@ -206,16 +219,9 @@ def lower_rope_stack(node, ctx):
         out = ctx.insert(aten.where.self, onehot, lifted[i], out, before=node)
     node.replace_all_uses_with(out)
     ctx.count("rope_stack")
-    old = [node] + [u for t in parts for u in _tree(t)]
-    ctx.erase_unused(old)
+    selects = [i for n in tree for i in n.all_input_nodes if is_call(i, aten.select.int)]
+    ctx.erase_unused([node, *tree, *selects])
     return out
-
-
-def _tree(n):
-    if not _elem(n):
-        return []
-    return [n] + [m for i in n.all_input_nodes for m in _tree(i)] + \
-        [i for i in n.all_input_nodes if is_call(i, aten.select.int)]
 
 
 # --- complex multiply ------------------------------------------------------------------------
@@ -237,13 +243,14 @@ def complex_supported(node, ctx):
     m = _complex_mul(node)
     if m is None:
         return NO_MATCH
-    return ctx.denied([node, *m[2]])
+    a, f, absorbed = m
+    return ctx.denied([node, *absorbed]) or Match(a=a, f=f, absorbed=absorbed)
 
 
 @rule(Stage.DECOMPOSE, aten.view_as_real.default, family="fused_elementwise", supported=complex_supported,
       doc="view_as_real(view_as_complex(x) * freqs_cis) (complex RoPE) -> real per-element ops over the pairs")
-def lower_rope_complex(node, ctx):
-    a, f, absorbed = _complex_mul(node)
+def lower_rope_complex(node, ctx, m):
+    a, f, absorbed = m.a, m.f, m.absorbed
     ins = lambda *x: ctx.insert(*x, before=node)  # noqa: E731
     fr = ins(aten.view_as_real.default, f)
     a0, a1, f0, f1 = (ins(aten.slice.Tensor, t, -1, j, j + 1) for t, j in ((a, 0), (a, 1), (fr, 0), (fr, 1)))
