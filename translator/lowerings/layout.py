@@ -37,6 +37,7 @@ import torch
 from ..graph import aten, arg, dtype_of, set_args, shape_of, val
 from ..registry import NO_MATCH, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
+from ..passes.aliases import written_nodes
 from ..passes.partition import _full_shape
 from .fold import FE
 from translator_kernels.program import Program, parse
@@ -365,7 +366,10 @@ def _foldable(fe):
     by their printed dims, as partitioning does (no guard on a symbolic size)."""
     ins = list(arg(fe, "inputs"))
     full = _full_shape([shape_of(i) for i in ins])
+    written = written_nodes(fe.graph)  # a fill written through a view later holds data, not its constant
     for k, a in enumerate(ins):
+        if a in written:
+            continue
         src = broadcast_source(a)
         fill = fill_constant(a) if src is None else None
         if (src is None or not isinstance(val(src), torch.Tensor)) and fill is None:

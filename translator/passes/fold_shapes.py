@@ -24,7 +24,8 @@ cache remembers the identity, data pointer and version counter of each; when any
 forward, the cache is dropped and the region runs again. The check is a few integer compares
 per forward, and a causal-mask buffer that never changes never misses.
 Random ops and in-place ops are never folded (they are not pure). Folded results are read-only:
-a region whose result some op writes in place is not folded. The report counts the folded ops as
+a value whose storage some op writes in place, directly or through any view of it (HF DeepSeek-V3
+fills `key_states = k_pe.new_empty(...)` through slices), is not shape-only (passes.aliases). The report counts the folded ops as
 "folded at specialization".
 
 A FlyDSL op whose inputs are all shape-only is folded too: lowering runs before this pass, so a
@@ -45,7 +46,7 @@ import threading
 
 import torch
 
-from ..graph import arg
+from .aliases import written_nodes
 
 aten = torch.ops.aten
 
@@ -120,9 +121,13 @@ def _pure(node) -> bool:
 
 
 def shape_only_nodes(gm) -> set:
-    """Nodes whose value depends on no tensor data of the graph's inputs."""
-    const = set()
+    """Nodes whose value depends on no tensor data of the graph's inputs, and whose storage no op
+    of the graph writes in place through any view (`ks = x.new_empty(...)` filled by
+    `ks[..., :16].copy_(k)` holds data: passes.aliases)."""
+    const, written = set(), written_nodes(gm.graph)
     for n in gm.graph.nodes:
+        if n in written:
+            continue
         if n.op == "get_attr":
             const.add(n)
         elif _pure(n):
@@ -143,9 +148,7 @@ def fold_shapes(ctx) -> int:
         g.erase_node(n)
         const.discard(n)
     computed = {n for n in const if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)}
-    frontier = sorted((n for n in computed
-                       if any(u not in const for u in n.users) and not any(_writes(u, n) for u in n.users)),
-                      key=lambda n: n._sort_key)
+    frontier = sorted((n for n in computed if any(u not in const for u in n.users)), key=lambda n: n._sort_key)
     folded = 0
     while frontier:  # one call per group: a value read before some other group's input exists gets its own call
         group, frontier = _placeable(frontier, const)
@@ -206,14 +209,6 @@ def _captured(n) -> list:
 
 def _first_reader(n, const):
     return min((u for u in n.users if u not in const), key=lambda u: u._sort_key)
-
-
-def _writes(user, n) -> bool:
-    t = user.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    args = t._schema.arguments
-    return any(a.alias_info is not None and a.alias_info.is_write and arg(user, a.name) is n for a in args)
 
 
 def _region(frontier, const) -> list:
