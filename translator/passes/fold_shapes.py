@@ -189,6 +189,10 @@ def _fold(ctx, frontier, const) -> int:
     first_user = min((_first_reader(f, const) for f in frontier), key=lambda u: u._sort_key)
     with g.inserting_before(first_user):
         call = g.call_module(name, tuple(inputs))
+    for c in inputs:  # a constant added by a lowering (a preshuffled GEMM weight) may sit later: it
+        if c.op == "get_attr" and call < c:  # reads nothing, so it moves up to the call
+            call.prepend(c)
+    assert all(i < call for i in inputs), f"fold_shapes: {name} placed before an input it reads"
     call.meta["val"] = tuple(f.meta["val"] for f in frontier)
     call.meta["folded"] = sources
     for i, f in enumerate(frontier):
