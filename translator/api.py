@@ -37,7 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import runtime
-from .capture import capture, check_inputs, check_model
+from .capture import capture, check_inputs, check_model, lower_with_retry
 from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError
 from .frontends.progress import stage
 from .graph import PRECISIONS, LowerCtx, static_int
@@ -438,11 +438,15 @@ def _eager(model, inputs):
 def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
     with stage("capture"):
         cap = capture(model, inputs, dynamic_shapes)
-    gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
-    ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
-    with stage("passes"), preserved(gm), track(gm, flat_inputs) as tracking:  # captured nodes, costs, provenance through passes
-        pass_counts = run_pipeline(ctx)
+
+    def lower(cap):
+        ctx = LowerCtx(gm=cap.gm, arch=arch, precision=precision, deny=dict(deny))
+        with stage("passes"), preserved(cap.gm), track(cap.gm, flat_inputs) as tracking:  # captured nodes, costs, provenance
+            return ctx, run_pipeline(ctx), tracking
+
+    cap, (ctx, pass_counts, tracking) = lower_with_retry(model, inputs, cap, lower)  # static shapes if dynamic fail
+    gm = cap.gm
     used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
     chosen, why = choose_backend(backend, used)
     report = Report(model=name or type(model).__name__, arch=arch, backend=chosen, backend_reason=why,

@@ -41,3 +41,7 @@ class EmptyInputError(InputError):
 
 class DeviceError(InputError):
     """An input lives on a device the translator cannot compute on (the meta device)."""
+
+
+class InternalError(TranslatorError, RuntimeError):
+    """A translator bug surfaced while lowering a model: the message names the pass and the cause."""
