@@ -38,7 +38,7 @@ import torch.utils._pytree as pytree
 
 from . import runtime
 from .capture import capture, check_inputs, check_model, lower_with_retry
-from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError
+from .errors import DeviceError, DtypeError, GradError, InputError, ShapeError, StrictError
 from .frontends.progress import stage
 from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
@@ -174,12 +174,16 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
+        if torch.is_grad_enabled() and any(type(a) is torch.Tensor and a.requires_grad for a in args):
+            raise GradError("a translated model is for inference: its FlyDSL ops have no backward, and an input "
+                            "requires grad; call it under torch.no_grad() or torch.inference_mode() (or pass "
+                            "x.detach()), and train the original model")
         from translator_kernels.generated.emit import record_kernels
 
         # the lock is re-entrant: held here too, the last_* attributes describe one whole call
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
-        with lock:
-            with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
+        with lock:  # no autograd graph: nothing could run backward through the FlyDSL ops
+            with torch.no_grad(), runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each
             d["last_launches"] = list(st.launches)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from translator import translate
+from translator.tolerances import model_tol
 
 VIEWS = ("slice", "select", "view", "transpose", "unsqueeze")
 WRITES = ("copy_", "add_", "mul_", "fill_", "index_put_")
@@ -101,7 +102,7 @@ def check(make, steps):
         want, got = m(*args), tm(*args)
         assert len(want) == len(got)
         for w, g in zip(want, got):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(g, w, **model_tol(check="few_ops"))
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

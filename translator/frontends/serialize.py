@@ -48,6 +48,12 @@ def save(module, path, example_inputs=None) -> Path:
     if not isinstance(module, TranslatedModule):
         raise InputError(f"translator.save takes a TranslatedModule (what translate() returns), got "
                          f"{type(module).__name__}; for a plain nn.Module use torch.export.save")
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"translator.save: {path} is a folder; pass a file path such as {path / 'model.pt2'}")
+    if not path.parent.is_dir():
+        raise InputError(f"translator.save: the folder {path.parent} does not exist; create it first "
+                         f"(Path({str(path.parent)!r}).mkdir(parents=True)) or pass another path")
     inputs = tuple(example_inputs) if example_inputs is not None else _inputs_from_meta(module.gm)
     dyn = _dynamic_spec(module.gm, module.report.dynamic_dims)
     with torch.no_grad():
@@ -56,8 +62,11 @@ def save(module, path, example_inputs=None) -> Path:
     meta = {"format": FORMAT, "translator_version": __version__, "torch_version": torch.__version__,
             "arch": module.arch, "backend": module.backend, "input_spec": module._input_spec,
             "report": module.report.to_dict()}
-    path = Path(path)
-    torch.export.save(ep, str(path), extra_files={META: json.dumps(meta, default=str)})
+    try:
+        torch.export.save(ep, str(path), extra_files={META: json.dumps(meta, default=str)})
+    except OSError as e:
+        raise InputError(f"translator.save cannot write {path} ({e.strerror or e}); pass a file path in a folder you "
+                         "can write to") from e
     return path
 
 
