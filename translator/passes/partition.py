@@ -49,7 +49,6 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
-from torch.fx import Node
 
 from ..graph import in_order, shape_of, stable_toposort
 from ..registry import REGION_RULES, Stage, rules_for
