@@ -342,3 +342,7 @@ def test_load_refuses_wrong_metadata_types_and_shapes(translated, tmp_path):
                      [(k, json.dumps({**meta, key: value}) if k == meta_name else v) for k, v in items])
         with pytest.raises(InputError, match=f"{key} has the wrong type"):
             translator.load(p)
+    p = _rewrite(tmp_path / "rows.pt2", [(k, json.dumps({**meta, "report": {**meta["report"], "rows": [{"x": 1}]}})
+                                          if k == meta_name else v) for k, v in items])
+    with pytest.raises(InputError, match="saved report is damaged"):
+        translator.load(p)

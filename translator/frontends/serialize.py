@@ -85,7 +85,11 @@ def load(path, backend: str | None = None):
         raise InputError(f"{path}: our metadata is present but torch.export could not read the graph "
                          f"({type(e).__name__}: {_first_line(e)}); the file is damaged or was written by an "
                          f"incompatible torch (it was saved with torch {meta.get('torch_version')})") from e
-    report = _report_from_dict(meta["report"])
+    try:
+        report = _report_from_dict(meta["report"])
+    except (TypeError, ValueError, AttributeError, KeyError) as e:  # fields of the wrong kind or name
+        raise InputError(f"{path}: the saved report is damaged ({type(e).__name__}: {_first_line(e)}); save the "
+                         "translated module again") from e
     families = {r.detail.split()[0].removeprefix("flydsl.") for r in report.rows if r.where.startswith("flydsl")}
     if backend is None:
         want = meta["backend"]
