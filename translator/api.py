@@ -182,8 +182,11 @@ class TranslatedModule(torch.nn.Module):
 
         # the lock is re-entrant: held here too, the last_* attributes describe one whole call
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
-        with lock:  # no autograd graph: nothing could run backward through the FlyDSL ops
-            with torch.no_grad(), runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
+        # no autograd graph: nothing could run backward through the FlyDSL ops (traced by torch.export
+        # or dynamo, the graph keeps its ops at top level instead of under a set_grad_enabled region)
+        no_grad = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.no_grad()
+        with lock:
+            with no_grad, runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each
             d["last_launches"] = list(st.launches)
