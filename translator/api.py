@@ -37,8 +37,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import runtime
-from .capture import capture, check_inputs, check_model
-from .errors import DeviceError, DtypeError, InputError, ShapeError, StrictError
+from .capture import capture, check_inputs, check_model, lower_with_retry
+from .errors import DeviceError, DtypeError, GradError, InputError, ShapeError, StrictError
 from .progress import stage
 from .graph import PRECISIONS, LowerCtx, static_int
 from .passes import run_pipeline
@@ -181,12 +181,19 @@ class TranslatedModule(torch.nn.Module):
 
     def forward(self, *args):
         self._check(args)
+        if torch.is_grad_enabled() and any(type(a) is torch.Tensor and a.requires_grad for a in args):
+            raise GradError("a translated model is for inference: its FlyDSL ops have no backward, and an input "
+                            "requires grad; call it under torch.no_grad() or torch.inference_mode() (or pass "
+                            "x.detach()), and train the original model")
         from translator_kernels.codegen.emit import record_kernels
 
         # the lock is re-entrant: held here too, the last_* attributes describe one whole call
         lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
+        # no autograd graph: nothing could run backward through the FlyDSL ops (traced by torch.export
+        # or dynamo, the graph keeps its ops at top level instead of under a set_grad_enabled region)
+        no_grad = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.no_grad()
         with lock:
-            with runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
+            with no_grad, runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each
             d["last_launches"] = list(st.launches)
@@ -445,11 +452,15 @@ def _eager(model, inputs):
 def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic_shapes) -> TranslatedModule:
     with stage("capture"):
         cap = capture(model, inputs, dynamic_shapes)
-    gm = cap.gm
     flat_inputs = pytree.tree_leaves(inputs)
-    ctx = LowerCtx(gm=gm, arch=arch, precision=precision, deny=dict(deny))
-    with stage("passes"), preserved(gm), track(gm, flat_inputs) as tracking:  # captured nodes, costs, provenance through passes
-        pass_counts = run_pipeline(ctx)
+
+    def lower(cap):
+        ctx = LowerCtx(gm=cap.gm, arch=arch, precision=precision, deny=dict(deny))
+        with stage("passes"), preserved(cap.gm), track(cap.gm, flat_inputs) as tracking:  # captured nodes, costs, provenance
+            return ctx, run_pipeline(ctx), tracking
+
+    cap, (ctx, pass_counts, tracking) = lower_with_retry(model, inputs, cap, lower)  # static shapes if dynamic fail
+    gm = cap.gm
     used = {n.meta["flydsl"]["family"] for n in gm.graph.nodes if "flydsl" in n.meta}
     chosen, why = choose_backend(backend, used)
     report = Report(model=name or type(model).__name__, arch=arch, backend=chosen, backend_reason=why,

@@ -6,6 +6,13 @@ single nodes. Every input dim is first offered as dynamic (`Dim.AUTO`): export k
 dims the model allows to vary (batch, sequence) symbolic and specializes the rest; if that
 fails the capture is retried with static shapes, then with `torch.fx.symbolic_trace`
 (whose nodes get metadata from a ShapeProp run). Each step that fails is recorded.
+
+A capture with dynamic dims can still fail later, in a pass: some op's fake implementation cannot
+run on symbolic sizes (HF RWKV's `ZeroPad2d((0, 0, 1, -1))` time shift, a constant_pad_nd that
+crops: "Cannot call storage_offset() on tensor with symbolic sizes/strides"). `lower_with_retry`
+then captures again with static shapes, runs the passes once more and says so in the capture
+notes (the translation serves the example shapes only). An unexpected error of a static capture's
+passes is a translator bug: an InternalError naming it, never a bare RuntimeError.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import Dim
 
-from .errors import CaptureError, DeviceError, EmptyInputError, InputError
+from .errors import CaptureError, DeviceError, EmptyInputError, InputError, InternalError, TranslatorError
 from .graph import static_int
 from .state import own_mutable_state
 
@@ -134,6 +141,32 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
     except Exception as e:  # noqa: BLE001
         notes.append(f"torch.fx.symbolic_trace failed: {type(e).__name__}: {_first_line(e)}")
     raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes))
+
+
+def lower_with_retry(model, inputs: tuple, cap: Captured, lower):
+    """(capture, lower(capture)): `lower` runs the passes on a capture; an unexpected error on a
+    capture with dynamic dims is retried once on a static capture (noted), else an InternalError."""
+    try:
+        return cap, lower(cap)
+    except TranslatorError:
+        raise
+    except Exception as e:  # noqa: BLE001 — a pass failing on symbolic sizes: static shapes are the fix
+        cause = f"{type(e).__name__}: {_first_line(e)}"
+        if not cap.dynamic_dims:
+            raise InternalError(f"translating the model failed inside the translator's passes ({cause}); this is a "
+                                f"translator bug: please report it with the model") from e
+    static = capture(model, inputs, None)
+    static.notes[:0] = cap.notes + [
+        f"the capture with dynamic dims failed in the passes ({cause}); captured again with static shapes: this "
+        f"translation serves only the example inputs' shapes (translate again for other shapes)"]
+    try:
+        return static, lower(static)
+    except TranslatorError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise InternalError(f"translating the model failed inside the translator's passes, with dynamic dims and "
+                            f"with static shapes ({type(e).__name__}: {_first_line(e)}); this is a translator bug: "
+                            f"please report it with the model") from e
 
 
 def _linear_modules_to_aten(gm: torch.fx.GraphModule) -> int:

@@ -6,6 +6,8 @@ fallback_on_mismatch=True), and the CLI exits 1 from it."""
 
 from __future__ import annotations
 
+from translator_kernels.errors import KernelCacheError
+
 
 class TranslatorError(Exception):
     """Base of every error the translator raises on purpose."""
@@ -41,3 +43,18 @@ class EmptyInputError(InputError):
 
 class DeviceError(InputError):
     """An input lives on a device the translator cannot compute on (the meta device)."""
+
+
+class InternalError(TranslatorError, RuntimeError):
+    """A translator bug surfaced while lowering a model: the message names the pass and the cause."""
+
+
+class GradError(InputError):
+    """A translated module was called with an input that requires grad: translation is for inference."""
+
+
+class CacheDirError(TranslatorError, KernelCacheError):
+    """The kernel cache folder cannot be created or written (a file in the way, no permission, a full disk)."""
+
+
+KernelCacheError.raised_as = CacheDirError  # the kernel library raises this one (it cannot import translator)

@@ -273,22 +273,6 @@ def is_pure(node) -> bool:
     return True
 
 
-def shape_only_nodes(gm) -> set:
-    """Nodes whose value depends on no tensor data of the graph's inputs (the fold_shapes pass
-    serves them from a cache; a lowering leaves them to it)."""
-    const = set()
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            const.add(n)
-        elif is_pure(n):
-            ins = n.all_input_nodes
-            if n.target in META_ONLY:
-                ins = [i for i in ins if not isinstance(i.meta.get("val"), torch.Tensor)]
-            if all(i in const for i in ins):
-                const.add(n)
-    return const
-
-
 def stable_toposort(graph: torch.fx.Graph) -> None:
     """Reorder `graph` topologically, moving as few nodes as possible (ties keep graph order)."""
     dg = nx.DiGraph()

@@ -16,3 +16,15 @@ at run time anyway, translate() reports it as the cause of a failed verification
 
 class KernelInputError(ValueError):
     """A kernel library entry point refused its arguments; the message says why and gives the fix."""
+
+
+class KernelCacheError(PermissionError):
+    """The folder generated kernel sources are written to cannot be used (a file in the way, no
+    permission, a full disk, a folder not ours). A library built on this one may name a subclass of
+    its own in `raised_as` (the translator: a TranslatorError), which `cache_error` then makes."""
+
+    raised_as: type | None = None
+
+
+def cache_error(message: str) -> KernelCacheError:
+    return (KernelCacheError.raised_as or KernelCacheError)(message)

@@ -537,3 +537,57 @@ def test_python_m_translator_and_help_at_80_columns(capsys, monkeypatch):
         assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80]
         assert "Exit codes" in out and "Example" in out
     assert "3  internal error" in out and "--json" in out and "--quiet" in out
+
+
+# ---- no false success: exits in the user's code, stdout of --json, output folders as root ----------
+
+EXITS = {
+    "get_inputs": GOOD.replace("    return [torch.randn(4, 8)]", "    import sys\n    sys.exit(0)"),
+    "get_init_inputs": GOOD.replace("    return [8]", "    raise SystemExit(0)"),
+    "forward": GOOD.replace("        return self.fc(x)", "        import sys\n        sys.exit(0)"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(EXITS))
+def test_an_exit_in_the_users_code_is_exit_2_saying_where(where, tmp_path, capsys):
+    """sys.exit(0) in get_inputs() or forward ended the command with exit 0, no files, no message."""
+    script = write_script(tmp_path, EXITS[where])
+    code, out, err = run_main(capsys, "convert", script, "--backend", "reference", "--out", tmp_path / "o")
+    assert code == 2
+    line = assert_one_error_line(err, f"{where}" if where != "forward" else "forward", "sys.exit(0)", "model.py:")
+    assert not (tmp_path / "o" / "report.json").exists(), line
+
+
+def test_an_exit_inside_translate_is_exit_2(tmp_path, capsys, monkeypatch):
+    import translator
+
+    def exiting(*a, **k):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(translator, "translate", exiting, raising=False)
+    code, _, err = run_main(capsys, "convert", write_script(tmp_path, GOOD), "--out", tmp_path / "o")
+    assert code == 2
+    assert_one_error_line(err, "translate()", "sys.exit(0)")
+
+
+def test_json_stdout_is_only_json_when_the_script_prints(tmp_path, capsys):
+    noisy = GOOD.replace("def get_inputs():\n", "print('loading the model')\n\ndef get_inputs():\n    print('hi')\n")
+    noisy = noisy.replace("        return self.fc(x)", "        print('forward')\n        return self.fc(x)")
+    code, stdout, err = run_main(capsys, "convert", write_script(tmp_path, noisy), "--backend", "reference",
+                                 "--out", tmp_path / "o", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["model"] == "model"
+    assert "loading the model" in err and "hi" in err
+
+
+@pytest.mark.parametrize("option", ["--out", "--emit-kernels", "--export-kernels"])
+def test_output_folders_are_created_before_the_work_even_as_root(option, tmp_path, capsys, monkeypatch):
+    """os.access says yes to root for any path; /proc refuses a new folder to root too."""
+    import translator
+
+    calls = []
+    monkeypatch.setattr(translator, "translate", fake_translate(calls=calls), raising=False)
+    extra = [] if option == "--out" else ["--out", tmp_path / "o"]
+    code, _, err = run_main(capsys, "convert", write_script(tmp_path, GOOD), *extra, option, "/proc/flydsl_nope/k")
+    assert code == 2 and calls == []
+    assert_one_error_line(err, option, "cannot be created")

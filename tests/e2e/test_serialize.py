@@ -244,3 +244,105 @@ def test_html_renders_in_headless_chromium(small_report, tmp_path):
     out = subprocess.run(common + [f"--screenshot={shot}", "--window-size=1000,800", page.as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and shot.exists() and shot.stat().st_size > 5000
+
+
+# ---- load cannot be made to hang, inflate without bound or read wrong weights ----------------------
+
+def _entries(good):
+    with zipfile.ZipFile(good) as z:
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+def _rewrite(p, items, compress=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(p, "w", compression=compress) as z:
+        for k, v in items:
+            z.writestr(k, v)
+    return p
+
+
+def test_load_refuses_a_fifo_and_a_link_to_a_device(tmp_path):
+    """Opening a FIFO blocks until a writer comes; /dev/zero never ends: both hung load forever."""
+    import os
+
+    fifo = tmp_path / "model.pt2"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="FIFO"):
+        translator.load(fifo)
+    link = tmp_path / "zero.pt2"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(InputError, match="a device.*not a regular file"):
+        translator.load(link)
+    with pytest.raises(InputError, match="a folder"):
+        translator.load(tmp_path)
+
+
+def test_load_refuses_a_zip_bomb_before_inflating_it(translated, tmp_path):
+    """A weight entry deflated from 300 MB of zeros: refused from its declared sizes alone (fast: the
+    entry is never inflated), where torch inflated it and loaded wrong weights."""
+    import time
+    import zlib
+
+    m, x, tm = translated
+    items = _entries(translator.save(tm, tmp_path / "good.pt2"))
+    name = next(n for n, _ in items if n.endswith("data/weights/weight_0"))
+    bomb = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(bomb, "w") as z:
+        for k, v in items:
+            if k != name:
+                z.writestr(k, v)
+        info = zipfile.ZipInfo(name)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with z.open(info, "w", force_zip64=True) as f:  # streamed: 300 MB never held in memory
+            chunk = bytes(1 << 24)
+            for _ in range(18):
+                f.write(chunk)
+    assert bomb.stat().st_size < 2_000_000
+    t = time.perf_counter()
+    with pytest.raises(InputError, match="compressed"):
+        translator.load(bomb)
+    assert time.perf_counter() - t < 5
+
+
+def test_load_refuses_weight_entries_that_do_not_match_their_metadata(translated, tmp_path):
+    m, x, tm = translated
+    items = _entries(translator.save(tm, tmp_path / "good.pt2"))
+    name = next(n for n, _ in items if n.endswith("data/weights/weight_0"))
+    for label, data in (("short", lambda v: v[: len(v) // 2]), ("long", lambda v: v + v), ("empty", lambda v: b"")):
+        bad = _rewrite(tmp_path / f"{label}.pt2", [(k, data(v) if k == name else v) for k, v in items])
+        with pytest.raises(InputError, match="spans .* bytes"):
+            translator.load(bad)
+
+
+def test_load_refuses_wrong_metadata_types_and_shapes(translated, tmp_path):
+    m, x, tm = translated
+    items = _entries(translator.save(tm, tmp_path / "good.pt2"))
+    cfg_name = next(n for n, _ in items if n.endswith("model_weights_config.json"))
+    cfg = json.loads(dict(items)[cfg_name])
+    fqn = next(iter(cfg["config"]))
+
+    def with_cfg(label, change):
+        c = json.loads(json.dumps(cfg))
+        change(c["config"][fqn]["tensor_meta"])
+        return _rewrite(tmp_path / f"{label}.pt2", [(k, json.dumps(c) if k == cfg_name else v) for k, v in items])
+
+    def transpose(tm_):  # same bytes, another shape than the graph reads
+        tm_["sizes"] = tm_["sizes"][::-1] if len(tm_["sizes"]) > 1 else [{"as_int": 1}] + tm_["sizes"]
+        tm_["strides"] = [{"as_int": 1}] * len(tm_["sizes"])
+
+    for label, change, msg in (("dtype", lambda t: t.update(dtype="float"), "dtype"),
+                               ("sizes", lambda t: t.update(sizes=[{"as_int": "8"}]), "sizes"),
+                               ("offset", lambda t: t.update(storage_offset=-4), "storage_offset"),
+                               ("shape", transpose, "graph reads")):
+        with pytest.raises(InputError, match=msg):
+            translator.load(with_cfg(label, change))
+    meta_name = next(n for n, _ in items if n.endswith("flydsl_translator.json"))
+    meta = json.loads(dict(items)[meta_name])
+    for key, value in (("input_spec", [["2", 8]]), ("arch", 942), ("report", [])):
+        p = _rewrite(tmp_path / f"meta_{key}.pt2",
+                     [(k, json.dumps({**meta, key: value}) if k == meta_name else v) for k, v in items])
+        with pytest.raises(InputError, match=f"{key} has the wrong type"):
+            translator.load(p)
+    p = _rewrite(tmp_path / "rows.pt2", [(k, json.dumps({**meta, "report": {**meta["report"], "rows": [{"x": 1}]}})
+                                          if k == meta_name else v) for k, v in items])
+    with pytest.raises(InputError, match="saved report is damaged"):
+        translator.load(p)

@@ -77,3 +77,37 @@ def test_private_ld_lld_link_survives_racing_workers(monkeypatch, tmp_path):
     toolchain._private_rocm(ld)
     assert os.path.realpath(link) == os.path.realpath(ld)
     assert os.listdir(link.parent) == ["ld.lld"]
+
+
+# ---- an unusable cache folder is one TranslatorError naming the fix, and leaves no temporary file ----
+
+def test_cache_path_that_is_a_file_or_cannot_be_created_is_a_translator_error(monkeypatch, tmp_path):
+    from translator.errors import CacheDirError, TranslatorError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for path, why in ((blocker, "cannot be created|not a folder"), (blocker / "sub", "cannot be created"),
+                      ("/proc/flydsl_nope/kernels", "cannot be created")):
+        monkeypatch.setenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", str(path))
+        with pytest.raises(CacheDirError, match=why) as e:
+            cache_dir()
+        assert isinstance(e.value, TranslatorError) and "FLYDSL_TRANSLATOR_KERNEL_CACHE" in str(e.value)
+
+
+def test_full_disk_is_a_translator_error_and_leaves_no_temporary_file(monkeypatch, tmp_path):
+    import errno
+    from pathlib import Path
+
+    from translator.errors import CacheDirError
+    from translator_kernels.codegen.host import write_source
+
+    monkeypatch.setenv("FLYDSL_TRANSLATOR_KERNEL_CACHE", str(tmp_path / "c"))
+
+    def full(self, *a, **k):
+        self.open("w").close()  # the file exists, 0 bytes, as a real ENOSPC leaves it
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(CacheDirError, match="No space left.*free space"):
+        write_source("print(1)\n", "k_full", {})
+    assert list((tmp_path / "c").iterdir()) == []

@@ -416,6 +416,9 @@ def load_onnx(path):
     return model
 
 
+MAX_EXAMPLE_BYTES = 4 << 30  # an example input made from declared dims is refused above this, before allocating
+
+
 def example_inputs_for(graph, dims: dict | None = None) -> tuple:
     """Inputs made from the graph's input types: floats ~ N(0, 1), integers 0 (token ids, indices).
     A symbolic dim takes its size from `dims` (by name), else 2."""
@@ -430,6 +433,13 @@ def example_inputs_for(graph, dims: dict | None = None) -> tuple:
         if dt is None:
             raise InputError(f"ONNX input {i.name} has element type {tt.elem_type}, which the importer does not take")
         shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 2) for d in tt.shape.dim]
+        n = 1
+        for d in shape:
+            n *= d
+        if any(d < 0 for d in shape) or n * torch.empty((), dtype=dt).element_size() > MAX_EXAMPLE_BYTES:
+            raise InputError(f"ONNX input {i.name} declares shape {shape} ({n:.3g} elements), too large for an example "
+                             f"input (limit {MAX_EXAMPLE_BYTES >> 30} GiB) or negative; the file is damaged, or pass "
+                             "example inputs of a real size: translate(path, (x,))")
         out.append(torch.randn(shape, generator=g).to(dt) if dt.is_floating_point else torch.zeros(shape, dtype=dt))
     return tuple(out)
 

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import traceback
 from importlib import metadata
 from pathlib import Path
@@ -191,6 +192,14 @@ def _script_line(exc: BaseException, filename: str) -> Optional[int]:
     return line
 
 
+def _exited(exc: SystemExit, where: str) -> "CliError":
+    """The user's code called sys.exit() (or raised SystemExit): never a success, always exit 2."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""  # where the exit was called
+    return CliError(f"{where} called sys.exit({exc.code!r}){at}; the script's functions and forward must return, "
+                    "not exit (nothing was translated)")
+
+
 def _is_tensor(x: Any) -> bool:
     import torch
 
@@ -241,6 +250,8 @@ def build_model(module: Any, path: Path) -> tuple:
     torch.manual_seed(0)
     try:
         init_inputs = module.get_init_inputs()
+    except SystemExit as exc:
+        raise _exited(exc, f"get_init_inputs() in {path}")
     except Exception as exc:
         raise CliError(f"get_init_inputs() in {path} raised {_describe(exc)}; fix it to return Model's constructor arguments")
     if not isinstance(init_inputs, (list, tuple)):
@@ -250,6 +261,8 @@ def build_model(module: Any, path: Path) -> tuple:
         )
     try:
         model = model_cls(*init_inputs)
+    except SystemExit as exc:
+        raise _exited(exc, f"Model(*get_init_inputs()) in {path}")
     except Exception as exc:
         raise CliError(
             f"Model(*get_init_inputs()) in {path} raised {_describe(exc)}; "
@@ -258,12 +271,16 @@ def build_model(module: Any, path: Path) -> tuple:
     model = model.eval()
     try:
         inputs = module.get_inputs()
+    except SystemExit as exc:
+        raise _exited(exc, f"get_inputs() in {path}")
     except Exception as exc:
         raise CliError(f"get_inputs() in {path} raised {_describe(exc)}; fix it to return a list of input tensors")
     inputs = check_inputs(inputs, path)
     try:
         with torch.no_grad():
             model(*inputs)
+    except SystemExit as exc:
+        raise _exited(exc, f"Model(...).forward(*get_inputs()) in {path}")
     except Exception as exc:
         raise CliError(
             f"Model(...).forward(*get_inputs()) in {path} raised {_describe(exc)}; "
@@ -287,17 +304,28 @@ def _print_report(report: Any) -> None:
     Console().print(shown)
 
 
-def check_out(out: Path) -> None:
-    """Fail before any work when --out cannot become a writable directory."""
+def check_out(out: Path, option: str = "--out") -> None:
+    """Fail before any work when `out` cannot become a writable directory: the folder is created and
+    a file made in it (os.access says yes to root everywhere, and nothing about read-only mounts)."""
     if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} is a file; pass a directory (it is created if missing)")
+        raise CliError(f"{option} {out} is a file; pass a directory (it is created if missing)")
     probe = out
-    while not probe.exists():  # the nearest existing ancestor must let us create the rest
+    while not probe.exists() and probe != probe.parent:  # the nearest existing ancestor
         probe = probe.parent
-    if not probe.is_dir():
-        raise CliError(f"--out {out}: {probe} is a file, so the folder cannot be created; pass another directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"--out {out}: {probe} is not writable; pass a directory you can write to")
+    if probe.exists() and not probe.is_dir():
+        raise CliError(f"{option} {out}: {probe} is a file, so the folder cannot be created; pass another directory")
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise CliError(f"{option} {out} cannot be created or written ({_describe(exc)}); pass a directory you can "
+                       "write to")
+    finally:  # what the probe created goes again: a failed run leaves no empty folder behind
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _write_outputs(tm: Any, out: Path) -> list:
@@ -357,19 +385,25 @@ def _held_output(debug: bool):
 
 
 def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels: Optional[Path] = None,
-                 export_kernels: Optional[Path] = None, show: str = "table", debug: bool = False) -> int:
+                 export_kernels: Optional[Path] = None, show: str = "table", debug: bool = False,
+                 stdout: Any = None) -> int:
     from translator import api
     from translator.errors import TranslatorError
     from translator.progress import show_progress
 
     out = out if out is not None else Path("out") / script.stem
     check_out(out)
+    for folder, option in ((emit_kernels, "--emit-kernels"), (export_kernels, "--export-kernels")):
+        if folder is not None:
+            check_out(folder, option)
     onnx = script.suffix.lower() == ".onnx"  # an ONNX file: inputs come from its input types
     with contextlib.nullcontext() if onnx else loaded_script(script) as module:
         model, inputs = (script, None) if onnx else build_model(module, script)
         try:
             with show_progress(show == "table" and sys.stderr.isatty()), _held_output(debug):
                 tm = api.translate(model, inputs, name=script.stem, **options)
+        except SystemExit as exc:  # the model's own code exited while translate() ran it
+            raise _exited(exc, f"the model of {script} (run by translate())")
         except TranslatorError as exc:  # InputError, StrictError, CaptureError, BackendError, ...
             if debug:
                 typer.echo(f"{type(exc).__name__}: {exc}", err=True)
@@ -395,7 +429,7 @@ def _run_convert(script: Path, out: Optional[Path], options: dict, emit_kernels:
             raise CliError(f"cannot write into --export-kernels {export_kernels} ({_describe(exc)}); pass a writable directory")
     written = _write_outputs(tm, out) + emitted
     if show == "json":
-        typer.echo(_report_json(tm.report))
+        typer.echo(_report_json(tm.report), file=stdout or sys.stdout)
     elif show == "table":
         typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     if _verification_passed(tm.report) is False:
@@ -470,7 +504,9 @@ def convert(
     )
     try:
         show = "json" if json_out else ("quiet" if quiet else "table")
-        code = _run_convert(script, out, options, emit_kernels, export_kernels, show, debug)
+        stdout = sys.stdout  # with --json, the JSON alone: whatever the user's script prints goes to stderr
+        with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
+            code = _run_convert(script, out, options, emit_kernels, export_kernels, show, debug, stdout)
     except CliError as exc:
         if debug:
             traceback.print_exc()

@@ -34,7 +34,8 @@ import json
 
 import torch
 
-from ..graph import META_ONLY, aten, arg, dtype_of, full_shape, set_args, shape_of, shape_only_nodes, val
+from ..aliases import shape_only_nodes, written_nodes
+from ..graph import META_ONLY, aten, arg, dtype_of, full_shape, set_args, shape_of, val
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .fold import FE
@@ -362,7 +363,10 @@ def _foldable(fe):
     by their printed dims, as partitioning does (no guard on a symbolic size)."""
     ins = list(arg(fe, "inputs"))
     full = full_shape([shape_of(i) for i in ins])
+    written = written_nodes(fe.graph)  # a fill written through a view later holds data, not its constant
     for k, a in enumerate(ins):
+        if a in written:
+            continue
         src = broadcast_source(a)
         fill = fill_constant(a) if src is None else None
         if (src is None or not isinstance(val(src), torch.Tensor)) and fill is None:

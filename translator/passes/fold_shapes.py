@@ -24,7 +24,8 @@ cache remembers the identity, data pointer and version counter of each; when any
 forward, the cache is dropped and the region runs again. The check is a few integer compares
 per forward, and a causal-mask buffer that never changes never misses.
 Random ops and in-place ops are never folded (they are not pure). Folded results are read-only:
-a region whose result some op writes in place is not folded. The report counts the folded ops as
+a value whose storage some op writes in place, directly or through any view of it (HF DeepSeek-V3
+fills `key_states = k_pe.new_empty(...)` through slices), is not shape-only (translator.aliases). The report counts the folded ops as
 "folded at specialization".
 
 A FlyDSL op whose inputs are all shape-only is folded too: lowering runs before this pass, so a
@@ -45,7 +46,8 @@ import threading
 
 import torch
 
-from ..graph import META_ONLY as _META_ONLY, arg, shape_only_nodes
+from ..aliases import shape_only_nodes
+from ..graph import META_ONLY as _META_ONLY
 
 aten = torch.ops.aten
 
@@ -111,9 +113,7 @@ def fold_shapes(ctx) -> int:
         g.erase_node(n)
         const.discard(n)
     computed = {n for n in const if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)}
-    frontier = sorted((n for n in computed
-                       if any(u not in const for u in n.users) and not any(_writes(u, n) for u in n.users)),
-                      key=lambda n: n._sort_key)
+    frontier = sorted((n for n in computed if any(u not in const for u in n.users)), key=lambda n: n._sort_key)
     folded = 0
     while frontier:  # one call per group: a value read before some other group's input exists gets its own call
         group, frontier = _placeable(frontier, const)
@@ -154,6 +154,10 @@ def _fold(ctx, frontier, const) -> int:
     first_user = min((_first_reader(f, const) for f in frontier), key=lambda u: u._sort_key)
     with g.inserting_before(first_user):
         call = g.call_module(name, tuple(inputs))
+    for c in inputs:  # a constant added by a lowering (a preshuffled GEMM weight) may sit later: it
+        if c.op == "get_attr" and call < c:  # reads nothing, so it moves up to the call
+            call.prepend(c)
+    assert all(i < call for i in inputs), f"fold_shapes: {name} placed before an input it reads"
     call.meta["val"] = tuple(f.meta["val"] for f in frontier)
     call.meta["folded"] = sources
     for i, f in enumerate(frontier):
@@ -174,14 +178,6 @@ def _captured(n) -> list:
 
 def _first_reader(n, const):
     return min((u for u in n.users if u not in const), key=lambda u: u._sort_key)
-
-
-def _writes(user, n) -> bool:
-    t = user.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    args = t._schema.arguments
-    return any(a.alias_info is not None and a.alias_info.is_write and arg(user, a.name) is n for a in args)
 
 
 def _region(frontier, const) -> list:

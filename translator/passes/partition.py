@@ -12,8 +12,10 @@ regions of its fusable producers when the union stays legal:
 - ordered around writes: a region never spans an in-place op left in the graph (one whose
   mutation is observable, so functionalize kept it: `v = h.view(...); v.add_(1); h * 3`) when a
   member reads or produces the written storage (the written tensor, its base, any view of that
-  base). FX edges do not carry the write: `h * 3` reads `h`, not the `add_`, so without this rule
-  `x * 2` and `h * 3` would fuse into one kernel that never sees the write.
+  base: translator.aliases). FX edges do not carry the write: `h * 3` reads `h`, not the `add_`, so
+  without this rule `x * 2` and `h * 3` would fuse into one kernel that never sees the write. Nor
+  may the re-sort after fusion move an in-place op, or a reader past one, that sits between the
+  members and reads one of them (`moves_across_a_write`).
 - one shape: every value used outside the region has the region's full (broadcast) shape.
   Such a value becomes an extra output of the fused kernel, never recomputed or lost;
   smaller intermediates (a scaled bias) are recomputed per element inside the kernel.
@@ -47,44 +49,18 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
-import torch
-from torch.fx import Node
 
 from ..graph import arg, full_shape, in_order, shape_of, stable_toposort
 from ..registry import REGION_RULES, Stage, rules_for
-from .fold_shapes import shape_only_nodes
-
-
-def _is_view(n) -> bool:
-    t = n.target
-    return n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and bool(n.args) \
-        and any(r.alias_info is not None for r in t._schema.returns)
-
-
-def _storage(x) -> set:
-    """x's base (up through view ops) and every view taken of that base: the nodes sharing x's storage."""
-    while isinstance(x, Node) and _is_view(x) and isinstance(x.args[0], Node):
-        x = x.args[0]
-    out, todo = set(), [x]
-    while todo:
-        n = todo.pop()
-        if n not in out:
-            out.add(n)
-            todo.extend(u for u in n.users if _is_view(u) and u.args[0] is n)
-    return out
+from .. import aliases
+from ..aliases import shape_only_nodes
 
 
 def writes(gm) -> list[tuple[int, set]]:
-    """(position, storage nodes) of each node that writes a tensor argument in place."""
-    out = []
-    for pos, n in enumerate(gm.graph.nodes):
-        t = n.target
-        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
-            continue
-        written = [arg(n, a.name, None) for a in t._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        touched = set().union(*(_storage(w) for w in written if isinstance(w, Node)))
-        out.append((pos, touched | {n}))
-    return out
+    """(position, storage nodes) of each node that writes a tensor argument in place (translator.aliases:
+    the written tensor, its base, every view of that base, by op schema and by fake storage)."""
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return [(pos[w], touched) for w, touched in aliases.writes(gm.graph)]
 
 
 class _Partitioner:
@@ -97,7 +73,9 @@ class _Partitioner:
             for i in n.all_input_nodes:
                 self.g.add_edge(i, n)
         self._anc = {}
+        self.order = list(gm.graph.nodes)
         self.writes = writes(gm)
+        self.writers = {self.order[p] for p, _ in self.writes}
 
     def spans_a_write(self, region: set) -> bool:
         """Some in-place op sits between members, and a member reads or produces what it writes."""
@@ -107,13 +85,32 @@ class _Partitioner:
                 return True
         return False
 
+    def moves_across_a_write(self, region: set) -> bool:
+        """The fused node goes after the last member, so a node between the members that reads one of
+        them moves after it too (the re-sort): it must be no in-place op, and no in-place op it would
+        move past may write what it reads (`a = x * 2; buf[:, :4].copy_(a[:, :4]); r = buf.softmax(-1);
+        c = a + 3` put the copy after the softmax)."""
+        lo, hi = min(self.pos[m] for m in region), max(self.pos[m] for m in region)
+        inside = [(p, touched) for p, touched in self.writes if lo < p < hi]
+        if not inside:
+            return False
+        for n in self.order[lo + 1:hi]:
+            if n in region or not (self.ancestors(n) & region):
+                continue  # stays where it is
+            if n in self.writers:
+                return True
+            reads = {n, *n.all_input_nodes}
+            if any(p > self.pos[n] and reads & touched for p, touched in inside):
+                return True
+        return False
+
     def ancestors(self, n):
         if n not in self._anc:
             self._anc[n] = nx.ancestors(self.g, n)
         return self._anc[n]
 
     def legal(self, region: set) -> bool:
-        if self.writes and self.spans_a_write(region):
+        if self.writes and (self.spans_a_write(region) or self.moves_across_a_write(region)):
             return False
         for m in region:
             for i in m.all_input_nodes:

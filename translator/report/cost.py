@@ -70,7 +70,11 @@ def numel(t) -> int:
     """Element count; a symbolic (dynamic) size counts at its example value. `int()` of a SymInt
     would specialize the captured graph's dynamic dims, so the hint is read instead."""
     n = t.numel()
-    return int(n.node.hint) if isinstance(n, torch.SymInt) else int(n)
+    if not isinstance(n, torch.SymInt):
+        return int(n)
+    hint = n.node.hint
+    return 0 if hint is None else int(hint)  # None: a data-dependent size (`x[x > 0]`), unknown before a run
+
 
 
 def nbytes(t) -> int:
@@ -112,14 +116,16 @@ def model_flops(target, args, out) -> int:
     return 0
 
 
-def node_bytes(node) -> int:
-    """HBM bytes of one node under the op-by-op model (0 for views and shape arithmetic)."""
-    out = tensors(node.meta.get("val"))
+def node_bytes(node, env=None) -> int:
+    """HBM bytes of one node under the op-by-op model (0 for views and shape arithmetic). env: the
+    real values of a run (node -> value), read instead of the fake ones: a data-dependent size
+    (`x[x > 0]`) has no example value in the metadata, and counts 0 without a run."""
+    out = tensors(env[node] if env and node in env else node.meta.get("val"))
     if node.op != "call_function" or is_view(node.target) or not out:
         return 0
     seen, total = set(), 0
     for a in node.all_input_nodes:
-        for t in tensors(a.meta.get("val")):
+        for t in tensors(env[a] if env and a in env else a.meta.get("val")):
             if id(t) not in seen:
                 seen.add(id(t))
                 total += nbytes(t)
@@ -153,7 +159,8 @@ def measure(gm: torch.fx.GraphModule, flat_inputs) -> dict:
             if not f:
                 args = [self.env.get(a, a) if isinstance(a, torch.fx.Node) else a for a in n.args]
                 f = model_flops(n.target, args, v)
-            costs[n.meta.get("orig_name", n.name)] = (int(f), node_bytes(n))
+            self.env[n] = v  # node_bytes reads the real values (exact for data-dependent sizes)
+            costs[n.meta.get("orig_name", n.name)] = (int(f), node_bytes(n, self.env))
             return v
 
     with torch.no_grad():

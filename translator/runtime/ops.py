@@ -39,7 +39,7 @@ class OpCall:
 def dispatch(name: str, *args):
     fam = FAMILIES[name]
     st = current()
-    if st.backend == "reference":
+    if st.backend == "reference" or _empty(args):  # no elements (a batch of 0): eager's result, nothing to launch
         out = fam.reference(*args)
         st.calls.append(OpCall(name, []))
         return _no_alias(out, args)
@@ -48,6 +48,13 @@ def dispatch(name: str, *args):
     out = planned_call(fam.kernel, args, None, True)  # the adapter's per-signature plan; no result aliases an input
     st.calls.append(OpCall(name, log[first:] if log is not None else None))
     return out
+
+
+def _empty(args) -> bool:
+    """Some tensor input has no elements: the kernels refuse (an empty reduction) or launch an empty grid."""
+    return any((type(a) is torch.Tensor and a.numel() == 0)
+               or (type(a) in (list, tuple) and any(type(t) is torch.Tensor and t.numel() == 0 for t in a))
+               for a in args)
 
 
 def _launch_log(st):

@@ -19,7 +19,7 @@ import stat
 import threading
 from pathlib import Path
 
-from translator_kernels.errors import KernelInputError
+from translator_kernels.errors import KernelInputError, cache_error
 
 from translator_kernels.arch import ARCHS as SUPPORTED_ARCHS  # noqa: E402
 _RECORDERS = threading.local()  # per thread: the open record_kernels() sets
@@ -64,16 +64,19 @@ def cache_dir() -> Path:
 
 def private_dir(p: Path) -> Path:
     """Create `p` (mode 0700) if missing and check it is a real folder only this user can write."""
-    p.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(p)
     fix = ("point FLYDSL_TRANSLATOR_KERNEL_CACHE at a folder of your own (created 0700), or remove "
            f"{p} and let it be created again")
+    try:
+        p.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(p)
+    except OSError as e:  # a file in the way (FileExistsError, NotADirectoryError), no permission, ...
+        raise cache_error(f"kernel cache {p} cannot be created ({e.strerror or e}); {fix}") from e
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"kernel cache {p} is a symlink or not a folder; generated kernels are imported from "
-                              f"it, so it must be a real folder of yours: {fix}")
+        raise cache_error(f"kernel cache {p} is a symlink or not a folder; generated kernels are imported from "
+                          f"it, so it must be a real folder of yours: {fix}")
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"kernel cache {p} is owned by uid {st.st_uid}, not you; generated kernels are "
-                              f"imported from it: {fix}")
+        raise cache_error(f"kernel cache {p} is owned by uid {st.st_uid}, not you; generated kernels are "
+                          f"imported from it: {fix}")
     if st.st_mode & 0o022:
         os.chmod(p, 0o700)  # ours, but group/world-writable: close it before anything is imported
     return p
@@ -86,8 +89,15 @@ def write_source(src: str, name: str, registry: dict) -> Path:
     path = cache_dir() / f"{name}.py"
     if not path.exists() or path.read_text() != src:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(src)
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk (ENOSPC), a quota, a folder made read-only since
+            with contextlib.suppress(OSError):  # never leave a 0-byte or partial temporary file behind
+                tmp.unlink(missing_ok=True)
+            raise cache_error(f"cannot write the generated kernel {name} into the kernel cache {path.parent} "
+                              f"({e.strerror or e}); free space there or point FLYDSL_TRANSLATOR_KERNEL_CACHE at "
+                              "another folder of yours") from e
     registry[name] = str(path)
     return path
 
