@@ -33,7 +33,6 @@ import itertools
 import io
 import json
 import logging
-import os
 import sys
 import tempfile
 import traceback
