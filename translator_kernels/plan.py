@@ -195,8 +195,8 @@ def _unaliased(out, args):
 
 def _build(pk, fn, args, kwargs, tensors, no_alias):
     rec = _Recorder(tensors)
-    _local.plan_rec = rec
-    try:
+    try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`
+        _local.plan_rec = rec
         with rec:
             out = fn(*args, **(kwargs or {}))
     finally:

@@ -11,7 +11,7 @@ dtypes, storage offsets and aliasing through one plan against the unplanned call
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import flysim
@@ -159,7 +159,8 @@ def _same(a, b):
         assert torch.equal(u, v) or (u.isnan() == v.isnan()).all() and torch.equal(u.nan_to_num(), v.nan_to_num())
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # minutes under flysim
 @given(first=calls(), second=calls())
 def test_property_one_plan_never_serves_another_layout(first, second):
     """Calls v1 x 3, v2 x 3, v1 through plan.call (v1's plan is built on its second call and
