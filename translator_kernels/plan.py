@@ -47,6 +47,13 @@ next call).
 
 Threads: plans are immutable once built and the recording state is per thread; two threads
 that build the same plan keep the first.
+
+Faults: a call that raises (a kernel error, a Ctrl-C) leaves nothing behind. A plan is stored only
+after its recording returned and its code was generated; the recording state is set inside the
+try that clears it; a replay holds no state of its own, and a per-launch resource it takes
+(`plan_value`) is given back only by the steps after a launch that returned (split-K counters).
+tests/kernels/test_interrupts.py interrupts the host path at every line, test_splitk_faults.py
+and tests/e2e/test_fault_injection.py fault kernels mid-launch.
 """
 
 from __future__ import annotations
