@@ -125,10 +125,14 @@ _POOL: dict = {}  # (device, stream handle or None) -> free int32 counter arrays
 _CAPTURED: list = []  # arrays baked into a captured CUDA (HIP) graph: alive, never handed out again
 
 
+_CUDA: dict = {}  # device -> whether it is a CUDA (HIP) device (device.type costs ~1 us a read)
+
+
 def _pool_key(device):
-    if device.type == "cuda":
-        return device, torch.cuda.current_stream(device).cuda_stream
-    return device, None
+    cuda = _CUDA.get(device)
+    if cuda is None:
+        cuda = _CUDA[device] = device.type == "cuda"
+    return (device, torch.cuda.current_stream(device).cuda_stream) if cuda else (device, None)
 
 
 def take_counters(device, regions: int):
@@ -147,11 +151,14 @@ def take_counters(device, regions: int):
 def give_back(cnt) -> None:
     """Return a launch's counters to its stream's pool: call it only after the launch call returned
     (a launch that completes leaves them zero; one that raised must not return them)."""
-    device = cnt.device
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if cnt.is_cuda and torch.cuda.is_current_stream_capturing():
         _CAPTURED.append(cnt)
         return
-    _POOL.setdefault(_pool_key(device), []).append(cnt)
+    key = _pool_key(cnt.device)
+    free = _POOL.get(key)
+    if free is None:
+        free = _POOL.setdefault(key, [])
+    free.append(cnt)
 
 
 def splitk_workspace(device, tiles: int, cfg):
