@@ -146,6 +146,27 @@ MUTATIONS = (
         ("tests/kernels/test_splitk_faults.py", "tests/kernels/test_plan.py::test_rocm_path_split_k_plan_takes_counters_per_call"),
         "a per-call plan replays the counter array its recording took (a fault on a replay leaves it dirty)"),
     Mutation(
+        "splitk-counters-given-back-before-the-launch", "translator_kernels/gemm/splitk.py",
+        "    return p, plan_value(take_counters, device, tiles * (WAVES // cfg.kw))\n",
+        "    cnt = plan_value(take_counters, device, tiles * (WAVES // cfg.kw))\n    give_back(cnt)\n    return p, cnt\n",
+        ("tests/kernels/test_splitk_faults.py",),
+        "split-K counters go back to the pool before the launch ran, so a launch that raised leaves them dirty there"),
+    Mutation(
+        "backend-pushed-before-its-try", "translator/runtime/__init__.py",
+        "    try:  # pushed inside the try, popped only if pushed: an interrupt anywhere leaves the stack as it was\n"
+        "        stack.append(state)\n",
+        "    stack.append(state)\n    try:\n",
+        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[first-sight]",),
+        "use_backend pushes its state before the try that pops it: a Ctrl-C in between leaves the backend on"),
+    Mutation(
+        "plan-recording-set-before-its-try", "translator_kernels/plan.py",
+        "    try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`\n"
+        "        _local.plan_rec = rec\n",
+        "    _local.plan_rec = rec\n    try:\n",
+        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[plan-build]",),
+        "a plan's recording state is set before the try that clears it: a Ctrl-C in between leaves the thread "
+        "recording forever"),
+    Mutation(
         "model-fp32-atol-100x-unpinned", "translator/tolerances.py",
         '    "fp32": (1e-5, 1e-5, 1e-5),', '    "fp32": (1e-3, 1e-5, 1e-5),',
         ("tests/unit/test_verify.py", "--deselect", "tests/unit/test_verify.py::test_tolerance_tables_are_pinned"),
