@@ -401,8 +401,8 @@ def launch_log(into: list):
     """Append a `DeviceLaunch` to `into` for every device launch this thread makes in the block
     (one list append per launch: no synchronization, nothing read from the device)."""
     old = getattr(_local, "log", None)
-    _local.log = into
-    try:
+    try:  # set inside the try: an interrupt right after it must not leave it set
+        _local.log = into
         yield into
     finally:
         _local.log = old
@@ -425,8 +425,8 @@ class _Mode:
 def _mode(**changes):
     old = getattr(_local, "mode", None)
     new = dataclasses.replace(old or _Mode(), **changes)
-    _local.mode = new
-    try:
+    try:  # set inside the try: an interrupt right after it must not leave the mode on for the thread
+        _local.mode = new
         yield new
     finally:
         _local.mode = old
@@ -445,8 +445,8 @@ def collect():
     and every compile performed inside."""
     compiles: list = []
     sinks = getattr(_local, "sinks", ())
-    _local.sinks = sinks + (compiles,)
     try:
+        _local.sinks = sinks + (compiles,)
         with _mode(uses=[]) as m:
             yield m.uses, compiles
     finally:

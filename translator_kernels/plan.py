@@ -32,7 +32,8 @@ key, compiled callable, arguments). The recording becomes a straight-line Python
   - a launch calls the compiled callable the recording found, with the same non-tensor
     arguments, on the current stream; the launch module's modes (record_device_calls,
     compile_only, collect) and launch_log behave as they do for `launch.call`;
-  - a Python side effect an adapter declares with `plan_effect(f, *args)` is repeated.
+  - a Python side effect an adapter declares with `plan_effect(f, *args)` is repeated, and a tensor
+    it takes with `plan_value(f, *args)` is taken again (split-K's per-launch ticket counters).
 A replayed call is: signature -> one dict lookup -> that function.
 
 What makes a call unplannable (it then runs `fn` as before, every time): a tensor subclass or a
@@ -46,6 +47,13 @@ next call).
 
 Threads: plans are immutable once built and the recording state is per thread; two threads
 that build the same plan keep the first.
+
+Faults: a call that raises (a kernel error, a Ctrl-C) leaves nothing behind. A plan is stored only
+after its recording returned and its code was generated; the recording state is set inside the
+try that clears it; a replay holds no state of its own, and a per-launch resource it takes
+(`plan_value`) is given back only by the steps after a launch that returned (split-K counters).
+tests/kernels/test_interrupts.py interrupts the host path at every line, test_splitk_faults.py
+and tests/e2e/test_fault_injection.py fault kernels mid-launch.
 """
 
 from __future__ import annotations
@@ -194,8 +202,8 @@ def _unaliased(out, args):
 
 def _build(pk, fn, args, kwargs, tensors, no_alias):
     rec = _Recorder(tensors)
-    _local.plan_rec = rec
-    try:
+    try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`
+        _local.plan_rec = rec
         with rec:
             out = fn(*args, **(kwargs or {}))
     finally:
@@ -222,6 +230,19 @@ def plan_effect(f, *args) -> None:
     rec.effect(f, args)
     with _disable_current_modes():
         f(*args)
+
+
+def plan_value(f, *args):
+    """`f(*args)` now and on every replay of the plan being recorded on this thread: its result (a
+    tensor) is what the launches and ops of the call that read it see, each replay's own (a resource
+    handed out per call, e.g. split-K's ticket counters). What `f` does is not recorded."""
+    rec = getattr(_local, "plan_rec", None)
+    if rec is None:
+        return f(*args)
+    with _disable_current_modes():
+        out = f(*args)
+    rec.value(f, args, out)
+    return out
 
 
 def clear_plans() -> None:
@@ -255,6 +276,7 @@ class _Recorder(TorchDispatchMode):
         self.refs: dict = {}  # id(tensor) -> _Ref
         self.keep: list = []  # every recorded tensor stays alive while recording (ids stay unique)
         self.steps: list = []  # ("op", func, args, kwargs, out refs) | ("launch", _Launch, args) | ("effect", f, args)
+        #                        | ("value", f, args, result ref)
         self.views: dict = {}  # (id(root), geometry) -> its view _Ref
         self.failed: str | None = None
         for i, t in enumerate(tensors):
@@ -340,6 +362,13 @@ class _Recorder(TorchDispatchMode):
     def effect(self, f, args):
         self.steps.append(("effect", f, [self._operand(a) for a in args]))
 
+    def value(self, f, args, out):
+        if not isinstance(out, torch.Tensor):
+            raise _Unplannable(f"plan_value({getattr(f, '__name__', f)}) returned {type(out).__name__}, not a tensor")
+        # a new variable even when `f` returned a tensor the call held before (a pooled array given
+        # back and taken again): later steps read this step's result, earlier ones keep theirs
+        self.steps.append(("value", f, [self._operand(a) for a in args], self._track(out, _Ref("op", None, out))))
+
     # ---- code generation --------------------------------------------------------------------------------
     def finish(self, out, no_alias, name, n_in):
         if self.failed:
@@ -364,6 +393,9 @@ class _Recorder(TorchDispatchMode):
             elif step[0] == "effect":
                 _, f, args = step
                 g.emit(f"{g.const(f)}({', '.join(g.value(a) for a in args)})")
+            elif step[0] == "value":
+                _, f, args, r = step
+                g.emit(f"{g.fresh(r)} = {g.const(f)}({', '.join(g.value(a) for a in args)})")
         results = []
         for r in out_refs:
             v = g.value(r)
@@ -393,7 +425,7 @@ class _Recorder(TorchDispatchMode):
                 live.add(id(step))
                 leaves = torch.utils._pytree.tree_leaves((args, kwargs))
                 need.update(id(self.ref(a).base or self.ref(a)) for a in leaves if isinstance(a, torch.Tensor))
-            else:  # a launch or an effect: always kept, and so is what it reads
+            else:  # a launch, an effect or a value: always kept, and so is what it reads
                 need.update(id(a.base or a) for a in step[2] if isinstance(a, _Ref))
         return live
 

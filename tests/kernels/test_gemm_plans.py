@@ -1,6 +1,6 @@
 """GEMM host entry through per-call plans (translator_kernels.plan) on flysim: a registered tile
 reaches the next call (register_config clears the plans), and split-K GEMMs of different shapes
-called back to back replay correctly with the device's cached ticket counters."""
+called back to back replay correctly, each launch with ticket counters of its own."""
 
 import torch
 
@@ -47,24 +47,26 @@ def test_register_config_reaches_a_planned_call():
 
 def test_two_split_k_gemms_back_to_back_replay_their_plans():
     """Different shapes, same device, alternating, 3 rounds: the second round builds the plans, the
-    third replays them. The first GEMM's plan was recorded with a small counter tensor that the
-    second GEMM replaces by a larger one (splitk_workspace grows it): the replay keeps its own,
-    which every launch leaves zeroed, so both stay correct."""
+    third replays them. The pool first holds a small counter array (the first GEMM's regions only):
+    the second GEMM drops it and takes a larger one (splitk.take_counters). Each launch, replayed
+    or not, takes the pool's array, leaves it zeroed and gives it back, so both stay correct."""
     cases = [(2, 48, 256, GemmConfig(16, 64, 64, 2)), (20, 96, 512, GemmConfig(16, 64, 64, 4))]
     ops = [(_operands(m, n, k, i), n, k, cfg) for i, (m, n, k, cfg) in enumerate(cases)]
-    saved = dict(splitk._COUNTERS)
-    small = splitk._COUNTERS[torch.device("cpu")] = torch.zeros(4, dtype=torch.int32)  # the first GEMM's regions only
+    key = (torch.device("cpu"), None)
+    saved = splitk._POOL.pop(key, None)
+    small = torch.zeros(4, dtype=torch.int32)
+    splitk._POOL[key] = [small]
     plan.clear_plans()
     try:
         with flysim.simulate(arch=ARCH) as sim:
             for _ in range(3):
                 for (a, w, ws), n, k, cfg in ops:
                     torch.testing.assert_close(gemm(a, ws, n, k, _config=cfg), a @ w.t(), **TOL)
-                    for cnt in (small, *splitk._COUNTERS.values()):
-                        assert not cnt.any()  # each launch resets the tickets it drew
+                    assert len(splitk._POOL[key]) == 1 and not splitk._POOL[key][0].any()  # zeroed, given back
             assert plan.plan_count() == 2
-        assert len(sim.launches) == 6 and splitk._COUNTERS[torch.device("cpu")].numel() >= 4096
+        assert len(sim.launches) == 6 and splitk._POOL[key][0].numel() >= 4096 and not small.any()
     finally:
-        splitk._COUNTERS.clear()
-        splitk._COUNTERS.update(saved)
+        splitk._POOL.pop(key, None)
+        if saved is not None:
+            splitk._POOL[key] = saved
         plan.clear_plans()

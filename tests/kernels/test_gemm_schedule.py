@@ -7,7 +7,6 @@ compile without a GPU and read the hot loop with translator_kernels.hotloop's mo
 import pytest
 import torch
 
-from translator_kernels import plan as kp
 from translator.tolerances import op_tol
 
 import flysim
@@ -77,7 +76,7 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
     """bf16 M=5 (a decode shape), K=1000 (the last split has the K tail), N=72 (an N tail), full
     epilogue after the in-launch reduction: one launch, every MFMA of the tile grid, eager numerics,
     the same bits on a second run, and every split-K ticket counter back at 0."""
-    from translator_kernels.gemm.splitk import _COUNTERS
+    from translator_kernels.gemm.splitk import _POOL
 
     m, n, k = 5, 72, 1000
     a, w, b, r = _case(m, n, k, torch.bfloat16)
@@ -86,7 +85,7 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
     assert len(launches) == 1
     assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(m, n, k, "bf16", arch, cfg)
     assert torch.equal(out, again)
-    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+    assert all(int(c.abs().sum()) == 0 for free in _POOL.values() for c in free)
     torch.testing.assert_close(out.float(), _ref(a, w, b, r).to(torch.bfloat16).float(), **TOL[torch.bfloat16])
     single, _ = _run(arch, a, w, G.GemmConfig(16, 64, 64), bias=b, residual=r, activation="silu", scale=0.5)
     torch.testing.assert_close(out.float(), single.float(), **TOL[torch.bfloat16])
@@ -104,10 +103,9 @@ def test_split_k_result_does_not_depend_on_the_last_arriver(arch, monkeypatch):
     a, w, b, r = _case(5, 72, 1000, torch.bfloat16)
     out, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
     cnt = torch.ones(4096, dtype=torch.int32)
-    monkeypatch.setitem(splitk._COUNTERS, torch.device("cpu"), cnt)
-    kp.clear_plans()  # a per-call plan keeps the counters it recorded: state the adapter reads changed
+    monkeypatch.setitem(splitk._POOL, (torch.device("cpu"), None), [cnt])  # the next launch takes these
     other, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
-    assert torch.equal(out, other)
+    assert torch.equal(out, other) and splitk._POOL[torch.device("cpu"), None][-1] is cnt  # given back
     regions = 5  # 1 row tile x 5 column tiles of 16 (N_pad = 80), one region per tile with kw = 4
     assert int(cnt[:regions].abs().sum()) == 0 and bool((cnt[regions:] == 1).all())
 

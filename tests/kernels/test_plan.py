@@ -1,6 +1,8 @@
 """translator_kernels.plan: a host entry's planning runs once per call signature; replays give the
 same outputs and the same launches as the adapter itself, on flysim and on the rocm path."""
 
+import ctypes
+
 import pytest
 import torch
 
@@ -162,6 +164,36 @@ def test_rocm_path_plan_packs_what_the_adapter_packs():
         for _ in range(3):
             softmax(x)
     assert [r.kernel for r in log] == ["softmax"] * 3
+
+
+def test_rocm_path_split_k_plan_takes_counters_per_call():
+    """A replayed split-K GEMM on the device path passes the counters it took for this call (the
+    pool's array: gemm/splitk.py), not the array the recording took, which a launch that raised could
+    have left dirty: the packed counter pointer follows the pool."""
+    from translator_kernels.gemm import splitk
+
+    class Spec(list):
+        wants_spec = True
+
+        def __call__(self, name, packed, spec):  # each packed slot's first word, read during the call
+            self.append([ctypes.c_void_p.from_address(addr).value for addr in packed])
+
+    a, ws, b, _ = _gemm_operands(m=2, k=256)
+    key = (torch.device("cpu"), None)
+    saved = splitk._POOL.pop(key, None)
+    try:
+        with rocm_recorded(ARCH, Spec()) as rec:
+            for _ in range(3):  # first sight, plan built, plan replayed
+                gemm(a, ws, 48, 256, bias=b, _config=GemmConfig(16, 64, 64, 2))
+            fresh = torch.zeros(splitk.MIN_COUNTERS, dtype=torch.int32)
+            splitk._POOL[key] = [fresh]  # as after a fault: the pool's old array was dropped
+            gemm(a, ws, 48, 256, bias=b, _config=GemmConfig(16, 64, 64, 2))
+        assert len(rec) == 4 and fresh.data_ptr() in rec[-1]
+        assert splitk._POOL[key] == [fresh]
+    finally:
+        splitk._POOL.pop(key, None)
+        if saved is not None:
+            splitk._POOL[key] = saved
 
 
 def test_same_object_twice_is_its_own_signature():

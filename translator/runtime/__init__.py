@@ -58,13 +58,14 @@ def use_backend(backend: str, arch: str):
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
-    stack.append(state)
     lock = EXECUTION_LOCK if backend != "reference" else contextlib.nullcontext()
-    try:
+    try:  # pushed inside the try, popped only if pushed: an interrupt anywhere leaves the stack as it was
+        stack.append(state)
         with lock:
             yield from _run(state, backend, arch)
     finally:
-        stack.pop()
+        if stack and stack[-1] is state:
+            stack.pop()
 
 
 def _run(state, backend, arch):

@@ -29,9 +29,9 @@ def rocm_compile_env(arch: str = "gfx942"):
     env = compile_env(arch)
     env.pop("COMPILE_ONLY")
     old = {k: os.environ.get(k) for k in (*env, "COMPILE_ONLY")}
-    os.environ.update(env)
-    os.environ.pop("COMPILE_ONLY", None)
-    try:
+    try:  # changed inside the try: an interrupt right after the change restores it too
+        os.environ.update(env)
+        os.environ.pop("COMPILE_ONLY", None)
         yield
     finally:
         for k, v in old.items():

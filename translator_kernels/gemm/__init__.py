@@ -21,7 +21,7 @@ from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.gated import gated_shape
-from translator_kernels.gemm.splitk import splitk_workspace
+from translator_kernels.gemm.splitk import give_back, splitk_workspace
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, large_estimate, m_bucket,
@@ -101,6 +101,8 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm)
     kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
             a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4)
+    if cfg.split > 1:  # the launch returned: its counters are zero again (a launch that raised drops them)
+        kp.plan_effect(give_back, cnt)
     return out
 
 

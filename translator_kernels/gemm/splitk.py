@@ -14,14 +14,28 @@ sizes, so the splits meet inside the GEMM launch:
   2. lane 0 takes a ticket: an atomic add (acq_rel, agent scope) on the region's int32 counter
      in Cnt. The release makes the partial stores visible to the other workgroups first;
   3. the workgroup that draws ticket split - 1 is the last of its region: it resets the counter
-     to 0 (Cnt is all zero between launches, so no clearing launch is needed), adds the slots in
-     the fixed order 0, 1, ..., split - 1 (its own from registers, the same fp32 values it
-     stored) and runs the GEMM epilogue.
+     to 0 (a launch that completes leaves Cnt all zero, so no clearing launch is needed), adds the
+     slots in the fixed order 0, 1, ..., split - 1 (its own from registers, the same fp32 values
+     it stored) and runs the GEMM epilogue.
 The atomic only decides who adds; what is added, and in which order, is fixed by the code, so
 the result is bit-identical from run to run whichever workgroup finishes last. It differs from
 split = 1 only in fp32 rounding of K's partial sums (within the tolerance table). Cost: split x
 the tile bytes written, split - 1 read back (tiles.partial_bytes), which the tile heuristic
 weighs against the fuller grid.
+
+Who owns Cnt: the launch. A launch that stops between drawing tickets and the resets (a flysim
+error, a Ctrl-C, a device fault) leaves its counters non-zero, and any later launch that used them
+would find no last arriver: its output would never be written. So counters are never shared
+between launches that could overlap or follow a fault: `take_counters` hands a launch an array of
+its own from a pool keyed by (device, stream), and `give_back` returns it only after the launch
+call returned; a launch that raised drops its array (it is freed, never reused). The pool is per
+stream because a GPU launch is asynchronous: the array returned after the host call is next handed
+to a launch on the same stream, which runs after it, never beside it (two streams never share an
+array). An array taken while a CUDA (HIP) graph is being captured belongs to the graph: it is
+kept alive and never handed out again. Per-call plans replay the take and the give-back
+(`plan.plan_value`, `plan.plan_effect`), so a replayed launch owns its counters too. Steady state
+costs no clearing launch and no host synchronization; the first split-K launch on a stream, or
+the first after a fault, allocates a zeroed array (one memset on the stream).
 
 `add_wave_parts` is the same idea one level down (kw = 4: the 4 waves of a workgroup split each
 K tile): the waves' accumulators meet in LDS and are added in wave order 0..3.
@@ -30,12 +44,14 @@ K tile): the waves' accumulators meet in LDS and are added in wave order 0..3.
 from __future__ import annotations
 
 import flydsl.expr as fx
+import torch
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith, llvm, scf, vector
 from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from translator_kernels.gemm.common import OOB, WAVES, _raw, _v4f32, _v4i32
+from translator_kernels.plan import plan_value
 
 
 def add_wave_parts(accs, lds_ptr, wave, lane):
@@ -104,18 +120,50 @@ def reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split,
         scf.YieldOp([])
 
 
-_COUNTERS: dict = {}  # device -> int32 tickets, zero between launches (each launch resets what it used)
+MIN_COUNTERS = 4096  # an array holds at least this many regions (one array serves most GEMMs of a model)
+_POOL: dict = {}  # (device, stream handle or None) -> free int32 counter arrays, all zero
+_CAPTURED: list = []  # arrays baked into a captured CUDA (HIP) graph: alive, never handed out again
+
+
+_CUDA: dict = {}  # device -> whether it is a CUDA (HIP) device (device.type costs ~1 us a read)
+
+
+def _pool_key(device):
+    cuda = _CUDA.get(device)
+    if cuda is None:
+        cuda = _CUDA[device] = device.type == "cuda"
+    return (device, torch.cuda.current_stream(device).cuda_stream) if cuda else (device, None)
+
+
+def take_counters(device, regions: int):
+    """A zeroed int32 counter array of >= `regions` entries that this launch owns until `give_back`."""
+    free = _POOL.get(_pool_key(device))
+    while free:
+        try:
+            cnt = free.pop()
+        except IndexError:  # another thread took the last one
+            break
+        if cnt.numel() >= regions:
+            return cnt
+    return torch.zeros(max(regions, MIN_COUNTERS), dtype=torch.int32, device=device)
+
+
+def give_back(cnt) -> None:
+    """Return a launch's counters to its stream's pool: call it only after the launch call returned
+    (a launch that completes leaves them zero; one that raised must not return them)."""
+    if cnt.is_cuda and torch.cuda.is_current_stream_capturing():
+        _CAPTURED.append(cnt)
+        return
+    key = _pool_key(cnt.device)
+    free = _POOL.get(key)
+    if free is None:
+        free = _POOL.setdefault(key, [])
+    free.append(cnt)
 
 
 def splitk_workspace(device, tiles: int, cfg):
-    """(P, Cnt) for a split-K launch over `tiles` output tiles: P is fresh fp32 scratch, Cnt the
-    device's cached zeroed counters (one per region, grown when a launch needs more). Launches that
-    share Cnt must not overlap in time (one stream)."""
-    import torch
-
+    """(P, Cnt) for a split-K launch over `tiles` output tiles: P is fresh fp32 scratch, Cnt zeroed
+    counters (one per region) owned by this launch: pass Cnt to `give_back` once the launch call
+    has returned, never after it raised (see the module notes)."""
     p = torch.empty(tiles * cfg.split * cfg.bm * cfg.bn, dtype=torch.float32, device=device)
-    regions = tiles * (WAVES // cfg.kw)
-    cnt = _COUNTERS.get(device)
-    if cnt is None or cnt.numel() < regions:
-        cnt = _COUNTERS[device] = torch.zeros(max(regions, 4096), dtype=torch.int32, device=device)
-    return p, cnt
+    return p, plan_value(take_counters, device, tiles * (WAVES // cfg.kw))

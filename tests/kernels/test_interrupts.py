@@ -1,0 +1,128 @@
+"""A Ctrl-C at any line of the kernel library's host path leaves nothing behind (issue 24, item 1:
+"look for any other state like this").
+
+The host path keeps per-thread state (launch mode, launch log, the plan being recorded, the backend
+stack, the environment a GPU-less rocm compile sets) and process-wide tables (compiled
+specializations, plans, split-K counter pools). A trace function raises KeyboardInterrupt at the
+n-th line run in those modules (but inside a `finally:` cleanup), for every n of a split-K GEMM call on the rocm host path (device
+call recorded: host code only, milliseconds a call): on first sight, while its plan is built, on a
+replay. After each interrupt the thread state and the environment are as before, the next two calls
+(a plan built or replayed) record the same device calls, and at the end the GEMM under flysim equals torch.
+"""
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from translator import runtime
+from translator.runtime.stub import rocm_recorded
+from translator.tolerances import op_tol
+from translator_kernels import launch as kl
+from translator_kernels import plan
+from translator_kernels.gemm import gemm, splitk
+from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.gemm.tiles import GemmConfig
+
+ARCH = "gfx942"
+WATCHED = {"translator_kernels.plan", "translator_kernels.launch", "translator_kernels.gemm",
+           "translator_kernels.gemm.splitk", "translator_kernels.packer", "translator.runtime",
+           "translator.runtime.stub", "translator.runtime.ops"}
+CFG = GemmConfig(16, 64, 64, split=2)  # split-K: counters taken and given back per launch
+
+
+def _cleanup_lines(filename: str) -> frozenset:
+    """Lines inside the `finally:` suites of a module: an interrupt there stops the cleanup itself,
+    which no Python code can guard against (CPython delivers a signal between bytecodes), so those
+    lines are not interrupted."""
+    got = _CLEANUP.get(filename)
+    if got is None:
+        path = Path(filename)  # generated code (a plan's run function, dataclass methods) has none
+        tree = ast.parse(path.read_text()) if path.is_file() else ast.Module(body=[], type_ignores=[])
+        got = _CLEANUP[filename] = frozenset(
+            line for node in ast.walk(tree) if isinstance(node, ast.Try)
+            for stmt in node.finalbody for line in range(stmt.lineno, stmt.end_lineno + 1))
+    return got
+
+
+_CLEANUP: dict = {}
+
+
+class _Interrupt:
+    """sys.settrace hook: KeyboardInterrupt at the `at`-th line run in a WATCHED module, cleanup
+    lines left out (counts only when `at` is None)."""
+
+    def __init__(self, at=None):
+        self.at, self.lines, self.where = at, 0, None
+
+    def __call__(self, frame, event, arg):
+        if frame.f_globals.get("__name__") not in WATCHED:
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        if event == "line" and frame.f_lineno not in _cleanup_lines(frame.f_code.co_filename):
+            self.lines += 1
+            if self.lines == self.at:
+                self.where = f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
+                raise KeyboardInterrupt(f"interrupted at {self.where}")
+        return self._line
+
+
+def _state():
+    env = {k: os.environ.get(k) for k in ("COMPILE_ONLY", "ARCH", "FLYDSL_GPU_ARCH", "ROCM_PATH")}
+    return (getattr(kl._local, "mode", None), getattr(kl._local, "log", None), getattr(kl._local, "plan_rec", None),
+            list(getattr(runtime._state, "stack", None) or []), env)
+
+
+def _operands(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a, w = torch.randn(3, 256, generator=g), torch.randn(48, 256, generator=g)
+    return a, w, shuffle_weight(w)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2], ids=["first-sight", "plan-build", "replay"])
+def test_an_interrupt_at_any_line_leaves_no_state(stage):
+    a, w, ws = _operands()
+
+    def call(hook=None):
+        sys.settrace(hook)  # entering and leaving the backend is traced too
+        try:
+            with rocm_recorded(ARCH) as rec:
+                gemm(a, ws, 48, 256, _config=CFG)
+        finally:
+            sys.settrace(None)
+        return list(rec)
+
+    def setup():
+        plan.clear_plans()
+        return [call() for _ in range(stage)]
+
+    before = _state()
+    want = call()  # compiles outside the trace
+    setup()
+    counter = _Interrupt()
+    assert call(counter) == want
+    assert counter.lines > 20
+    for at in range(1, counter.lines + 1):
+        setup()
+        hook = _Interrupt(at)
+        try:
+            call(hook)
+        except KeyboardInterrupt:
+            pass
+        assert _state() == before, f"an interrupt in {hook.where} left thread state or the environment behind"
+        assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"
+    plan.clear_plans()
+
+
+def test_after_the_interrupts_flysim_still_equals_torch():
+    a, w, ws = _operands(1)
+    tol = op_tol(torch.float32, "gemm", reduction_length=256, scale=10.0)
+    with runtime.use_backend("flysim", ARCH):
+        for _ in range(3):
+            torch.testing.assert_close(gemm(a, ws, 48, 256, _config=CFG), a @ w.T, **tol)
+    assert all(not c.any() for c in splitk._POOL.get((torch.device("cpu"), None), []))

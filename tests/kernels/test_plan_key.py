@@ -1,0 +1,173 @@
+"""A per-call plan (translator_kernels.plan) is replayed only for calls its adapter would handle the
+same way (issue 24, item 4).
+
+The plan key holds, per tensor argument, its dtype, shape, strides, device, data-pointer alignment
+and which earlier argument it is. Mutation testing showed that a key without the strides (a
+transposed input replayed as the contiguous one: error 3.7) or without the dtype (an fp32 plan
+replayed on bf16 data: an out-of-bounds read) passed every test, and so did a wrong batch stride in
+bmm at K = 38 (error 28.5). Each has its test here, and a property test runs random strides,
+dtypes, storage offsets and aliasing through one plan against the unplanned call, bit for bit.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import flysim
+from translator.tolerances import op_tol
+from translator_kernels import plan
+from translator_kernels.gemm import bmm, gemm
+from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.generated.elementwise import fused_elementwise
+from translator_kernels.rows.softmax import softmax
+
+ARCH = "gfx942"
+F32 = op_tol(torch.float32, "gemm", reduction_length=64, scale=10.0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    plan.clear_plans()
+    yield
+    plan.clear_plans()
+
+
+def _through_plan(fn, args, kwargs=None):
+    """Three planned calls with the same signature (first sight, plan built, plan replayed)."""
+    for _ in range(3):
+        out = plan.call(fn, args, kwargs, True)
+    return out
+
+
+def test_a_plan_is_not_replayed_for_other_strides():
+    """gemm's plan for a contiguous [16, 64] activation, then the same shape transposed in memory:
+    the adapter makes the second contiguous (a copy); a replay of the first plan would read it as
+    row-major."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 64, generator=g)
+    ws = shuffle_weight(w)
+    a = torch.randn(16, 64, generator=g)
+    at = torch.randn(64, 16, generator=g).t()  # shape (16, 64), strides (1, 16)
+    with flysim.simulate(arch=ARCH):
+        torch.testing.assert_close(_through_plan(gemm.unplanned, (a, ws, 48, 64)), a @ w.T, **F32)
+        torch.testing.assert_close(plan.call(gemm.unplanned, (at, ws, 48, 64), None, True), at @ w.T, **F32)
+        x = torch.randn(8, 8, generator=g)
+        _through_plan(softmax.unplanned, (x,))
+        xt = torch.randn(8, 8, generator=g).t()
+        torch.testing.assert_close(plan.call(softmax.unplanned, (xt,), None, True), torch.softmax(xt, -1))
+
+
+def test_a_plan_is_not_replayed_for_another_dtype():
+    """softmax's fp32 plan, then bf16 rows of the same shape: a replay would launch the fp32 kernel
+    on half the bytes (an out-of-bounds read that flysim reports)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 64, generator=g)
+    xb = torch.randn(6, 64, generator=g).to(torch.bfloat16)
+    with flysim.simulate(arch=ARCH):
+        _through_plan(softmax.unplanned, (x,))
+        got = plan.call(softmax.unplanned, (xb,), None, True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), torch.softmax(xb.float(), -1), atol=8e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bmm_batch_stride_with_a_k_tail(dtype):
+    """K = 38 is padded to 40 (16-byte rows): the activation's batch stride is M x 40, not M x 38,
+    and b (K not a multiple of kpack) is preshuffled per batch; 3 batches of distinct matrices,
+    directly and through a replayed plan."""
+    g = torch.Generator().manual_seed(2)
+    a = (torch.randn(3, 7, 38, generator=g) / 6).to(dtype)
+    b = torch.randn(3, 38, 24, generator=g).to(dtype)
+    want = a.float() @ b.float()
+    tol = op_tol(dtype, "gemm", reduction_length=38, scale=10.0)
+    with flysim.simulate(arch=ARCH):
+        direct = bmm(a, b)
+        replayed = _through_plan(bmm.unplanned, (a, b))
+    for out in (direct, replayed):
+        assert out.shape == (3, 7, 24)
+        torch.testing.assert_close(out.float(), want.to(dtype).float(), **tol)
+
+
+# ---- property: random strides, dtypes, offsets and aliasing through one plan -------------------
+ROWS, COLS = 4, 8
+
+
+def _layout(kind: str, dtype, seed: int, offset: int):
+    """A [ROWS, COLS] tensor of `dtype` laid out as `kind` (its own storage)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    if kind == "contiguous":
+        return rnd(ROWS, COLS)
+    if kind == "transposed":
+        return rnd(COLS, ROWS).t()
+    if kind == "offset":  # storage offset (and base-address alignment) differ
+        return rnd(ROWS * COLS + offset)[offset:].view(ROWS, COLS)
+    if kind == "broadcast":  # one row, stride 0
+        return rnd(1, COLS).expand(ROWS, COLS)
+    if kind == "column-step":
+        return rnd(ROWS, 2 * COLS)[:, ::2]
+    return rnd(ROWS, COLS + 4)[:, offset:offset + COLS]  # "row-slice": row stride COLS + 4
+
+
+KINDS = ["contiguous", "transposed", "offset", "broadcast", "column-step", "row-slice"]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@st.composite
+def calls(draw):
+    """(first input, second input) of one call: the second independent, the same object, or
+    another view of the first's storage (overlapping or not)."""
+    dtype = draw(st.sampled_from(DTYPES))
+    seed = draw(st.integers(0, 2**16))
+    x = _layout(draw(st.sampled_from(KINDS)), dtype, seed, draw(st.integers(1, 3)))
+    alias = draw(st.sampled_from(["independent", "same", "overlap", "disjoint"]))
+    if alias == "independent":
+        y = _layout(draw(st.sampled_from(KINDS)), draw(st.sampled_from(DTYPES)), seed + 1, draw(st.integers(1, 3)))
+    elif alias == "same":
+        y = x
+    else:
+        base = torch.randn(ROWS, 2 * COLS, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        x = base[:, :COLS]
+        y = base[:, COLS // 2:COLS // 2 + COLS] if alias == "overlap" else base[:, COLS:]
+    return x, y
+
+
+def _program(x, y):
+    out = "f32" if torch.float32 in (x.dtype, y.dtype) else {torch.bfloat16: "bf16", torch.float16: "f16"}[x.dtype]
+    if x.dtype != y.dtype:
+        out = "f32"
+    return ('{"n":2,"ops":[["mul",[0,1],[]],["gelu",[2],[]]],"out":[[3,"%s"]]}' % out)
+
+
+def _cases(x, y):
+    """(adapter, args) pairs: softmax reads x (strides, dtype, offset); the fused elementwise
+    program reads both (aliasing, and tensors inside a list argument)."""
+    prog = _program(x, y)
+    return [(softmax.unplanned, (x,)), (fused_elementwise.unplanned, ([x, y], prog))]
+
+
+def _same(a, b):
+    a = list(a) if isinstance(a, (list, tuple)) else [a]
+    b = list(b) if isinstance(b, (list, tuple)) else [b]
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        assert (u.shape, u.dtype) == (v.shape, v.dtype)
+        assert torch.equal(u, v) or (u.isnan() == v.isnan()).all() and torch.equal(u.nan_to_num(), v.nan_to_num())
+
+
+@settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # minutes under flysim
+@given(first=calls(), second=calls())
+def test_property_one_plan_never_serves_another_layout(first, second):
+    """Calls v1 x 3, v2 x 3, v1 through plan.call (v1's plan is built on its second call and
+    replayed on its third; v2 must never be served by it, nor v1 by v2's): each result equals the
+    adapter's own, bit for bit."""
+    with flysim.simulate(arch=ARCH):
+        for v1, v2 in zip(_cases(*first), _cases(*second)):
+            want = {id(v): v[0](*v[1]) for v in (v1, v2)}
+            for v in (v1, v1, v1, v2, v2, v2, v1):
+                _same(plan.call(v[0], v[1], None, True), want[id(v)])
