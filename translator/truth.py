@@ -11,6 +11,11 @@ inputs, dtype)` makes such a run:
   modules on the call stack exist twice (one decoder layer's, not the model's), so the run costs
   about one layer of weights on top of the model, where a cast copy of the model cost its size in
   the new dtype (2x an fp32 model's bytes in fp64).
+- **Convolutions as in eager.** A conv module (`KEPT`) keeps its weights and runs on its input
+  rounded to their dtype; its output is cast to `dtype` for what follows. Convolutions stay in
+  PyTorch in every translation, so eager and the translation compute them alike, and a more exact
+  conv would only cost memory: fp64 convolutions on CPU take im2col paths whose buffers are many
+  times the activations.
 - **Whole model where it must.** A module that reads another module's weights without calling it
   (a tied `F.linear(x, self.embed.weight)`), or a graph module (its `get_attr` nodes read every
   submodule's tensors), needs everything cast before it starts: the run is retried, or for a graph
@@ -32,6 +37,13 @@ import io
 
 import torch
 import torch.utils._pytree as pytree
+
+
+# modules that run in the model's own dtype in a per-module run: convolutions stay in PyTorch in every
+# translation (DESIGN.md), so the translation computes them as eager does and a more exact run of them
+# measures nothing the verdict uses; in fp64 CPU convolutions also leave oneDNN for im2col / col2im
+# paths whose column buffers are many times the activations (9 GB for KernelBench L2/13 at its size)
+KEPT = (torch.nn.modules.conv._ConvNd,)
 
 
 class CastRunError(RuntimeError):
@@ -75,8 +87,19 @@ def _per_module(model: torch.nn.Module, dtype: torch.dtype):
     def post(mod, _args, _out):
         _restore(stacks[id(mod)].pop())
 
+    def pre_kept(mod, args):  # the module runs as in eager, on its input rounded to its weights' dtype
+        w = next((t for t in mod.parameters(recurse=False) if t.is_floating_point()), None)
+        return pytree.tree_map(lambda x: x.to(w.dtype) if w is not None and _floating(x) else x, args)
+
+    def post_kept(_mod, _args, out):
+        return pytree.tree_map(lambda x: x.to(dtype) if _floating(x) else x, out)
+
     try:
         for m in model.modules():
+            if isinstance(m, KEPT):
+                handles.append(m.register_forward_pre_hook(pre_kept))
+                handles.append(m.register_forward_hook(post_kept))
+                continue
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post, always_call=True))
         yield

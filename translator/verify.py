@@ -328,15 +328,23 @@ def first_divergence(captured_gm, translated_gm, flat_inputs, run_ctx, precision
     from .registry import FAMILIES
 
     worst = max((c[1] for c in calibration or [] if c), default=0.0)
+    needed = set()  # the captured values some FlyDSL node stands for: only these are kept (not every activation)
+    for n in translated_gm.graph.nodes:
+        if "flydsl" in n.meta:
+            needed.add(n.meta["flydsl"].get("anchor"))
+            needed.update(_replaces(u) for u in n.users)
+    def keep(n):
+        return n.meta.get("orig_name") if n.meta.get("orig_name") in needed else None
+
     with torch.no_grad():
-        ref = node_values(captured_gm, flat_inputs, lambda n: n.meta.get("orig_name"))
+        ref = node_values(captured_gm, flat_inputs, keep)
         with run_ctx():
             got = node_values(translated_gm, flat_inputs,
                               lambda n: n.name if "flydsl" in n.meta or "replaces" in n.meta else None)
         truth = None
         if any(isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16) for v in ref.values()):
             try:
-                truth = truth_values(captured_gm, flat_inputs, torch.float32, lambda n: n.meta.get("orig_name"))
+                truth = truth_values(captured_gm, flat_inputs, torch.float32, keep)
             except Exception:  # noqa: BLE001 — the table-based judgement below still applies
                 truth = None
     for n in translated_gm.graph.nodes:
