@@ -24,7 +24,9 @@ inputs, dtype)` makes such a run:
 - **State.** A buffer the model writes in place (a KV cache filled with `index_copy_`, a step
   counter) is cast with the run, like every tensor, and written only in its copy: the model's own
   buffers are never touched (the originals go back untouched), so nothing needs restoring. The
-  inputs are the caller's private copies, cast. A model that writes state held anywhere else (a
+  inputs are the caller's private copies, cast. State the forward itself creates with an explicit
+  dtype (HF's static cache allocates its key / value tensors in the first forward) is created in
+  the truth's dtype (`_Promote`: a dtype argument naming the model's precision names the truth's). A model that writes state held anywhere else (a
   tensor inside a plain Python object) fails in its own run with a dtype mismatch: `run_as` raises
   `CastRunError` naming it, and the caller states why that run was skipped. Graph modules print a
   traceback to stderr when their generated code raises: that print is kept out of a handled case.
@@ -123,6 +125,33 @@ def _whole(model: torch.nn.Module, dtype: torch.dtype):
             _restore(s)
 
 
+class _Promote(torch.overrides.TorchFunctionMode):
+    """Within a truth run: a dtype argument naming the model's precision (`torch.zeros(..., dtype=
+    torch.float32)`, `x.to(torch.bfloat16)`) names the truth's dtype instead, so state the model
+    creates in its forward (HF's static cache allocates its key / value tensors there) is as exact as
+    the rest of the run and can take what the run writes into it."""
+
+    def __init__(self, narrow: tuple, dtype: torch.dtype):
+        super().__init__()
+        self.narrow, self.dtype = narrow, dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        def up(x):
+            return self.dtype if isinstance(x, torch.dtype) and x in self.narrow else x
+
+        args = tuple(up(a) for a in args)
+        kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
+        return func(*args, **kwargs)
+
+
+def _promoting(dtype: torch.dtype):
+    """_Promote for a run in a wider dtype than the model's (fp64 over fp32, fp32 over bf16 / fp16); none
+    for a run in a narrower one (a bf16 run of an fp32 model keeps the fp32 the model asks for)."""
+    narrow = {torch.float64: (torch.float32, torch.bfloat16, torch.float16),
+              torch.float32: (torch.bfloat16, torch.float16)}.get(dtype)
+    return _Promote(narrow, dtype) if narrow else contextlib.nullcontext()
+
+
 def _has_graph_module(model) -> bool:
     return any(isinstance(m, torch.fx.GraphModule) for m in model.modules())
 
@@ -139,7 +168,7 @@ def run_as(model: torch.nn.Module, inputs: tuple, dtype: torch.dtype):
     for mode in modes:
         quiet = io.StringIO()
         try:
-            with torch.no_grad(), mode(model, dtype), contextlib.redirect_stderr(quiet):
+            with torch.no_grad(), mode(model, dtype), _promoting(dtype), contextlib.redirect_stderr(quiet):
                 return model(*cast_inputs(inputs, dtype))
         except Exception as e:  # noqa: BLE001 — retried whole, then reported by the caller with its cause
             first = first or e
