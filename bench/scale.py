@@ -8,7 +8,8 @@ no download) at 0.3 B, 1.1 B and 3 B parameters, fp32 and bf16, one sequence of 
 
 Each point runs in its own child process (`python -m bench.scale --child NAME`), so its peak RSS is
 its own. Per point it prints:
-- translate time split: eager (the model's own forward), truth (the more exact run that
+- translate time split (wall, and the process's CPU time over all its threads, which a machine
+  shared with other jobs disturbs less): eager (the model's own forward), truth (the more exact run that
   verification judges against: fp64 for fp32, fp32 for bf16; translator.truth), capture, passes,
   compile (precompile), verify (the translated forward and the comparison); and per layer;
 - RSS: the model's weight bytes, the RSS with the model built (before translate), eager's own
@@ -100,16 +101,18 @@ def child(name: str, layers: int | None) -> dict:
     eager_act = max(0, _status("VmHWM") - rss_model)
 
     times: dict = {}
+    cpu: dict = {}
     peaks: dict = {}
 
     def timed(key, fn):
         def run(*a, **k):
             _reset_peak()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             try:
                 return fn(*a, **k)
             finally:
                 times[key] = times.get(key, 0.0) + time.perf_counter() - t
+                cpu[key] = cpu.get(key, 0.0) + time.process_time() - c
                 peaks[key] = max(peaks.get(key, 0), _status("VmHWM"))
         return run
 
@@ -121,24 +124,26 @@ def child(name: str, layers: int | None) -> dict:
     def listen(stage, done):
         if not done:
             _reset_peak()
-            starts[stage] = time.perf_counter()
+            starts[stage] = (time.perf_counter(), time.process_time())
         else:
-            times[stage] = times.get(stage, 0.0) + time.perf_counter() - starts[stage]
+            times[stage] = times.get(stage, 0.0) + time.perf_counter() - starts[stage][0]
+            cpu[stage] = cpu.get(stage, 0.0) + time.process_time() - starts[stage][1]
             peaks[stage] = max(peaks.get(stage, 0), _status("VmHWM"))
 
     token = progress._listener.set(listen)
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         tm = translator.translate(m, inputs, backend="reference")
     finally:
         progress._listener.reset(token)
-    total = time.perf_counter() - t0
+    total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = max([_status("VmHWM"), *peaks.values()])
     v = tm.report.verification
     c = v.outputs[0] if v.outputs else None
     return dict(point=name, layers=n_layers, params=sum(p.numel() for p in m.parameters()), weight_bytes=weight_bytes,
                 rss_model=rss_model, eager_act=eager_act, peak=peak, peaks=peaks, total_s=total, times=times,
+                total_cpu_s=total_cpu, cpu=cpu,
                 passed=v.passed, message=v.message[:300], calibration=v.calibration,
                 eager_rms_rel=getattr(c, "eager_rms_rel", None), truth_rms_rel=getattr(c, "truth_rms_rel", None),
                 rms_rel_vs_eager=getattr(c, "rms_rel", None), bound=getattr(c, "bound", None))
@@ -164,9 +169,12 @@ def show(r: dict) -> None:
         return
     w = r["weight_bytes"]
     t = r["times"]
-    split = ", ".join(f"{k} {t[k]:.1f}" for k in ("eager", "truth", "capture", "passes", "compile", "verify") if k in t)
+    stages = ("eager", "truth", "capture", "passes", "compile", "verify")
+    split = ", ".join(f"{k} {t[k]:.1f}" for k in stages if k in t)
+    cpu = ", ".join(f"{k} {r['cpu'][k]:.1f}" for k in stages if k in r["cpu"])
     print(f"{r['point']}: {r['params'] / 1e9:.2f} B params, {r['layers']} layers, weights {w / GiB:.2f} GiB")
-    print(f"  translate {r['total_s']:.1f} s ({split}); {r['total_s'] / r['layers']:.2f} s per layer")
+    print(f"  translate wall {r['total_s']:.1f} s ({split}); {r['total_s'] / r['layers']:.2f} s per layer")
+    print(f"  translate CPU {r['total_cpu_s']:.1f} s, all threads ({cpu}); {r['total_cpu_s'] / r['layers']:.2f} s per layer")
     over = r["peak"] - r["rss_model"] + w  # the weights plus what translate added over the built model
     print(f"  RSS: model built {r['rss_model'] / GiB:.2f} GiB, eager activation peak {r['eager_act'] / GiB:.2f} GiB, "
           f"translate peak {r['peak'] / GiB:.2f} GiB = {r['peak'] / w:.2f}x weights "

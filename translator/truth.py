@@ -11,11 +11,12 @@ inputs, dtype)` makes such a run:
   modules on the call stack exist twice (one decoder layer's, not the model's), so the run costs
   about one layer of weights on top of the model, where a cast copy of the model cost its size in
   the new dtype (2x an fp32 model's bytes in fp64).
-- **Convolutions as in eager.** A conv module (`KEPT`) keeps its weights and runs on its input
+- **Convolutions and embeddings as in eager.** A conv or embedding module (`KEPT`) keeps its weights and runs on its input
   rounded to their dtype; its output is cast to `dtype` for what follows. Convolutions stay in
   PyTorch in every translation, so eager and the translation compute them alike, and a more exact
   conv would only cost memory: fp64 convolutions on CPU take im2col paths whose buffers are many
-  times the activations.
+  times the activations. An embedding lookup is exact in any dtype; its table is the largest
+  weight of an LLM.
 - **Whole model where it must.** A module that reads another module's weights without calling it
   (a tied `F.linear(x, self.embed.weight)`), or a graph module (its `get_attr` nodes read every
   submodule's tensors), needs everything cast before it starts: the run is retried, or for a graph
@@ -45,7 +46,9 @@ import torch.utils._pytree as pytree
 # translation (DESIGN.md), so the translation computes them as eager does and a more exact run of them
 # measures nothing the verdict uses; in fp64 CPU convolutions also leave oneDNN for im2col / col2im
 # paths whose column buffers are many times the activations (9 GB for KernelBench L2/13 at its size)
-KEPT = (torch.nn.modules.conv._ConvNd,)
+# an embedding lookup rounds nothing: casting its whole table to gather a few rows (524 MB in fp64 for a
+# 32 k x 2048 vocabulary) would be the run's largest allocation for no exactness
+KEPT = (torch.nn.modules.conv._ConvNd, torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
 class CastRunError(RuntimeError):
