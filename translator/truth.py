@@ -51,6 +51,9 @@ import torch.utils._pytree as pytree
 KEPT = (torch.nn.modules.conv._ConvNd, torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
+_PAUSED: list = []  # the KEPT modules running now (translate() runs one model at a time: its lock)
+
+
 class CastRunError(RuntimeError):
     """The model could not run in the other dtype (the message names why)."""
 
@@ -94,9 +97,11 @@ def _per_module(model: torch.nn.Module, dtype: torch.dtype):
 
     def pre_kept(mod, args):  # the module runs as in eager, on its input rounded to its weights' dtype
         w = next((t for t in mod.parameters(recurse=False) if t.is_floating_point()), None)
+        _PAUSED.append(mod)  # _Promote must not widen this cast, nor anything inside the module
         return pytree.tree_map(lambda x: x.to(w.dtype) if w is not None and _floating(x) else x, args)
 
     def post_kept(_mod, _args, out):
+        _PAUSED.pop()
         return pytree.tree_map(lambda x: x.to(dtype) if _floating(x) else x, out)
 
     try:
@@ -114,6 +119,7 @@ def _per_module(model: torch.nn.Module, dtype: torch.dtype):
         for stack in stacks.values():  # a forward that raised before its hook ran
             while stack:
                 _restore(stack.pop())
+        _PAUSED.clear()
 
 
 @contextlib.contextmanager
@@ -139,6 +145,9 @@ class _Promote(torch.overrides.TorchFunctionMode):
         self.narrow, self.dtype = narrow, dtype
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _PAUSED:  # inside a module kept in the model's dtype
+            return func(*args, **(kwargs or {}))
+
         def up(x):
             return self.dtype if isinstance(x, torch.dtype) and x in self.narrow else x
 

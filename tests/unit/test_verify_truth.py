@@ -83,3 +83,16 @@ def test_a_run_that_cannot_cast_raises_one_clear_error(capfd):
     with pytest.raises(CastRunError, match="index_copy_.*same dtype"):
         run_as(Unreachable(), (torch.randn(2, 4),), torch.float64)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_convolutions_run_in_the_models_dtype():
+    # a conv stays in PyTorch in every translation; in fp64 it would take CPU im2col paths (many times the memory)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    seen = []
+    m[0].register_forward_hook(lambda mod, args, out: seen.append((args[0].dtype, mod.weight.dtype, out.dtype)))
+    m[3].register_forward_hook(lambda mod, args, out: seen.append((args[0].dtype, mod.weight.dtype, out.dtype)))
+    x = torch.randn(2, 3, 8, 8)
+    out = run_as(m, (x,), torch.float64)
+    assert seen == [(torch.float32,) * 3, (torch.float64,) * 3], seen  # per module, not the whole-model fallback
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, m(x).double(), rtol=1e-5, atol=1e-6)
