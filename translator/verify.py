@@ -208,7 +208,7 @@ def _truth_check(i, e, g, cal: EagerError, lp: str) -> tuple[OutputCheck, str | 
     b = truth_bound(lp, cal.truth, cal.max_abs, cal.rms_abs)
     err = errors_against(cal.truth, g)
     scale = rms(cal.truth)
-    vs_eager = compare(e, g, Bound(float("inf"), 0.0, float("inf")))
+    vs_eager = compare(e, g, model_bound(lp, e))  # for the errors against eager only (max rel where |eager| > atol)
     extra = err["nonfinite"] - cal.nonfinite  # NaN / inf where the truth is finite, beyond eager's own
     ok = err["max_abs"] <= b.max_abs and err["rms_abs"] <= b.rms and extra <= 0
     check = OutputCheck(i, list(e.shape), str(e.dtype).replace("torch.", ""), vs_eager["max_abs"], vs_eager["max_rel"],
@@ -393,7 +393,7 @@ def _truth_divergence(n, info, name, e, g, t, lp) -> Divergence | None:
     b = truth_bound(lp, t, ee["max_abs"], ee["rms_abs"])
     if eg["max_abs"] <= b.max_abs and eg["rms_abs"] <= b.rms and eg["nonfinite"] <= ee["nonfinite"]:
         return None
-    c = compare(e, g, Bound(float("inf"), 0.0, float("inf")))
+    c = compare(e, g, model_bound(lp, e))  # the errors against eager, for the message (its verdict is not used)
     scale = rms(t)
     return Divergence(n.name, f"flydsl.{info['family']}", name, list(g.shape), str(g.dtype).replace("torch.", ""),
                       c["max_abs"], c["max_rel"], c["worst_index"], c["expected"], c["got"],
