@@ -386,7 +386,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
                            "the model's own mode is unchanged")
     with _eval_mode(model):
         eager = _eager(model, _fresh(inputs))
-        calibration, cal_note = calibrate(model, _fresh(inputs), eager) if verify and precision == "fp32" else (None, "")
+        calibration, cal_note = calibrate(model, _fresh(inputs), eager, precision) if verify else (None, "")
         while True:
             tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs

@@ -134,3 +134,57 @@ def test_a_bf16_models_output_is_held_to_the_bf16_row_under_the_default_precisio
     assert _outputs(want, rounding).passed
     assert not _outputs(want, (want.float() * 1.1).bfloat16()).passed  # 10 % off still fails
     assert "fp32 table" in model_bound("fp32", want.float()).why
+
+
+def _seeded_gemm(monkeypatch, edit):
+    """Translate a Linear whose FlyDSL GEMM's output is edited by `edit` (a seeded kernel bug)."""
+    import translator.lowerings  # noqa: F401  (fills the registry)
+    from translator.registry import FAMILIES
+    fam = FAMILIES["gemm"]
+    good = fam.reference
+
+    def seeded(*a):
+        out = good(*a).clone()
+        edit(out)
+        return out
+
+    monkeypatch.setattr(fam, "reference", seeded)
+    torch.manual_seed(0)
+    return translate(torch.nn.Linear(64, 64), (torch.randn(16, 64),), backend="reference").report.verification
+
+
+@pytest.mark.parametrize("delta, passes", [(5e-4, False), (5e-5, False), (2e-6, True)])
+def test_one_element_off_is_judged_by_the_table_behaviourally(monkeypatch, delta, passes):
+    # what the fp32 table means at unit scale (outputs of RMS ~0.6): one element off by 5e-5 is a bug, off by
+    # 2e-6 (tens of fp32 ulps, a different summation order's worth) is not. With the table's atol x100 the
+    # 5e-4 and 5e-5 cases passed, which the pinned numbers above alone did not show
+    def edit(out):
+        out[3, 7] += delta
+
+    v = _seeded_gemm(monkeypatch, edit)
+    assert v.passed is passes, v.message
+    if not passes:
+        assert "max abs err" in v.message and v.divergence is not None and v.divergence.op == "flydsl.gemm"
+
+
+def test_a_small_error_on_every_element_fails_by_rms(monkeypatch):
+    # every element off by 80 % of what the elementwise bound allows it: no single element fails, the RMS check does
+    def edit(out):
+        atol = 1e-5 * out.square().mean().sqrt()
+        out += 0.8 * (atol + 1e-5 * out.abs()) * torch.sign(torch.randn_like(out))
+
+    v = _seeded_gemm(monkeypatch, edit)
+    assert v.passed is False and "RMS rel err" in v.message, v.message
+    assert v.outputs[0].max_abs <= v.outputs[0].atol + v.outputs[0].rtol * 4  # elementwise alone would have passed
+
+
+def test_nan_outputs_are_counted(monkeypatch):
+    def edit(out):
+        out[0, :] = float("nan")
+        out[1, :] = float("inf")
+
+    v = _seeded_gemm(monkeypatch, edit)
+    assert v.passed is False
+    assert "64 NaN and 64 inf outputs where eager is finite" in v.message, v.message  # not "RMS rel err 0"
+    assert v.outputs[0].nonfinite == 128
+    assert v.divergence is not None and "128 NaN/inf values" in v.divergence.describe()

@@ -208,6 +208,9 @@ class Report:
             rel = f", max rel {c.max_rel:.3g}" if c.max_rel is not None else ""
             out.append(f"  - output {c.index} {c.shape} {c.dtype}: max abs {c.max_abs:.3g}{rel}, RMS rel {c.rms_rel:.3g} "
                        f"(atol {c.atol:.3g}, rtol {c.rtol:g}, RMS rel {c.rms_bound:.3g}; {c.bound})")
+            if getattr(c, "truth_rms_rel", None) is not None:  # both errors against the more exact run
+                out.append(f"    - against the truth: translation RMS rel {c.truth_rms_rel:.3g} / max abs "
+                           f"{c.truth_max:.3g}; eager RMS rel {c.eager_rms_rel:.3g} / max abs {c.eager_max:.3g}")
         if self.kernel_sources:
             out.append(f"- kernel sources: [{self.kernel_sources}]({self.kernel_sources})")
         rewrites = {k: n for k, n in self.counters.items() if not k.startswith("absorbed_")}
