@@ -12,8 +12,14 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   state could not be restored.
 - `own_mutable_state(gm)`: torch.export's graph module holds the user's own parameter and
   buffer tensors. Every tensor the graph writes (the target of an in-place op such as
-  `aten.copy_` or `aten.add_`) is replaced in the graph module by a private copy, so the
-  translated module never advances the user's buffers nor the reverse. Tensors the graph only
+  `aten.copy_`, `aten.index_put_` or `aten.add_`) is replaced in the graph module by a private
+  copy, so a translated module never advances the user's buffers nor the reverse: translate()'s
+  result is a separate artifact, which owns ONE copy of each such buffer (a KV cache, running
+  statistics), written in place by every call, whatever its shapes (one graph serves prefill and
+  decode where the capture kept the sequence dim dynamic), and saved / loaded with it. A tensor
+  marked with `share(t)` is kept as it is instead: under torch.compile the state is the user's
+  own buffer (as dynamo's eager backend does), so every graph dynamo hands over (prefill, decode,
+  each recompile) writes the one storage the user holds. Tensors the graph only
   reads (weights) stay shared: copying them would double the memory of every translated
   model, and translated FlyDSL ops that need a different layout (preshuffled GEMM weights)
   already hold their own copies. The extra memory is the size of the mutated buffers.
@@ -42,6 +48,7 @@ from .errors import InputError
 
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> _Prepared
+_SHARED: dict = {}  # id(tensor) -> weakref: state that translations write in place, never copy (see share)
 
 
 def _stamp(tensors) -> list:
@@ -168,13 +175,39 @@ def preserved(*modules: torch.nn.Module):
                     "(self.register_buffer) instead of a Parameter")
 
 
+def share(t: torch.Tensor) -> None:
+    """Mark `t` as state that a translation writes where it is (own_mutable_state leaves it)."""
+    if id(t) not in _SHARED or _SHARED[id(t)]() is not t:
+        key = id(t)
+        _SHARED[key] = weakref.ref(t, lambda _r, key=key: _SHARED.pop(key, None))
+
+
+def is_shared(t) -> bool:
+    ref = _SHARED.get(id(t))
+    return ref is not None and ref() is t
+
+
+def rebind(module: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -> int:
+    """Every buffer slot of `module` (and its submodules) that holds `old` holds `new` instead."""
+    done = 0
+    for m in module.modules():
+        for k, v in m._buffers.items():
+            if v is old:
+                m._buffers[k] = new
+                done += 1
+    return done
+
+
 def own_mutable_state(gm: torch.fx.GraphModule) -> list[str]:
-    """Give `gm` private copies of the tensors its graph writes in place; returns their names."""
+    """Give `gm` private copies of the tensors its graph writes in place, except shared ones
+    (`share`); returns the names of all tensors it writes."""
     written = written_targets(gm)
     for target in written:
         owner, _, attr = target.rpartition(".")
         mod = gm.get_submodule(owner) if owner else gm
         t = getattr(mod, attr)
+        if is_shared(t):
+            continue
         copy = t.detach().clone()
         if isinstance(t, torch.nn.Parameter):
             setattr(mod, attr, torch.nn.Parameter(copy, requires_grad=t.requires_grad))
