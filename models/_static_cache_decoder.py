@@ -21,14 +21,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-vocab_size = 256
-dim = 128
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-intermediate = 384
-max_seq = 48
-max_batch = 1
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab_size: int = 256
+    dim: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 2
+    intermediate: int = 384
+    max_seq: int = 48
+    max_batch: int = 1
+
+
+DEFAULT = Config()
+TINY = Config(vocab_size=64, dim=64, n_layer=1, intermediate=128, max_seq=16)  # the flysim tests' size
 prompt_len = 8
 
 
@@ -74,52 +83,53 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, merge: str):
+    def __init__(self, c: Config, merge: str):
         super().__init__()
-        self.head_dim = dim // n_head
-        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-        self.kv_cache = KVCache(max_batch, n_kv_head, max_seq, self.head_dim)
+        self.c, self.head_dim = c, c.dim // c.n_head
+        self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(c.dim, c.dim, bias=False)
+        self.kv_cache = KVCache(c.max_batch, c.n_kv_head, c.max_seq, self.head_dim)
         self.merge = merge
 
     def forward(self, x, table, mask, input_pos):
+        c = self.c
         b, s, _ = x.shape
-        kv = n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([dim, kv, kv], dim=-1)
-        q = q.view(b, s, n_head, self.head_dim)
-        k = k.view(b, s, n_kv_head, self.head_dim)
-        v = v.view(b, s, n_kv_head, self.head_dim)
+        kv = c.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([c.dim, kv, kv], dim=-1)
+        q = q.view(b, s, c.n_head, self.head_dim)
+        k = k.view(b, s, c.n_kv_head, self.head_dim)
+        v = v.view(b, s, c.n_kv_head, self.head_dim)
         q, k = apply_rope(q, table), apply_rope(k, table)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         k, v = self.kv_cache.update(input_pos, k, v)
-        k = k.repeat_interleave(n_head // n_kv_head, dim=1)
-        v = v.repeat_interleave(n_head // n_kv_head, dim=1)
+        k = k.repeat_interleave(c.n_head // c.n_kv_head, dim=1)
+        v = v.repeat_interleave(c.n_head // c.n_kv_head, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
         if self.merge == "view":
-            y = y.transpose(1, 2).contiguous().view(b, s, dim)
+            y = y.transpose(1, 2).contiguous().view(b, s, c.dim)
         else:
-            y = y.transpose(1, 2).reshape(b, s, dim)
+            y = y.transpose(1, 2).reshape(b, s, c.dim)
         return self.wo(y)
 
 
 class FeedForward(nn.Module):
-    def __init__(self):
+    def __init__(self, c: Config):
         super().__init__()
-        self.w1 = nn.Linear(dim, intermediate, bias=False)
-        self.w3 = nn.Linear(dim, intermediate, bias=False)
-        self.w2 = nn.Linear(intermediate, dim, bias=False)
+        self.w1 = nn.Linear(c.dim, c.intermediate, bias=False)
+        self.w3 = nn.Linear(c.dim, c.intermediate, bias=False)
+        self.w2 = nn.Linear(c.intermediate, c.dim, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
-    def __init__(self, merge: str):
+    def __init__(self, c: Config, merge: str):
         super().__init__()
-        self.attention = Attention(merge)
-        self.feed_forward = FeedForward()
-        self.attention_norm = RMSNorm(dim)
-        self.ffn_norm = RMSNorm(dim)
+        self.attention = Attention(c, merge)
+        self.feed_forward = FeedForward(c)
+        self.attention_norm = RMSNorm(c.dim)
+        self.ffn_norm = RMSNorm(c.dim)
 
     def forward(self, x, input_pos, table, mask):
         h = x + self.attention(self.attention_norm(x), table, mask, input_pos)
@@ -127,14 +137,15 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, merge: str = "view"):
+    def __init__(self, merge: str = "view", config: Config = DEFAULT):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList(Block(merge) for _ in range(n_layer))
-        self.norm = RMSNorm(dim)
-        self.output = nn.Linear(dim, vocab_size, bias=False)
-        self.register_buffer("freqs", rope_table(max_seq, dim // n_head), persistent=False)
-        self.register_buffer("causal_mask", torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool)),
+        c = self.config = config
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.layers = nn.ModuleList(Block(c, merge) for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.dim)
+        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.register_buffer("freqs", rope_table(c.max_seq, c.dim // c.n_head), persistent=False)
+        self.register_buffer("causal_mask", torch.tril(torch.ones(c.max_seq, c.max_seq, dtype=torch.bool)),
                              persistent=False)
 
     def forward(self, idx, input_pos):
@@ -176,6 +187,6 @@ def get_init_inputs():
     return []
 
 
-def get_inputs():
+def get_inputs(config: Config = DEFAULT, prompt: int = prompt_len):
     torch.manual_seed(1)
-    return [torch.randint(0, vocab_size, (max_batch, prompt_len)), torch.arange(prompt_len)]
+    return [torch.randint(0, config.vocab_size, (config.max_batch, prompt)), torch.arange(prompt)]

@@ -19,9 +19,11 @@ wrapper holds that very tensor (translator.state.share keeps translate() from co
 every graph dynamo hands over (prefill and decode are two graphs under dynamic=False) and every
 translation of it writes the one storage the user holds. A buffer object the user replaces
 later is re-bound before the call (state.rebind). Before this, each translation wrote a private
-copy: decode read a cache that prefill never wrote (wrong tokens, silently). A written input
-that is not module state (a tensor the caller passes) is refused with InputError: the
-translated graph would write a copy of it.
+copy: decode read a cache that prefill never wrote (wrong tokens, silently). When the fake run
+fails, every buffer is held as the user's own (none frozen). A tensor the caller passes and the
+graph writes (HF's StaticCache tensors arrive as inputs) is passed to the translation at each
+call and written where it is; translate()'s internal runs get copies. A written parameter is
+refused (the frozen copy would take the write).
 
 Per graph: translate() lowers what it can and leaves the rest in PyTorch with a reason, as
 it does for a whole model. A graph that translate() cannot take at all (capture fails, an
@@ -102,6 +104,9 @@ def reports() -> list[GraphRecord]:
     return list(_RECORDS)
 
 
+compile_reports = reports  # the public name: translator.compile_reports()
+
+
 def summary() -> str:
     """One line per compiled graph: its translations, calls translated and in PyTorch, and why."""
     return "\n".join(r.line() for r in _RECORDS)
@@ -110,6 +115,7 @@ def summary() -> str:
 def reset() -> None:
     _RECORDS.clear()
     _WARNED.clear()
+    _BREAKS_SEEN.clear()
 
 
 class _DynamoLimit(logging.Handler):
@@ -123,7 +129,7 @@ class _DynamoLimit(logging.Handler):
             frame = _compile_id()[0]
             args = record.args if isinstance(record.args, tuple) else ()
             limit = f"{args[0]} ({args[1]})" if len(args) > 1 else "recompile limit"
-            why = f"; last reason: {args[3]}" if len(args) > 3 else ""
+            why = f"; last reason: {_first(args[3])}" if len(args) > 3 else ""
             fn = f" {args[2]}" if len(args) > 2 else ""
             text = (f"dynamo hit its {limit} for{fn}: later calls that match none of its compiled graphs run in "
                     f"eager PyTorch, not through the translation (and are not counted here){why}")
@@ -160,7 +166,13 @@ def _dynamo_context() -> tuple[str | None, dict]:
     return reason, breaks
 
 
-_BREAKS_SEEN: dict = {}
+_BREAKS_SEEN: dict = {}  # frame id -> dynamo's graph-break counter when that frame was last compiled
+
+
+def _first(text) -> str:
+    """The first line of one of dynamo's reasons, spaces squeezed (its guard lines carry the source line)."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return " ".join(line.split())[:300]
 
 
 def _watch_dynamo() -> None:
@@ -184,20 +196,22 @@ def _is_frozen(gm, i, value) -> bool:
     return "_buffers[" in name or "_parameters[" in name
 
 
-def _written_inputs(gm, args) -> set[int]:
+def _written_inputs(gm, args) -> set[int] | None:
     """The tensor inputs dynamo's graph writes in place: the graph is run once on fake copies
-    of the inputs, and an input whose version counter moved was written (through any view)."""
+    of the inputs (a shape environment lets `.item()` of a 0-d input be a symbol), and an input
+    whose version counter moved was written (through any view). None: the run failed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     before = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
     try:
         with mode, torch.no_grad():
             gm(*fakes)
-    except Exception as e:  # noqa: BLE001 — then no write can be ruled out: the caller decides
+    except Exception as e:  # noqa: BLE001 — the caller then holds every buffer as the user's own
         log.info("fake run of the dynamo graph failed (%s: %s): writes unknown", type(e).__name__, e)
-        return set()
+        return None
     return {i for i, (f, v) in enumerate(zip(fakes, before)) if v is not None and f._version != v}
 
 
@@ -240,22 +254,23 @@ def _options(options) -> dict:
 
 
 def _kinds(gm, example_inputs) -> list[str]:
-    """Per dynamo input: scalar | const (a weight, frozen) | state (module state the graph writes:
-    the user's own tensor) | user. A written input that is not module state is refused."""
+    """Per dynamo input: scalar | const (a weight, frozen) | state (a module buffer the graph writes:
+    the user's own tensor; every buffer when the writes cannot be found) | user (passed at each
+    call: a tensor the caller passes, such as HF's StaticCache tensors, is written where it is).
+    A written parameter is refused."""
     kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else "user"
              for i, x in enumerate(example_inputs)]
-    for i in sorted(_written_inputs(gm, example_inputs)):
+    written = _written_inputs(gm, example_inputs)
+    if written is None:  # unknown: no buffer is frozen (a write to a private copy would be lost)
+        written = {i for i, (x, k) in enumerate(zip(example_inputs, kinds))
+                   if k == "const" and not isinstance(x, torch.nn.Parameter)}
+    for i in sorted(written):
         if kinds[i] == "const":
             if isinstance(example_inputs[i], torch.nn.Parameter):
                 raise InputError(f"the compiled code writes the parameter {_source_name(gm, i)} in place; the flydsl "
                                  "backend freezes parameters at compile time, so the write would be lost: register "
                                  "that state as a buffer (self.register_buffer) instead of a Parameter")
             kinds[i] = "state"
-        elif kinds[i] == "user":
-            raise InputError(f"the compiled code writes its input {_source_name(gm, i) or i} in place; the flydsl "
-                             "backend translates each graph with private copies of the caller's tensors, so the "
-                             "write would not reach the caller: return the new value instead, or keep that state "
-                             "in a module buffer (self.register_buffer), which is written where it is")
     return kinds
 
 
@@ -274,7 +289,8 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     seen = _BREAKS_SEEN.setdefault(frame, {})
     new_breaks = [f"{k} (x{v - seen.get(k, 0)})" for k, v in breaks.items() if v > seen.get(k, 0)]
     _BREAKS_SEEN[frame] = breaks
-    rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=reason, graph_breaks=new_breaks)
+    rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
+                      graph_breaks=[_first(b) for b in new_breaks])
     _RECORDS.append(rec)
     example_inputs = [_concrete(x) for x in example_inputs]
     kinds = _kinds(gm, example_inputs)
