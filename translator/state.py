@@ -128,11 +128,20 @@ def refresh_prepared(gm: torch.fx.GraphModule, force: bool = False) -> int:
 def _buffers(module: torch.nn.Module) -> list:
     """The tensors a run of `module` may advance: for a graph module (or a translated module's
     graph) exactly those its graph writes, so large read-only buffers such as preshuffled
-    weights are never copied; for a user's model every buffer (its code is opaque)."""
+    weights are never copied; for a user's model every buffer and every plain tensor attribute
+    (its code is opaque; torch.export captures such an attribute as a constant, and a run that
+    advanced it left the translation starting from the advanced value)."""
     gm = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "gm", None)
     if isinstance(gm, torch.fx.GraphModule):
         return [(t, tensor_at(gm, t)) for t in written_targets(gm)]
-    return [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+    out = [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+    seen = {id(b) for _, b in out}
+    for prefix, m in module.named_modules():  # plain tensor attributes (`self.acc = torch.zeros(...)`): state too
+        for k, v in vars(m).items():
+            if type(v) is torch.Tensor and id(v) not in seen:
+                seen.add(id(v))
+                out.append((f"{prefix}.{k}" if prefix else k, v))
+    return out
 
 
 def tensor_at(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:

@@ -53,12 +53,7 @@ def flydsl_ops(monkeypatch):
     return FlydslOps(monkeypatch)
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    compile_backend.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -40,12 +40,7 @@ def _decoder_module():
 D = _decoder_module()
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    compile_backend.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
 
 
 def _model(merge="reshape", config=D.TINY):
@@ -192,3 +187,56 @@ def test_flysim_compile_generates_gpt_fast_view_form():
     tokens, _ = _eager(m, prompt, 2)
     cm = torch.compile(m, backend="flydsl", options={"backend": "flysim"})
     assert D.generate(cm, prompt, 2) == tokens
+
+
+class _AttrState(torch.nn.Module):
+    """State in a plain tensor attribute (not a registered buffer): torch.export captures it as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.acc = torch.zeros(2, 4)
+
+    def forward(self, x):
+        self.acc.add_(self.lin(x))
+        return self.acc * 1
+
+
+class _InputWrite(torch.nn.Module):
+    """The caller's tensor is the state (HF's StaticCache tensors arrive this way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache):
+        cache[:, 0] = self.lin(x)
+        return cache.sum(1)
+
+
+@pytest.mark.parametrize("form", [_AttrState, _InputWrite])
+@pytest.mark.parametrize("how", ["translate", "compile"])
+def test_state_forms_advance_like_eager(form, how):
+    """Three calls advance the state as eager's three calls do; translate() leaves the model's own
+    state as it was (a plain attribute advanced by the eager check made the translation start from
+    the advanced value: [2l, 3l, 4l] for eager's [l, 2l, 3l])."""
+    x = torch.randn(2, 4)
+
+    def run(step):
+        args = (x, torch.zeros(2, 3, 4)) if form is _InputWrite else (x,)
+        outs = [step(*args) for _ in range(3)]
+        return outs, args[1:]
+
+    torch.manual_seed(0)
+    want, want_state = run(form().eval())
+    torch.manual_seed(0)
+    m = form().eval()
+    before = {k: v.clone() for k, v in vars(m).items() if type(v) is torch.Tensor}
+    with torch.no_grad():
+        step = (translator.translate(m, (x, torch.zeros(2, 3, 4)) if form is _InputWrite else (x,), backend="reference")
+                if how == "translate" else torch.compile(m, backend="flydsl", options={"backend": "reference"}))
+        if how == "translate":
+            assert all(torch.equal(v, getattr(m, k)) for k, v in before.items()), "translate() advanced the model"
+        got, got_state = run(step)
+    for a, b in zip(got + list(got_state), want + list(want_state)):
+        torch.testing.assert_close(a, b)
