@@ -166,7 +166,7 @@ def _dynamo_context() -> tuple[str | None, dict]:
     return reason, breaks
 
 
-_BREAKS_SEEN: dict = {}  # frame id -> dynamo's graph-break counter when that frame was last compiled
+_BREAKS_SEEN: dict = {}  # dynamo's graph-break counter when the backend was last handed a graph
 
 
 def _first(text) -> str:
@@ -284,11 +284,11 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     # dynamo already generalizes shapes across calls (and passes sizes as ints); translate each
     # graph for the shapes it is called with
     opts.setdefault("dynamic_shapes", None)
-    frame, cid = _compile_id()
+    cid = _compile_id()[1]
     reason, breaks = _dynamo_context()
-    seen = _BREAKS_SEEN.setdefault(frame, {})
-    new_breaks = [f"{k} (x{v - seen.get(k, 0)})" for k, v in breaks.items() if v > seen.get(k, 0)]
-    _BREAKS_SEEN[frame] = breaks
+    new_breaks = [f"{k} (x{v - _BREAKS_SEEN.get(k, 0)})" for k, v in breaks.items() if v > _BREAKS_SEEN.get(k, 0)]
+    _BREAKS_SEEN.clear()
+    _BREAKS_SEEN.update(breaks)
     rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
                       graph_breaks=[_first(b) for b in new_breaks])
     _RECORDS.append(rec)
