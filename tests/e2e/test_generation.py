@@ -259,3 +259,28 @@ def test_32_tokens_at_issue_size(how):
         for got, want in zip(D.caches(m), caches):
             torch.testing.assert_close(got, want, **model_tol())
         assert len(compile_backend.reports()) == 2 and sum(r.calls_translated for r in compile_backend.reports()) == 32
+
+
+def test_translate_specializations_share_one_cache():
+    """Prefill and decode translated with fixed shapes (dynamic_shapes=None): the decode translation made
+    by tm.specialize writes tm's cache; a second translate() owns its own copy and reads a cache that the
+    prefill translation never wrote (the torch.compile bug, by hand)."""
+    m = _model()
+    prompt, pos = D.get_inputs(D.TINY, 4)
+    tokens, _ = _eager(m, prompt, NEW)
+    one = torch.tensor([4])
+    prefill = translator.translate(m, (prompt, pos), backend="reference", dynamic_shapes=None)
+    decode = prefill.specialize(prompt[:, :1], one)
+
+    def step(idx, p):
+        return (prefill if idx.shape[1] > 1 else decode)(idx, p)
+
+    assert D.generate(step, prompt, NEW) == tokens
+    assert all(float(c.abs().max()) == 0 for c in D.caches(m))
+    apart = translator.translate(m, (prompt[:, :1], one), backend="reference", dynamic_shapes=None)
+    D.reset_caches(prefill)
+
+    def unshared(idx, p):
+        return (prefill if idx.shape[1] > 1 else apart)(idx, p)
+
+    assert D.generate(unshared, prompt, NEW) != tokens
