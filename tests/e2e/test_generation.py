@@ -117,10 +117,10 @@ def test_translate_save_load_generates_eagers_tokens(tmp_path):
         torch.testing.assert_close(got, want)
 
 
-def test_compiled_calls_are_counted_and_a_recompile_limit_is_said(monkeypatch):
+@torch._dynamo.config.patch(recompile_limit=2)
+def test_compiled_calls_are_counted_and_a_recompile_limit_is_said():
     """dynamo stops compiling a function past its recompile_limit and runs it in eager PyTorch: the
     records say so, with dynamo's reason, and one warning is given."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     lin = torch.nn.Linear(8, 8).eval()
     tag = ["a"]
 
