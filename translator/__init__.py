@@ -18,7 +18,8 @@ from .errors import (BackendError, CaptureError, DeviceError, DtypeError, EmptyI
 from .version import __version__  # noqa: F401
 
 _LAZY = {"translate": ".api", "TranslatedModule": ".api", "save": ".frontends.serialize",
-         "load": ".frontends.serialize", "export_kernels": ".report.export"}
+         "load": ".frontends.serialize", "export_kernels": ".report.export",
+         "compile_reports": ".frontends.compile_backend"}
 
 
 def __getattr__(name):
@@ -35,5 +36,5 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["translate", "TranslatedModule", "save", "load", "export_kernels", "TranslatorError", "InputError",
-           "CaptureError", "StrictError", "ShapeError", "BackendError", "DtypeError", "DeviceError", "EmptyInputError"]
+__all__ = ["translate", "TranslatedModule", "save", "load", "export_kernels", "compile_reports", "TranslatorError",
+           "InputError", "CaptureError", "StrictError", "ShapeError", "BackendError", "DtypeError", "DeviceError", "EmptyInputError"]

@@ -47,7 +47,7 @@ from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
-from .state import preserved, refresh_prepared, tensor_at, written_targets
+from .state import preserved, rebind, refresh_prepared, tensor_at, written_targets
 from .verify import calibrate, first_divergence, verify_outputs
 from . import weights
 
@@ -132,6 +132,22 @@ class TranslatedModule(torch.nn.Module):
         d["_owned"] = [(key, target) for target in written_targets(self.gm)
                        for key in names.get(id(in_captured.get(target)), ())]
         self.register_load_state_dict_post_hook(_drop_graph_keys)
+
+    def specialize(self, *example_inputs, dynamic_shapes=None, **options) -> "TranslatedModule":
+        """A translation of the same model for other input shapes (a decode step beside a prefill
+        translated with fixed shapes) that writes THIS module's state: each buffer its graph writes is
+        this module's one copy (docs/state.md). Options default to this translation's arch and backend."""
+        model = self.__dict__.get("_model")
+        if model is None:
+            raise InputError("this translated module holds no model to translate again (it was loaded by "
+                             "translator.load or captured from a private copy): translate the model itself")
+        options = {"arch": self.arch, "backend": self.backend, **options}
+        other = translate(model, example_inputs, dynamic_shapes=dynamic_shapes, **options)
+        mine = set(written_targets(self.gm))
+        for target in written_targets(other.gm):
+            if target in mine:
+                rebind(other, tensor_at(other.gm, target), tensor_at(self.gm, target))
+        return other
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The model's state dict (see the module docstring's State): its keys, order and tensors,

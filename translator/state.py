@@ -12,8 +12,14 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   state could not be restored.
 - `own_mutable_state(gm)`: torch.export's graph module holds the user's own parameter and
   buffer tensors. Every tensor the graph writes (the target of an in-place op such as
-  `aten.copy_` or `aten.add_`) is replaced in the graph module by a private copy, so the
-  translated module never advances the user's buffers nor the reverse. Tensors the graph only
+  `aten.copy_`, `aten.index_put_` or `aten.add_`) is replaced in the graph module by a private
+  copy, so a translated module never advances the user's buffers nor the reverse: translate()'s
+  result is a separate artifact, which owns ONE copy of each such buffer (a KV cache, running
+  statistics), written in place by every call, whatever its shapes (one graph serves prefill and
+  decode where the capture kept the sequence dim dynamic), and saved / loaded with it. A tensor
+  marked with `share(t)` is kept as it is instead: under torch.compile the state is the user's
+  own buffer (as dynamo's eager backend does), so every graph dynamo hands over (prefill, decode,
+  each recompile) writes the one storage the user holds. Tensors the graph only
   reads (weights) stay shared: copying them would double the memory of every translated
   model, and translated FlyDSL ops that need a different layout (preshuffled GEMM weights)
   already hold their own copies. The extra memory is the size of the mutated buffers.
@@ -44,6 +50,7 @@ from .errors import InputError
 
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> _Prepared
+_SHARED: dict = {}  # id(tensor) -> weakref: state that translations write in place, never copy (see share)
 
 
 _VERSION, _PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
@@ -127,11 +134,20 @@ def refresh_prepared(gm: torch.fx.GraphModule, force: bool = False) -> int:
 def _buffers(module: torch.nn.Module) -> list:
     """The tensors a run of `module` may advance: for a graph module (or a translated module's
     graph) exactly those its graph writes, so large read-only buffers such as preshuffled
-    weights are never copied; for a user's model every buffer (its code is opaque)."""
+    weights are never copied; for a user's model every buffer and every plain tensor attribute
+    (its code is opaque; torch.export captures such an attribute as a constant, and a run that
+    advanced it left the translation starting from the advanced value)."""
     gm = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "gm", None)
     if isinstance(gm, torch.fx.GraphModule):
         return [(t, tensor_at(gm, t)) for t in written_targets(gm)]
-    return [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+    out = [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if isinstance(b, torch.Tensor)]
+    seen = {id(b) for _, b in out}
+    for prefix, m in module.named_modules():  # plain tensor attributes (`self.acc = torch.zeros(...)`): state too
+        for k, v in vars(m).items():
+            if type(v) is torch.Tensor and id(v) not in seen:
+                seen.add(id(v))
+                out.append((f"{prefix}.{k}" if prefix else k, v))
+    return out
 
 
 def tensor_at(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
@@ -174,13 +190,39 @@ def preserved(*modules: torch.nn.Module):
                     "(self.register_buffer) instead of a Parameter")
 
 
+def share(t: torch.Tensor) -> None:
+    """Mark `t` as state that a translation writes where it is (own_mutable_state leaves it)."""
+    if id(t) not in _SHARED or _SHARED[id(t)]() is not t:
+        key = id(t)
+        _SHARED[key] = weakref.ref(t, lambda _r, key=key: _SHARED.pop(key, None))
+
+
+def is_shared(t) -> bool:
+    ref = _SHARED.get(id(t))
+    return ref is not None and ref() is t
+
+
+def rebind(module: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -> int:
+    """Every buffer slot of `module` (and its submodules) that holds `old` holds `new` instead."""
+    done = 0
+    for m in module.modules():
+        for k, v in m._buffers.items():
+            if v is old:
+                m._buffers[k] = new
+                done += 1
+    return done
+
+
 def own_mutable_state(gm: torch.fx.GraphModule) -> list[str]:
-    """Give `gm` private copies of the tensors its graph writes in place; returns their names."""
+    """Give `gm` private copies of the tensors its graph writes in place, except shared ones
+    (`share`); returns the names of all tensors it writes."""
     written = written_targets(gm)
     for target in written:
         owner, _, attr = target.rpartition(".")
         mod = gm.get_submodule(owner) if owner else gm
         t = getattr(mod, attr)
+        if is_shared(t):
+            continue
         copy = t.detach().clone()
         if isinstance(t, torch.nn.Parameter):
             setattr(mod, attr, torch.nn.Parameter(copy, requires_grad=t.requires_grad))

@@ -53,12 +53,7 @@ def flydsl_ops(monkeypatch):
     return FlydslOps(monkeypatch)
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    compile_backend.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -99,6 +94,8 @@ def test_graph_break_gives_two_translated_graphs(flydsl_ops):
     recs = compile_backend.reports()
     assert len(recs) == 2 and all(r.report and r.fallback_reason is None for r in recs)
     assert flydsl_ops.calls.count("gemm") == 2
+    assert [r.calls_translated for r in recs] == [2, 2] and not any(r.calls_pytorch for r in recs)
+    assert any("graph_break" in b for r in recs for b in r.graph_breaks), [r.line() for r in recs]  # dynamo's reason
     torch.testing.assert_close(got, m(x), **model_tol(check="few_ops"))
 
 
@@ -131,7 +128,9 @@ def test_graph_translate_cannot_take_runs_as_given_with_reason(monkeypatch):
     with pytest.warns(UserWarning, match="runs in PyTorch as dynamo captured it: CaptureError"):
         got = torch.compile(m, backend="flydsl", options={"backend": "reference"})(x)
     torch.testing.assert_close(got, m(x))
-    assert "simulated" in compile_backend.reports()[0].fallback_reason
+    rec = compile_backend.reports()[0]
+    assert "simulated" in rec.fallback_reason
+    assert (rec.calls_translated, rec.calls_pytorch) == (0, 1) and "1 in PyTorch" in rec.line()
 
 
 def test_backend_name_works_without_importing_translator():

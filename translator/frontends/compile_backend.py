@@ -12,6 +12,19 @@ update of the model's weights afterwards changes nothing in the compiled model: 
 inference backends (Torch-TensorRT), weights are frozen at compile time; retrain, then compile
 again. The copies cost one more copy of the weights in memory.
 
+State is not frozen. An input the graph writes in place (a KV cache written with
+`cache[:, :, pos] = k`, running statistics: found by running the graph once on fake tensors
+and comparing version counters) is the user's own buffer, as with dynamo's eager backend: the
+wrapper holds that very tensor (translator.state.share keeps translate() from copying it), so
+every graph dynamo hands over (prefill and decode are two graphs under dynamic=False) and every
+translation of it writes the one storage the user holds. A buffer object the user replaces
+later is re-bound before the call (state.rebind). Before this, each translation wrote a private
+copy: decode read a cache that prefill never wrote (wrong tokens, silently). When the fake run
+fails, every buffer is held as the user's own (none frozen). A tensor the caller passes and the
+graph writes (HF's StaticCache tensors arrive as inputs) is passed to the translation at each
+call and written where it is; translate()'s internal runs get copies. A written parameter is
+refused (the frozen copy would take the write).
+
 Per graph: translate() lowers what it can and leaves the rest in PyTorch with a reason, as
 it does for a whole model. A graph that translate() cannot take at all (capture fails, an
 input kind it does not serve) runs as dynamo gave it, and the reason is recorded. Graph
@@ -20,9 +33,16 @@ inputs and outside dynamo's tracing context (whose shape guards, written against
 sources, would otherwise leak into torch.export). Calls with shapes that the translation specialized are
 translated again for the new shapes (a few per graph, like dynamo's recompiles).
 
+Never in silence: each GraphRecord counts the calls that ran through a translation and those
+that ran in PyTorch (with the reason), and notes dynamo's compile id, recompile reason (a guard
+that failed) and the graph breaks dynamo counted while compiling it. When dynamo stops compiling
+a function (its `recompile_limit`), later calls of it that match no compiled graph run in eager
+PyTorch without reaching any backend: a handler on dynamo's own log line records that on the
+function's records (`dynamo_fallback`, with dynamo's reason) and warns once; those calls cannot
+be counted from here. `reports()` lists the records; `summary()` says it in lines.
+
 Options (torch.compile(..., options={...})): arch, backend, precision, verify, strict,
-fallback_on_mismatch, dynamic_shapes — as for translate(). `reports()` lists what each
-compiled graph became.
+fallback_on_mismatch, dynamic_shapes — as for translate().
 """
 
 from __future__ import annotations
@@ -49,13 +69,34 @@ class GraphRecord:
     name: str
     translated: list = field(default_factory=list)  # TranslatedModule per input signature
     fallback_reason: str | None = None
+    calls_translated: int = 0  # calls that ran through a translation
+    calls_pytorch: int = 0  # calls that ran dynamo's graph in PyTorch (fallback_reason says why)
+    compile_id: str = ""  # dynamo's "frame/compile" id: a compile number above 0 is a recompile
+    recompile_reason: str | None = None  # the guard that failed, as dynamo gives it
+    graph_breaks: list = field(default_factory=list)  # dynamo's graph-break reasons new while compiling this
+    state: list = field(default_factory=list)  # the dynamo inputs written in place: the user's own buffers
+    dynamo_fallback: str | None = None  # dynamo stopped compiling this function: later calls may run eager
 
     @property
     def report(self):
         return self.translated[-1].report if self.translated else None
 
+    def line(self) -> str:
+        where = f"{self.calls_translated} call(s) translated, {self.calls_pytorch} in PyTorch"
+        out = f"{self.name} [{self.compile_id}]: {len(self.translated)} translation(s); {where}"
+        if self.fallback_reason:
+            out += f" ({self.fallback_reason})"
+        if self.recompile_reason:
+            out += f"; recompiled because {self.recompile_reason}"
+        if self.graph_breaks:
+            out += f"; graph breaks: {'; '.join(self.graph_breaks)}"
+        if self.dynamo_fallback:
+            out += f"; {self.dynamo_fallback}"
+        return out
+
 
 _RECORDS: list[GraphRecord] = []
+_WARNED: set = set()  # frame ids whose dynamo fallback was warned about
 
 
 def reports() -> list[GraphRecord]:
@@ -63,24 +104,121 @@ def reports() -> list[GraphRecord]:
     return list(_RECORDS)
 
 
+compile_reports = reports  # the public name: translator.compile_reports()
+
+
+def summary() -> str:
+    """One line per compiled graph: its translations, calls translated and in PyTorch, and why."""
+    return "\n".join(r.line() for r in _RECORDS)
+
+
 def reset() -> None:
     _RECORDS.clear()
+    _WARNED.clear()
+    _BREAKS_SEEN.clear()
+
+
+class _DynamoLimit(logging.Handler):
+    """Catches dynamo's warning that a function hit its recompile limit (the frame then runs in
+    eager PyTorch when no compiled graph matches) and records it on that function's graphs."""
+
+    def emit(self, record):
+        try:
+            if "hit config." not in str(record.msg):
+                return
+            frame = _compile_id()[0]
+            args = record.args if isinstance(record.args, tuple) else ()
+            limit = f"{args[0]} ({args[1]})" if len(args) > 1 else "recompile limit"
+            why = f"; last reason: {_first(args[3])}" if len(args) > 3 else ""
+            fn = f" {args[2]}" if len(args) > 2 else ""
+            text = (f"dynamo hit its {limit} for{fn}: later calls that match none of its compiled graphs run in "
+                    f"eager PyTorch, not through the translation (and are not counted here){why}")
+            for r in _RECORDS:
+                if r.compile_id.split("/")[0] == frame:
+                    r.dynamo_fallback = text
+            if frame not in _WARNED:
+                _WARNED.add(frame)
+                warnings.warn(f"flydsl backend: {text}; raise torch._dynamo.config.recompile_limit or remove the "
+                              "cause of the recompiles", stacklevel=2)
+        except Exception:  # noqa: BLE001 — a logging handler must never raise
+            pass
+
+
+def _compile_id() -> tuple[str, str]:
+    """(frame id, "frame/compile") of the graph dynamo is compiling now, or ("", "")."""
+    try:
+        cid = torch._guards.CompileContext.current_compile_id()
+        return str(cid.frame_id), f"{cid.frame_id}/{cid.frame_compile_id}"
+    except Exception:  # noqa: BLE001
+        return "", ""
+
+
+def _dynamo_context() -> tuple[str | None, dict]:
+    """The recompile reason of the compile in progress, and dynamo's graph-break counter."""
+    reason = None
+    try:
+        from torch._dynamo.utils import counters, get_metrics_context
+
+        reason = get_metrics_context()._metrics.get("recompile_reason")
+        breaks = dict(counters["graph_break"])
+    except Exception:  # noqa: BLE001 — dynamo internals: best effort, the counts stand alone
+        breaks = {}
+    return reason, breaks
+
+
+_BREAKS_SEEN: dict = {}  # dynamo's graph-break counter when the backend was last handed a graph
+
+
+def _first(text) -> str:
+    """The first line of one of dynamo's reasons, spaces squeezed (its guard lines carry the source line)."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return " ".join(line.split())[:300]
+
+
+def _watch_dynamo() -> None:
+    lg = logging.getLogger("torch._dynamo.convert_frame")
+    if not any(isinstance(h, _DynamoLimit) for h in lg.handlers):
+        lg.addHandler(_DynamoLimit(level=logging.WARNING))
+
+
+def _source_name(gm, i) -> str:
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ga = ph[i].meta.get("grapharg") if i < len(ph) else None
+    src = getattr(ga, "source", None)
+    return src.name if src is not None and isinstance(getattr(src, "name", None), str) else str(src or "")
 
 
 def _is_frozen(gm, i, value) -> bool:
     """Input i is a module parameter or buffer (dynamo's source for it says so)."""
     if isinstance(value, torch.nn.Parameter):
         return True
-    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    ga = ph[i].meta.get("grapharg") if i < len(ph) else None
-    src = getattr(ga, "source", None)
-    name = src.name if src is not None and isinstance(getattr(src, "name", None), str) else str(src or "")
+    name = _source_name(gm, i)
     return "_buffers[" in name or "_parameters[" in name
+
+
+def _written_inputs(gm, args) -> set[int] | None:
+    """The tensor inputs dynamo's graph writes in place: the graph is run once on fake copies
+    of the inputs (a shape environment lets `.item()` of a 0-d input be a symbol), and an input
+    whose version counter moved was written (through any view). None: the run failed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    before = [f._version if isinstance(f, torch.Tensor) else None for f in fakes]
+    try:
+        with mode, torch.no_grad():
+            gm(*fakes)
+    except Exception as e:  # noqa: BLE001 — the caller then holds every buffer as the user's own
+        log.info("fake run of the dynamo graph failed (%s: %s): writes unknown", type(e).__name__, e)
+        return None
+    return {i for i, (f, v) in enumerate(zip(fakes, before)) if v is not None and f._version != v}
 
 
 class _Frozen(torch.nn.Module):
     """The dynamo graph with its parameter / buffer inputs held as constants and the sizes
-    dynamo passes as ints fixed to one value; forward takes the remaining (tensor) inputs."""
+    dynamo passes as ints fixed to one value; forward takes the remaining (tensor) inputs.
+    State inputs (written in place) are held as the user's own tensors, never copied."""
 
     def __init__(self, gm, args, kinds: list[str], frozen: dict):
         super().__init__()
@@ -88,12 +226,12 @@ class _Frozen(torch.nn.Module):
         self._slots = []  # per graph input: ("user", k) | ("const", attribute name) | ("int", value)
         n_user = 0
         for i, (x, kind) in enumerate(zip(args, kinds)):
-            if kind == "const":
+            if kind in ("const", "state"):
                 name = f"const_{i}"
-                if isinstance(x, torch.nn.Parameter):
+                if kind == "const" and isinstance(x, torch.nn.Parameter):
                     self.register_parameter(name, torch.nn.Parameter(frozen[i], requires_grad=False))
                 else:
-                    self.register_buffer(name, frozen[i])
+                    self.register_buffer(name, frozen[i] if kind == "const" else x)
                 self._slots.append(("const", name))
             elif kind == "scalar":
                 self._slots.append(("int", x))
@@ -115,29 +253,72 @@ def _options(options) -> dict:
     return opts
 
 
+def _kinds(gm, example_inputs) -> list[str]:
+    """Per dynamo input: scalar | const (a weight, frozen) | state (a module buffer the graph writes:
+    the user's own tensor; every buffer when the writes cannot be found) | user (passed at each
+    call: a tensor the caller passes, such as HF's StaticCache tensors, is written where it is).
+    A written parameter is refused."""
+    kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else "user"
+             for i, x in enumerate(example_inputs)]
+    written = _written_inputs(gm, example_inputs)
+    if written is None:  # unknown: no buffer is frozen (a write to a private copy would be lost)
+        written = {i for i, (x, k) in enumerate(zip(example_inputs, kinds))
+                   if k == "const" and not isinstance(x, torch.nn.Parameter)}
+    for i in sorted(written):
+        if kinds[i] == "const":
+            if isinstance(example_inputs[i], torch.nn.Parameter):
+                raise InputError(f"the compiled code writes the parameter {_source_name(gm, i)} in place; the flydsl "
+                                 "backend freezes parameters at compile time, so the write would be lost: register "
+                                 "that state as a buffer (self.register_buffer) instead of a Parameter")
+            kinds[i] = "state"
+    return kinds
+
+
 def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **_):
     """The dynamo backend: returns a callable that runs the translated graph."""
     from ..api import translate
+    from .. import state
 
     opts = _options(options)
+    _watch_dynamo()
     # dynamo already generalizes shapes across calls (and passes sizes as ints); translate each
     # graph for the shapes it is called with
     opts.setdefault("dynamic_shapes", None)
-    rec = GraphRecord(name=f"graph{len(_RECORDS)}")
+    cid = _compile_id()[1]
+    reason, breaks = _dynamo_context()
+    new_breaks = [f"{k} (x{v - _BREAKS_SEEN.get(k, 0)})" for k, v in breaks.items() if v > _BREAKS_SEEN.get(k, 0)]
+    _BREAKS_SEEN.clear()
+    _BREAKS_SEEN.update(breaks)
+    rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
+                      graph_breaks=[_first(b) for b in new_breaks])
     _RECORDS.append(rec)
     example_inputs = [_concrete(x) for x in example_inputs]
-    kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else "user"
-             for i, x in enumerate(example_inputs)]
+    kinds = _kinds(gm, example_inputs)
+    held = {i: x for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "state"}  # the user's own buffers
+    for t in held.values():
+        state.share(t)
+    rec.state = [_source_name(gm, i) for i in held]
     variants: list = []  # [(the int inputs, TranslatedModule)]
     # the weights as they are now: private copies, so later in-place updates of the model do not leak in
     frozen = {i: x.detach().clone() for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "const"}
 
     def as_given(args):
-        """Run dynamo's graph in PyTorch, on the frozen weights."""
+        """Run dynamo's graph in PyTorch, on the frozen weights (and the state it is given)."""
+        rec.calls_pytorch += 1
         return gm(*(frozen[i] if i in frozen else a for i, a in enumerate(args)))
 
     def split(args):
         return ([a for a, k in zip(args, kinds) if k == "user"], tuple(a for a, k in zip(args, kinds) if k == "scalar"))
+
+    def rebind(args):
+        """The user replaced a state buffer object: the translations write the new one."""
+        for i, old in list(held.items()):
+            new = args[i]
+            if new is not old:
+                state.share(new)
+                for _, tm in variants:
+                    state.rebind(tm, old, new)  # its graph module's buffer slots
+                held[i] = new
 
     def translate_for(args):
         if len(variants) >= MAX_VARIANTS:
@@ -154,6 +335,8 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         return tm
 
     def run(*args):
+        if held:
+            rebind(args)
         if rec.fallback_reason and not variants:
             return as_given(args)
         user, ints = split(args)
@@ -161,9 +344,11 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             if s != ints:
                 continue
             try:
-                return tm(*user)
+                out = tm(*user)
             except ShapeError:  # a dim the capture specialized
                 continue
+            rec.calls_translated += 1
+            return out
         try:
             tm = translate_for([_concrete(a) for a in args])
         except TranslatorError as e:
@@ -171,7 +356,11 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
                 raise
             _fallback(rec, f"{type(e).__name__}: {e}")
             tm = None
-        return as_given(args) if tm is None else tm(*user)
+        if tm is None:
+            return as_given(args)
+        out = tm(*user)
+        rec.calls_translated += 1
+        return out
 
     run.record = rec
     return run
