@@ -179,9 +179,6 @@ def test_flysim_compile_generates_on_kernels():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the gpt-fast form y.transpose(1, 2).contiguous().view(...): torch.export "
-                   "traced .contiguous() as a no-op and flydsl.attention returns other strides, so the view raises "
-                   "on flysim (issue 23, the stride contract; helper 'strides' fixes it)")
 def test_flysim_compile_generates_gpt_fast_view_form():
     m = _model("view")
     prompt = D.get_inputs(D.TINY, 4)[0]

@@ -12,7 +12,7 @@ import torch
 
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator import api, translate
-from translator.frontends import hf
+from translator.adapters import hf
 from translator.registry import FAMILIES
 from translator.tolerances import LOW_PRECISION_FACTOR
 from translator.verify import calibrate, verify_outputs
