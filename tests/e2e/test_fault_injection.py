@@ -18,6 +18,7 @@ import torch
 import flysim
 import flysim.program
 import translator
+from translator.tolerances import model_tol
 from translator_kernels.gemm import choose_config, m_bucket
 
 FAULTS = (flysim.SimulationError, RuntimeError, KeyboardInterrupt)
@@ -78,7 +79,7 @@ def translated():
 def _inject(translated, monkeypatch, faults, seed):
     tm, x, eager = translated
     clean = tm(x)
-    torch.testing.assert_close(clean, eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(clean, eager, **model_tol())
     inj = _Injector(monkeypatch)
     tm(x)
     per_forward = inj.count
@@ -92,7 +93,7 @@ def _inject(translated, monkeypatch, faults, seed):
         assert inj.fired == i + 1
         got = tm(x)  # the next forward: as if no fault had happened
         assert torch.equal(got, clean), f"fault {i} ({exc.__name__}) changed the next forward"
-    torch.testing.assert_close(tm(x), eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tm(x), eager, **model_tol())
 
 
 @torch.no_grad()  # inference: the fast forward (translator.runtime.fastpath)

@@ -89,7 +89,10 @@ def test_a_seeded_bug_fails_at_every_depth(layers, bug, monkeypatch):
         tm.report.verification = before
     assert v.passed is False, f"{bug}: {v.message}"
     assert "against the truth" in v.message
-    assert v.divergence is not None and v.divergence.op == f"flydsl.{family}", (bug, v.divergence)
+    # Q, K and V are one merged GEMM (lowerings.qkv) with no captured value of its shape, so it is not
+    # compared alone: a bug in it is localized at its first consumer, the attention
+    named = {f"flydsl.{family}"} | ({"flydsl.attention"} if family == "gemm" else set())
+    assert v.divergence is not None and v.divergence.op in named, (bug, v.divergence)
     assert v.divergence.truth_rms_rel is not None  # judged against the truth there too
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from translator.tolerances import model_tol
 from translator.truth import CastRunError, run_as
 
 
@@ -95,4 +96,4 @@ def test_convolutions_run_in_the_models_dtype():
     out = run_as(m, (x,), torch.float64)
     assert seen == [(torch.float32,) * 3, (torch.float64,) * 3], seen  # per module, not the whole-model fallback
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, m(x).double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, m(x).double(), **model_tol())
