@@ -90,7 +90,7 @@ def child(name: str, layers: int | None) -> dict:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     import translator
     from translator import api
-    from translator.frontends import progress
+    from translator import progress
 
     m, inputs, n_layers = build(name, layers)
     weight_bytes = sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
