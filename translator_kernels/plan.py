@@ -23,7 +23,11 @@ key, compiled callable, arguments). The recording becomes a straight-line Python
   - an op whose result is a view of its input (view, reshape, unsqueeze, expand, slice ...)
     is no call at all: the tensor a launch or the result needs is one `as_strided` of its root
     (an argument, or a buffer the plan allocates), with the recorded geometry; a view with the
-    root's own geometry is the root itself;
+    root's own geometry is the root itself. A schema's `Tensor(a)` result only *may* alias: the
+    result must share its input's storage to be taken for a view. Below autograd (a custom op's
+    body, inference mode) the mode sees reshape, contiguous, movedim, to ... undecomposed, and a
+    reshape or contiguous that copied is an op like any other (replayed on the same geometry, it
+    copies again);
   - any other op that a launch or the result depends on is replayed with the same arguments:
     `empty` (outputs, workspaces), and casts, pads or copies where the adapter made them, through
     the torch function or Tensor method of the same schema where `_FAST_OPS` names one (an
@@ -72,6 +76,7 @@ _PLANS: dict = {}  # (fn, no_alias, launch target, device calls recorded, signat
 _SEEN: dict = {}  # keys met once: the second call with a signature builds its plan
 MAX_PLANS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
 _LOCK = threading.Lock()
+_is_alias_of = torch._C._is_alias_of  # the two tensors share one storage (an empty one too)
 _local = _launch._local  # the launch module's thread state: `plan_rec` is the recording plan
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _SCALARS = frozenset((int, float, bool, str, type(None)))
@@ -314,7 +319,11 @@ class _Recorder(TorchDispatchMode):
         for o in outs:
             if o is None or any(o is a for a in tensor_args):
                 continue  # in place / out=: the same tensor, already known
-            if alias is not None and not alias.is_write and tensor_args:
+            # `Tensor(a)` in a schema says "may alias": reshape, contiguous, to and the other
+            # composite ops a mode sees undecomposed below autograd (a custom op's body, inference
+            # mode) return a copy when the input's layout asks for one: only a result that does share
+            # the input's storage is a view, any other is replayed as the op (which copies again)
+            if alias is not None and not alias.is_write and tensor_args and _is_alias_of(o, tensor_args[0]):
                 self._view(o, self.ref(tensor_args[0]), func, args, kwargs)
             else:
                 fresh.append(o)
@@ -326,7 +335,11 @@ class _Recorder(TorchDispatchMode):
                 elif id(o) in self.refs:
                     refs.append((self.refs[id(o)], False))
                 else:
-                    refs.append((self._track(o, _Ref("op", None, o)), True))
+                    ref = self._track(o, _Ref("op", None, o))
+                    src = next((a for a in tensor_args if _is_alias_of(o, a)), None)
+                    if src is not None:  # an unannotated alias (_unsafe_view): cloned under no_alias
+                        ref.alias = self.ref(src)
+                    refs.append((ref, True))
             schema = func._schema.arguments
             written = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
             mutated = [self.ref(a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and schema[i].name in written]
@@ -468,6 +481,8 @@ _FAST_OPS = {  # aten overload -> ("torch" function | "method", name, extra keyw
     _aten.zero_.default: ("method", "zero_", ()),
     _aten.fill_.Scalar: ("method", "fill_", ()),
     _aten._to_copy.default: ("method", "to", (("copy", "True"),)),
+    _aten.reshape.default: ("method", "reshape", ()),  # reshape / contiguous that copied (see _Recorder._op)
+    _aten.contiguous.default: ("method", "contiguous", ()),
 }
 
 

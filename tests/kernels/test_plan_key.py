@@ -9,12 +9,17 @@ bmm at K = 38 (error 28.5). Each has its test here, and a property test runs ran
 dtypes, storage offsets and aliasing through one plan against the unplanned call, bit for bit.
 """
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import flysim
+import translator.lowerings  # noqa: F401 - registers the torch.ops.flydsl ops
+from translator import runtime
+from translator.registry import FAMILIES
 from translator.tolerances import op_tol
 from translator_kernels import plan
 from translator_kernels.gemm import bmm, gemm
@@ -90,6 +95,47 @@ def test_bmm_batch_stride_with_a_k_tail(dtype):
         torch.testing.assert_close(out.float(), want.to(dtype).float(), **tol)
 
 
+# ---- adapters that move, reshape or copy, called as the graph calls them ----------------------
+def _moved(*shape, perm, seed=7):
+    """A tensor of `shape` laid out as the permutation `perm` of a contiguous one (not contiguous)."""
+    inv = sorted(range(len(perm)), key=perm.__getitem__)
+    return torch.randn(*[shape[i] for i in perm], generator=torch.Generator().manual_seed(seed)).permute(inv)
+
+
+def _op_cases():
+    x = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(6))
+    xt = _moved(2, 6, 5, perm=(0, 2, 1))  # [2, 6, 5] with the last two dims swapped in memory
+    w, b = torch.randn(5), torch.randn(5)
+    return {
+        **{f"softmax_dim{d}": ("softmax", (x, d, False)) for d in (0, 1, -1)},  # moves dim last and back
+        "log_softmax_dim0": ("softmax", (x, 0, True)),
+        "softmax_dim1_transposed": ("softmax", (xt, 1, False)),
+        "layer_norm_transposed": ("layer_norm", (xt, [5], w, b, 1e-5)),  # reshape(-1, n) copies
+        "rms_norm_transposed": ("rms_norm", (xt, [5], w, 1e-6)),
+        "bmm_broadcast_batch": ("bmm", (torch.randn(1, 7, 16), torch.randn(3, 16, 24))),  # expand().reshape copies
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_op_cases()))
+def test_moving_adapters_replay_bit_for_bit_through_the_op(case):
+    """torch.ops.flydsl.<op> under the flysim backend, three times (first sight, plan built, plan
+    replayed), against the adapter run directly. The op's body runs below autograd, so the plan's
+    recorder sees reshape / movedim / contiguous undecomposed: their schemas say "may alias", and a
+    plan that took a reshape or contiguous that copied for a view replayed softmax over dim 1 of
+    [2, 6, 5] with error 0.25 (the input read as if it were already moved, the result returned as
+    the kernel's rows)."""
+    name, args = _op_cases()[case]
+    with flysim.simulate(arch=ARCH):
+        want = FAMILIES[name].kernel(*args)
+    op = getattr(torch.ops.flydsl, name).default
+    with runtime.use_backend("flysim", ARCH):
+        got = [op(*args) for _ in range(3)]
+    assert plan.plan_count() >= 1, "the second call must have built a plan"
+    for out in got:
+        assert (out.shape, out.stride(), out.dtype) == (want.shape, want.stride(), want.dtype)
+        assert torch.equal(out, want), (out - want).abs().max().item()
+
+
 # ---- property: random strides, dtypes, offsets and aliasing through one plan -------------------
 ROWS, COLS = 4, 8
 
@@ -146,9 +192,11 @@ def _program(x, y):
 
 def _cases(x, y):
     """(adapter, args) pairs: softmax reads x (strides, dtype, offset); the fused elementwise
-    program reads both (aliasing, and tensors inside a list argument)."""
+    program reads both (aliasing, and tensors inside a list argument); the softmax op's adapter
+    over dim 0 moves x's dim last, reshapes (a copy unless x is transposed) and moves it back."""
     prog = _program(x, y)
-    return [(softmax.unplanned, (x,)), (fused_elementwise.unplanned, ([x, y], prog))]
+    return [(softmax.unplanned, (x,)), (fused_elementwise.unplanned, ([x, y], prog)),
+            (FAMILIES["softmax"].kernel, (x, 0, False))]
 
 
 def _same(a, b):
@@ -162,12 +210,13 @@ def _same(a, b):
 
 @settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # minutes under flysim
-@given(first=calls(), second=calls())
-def test_property_one_plan_never_serves_another_layout(first, second):
+@given(first=calls(), second=calls(), inference=st.booleans())
+def test_property_one_plan_never_serves_another_layout(first, second, inference):
     """Calls v1 x 3, v2 x 3, v1 through plan.call (v1's plan is built on its second call and
     replayed on its third; v2 must never be served by it, nor v1 by v2's): each result equals the
-    adapter's own, bit for bit."""
-    with flysim.simulate(arch=ARCH):
+    adapter's own, bit for bit. Under inference mode (or in a custom op's body) the recorder sees
+    composite ops such as reshape and contiguous undecomposed."""
+    with flysim.simulate(arch=ARCH), (torch.inference_mode() if inference else contextlib.nullcontext()):
         for v1, v2 in zip(_cases(*first), _cases(*second)):
             want = {id(v): v[0](*v[1]) for v in (v1, v2)}
             for v in (v1, v1, v1, v2, v2, v2, v1):
