@@ -278,6 +278,27 @@ def test_no_alias_clones_a_result_rooted_in_an_argument():
         assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
 
 
+def test_no_alias_clones_an_unannotated_alias_and_a_copying_reshape_is_replayed():
+    """_unsafe_view's schema claims a fresh result but it shares x's storage: cloned under
+    no_alias. Under inference mode reshape / contiguous reach the recorder undecomposed; one that
+    copied is no view of x (a replay as one read x's memory as if it were the copy)."""
+    @plan.planned(no_alias=True)
+    def flat(x):
+        return torch.ops.aten._unsafe_view(x, [-1])
+
+    @plan.planned(no_alias=True)
+    def moved(x):
+        return x.movedim(0, -1).reshape(-1).cumsum(0).reshape(x.shape[1], x.shape[0]).t().contiguous()
+
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        for _ in range(3):  # first sight, built, replayed
+            y = flat(x)
+            assert torch.equal(y, x.reshape(-1))
+            assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+            assert torch.equal(moved(x), moved.unplanned(x))
+
+
 def test_replay_repeats_the_generated_kernels_use_record():
     x = torch.randn(4, 64)
     prog = Program(1, (("exp", (0,), ()),), ((1, "f32"),)).text()
