@@ -316,3 +316,53 @@ def build_counted_loop(threads=128):
         counted_loop_kernel(Out).launch(grid=(blocks, 1, 1), block=(threads, 1, 1), stream=stream)
 
     return counted_loop
+
+
+def build_phase_shift(iters=4, seed=None):
+    """Two wave groups exchange data through LDS, one barrier out of phase (the wave-specialized style).
+
+    Block of 256 lanes = 4 waves; group g = wave // 2, lane r = tid % 128. Group 1 runs one extra
+    ``s_barrier`` first, so its step s falls in the barrier interval where group 0 runs step s + 1.
+    Iteration i: write X[i, g, r] into slot i % 2 of the group's buffer; barrier; read the other
+    group's buffer (group 0: slot (i - 1) % 2 from i = 1 on, group 1: slot i % 2) into the sum;
+    barrier. Race-free only under the hardware's barrier (arrival counting). Out[tid] += 1 first
+    (global memory written before the barrier that splits the workgroup), then Out[tid] += the sum.
+    ``seed``: "race" makes group 1 read the slot group 0 writes in the same interval;
+    "missing_barrier" drops the barrier between the write and the read; "lane_split" gives the
+    extra barrier to half of each wave's lanes instead of to group 1.
+    """
+    from flydsl.expr import rocdl
+
+    half = 2 * WAVE
+
+    @fx.struct
+    class Smem:
+        buf: fx.Array[fx.Float32, 4 * half, 16]  # [group][slot][lane]
+
+    @flyc.kernel
+    def phase_kernel(X: fx.Tensor, Out: fx.Tensor):
+        tid = fx.thread_idx.x
+        g = tid // half
+        r = tid % half
+        smem = fx.SharedAllocator().allocate(Smem).peek()
+        buf = smem.buf.view(fx.make_layout(4 * half, 1))
+        base = Out[tid] + fx.Float32(1.0)
+        Out[tid] = base
+        if (g if seed != "lane_split" else tid % WAVE // (WAVE // 2)) == 1:
+            rocdl.s_barrier()
+        acc = fx.Float32(0.0)
+        for i in fx.range_constexpr(iters):
+            fx.memref_store(X[i * 4 * WAVE + tid], buf, (g * 2 + i % 2) * half + r)
+            if seed != "missing_barrier":
+                rocdl.s_barrier()
+            slot = (i - 1 + g) % 2 if seed != "race" else (i + 1) % 2
+            v = fx.memref_load(buf, ((1 - g) * 2 + slot) * half + r)
+            acc = acc + (v if i >= 1 else v * fx.Float32(g))
+            rocdl.s_barrier()
+        Out[tid] = base + acc
+
+    @flyc.jit
+    def phase_shift(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        phase_kernel(X, Out).launch(grid=(1, 1, 1), block=(4 * WAVE, 1, 1), stream=stream)
+
+    return phase_shift

@@ -14,10 +14,11 @@ import re
 
 import torch
 
-from .errors import LDSRaceError, UnsupportedOpError
+from .errors import UnsupportedOpError
 from .ops_mem import _first_active
 from .program import op
 from .types import INT_OF, tinfo
+from .waves import arrive
 
 DIMS = {"x": 0, "y": 1, "z": 2}
 
@@ -75,16 +76,11 @@ def _lane_id(d, o):
 
 @op("gpu.barrier", "rocdl.s.barrier", "rocdl.barrier")
 def _barrier(d, o):
+    if d.depth > 1:
+        d.nested_barrier = True
+
     def f(ex):
-        m = ex.mask
-        if m is not None:
-            if ex.base_mask is not None:
-                m = m | ~ex.base_mask
-            per_wg = m.reshape(ex.nwg, ex.bp)
-            if bool((per_wg.any(1) & ~per_wg.all(1)).any()):
-                wg = int((per_wg.any(1) & ~per_wg.all(1)).nonzero()[0])
-                raise LDSRaceError(f"barrier reached under divergent control flow: only some threads of workgroup {wg} arrive")
-        ex.lds.barrier()
+        arrive(ex)
 
     return f
 
