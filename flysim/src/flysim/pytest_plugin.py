@@ -1,0 +1,304 @@
+"""pytest plugin: FlyDSL's own kernel tests (or any GPU kernel tests) under flysim, on CPU.
+
+    cd $FLYDSL_SRC && python -m pytest -p flysim.pytest_plugin --flysim-arch gfx950 \\
+        --flysim-max-lanes 65536 --flysim-report report.md tests/kernels
+
+What it changes, for the whole session:
+  - device tensors live on the CPU: a TorchFunctionMode rewrites every ``device=`` that names
+    CUDA (strings, ``torch.device``, ordinals) to ``cpu``, makes ``Tensor.cuda()`` the
+    identity and ``Tensor.is_cuda`` True (``.device`` stays the CPU); ``torch.cuda.is_available()`` answers True, ``synchronize`` / streams / events
+    are inert (events time nothing: elapsed_time is 0).
+  - ``flydsl.runtime.device.get_rocm_arch`` answers the ``--flysim-arch``, and so does
+    ``FLYDSL_GPU_ARCH``;
+  - each test runs inside ``flysim.simulate(arch)``: every launch goes through the
+    interpreter (race and bounds checks on).
+The size cap: a launch of more than ``--flysim-max-lanes`` lanes (grid x block, padded to
+whole waves) is refused before it runs and the test is reported "over cap"; a test that
+runs longer than ``--flysim-timeout`` seconds too. Nothing is shrunk behind the user's back:
+the cap only admits or refuses a test at the shapes the test itself chose.
+
+Each test gets one category (the report's ``flysim`` line and the summary table):
+  passed; failed (numerics: the assertion text, which names the worst element when the test
+  uses torch.testing); unsupported (the MLIR op or instruction flysim lacks, named); not
+  applicable (another arch family - RDNA, gfx1250 - or an API newer than the installed
+  flydsl, or a multi-GPU / profiler / benchmark-only test); over cap; error (anything else:
+  a flysim bug or an upstream one, with the exception).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+_STATE = {"arch": "gfx950", "max_lanes": None, "timeout": None, "results": {}, "t0": None}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("flysim")
+    g.addoption("--flysim-arch", default=os.environ.get("FLYSIM_ARCH", "gfx950"), help="gfx942 or gfx950")
+    g.addoption("--flysim-max-lanes", type=int, default=int(os.environ.get("FLYSIM_MAX_LANES", "0")) or None,
+                help="refuse launches of more lanes than this (the test is reported 'over cap')")
+    g.addoption("--flysim-timeout", type=float, default=float(os.environ.get("FLYSIM_TIMEOUT", "0")) or None,
+                help="seconds per test before it is reported 'over cap'")
+    g.addoption("--flysim-report", default=os.environ.get("FLYSIM_REPORT"), help="write the summary (markdown; .json too)")
+
+
+# -- CUDA on the CPU ---------------------------------------------------------
+
+
+def _cpu(dev):
+    if isinstance(dev, torch.device):
+        return torch.device("cpu") if dev.type == "cuda" else dev
+    if isinstance(dev, str) and dev.startswith("cuda"):
+        return "cpu"
+    return dev
+
+
+class CudaToCpu(TorchFunctionMode):
+    """Every device= that names CUDA becomes the CPU; Tensor.cuda() is the identity."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs:
+            d = kwargs["device"]
+            kwargs["device"] = "cpu" if isinstance(d, int) else _cpu(d)
+        if func in (torch.Tensor.to,):
+            args = tuple(_cpu(a) for a in args)
+        return func(*args, **kwargs)
+
+
+class _Event:
+    def __init__(self, *a, **k):
+        self.t = 0.0
+
+    def record(self, *a, **k):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+    def query(self):
+        return True
+
+
+class _Stream:
+    cuda_stream = 0
+    device = torch.device("cpu")
+
+    def __init__(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class _Props:
+    name = "AMD Instinct (flysim)"
+    gcnArchName = "gfx950"
+    multi_processor_count = 256
+    total_memory = 192 << 30
+
+
+def install_cuda_shim(arch):
+    """Make CUDA calls of a GPU test work on CPU tensors (see the module docstring); returns the undo."""
+    import flydsl.runtime.device as dev
+
+    c = torch.cuda
+    _Props.gcnArchName = arch
+    patch = dict(
+        is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
+        set_device=lambda *a, **k: None, synchronize=lambda *a, **k: None, empty_cache=lambda: None,
+        manual_seed=lambda s: None, manual_seed_all=lambda s: None,  # torch.manual_seed seeds the CPU already
+        Event=_Event, Stream=_Stream, device=_Stream, device_of=_Stream, current_stream=lambda *a, **k: _Stream(),
+        default_stream=lambda *a, **k: _Stream(), stream=lambda s=None: _Stream(),
+        get_device_name=lambda *a, **k: _Props.name, get_device_properties=lambda *a, **k: _Props(),
+        get_device_capability=lambda *a, **k: (9, 5), is_bf16_supported=lambda *a, **k: True)
+    saved = {k: getattr(c, k, None) for k in patch}
+    saved_arch, saved_env = dev.get_rocm_arch, os.environ.get("FLYDSL_GPU_ARCH")
+    for k, v in patch.items():
+        setattr(c, k, v)
+    os.environ["FLYDSL_GPU_ARCH"] = arch
+    dev.get_rocm_arch = lambda *a, **k: arch
+    mode = CudaToCpu()
+    mode.__enter__()
+    torch.Tensor.is_cuda = property(lambda self: True)  # shadows TensorBase's; removed by undo
+
+    def undo():
+        mode.__exit__(None, None, None)
+        del torch.Tensor.is_cuda
+        for k, v in saved.items():
+            setattr(c, k, v)
+        dev.get_rocm_arch = saved_arch
+        if saved_env is None:
+            os.environ.pop("FLYDSL_GPU_ARCH", None)
+        else:
+            os.environ["FLYDSL_GPU_ARCH"] = saved_env
+
+    return undo
+
+
+# -- the size cap --------------------------------------------------------------
+
+
+class OverCap(Exception):
+    """A launch or a test larger than the user's cap (--flysim-max-lanes / --flysim-timeout)."""
+
+
+def _cap_launches(max_lanes):
+    from . import launch as L
+
+    real = L.launch
+
+    def capped(kernel, program, grid, block, *rest):
+        bsz = block[0] * block[1] * block[2]
+        lanes = grid[0] * grid[1] * grid[2] * ((bsz + 63) // 64 * 64)
+        if max_lanes and lanes > max_lanes:
+            raise OverCap(f"launch of {kernel.name} has {lanes} lanes (grid {grid}, block {block}) > cap {max_lanes}")
+        with torch._C.DisableTorchFunction():  # flysim's own tensor ops skip the CUDA-to-CPU mode
+            return real(kernel, program, grid, block, *rest)
+
+    L.launch = capped
+
+
+# -- categories -----------------------------------------------------------------
+
+_NA_SKIP = re.compile(r"rdna|gfx1[012]\d\d|wmma|gfx12|gfx11|multi.?gpu|>=\s*\d+ (physical )?gpus|world_size", re.I)
+_NA_FILES = re.compile(r"rdna|gfx1250|wmma|allreduce|shmem|profiler|benchmark|perf", re.I)
+
+
+def categorize(report, excinfo_text, exc_type, nodeid):
+    """(category, detail) of one test's outcome."""
+    from .errors import UnsupportedOpError
+
+    if report.skipped:
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if _NA_SKIP.search(reason) or _NA_FILES.search(nodeid.split("::")[0]):
+            return "not applicable", reason[:200]
+        if "over cap" in reason:
+            return "over cap", reason[:200]
+        return "skipped", reason[:200]
+    if report.passed:
+        return "passed", ""
+    text = excinfo_text or ""
+    if exc_type is not None and issubclass(exc_type, OverCap) or "OverCap" in text[:200]:
+        return "over cap", text.splitlines()[0][:200] if text else ""
+    if exc_type is not None and issubclass(exc_type, UnsupportedOpError):
+        m = re.search(r"'([^']+)'", text)
+        return "unsupported", (m.group(1) if m else text.splitlines()[0])[:200]
+    if exc_type is not None and issubclass(exc_type, (ImportError, AttributeError)) and "flydsl" in text:
+        return "not applicable", "needs newer flydsl: " + text.splitlines()[0][:200]
+    if exc_type is not None and issubclass(exc_type, AssertionError):
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return "failed", " / ".join(lines[:4])[:300]
+    first = text.splitlines()[0] if text else ""
+    return "error", f"{exc_type.__name__ if exc_type else ''}: {first}"[:300]
+
+
+# -- hooks -------------------------------------------------------------------------
+
+
+def pytest_configure(config):
+    _STATE["arch"] = config.getoption("--flysim-arch")
+    _STATE["max_lanes"] = config.getoption("--flysim-max-lanes")
+    _STATE["timeout"] = config.getoption("--flysim-timeout")
+    _STATE["report"] = config.getoption("--flysim-report")
+    _STATE["t0"] = time.perf_counter()
+    install_cuda_shim(_STATE["arch"])
+    _cap_launches(_STATE["max_lanes"])
+
+
+def _alarm(signum, frame):
+    raise OverCap(f"test ran past the --flysim-timeout of {_STATE['timeout']} s")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    import flysim
+
+    t = _STATE["timeout"]
+    if t:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, t)
+    try:
+        with flysim.simulate(_STATE["arch"]) as sim:
+            item._flysim_sim = sim
+            yield
+    finally:
+        if t:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    out = yield
+    rep = out.get_result()
+    if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+        exc = call.excinfo
+        text = exc.exconly() if exc is not None else ""
+        cat, detail = categorize(rep, text, exc.type if exc is not None else None, item.nodeid)
+        sim = getattr(item, "_flysim_sim", None)
+        launches = sim.launches if sim is not None else []
+        n = len(launches)
+        _STATE["results"][item.nodeid] = {
+            "category": cat, "detail": detail, "launches": n, "seconds": round(rep.duration, 2),
+            "split_launches": sum(1 for r in launches if r.counters.get("wave_split")),
+            "kernels": sorted({r.kernel for r in launches})[:8]}
+        rep.sections.append(("flysim", f"{cat}: {detail}"))
+        if cat == "passed" and n == 0:  # a test that launched nothing proves nothing about flysim
+            _STATE["results"][item.nodeid]["category"] = "passed (no launch)"
+
+
+def summary(results):
+    """Markdown: counts per category, per file, then each test that did not pass."""
+    cats = ["passed", "passed (no launch)", "failed", "unsupported", "not applicable", "over cap", "skipped", "error"]
+    per_file = defaultdict(Counter)
+    for nid, r in results.items():
+        per_file[nid.split("::")[0]][r["category"]] += 1
+    tot = Counter(r["category"] for r in results.values())
+    lines = ["| file | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+    for f in sorted(per_file):
+        lines.append(f"| {f} | " + " | ".join(str(per_file[f][c]) for c in cats) + " |")
+    lines.append("| **total** | " + " | ".join(str(tot[c]) for c in cats) + " |")
+    lines.append("")
+    for nid, r in sorted(results.items()):
+        if r["category"] not in ("passed", "passed (no launch)"):
+            lines.append(f"- `{nid}`: {r['category']}: {r['detail']}")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter):
+    res = _STATE["results"]
+    if not res:
+        return
+    wall = time.perf_counter() - _STATE["t0"]
+    text = f"flysim {_STATE['arch']}, cap {_STATE['max_lanes']} lanes / {_STATE['timeout']} s, wall {wall:.0f} s\n\n" + summary(res)
+    terminalreporter.write_sep("=", "flysim")
+    terminalreporter.write_line(text)
+    if _STATE.get("report"):
+        with open(_STATE["report"], "w") as f:
+            f.write(text + "\n")
+        with open(_STATE["report"] + ".json", "w") as f:
+            json.dump({"arch": _STATE["arch"], "wall_s": wall, "results": res}, f, indent=1)
