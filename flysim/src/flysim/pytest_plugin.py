@@ -12,6 +12,10 @@ What it changes, for the whole session:
     ``FLYDSL_GPU_ARCH``;
   - each test runs inside ``flysim.simulate(arch)``: every launch goes through the
     interpreter (race and bounds checks on).
+Selection: ``--flysim-per-file N`` keeps, per test file, the N tests whose parameter ids have
+the smallest product of numbers (a proxy for the smallest shapes; ties keep file order);
+tests that time GPU code (a ``benchmark`` marker or "bench" in the name) are left out, since
+flysim models no timing. Both are listed in the report as "not selected".
 The size cap: a launch of more than ``--flysim-max-lanes`` lanes (grid x block, padded to
 whole waves) is refused before it runs and the test is reported "over cap"; a test that
 runs longer than ``--flysim-timeout`` seconds too. Nothing is shrunk behind the user's back:
@@ -38,7 +42,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-_STATE = {"arch": "gfx950", "max_lanes": None, "timeout": None, "results": {}, "t0": None}
+from .errors import SimulationError
+
+_STATE = {"arch": "gfx950", "max_lanes": None, "timeout": None, "results": {}, "t0": None,
+          "not_selected": Counter(), "collect": {}}
 
 
 def pytest_addoption(parser):
@@ -48,6 +55,8 @@ def pytest_addoption(parser):
                 help="refuse launches of more lanes than this (the test is reported 'over cap')")
     g.addoption("--flysim-timeout", type=float, default=float(os.environ.get("FLYSIM_TIMEOUT", "0")) or None,
                 help="seconds per test before it is reported 'over cap'")
+    g.addoption("--flysim-per-file", type=int, default=int(os.environ.get("FLYSIM_PER_FILE", "0")) or None,
+                help="keep the N tests of each file with the smallest parameter numbers (a shape proxy)")
     g.addoption("--flysim-report", default=os.environ.get("FLYSIM_REPORT"), help="write the summary (markdown; .json too)")
 
 
@@ -162,7 +171,7 @@ def install_cuda_shim(arch):
 # -- the size cap --------------------------------------------------------------
 
 
-class OverCap(Exception):
+class OverCap(SimulationError):
     """A launch or a test larger than the user's cap (--flysim-max-lanes / --flysim-timeout)."""
 
 
@@ -219,12 +228,52 @@ def categorize(report, excinfo_text, exc_type, nodeid):
 # -- hooks -------------------------------------------------------------------------
 
 
+def _volume(item):
+    nums = [int(x) for x in re.findall(r"(?<![A-Za-wyz])\d+", item.nodeid.split("[", 1)[1])] if "[" in item.nodeid else []
+    v = 10 ** 12 if re.search(r"large|big|long", item.name, re.I) else 1
+    for x in nums:
+        v *= max(x, 1)
+    return v
+
+
+def pytest_collection_modifyitems(config, items):
+    per_file = config.getoption("--flysim-per-file")
+    keep, drop = [], []
+    by_file = defaultdict(list)
+    for it in items:
+        timing = it.get_closest_marker("benchmark") is not None or "bench" in it.name.lower()
+        (drop if timing else by_file[it.nodeid.split("::")[0]]).append(it)
+    for f, its in by_file.items():
+        if per_file:
+            ranked = sorted(range(len(its)), key=lambda i: (_volume(its[i]), i))[:per_file]
+            chosen = set(ranked)
+            keep += [it for i, it in enumerate(its) if i in chosen]
+            drop += [it for i, it in enumerate(its) if i not in chosen]
+        else:
+            keep += its
+    for it in drop:
+        _STATE["not_selected"][it.nodeid.split("::")[0]] += 1
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        text = str(report.longrepr)
+        last = [ln for ln in text.splitlines() if ln.startswith("E ")]
+        msg = last[-1][1:].strip() if last else text.splitlines()[-1]
+        newer = "flydsl" in msg and ("cannot import name" in msg or "has no attribute" in msg)
+        _STATE["collect"][report.nodeid] = ("not applicable: needs newer flydsl" if newer else "collection error", msg[:200])
+
+
 def pytest_configure(config):
     _STATE["arch"] = config.getoption("--flysim-arch")
     _STATE["max_lanes"] = config.getoption("--flysim-max-lanes")
     _STATE["timeout"] = config.getoption("--flysim-timeout")
     _STATE["report"] = config.getoption("--flysim-report")
     _STATE["t0"] = time.perf_counter()
+    config.option.continue_on_collection_errors = True  # a file that cannot import is a report line
     install_cuda_shim(_STATE["arch"])
     _cap_launches(_STATE["max_lanes"])
 
@@ -271,18 +320,25 @@ def pytest_runtest_makereport(item, call):
             _STATE["results"][item.nodeid]["category"] = "passed (no launch)"
 
 
-def summary(results):
+def summary(results, not_selected=None, collect=None):
     """Markdown: counts per category, per file, then each test that did not pass."""
-    cats = ["passed", "passed (no launch)", "failed", "unsupported", "not applicable", "over cap", "skipped", "error"]
+    cats = ["passed", "passed (no launch)", "failed", "unsupported", "not applicable", "over cap", "skipped", "error",
+            "not selected"]
     per_file = defaultdict(Counter)
     for nid, r in results.items():
         per_file[nid.split("::")[0]][r["category"]] += 1
-    tot = Counter(r["category"] for r in results.values())
+    for f, n in (not_selected or {}).items():
+        per_file[f]["not selected"] += n
+    tot = Counter()
+    for c in per_file.values():
+        tot.update(c)
     lines = ["| file | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
     for f in sorted(per_file):
         lines.append(f"| {f} | " + " | ".join(str(per_file[f][c]) for c in cats) + " |")
     lines.append("| **total** | " + " | ".join(str(tot[c]) for c in cats) + " |")
     lines.append("")
+    for f, (cat, msg) in sorted((collect or {}).items()):
+        lines.append(f"- `{f}` (whole file): {cat}: {msg}")
     for nid, r in sorted(results.items()):
         if r["category"] not in ("passed", "passed (no launch)"):
             lines.append(f"- `{nid}`: {r['category']}: {r['detail']}")
@@ -291,14 +347,16 @@ def summary(results):
 
 def pytest_terminal_summary(terminalreporter):
     res = _STATE["results"]
-    if not res:
+    if not res and not _STATE["collect"]:
         return
     wall = time.perf_counter() - _STATE["t0"]
-    text = f"flysim {_STATE['arch']}, cap {_STATE['max_lanes']} lanes / {_STATE['timeout']} s, wall {wall:.0f} s\n\n" + summary(res)
+    text = f"flysim {_STATE['arch']}, cap {_STATE['max_lanes']} lanes / {_STATE['timeout']} s, wall {wall:.0f} s\n\n" + summary(
+        res, _STATE["not_selected"], _STATE["collect"])
     terminalreporter.write_sep("=", "flysim")
     terminalreporter.write_line(text)
     if _STATE.get("report"):
         with open(_STATE["report"], "w") as f:
             f.write(text + "\n")
         with open(_STATE["report"] + ".json", "w") as f:
-            json.dump({"arch": _STATE["arch"], "wall_s": wall, "results": res}, f, indent=1)
+            json.dump({"arch": _STATE["arch"], "wall_s": wall, "results": res, "collect": _STATE["collect"],
+                       "not_selected": dict(_STATE["not_selected"])}, f, indent=1)
