@@ -366,3 +366,48 @@ def build_phase_shift(iters=4, seed=None):
         phase_kernel(X, Out).launch(grid=(1, 1, 1), block=(4 * WAVE, 1, 1), stream=stream)
 
     return phase_shift
+
+
+DPP_CASES = (  # (dpp_ctrl, row_mask, bank_mask, bound_ctrl): the controls FlyDSL's kernels use, and a few more
+    (177, 0xF, 0xF, False),  # quad_perm [1,0,3,2]: lane ^ 1
+    (78, 0xF, 0xF, False),  # quad_perm [2,3,0,1]: lane ^ 2
+    (0x118, 0xF, 0xC, False),  # row_shr:8 on banks 2-3 ...
+    (0x108, 0xF, 0x3, False),  # ... then row_shl:8 on banks 0-1: together lane ^ 8
+    (0x111, 0xF, 0xF, True),  # row_shr:1, bound_ctrl: lane - 1 in the row, 0 at the row start
+    (0x142, 0xA, 0xF, False),  # row_bcast:15 on rows 1 and 3
+)
+
+
+def build_lane_moves():
+    """Out[k, t] = the k-th DPP case applied to X (old = -1; case 3 chains on case 2's result);
+    Out[6, t], Out[7, t] = permlane16_swap(X, Y); Out[8, t] = xor 1 through llvm.amdgcn.update.dpp.i32."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import arith, llvm
+    from flydsl._mlir.dialects import rocdl as rocdl_d
+    from flydsl.expr.typing import T
+
+    def v(x):
+        return fx.Int32(x).ir_value()
+
+    @flyc.kernel
+    def lanes_kernel(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor):
+        tid = fx.thread_idx.x
+        x = v(X[tid])
+        old = v(fx.Int32(-1))
+        prev = old
+        for k, (ctrl, rm, bm, bc) in enumerate(DPP_CASES):
+            r = fx.rocdl.update_dpp(T.i32, prev if k == 3 else old, x, ctrl, rm, bm, bc)
+            prev = r
+            Out[k * WAVE + tid] = fx.Int32(r)
+        pair = rocdl_d.permlane16_swap(ir.Type.parse("!llvm.struct<(i32, i32)>"), x, v(Y[tid]), False, False)
+        Out[6 * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [0]))
+        Out[7 * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [1]))
+        imm = [v(fx.Int32(c)) for c in (177, 0xF, 0xF)] + [arith.constant(ir.IntegerType.get_signless(1), 0)]
+        r = llvm.call_intrinsic(T.i32, "llvm.amdgcn.update.dpp.i32", [old, x] + imm, [], [])
+        Out[8 * WAVE + tid] = fx.Int32(r)
+
+    @flyc.jit
+    def lane_moves(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        lanes_kernel(X, Y, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return lane_moves

@@ -68,7 +68,7 @@ class Program:
         from flydsl._mlir import ir
         from flydsl.compiler.jit_function import _create_mlir_context
 
-        from . import ops_arith, ops_mem, ops_amd, ops_asm, ops_atomic  # noqa: F401  (register ops)
+        from . import ops_arith, ops_mem, ops_amd, ops_asm, ops_atomic, ops_lanes  # noqa: F401  (register ops)
 
         self.arch = arch
         self.info = ModuleInfo(device)

@@ -310,6 +310,10 @@ def _call_intrinsic(d, o):
         return f
     if name in ("llvm.amdgcn.s.waitcnt", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
         return None
+    if name.startswith("llvm.amdgcn.update.dpp"):
+        from .ops_lanes import dpp_intrinsic
+
+        return dpp_intrinsic(d, o)
     raise UnsupportedOpError(f"flysim does not implement intrinsic {name}")
 
 
