@@ -380,7 +380,7 @@ DPP_CASES = (  # (dpp_ctrl, row_mask, bank_mask, bound_ctrl): the controls FlyDS
 
 def build_lane_moves():
     """Out[k, t] = the k-th DPP case applied to X (old = -1; case 3 chains on case 2's result);
-    Out[6, t], Out[7, t] = permlane16_swap(X, Y); Out[8, t] = xor 1 through llvm.amdgcn.update.dpp.i32."""
+    Out[6, t], Out[7, t] = permlane16_swap(X, Y); Out[8, t] = xor 1 through llvm.amdgcn.update.dpp.i32; Out[9, t], Out[10, t] = permlane32_swap(X, Y)."""
     from flydsl._mlir import ir
     from flydsl._mlir.dialects import arith, llvm
     from flydsl._mlir.dialects import rocdl as rocdl_d
@@ -399,9 +399,10 @@ def build_lane_moves():
             r = fx.rocdl.update_dpp(T.i32, prev if k == 3 else old, x, ctrl, rm, bm, bc)
             prev = r
             Out[k * WAVE + tid] = fx.Int32(r)
-        pair = rocdl_d.permlane16_swap(ir.Type.parse("!llvm.struct<(i32, i32)>"), x, v(Y[tid]), False, False)
-        Out[6 * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [0]))
-        Out[7 * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [1]))
+        for k, swap in ((6, rocdl_d.permlane16_swap), (9, rocdl_d.permlane32_swap)):
+            pair = swap(ir.Type.parse("!llvm.struct<(i32, i32)>"), x, v(Y[tid]), False, False)
+            Out[k * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [0]))
+            Out[(k + 1) * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [1]))
         imm = [v(fx.Int32(c)) for c in (177, 0xF, 0xF)] + [arith.constant(ir.IntegerType.get_signless(1), 0)]
         r = llvm.call_intrinsic(T.i32, "llvm.amdgcn.update.dpp.i32", [old, x] + imm, [], [])
         Out[8 * WAVE + tid] = fx.Int32(r)

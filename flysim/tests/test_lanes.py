@@ -9,11 +9,11 @@ from flysim_kernels import WAVE, build_lane_moves
 def test_dpp_controls_and_permlane16_swap():
     X = torch.arange(100, 100 + WAVE, dtype=torch.int32)
     Y = torch.arange(200, 200 + WAVE, dtype=torch.int32)
-    Out = torch.zeros(9 * WAVE, dtype=torch.int32)
+    Out = torch.zeros(11 * WAVE, dtype=torch.int32)
     with flysim.simulate("gfx950") as sim:
         build_lane_moves()(X, Y, Out)
     assert sim.launches[-1].counters["ops_by_kind"]["rocdl.update.dpp"] == 6
-    o = Out.view(9, WAVE)
+    o = Out.view(11, WAVE)
     lane = torch.arange(WAVE)
     assert torch.equal(o[0], X[lane ^ 1])  # quad_perm 177: xor 1 (FlyDSL's dpp_xor_f32)
     assert torch.equal(o[1], X[lane ^ 2])  # quad_perm 78: xor 2
@@ -28,3 +28,5 @@ def test_dpp_controls_and_permlane16_swap():
     assert torch.equal(o[6], torch.cat([xs[0], ys[0], xs[2], ys[2]]))
     assert torch.equal(o[7], torch.cat([xs[1], ys[1], xs[3], ys[3]]))
     assert torch.equal(o[8], X[lane ^ 1])  # the intrinsic form FlyDSL's dpp_utils emits
+    assert torch.equal(o[9], torch.cat([X[:32], Y[:32]]))  # permlane32 swap: X's upper half <-> Y's lower half
+    assert torch.equal(o[10], torch.cat([X[32:], Y[32:]]))

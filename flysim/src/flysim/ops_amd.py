@@ -211,20 +211,6 @@ def _mbcnt(d, o):
     return f
 
 
-@op("rocdl.permlane32.swap")
-def _permlane32_swap(d, o):
-    old, src = d.ins(o)[:2]
-    (out,) = d.outs(o)
-
-    def f(ex):
-        a, b = _wave(ex.R[old], ex.N), _wave(ex.R[src], ex.N)
-        na = torch.cat([a[:, :32], b[:, :32]], dim=1)
-        nb = torch.cat([a[:, 32:], b[:, 32:]], dim=1)
-        ex.R[out] = (na.reshape(ex.N, *a.shape[2:]), nb.reshape(ex.N, *b.shape[2:]))
-
-    return f
-
-
 def f32_to_f16_rtz(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> fp16 rounded toward zero (v_cvt_pkrtz_f16_f32): torch rounds to nearest, so a
     result whose magnitude overshoots |x| steps one ulp back toward zero on its bits (an

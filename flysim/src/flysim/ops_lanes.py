@@ -1,4 +1,4 @@
-"""DPP and permlane16 swap: cross-lane moves inside 16-lane rows of a wave.
+"""DPP and permlane swaps: cross-lane moves inside 16-lane rows of a wave.
 
 DPP (``rocdl.update.dpp`` and ``llvm.amdgcn.update.dpp.*``): lane ``i`` of the wave takes
 ``src`` from the lane that ``dpp_ctrl`` names, within its row of 16 (r = i % 16):
@@ -15,8 +15,8 @@ A lane whose row is off in ``row_mask`` or whose bank (r // 4) is off in ``bank_
 ``old`` (LLVM's update.dpp). Approximation: a source lane that EXEC disables is read as if it
 were enabled (flysim keeps every lane's value; the hardware treats it as invalid).
 
-permlane16 swap (gfx950 ``v_permlane16_swap``): the odd 16-lane rows of ``old`` trade places
-with the even rows of ``src`` (rows 0-1 and 2-3 pair up), as permlane32 swap does with halves.
+permlane16 / permlane32 swap (gfx950 ``v_permlane{16,32}_swap``): the odd rows (of 16 or 32
+lanes) of ``old`` trade places with the even rows of ``src``; rows 2k and 2k + 1 pair up.
 """
 
 from __future__ import annotations
@@ -115,16 +115,17 @@ def dpp_intrinsic(d, o):
     return f
 
 
-@op("rocdl.permlane16.swap")
-def _permlane16_swap(d, o):
+@op("rocdl.permlane16.swap", "rocdl.permlane32.swap")
+def _permlane_swap(d, o):
     old, src = d.ins(o)[:2]
     (out,) = d.outs(o)
+    w = 16 if "16" in o.name else 32
 
     def f(ex):
         a, b = _wave(ex.R[old], ex.N), _wave(ex.R[src], ex.N)
-        ar, br = a.reshape(a.shape[0], 4, 16, *a.shape[2:]), b.reshape(b.shape[0], 4, 16, *b.shape[2:])
-        na = torch.stack([ar[:, 0], br[:, 0], ar[:, 2], br[:, 2]], 1)
-        nb = torch.stack([ar[:, 1], br[:, 1], ar[:, 3], br[:, 3]], 1)
+        ar, br = (t.reshape(t.shape[0], 64 // w // 2, 2, w, *t.shape[2:]) for t in (a, b))
+        na = torch.stack([ar[:, :, 0], br[:, :, 0]], 2)  # even rows of old, even rows of src
+        nb = torch.stack([ar[:, :, 1], br[:, :, 1]], 2)  # odd rows of old, odd rows of src
         ex.R[out] = (na.reshape(ex.N, *a.shape[2:]), nb.reshape(ex.N, *b.shape[2:]))
 
     return f
