@@ -211,12 +211,14 @@ def build_buffer_offsets(nbytes=None):
     return buffer_offsets
 
 
-def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
+def build_buffer_to_lds(size, imm, asynchronous=False, waves=2, cross=False, vmcnt=None):
     """Buffer loads written straight into LDS (``rocdl.raw.ptr.buffer.load[.async].lds``).
 
     Thread t (lane l of wave w) loads ``size`` bytes of X at byte t * size + soff + imm into
     LDS at byte w * 64 * size + imm + l * size (the wave's base, the immediate offset, the
     lane's slot); after a barrier, thread t copies those size/4 dwords to Out[t * size/4 ...].
+    ``cross``: thread t copies the slot of thread t + 64 (the next wave's) instead, which is
+    ordered only if the loading wave waited (``vmcnt``: emit s_waitcnt vmcnt(n) before the barrier).
     """
     from flydsl._mlir.dialects import rocdl
 
@@ -241,9 +243,12 @@ def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
         if asynchronous:
             fx.rocdl.asyncmark()
             fx.rocdl.wait_asyncmark(0)
+        if vmcnt is not None:
+            fx.rocdl.s_waitcnt(vmcnt=vmcnt)
         gpu.barrier()
+        src = (tid + WAVE) % threads if cross else tid
         for j in fx.range_constexpr(dw):
-            Out[tid * dw + j] = fx.memref_load(buf, imm // 4 + tid * dw + j)
+            Out[tid * dw + j] = fx.memref_load(buf, imm // 4 + src * dw + j)
 
     @flyc.jit
     def buffer_to_lds(X: fx.Tensor, Out: fx.Tensor, soff: fx.Int32, stream: fx.Stream = fx.Stream(None)):

@@ -44,6 +44,19 @@ def test_gemm_a16w16_gfx950_half_tile_interleaved(upstream):
     torch.testing.assert_close(out, ref, atol=0.2 * (k / 8192) ** 0.5, rtol=0.2)
 
 
+def test_gemm_a16w16_gfx950_reads_lds_dma_of_the_lagging_group_before_its_wait(upstream):
+    """check_waits: group 0 reads, after its second barrier, B-tile bytes that group 1's stage-0 LDS DMA
+    wrote; group 1 (one barrier behind) executes its first s_waitcnt vmcnt only after that barrier.
+    Correct on hardware only because those loads land in time (an ordering the ISA does not promise)."""
+    from kernels.gemm.gemm_a16w16_gfx950 import gemm_a16w16
+
+    a = torch.randn(256, 128, dtype=torch.bfloat16)
+    b = torch.randn(256, 128, dtype=torch.bfloat16).t()
+    with pytest.raises(flysim.LDSRaceError, match=r"missing s_waitcnt vmcnt.*by wave 4 .*0 retired"):
+        with flysim.simulate("gfx950", check_waits=True):
+            gemm_a16w16(a, b, layout="nt")
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attn_gfx950_dualwave_stagger(upstream, causal):
     """Dual-wave flash attention with its default stagger (group B's extra s_barrier)."""

@@ -202,8 +202,13 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     shape = dict(grid=grid, block=block, nwg=nwg, bsz=bsz, bp=bp)
     # a kernel with a barrier under control flow may need the split run: keep what it may overwrite
     saved = _snapshot(host.tensors) if kernel.nested_barrier else None
-    mem = GlobalMemory(host.tensors, device, strict=sim.strict_oob)
-    lds = LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE)
+
+    def fresh():
+        return (GlobalMemory(host.tensors, device, strict=sim.strict_oob),
+                LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE,
+                    check_waits=getattr(sim, "check_waits", False)))
+
+    mem, lds = fresh()
     lane = torch.arange(N, device=device)
     ex = _exec(kernel, program, sim, device, lane, shape, mem, lds, args)
     exs = [ex]
@@ -211,8 +216,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
         run_block(ex, kernel.body)
     except PhaseSplit:
         _restore(saved)
-        mem = GlobalMemory(host.tensors, device, strict=sim.strict_oob)
-        lds = LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE)
+        mem, lds = fresh()
         nslots = bp // WAVE
         sched = WaveScheduler(nslots, nwg, lds, device)
         lanes = lane.view(nwg, nslots, WAVE)

@@ -85,15 +85,34 @@ def _barrier(d, o):
     return f
 
 
-_NOOPS = ("rocdl.s.waitcnt", "rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
+_NOOPS = ("rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
           "rocdl.s.nop", "rocdl.sched.setprio", "rocdl.s.sleep", "rocdl.iglp.opt", "llvm.intr.assume",
           "rocdl.s.waitcnt.vscnt", "rocdl.s.wait.loadcnt", "rocdl.s.wait.dscnt", "gpu.dealloc",
-          "rocdl.asyncmark", "rocdl.wait.asyncmark")  # async LDS loads complete at issue
+          "rocdl.asyncmark")  # async LDS loads complete at issue; their waits are below
 
 
 @op(*_NOOPS)
 def _noop(d, o):
     return None
+
+
+def vmcnt_of(bitfield: int) -> int:
+    """The vmcnt of a gfx9 s_waitcnt immediate: bits [3:0] and [15:14]."""
+    return (bitfield & 0xF) | ((bitfield >> 10) & 0x30)
+
+
+@op("rocdl.s.waitcnt", "rocdl.wait.asyncmark")
+def _waitcnt(d, o):
+    """s_waitcnt vmcnt(n) retires all but the last n VMEM loads of each active wave (LDS DMA
+    reads by other waves check it: memory.LDS); wait_asyncmark drains every one (lenient)."""
+    from flydsl._mlir import ir
+
+    n = vmcnt_of(int(ir.IntegerAttr(o.attributes["bitfield"]).value)) if o.name == "rocdl.s.waitcnt" else 0
+
+    def f(ex):
+        ex.lds.vm_wait(ex, n)
+
+    return f
 
 
 # -- cross-lane ----------------------------------------------------------------
@@ -294,7 +313,12 @@ def _call_intrinsic(d, o):
             ex.R[outs[0]] = _perm(*(ex.R[i] for i in ins))
 
         return f
-    if name in ("llvm.amdgcn.s.waitcnt", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
+    if name == "llvm.amdgcn.s.waitcnt":
+        def f(ex):
+            ex.lds.vm_wait(ex, vmcnt_of(int(ex.R[ins[0]])))
+
+        return f
+    if name in ("llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
         return None
     if name.startswith("llvm.amdgcn.update.dpp"):
         from .ops_lanes import dpp_intrinsic

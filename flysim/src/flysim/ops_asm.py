@@ -76,6 +76,13 @@ def _step(ins, loc_name):
     """One instruction line -> f(ex, env) or ("label", name) / ("branch", cond, target)."""
     m = re.match(r"([a-z0-9_]+)\s*(.*)", ins)
     mn, rest = m.group(1), m.group(2)
+    vm = re.search(r"vmcnt\((\d+)\)", rest)
+    if mn == "s_waitcnt" and vm:
+        n = int(vm.group(1))
+
+        def f(ex, env):
+            ex.lds.vm_wait(ex, n)
+        return f
     if mn.startswith(_NOP):
         return None
     if mn in ("s_cbranch_scc0", "s_cbranch_scc1"):

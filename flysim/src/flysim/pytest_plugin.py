@@ -57,6 +57,7 @@ def pytest_addoption(parser):
                 help="seconds per test before it is reported 'over cap'")
     g.addoption("--flysim-per-file", type=int, default=int(os.environ.get("FLYSIM_PER_FILE", "0")) or None,
                 help="keep the N tests of each file with the smallest parameter numbers (a shape proxy)")
+    g.addoption("--flysim-check-waits", action="store_true", help="simulate(check_waits=True): report missing vmcnt waits")
     g.addoption("--flysim-report", default=os.environ.get("FLYSIM_REPORT"), help="write the summary (markdown; .json too)")
 
 
@@ -272,6 +273,7 @@ def pytest_configure(config):
     _STATE["max_lanes"] = config.getoption("--flysim-max-lanes")
     _STATE["timeout"] = config.getoption("--flysim-timeout")
     _STATE["report"] = config.getoption("--flysim-report")
+    _STATE["check_waits"] = config.getoption("--flysim-check-waits")
     _STATE["t0"] = time.perf_counter()
     config.option.continue_on_collection_errors = True  # a file that cannot import is a report line
     install_cuda_shim(_STATE["arch"])
@@ -291,7 +293,7 @@ def pytest_runtest_call(item):
         old = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, t)
     try:
-        with flysim.simulate(_STATE["arch"]) as sim:
+        with flysim.simulate(_STATE["arch"], check_waits=_STATE["check_waits"]) as sim:
             item._flysim_sim = sim
             yield
     finally:
