@@ -253,13 +253,20 @@ class LDS:
             return
         late = other & (self.dma_seq[idx] > self.vm_retired[pw.clamp(min=0).long()])
         if bool(late.any()):
-            j = int(late.nonzero()[0])
-            b = int(idx[j])
+            j, b, where = self._first(late, idx)
+            p = int(pw[j])
             raise LDSRaceError(
-                f"LDS race (missing s_waitcnt vmcnt): wave {int(w[j])} reads LDS byte {b % self.size} of workgroup "
-                f"{b // self.size} that a buffer load to LDS by wave {int(pw[j])} at {self.locs[int(self.dma_loc[b])]} "
-                f"may not have written yet; this read at {loc}. Wave {int(pw[j])} must wait (s_waitcnt vmcnt) for "
-                f"that load before the barrier that orders it (load {int(self.dma_seq[b])} of that wave; {int(self.vm_issued[int(pw[j])])} issued, {int(self.vm_retired[int(pw[j])])} retired by its waits).")
+                f"LDS race (missing s_waitcnt vmcnt): wave {int(w[j])} reads {where} that a buffer load to LDS by "
+                f"wave {p} at {self.locs[int(self.dma_loc[b])]} may not have written yet; this read at {loc}. Wave {p} "
+                f"must wait (s_waitcnt vmcnt) for that load before the barrier that orders it (load "
+                f"{int(self.dma_seq[b])} of that wave; {int(self.vm_issued[p])} issued, {int(self.vm_retired[p])} "
+                f"retired by its waits).")
+
+    def _first(self, hit, idx):
+        """(position, byte, 'LDS byte .. of workgroup ..') of the first True in hit."""
+        j = int(hit.nonzero()[0])
+        b = int(idx[j])
+        return j, b, f"LDS byte {b % self.size} of workgroup {b // self.size}"
 
     def _track(self, ex, lanes, off, nbytes, write, loc, dma=False):
         waves = ex.wave if lanes is None else ex.wave[lanes]
@@ -277,11 +284,9 @@ class LDS:
             clash = (prev_r == -2) | ((prev_r >= 0) & (prev_r != w))
             kind, other = "write after read", self.rloc
         if bool(clash.any()):
-            j = int(clash.nonzero()[0])
-            b = int(idx[j])
+            j, b, where = self._first(clash, idx)
             raise LDSRaceError(
-                f"LDS race ({kind}): wave {int(w[j])} touches LDS byte {b % self.size} of workgroup "
-                f"{b // self.size} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
+                f"LDS race ({kind}): wave {int(w[j])} touches {where} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
                 f"accessed in the same barrier interval at {self.locs[int(other[b])]}; "
                 f"this access at {loc}. Add a barrier (gpu.barrier) between them.")
         if write:
