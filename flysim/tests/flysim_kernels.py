@@ -417,3 +417,22 @@ def build_lane_moves():
         lanes_kernel(X, Y, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
     return lane_moves
+
+
+def build_buffer_atomic_fadd(nbytes):
+    """rocdl.raw.ptr.buffer.atomic.fadd of X[t] into Acc[Idx[t]] through a descriptor of ``nbytes``
+    bytes of Acc (lanes past it are dropped)."""
+    from flydsl._mlir.dialects import rocdl
+    from flydsl.expr.typing import T
+
+    @flyc.kernel
+    def buf_fadd_kernel(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor):
+        tid = fx.thread_idx.x
+        rs = fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(Acc, num_records_bytes=nbytes)))
+        rocdl.raw_ptr_buffer_atomic_fadd(T.f32, X[tid].ir_value(), rs, _i32(Idx[tid] * 4), _i32(0))
+
+    @flyc.jit
+    def buffer_fadd(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        buf_fadd_kernel(X, Idx, Acc).launch(grid=(1, 1, 1), block=(2 * WAVE, 1, 1), stream=stream)
+
+    return buffer_fadd

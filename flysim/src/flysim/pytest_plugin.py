@@ -8,6 +8,9 @@ What it changes, for the whole session:
     CUDA (strings, ``torch.device``, ordinals) to ``cpu``, makes ``Tensor.cuda()`` the
     identity and ``Tensor.is_cuda`` True (``.device`` stays the CPU); ``torch.cuda.is_available()`` answers True, ``synchronize`` / streams / events
     are inert (events time nothing: elapsed_time is 0).
+  - raw pointers (``t.data_ptr()`` passed as an integer) may address any tensor the test made
+    and still holds, as device memory would: the launch sees those storages after its
+    argument tensors;
   - ``flydsl.runtime.device.get_rocm_arch`` answers the ``--flysim-arch``, and so does
     ``FLYDSL_GPU_ARCH``;
   - each test runs inside ``flysim.simulate(arch)``: every launch goes through the
@@ -36,6 +39,7 @@ import os
 import re
 import signal
 import time
+import weakref
 from collections import Counter, defaultdict
 
 import pytest
@@ -72,8 +76,31 @@ def _cpu(dev):
     return dev
 
 
+_LIVE = weakref.WeakValueDictionary()  # storage address -> a live tensor on it: the "device memory"
+
+
+def _remember(out):
+    if isinstance(out, torch.Tensor):
+        if out.device.type == "cpu" and out.numel():
+            _LIVE[out.untyped_storage().data_ptr()] = out
+    elif isinstance(out, (tuple, list)):
+        for o in out:
+            _remember(o)
+    return out
+
+
+def device_memory():
+    """Byte views of every live tensor storage the test made: what a raw device pointer may address."""
+    views = []
+    for t in list(_LIVE.values()):
+        st = t.untyped_storage()
+        views.append(torch.empty(0, dtype=torch.uint8).set_(st))
+    return views
+
+
 class CudaToCpu(TorchFunctionMode):
-    """Every device= that names CUDA becomes the CPU; Tensor.cuda() is the identity."""
+    """Every device= that names CUDA becomes the CPU; Tensor.cuda() is the identity; every tensor
+    made is remembered (raw pointers from ``data_ptr()`` may address any of them, as on a GPU)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -84,7 +111,7 @@ class CudaToCpu(TorchFunctionMode):
             kwargs["device"] = "cpu" if isinstance(d, int) else _cpu(d)
         if func in (torch.Tensor.to,):
             args = tuple(_cpu(a) for a in args)
-        return func(*args, **kwargs)
+        return _remember(func(*args, **kwargs))
 
 
 class _Event:
@@ -144,13 +171,19 @@ def install_cuda_shim(arch):
         Event=_Event, Stream=_Stream, device=_Stream, device_of=_Stream, current_stream=lambda *a, **k: _Stream(),
         default_stream=lambda *a, **k: _Stream(), stream=lambda s=None: _Stream(),
         get_device_name=lambda *a, **k: _Props.name, get_device_properties=lambda *a, **k: _Props(),
-        get_device_capability=lambda *a, **k: (9, 5), is_bf16_supported=lambda *a, **k: True)
+        get_device_capability=lambda *a, **k: (9, 5), is_bf16_supported=lambda *a, **k: True,
+        reset_peak_memory_stats=lambda *a, **k: None, reset_max_memory_allocated=lambda *a, **k: None,
+        max_memory_allocated=lambda *a, **k: 0, memory_allocated=lambda *a, **k: 0,
+        memory_reserved=lambda *a, **k: 0, max_memory_reserved=lambda *a, **k: 0,
+        mem_get_info=lambda *a, **k: (_Props.total_memory, _Props.total_memory))
     saved = {k: getattr(c, k, None) for k in patch}
     saved_arch, saved_env = dev.get_rocm_arch, os.environ.get("FLYDSL_GPU_ARCH")
     for k, v in patch.items():
         setattr(c, k, v)
     os.environ["FLYDSL_GPU_ARCH"] = arch
     dev.get_rocm_arch = lambda *a, **k: arch
+    real_gen = torch.Generator
+    torch.Generator = lambda device=None: real_gen(device=_cpu(device) or "cpu")  # "cuda" generators too
     mode = CudaToCpu()
     mode.__enter__()
     torch.Tensor.is_cuda = property(lambda self: True)  # shadows TensorBase's; removed by undo
@@ -158,6 +191,7 @@ def install_cuda_shim(arch):
     def undo():
         mode.__exit__(None, None, None)
         del torch.Tensor.is_cuda
+        torch.Generator = real_gen
         for k, v in saved.items():
             setattr(c, k, v)
         dev.get_rocm_arch = saved_arch
@@ -187,6 +221,8 @@ def _cap_launches(max_lanes):
         if max_lanes and lanes > max_lanes:
             raise OverCap(f"launch of {kernel.name} has {lanes} lanes (grid {grid}, block {block}) > cap {max_lanes}")
         with torch._C.DisableTorchFunction():  # flysim's own tensor ops skip the CUDA-to-CPU mode
+            host = rest[2]
+            host.tensors = list(host.tensors) + device_memory()  # after the arguments: they match first
             return real(kernel, program, grid, block, *rest)
 
     L.launch = capped
