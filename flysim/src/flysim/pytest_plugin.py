@@ -183,7 +183,8 @@ def install_cuda_shim(arch):
     os.environ["FLYDSL_GPU_ARCH"] = arch
     dev.get_rocm_arch = lambda *a, **k: arch
     real_gen = torch.Generator
-    torch.Generator = lambda device=None: real_gen(device=_cpu(device) or "cpu")  # "cuda" generators too
+    # "cuda" generators too; a class (annotations such as `torch.Generator | None` must still work)
+    torch.Generator = type("Generator", (), {"__new__": lambda cls, device=None: real_gen(device=_cpu(device) or "cpu")})
     mode = CudaToCpu()
     mode.__enter__()
     torch.Tensor.is_cuda = property(lambda self: True)  # shadows TensorBase's; removed by undo
@@ -248,7 +249,7 @@ def categorize(report, excinfo_text, exc_type, nodeid):
     if report.passed:
         return "passed", ""
     text = excinfo_text or ""
-    if exc_type is not None and issubclass(exc_type, OverCap) or "OverCap" in text[:200]:
+    if exc_type is not None and issubclass(exc_type, (OverCap, OverTime)) or "OverCap" in text[:200]:
         return "over cap", text.splitlines()[0][:200] if text else ""
     if exc_type is not None and issubclass(exc_type, UnsupportedOpError):
         m = re.search(r"'([^']+)'", text)
@@ -316,8 +317,13 @@ def pytest_configure(config):
     _cap_launches(_STATE["max_lanes"])
 
 
+class OverTime(BaseException):
+    """A test ran past --flysim-timeout (a BaseException, so a test's own `except Exception` cannot
+    swallow it; the timer repeats every 5 s in case a handler does)."""
+
+
 def _alarm(signum, frame):
-    raise OverCap(f"test ran past the --flysim-timeout of {_STATE['timeout']} s")
+    raise OverTime(f"over cap: test ran past the --flysim-timeout of {_STATE['timeout']} s")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -327,7 +333,7 @@ def pytest_runtest_call(item):
     t = _STATE["timeout"]
     if t:
         old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, t)
+        signal.setitimer(signal.ITIMER_REAL, t, 5.0)
     try:
         with flysim.simulate(_STATE["arch"], check_waits=_STATE["check_waits"]) as sim:
             item._flysim_sim = sim

@@ -30,7 +30,7 @@ def build_unary(fn, block=256):
 
 
 def _run(launcher, n, ref):
-    x = torch.randn(n, device="cuda")
+    x = torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
     y = torch.empty_like(x)
     launcher(x, y, n, stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
