@@ -195,7 +195,7 @@ def _buffer_atomic(d, o):
     kind = _BUFFER_KINDS[o.name.rsplit(".", 1)[1]]
     ti = tinfo(str(o.operands[0].type))
     if ti.vshape:
-        raise UnsupportedOpError(f"flysim does not implement vector {o.name} ({ti})")
+        raise UnsupportedOpError(f"flysim does not implement op '{o.name}' with a vector operand ({ti})")
     es = ti.nbytes
 
     def f(ex):
