@@ -2,11 +2,12 @@
 
 Cases: softmax, preshuffle GEMM and flash attention (gfx942), and two that use the ops
 flysim added last: the RMSNorm backward (llvm.atomicrmw into dweight, gfx942) and the gfx950
-a16w16 GEMM (async buffer loads into LDS; its default half-tile-interleaved schedule stages
-barriers across wave groups, which flysim's lockstep waves cannot run, so the plain schedule).
+a16w16 GEMM (async buffer loads into LDS), plain and in its default half-tile-interleaved
+schedule (gemm950hti: the wave groups run a barrier apart, so flysim runs one thread per wave
+slot; see docs/flysim.md, Barriers).
 FlyDSL's kernels come from an extracted copy of its source tree (never part of
 this repo): set FLYDSL_SRC (default /tmp/flydsl-src). Usage:
-    python bench/flysim_speed.py [softmax] [gemm] [attn] [rmsnorm_bwd] [gemm950] [--device cuda] [--races]
+    python bench/flysim_speed.py [softmax] [gemm] [attn] [rmsnorm_bwd] [gemm950] [gemm950hti] [--device cuda] [--races]
                                  [--threads N]
 lane-ops = executed ops x active lanes (every lane of every workgroup). Each case
 compiles and runs once, then times a second run; "cpu" is the process CPU time of
@@ -92,7 +93,7 @@ def rmsnorm_bwd(device):
     return f"rmsnorm backward {M}x{N} f32 (atomics)", run, err
 
 
-def gemm950(device):
+def gemm950(device, hti=False):
     import kernels.gemm.gemm_a16w16_gfx950 as G
 
     M, N, K = 256 * SCALE, 256, 256
@@ -101,17 +102,22 @@ def gemm950(device):
     flags = torch.zeros(1024, dtype=torch.int32, device=device)
     G.get_split_k_buffers = lambda stream, dev: (flags, flags)  # split_k = 1 never touches them
     G.run_cached = lambda fn, *args, dispatch_args, **kw: fn(*dispatch_args)  # the launcher itself, no HIP stream
-    run = lambda: G.gemm_a16w16(a, b, c, stream=0, layout="nn", user_kwargs={"use_half_tile_interleaved": False})  # noqa: E731
-    return f"gfx950 a16w16 GEMM {M}x{N}x{K} bf16 (async LDS)", run, lambda: (c.float() - a.float() @ b.float()).abs().max().item()
+    run = lambda: G.gemm_a16w16(a, b, c, stream=0, layout="nn", user_kwargs={"use_half_tile_interleaved": hti})  # noqa: E731
+    what = "half-tile interleaved: wave groups a barrier apart, per-wave schedule" if hti else "async LDS"
+    return f"gfx950 a16w16 GEMM {M}x{N}x{K} bf16 ({what})", run, lambda: (c.float() - a.float() @ b.float()).abs().max().item()
 
 
-ARCH = {"gemm950": "gfx950"}
+def gemm950hti(device):
+    return gemm950(device, hti=True)
+
+
+ARCH = {"gemm950": "gfx950", "gemm950hti": "gfx950"}
 
 
 def main():
     args = sys.argv[1:]
     device = args[args.index("--device") + 1] if "--device" in args else "cpu"
-    cases = ("softmax", "gemm", "attn", "rmsnorm_bwd", "gemm950")
+    cases = ("softmax", "gemm", "attn", "rmsnorm_bwd", "gemm950", "gemm950hti")
     which = [a for a in args if a in cases] or list(cases)
     global SCALE
     SCALE = int(args[args.index("--scale") + 1]) if "--scale" in args else 1

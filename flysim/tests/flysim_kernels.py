@@ -211,12 +211,14 @@ def build_buffer_offsets(nbytes=None):
     return buffer_offsets
 
 
-def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
+def build_buffer_to_lds(size, imm, asynchronous=False, waves=2, cross=False, vmcnt=None):
     """Buffer loads written straight into LDS (``rocdl.raw.ptr.buffer.load[.async].lds``).
 
     Thread t (lane l of wave w) loads ``size`` bytes of X at byte t * size + soff + imm into
     LDS at byte w * 64 * size + imm + l * size (the wave's base, the immediate offset, the
     lane's slot); after a barrier, thread t copies those size/4 dwords to Out[t * size/4 ...].
+    ``cross``: thread t copies the slot of thread t + 64 (the next wave's) instead, which is
+    ordered only if the loading wave waited (``vmcnt``: emit s_waitcnt vmcnt(n) before the barrier).
     """
     from flydsl._mlir.dialects import rocdl
 
@@ -241,9 +243,12 @@ def build_buffer_to_lds(size, imm, asynchronous=False, waves=2):
         if asynchronous:
             fx.rocdl.asyncmark()
             fx.rocdl.wait_asyncmark(0)
+        if vmcnt is not None:
+            fx.rocdl.s_waitcnt(vmcnt=vmcnt)
         gpu.barrier()
+        src = (tid + WAVE) % threads if cross else tid
         for j in fx.range_constexpr(dw):
-            Out[tid * dw + j] = fx.memref_load(buf, imm // 4 + tid * dw + j)
+            Out[tid * dw + j] = fx.memref_load(buf, imm // 4 + src * dw + j)
 
     @flyc.jit
     def buffer_to_lds(X: fx.Tensor, Out: fx.Tensor, soff: fx.Int32, stream: fx.Stream = fx.Stream(None)):
@@ -316,3 +321,118 @@ def build_counted_loop(threads=128):
         counted_loop_kernel(Out).launch(grid=(blocks, 1, 1), block=(threads, 1, 1), stream=stream)
 
     return counted_loop
+
+
+def build_phase_shift(iters=4, seed=None):
+    """Two wave groups exchange data through LDS, one barrier out of phase (the wave-specialized style).
+
+    Block of 256 lanes = 4 waves; group g = wave // 2, lane r = tid % 128. Group 1 runs one extra
+    ``s_barrier`` first, so its step s falls in the barrier interval where group 0 runs step s + 1.
+    Iteration i: write X[i, g, r] into slot i % 2 of the group's buffer; barrier; read the other
+    group's buffer (group 0: slot (i - 1) % 2 from i = 1 on, group 1: slot i % 2) into the sum;
+    barrier. Race-free only under the hardware's barrier (arrival counting). Out[tid] += 1 first
+    (global memory written before the barrier that splits the workgroup), then Out[tid] += the sum.
+    ``seed``: "race" makes group 1 read the slot group 0 writes in the same interval;
+    "missing_barrier" drops the barrier between the write and the read; "lane_split" gives the
+    extra barrier to half of each wave's lanes instead of to group 1.
+    """
+    from flydsl.expr import rocdl
+
+    half = 2 * WAVE
+
+    @fx.struct
+    class Smem:
+        buf: fx.Array[fx.Float32, 4 * half, 16]  # [group][slot][lane]
+
+    @flyc.kernel
+    def phase_kernel(X: fx.Tensor, Out: fx.Tensor):
+        tid = fx.thread_idx.x
+        g = tid // half
+        r = tid % half
+        smem = fx.SharedAllocator().allocate(Smem).peek()
+        buf = smem.buf.view(fx.make_layout(4 * half, 1))
+        base = Out[tid] + fx.Float32(1.0)
+        Out[tid] = base
+        if (g if seed != "lane_split" else tid % WAVE // (WAVE // 2)) == 1:
+            rocdl.s_barrier()
+        acc = fx.Float32(0.0)
+        for i in fx.range_constexpr(iters):
+            fx.memref_store(X[i * 4 * WAVE + tid], buf, (g * 2 + i % 2) * half + r)
+            if seed != "missing_barrier":
+                rocdl.s_barrier()
+            slot = (i - 1 + g) % 2 if seed != "race" else (i + 1) % 2
+            v = fx.memref_load(buf, ((1 - g) * 2 + slot) * half + r)
+            acc = acc + (v if i >= 1 else v * fx.Float32(g))
+            rocdl.s_barrier()
+        Out[tid] = base + acc
+
+    @flyc.jit
+    def phase_shift(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        phase_kernel(X, Out).launch(grid=(1, 1, 1), block=(4 * WAVE, 1, 1), stream=stream)
+
+    return phase_shift
+
+
+DPP_CASES = (  # (dpp_ctrl, row_mask, bank_mask, bound_ctrl): the controls FlyDSL's kernels use, and a few more
+    (177, 0xF, 0xF, False),  # quad_perm [1,0,3,2]: lane ^ 1
+    (78, 0xF, 0xF, False),  # quad_perm [2,3,0,1]: lane ^ 2
+    (0x118, 0xF, 0xC, False),  # row_shr:8 on banks 2-3 ...
+    (0x108, 0xF, 0x3, False),  # ... then row_shl:8 on banks 0-1: together lane ^ 8
+    (0x111, 0xF, 0xF, True),  # row_shr:1, bound_ctrl: lane - 1 in the row, 0 at the row start
+    (0x142, 0xA, 0xF, False),  # row_bcast:15 on rows 1 and 3
+)
+
+
+def build_lane_moves():
+    """Out[k, t] = the k-th DPP case applied to X (old = -1; case 3 chains on case 2's result);
+    Out[6, t], Out[7, t] = permlane16_swap(X, Y); Out[8, t] = xor 1 through llvm.amdgcn.update.dpp.i32; Out[9, t], Out[10, t] = permlane32_swap(X, Y)."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import arith, llvm
+    from flydsl._mlir.dialects import rocdl as rocdl_d
+    from flydsl.expr.typing import T
+
+    def v(x):
+        return fx.Int32(x).ir_value()
+
+    @flyc.kernel
+    def lanes_kernel(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor):
+        tid = fx.thread_idx.x
+        x = v(X[tid])
+        old = v(fx.Int32(-1))
+        prev = old
+        for k, (ctrl, rm, bm, bc) in enumerate(DPP_CASES):
+            r = fx.rocdl.update_dpp(T.i32, prev if k == 3 else old, x, ctrl, rm, bm, bc)
+            prev = r
+            Out[k * WAVE + tid] = fx.Int32(r)
+        for k, swap in ((6, rocdl_d.permlane16_swap), (9, rocdl_d.permlane32_swap)):
+            pair = swap(ir.Type.parse("!llvm.struct<(i32, i32)>"), x, v(Y[tid]), False, False)
+            Out[k * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [0]))
+            Out[(k + 1) * WAVE + tid] = fx.Int32(llvm.extractvalue(T.i32, pair, [1]))
+        imm = [v(fx.Int32(c)) for c in (177, 0xF, 0xF)] + [arith.constant(ir.IntegerType.get_signless(1), 0)]
+        r = llvm.call_intrinsic(T.i32, "llvm.amdgcn.update.dpp.i32", [old, x] + imm, [], [])
+        Out[8 * WAVE + tid] = fx.Int32(r)
+
+    @flyc.jit
+    def lane_moves(X: fx.Tensor, Y: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        lanes_kernel(X, Y, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return lane_moves
+
+
+def build_buffer_atomic_fadd(nbytes):
+    """rocdl.raw.ptr.buffer.atomic.fadd of X[t] into Acc[Idx[t]] through a descriptor of ``nbytes``
+    bytes of Acc (lanes past it are dropped)."""
+    from flydsl._mlir.dialects import rocdl
+    from flydsl.expr.typing import T
+
+    @flyc.kernel
+    def buf_fadd_kernel(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor):
+        tid = fx.thread_idx.x
+        rs = fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(Acc, num_records_bytes=nbytes)))
+        rocdl.raw_ptr_buffer_atomic_fadd(T.f32, X[tid].ir_value(), rs, _i32(Idx[tid] * 4), _i32(0))
+
+    @flyc.jit
+    def buffer_fadd(X: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        buf_fadd_kernel(X, Idx, Acc).launch(grid=(1, 1, 1), block=(2 * WAVE, 1, 1), stream=stream)
+
+    return buffer_fadd

@@ -116,3 +116,16 @@ def test_serialize_matches_one_update_at_a_time(kind):
     old = serialize(kind, addr, x, read, write, 32)
     assert old.tolist() == want_old
     assert mem == ref
+
+
+def test_buffer_atomic_fadd_collides_and_drops_past_num_records():
+    """rocdl.raw.ptr.buffer.atomic.fadd: colliding lanes all add; lanes past num_records do nothing."""
+    X = torch.randn(128)
+    Idx = torch.randint(0, 8, (128,), dtype=torch.int32)
+    Acc = torch.zeros(8)
+    with flysim.simulate("gfx942") as sim:
+        K.build_buffer_atomic_fadd(6 * 4)(X, Idx, Acc)
+    ref = torch.zeros(8, dtype=torch.float64).index_add_(0, Idx.long(), X.double())
+    ref[6:] = 0
+    torch.testing.assert_close(Acc, ref.float(), rtol=1e-5, atol=1e-5)
+    assert sim.launches[-1].counters["oob_buffer_accesses"] == int((Idx >= 6).sum())

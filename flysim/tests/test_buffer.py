@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flysim
+from flysim.errors import LDSRaceError
 
 import flysim_kernels as K
 
@@ -61,3 +62,21 @@ def test_buffer_load_into_lds(arch, size, imm, asynchronous):
     assert rec.counters["ops_by_kind"][op] == 1
     assert rec.counters["lds_bytes_written"] == 128 * size
     assert rec.counters["global_bytes_read"] == 128 * size
+
+
+@pytest.mark.parametrize("vmcnt", [None, 1, 0])
+def test_lds_dma_read_by_another_wave_needs_vmcnt_wait(vmcnt):
+    """A buffer load to LDS read by another wave after a barrier: only s_waitcnt vmcnt(0) by the loading
+    wave orders it (vmcnt(1) leaves this wave's last load in flight); a missing wait is a race
+    (simulate(check_waits=True))."""
+    X = torch.arange(5000, 5000 + 2 * 64 + 64, dtype=torch.int32)
+    out = torch.zeros(2 * 64, dtype=torch.int32)
+    run = K.build_buffer_to_lds(4, 0, cross=True, vmcnt=vmcnt)
+    if vmcnt != 0:
+        with pytest.raises(LDSRaceError, match="missing s_waitcnt vmcnt"):
+            with flysim.simulate("gfx942", check_waits=True):
+                run(X, out, 0)
+        return
+    with flysim.simulate("gfx942", check_waits=True):
+        run(X, out, 0)
+    assert torch.equal(out, X[:128].roll(-64))

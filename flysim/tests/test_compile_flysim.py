@@ -73,3 +73,25 @@ def test_direct_launcher_call_still_runs():
     with flysim.simulate(arch="gfx942") as sim:
         add(a, b, c, 70)
     assert torch.equal(c, a + b) and len(sim.launches) == 1
+
+
+def test_program_is_decoded_once_across_launches(monkeypatch):
+    """Launches of one compiled kernel reuse its decoded program (decoding is per artifact, arch, device)."""
+    from flysim import launch as L
+
+    made = []
+    real = L.Program.__init__
+
+    def counting(self, *a, **k):
+        made.append(a[2] if len(a) > 2 else k.get("arch"))
+        real(self, *a, **k)
+
+    monkeypatch.setattr(L.Program, "__init__", counting)
+    add = K.build_add()
+    a, b = torch.randn(300), torch.randn(300)
+    with flysim.simulate("gfx942") as sim:
+        for _ in range(3):
+            c = torch.zeros(300)
+            add(a, b, c, 300)
+            torch.testing.assert_close(c, a + b)
+    assert len(sim.launches) == 3 and made == ["gfx942"]

@@ -73,8 +73,9 @@ def _make_backend_class():
 class Simulation:
     """One simulate() session: its arch, options and the launches it ran."""
 
-    def __init__(self, arch, device, check_races, strict_oob, count_regions=False):
+    def __init__(self, arch, device, check_races, strict_oob, count_regions=False, check_waits=False):
         self.arch = arch
+        self.check_waits = check_waits
         self.count_regions = count_regions
         self.device = torch.device(device) if device is not None else None
         self.check_races = check_races
@@ -96,12 +97,15 @@ _CACHE_ENV = {"FLYDSL_RUNTIME_ENABLE_CACHE": "0", "FLYDSL_COMPILE_LLVM_DIR": "",
 
 
 @contextlib.contextmanager
-def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True, count_regions=False):
+def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True, count_regions=False, check_waits=False):
     """Run every ``@flyc.jit`` launcher called inside the block under flysim.
 
     ``device``: where lane tensors live (default: the arguments' device).
     ``check_races``: detect LDS races between waves. ``strict_oob``: raise on a
     raw-pointer access outside every argument tensor (else count and warn).
+    ``check_waits``: also report an LDS read of bytes that another wave's buffer load to LDS
+    (LDS DMA) may not have written yet, because no ``s_waitcnt vmcnt`` of that wave retired it
+    before the barrier (needs check_races).
     ``count_regions``: count, per scf.if and scf.for of a kernel, the waves that run each side
     (scf.if: then / else) or each iteration (scf.for), into the ``region_waves`` counter.
     """
@@ -110,7 +114,7 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True, c
 
     if _sim() is not None:
         raise SimulationError("flysim.simulate() sessions do not nest")
-    sim = Simulation(arch, device, check_races, strict_oob, count_regions)
+    sim = Simulation(arch, device, check_races, strict_oob, count_regions, check_waits)
     old_env = toolchain.ensure_compile_env(arch)
     old_env.update({k: os.environ.get(k) for k in _CACHE_ENV})
     os.environ.update(_CACHE_ENV)

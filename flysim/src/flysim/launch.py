@@ -18,6 +18,7 @@ import torch
 from .errors import SimulationError
 from .memory import GlobalMemory, LDS
 from .program import Decoder, Exec, loc_text, op, run_block
+from .waves import PhaseSplit, WaveScheduler
 from .types import tinfo
 
 WAVE = 64
@@ -59,6 +60,7 @@ class Kernel:
         self.arg_slots, self.body = d.region(func_op.regions[0])
         self.nregs = len(d.slots)
         self.census = d.census
+        self.nested_barrier = d.nested_barrier
 
 
 class Program:
@@ -66,7 +68,7 @@ class Program:
         from flydsl._mlir import ir
         from flydsl.compiler.jit_function import _create_mlir_context
 
-        from . import ops_arith, ops_mem, ops_amd, ops_asm, ops_atomic  # noqa: F401  (register ops)
+        from . import ops_arith, ops_mem, ops_amd, ops_asm, ops_atomic, ops_lanes  # noqa: F401  (register ops)
 
         self.arch = arch
         self.info = ModuleInfo(device)
@@ -197,12 +199,73 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     N = nwg * bp
     if N == 0:
         return LaunchRecord(kernel.name, grid, block, program.arch)
+    shape = dict(grid=grid, block=block, nwg=nwg, bsz=bsz, bp=bp)
+    # a kernel with a barrier under control flow may need the split run: keep what it may overwrite
+    saved = _snapshot(host.tensors) if kernel.nested_barrier else None
+
+    def fresh():
+        return (GlobalMemory(host.tensors, device, strict=sim.strict_oob),
+                LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE,
+                    check_waits=getattr(sim, "check_waits", False)))
+
+    mem, lds = fresh()
+    lane = torch.arange(N, device=device)
+    ex = _exec(kernel, program, sim, device, lane, shape, mem, lds, args)
+    exs = [ex]
+    try:
+        run_block(ex, kernel.body)
+    except PhaseSplit:
+        _restore(saved)
+        mem, lds = fresh()
+        nslots = bp // WAVE
+        sched = WaveScheduler(nslots, nwg, lds, device)
+        lanes = lane.view(nwg, nslots, WAVE)
+        exs = [_exec(kernel, program, sim, device, lanes[:, j].reshape(-1), shape, mem, lds, args, ex.regions is not None)
+               for j in range(nslots)]
+        for j, e in enumerate(exs):
+            e.sched, e.slot, e.bp = sched, j, WAVE
+        sched.run([lambda e=e: run_block(e, kernel.body) for e in exs])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    mfma, ops, regions = {}, {}, None
+    for e in exs:
+        for k, v in e.mfma.items():
+            mfma[k] = mfma.get(k, 0) + v
+        for k, v in e.ops.items():
+            ops[k] = ops.get(k, 0) + v
+        if e.regions is not None:
+            regions = regions or {}
+            for k, v in e.regions.items():
+                regions[k] = [a + b for a, b in zip(regions.get(k, [0] * len(v)), v)]
+    warnings = [w for e in exs for w in e.warnings]
+    c = {
+        "global_bytes_read": mem.bytes_read,
+        "global_bytes_written": mem.bytes_written,
+        "lds_bytes_read": lds.bytes_read,
+        "lds_bytes_written": lds.bytes_written,
+        "lds_bank_conflicts": lds.bank_conflicts,
+        "mfma_by_kind": mfma,
+        "ops_by_kind": ops,
+        "oob_buffer_accesses": sum(e.oob_buffer for e in exs),
+        "wave_split": len(exs) > 1,
+        "warnings": warnings + lds.warnings + mem.warnings,
+    }
+    if regions is not None:
+        c["region_waves"] = {k: dict(zip(("then", "else") if k.endswith("scf.if") else ("iterations",), v))
+                             for k, v in regions.items()}
+    return LaunchRecord(kernel.name, grid, block, program.arch, c, c["warnings"], time.perf_counter() - t0,
+                        sum(e.lane_ops for e in exs))
+
+
+def _exec(kernel, program, sim, device, lane, shape, mem, lds, args, count_regions=None):
+    """The state of the lanes ``lane`` (global lane ids) of one launch."""
+    grid, block, bp, bsz = shape["grid"], shape["block"], shape["bp"], shape["bsz"]
     ex = Exec(kernel.name, kernel.nregs, device)
     ex.counting = True
     ex.arch = program.arch
-    ex.N, ex.nwg, ex.bsz, ex.bp, ex.grid, ex.block = N, nwg, bsz, bp, grid, block
+    ex.N, ex.nwg, ex.bsz, ex.bp, ex.grid, ex.block = lane.numel(), shape["nwg"], bsz, bp, grid, block
     ex.sim = sim
-    lane = torch.arange(N, device=device)
+    ex.sched = None
     t = lane % bp
     wg = lane // bp
     ex.wg = wg
@@ -213,30 +276,35 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     ex.bid = (wg % grid[0], (wg // grid[0]) % grid[1], wg // (grid[0] * grid[1]))
     ex.base_mask = (t < bsz) if bp != bsz else None
     ex.mask = ex.base_mask
-    ex.mem = GlobalMemory(host.tensors, device, strict=sim.strict_oob)
-    ex.lds = LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE)
+    ex.mem = mem
+    ex.lds = lds
     ex.lds_globals = program.info.lds_globals
     ex.mfma = {}
     ex.warnings = []
     ex.oob_buffer = 0
-    ex.regions = {} if getattr(sim, "count_regions", False) else None
+    if count_regions is None:
+        count_regions = getattr(sim, "count_regions", False)
+    ex.regions = {} if count_regions else None
     for slot, v in zip(kernel.arg_slots, args):
         ex.R[slot] = v
-    run_block(ex, kernel.body)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    c = {
-        "global_bytes_read": ex.mem.bytes_read,
-        "global_bytes_written": ex.mem.bytes_written,
-        "lds_bytes_read": ex.lds.bytes_read,
-        "lds_bytes_written": ex.lds.bytes_written,
-        "lds_bank_conflicts": ex.lds.bank_conflicts,
-        "mfma_by_kind": dict(ex.mfma),
-        "ops_by_kind": dict(ex.ops),
-        "oob_buffer_accesses": ex.oob_buffer,
-        "warnings": ex.warnings + ex.lds.warnings + ex.mem.warnings,
-    }
-    if ex.regions is not None:
-        c["region_waves"] = {k: dict(zip(("then", "else") if k.endswith("scf.if") else ("iterations",), v))
-                             for k, v in ex.regions.items()}
-    return LaunchRecord(kernel.name, grid, block, program.arch, c, c["warnings"], time.perf_counter() - t0, ex.lane_ops)
+    return ex
+
+
+def _snapshot(tensors):
+    """Copies of the argument storages' bytes (one per storage), to undo a lockstep attempt."""
+    out, seen = [], set()
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() in seen or st.nbytes() == 0:
+            continue
+        seen.add(st.data_ptr())
+        u8 = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+        out.append((u8, u8.clone()))
+    return out
+
+
+def _restore(saved):
+    if saved is None:
+        raise SimulationError("internal: a barrier split a workgroup in a kernel that was not prepared for it")
+    for u8, copy in saved:
+        u8.copy_(copy)

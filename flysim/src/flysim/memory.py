@@ -180,11 +180,12 @@ class GlobalMemory:
 
 
 class LDS:
-    def __init__(self, nwg, size, device, check_races=True, waves_per_wg=1):
+    def __init__(self, nwg, size, device, check_races=True, waves_per_wg=1, check_waits=False):
         self.size = (size + 15) // 16 * 16
         self.nwg = nwg
         self.mem = torch.zeros(nwg * self.size, dtype=torch.uint8, device=device) if size else None
         self.check = check_races and size > 0
+        self.waits = self.check and check_waits
         self.bytes_read = 0
         self.bytes_written = 0
         self.bank_conflicts = 0
@@ -196,6 +197,13 @@ class LDS:
             self.wloc = torch.zeros_like(self.writer)
             self.rloc = torch.zeros_like(self.writer)
             self.written = torch.zeros(nwg * self.size, dtype=torch.bool, device=device)
+            # s_waitcnt vmcnt: per wave, VMEM loads issued and those a wait has retired; per LDS
+            # byte, the wave and issue number of the LDS DMA (buffer load to LDS) that wrote it
+            self.vm_issued = torch.zeros(nwg * waves_per_wg, dtype=torch.int64, device=device)
+            self.vm_retired = torch.zeros_like(self.vm_issued)
+            self.dma_wave = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
+            self.dma_seq = torch.zeros(nwg * self.size, dtype=torch.int64, device=device)
+            self.dma_loc = torch.zeros_like(self.writer)
         self.locs = []
 
     def _lanes(self, ex, ptr, nbytes, what):
@@ -220,11 +228,53 @@ class LDS:
             self.locs.append(loc)
             return len(self.locs) - 1
 
-    def _track(self, ex, lanes, off, nbytes, write, loc):
+    def _waves(self, ex):
+        """Global ids of the waves with an active lane."""
+        w = ex.wave.view(-1, 64)[:, 0]
+        return w if ex.mask is None else w[ex.mask.view(-1, 64).any(1)]
+
+    def vm_issue(self, ex):
+        """A VMEM load issued by the active waves (vmcnt counts it until a wait retires it)."""
+        if self.waits:
+            self.vm_issued[self._waves(ex)] += 1
+
+    def vm_wait(self, ex, vmcnt=0):
+        """s_waitcnt vmcnt(n): all but the last n VMEM loads of each active wave have completed."""
+        if self.waits:
+            w = self._waves(ex)
+            self.vm_retired[w] = torch.maximum(self.vm_retired[w], self.vm_issued[w] - vmcnt)
+
+    def _check_dma(self, idx, w, loc):
+        """A read of bytes that another wave's LDS DMA may not have written yet (no vmcnt wait by
+        that wave retired it). The reading wave's own DMA is covered: the compiler waits for it."""
+        pw = self.dma_wave[idx]
+        other = (pw >= 0) & (pw != w)
+        if not bool(other.any()):
+            return
+        late = other & (self.dma_seq[idx] > self.vm_retired[pw.clamp(min=0).long()])
+        if bool(late.any()):
+            j, b, where = self._first(late, idx)
+            p = int(pw[j])
+            raise LDSRaceError(
+                f"LDS race (missing s_waitcnt vmcnt): wave {int(w[j])} reads {where} that a buffer load to LDS by "
+                f"wave {p} at {self.locs[int(self.dma_loc[b])]} may not have written yet; this read at {loc}. Wave {p} "
+                f"must wait (s_waitcnt vmcnt) for that load before the barrier that orders it (load "
+                f"{int(self.dma_seq[b])} of that wave; {int(self.vm_issued[p])} issued, {int(self.vm_retired[p])} "
+                f"retired by its waits).")
+
+    def _first(self, hit, idx):
+        """(position, byte, 'LDS byte .. of workgroup ..') of the first True in hit."""
+        j = int(hit.nonzero()[0])
+        b = int(idx[j])
+        return j, b, f"LDS byte {b % self.size} of workgroup {b // self.size}"
+
+    def _track(self, ex, lanes, off, nbytes, write, loc, dma=False):
         waves = ex.wave if lanes is None else ex.wave[lanes]
         idx = (off.unsqueeze(1) + torch.arange(nbytes, device=off.device)).reshape(-1)
         w = waves.unsqueeze(1).expand(-1, nbytes).reshape(-1).to(torch.int32)
         lid = self._loc_id(loc)
+        if not write and self.waits:
+            self._check_dma(idx, w, loc)
         prev_w = self.writer[idx]
         clash = (prev_w >= 0) & (prev_w != w)
         kind = "write after write" if write else "read after write"
@@ -234,17 +284,21 @@ class LDS:
             clash = (prev_r == -2) | ((prev_r >= 0) & (prev_r != w))
             kind, other = "write after read", self.rloc
         if bool(clash.any()):
-            j = int(clash.nonzero()[0])
-            b = int(idx[j])
+            j, b, where = self._first(clash, idx)
             raise LDSRaceError(
-                f"LDS race ({kind}): wave {int(w[j])} touches LDS byte {b % self.size} of workgroup "
-                f"{b // self.size} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
+                f"LDS race ({kind}): wave {int(w[j])} touches {where} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
                 f"accessed in the same barrier interval at {self.locs[int(other[b])]}; "
                 f"this access at {loc}. Add a barrier (gpu.barrier) between them.")
         if write:
             self.writer[idx] = w
             self.wloc[idx] = lid
             self.written[idx] = True
+            if dma and self.waits:
+                self.dma_wave[idx] = w
+                self.dma_seq[idx] = self.vm_issued[w.long()]
+                self.dma_loc[idx] = lid
+            elif self.waits:
+                self.dma_wave[idx] = -1
         else:
             if not bool(self.written[idx].all()) and loc not in self._warned:
                 self._warned.add(loc)
@@ -296,11 +350,11 @@ class LDS:
         out[lanes] = vals
         return out
 
-    def store(self, ex, ptr, vals, esize, count, loc):
+    def store(self, ex, ptr, vals, esize, count, loc, dma=False):
         nbytes = esize * count
         lanes, off = self._lanes(ex, ptr, nbytes, "store")
         if self.check:
-            self._track(ex, lanes, off, nbytes, True, loc)
+            self._track(ex, lanes, off, nbytes, True, loc, dma)
         self._conflicts(ex, lanes, off, nbytes)
         vals = vals.expand(ex.N, count) if vals.dim() < 2 or vals.shape[0] != ex.N else vals
         _scatter(self.mem, off, esize, count, vals if lanes is None else vals[lanes])

@@ -14,10 +14,11 @@ import re
 
 import torch
 
-from .errors import LDSRaceError, UnsupportedOpError
+from .errors import UnsupportedOpError
 from .ops_mem import _first_active
 from .program import op
 from .types import INT_OF, tinfo
+from .waves import arrive
 
 DIMS = {"x": 0, "y": 1, "z": 2}
 
@@ -75,29 +76,43 @@ def _lane_id(d, o):
 
 @op("gpu.barrier", "rocdl.s.barrier", "rocdl.barrier")
 def _barrier(d, o):
+    if d.depth > 1:
+        d.nested_barrier = True
+
     def f(ex):
-        m = ex.mask
-        if m is not None:
-            if ex.base_mask is not None:
-                m = m | ~ex.base_mask
-            per_wg = m.reshape(ex.nwg, ex.bp)
-            if bool((per_wg.any(1) & ~per_wg.all(1)).any()):
-                wg = int((per_wg.any(1) & ~per_wg.all(1)).nonzero()[0])
-                raise LDSRaceError(f"barrier reached under divergent control flow: only some threads of workgroup {wg} arrive")
-        ex.lds.barrier()
+        arrive(ex)
 
     return f
 
 
-_NOOPS = ("rocdl.s.waitcnt", "rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
+_NOOPS = ("rocdl.sched.barrier", "rocdl.sched.group.barrier", "rocdl.s.setprio",
           "rocdl.s.nop", "rocdl.sched.setprio", "rocdl.s.sleep", "rocdl.iglp.opt", "llvm.intr.assume",
           "rocdl.s.waitcnt.vscnt", "rocdl.s.wait.loadcnt", "rocdl.s.wait.dscnt", "gpu.dealloc",
-          "rocdl.asyncmark", "rocdl.wait.asyncmark")  # async LDS loads complete at issue
+          "rocdl.asyncmark")  # async LDS loads complete at issue; their waits are below
 
 
 @op(*_NOOPS)
 def _noop(d, o):
     return None
+
+
+def vmcnt_of(bitfield: int) -> int:
+    """The vmcnt of a gfx9 s_waitcnt immediate: bits [3:0] and [15:14]."""
+    return (bitfield & 0xF) | ((bitfield >> 10) & 0x30)
+
+
+@op("rocdl.s.waitcnt", "rocdl.wait.asyncmark")
+def _waitcnt(d, o):
+    """s_waitcnt vmcnt(n) retires all but the last n VMEM loads of each active wave (LDS DMA
+    reads by other waves check it: memory.LDS); wait_asyncmark drains every one (lenient)."""
+    from flydsl._mlir import ir
+
+    n = vmcnt_of(int(ir.IntegerAttr(o.attributes["bitfield"]).value)) if o.name == "rocdl.s.waitcnt" else 0
+
+    def f(ex):
+        ex.lds.vm_wait(ex, n)
+
+    return f
 
 
 # -- cross-lane ----------------------------------------------------------------
@@ -215,20 +230,6 @@ def _mbcnt(d, o):
     return f
 
 
-@op("rocdl.permlane32.swap")
-def _permlane32_swap(d, o):
-    old, src = d.ins(o)[:2]
-    (out,) = d.outs(o)
-
-    def f(ex):
-        a, b = _wave(ex.R[old], ex.N), _wave(ex.R[src], ex.N)
-        na = torch.cat([a[:, :32], b[:, :32]], dim=1)
-        nb = torch.cat([a[:, 32:], b[:, 32:]], dim=1)
-        ex.R[out] = (na.reshape(ex.N, *a.shape[2:]), nb.reshape(ex.N, *b.shape[2:]))
-
-    return f
-
-
 def f32_to_f16_rtz(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> fp16 rounded toward zero (v_cvt_pkrtz_f16_f32): torch rounds to nearest, so a
     result whose magnitude overshoots |x| steps one ulp back toward zero on its bits (an
@@ -312,8 +313,17 @@ def _call_intrinsic(d, o):
             ex.R[outs[0]] = _perm(*(ex.R[i] for i in ins))
 
         return f
-    if name in ("llvm.amdgcn.s.waitcnt", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
+    if name == "llvm.amdgcn.s.waitcnt":
+        def f(ex):
+            ex.lds.vm_wait(ex, vmcnt_of(int(ex.R[ins[0]])))
+
+        return f
+    if name in ("llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
         return None
+    if name.startswith("llvm.amdgcn.update.dpp"):
+        from .ops_lanes import dpp_intrinsic
+
+        return dpp_intrinsic(d, o)
     raise UnsupportedOpError(f"flysim does not implement intrinsic {name}")
 
 

@@ -17,10 +17,11 @@ import re
 
 import torch
 
-from .errors import LDSRaceError, UnsupportedOpError
+from .errors import UnsupportedOpError
 from .ops_mem import _first_active, transpose_read
 from .program import op
 from .types import tinfo
+from .waves import arrive
 
 _NOP = ("s_nop", "s_waitcnt", "s_setprio", "s_sleep", "buffer_wbl2", "buffer_inv")
 
@@ -75,6 +76,13 @@ def _step(ins, loc_name):
     """One instruction line -> f(ex, env) or ("label", name) / ("branch", cond, target)."""
     m = re.match(r"([a-z0-9_]+)\s*(.*)", ins)
     mn, rest = m.group(1), m.group(2)
+    vm = re.search(r"vmcnt\((\d+)\)", rest)
+    if mn == "s_waitcnt" and vm:
+        n = int(vm.group(1))
+
+        def f(ex, env):
+            ex.lds.vm_wait(ex, n)
+        return f
     if mn.startswith(_NOP):
         return None
     if mn in ("s_cbranch_scc0", "s_cbranch_scc1"):
@@ -138,23 +146,10 @@ def _step(ins, loc_name):
         return f
     if mn == "s_barrier":
         def f(ex, env):
-            _masked_barrier(ex)
+            arrive(ex, "s_barrier")
+        f.barrier = True
         return f
     raise UnsupportedOpError(f"flysim does not implement instruction '{ins}' in inline asm")
-
-
-def _masked_barrier(ex):
-    """s_barrier for the active lanes: every thread of a workgroup arrives, or none."""
-    m = ex.mask
-    if m is None:
-        ex.lds.barrier()
-        return
-    mm = m | ~ex.base_mask if ex.base_mask is not None else m
-    per_wg = mm.reshape(ex.nwg, ex.bp)
-    if bool((per_wg.any(1) & ~per_wg.all(1)).any()):
-        wg = int((per_wg.any(1) & ~per_wg.all(1)).nonzero()[0])
-        raise LDSRaceError(f"s_barrier reached under divergent control flow: only some threads of workgroup {wg} arrive")
-    ex.lds.barrier(per_wg.all(1))
 
 
 def _program(text):
@@ -186,6 +181,8 @@ def _inline_asm(d, o):
     ins = d.ins(o)
     outs = d.outs(o)
     prog = _program(text)
+    if any(getattr(s, "barrier", False) for s in prog) and (d.depth > 1 or any(isinstance(s, tuple) and s[0] == "branch" for s in prog)):
+        d.nested_barrier = True
     rt = tinfo(str(o.results[0].type)) if len(o.results) else None
     out_types = (rt.fields if rt.kind == "struct" else (rt,)) if rt is not None else ()
     is_struct = rt is not None and rt.kind == "struct"

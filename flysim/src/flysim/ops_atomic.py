@@ -177,3 +177,48 @@ def _atomicrmw(d, o):
         ex.R[out] = res.reshape(N, *ti.vshape) if ti.vshape else res.reshape(N)
 
     return f
+
+
+_BUFFER_KINDS = {"fadd": "fadd", "fmax": "fmax", "smax": "max", "umin": "umin", "add": "add", "smin": "min",
+                 "umax": "umax", "swap": "xchg", "and": "and", "or": "or", "xor": "xor", "fmin": "fmin"}
+
+
+@op(*(f"rocdl.raw.ptr.buffer.atomic.{k}" for k in _BUFFER_KINDS))
+def _buffer_atomic(d, o):
+    """Buffer atomics (vdata, rsrc, voffset, soffset): address base + soffset + voffset; a lane
+    whose voffset + size passes num_records does nothing and returns 0 (as a buffer store is
+    dropped), counted in oob_buffer_accesses. Lanes serialize as llvm.atomicrmw's do."""
+    from .ops_mem import _buffer_offsets
+
+    v, rs, voff, soff = d.ins(o)[:4]
+    outs = d.outs(o)
+    kind = _BUFFER_KINDS[o.name.rsplit(".", 1)[1]]
+    ti = tinfo(str(o.operands[0].type))
+    if ti.vshape:
+        raise UnsupportedOpError(f"flysim does not implement op '{o.name}' with a vector operand ({ti})")
+    es = ti.nbytes
+
+    def f(ex):
+        N = ex.N
+        base, nrec = ex.R[rs]
+        off, soffset = _buffer_offsets(ex, voff, soff, 0)
+        inb = (off + es) <= nrec
+        act = inb if ex.mask is None else inb & ex.mask
+        ex.oob_buffer += int((~inb).sum() if ex.mask is None else (~inb & ex.mask).sum())
+        lanes = act.nonzero().squeeze(1)
+        addr = (base + soffset + off).expand(N)[lanes]
+        x = ex.R[v].expand(N)[lanes]
+        nr, nw = ex.mem.bytes_read, ex.mem.bytes_written
+
+        def read(a):
+            return _of_bits(ex.mem.load(a, ti.dtype, es, 1, None, a.numel())[:, 0], ti.dtype)
+
+        def write(a, vals):
+            ex.mem.store(a, _bits_of(vals, es).unsqueeze(1), es, 1, None, a.numel())
+
+        old = serialize(kind, addr, x, read, write, 8 * es)
+        ex.mem.bytes_read, ex.mem.bytes_written = nr + lanes.numel() * es, nw + lanes.numel() * es
+        if outs:
+            ex.R[outs[0]] = torch.zeros(N, dtype=ti.dtype, device=old.device).index_copy_(0, lanes, old.to(ti.dtype))
+
+    return f

@@ -59,6 +59,7 @@ def _load(d, o):
         if pt.addrspace == 3:
             raw = ex.lds.load(ex, ex.R[p], es, cnt, f.loc)
         else:
+            ex.lds.vm_issue(ex)
             raw = ex.mem.load(ex.R[p], ti.dtype, es, cnt, ex.mask, ex.N)
         ex.R[out] = _from_bits(raw, ti, ex.N)
 
@@ -232,6 +233,7 @@ def _buf_load(d, o):
         off, soffset = _buffer_offsets(ex, voff, soff, 0)
         base = base + soffset
         m = ex.mask
+        ex.lds.vm_issue(ex)
         if _all_inside(off, nrec, es * cnt, m):
             ex.R[out] = _from_bits(ex.mem.load(base + off, ti.dtype, es, cnt, m, N), ti, N)
             return
@@ -314,7 +316,8 @@ def _buf_load_lds(d, o):
         lp = R[ldsptr].to(torch.int64)
         lp = _first_active(ex, lp) if lp.dim() else lp
         dst = lp + ioff + ex.lane_in_wave * nbytes
-        ex.lds.store(ex, dst, raw, es, cnt, f.loc)
+        ex.lds.vm_issue(ex)
+        ex.lds.store(ex, dst, raw, es, cnt, f.loc, dma=True)
 
     return f
 

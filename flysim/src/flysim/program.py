@@ -51,6 +51,8 @@ class Decoder:
         self.info = module_info
         self.slots = {}
         self.census = Counter()
+        self.depth = 0  # region nesting: 1 = the function body
+        self.nested_barrier = False  # a barrier under control flow (see waves.py)
 
     def s(self, v):
         k = self.slots.get(v)
@@ -84,7 +86,11 @@ class Decoder:
 
     def region(self, region):
         b = region.blocks[0]
-        return [self.s(a) for a in b.arguments], self.block(b)
+        self.depth += 1
+        try:
+            return [self.s(a) for a in b.arguments], self.block(b)
+        finally:
+            self.depth -= 1
 
 
 class Exec:
