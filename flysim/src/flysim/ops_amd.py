@@ -15,6 +15,7 @@ import re
 import torch
 
 from .errors import UnsupportedOpError
+from .ops_lanes import _wave, dpp_intrinsic
 from .ops_mem import _first_active
 from .program import op
 from .types import INT_OF, tinfo
@@ -116,11 +117,6 @@ def _waitcnt(d, o):
 
 
 # -- cross-lane ----------------------------------------------------------------
-
-
-def _wave(x, N):
-    x = x.expand(N, *x.shape) if x.dim() == 0 or x.shape[0] != N else x
-    return x.reshape(N // 64, 64, *x.shape[1:])
 
 
 def _gather_lanes(x, src, N):
@@ -321,8 +317,6 @@ def _call_intrinsic(d, o):
     if name in ("llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):
         return None
     if name.startswith("llvm.amdgcn.update.dpp"):
-        from .ops_lanes import dpp_intrinsic
-
         return dpp_intrinsic(d, o)
     raise UnsupportedOpError(f"flysim does not implement intrinsic {name}")
 

@@ -26,8 +26,13 @@ import functools
 import torch
 
 from .errors import UnsupportedOpError
-from .ops_amd import _wave
 from .program import op
+
+
+def _wave(x, N):
+    """x [N, ...] (or a scalar) as [N / 64 waves, 64 lanes, ...]."""
+    x = x.expand(N, *x.shape) if x.dim() == 0 or x.shape[0] != N else x
+    return x.reshape(N // 64, 64, *x.shape[1:])
 
 
 @functools.lru_cache(maxsize=None)
