@@ -99,6 +99,63 @@ def test_graph_break_gives_two_translated_graphs(flydsl_ops):
     torch.testing.assert_close(got, m(x), **model_tol(check="few_ops"))
 
 
+class BreakInBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return x + self.b(torch.relu(h))
+
+
+class Stack(nn.Module):
+    """Dynamo compiles BreakInBlock's two halves once and calls them per block, each time with
+    that block's parameters: the backend must not serve every block with the first one's."""
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = nn.ModuleList([BreakInBlock() for _ in range(n)])
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+def test_a_graph_reused_across_blocks_uses_each_blocks_weights(flydsl_ops):
+    torch.manual_seed(0)
+    m = Stack().eval()
+    x = torch.randn(4, 32)
+    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    with torch.no_grad():
+        first = compiled(x)
+        flydsl_ops.calls.clear()
+        again = compiled(x)
+        want = m(x)
+    recs = compile_backend.reports()
+    assert len(recs) == 2 and all(len(r.translated) == 3 and r.calls_pytorch == 0 for r in recs), [r.line() for r in recs]
+    assert flydsl_ops.calls.count("gemm") == 6  # every block's two linears ran as flydsl ops
+    torch.testing.assert_close(first, want, **model_tol(check="few_ops"))
+    torch.testing.assert_close(again, want, **model_tol(check="few_ops"))
+
+
+def test_weight_sets_past_the_limit_run_in_pytorch_with_their_own_weights(monkeypatch):
+    monkeypatch.setattr(compile_backend, "MAX_WEIGHT_SETS", 1)
+    torch.manual_seed(0)
+    m = Stack().eval()
+    x = torch.randn(4, 32)
+    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    with pytest.warns(UserWarning, match="more than 1 sets of weights"), torch.no_grad():
+        got = compiled(x)
+    recs = compile_backend.reports()
+    assert all(r.calls_translated == 1 and r.calls_pytorch == 2 and r.weight_sets_reason for r in recs)
+    assert "sets of weights" in recs[0].line()
+    torch.testing.assert_close(got, m(x), **model_tol(check="few_ops"))
+
+
 def test_new_shapes_are_translated_again():
     model, _ = load_model("mini_gpt")
     compiled = torch.compile(model, backend="flydsl", options={"backend": "reference"})

@@ -12,6 +12,14 @@ update of the model's weights afterwards changes nothing in the compiled model: 
 inference backends (Torch-TensorRT), weights are frozen at compile time; retrain, then compile
 again. The copies cost one more copy of the weights in memory.
 
+Dynamo reuses one graph for every module instance that runs the same code: after a graph break
+inside a block, the resumed graph is called once per layer of the stack (or per expert of a
+loop), each time with that instance's parameters. So the frozen weights are a set per call,
+matched by identity against the tensors dynamo passes, and each set has its own translations.
+Before this, the first instance's weights were frozen and served every later one (every layer
+computed with layer 0's weights, silently). Past MAX_WEIGHT_SETS sets, calls run dynamo's graph
+in PyTorch on the weights they pass, and the record says so.
+
 State is not frozen. An input the graph writes in place (a KV cache written with
 `cache[:, :, pos] = k`, running statistics: found by running the graph once on fake tensors
 and comparing version counters) is the user's own buffer, as with dynamo's eager backend: the
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -58,7 +67,8 @@ from ..errors import InputError, ShapeError, TranslatorError
 log = logging.getLogger(__name__)
 
 NAME = "flydsl"
-MAX_VARIANTS = 8  # translations kept per graph for differently shaped calls
+MAX_VARIANTS = 8  # translations kept per graph and weight set for differently shaped calls
+MAX_WEIGHT_SETS = 64  # weight sets translated per graph (module instances sharing its code)
 OPTIONS = ("arch", "backend", "precision", "verify", "strict", "fallback_on_mismatch", "dynamic_shapes")
 
 
@@ -76,6 +86,7 @@ class GraphRecord:
     graph_breaks: list = field(default_factory=list)  # dynamo's graph-break reasons new while compiling this
     state: list = field(default_factory=list)  # the dynamo inputs written in place: the user's own buffers
     dynamo_fallback: str | None = None  # dynamo stopped compiling this function: later calls may run eager
+    weight_sets_reason: str | None = None  # calls with weights beyond MAX_WEIGHT_SETS ran in PyTorch
 
     @property
     def report(self):
@@ -86,6 +97,8 @@ class GraphRecord:
         out = f"{self.name} [{self.compile_id}]: {len(self.translated)} translation(s); {where}"
         if self.fallback_reason:
             out += f" ({self.fallback_reason})"
+        if self.weight_sets_reason:
+            out += f" ({self.weight_sets_reason})"
         if self.recompile_reason:
             out += f"; recompiled because {self.recompile_reason}"
         if self.graph_breaks:
@@ -244,6 +257,20 @@ class _Frozen(torch.nn.Module):
         return self.graph_module(*args)
 
 
+class _WeightSet:
+    """The weight tensors (parameters, unwritten buffers) of one call, frozen: private copies, so
+    later in-place updates of the model do not leak in. Matched by identity (weak references, so
+    a freed tensor whose id is reused never matches) against the tensors a call passes."""
+
+    def __init__(self, args, const: list[int]):
+        self.refs = {i: weakref.ref(args[i]) for i in const}
+        self.frozen = {i: args[i].detach().clone() for i in const}
+        self.variants: list = []  # [(the int inputs, TranslatedModule)]
+
+    def matches(self, args) -> bool:
+        return all(r() is args[i] for i, r in self.refs.items())
+
+
 def _options(options) -> dict:
     opts = dict(options or {})
     bad = sorted(set(opts) - set(OPTIONS))
@@ -298,13 +325,27 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     for t in held.values():
         state.share(t)
     rec.state = [_source_name(gm, i) for i in held]
-    variants: list = []  # [(the int inputs, TranslatedModule)]
-    # the weights as they are now: private copies, so later in-place updates of the model do not leak in
-    frozen = {i: x.detach().clone() for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "const"}
+    const = [i for i, k in enumerate(kinds) if k == "const"]
+    sets: list[_WeightSet] = []  # one per set of weight tensors dynamo passed (a reused graph gets others)
 
-    def as_given(args):
-        """Run dynamo's graph in PyTorch, on the frozen weights (and the state it is given)."""
+    def weights_of(args) -> _WeightSet | None:
+        """The weight set these args carry: dynamo reuses one graph for every module instance of
+        the same code (the layers of a stack, the experts of a loop, after a graph break), passing
+        each instance's parameters. A new set is frozen (copied) here, up to MAX_WEIGHT_SETS."""
+        for ws in sets:
+            if ws.matches(args):
+                return ws
+        if len(sets) >= MAX_WEIGHT_SETS:
+            return None
+        ws = _WeightSet(args, const)
+        sets.append(ws)
+        return ws
+
+    def as_given(args, ws):
+        """Run dynamo's graph in PyTorch, on the frozen weights (and the state it is given); weights
+        beyond MAX_WEIGHT_SETS run as passed."""
         rec.calls_pytorch += 1
+        frozen = ws.frozen if ws is not None else {}
         return gm(*(frozen[i] if i in frozen else a for i, a in enumerate(args)))
 
     def split(args):
@@ -316,20 +357,21 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             new = args[i]
             if new is not old:
                 state.share(new)
-                for _, tm in variants:
-                    state.rebind(tm, old, new)  # its graph module's buffer slots
+                for ws in sets:
+                    for _, tm in ws.variants:
+                        state.rebind(tm, old, new)  # its graph module's buffer slots
                 held[i] = new
 
-    def translate_for(args):
-        if len(variants) >= MAX_VARIANTS:
+    def translate_for(args, ws):
+        if len(ws.variants) >= MAX_VARIANTS:
             if not rec.fallback_reason:
                 warnings.warn(f"flydsl backend: {rec.name} was translated for {MAX_VARIANTS} input signatures; "
                               "further ones run in PyTorch as dynamo captured them", stacklevel=3)
             rec.fallback_reason = f"more than {MAX_VARIANTS} input signatures: the rest run in PyTorch"
             return None
         user, ints = split(args)
-        tm = translate(_Frozen(gm, args, kinds, frozen), tuple(user), name=rec.name, **opts)
-        variants.append((ints, tm))
+        tm = translate(_Frozen(gm, args, kinds, ws.frozen), tuple(user), name=rec.name, **opts)
+        ws.variants.append((ints, tm))
         rec.translated.append(tm)
         log.info("%s", tm.report.headline())
         return tm
@@ -337,10 +379,17 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     def run(*args):
         if held:
             rebind(args)
-        if rec.fallback_reason and not variants:
-            return as_given(args)
+        ws = weights_of(args)
+        if ws is None:
+            if not rec.weight_sets_reason:
+                rec.weight_sets_reason = (f"called with more than {MAX_WEIGHT_SETS} sets of weights (one graph reused "
+                                          "for many module instances): the rest run in PyTorch")
+                warnings.warn(f"flydsl backend: {rec.name} {rec.weight_sets_reason}", stacklevel=2)
+            return as_given(args, None)
+        if rec.fallback_reason and not ws.variants:
+            return as_given(args, ws)
         user, ints = split(args)
-        for s, tm in variants:  # ints are baked into a translation: match them exactly
+        for s, tm in ws.variants:  # ints are baked into a translation: match them exactly
             if s != ints:
                 continue
             try:
@@ -350,14 +399,14 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             rec.calls_translated += 1
             return out
         try:
-            tm = translate_for([_concrete(a) for a in args])
+            tm = translate_for([_concrete(a) for a in args], ws)
         except TranslatorError as e:
-            if opts.get("strict") or variants:
+            if opts.get("strict") or any(w.variants for w in sets):
                 raise
             _fallback(rec, f"{type(e).__name__}: {e}")
             tm = None
         if tm is None:
-            return as_given(args)
+            return as_given(args, ws)
         out = tm(*user)
         rec.calls_translated += 1
         return out
