@@ -157,16 +157,11 @@ def tensor_at(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
 
 
 def written_targets(gm: torch.fx.GraphModule) -> list[str]:
-    """The get_attr targets `gm`'s graph writes in place (an in-place op's mutable argument)."""
-    written = set()
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        for arg, a in zip(n.target._schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node) \
-                    and a.op == "get_attr":
-                written.add(a.target)
-    return sorted(written)
+    """The get_attr targets `gm`'s graph writes in place, directly or through a view
+    (`self.cache[:, :, 4:6] = k` writes a slice of the buffer: aliases.writes sees the storage)."""
+    from .aliases import writes
+
+    return sorted({n.target for _, touched in writes(gm.graph) for n in touched if n.op == "get_attr"})
 
 
 @contextlib.contextmanager
