@@ -12,6 +12,9 @@ RMSNorm. `forward(idx, input_pos)` is one prefill (input_pos = arange(T)) or one
 `merge="view"` merges the heads as gpt-fast does (`y.transpose(1, 2).contiguous().view(...)`);
 `merge="reshape"` writes `.reshape(...)`, which does not depend on the attention output's strides.
 
+`build(n_layer)` is the size the stride and launch-count tests use (tests/unit/gptfast_model.py
+loads it from here: one gpt-fast decoder in the tree).
+
 The leading underscore keeps it out of the single-forward bundled-model tests (tests/e2e
 test_models, test_compile_backend, test_onnx): it is a stateful model with a generate loop.
 Tests: tests/e2e/test_generation.py. Bench: python -m bench.generate.
@@ -181,6 +184,13 @@ def generate(step, prompt: torch.Tensor, new_tokens: int) -> list[int]:
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             out.append(int(nxt))
     return out
+
+
+def build(n_layer: int = 2, seed: int = 0, merge: str = "view") -> Model:
+    """The decoder at the tests' layer-count size (vocab 256, dim 128, 4 q / 2 kv heads, MLP 256, S_max 64),
+    seeded, in eval mode: the gpt-fast form the stride and launch-count tests translate."""
+    torch.manual_seed(seed)
+    return Model(merge, Config(vocab_size=256, n_layer=n_layer, intermediate=256, max_seq=64)).eval()
 
 
 def get_init_inputs():
