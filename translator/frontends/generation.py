@@ -77,7 +77,7 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
     """An HF causal LM whose `generate()` runs on the translated model with a static KV cache (see the
     module notes). `example_ids` [batch_size, S] (default: 4 zeros per row) is the capture's prompt;
     `translate_kwargs` go to translate() (backend, arch, precision, verify, ...)."""
-    from .. import translate
+    from ..api import translate
 
     _check_model(model, max_cache_len)
     ids = example_ids if example_ids is not None else torch.zeros(batch_size, 4, dtype=torch.long)

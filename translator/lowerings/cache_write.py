@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..graph import arg, dtype_of, shape_of, val
-from ..registry import OpFamily, Stage, register_family, rule
+from ..registry import Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .layout import LAYOUT_DTYPES, _ids_reason, one_index
 
@@ -85,8 +85,8 @@ def _common(node, dst, values) -> str | None:
 def index_put_supported(node, ctx):
     if arg(node, "accumulate", False):
         return "index_put_ with accumulate=True (a scatter-add, not a state write)"
-    _, reason = one_index(list(arg(node, "indices")))
-    return reason or _common(node, arg(node, "self"), arg(node, "values"))
+    d, reason = one_index(list(arg(node, "indices")))
+    return reason or _common(node, arg(node, "self"), arg(node, "values")) or Match(dim=d)
 
 
 def _in_place(node, ctx, dst, values, ids, dim, lowering):
@@ -99,10 +99,8 @@ def _in_place(node, ctx, dst, values, ids, dim, lowering):
 
 @rule(Stage.CANONICAL, aten.index_put_.default, family="cache_write", supported=index_put_supported,
       doc="cache[:, :, pos] = k (index_put_ with one index tensor), written in place")
-def lower_index_put_(node, ctx):
-    idx = list(arg(node, "indices"))
-    d, _ = one_index(idx)
-    return _in_place(node, ctx, arg(node, "self"), arg(node, "values"), idx[d], d, "index_put_")
+def lower_index_put_(node, ctx, m):
+    return _in_place(node, ctx, arg(node, "self"), arg(node, "values"), arg(node, "indices")[m.dim], m.dim, "index_put_")
 
 
 def index_copy_supported(node, ctx):
