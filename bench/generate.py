@@ -1,6 +1,7 @@
 """Host time per decode step and launches per token, LLM generation with a static KV cache.
 
     python -m bench.generate [--arch gfx942] [--repeat 50] [--tiny]
+    torchrun --nproc-per-node 2 -m bench.generate --tp      # tensor parallel, one rank per GPU (RCCL on ROCm)
 
 The model is models/_static_cache_decoder.py (gpt-fast's form: 2 layers, dim 128, 4 query / 2
 key-value heads, cache [1, 2, 48, 32] per layer written with `cache[:, :, pos] = k`). It is
@@ -147,12 +148,51 @@ def measure(arch: str, repeat: int, tiny: bool) -> dict:
             "pytorch_ops": [r.op for r in tm.report.rows if r.where == "pytorch" and "no FlyDSL lowering" in r.detail]}
 
 
+def tensor_parallel(new_tokens: int = 8) -> int:
+    """One rank of `torchrun ... -m bench.generate --tp`: the decoder sharded over the ranks (heads and MLP
+    split, all_reduce in forward hooks: models/_static_cache_decoder.shard), translated on this rank's device
+    (rocm where a GPU is visible, else flysim on CPU), greedy tokens against this rank's eager."""
+    import dataclasses
+    import os
+
+    import torch.distributed as dist
+    from translator import translate
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")  # nccl is RCCL on a ROCm build of torch
+    try:
+        D = _decoder()
+        c = dataclasses.replace(D.DEFAULT, n_head=2 * world, n_kv_head=world, dim=32 * 2 * world,
+                                intermediate=96 * world)
+        torch.manual_seed(0)
+        model = D.shard(D.Model("view", c).eval(), rank, world).to(device)
+        prompt, pos = (t.to(device) for t in D.get_inputs(c))
+        want = D.generate(model, prompt, new_tokens)
+        D.reset_caches(model)
+        tm = translate(model, (prompt, pos), backend="auto" if gpu else "flysim")
+        got = D.generate(tm, prompt, new_tokens)
+        collectives = sum(1 for n in tm.gm.graph.nodes if "all_reduce" in str(n.target))
+        print(f"rank {rank}/{world} on {device}: verification {'passed' if tm.report.verification.passed else 'FAILED'}, "
+              f"{collectives} all_reduce in the graph, tokens {'equal' if got == want else 'DIFFER'} "
+              f"(translated {got}, eager {want})", flush=True)
+        return 0 if got == want and tm.report.verification.passed else 1
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="gfx942", choices=["gfx942", "gfx950"])
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--tiny", action="store_true", help="the test-sized decoder (1 layer, dim 64)")
+    p.add_argument("--tp", action="store_true", help="tensor parallel under torchrun (one rank per process)")
     a = p.parse_args(argv)
+    if a.tp:
+        return tensor_parallel()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
