@@ -6,10 +6,6 @@ the generated tokens equal the sharded eager model's (which equal the unsharded 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,20 +13,10 @@ import torch.multiprocessing as mp
 
 import translator
 
-REPO = Path(__file__).resolve().parents[2]
+from test_generation import D  # models/_static_cache_decoder.py, loaded by path
+
 WORLD = 2
 NEW = 3
-
-
-def _decoder():
-    spec = importlib.util.spec_from_file_location("_tp_static_cache_decoder", REPO / "models" / "_static_cache_decoder.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-D = _decoder()
 
 
 def _rank(rank, store, backend, whole):
