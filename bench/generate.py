@@ -1,6 +1,7 @@
 """Host time per decode step and launches per token, LLM generation with a static KV cache.
 
     python -m bench.generate [--arch gfx942] [--repeat 50] [--tiny]
+    torchrun --nproc-per-node 2 -m bench.generate --tp      # tensor parallel, one rank per GPU (RCCL on ROCm)
 
 The model is models/_static_cache_decoder.py (gpt-fast's form: 2 layers, dim 128, 4 query / 2
 key-value heads, cache [1, 2, 48, 32] per layer written with `cache[:, :, pos] = k`). It is
@@ -16,7 +17,14 @@ its compute included (at dim 128 and one token it is a few microseconds per op).
 Times are the calling thread's CPU time (time.thread_time_ns) with torch on one thread: the least
 of `repeat` steps (a loaded host only adds), and the median per-pair ratio beside it. Goal: a
 decode step <= 1.2x eager's host time. Launches per token: the recorded device calls of one decode
-step (all FlyDSL kernels of the graph; the cache writes are not launches: they stay in PyTorch).
+step (all FlyDSL kernels of the graph, the cache writes among them: flydsl.cache_write, the scatter
+kernel, in place).
+
+MODEL (no GPU here, labeled as such): the HBM limit of one decode step of Llama-3-8B (bf16 weights
+and KV cache) on MI300X and MI355X, batch 1 / 16 / 64 at context 2k / 8k: every weight but the
+embedding table read once per step, plus every sequence's K and V up to its context, over the
+vendor's peak bandwidth from translator_kernels/arch.py (the one hardware table). What a decode
+step can cost at best; the issue's goal is >= 0.8 of it at batch 1, to be measured on the GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from dataclasses import dataclass
 
 GOAL = 1.2
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +50,62 @@ def _decoder():
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@dataclass(frozen=True)
+class LlmShape:
+    """A decoder's shapes: what its decode step reads."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    bytes_per_elem: int = 2  # bf16 weights and KV cache
+
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads of the weights: every layer's projections and MLP, the final norm and the
+        LM head (the embedding table is read at batch rows only: not counted)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate + 2 * h
+        return (self.layers * layer + h + self.vocab * h) * self.bytes_per_elem
+
+    def kv_bytes(self, batch: int, context: int) -> int:
+        """K and V of every layer, read up to `context` per sequence."""
+        return batch * context * self.layers * 2 * self.kv_heads * self.head_dim * self.bytes_per_elem
+
+
+LLAMA3_8B = LlmShape("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
+                     vocab=128256)
+
+
+def hbm_limit_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048, 8192)) -> list[dict]:
+    """MODEL: per GPU, batch and context, the decode step's bytes and its time at peak HBM bandwidth."""
+    from translator_kernels.arch import GPUS
+
+    rows = []
+    for arch, g in GPUS.items():
+        for b in batches:
+            for ctx in contexts:
+                w, kv = shape.weight_bytes(), shape.kv_bytes(b, ctx)
+                step = (w + kv) / g.hbm_bytes_per_s
+                rows.append(dict(gpu=g.gpu, arch=arch, batch=b, context=ctx, weight_gb=w / 1e9, kv_gb=kv / 1e9,
+                                 bandwidth_tb=g.hbm_bytes_per_s / 1e12, step_ms=step * 1e3, tokens_s=b / step))
+    return rows
+
+
+def print_model_table(rows) -> None:
+    print(f"\nMODEL (not measured): {LLAMA3_8B.name} decode step at the HBM limit (weight bytes + KV bytes over peak "
+          "bandwidth, bf16; bandwidths from translator_kernels/arch.py)")
+    print("| GPU | batch | context | weights GB | KV GB | HBM TB/s | MODEL ms per step | MODEL tokens/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['gpu']} ({r['arch']}) | {r['batch']} | {r['context']} | {r['weight_gb']:.2f} | {r['kv_gb']:.2f} | "
+              f"{r['bandwidth_tb']:.1f} | {r['step_ms']:.2f} | {r['tokens_s']:.0f} |")
 
 
 def measure(arch: str, repeat: int, tiny: bool) -> dict:
@@ -83,12 +148,51 @@ def measure(arch: str, repeat: int, tiny: bool) -> dict:
             "pytorch_ops": [r.op for r in tm.report.rows if r.where == "pytorch" and "no FlyDSL lowering" in r.detail]}
 
 
+def tensor_parallel(new_tokens: int = 8) -> int:
+    """One rank of `torchrun ... -m bench.generate --tp`: the decoder sharded over the ranks (heads and MLP
+    split, all_reduce in forward hooks: models/_static_cache_decoder.shard), translated on this rank's device
+    (rocm where a GPU is visible, else flysim on CPU), greedy tokens against this rank's eager."""
+    import dataclasses
+    import os
+
+    import torch.distributed as dist
+    from translator import translate
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")  # nccl is RCCL on a ROCm build of torch
+    try:
+        D = _decoder()
+        c = dataclasses.replace(D.DEFAULT, n_head=2 * world, n_kv_head=world, dim=32 * 2 * world,
+                                intermediate=96 * world)
+        torch.manual_seed(0)
+        model = D.shard(D.Model("view", c).eval(), rank, world).to(device)
+        prompt, pos = (t.to(device) for t in D.get_inputs(c))
+        want = D.generate(model, prompt, new_tokens)
+        D.reset_caches(model)
+        tm = translate(model, (prompt, pos), backend="auto" if gpu else "flysim")
+        got = D.generate(tm, prompt, new_tokens)
+        collectives = sum(1 for n in tm.gm.graph.nodes if "all_reduce" in str(n.target))
+        print(f"rank {rank}/{world} on {device}: verification {'passed' if tm.report.verification.passed else 'FAILED'}, "
+              f"{collectives} all_reduce in the graph, tokens {'equal' if got == want else 'DIFFER'} "
+              f"(translated {got}, eager {want})", flush=True)
+        return 0 if got == want and tm.report.verification.passed else 1
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="gfx942", choices=["gfx942", "gfx950"])
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--tiny", action="store_true", help="the test-sized decoder (1 layer, dim 64)")
+    p.add_argument("--tp", action="store_true", help="tensor parallel under torchrun (one rank per process)")
     a = p.parse_args(argv)
+    if a.tp:
+        return tensor_parallel()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -107,6 +211,7 @@ def main(argv=None) -> int:
           f"{'met' if ratio <= GOAL else 'not met'}")
     print(f"compute ops left in PyTorch without a lowering: {', '.join(r['pytorch_ops']) or 'none'}; "
           f"first prefill + decode (compile or disk cache) {r['cold_s']:.1f} s")
+    print_model_table(hbm_limit_rows())
     return 0
 
 

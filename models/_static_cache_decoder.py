@@ -12,6 +12,9 @@ RMSNorm. `forward(idx, input_pos)` is one prefill (input_pos = arange(T)) or one
 `merge="view"` merges the heads as gpt-fast does (`y.transpose(1, 2).contiguous().view(...)`);
 `merge="reshape"` writes `.reshape(...)`, which does not depend on the attention output's strides.
 
+`build(n_layer)` is the size the stride and launch-count tests use (tests/unit/gptfast_model.py
+loads it from here: one gpt-fast decoder in the tree).
+
 The leading underscore keeps it out of the single-forward bundled-model tests (tests/e2e
 test_models, test_compile_backend, test_onnx): it is a stateful model with a generate loop.
 Tests: tests/e2e/test_generation.py. Bench: python -m bench.generate.
@@ -183,6 +186,13 @@ def generate(step, prompt: torch.Tensor, new_tokens: int) -> list[int]:
     return out
 
 
+def build(n_layer: int = 2, seed: int = 0, merge: str = "view") -> Model:
+    """The decoder at the tests' layer-count size (vocab 256, dim 128, 4 q / 2 kv heads, MLP 256, S_max 64),
+    seeded, in eval mode: the gpt-fast form the stride and launch-count tests translate."""
+    torch.manual_seed(seed)
+    return Model(merge, Config(vocab_size=256, n_layer=n_layer, intermediate=256, max_seq=64)).eval()
+
+
 def get_init_inputs():
     return []
 
@@ -190,3 +200,45 @@ def get_init_inputs():
 def get_inputs(config: Config = DEFAULT, prompt: int = prompt_len):
     torch.manual_seed(1)
     return [torch.randint(0, config.vocab_size, (config.max_batch, prompt)), torch.arange(prompt)]
+
+
+def shard(model: Model, rank: int, world: int, group=None) -> Model:
+    """Tensor parallel in place, gpt-fast's way: each rank keeps its share of the heads (wqkv's q, k and v
+    rows, wo's columns, its own KV cache) and of the MLP (w1 / w3 rows, w2 columns); a forward hook on
+    wo and on w2 sums the partial outputs over the ranks with a functional all_reduce (it stays in the
+    captured graph, and on ROCm runs on RCCL). Heads and the MLP width must divide by `world`."""
+    import dataclasses
+
+    from torch.distributed import _functional_collectives as funcol
+
+    c = model.config
+    if c.n_head % world or c.n_kv_head % world or c.intermediate % world:
+        raise ValueError(f"{c.n_head} q / {c.n_kv_head} kv heads and MLP {c.intermediate} must divide by {world} ranks")
+    hd = c.dim // c.n_head
+    local = dataclasses.replace(c, n_head=c.n_head // world, n_kv_head=c.n_kv_head // world, dim=c.dim // world)
+
+    def rows(w, start, n):
+        return w[start + rank * n: start + (rank + 1) * n]
+
+    def linear(weight):
+        lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        lin.weight = nn.Parameter(weight.detach().clone())
+        return lin
+
+    def reduce(_mod, _inp, out):
+        return funcol.all_reduce(out, "sum", group if group is not None else torch.distributed.group.WORLD)
+
+    for layer in model.layers:
+        att, ff = layer.attention, layer.feed_forward
+        q, kv = local.n_head * hd, local.n_kv_head * hd
+        w = att.wqkv.weight
+        att.wqkv = linear(torch.cat([rows(w, 0, q), rows(w, c.dim, kv), rows(w, c.dim + c.n_kv_head * hd, kv)]))
+        att.wo = linear(att.wo.weight[:, rank * q:(rank + 1) * q])
+        att.c = local
+        att.kv_cache = KVCache(c.max_batch, local.n_kv_head, c.max_seq, hd)
+        ff.w1, ff.w3 = linear(rows(ff.w1.weight, 0, c.intermediate // world)), \
+            linear(rows(ff.w3.weight, 0, c.intermediate // world))
+        ff.w2 = linear(ff.w2.weight[:, rank * (c.intermediate // world):(rank + 1) * (c.intermediate // world)])
+        att.wo.register_forward_hook(reduce)
+        ff.w2.register_forward_hook(reduce)
+    return model

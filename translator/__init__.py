@@ -19,7 +19,7 @@ from .version import __version__  # noqa: F401
 
 _LAZY = {"translate": ".api", "TranslatedModule": ".api", "save": ".frontends.serialize",
          "load": ".frontends.serialize", "export_kernels": ".report.export",
-         "compile_reports": ".frontends.compile_backend"}
+         "compile_reports": ".frontends.compile_backend", "translate_for_generation": ".frontends.generation"}
 
 
 def __getattr__(name):
@@ -36,5 +36,6 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["translate", "TranslatedModule", "save", "load", "export_kernels", "compile_reports", "TranslatorError",
+__all__ = ["translate", "TranslatedModule", "save", "load", "export_kernels", "compile_reports", "translate_for_generation",
+           "TranslatorError",
            "InputError", "CaptureError", "StrictError", "ShapeError", "BackendError", "DtypeError", "DeviceError", "EmptyInputError"]

@@ -157,15 +157,20 @@ def tensor_at(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
 
 
 def written_targets(gm: torch.fx.GraphModule) -> list[str]:
-    """The get_attr targets `gm`'s graph writes in place (an in-place op's mutable argument)."""
+    """The get_attr targets `gm`'s graph writes in place: an in-place op's mutable argument, or the
+    base of a view chain it writes through (`self.cache[:, :, 4:6] = k` writes a slice of the buffer)."""
     written = set()
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         for arg, a in zip(n.target._schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node) \
-                    and a.op == "get_attr":
-                written.add(a.target)
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.fx.Node):
+                while a.op == "call_function" and isinstance(a.target, torch._ops.OpOverload) and a.args \
+                        and isinstance(a.args[0], torch.fx.Node) \
+                        and any(r.alias_info is not None for r in a.target._schema.returns):
+                    a = a.args[0]  # a view: the write reaches its base
+                if a.op == "get_attr":
+                    written.add(a.target)
     return sorted(written)
 
 

@@ -377,35 +377,55 @@ class Plan:
         return n
 
 
-def coalesce(out_shape, in_shapes):
-    """Merge adjacent output dims while every input is broadcast on both or on neither."""
+def coalesce(out_shape, in_shapes, in_strides=None):
+    """Merge adjacent output dims while every input is broadcast on both or on neither, and every
+    strided input (`in_strides[i]` its element strides, None: contiguous) steps over the outer dim
+    as one block of the inner. Returns (shape, per input its broadcast mask, per input its strides
+    per merged dim or None)."""
     r = len(out_shape)
-    masks = []  # per input: per dim True when broadcast (size 1 against a larger output dim)
-    for s in in_shapes:
-        s = (1,) * (r - len(s)) + tuple(s)
+    in_strides = in_strides or [None] * len(in_shapes)
+    masks, strides = [], []  # per input: per dim True when broadcast (size 1 against a larger output dim)
+    for s, st in zip(in_shapes, in_strides):
+        lead = r - len(s)
+        s = (1,) * lead + tuple(s)
         masks.append([s[d] == 1 and out_shape[d] != 1 for d in range(r)])
+        strides.append(None if st is None else (0,) * lead + tuple(st))
     dims = [d for d in range(r) if out_shape[d] != 1]
-    shape, bmask = [], [[] for _ in in_shapes]
+    shape, bmask, cst = [], [[] for _ in in_shapes], [None if st is None else [] for st in strides]
     for d in dims:
-        if shape and all(m[d] == bm[-1] for m, bm in zip(masks, bmask)):
+        if shape and all(m[d] == bm[-1] for m, bm in zip(masks, bmask)) and all(
+                st is None or m[d] or c[-1] == st[d] * out_shape[d] for st, m, c in zip(strides, masks, cst)):
             shape[-1] *= out_shape[d]
+            for st, c in zip(strides, cst):
+                if st is not None:
+                    c[-1] = st[d]
             continue
         shape.append(out_shape[d])
         for m, bm in zip(masks, bmask):
             bm.append(m[d])
+        for st, m, c in zip(strides, masks, cst):
+            if st is not None:
+                c.append(0 if m[d] else st[d])
     if not shape:
-        shape, bmask = [1], [[True] for _ in in_shapes]
-    return tuple(shape), [tuple(b) for b in bmask]
+        shape, bmask, cst = [1], [[True] for _ in in_shapes], [None if st is None else [0] for st in strides]
+    return tuple(shape), [tuple(b) for b in bmask], [None if c is None else tuple(c) for c in cst]
 
 
-def plan(out_shape, in_shapes, in_dtypes, out_dtypes, aligned) -> Plan:
-    """`aligned(vec)`: whether every tensor's base address suits `vec`-element accesses."""
-    shape, bmasks = coalesce(out_shape, in_shapes)
+def plan(out_shape, in_shapes, in_dtypes, out_dtypes, aligned, in_strides=None) -> Plan:
+    """`aligned(vec)`: whether every tensor's base address suits `vec`-element accesses. `in_strides`:
+    per input its element strides where it is read in place with them (a column slice, a transpose:
+    no contiguous copy first), or None (a contiguous input)."""
+    shape, bmasks, cstrides = coalesce(out_shape, in_shapes, in_strides)
     last = shape[-1]
     vec_dtypes = [dt for dt, b in zip(in_dtypes, bmasks) if not b[-1]] + list(out_dtypes)
     vec = 128 // max(BITS[d] for d in vec_dtypes)
     vec = min(vec, 8)
-    while vec > 1 and (last % vec or not aligned(vec)):
+
+    def strided_ok(v):  # a strided input read per vector: unit inner stride, outer strides whole vectors
+        return all(st is None or bm[-1] or (st[-1] == 1 and all(x % v == 0 for x in st[:-1]))
+                   for st, bm in zip(cstrides, bmasks))
+
+    while vec > 1 and (last % vec or not aligned(vec) or not strided_ok(vec)):
         vec //= 2
     r = len(shape)
     vshape = shape[:-1] + (last // vec,)
@@ -414,13 +434,16 @@ def plan(out_shape, in_shapes, in_dtypes, out_dtypes, aligned) -> Plan:
     for d in range(r - 2, -1, -1):
         ostride[d] = ostride[d + 1] * vshape[d + 1]
     inputs = []
-    for dt, bm in zip(in_dtypes, bmasks):
+    for dt, bm, st in zip(in_dtypes, bmasks, cstrides):
         per_vec = not bm[-1]
         units = vshape if per_vec else shape  # the input's own dims are counted in these units
         istride, acc = [0] * r, 1
         for d in range(r - 1, -1, -1):
             if not bm[d]:
-                istride[d] = acc
+                if st is not None:  # its own strides, in its units (vectors: the inner stride is 1)
+                    istride[d] = st[d] if (d == r - 1 or not per_vec) else st[d] // vec
+                else:
+                    istride[d] = acc
                 acc *= units[d]
         terms = []
         for d in range(r):

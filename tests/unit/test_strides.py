@@ -41,6 +41,8 @@ def _permuted(a):
 
 
 def _flat(out):
+    if out is None:  # an op that writes its argument in place (flydsl.cache_write): no output, no strides
+        return []
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 

@@ -252,14 +252,21 @@ def lower_index_select(node, ctx):
     return _emit(node, ctx, "index_select", [arg(node, "self"), arg(node, "index")], dim=int(arg(node, "dim")))
 
 
-def index_supported(node, ctx):
-    idx = list(arg(node, "indices"))
+def one_index(idx) -> tuple:
+    """(dim of the one index tensor of an `indices` list, None) or (None, the reason it is not one)."""
     tensors = [i for i in idx if i is not None]
     if len(tensors) != 1:
-        return f"{len(tensors)} index tensors (the layout kernel takes one)"
-    if any(i is not None for i in idx[idx.index(tensors[0]) + 1:]):
-        return "an index after the tensor index"
-    return _ids_reason(tensors[0]) or _common(node, ctx, arg(node, "self"), len(idx))
+        return None, f"{len(tensors)} index tensors (the layout and scatter kernels take one)"
+    d = idx.index(tensors[0])
+    if any(i is not None for i in idx[d + 1:]):
+        return None, "an index after the tensor index"
+    return d, _ids_reason(tensors[0])
+
+
+def index_supported(node, ctx):
+    idx = list(arg(node, "indices"))
+    d, reason = one_index(idx)
+    return reason or _common(node, ctx, arg(node, "self"), len(idx))
 
 
 @rule(Stage.CANONICAL, aten.index.Tensor, family="layout", supported=index_supported,

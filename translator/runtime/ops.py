@@ -63,6 +63,8 @@ def _launch_log(st):
 
 
 def _no_alias(out, args):
+    if out is None:  # an op that writes its argument in place (flydsl.cache_write) returns nothing
+        return None
     ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()}
     if isinstance(out, torch.Tensor):
         return out.clone() if out.numel() and out.untyped_storage().data_ptr() in ptrs else out

@@ -120,6 +120,22 @@ def build_elementwise(text: str, p: Plan, arch: str):
     return load_launch(path, "_flydsl_ew_")
 
 
+def flat_inputs(inputs):
+    """(each input as a flat buffer from its first element, per input its strides or None): a
+    contiguous input is itself; a strided one (a column slice of a QKV output, a transpose) is read
+    in place with its strides, never copied first (the plan's index terms carry the strides)."""
+    flat, strides = [], []
+    for t in inputs:
+        if t.is_contiguous():
+            f, st = t.reshape(-1), None
+        else:
+            st = tuple(t.stride())
+            f = t.as_strided((1 + sum((n - 1) * x for n, x in zip(t.shape, st)),), (1,))
+        flat.append(f.view(torch.uint8) if f.dtype == torch.bool else f)
+        strides.append(st)
+    return flat, strides
+
+
 def prepare(inputs, program):
     """Validate; return (program, flat inputs, outputs, flat outputs, plan or None when empty)."""
     prog = as_program(program)
@@ -147,8 +163,7 @@ def prepare(inputs, program):
     outs = [torch.empty(shape, dtype=TORCH[dt], device=dev) for _, dt in prog.out]
     if numel == 0:
         return prog, None, outs, None, None
-    flat_in = [t.contiguous().reshape(-1) for t in inputs]
-    flat_in = [t.view(torch.uint8) if t.dtype == torch.bool else t for t in flat_in]
+    flat_in, strides = flat_inputs(inputs)
     flat_out = [o.view(-1).view(torch.uint8) if o.dtype == torch.bool else o.view(-1) for o in outs]
     tensors = flat_in + flat_out
 
@@ -156,7 +171,7 @@ def prepare(inputs, program):
         return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
 
     p = make_plan(shape, [tuple(t.shape) for t in inputs], [DTYPES[t.dtype] for t in inputs],
-                  [dt for _, dt in prog.out], aligned)
+                  [dt for _, dt in prog.out], aligned, strides)
     return prog, flat_in, outs, flat_out, p
 
 
@@ -184,7 +199,7 @@ def _layout_key(inputs, program):
         return None
 
 
-def _launch_for(lay: _Layout, inputs, flat_in, flat_out):
+def _launch_for(lay: _Layout, inputs, flat_in, flat_out, strides):
     """(launcher, name) for these base addresses on the current arch; planned once per key."""
     arch = current_arch()
     tensors = flat_in + flat_out
@@ -196,7 +211,7 @@ def _launch_for(lay: _Layout, inputs, flat_in, flat_out):
         def aligned(vec):
             return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
 
-        p = make_plan(lay.shape, in_shapes, in_dtypes, [dt for _, dt in lay.prog.out], aligned)
+        p = make_plan(lay.shape, in_shapes, in_dtypes, [dt for _, dt in lay.prog.out], aligned, strides)
         name = kernel_name(lay.text, p)
         CALLS.setdefault(name, dict(family="elementwise", program=lay.text, shapes=[list(s) for s in in_shapes],
                                     dtypes=list(in_dtypes)))
@@ -224,10 +239,9 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     outs = [torch.empty(lay.shape, dtype=dt, device=dev) for dt in lay.out_dtypes]
     if lay.numel == 0:
         return outs
-    flat_in = [t.contiguous().reshape(-1) for t in inputs]
-    flat_in = [t.view(torch.uint8) if t.dtype == torch.bool else t for t in flat_in]
+    flat_in, strides = flat_inputs(inputs)
     flat_out = [o.view(-1).view(torch.uint8) if o.dtype == torch.bool else o.view(-1) for o in outs]
-    launch, name = _launch_for(lay, inputs, flat_in, flat_out)
+    launch, name = _launch_for(lay, inputs, flat_in, flat_out, strides)
     note_use(name)
     kl.call(launch, *flat_in, *flat_out)
     return outs

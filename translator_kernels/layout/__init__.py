@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import plan as kp
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch
 from translator_kernels.layout.kernel import Layout, SrcDim, build_layout
@@ -131,15 +132,20 @@ def launch(p: _Plan, src: torch.Tensor | None, ids: torch.Tensor | None, device,
         ids32 = ids.reshape(-1).contiguous().view(torch.int32)
         flag = torch.zeros(1, dtype=torch.int32, device=device)
     kl.call(p.launcher((out_flat, src_flat)), src_flat, ids32, out_flat, flag)
-    if ids is not None and flag.device.type == "cpu" and flag.item():
-        size = next(s.size for s in p.src if s.mode == "index")
-        wrap = next(s.wrap for s in p.src if s.mode == "index")
+    if ids is not None and flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
+        kp.plan_effect(_check_flag, flag, ids, p.src, op)
+    return out
+
+
+def _check_flag(flag, ids, src, op):
+    if int(flag[0]):
+        size = next(s.size for s in src if s.mode == "index")
+        wrap = next(s.wrap for s in src if s.mode == "index")
         flat = ids.reshape(-1)
         bad = flat[(flat >= size) | (flat < (-size if wrap else 0))]
         raise IndexError(f"{op}: index {int(bad[0])} is out of range for a dim of size {size} "
                          f"({bad.numel()} indices out of range); indices must lie in "
                          f"[{-size if wrap else 0}, {size})")
-    return out
 
 
 def run(lay_src: tuple | None, out_shape, dtype, device, *, src: torch.Tensor | None = None,

@@ -151,10 +151,20 @@ def _source_index(s: SrcDim, coords, Ids, words: int):
     return x, None, None
 
 
-def _value(lay: Layout, v, Src, Ids, vshape, ostride):
-    """(the vector thread `v` stores, the all-ids-in-range flag or None): plain Python over the
-    static map, so the kernel's AST rewriter sees no loops."""
-    vec, et = lay.vec, ELEM[lay.bits]
+def vector_grid(lay: Layout):
+    """(vector shape, vectors, the vector shape's strides, workgroups) of a kernel that gives one
+    thread each VEC-element vector of `lay.out_shape`."""
+    shape = lay.out_shape or (1,)
+    vshape = shape[:-1] + (shape[-1] // lay.vec,)
+    nv = math.prod(vshape)
+    ostride = [1] * len(vshape)
+    for d in range(len(vshape) - 2, -1, -1):
+        ostride[d] = ostride[d + 1] * vshape[d + 1]
+    return vshape, nv, ostride, max(1, -(-nv // BLOCK))
+
+
+def out_coords(v, vshape, ostride, vec: int) -> list:
+    """The element index per dim of vector `v`'s first element."""
     last = len(vshape) - 1
     coords = []
     for d in range(len(vshape)):
@@ -162,6 +172,14 @@ def _value(lay: Layout, v, Src, Ids, vshape, ostride):
         if d > 0:
             c = c % vshape[d]
         coords.append(c * vec if d == last and vec > 1 else c)
+    return coords
+
+
+def _value(lay: Layout, v, Src, Ids, vshape, ostride):
+    """(the vector thread `v` stores, the all-ids-in-range flag or None): plain Python over the
+    static map, so the kernel's AST rewriter sees no loops."""
+    vec, et = lay.vec, ELEM[lay.bits]
+    coords = out_coords(v, vshape, ostride, vec)
     fill = fx.Vector.filled(vec, lay.fill, et)
     if lay.src is None:
         return fill, None
@@ -210,13 +228,7 @@ def build_layout(lay: Layout, arch: str):
     ids as int32 words (a one-word dummy when the map reads none), flag one int32 word. arch keys
     the cache."""
     VEC, bits = lay.vec, lay.bits
-    shape = lay.out_shape or (1,)
-    vshape = shape[:-1] + (shape[-1] // VEC,)
-    nv = math.prod(vshape)
-    ostride = [1] * len(vshape)
-    for d in range(len(vshape) - 2, -1, -1):
-        ostride[d] = ostride[d + 1] * vshape[d + 1]
-    grid = max(1, -(-nv // BLOCK))
+    vshape, nv, ostride, grid = vector_grid(lay)
     checks = lay.id_words > 0
 
     @flyc.kernel

@@ -1,0 +1,124 @@
+"""HF `model.generate()` on a translated model: the static KV cache as the translation's own state.
+
+    gen = translator.translate_for_generation(model, max_cache_len=256)   # model: an HF causal LM
+    out = gen.generate(ids, max_new_tokens=32, do_sample=False)
+
+What a user expects from "translate my LLM" is `generate()` as before, on FlyDSL kernels. `translate(model, x)`
+of an HF decoder serves one forward with `use_cache=False` (translator.adapters.hf): a `Cache` object
+is no tensor, so it can be neither a graph input nor a graph output. The static cache can be state
+instead: transformers' own export recipe (`TorchExportableModuleWithStaticCache`) registers each
+layer's StaticCache tensors as buffers of a module whose forward is `(input_ids, cache_position) ->
+logits`, and writes them with `index_copy_` in forward. That module is what we translate: its
+buffers are the translated module's one cache (docs/state.md), written in place by the scatter
+kernel (flydsl.cache_write), one graph for prefill and decode (the sequence dim stays dynamic).
+
+`gen` is a shallow copy of the user's model (the same parameters, nothing of the user's modified)
+whose `forward` calls that translation: `generate` runs its own loop (greedy, sampling, stopping
+criteria) unchanged, and hands each step's `input_ids` and `cache_position` to the translation;
+the cache object it makes is not read (the translation holds the cache). Every step's positions
+are the cache slots written, as in HF's static cache, so a new `generate` call simply starts over
+at position 0 (later slots are masked by the causal mask until they are written again).
+
+Refused with an InputError, never run wrongly:
+- a model that is not an HF causal LM or cannot take a static cache;
+- sliding-window attention with max_cache_len beyond the window (the recipe replaces those layers
+  by plain static ones: positions past the window would attend where the model would not);
+- at run time: another batch size than the translation's, positions past max_cache_len, or an
+  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..errors import InputError
+
+
+class StaticCacheStep(torch.nn.Module):
+    """`(input_ids, cache_position) -> logits` of an HF causal LM, its StaticCache held as buffers."""
+
+    def __init__(self, model, batch_size: int, max_cache_len: int):
+        super().__init__()
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+        gc = model.generation_config
+        cfg = copy.deepcopy(gc)  # the recipe reads its checks from generation_config: ours, not the user's
+        cfg.use_cache, cfg.cache_implementation = True, "static"
+        model.generation_config = cfg
+        try:
+            self.step = TorchExportableModuleWithStaticCache(model, batch_size=batch_size, max_cache_len=max_cache_len)
+        finally:
+            model.generation_config = gc
+
+    def forward(self, input_ids, cache_position):
+        return self.step(input_ids=input_ids, cache_position=cache_position)
+
+
+def _check_model(model, max_cache_len: int) -> None:
+    from ..adapters.hf import is_hf_model
+
+    if not is_hf_model(model) or not hasattr(model, "generate"):
+        raise InputError(f"translate_for_generation takes a transformers causal LM (a PreTrainedModel with "
+                         f"generate()), got {type(model).__name__}; for a model of your own, translate() it and "
+                         "call the translation from your own loop (README, section on generation)")
+    cfg = model.config.get_text_config()
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if window and max_cache_len > window and (not layer_types or any("sliding" in t for t in layer_types)):
+        raise InputError(f"{type(model).__name__} attends over a sliding window of {window} tokens, and a static cache "
+                         f"of max_cache_len={max_cache_len} would let positions past the window attend to tokens the "
+                         f"model masks; use max_cache_len <= {window}")
+
+
+def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, max_cache_len: int,
+                             batch_size: int = 1, **translate_kwargs):
+    """An HF causal LM whose `generate()` runs on the translated model with a static KV cache (see the
+    module notes). `example_ids` [batch_size, S] (default: 4 zeros per row) is the capture's prompt;
+    `translate_kwargs` go to translate() (backend, arch, precision, verify, ...)."""
+    from ..api import translate
+
+    _check_model(model, max_cache_len)
+    ids = example_ids if example_ids is not None else torch.zeros(batch_size, 4, dtype=torch.long)
+    if ids.dim() != 2 or ids.shape[0] != batch_size:
+        raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
+    step = StaticCacheStep(model, batch_size, max_cache_len)
+    tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
+    gen = copy.copy(model)  # shallow: the user's parameters and modules, the user's object untouched
+    for d in ("_parameters", "_buffers", "_modules"):  # its own dicts: nothing set on gen reaches the user's model
+        object.__setattr__(gen, d, dict(getattr(model, d)))
+    object.__setattr__(gen, "forward", _Forward(tm, batch_size, max_cache_len))
+    object.__setattr__(gen, "translated", tm)  # not a submodule: gen's state_dict stays the model's
+    return gen
+
+
+class _Forward:
+    """The generating model's forward: the translation's logits, with the checks of the module notes."""
+
+    def __init__(self, tm, batch: int, max_len: int):
+        self.tm, self.batch, self.max_len = tm, batch, max_len
+
+    def __call__(self, input_ids=None, attention_mask=None, position_ids=None, cache_position=None, **kwargs):
+        """generate() passes the step's positions as `position_ids` (transformers 5: the signature names it, so
+        generate computes and advances them) or `cache_position` (transformers 4)."""
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        if cache_position is None and position_ids is not None:
+            cache_position = position_ids[0]
+        if input_ids is None or cache_position is None:
+            raise InputError("the translated generation step needs input_ids and the step's positions (position_ids "
+                             "or cache_position, as generate() passes them); inputs_embeds are not supported")
+        if input_ids.shape[0] != self.batch:
+            raise InputError(f"batch of {input_ids.shape[0]} prompts, but the static cache was translated for "
+                             f"batch_size={self.batch}; call translate_for_generation with batch_size="
+                             f"{input_ids.shape[0]}")
+        end = int(cache_position[-1])
+        if end >= self.max_len:
+            raise InputError(f"generation reached position {end}, past the static cache's max_cache_len="
+                             f"{self.max_len}; translate with a larger max_cache_len")
+        if attention_mask is not None and int(cache_position[0]) == 0 and not bool(attention_mask.all()):
+            raise InputError("the attention mask pads some prompt: the static-cache step runs without a mask and "
+                             "would attend to the padding; generate unpadded prompts (one per call, or equal lengths)")
+        logits = self.tm(input_ids, cache_position)
+        return CausalLMOutputWithPast(logits=logits)
