@@ -332,18 +332,160 @@ def lower_moe_experts(node, ctx, m):
     return new
 
 
+_ASSERTS = (aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+            getattr(aten, "sym_constrain_range_for_size").default)
+
+
+def _only_checks(u) -> bool:
+    """u is a check on a value (a dtype assert, or a size-symbol chain ending in _assert_scalar) that
+    nothing else reads: it goes with the value."""
+    if u.target in _ASSERTS:
+        return not u.users
+    if u.target is aten.sym_size.int or (u.op == "call_function" and getattr(u.target, "__module__", "") in
+                                         ("_operator", "operator")):
+        return bool(u.users) and all(_only_checks(w) for w in u.users)
+    return False
+
+
+def _erase_checks(ctx, u):
+    for w in list(u.users):
+        _erase_checks(ctx, w)
+    ctx.graph.erase_node(u)
+
+
 def _erase_dead(ctx, roots):
     """Erase the matched nodes and what only they read (the sorted ids' histc and cumsum, the inverse
-    permutation's arange), with the dtype asserts that would keep them alive."""
+    permutation's arange, the loop's where), with the checks that would keep them alive."""
     work, done = [n for n in roots if isinstance(n, torch.fx.Node)], set()
     while work:
         n = work.pop()
         if n in done or erased(n) or n.op != "call_function":
             continue
-        if any(u.target is not aten._assert_tensor_metadata.default for u in n.users):
+        if not all(_only_checks(u) for u in n.users):
             continue  # still read; looked at again when its last reader goes
         done.add(n)
         for u in list(n.users):
-            ctx.graph.erase_node(u)
+            _erase_checks(ctx, u)
         work.extend(n.all_input_nodes)
         ctx.graph.erase_node(n)
+
+
+# ---- experts (a loop over experts written by hand) ----
+
+
+def _loop_step(add, ctx):
+    """(expert, ids, weights, x, (W1, W3, W2), act, nodes) of one `out.index_add_(0, tok, expert(x[tok]) *
+    w[tok, slot, None])` step with `tok, slot = torch.where(ids == expert)`, else None."""
+    if arg(add, "dim") != 0 or arg(add, "alpha", 1) != 1:
+        return None
+    tok, contrib = arg(add, "index"), arg(add, "source")
+    if not _is(tok, operator.getitem) or tok.args[1] != 0 or not _is(tok.args[0], aten.where.default):
+        return None
+    wh = tok.args[0]
+    eq = wh.args[0]
+    if not _is(eq, aten.eq.Scalar) or not isinstance(eq.args[1], int) or not _is(contrib, aten.mul.Tensor):
+        return None
+    ids, e = eq.args
+    slot = next((u for u in wh.users if u.target is operator.getitem and u.args[1] == 1), None)
+    for y, wsel in (contrib.args, contrib.args[::-1]):
+        if _is(y, aten.linear.default) and _is(wsel, aten.index.Tensor, aten.unsqueeze.default):
+            break
+    else:
+        return None
+    nodes = [add, tok, wh, eq, contrib, y, wsel] + ([slot] if slot is not None else [])
+    if wsel.target is aten.unsqueeze.default:  # w[tok, slot].unsqueeze(-1)
+        nodes.append(wsel.args[0])
+        wsel = wsel.args[0]
+        if not _is(wsel, aten.index.Tensor):
+            return None
+        weights = wsel.args[0]
+    else:  # w[tok, slot, None] (= unsqueeze(w, 2)[tok, slot])
+        un = wsel.args[0]
+        if not _is(un, aten.unsqueeze.default):
+            return None
+        weights = un.args[0]
+        nodes.append(un)
+    if slot is None or [n for n in wsel.args[1]] != [tok, slot]:
+        return None
+    w2 = ctx.constant(arg(y, "weight"))
+    hidden = arg(y, "input")
+    if w2 is None or arg(y, "bias") is not None or not _is(hidden, aten.mul.Tensor):
+        return None
+    from .gated_mlp import _match as gated
+
+    gm = gated(hidden, ctx)
+    if gm is None:
+        return None
+    gate, act_node, gl, ul = gm
+    xe = arg(gl, "input")
+    w1, w3 = ctx.constant(arg(gl, "weight")), ctx.constant(arg(ul, "weight"))
+    if (not _is(xe, aten.index.Tensor) or list(xe.args[1]) != [tok] or w1 is None or w3 is None
+            or arg(gl, "bias") is not None or arg(ul, "bias") is not None):
+        return None
+    nodes += [hidden, act_node, gl, ul, xe]
+    return e, ids, weights, xe.args[0], (w1, w3, w2), gate, nodes
+
+
+def _match_loop(node, ctx):
+    """The expert loop starting at out = zeros_like(x): E index_add_ steps, one per expert 0..E-1."""
+    steps, cur = [], node
+    while len(cur.users) == 1:
+        (add,) = cur.users
+        if not _is(add, aten.index_add.default, aten.index_add_.default) or arg(add, "self") is not cur:
+            break
+        st = _loop_step(add, ctx)
+        if st is None:
+            return None
+        steps.append(st)
+        cur = add
+    if len(steps) < 2:
+        return None
+    ids, weights, x, gate = steps[0][1], steps[0][2], steps[0][3], steps[0][5]
+    if any((s[1], s[2], s[3], s[5]) != (ids, weights, x, gate) for s in steps) or arg(node, "self", x) is not x:
+        return None
+    by_e = {s[0]: s for s in steps}
+    if sorted(by_e) != list(range(len(steps))):
+        return None
+    ws = [by_e[j][4] for j in range(len(steps))]
+    nodes = [n for s in steps for n in s[6]] + [node]
+    return dict(x=x, ids=ids, weights=weights, gate=gate, last=cur, experts=ws, seen=nodes)
+
+
+def moe_loop_supported(node, ctx):
+    m = _match_loop(node, ctx)
+    if m is None:
+        return NO_MATCH
+    w1, w3, w2 = m["experts"][0]
+    if any(tuple(a.shape) != tuple(b.shape) for ws in m["experts"] for a, b in zip(ws, (w1, w3, w2))):
+        return "the experts' weights differ in shape"
+    k = (shape_of(m["ids"]) or [None])[-1]
+    gu = torch.empty(len(m["experts"]), 2 * w1.shape[0], w1.shape[1], dtype=w1.dtype, device="meta")
+    dn = torch.empty(len(m["experts"]), *w2.shape, dtype=w2.dtype, device="meta")
+    return _experts_reason(dict(m, k=k, gate_up=gu, down=dn), ctx) or Match(**m)
+
+
+def _stack_gate_up(*ws):
+    e = len(ws) // 3
+    return torch.stack([torch.cat([ws[3 * j].detach(), ws[3 * j + 1].detach()]) for j in range(e)])
+
+
+def _stack_down(*ws):
+    return torch.stack([w.detach() for w in ws])
+
+
+@rule(Stage.PATTERN, aten.zeros_like.default, family="moe_experts", supported=moe_loop_supported,
+      doc="out = zeros_like(x); for e: tok, slot = where(ids == e); out.index_add_(0, tok, expert_e(x[tok]) * w[tok, slot, None]) -> moe_experts")
+def lower_moe_loop(node, ctx, m):
+    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
+    flat = [w for ws in m.experts for w in ws]
+    w13 = ctx.add_constant(_w13(dt, _stack_gate_up(*flat)), "moe_w13", m.last,
+                           derive=lambda *p: _w13(dt, _stack_gate_up(*p)), sources=tuple(flat))
+    downs = tuple(ws[2] for ws in m.experts)
+    w2 = ctx.add_constant(_w2(dt, _stack_down(*downs)), "moe_w2", m.last,
+                          derive=lambda *p: _w2(dt, _stack_down(*p)), sources=downs)
+    x = ctx.cast_in(m.x, m.last)
+    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, m.experts[0][0].shape[0], m.gate, None),
+                   lowering="moe_experts_loop", sources=m.seen, anchor=m.last, before=m.last)
+    m.last.replace_all_uses_with(ctx.cast(new, dtype_of(m.last), m.last))
+    _erase_dead(ctx, m.seen)
+    return new

@@ -1,0 +1,127 @@
+"""MoE layers as people write them (translator/lowerings/moe.py): HF's grouped-mm experts (Mixtral,
+Qwen3-MoE, OLMoE tiny configs, random init) and a hand-written top-2 loop over experts with
+`torch.where(top_idx == e)` / `index_add_`. Each becomes `moe_topk` + `moe_experts`, leaves no compute
+op in PyTorch, and verifies against eager; on flysim every FlyDSL op ran recorded launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from translator import CaptureError, translate
+from translator.tolerances import model_tol
+
+
+def _hf(family: str):
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    dec = dict(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    if family == "mixtral":
+        m = T.MixtralForCausalLM(T.MixtralConfig(**dec, intermediate_size=96, num_local_experts=4,
+                                                 num_experts_per_tok=2))
+    elif family == "qwen3_moe":
+        m = T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**dec, intermediate_size=96, moe_intermediate_size=48, head_dim=16,
+                                                   num_experts=8, num_experts_per_tok=2, norm_topk_prob=True))
+    else:
+        m = T.OlmoeForCausalLM(T.OlmoeConfig(**dec, intermediate_size=48, num_experts=8, num_experts_per_tok=2))
+    m.config._attn_implementation = "sdpa"
+    return m.eval(), torch.randint(0, 100, (2, 6))
+
+
+def _check(tm, layers: int = 1, kernels: bool = True):
+    c = tm.report.counters
+    assert c.get("moe_topk") == layers and c.get("moe_experts", 0) + c.get("moe_experts_loop", 0) == layers, c
+    assert tm.report.verification.passed, tm.report.verification.message
+    rows = [r for r in tm.report.rows if not r.layout]
+    left = [(r.op, r.detail) for r in rows if r.where == "pytorch" and "by design" not in r.detail]
+    assert left == [], f"left in PyTorch: {left}"
+    if kernels:  # every FlyDSL op's row comes from recorded launches
+        assert not [r.node for r in rows if r.where in ("flydsl-reference", "flydsl-op")]
+    names = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
+    assert not names & {"aten.sort.default", "aten.histc.default", "aten.topk.default", "aten.where.default",
+                        "aten.index_add.default", "aten.index_add_.default"}, names
+    assert not any("grouped_mm" in s for s in names), names
+
+
+@pytest.mark.parametrize("family", ["mixtral", pytest.param("qwen3_moe", marks=pytest.mark.slow),
+                                    pytest.param("olmoe", marks=pytest.mark.slow)])
+def test_hf_moe_on_flysim(family):
+    model, ids = _hf(family)
+    tm = translate(model, (ids,), backend="flysim")
+    _check(tm)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
+def test_hf_moe_forms_match(family):
+    """Reference backend (fast): the patterns fire on each family (OLMoE: no renormalization; Qwen3:
+    norm_topk_prob) and the translation serves another batch and sequence length."""
+    model, ids = _hf(family)
+    tm = translate(model, (ids,), backend="reference")
+    _check(tm, kernels=False)
+    (node,) = [n for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.moe_topk.default]
+    assert node.args[3] == (family != "olmoe")  # renormalize
+    other = torch.randint(0, 100, (3, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(tm(other).logits, model(other).logits, **model_tol())
+
+
+class Expert(nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
+        self.w2 = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class HandMoE(nn.Module):
+    """The top-2 MoE written the common way: router, topk, a loop over experts with where / index_add_."""
+
+    def __init__(self, d=64, f=96, e=4, k=2, skip_empty=False, unsqueeze_after=False):
+        super().__init__()
+        self.router = nn.Linear(d, e, bias=False)
+        self.experts = nn.ModuleList(Expert(d, f) for _ in range(e))
+        self.k, self.skip_empty, self.unsqueeze_after = k, skip_empty, unsqueeze_after
+
+    def forward(self, x):
+        b, t, d = x.shape
+        x = x.view(-1, d)
+        w, top_idx = torch.topk(self.router(x).softmax(-1), self.k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok, slot = torch.where(top_idx == e)
+            if self.skip_empty and tok.numel() == 0:
+                continue
+            scale = w[tok, slot].unsqueeze(-1) if self.unsqueeze_after else w[tok, slot, None]
+            out.index_add_(0, tok, expert(x[tok]) * scale)
+        return out.view(b, t, d)
+
+
+def test_hand_written_loop_on_flysim():
+    torch.manual_seed(0)
+    m = HandMoE().eval()
+    x = torch.randn(2, 5, 64)
+    tm = translate(m, (x,), backend="flysim")
+    _check(tm)
+    assert tm.report.counters["moe_experts_loop"] == 1
+
+
+def test_hand_written_loop_forms_reference():
+    """w[tok, slot].unsqueeze(-1) as well as w[tok, slot, None]; 8 experts (some get no token)."""
+    torch.manual_seed(1)
+    m = HandMoE(e=8, unsqueeze_after=True).eval()
+    x = torch.randn(1, 3, 64)
+    tm = translate(m, (x,), backend="reference")
+    _check(tm, kernels=False)
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x), m(x), **model_tol())
+
+
+def test_loop_that_skips_empty_experts_names_the_rewrite():
+    torch.manual_seed(0)
+    with pytest.raises(CaptureError, match=r"(?s)tok\.numel\(\) == 0.*Remove the branch.*moe_experts"):
+        translate(HandMoE(skip_empty=True).eval(), (torch.randn(2, 5, 64),), backend="reference")
