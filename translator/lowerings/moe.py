@@ -378,7 +378,7 @@ def _loop_step(add, ctx):
     w[tok, slot, None])` step with `tok, slot = torch.where(ids == expert)`, else None."""
     if arg(add, "dim") != 0 or arg(add, "alpha", 1) != 1:
         return None
-    tok, contrib = arg(add, "index"), arg(add, "source")
+    tok, contrib = arg(add, "index"), _skip_to(arg(add, "source"))  # (...).to(out.dtype) in low precision
     if not _is(tok, operator.getitem) or tok.args[1] != 0 or not _is(tok.args[0], aten.where.default):
         return None
     wh = tok.args[0]
@@ -392,7 +392,7 @@ def _loop_step(add, ctx):
             break
     else:
         return None
-    nodes = [add, tok, wh, eq, contrib, y, wsel] + ([slot] if slot is not None else [])
+    nodes = [add, tok, wh, eq, contrib, y, wsel, arg(add, "source")] + ([slot] if slot is not None else [])
     if wsel.target is aten.unsqueeze.default:  # w[tok, slot].unsqueeze(-1)
         nodes.append(wsel.args[0])
         wsel = wsel.args[0]

@@ -72,7 +72,7 @@ def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=Non
             raise KernelInputError(f"{op}: {name} {tuple(t.shape)} exceeds 2 GiB (32-bit buffer offsets)")
     if cap == 0:
         return out
-    a = a.contiguous()
+    a, w = a.contiguous(), w.contiguous()  # a strided view of a prepared weight is read as given
     launcher = build_gemm(n, k, n_pad, k_pad, dt, FLOAT_NAMES[out_dtype], kl.arch(), cfg.bm, cfg.bn, cfg.bk,
                           None, False, False, 1, "shuffled", gate, 1, grouped=True)
     tile_expert = tile_expert.to(torch.int32).contiguous()
