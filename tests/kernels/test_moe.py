@@ -11,9 +11,9 @@ import torch.nn.functional as F
 import executors
 from translator.tolerances import op_tol
 from translator_kernels import moe as M
+from translator_kernels.arch import ARCHS
 from translator_kernels.gemm.gated import gated_shape
 
-ARCHS = ["gfx942", "gfx950"]
 
 
 def _names(launches):

@@ -32,7 +32,6 @@ Counters: `moe_topk`, `moe_experts`.
 
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
@@ -41,10 +40,10 @@ from translator_kernels import moe as K
 from translator_kernels.gemm.gated import gated_weight
 from translator_kernels.gemm.preshuffle import shuffle_weight_batched
 
-from ..graph import arg, aten, dtype_of, erased, shape_of
+from ..graph import arg, aten, dtype_of, erased, getitem_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from .gated_mlp import _gate_name
+from .gated_mlp import _gate_name, _match as _gated_mlp
 from .gemm import cast_weight
 
 def _grouped_mm_ops() -> tuple:
@@ -139,7 +138,7 @@ def _user(node, target=None):
 
 
 def _getitems(node) -> dict:
-    return {u.args[1]: u for u in node.users if u.target is operator.getitem}
+    return {getitem_of(u)[1]: u for u in node.users if getitem_of(u) is not None}
 
 
 def _renorm(values):
@@ -160,7 +159,7 @@ def moe_topk_supported(node, ctx):
     sm = arg(node, "self")
     if not isinstance(sm, torch.fx.Node) or sm.target not in (aten.softmax.int, aten._softmax.default):
         return NO_MATCH
-    nd = len(shape_of(node.args[0]) or ())
+    nd = len(shape_of(sm) or ())
     if arg(node, "dim", -1) not in (-1, nd - 1) or not arg(node, "largest", True) or len(sm.users) != 1:
         return NO_MATCH
     if arg(sm, "dim") not in (-1, nd - 1):
@@ -199,7 +198,7 @@ def lower_moe_topk(node, ctx, m):
 
 def _skip_to(n):
     while isinstance(n, torch.fx.Node) and n.target in TO_OPS:
-        n = n.args[0]
+        n = arg(n, "self")
     return n
 
 
@@ -207,12 +206,44 @@ def _is(n, *targets):
     return isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in targets
 
 
+def _src(n):
+    """The tensor a view / reshape / index / unsqueeze / sort / transpose reads."""
+    return arg(n, "self")
+
+
+def _one_index(n):
+    """The single index tensor of x[idx] (aten.index.Tensor), else None."""
+    idx = arg(n, "indices") if _is(n, aten.index.Tensor) else None
+    return idx[0] if idx is not None and len(idx) == 1 else None
+
+
+def _item(n, i):
+    """The source of getitem `n` when it takes item i, else None."""
+    g = getitem_of(n)
+    return g[0] if g is not None and g[1] == i else None
+
+
+def _gmm(n):
+    """(input, weight, offs) of a grouped-mm call, else None."""
+    if not _is(n, *_grouped_mm_ops()):
+        return None
+    if n.target.namespace == "aten":
+        return arg(n, "self"), arg(n, "mat2"), arg(n, "offs")
+    return arg(n, "input"), arg(n, "weight"), arg(n, "offs")
+
+
 def _param_t(n, ctx):
     """(parameter, nodes) of transpose(param, -2, -1), else None."""
-    if not _is(n, aten.transpose.int) or sorted(x % 3 for x in n.args[1:3]) != [1, 2]:
+    if not _is(n, aten.transpose.int) or sorted(arg(n, d) % 3 for d in ("dim0", "dim1")) != [1, 2]:
         return None
-    p = ctx.constant(n.args[0])
+    p = ctx.constant(_src(n))
     return (p, [n]) if p is not None and p.dim() == 3 else None
+
+
+def _pair(mul):
+    """Both operand orders of a mul node."""
+    a, b = arg(mul, "self"), arg(mul, "other")
+    return ((a, b), (b, a))
 
 
 def _match_grouped(node, ctx):
@@ -220,62 +251,57 @@ def _match_grouped(node, ctx):
     seen = [node]
     if list(arg(node, "dim") or []) != [1] or arg(node, "keepdim", False):
         return None
-    view = arg(node, "self")
+    view = _src(node)
     if not _is(view, aten.view.default, aten.reshape.default):
         return None
-    idx = view.args[0]
-    if not _is(idx, aten.index.Tensor) or len(idx.args[1]) != 1:
-        return None
-    weighted, inv = idx.args[0], idx.args[1][0]
+    idx = _src(view)
+    inv = _one_index(idx)
+    weighted = _src(idx) if inv is not None else None
     if not _is(inv, aten.index_put_.default, aten.index_put.default) or not _is(weighted, aten.mul.Tensor):
         return None
-    perm = inv.args[1][0]
-    seen += [view, idx, inv, weighted, inv.args[0], inv.args[2]]
-    for down, scale in (weighted.args, weighted.args[::-1]):
-        if _is(down, *_grouped_mm_ops()) and _is(scale, aten.unsqueeze.default):
+    perm = (arg(inv, "indices") or [None])[0]
+    seen += [view, idx, inv, weighted, _src(inv), arg(inv, "values")]
+    for down, scale in _pair(weighted):
+        if _gmm(down) is not None and _is(scale, aten.unsqueeze.default):
             break
     else:
         return None
-    wsel = scale.args[0]
-    if not _is(wsel, aten.index.Tensor) or wsel.args[1][0] is not perm:
+    wsel = _src(scale)
+    if _one_index(wsel) is not perm:
         return None
-    wflat = wsel.args[0]
+    wflat = _src(wsel)
     if not _is(wflat, aten.view.default, aten.reshape.default):
         return None
     seen += [down, scale, wsel, wflat]
-    pd = _param_t(down.args[1], ctx)
-    act = _skip_to(down.args[0])
+    d_in, d_w, offs = _gmm(down)
+    pd, act = _param_t(d_w, ctx), _skip_to(d_in)
     if pd is None or not _is(act, aten.mul.Tensor):
         return None
-    gate_name = None
-    for a, u in (act.args, act.args[::-1]):
-        gate_name = _gate_name(a) if isinstance(a, torch.fx.Node) else None
-        if gate_name and _is(a.args[0], operator.getitem) and _is(u, operator.getitem):
-            g_get, u_get = a.args[0], u
+    for g, u_get in _pair(act):
+        gate_name = _gate_name(g) if isinstance(g, torch.fx.Node) else None
+        chunk = _item(_src(g), 0) if gate_name else None
+        if chunk is not None and _item(u_get, 1) is chunk:
+            g_get = _src(g)
             break
     else:
         return None
-    chunk = g_get.args[0]
-    if (chunk is not u_get.args[0] or not _is(chunk, aten.chunk.default) or chunk.args[1] != 2
-            or (g_get.args[1], u_get.args[1]) != (0, 1)):
+    if not _is(chunk, aten.chunk.default) or arg(chunk, "chunks") != 2 or arg(chunk, "dim") not in (-1, 1):
         return None
-    up = chunk.args[0]
-    if not _is(up, *_grouped_mm_ops()) or up.args[2] is not down.args[2]:
+    up = _src(chunk)
+    if _gmm(up) is None or _gmm(up)[2] is not offs:
         return None
-    pu = _param_t(up.args[1], ctx)
-    xs = _skip_to(up.args[0])
-    if pu is None or not _is(xs, aten.index.Tensor) or not _is(xs.args[1][0], aten.floor_divide.default):
+    u_in, u_w, _ = _gmm(up)
+    pu, xs = _param_t(u_w, ctx), _skip_to(u_in)
+    fd = _one_index(xs)
+    if pu is None or not _is(fd, aten.floor_divide.default) or _src(fd) is not perm:
         return None
-    fd = xs.args[1][0]
-    if fd.args[0] is not perm or not _is(perm, operator.getitem) or perm.args[1] != 1 or not _is(perm.args[0], aten.sort.default):
-        return None
-    srt = perm.args[0]
-    ids_flat = srt.args[0]
+    srt = _item(perm, 1)
+    ids_flat = _src(srt) if _is(srt, aten.sort.default) else None
     if not _is(ids_flat, aten.view.default, aten.reshape.default):
         return None
-    x, ids, weights, k = xs.args[0], ids_flat.args[0], wflat.args[0], fd.args[1]
-    seen += [act, a, g_get, u_get, chunk, up, xs, fd, perm, srt, ids_flat, up.args[2]] + pd[1] + pu[1]
-    seen += [n for n in (down.args[0], up.args[0]) if n not in (act, xs)]
+    x, ids, weights, k = _src(xs), _src(ids_flat), _src(wflat), arg(fd, "other")
+    seen += [act, g, g_get, u_get, chunk, up, xs, fd, perm, srt, ids_flat, offs] + pd[1] + pu[1]
+    seen += [n for n in (d_in, u_in) if n not in (act, xs)]
     return dict(x=x, ids=ids, weights=weights, k=k, gate=gate_name, gate_up=pu[0], down=pd[0], seen=seen)
 
 
@@ -379,51 +405,47 @@ def _loop_step(add, ctx):
     if arg(add, "dim") != 0 or arg(add, "alpha", 1) != 1:
         return None
     tok, contrib = arg(add, "index"), _skip_to(arg(add, "source"))  # (...).to(out.dtype) in low precision
-    if not _is(tok, operator.getitem) or tok.args[1] != 0 or not _is(tok.args[0], aten.where.default):
+    wh = _item(tok, 0)
+    eq = arg(wh, "condition") if _is(wh, aten.where.default) else None
+    if not _is(eq, aten.eq.Scalar) or not isinstance(arg(eq, "other"), int) or not _is(contrib, aten.mul.Tensor):
         return None
-    wh = tok.args[0]
-    eq = wh.args[0]
-    if not _is(eq, aten.eq.Scalar) or not isinstance(eq.args[1], int) or not _is(contrib, aten.mul.Tensor):
-        return None
-    ids, e = eq.args
-    slot = next((u for u in wh.users if u.target is operator.getitem and u.args[1] == 1), None)
-    for y, wsel in (contrib.args, contrib.args[::-1]):
+    ids, e = _src(eq), arg(eq, "other")
+    slot = next((u for u in wh.users if _item(u, 1) is wh), None)
+    for y, wsel in _pair(contrib):
         if _is(y, aten.linear.default) and _is(wsel, aten.index.Tensor, aten.unsqueeze.default):
             break
     else:
         return None
     nodes = [add, tok, wh, eq, contrib, y, wsel, arg(add, "source")] + ([slot] if slot is not None else [])
     if wsel.target is aten.unsqueeze.default:  # w[tok, slot].unsqueeze(-1)
-        nodes.append(wsel.args[0])
-        wsel = wsel.args[0]
+        wsel = _src(wsel)
+        nodes.append(wsel)
         if not _is(wsel, aten.index.Tensor):
             return None
-        weights = wsel.args[0]
+        weights = _src(wsel)
     else:  # w[tok, slot, None] (= unsqueeze(w, 2)[tok, slot])
-        un = wsel.args[0]
+        un = _src(wsel)
         if not _is(un, aten.unsqueeze.default):
             return None
-        weights = un.args[0]
+        weights = _src(un)
         nodes.append(un)
-    if slot is None or [n for n in wsel.args[1]] != [tok, slot]:
+    if slot is None or list(arg(wsel, "indices")) != [tok, slot]:
         return None
     w2 = ctx.constant(arg(y, "weight"))
     hidden = arg(y, "input")
     if w2 is None or arg(y, "bias") is not None or not _is(hidden, aten.mul.Tensor):
         return None
-    from .gated_mlp import _match as gated
-
-    gm = gated(hidden, ctx)
+    gm = _gated_mlp(hidden, ctx)
     if gm is None:
         return None
     gate, act_node, gl, ul = gm
     xe = arg(gl, "input")
     w1, w3 = ctx.constant(arg(gl, "weight")), ctx.constant(arg(ul, "weight"))
-    if (not _is(xe, aten.index.Tensor) or list(xe.args[1]) != [tok] or w1 is None or w3 is None
+    if (_one_index(xe) is not tok or w1 is None or w3 is None
             or arg(gl, "bias") is not None or arg(ul, "bias") is not None):
         return None
     nodes += [hidden, act_node, gl, ul, xe]
-    return e, ids, weights, xe.args[0], (w1, w3, w2), gate, nodes
+    return e, ids, weights, _src(xe), (w1, w3, w2), gate, nodes
 
 
 def _match_loop(node, ctx):

@@ -79,7 +79,7 @@ def moe_align(ids, num_experts: int, bm: int):
 
 def moe_gather(x, src_row):
     """xs [cap, H]: xs[s] = x[src_row[s]], zero rows where src_row[s] < 0."""
-    cap, (t, h) = src_row.shape[0], x.shape
+    cap, h = src_row.shape[0], x.shape[1]
     xs = torch.empty((cap, h), dtype=x.dtype, device=x.device)
     row_bytes = h * x.element_size()
     piece = next(p for p in (16, 4, 2, 1) if row_bytes % p == 0)

@@ -87,7 +87,7 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str):
             slot = off + st[0]
             _st32(slot, r_pos, p, hit)
             _st32(p // k, r_src, slot, hit)
-            res3 = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
+            _ = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
         for i in range_constexpr(bm):  # this expert's padding slots
             _st32(-1, r_src, off + cnt + i, live & (cnt + i < padded))
         for t_idx, st in range(fx.Index(0), fx.Index(cap // bm), fx.Index(1), init=[fx.Int32(0)]):
@@ -95,12 +95,12 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str):
             mine = live & (row0 >= off) & (row0 < off + padded)
             tail = (lane == 0) & (row0 >= total)
             _st32(tail.select(fx.Int32(0), lane), r_tile, fx.Int32(t_idx), mine | tail)
-            res4 = yield [st[0]]
+            _ = yield [st[0]]
         for i_idx, st in range(fx.Index(0), fx.Index((cap + (ALIGN_LANES - 1)) // ALIGN_LANES), fx.Index(1),
                                init=[fx.Int32(0)]):
             s = fx.Int32(i_idx) * ALIGN_LANES + lane
             _st32(-1, r_src, s, (s >= total) & (s < cap))
-            res5 = yield [st[0]]
+            _ = yield [st[0]]
 
     @flyc.jit
     def launch(Ids: fx.Tensor, SrcRow: fx.Tensor, TileExpert: fx.Tensor, Pos: fx.Tensor, n_pairs: fx.Int32,
