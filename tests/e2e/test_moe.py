@@ -80,10 +80,17 @@ class Expert(nn.Module):
 class HandMoE(nn.Module):
     """The top-2 MoE written the common way: router, topk, a loop over experts with where / index_add_."""
 
-    def __init__(self, d=64, f=96, e=4, k=2, skip_empty=False, unsqueeze_after=False):
+    def __init__(self, d=64, f=96, e=4, k=2, skip_empty=False, unsqueeze_after=False, share=None):
+        """share=(rank, world): keep experts [rank·e/world, (rank + 1)·e/world) of the e (expert parallel;
+        every rank builds the same weights from seed 0 first)."""
         super().__init__()
+        if share is not None:
+            torch.manual_seed(0)
         self.router = nn.Linear(d, e, bias=False)
-        self.experts = nn.ModuleList(Expert(d, f) for _ in range(e))
+        experts = [Expert(d, f) for _ in range(e)]
+        per = e // share[1] if share else e
+        self.first = share[0] * per if share else 0
+        self.experts = nn.ModuleList(experts[self.first:self.first + per])
         self.k, self.skip_empty, self.unsqueeze_after = k, skip_empty, unsqueeze_after
 
     def forward(self, x):
@@ -93,7 +100,7 @@ class HandMoE(nn.Module):
         w = w / w.sum(-1, keepdim=True)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
-            tok, slot = torch.where(top_idx == e)
+            tok, slot = torch.where(top_idx == self.first + e)
             if self.skip_empty and tok.numel() == 0:
                 continue
             scale = w[tok, slot].unsqueeze(-1) if self.unsqueeze_after else w[tok, slot, None]
@@ -125,3 +132,16 @@ def test_loop_that_skips_empty_experts_names_the_rewrite():
     torch.manual_seed(0)
     with pytest.raises(CaptureError, match=r"(?s)tok\.numel\(\) == 0.*Remove the branch.*moe_experts"):
         translate(HandMoE(skip_empty=True).eval(), (torch.randn(2, 5, 64),), backend="reference")
+
+
+def test_a_ranks_share_of_the_experts():
+    """Expert parallel in one process: a loop over experts 4..7 of 8 (rank 1 of 2) is one moe_experts with
+    first_expert = 4; choices of experts 0..3 add nothing (tests/e2e/test_moe_ep.py runs the ranks)."""
+    m = HandMoE(e=8, share=(1, 2)).eval()
+    x = torch.randn(1, 7, 64)
+    tm = translate(m, (x,), backend="reference")
+    _check(tm, kernels=False)
+    (node,) = [n for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.moe_experts.default]
+    assert node.args[-1] == 4
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x), m(x), **model_tol())

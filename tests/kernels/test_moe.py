@@ -142,3 +142,27 @@ def test_bad_inputs_name_the_fix():
         M.topk_gating(torch.randn(2, 8), 2, groups=3)
     with pytest.raises(KernelInputError, match=r"\[E, 2I, H\]"):
         M.prepare_experts(torch.randn(2, 6, 4), torch.randn(2, 4, 4))
+
+
+def test_expert_parallel_shares_add_up():
+    """Expert parallel: rank r holds experts [2r, 2r + 2) of 4 (first_expert); pairs routed to the other
+    rank get pos -1 and add nothing, so the two ranks' outputs sum to the whole layer's (what an
+    all_reduce of the ranks gives)."""
+    g = torch.Generator().manual_seed(6)
+    t, h, inter, e, k = 6, 32, 48, 4, 2
+    x = torch.randn(t, h, generator=g)
+    w, ids = M.ref_topk_gating(torch.randn(t, e, generator=g), k)
+    gu, dn = torch.randn(e, 2 * inter, h, generator=g) / 8, torch.randn(e, h, inter, generator=g) / 8
+    outs = []
+    with executors.current().run("gfx942") as ex:
+        for r in range(2):
+            w13, w2 = M.prepare_experts(gu[2 * r:2 * r + 2], dn[2 * r:2 * r + 2])
+            outs.append(M.moe_experts(ex.put(x), ex.put(w), ex.put(ids), ex.put(w13), ex.put(w2), inter,
+                                      first_expert=2 * r).cpu())
+        _, _, pos = M.moe_align(ex.put(ids), 2, 16, first_expert=2)
+    assert torch.equal(pos.cpu() < 0, (ids < 2).reshape(-1))
+    w13, w2 = M.prepare_experts(gu, dn)
+    torch.testing.assert_close(outs[0] + outs[1], M.ref_moe_experts(x, w, ids, w13, w2, inter),
+                               **op_tol(torch.float32, "moe_experts"))
+    torch.testing.assert_close(outs[1], M.ref_moe_experts(x, w, ids, *M.prepare_experts(gu[2:], dn[2:]), inter,
+                                                          first_expert=2), **op_tol(torch.float32, "moe_experts"))

@@ -92,21 +92,23 @@ register_family(OpFamily(
 
 @torch.library.custom_op("flydsl::moe_experts", mutates_args=())
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                inter: int, gate: str, residual: Optional[torch.Tensor]) -> torch.Tensor:
-    return dispatch("moe_experts", x, weights, ids, w13, w2, inter, gate, residual)
+                inter: int, gate: str, residual: Optional[torch.Tensor], first_expert: int) -> torch.Tensor:
+    return dispatch("moe_experts", x, weights, ids, w13, w2, inter, gate, residual, first_expert)
 
 
 @moe_experts.register_fake
-def _(x, weights, ids, w13, w2, inter, gate, residual):
+def _(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
     return x.new_empty(x.shape)
 
 
-def ref_moe_experts(x, weights, ids, w13, w2, inter, gate, residual):
-    return K.ref_moe_experts(x.to(w13.dtype), weights, ids, w13, w2, inter, gate, residual, out_dtype=x.dtype)
+def ref_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
+    return K.ref_moe_experts(x.to(w13.dtype), weights, ids, w13, w2, inter, gate, residual, out_dtype=x.dtype,
+                             first_expert=first_expert)
 
 
-def kernel_moe_experts(x, weights, ids, w13, w2, inter, gate, residual):
-    return K.moe_experts(x, weights, ids, w13, w2, inter, gate, residual=residual, out_dtype=x.dtype)
+def kernel_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
+    return K.moe_experts(x, weights, ids, w13, w2, inter, gate, residual=residual, out_dtype=x.dtype,
+                         first_expert=first_expert)
 
 
 register_family(OpFamily(
@@ -123,7 +125,7 @@ def _sample_experts(dt):
     w, ids = K.ref_topk_gating(torch.randn(t, e, generator=g), 2)
     w13, w2 = K.prepare_experts((torch.randn(e, 2 * i, h, generator=g) / 8).to(dt),
                                 (torch.randn(e, h, i, generator=g) / 8).to(dt))
-    return torch.randn(t, h, generator=g).to(dt), w, ids, w13, w2, i, "silu", None
+    return torch.randn(t, h, generator=g).to(dt), w, ids, w13, w2, i, "silu", None, 0
 
 
 # ---- routing ----
@@ -351,7 +353,7 @@ def lower_moe_experts(node, ctx, m):
     w2 = ctx.add_constant(_w2(dt, m.down), "moe_w2", node, derive=lambda p: _w2(dt, p), sources=(m.down,))
     x = ctx.cast_in(m.x, node)
     inter = m.down.shape[2]
-    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, inter, m.gate, None), lowering="moe_experts",
+    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, inter, m.gate, None, 0), lowering="moe_experts",
                    sources=m.seen, anchor=node, before=node)
     node.replace_all_uses_with(ctx.cast(new, dtype_of(node), node))
     _erase_dead(ctx, m.seen)
@@ -466,11 +468,12 @@ def _match_loop(node, ctx):
     if any((s[1], s[2], s[3], s[5]) != (ids, weights, x, gate) for s in steps) or arg(node, "self", x) is not x:
         return None
     by_e = {s[0]: s for s in steps}
-    if sorted(by_e) != list(range(len(steps))):
+    first = min(by_e)  # expert parallel: a rank's loop covers its experts [first, first + E)
+    if sorted(by_e) != list(range(first, first + len(steps))) or first < 0:
         return None
-    ws = [by_e[j][4] for j in range(len(steps))]
+    ws = [by_e[first + j][4] for j in range(len(steps))]
     nodes = [n for s in steps for n in s[6]] + [node]
-    return dict(x=x, ids=ids, weights=weights, gate=gate, last=cur, experts=ws, seen=nodes)
+    return dict(x=x, ids=ids, weights=weights, gate=gate, last=cur, experts=ws, seen=nodes, first=first)
 
 
 def moe_loop_supported(node, ctx):
@@ -506,7 +509,7 @@ def lower_moe_loop(node, ctx, m):
     w2 = ctx.add_constant(_w2(dt, _stack_down(*downs)), "moe_w2", m.last,
                           derive=lambda *p: _w2(dt, _stack_down(*p)), sources=downs)
     x = ctx.cast_in(m.x, m.last)
-    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, m.experts[0][0].shape[0], m.gate, None),
+    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, m.experts[0][0].shape[0], m.gate, None, m.first),
                    lowering="moe_experts_loop", sources=m.seen, anchor=m.last, before=m.last)
     m.last.replace_all_uses_with(ctx.cast(new, dtype_of(m.last), m.last))
     _erase_dead(ctx, m.seen)

@@ -57,8 +57,9 @@ def topk_gating(logits, k: int, *, scoring: str = "softmax", renormalize: bool =
     return w, ids
 
 
-def moe_align(ids, num_experts: int, bm: int):
-    """(src_row [cap], tile_expert [cap / bm], pos [T·k]) int32 of expert ids [T, k] (int32 or int64)."""
+def moe_align(ids, num_experts: int, bm: int, first_expert: int = 0):
+    """(src_row [cap], tile_expert [cap / bm], pos [T·k]) int32 of expert ids [T, k] (int32 or int64);
+    the experts served are [first_expert, first_expert + num_experts), other pairs get pos -1."""
     if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
         raise KernelInputError(f"moe_align: ids {tuple(ids.shape)} {ids.dtype}; need [T, k] int32/int64")
     if num_experts > MAX_EXPERTS:
@@ -72,7 +73,7 @@ def moe_align(ids, num_experts: int, bm: int):
     if t * k:
         words = 2 if ids.dtype == torch.int64 else 1
         ids32 = ids.contiguous().view(torch.int32)
-        kl.call(build_moe_align(num_experts, k, bm, words, kl.arch()), ids32, src, tiles, pos, t * k, cap,
+        kl.call(build_moe_align(num_experts, k, bm, words, kl.arch(), first_expert), ids32, src, tiles, pos, t * k, cap,
                 ids32.numel() * 4)
     return src, tiles, pos
 
@@ -124,9 +125,12 @@ def prepare_experts(gate_up, down, dtype=None):
     return w13, shuffle_weight_batched(down)
 
 
-def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, residual=None, out_dtype=None):
+def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, residual=None, out_dtype=None,
+                first_expert: int = 0):
     """The experts of one MoE layer: x [T, H], routing weights [T, k], ids [T, k], prepared w13 / w2
-    (prepare_experts) -> [T, H] = sum_j weights[t, j] · expert_{ids[t, j]}(x[t]) (+ residual)."""
+    (prepare_experts) -> [T, H] = sum_j weights[t, j] · expert_{ids[t, j]}(x[t]) (+ residual).
+    first_expert: w13 / w2 hold experts [first_expert, first_expert + E) (expert parallel: one rank's
+    share); choices of other experts add nothing here (their rank adds them, e.g. by all_reduce)."""
     if x.dim() != 2 or weights.shape != ids.shape or weights.shape[0] != x.shape[0]:
         raise KernelInputError(f"moe_experts: x {tuple(x.shape)}, weights {tuple(weights.shape)}, ids "
                                f"{tuple(ids.shape)}; need [T, H], [T, k], [T, k]")
@@ -136,7 +140,7 @@ def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, res
     cfg_up = grouped_config(-(-t * k // e), inter, h, x.dtype, gated=True)
     cfg_dn = grouped_config(-(-t * k // e), h, inter, x.dtype, gated=False)
     cfg_dn = type(cfg_dn)(cfg_up.bm, cfg_dn.bn, cfg_dn.bk)  # one row tile: both GEMMs read the same tile map
-    src, tiles, pos = moe_align(ids, e, cfg_up.bm)
+    src, tiles, pos = moe_align(ids, e, cfg_up.bm, first_expert)
     xs = moe_gather(x, src)
     hid = grouped_gemm(xs, w13, tiles, inter, h, cfg_up, gate=gate)
     y = grouped_gemm(hid, w2, tiles, h, inter, cfg_dn)
@@ -159,7 +163,7 @@ def ref_topk_gating(logits, k, scoring="softmax", renormalize=True, groups=1, to
     return w, ids
 
 
-def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None, out_dtype=None):
+def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None, out_dtype=None, first_expert=0):
     e, h = w13.shape[0], x.shape[1]
     out = torch.zeros(x.shape, dtype=torch.float32)
     xf = x.float()
@@ -168,7 +172,7 @@ def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None,
         wd = unshuffle_weight(w2[j], h, inter)
         hid = (apply_epilogue_torch(xf @ wg.float().t(), gate) * (xf @ wu.float().t())).to(w13.dtype).float()
         y = (hid @ wd.float().t()).to(w13.dtype).float()
-        sel = (ids == j).float() * weights.float()
+        sel = (ids == j + first_expert).float() * weights.float()
         out += sel.sum(-1, keepdim=True) * y
     if residual is not None:
         out += residual.float()

@@ -18,7 +18,8 @@ prefill; a block-parallel histogram is the next step for long prefill.
 thread per 16-byte (or 4- / 2-byte, as the row length allows) piece.
 
 `build_moe_unpermute`: out[t, c] = sum_j w[t, j] · y[pos[t·k + j], c] (+ residual[t, c]), the k terms
-added in j order in fp32, one cast: a gather, so no atomics and the same bits run to run.
+added in j order in fp32, one cast: a gather, so no atomics and the same bits run to run. A pair
+with pos -1 (its expert lives on another rank) adds nothing.
 """
 
 # (no `from __future__ import annotations`: fx.struct reads its field annotations as types)
@@ -50,8 +51,11 @@ def _st32(val, r, idx, ok):
 
 
 @kl.builder
-def build_moe_align(e: int, k: int, bm: int, words: int, arch: str):
-    """Launcher `launch(Ids32, SrcRow, TileExpert, Pos, n_pairs, cap, ids_bytes)`: Ids32 the [T, k]
+def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int = 0):
+    """first: the first expert id this launch serves (expert parallel: a rank holds experts
+    [first, first + e)); a pair routed elsewhere gets pos -1 and no slot.
+
+    Launcher `launch(Ids32, SrcRow, TileExpert, Pos, n_pairs, cap, ids_bytes)`: Ids32 the [T, k]
     ids as int32 words (`words` per id: 1 int32, 2 int64), SrcRow [cap] / TileExpert [cap / bm] /
     Pos [n_pairs] int32, cap a multiple of bm. arch keys the cache."""
 
@@ -69,7 +73,7 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str):
         lds = fx.SharedAllocator().allocate(Smem).peek()
 
         for p_idx, st in range(fx.Index(0), fx.Index(n_pairs), fx.Index(1), init=[fx.Int32(0)]):
-            hit = _ld32(r_ids, fx.Int32(p_idx) * words) == lane
+            hit = _ld32(r_ids, fx.Int32(p_idx) * words) - first == lane
             res = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
         cnt = res[0] if isinstance(res, (list, tuple)) else res
         padded = live.select((cnt + (bm - 1)) // bm * bm, fx.Int32(0))
@@ -83,9 +87,11 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str):
         # the pairs of expert `lane`, in order: slot off + i
         for p_idx, st in range(fx.Index(0), fx.Index(n_pairs), fx.Index(1), init=[fx.Int32(0)]):
             p = fx.Int32(p_idx)
-            hit = (_ld32(r_ids, p * words) == lane) & live
+            lid = _ld32(r_ids, p * words) - first
+            hit = (lid == lane) & live
             slot = off + st[0]
             _st32(slot, r_pos, p, hit)
+            _st32(-1, r_pos, p, (lane == 0) & ((lid < 0) | (lid >= e)))  # another rank's expert
             _st32(p // k, r_src, slot, hit)
             _ = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
         for i in range_constexpr(bm):  # this expert's padding slots
@@ -166,7 +172,9 @@ def build_moe_unpermute(h: int, k: int, dt: str, out_dt: str, has_residual: bool
         acc = fx.Float32(0.0)
         for j in range_constexpr(k):
             slot = fx.Int32(fx.ptr_load(pp + fx.Int64(tok * k + j), result_type=fx.Int32))
-            acc = acc + load(wp, tok * k + j, fx.Float32) * load(yp, slot * h + col, elem)
+            mine = slot >= 0
+            term = load(wp, tok * k + j, fx.Float32) * load(yp, mine.select(slot, fx.Int32(0)) * h + col, elem)
+            acc = acc + mine.select(term, fx.Float32(0.0))
         if const_expr(has_residual):
             acc = acc + load(fx.get_iter(fx.rocdl.make_buffer_tensor(Res)), vv, out_elem)
         out = acc if out_dt == "f32" else acc.to(out_elem)
