@@ -32,7 +32,8 @@ def _hf(family: str):
 
 def _check(tm, layers: int = 1, kernels: bool = True):
     c = tm.report.counters
-    assert c.get("moe_topk") == layers and c.get("moe_experts", 0) + c.get("moe_experts_loop", 0) == layers, c
+    experts = sum(c.get(f"moe_experts{f}", 0) for f in ("", "_loop", "_dense"))
+    assert c.get("moe_topk") == layers and experts == layers, c
     assert tm.report.verification.passed, tm.report.verification.message
     rows = [r for r in tm.report.rows if not r.layout]
     left = [(r.op, r.detail) for r in rows if r.where == "pytorch" and "by design" not in r.detail]
@@ -124,6 +125,31 @@ def test_hand_written_loop_forms_reference():
     x = torch.randn(1, 3, 64)
     tm = translate(m, (x,), backend="reference")
     _check(tm, kernels=False)
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x), m(x), **model_tol())
+
+
+class DenseMoE(HandMoE):
+    """Dense dispatch: every expert on every token, weighted by its (masked) routing weight."""
+
+    def forward(self, x):
+        w, top_idx = torch.topk(self.router(x).softmax(-1), self.k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            out = out + (w * (top_idx == e)).sum(-1, keepdim=True) * expert(x)
+        return out
+
+
+@pytest.mark.parametrize("backend", ["flysim", "reference"])
+def test_dense_dispatch(backend):
+    torch.manual_seed(2)
+    m = DenseMoE().eval()
+    x = torch.randn(2, 5, 64)
+    tm = translate(m, (x,), backend=backend)
+    _check(tm, kernels=backend == "flysim")
+    assert tm.report.counters["moe_experts_dense"] == 1
+    assert tm.report.counters.get("gated_mlp", 0) == 0  # the experts are not taken one by one
     with torch.no_grad():
         torch.testing.assert_close(tm(x), m(x), **model_tol())
 

@@ -25,9 +25,8 @@ down grouped GEMM and the weighted un-permute (translator_kernels.moe). The weig
 Guards: gate_up_proj [E, 2I, H] and down_proj [E, H, I] are parameters of the activation's dtype,
 k and E fit the kernels (E <= 256), H and I are multiples of 8 (16-byte rows).
 
-The experts loop written by hand (`torch.where(top_idx == e)`, `x[tok]`, `index_add_`) has
-data-dependent shapes: its capture error names the rewrite (translator.capture: `MOE_LOOP_HINT`).
-Counters: `moe_topk`, `moe_experts`.
+The experts loop written by hand (`torch.where(top_idx == e)`, `x[tok]`, `index_add_`) and dense
+dispatch are in moe_loops.py. Counters: `moe_topk`, `moe_experts`.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from translator_kernels.gemm.preshuffle import shuffle_weight_batched
 from ..graph import arg, aten, dtype_of, erased, getitem_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from .gated_mlp import _gate_name, _match as _gated_mlp
+from .gated_mlp import _gate_name
 from .gemm import cast_weight
 
 def _grouped_mm_ops() -> tuple:
@@ -101,14 +100,23 @@ def _(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
     return x.new_empty(x.shape)
 
 
+def _rows(x, weights, ids, residual):
+    """[..., H] / [..., k] as [T, H] / [T, k] (views where the layout allows)."""
+    h, k = x.shape[-1], ids.shape[-1]
+    return (x.reshape(-1, h), weights.reshape(-1, k), ids.reshape(-1, k),
+            None if residual is None else residual.reshape(-1, h))
+
+
 def ref_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
-    return K.ref_moe_experts(x.to(w13.dtype), weights, ids, w13, w2, inter, gate, residual, out_dtype=x.dtype,
-                             first_expert=first_expert)
+    x2, w, i, r = _rows(x, weights, ids, residual)
+    return K.ref_moe_experts(x2.to(w13.dtype), w, i, w13, w2, inter, gate, r, out_dtype=x.dtype,
+                             first_expert=first_expert).reshape(x.shape)
 
 
 def kernel_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
-    return K.moe_experts(x, weights, ids, w13, w2, inter, gate, residual=residual, out_dtype=x.dtype,
-                         first_expert=first_expert)
+    x2, w, i, r = _rows(x, weights, ids, residual)
+    return K.moe_experts(x2, w, i, w13, w2, inter, gate, residual=r, out_dtype=x.dtype,
+                         first_expert=first_expert).reshape(x.shape)
 
 
 register_family(OpFamily(
@@ -129,14 +137,6 @@ def _sample_experts(dt):
 
 
 # ---- routing ----
-
-
-def _user(node, target=None):
-    """The single user of `node` (with `target`, if given), else None."""
-    if len(node.users) != 1:
-        return None
-    (u,) = node.users
-    return u if target is None or u.target in (target if isinstance(target, tuple) else (target,)) else None
 
 
 def _getitems(node) -> dict:
@@ -310,8 +310,8 @@ def _match_grouped(node, ctx):
 def _experts_reason(m, ctx):
     x, gu, dn = m["x"], m["gate_up"], m["down"]
     xs, ws = shape_of(x), shape_of(m["weights"])
-    if xs is None or len(xs) != 2 or ws is None or len(ws) != 2 or ws[-1] != m["k"]:
-        return "the experts' input is not [T, H] with [T, k] routing weights"
+    if xs is None or len(xs) < 2 or ws is None or len(ws) != len(xs) or ws[-1] != m["k"]:
+        return "the experts' input is not [..., H] with [..., k] routing weights"
     e, two_i, h = gu.shape
     if tuple(dn.shape) != (e, h, two_i // 2) or two_i % 2:
         return f"gate_up_proj {tuple(gu.shape)} / down_proj {tuple(dn.shape)} are not [E, 2I, H] / [E, H, I]"
@@ -396,121 +396,3 @@ def _erase_dead(ctx, roots):
             _erase_checks(ctx, u)
         work.extend(n.all_input_nodes)
         ctx.graph.erase_node(n)
-
-
-# ---- experts (a loop over experts written by hand) ----
-
-
-def _loop_step(add, ctx):
-    """(expert, ids, weights, x, (W1, W3, W2), act, nodes) of one `out.index_add_(0, tok, expert(x[tok]) *
-    w[tok, slot, None])` step with `tok, slot = torch.where(ids == expert)`, else None."""
-    if arg(add, "dim") != 0 or arg(add, "alpha", 1) != 1:
-        return None
-    tok, contrib = arg(add, "index"), _skip_to(arg(add, "source"))  # (...).to(out.dtype) in low precision
-    wh = _item(tok, 0)
-    eq = arg(wh, "condition") if _is(wh, aten.where.default) else None
-    if not _is(eq, aten.eq.Scalar) or not isinstance(arg(eq, "other"), int) or not _is(contrib, aten.mul.Tensor):
-        return None
-    ids, e = _src(eq), arg(eq, "other")
-    slot = next((u for u in wh.users if _item(u, 1) is wh), None)
-    for y, wsel in _pair(contrib):
-        if _is(y, aten.linear.default) and _is(wsel, aten.index.Tensor, aten.unsqueeze.default):
-            break
-    else:
-        return None
-    nodes = [add, tok, wh, eq, contrib, y, wsel, arg(add, "source")] + ([slot] if slot is not None else [])
-    if wsel.target is aten.unsqueeze.default:  # w[tok, slot].unsqueeze(-1)
-        wsel = _src(wsel)
-        nodes.append(wsel)
-        if not _is(wsel, aten.index.Tensor):
-            return None
-        weights = _src(wsel)
-    else:  # w[tok, slot, None] (= unsqueeze(w, 2)[tok, slot])
-        un = _src(wsel)
-        if not _is(un, aten.unsqueeze.default):
-            return None
-        weights = _src(un)
-        nodes.append(un)
-    if slot is None or list(arg(wsel, "indices")) != [tok, slot]:
-        return None
-    w2 = ctx.constant(arg(y, "weight"))
-    hidden = arg(y, "input")
-    if w2 is None or arg(y, "bias") is not None or not _is(hidden, aten.mul.Tensor):
-        return None
-    gm = _gated_mlp(hidden, ctx)
-    if gm is None:
-        return None
-    gate, act_node, gl, ul = gm
-    xe = arg(gl, "input")
-    w1, w3 = ctx.constant(arg(gl, "weight")), ctx.constant(arg(ul, "weight"))
-    if (_one_index(xe) is not tok or w1 is None or w3 is None
-            or arg(gl, "bias") is not None or arg(ul, "bias") is not None):
-        return None
-    nodes += [hidden, act_node, gl, ul, xe]
-    return e, ids, weights, _src(xe), (w1, w3, w2), gate, nodes
-
-
-def _match_loop(node, ctx):
-    """The expert loop starting at out = zeros_like(x): E index_add_ steps, one per expert 0..E-1."""
-    steps, cur = [], node
-    while len(cur.users) == 1:
-        (add,) = cur.users
-        if not _is(add, aten.index_add.default, aten.index_add_.default) or arg(add, "self") is not cur:
-            break
-        st = _loop_step(add, ctx)
-        if st is None:
-            return None
-        steps.append(st)
-        cur = add
-    if len(steps) < 2:
-        return None
-    ids, weights, x, gate = steps[0][1], steps[0][2], steps[0][3], steps[0][5]
-    if any((s[1], s[2], s[3], s[5]) != (ids, weights, x, gate) for s in steps) or arg(node, "self", x) is not x:
-        return None
-    by_e = {s[0]: s for s in steps}
-    first = min(by_e)  # expert parallel: a rank's loop covers its experts [first, first + E)
-    if sorted(by_e) != list(range(first, first + len(steps))) or first < 0:
-        return None
-    ws = [by_e[first + j][4] for j in range(len(steps))]
-    nodes = [n for s in steps for n in s[6]] + [node]
-    return dict(x=x, ids=ids, weights=weights, gate=gate, last=cur, experts=ws, seen=nodes, first=first)
-
-
-def moe_loop_supported(node, ctx):
-    m = _match_loop(node, ctx)
-    if m is None:
-        return NO_MATCH
-    w1, w3, w2 = m["experts"][0]
-    if any(tuple(a.shape) != tuple(b.shape) for ws in m["experts"] for a, b in zip(ws, (w1, w3, w2))):
-        return "the experts' weights differ in shape"
-    k = (shape_of(m["ids"]) or [None])[-1]
-    gu = torch.empty(len(m["experts"]), 2 * w1.shape[0], w1.shape[1], dtype=w1.dtype, device="meta")
-    dn = torch.empty(len(m["experts"]), *w2.shape, dtype=w2.dtype, device="meta")
-    return _experts_reason(dict(m, k=k, gate_up=gu, down=dn), ctx) or Match(**m)
-
-
-def _stack_gate_up(*ws):
-    e = len(ws) // 3
-    return torch.stack([torch.cat([ws[3 * j].detach(), ws[3 * j + 1].detach()]) for j in range(e)])
-
-
-def _stack_down(*ws):
-    return torch.stack([w.detach() for w in ws])
-
-
-@rule(Stage.PATTERN, aten.zeros_like.default, family="moe_experts", supported=moe_loop_supported,
-      doc="out = zeros_like(x); for e: tok, slot = where(ids == e); out.index_add_(0, tok, expert_e(x[tok]) * w[tok, slot, None]) -> moe_experts")
-def lower_moe_loop(node, ctx, m):
-    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
-    flat = [w for ws in m.experts for w in ws]
-    w13 = ctx.add_constant(_w13(dt, _stack_gate_up(*flat)), "moe_w13", m.last,
-                           derive=lambda *p: _w13(dt, _stack_gate_up(*p)), sources=tuple(flat))
-    downs = tuple(ws[2] for ws in m.experts)
-    w2 = ctx.add_constant(_w2(dt, _stack_down(*downs)), "moe_w2", m.last,
-                          derive=lambda *p: _w2(dt, _stack_down(*p)), sources=downs)
-    x = ctx.cast_in(m.x, m.last)
-    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, m.experts[0][0].shape[0], m.gate, None, m.first),
-                   lowering="moe_experts_loop", sources=m.seen, anchor=m.last, before=m.last)
-    m.last.replace_all_uses_with(ctx.cast(new, dtype_of(m.last), m.last))
-    _erase_dead(ctx, m.seen)
-    return new
