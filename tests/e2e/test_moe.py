@@ -21,6 +21,10 @@ def _hf(family: str):
     if family == "mixtral":
         m = T.MixtralForCausalLM(T.MixtralConfig(**dec, intermediate_size=96, num_local_experts=4,
                                                  num_experts_per_tok=2))
+    elif family == "qwen2_moe":  # a shared expert besides the routed ones (an ordinary gated MLP, sigmoid-gated)
+        m = T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**dec, intermediate_size=96, moe_intermediate_size=32,
+                                                   shared_expert_intermediate_size=64, num_experts=4,
+                                                   num_experts_per_tok=2))
     elif family == "qwen3_moe":
         m = T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**dec, intermediate_size=96, moe_intermediate_size=48, head_dim=16,
                                                    num_experts=8, num_experts_per_tok=2, norm_topk_prob=True))
@@ -54,7 +58,8 @@ def test_hf_moe_on_flysim(family):
     _check(tm)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe",
+                                    pytest.param("qwen2_moe", marks=pytest.mark.slow)])
 def test_hf_moe_forms_match(family):
     """Reference backend (fast): the patterns fire on each family (OLMoE: no renormalization; Qwen3:
     norm_topk_prob) and the translation serves another batch and sequence length."""
@@ -62,10 +67,20 @@ def test_hf_moe_forms_match(family):
     tm = translate(model, (ids,), backend="reference")
     _check(tm, kernels=False)
     (node,) = [n for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.moe_topk.default]
-    assert node.args[3] == (family != "olmoe")  # renormalize
+    assert node.args[3] == (family not in ("olmoe", "qwen2_moe"))  # renormalize (norm_topk_prob)
     other = torch.randint(0, 100, (3, 4))
     with torch.no_grad():
         torch.testing.assert_close(tm(other).logits, model(other).logits, **model_tol())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_hf_moe_bf16_on_flysim(family):
+    """The model in bf16: bf16 grouped GEMMs, fp32 router scores (Mixtral keeps fp32 routing weights,
+    Qwen3 casts them to bf16 after the top-k)."""
+    model, ids = _hf(family)
+    tm = translate(model.to(torch.bfloat16), (ids,), backend="flysim")
+    _check(tm)
 
 
 class Expert(nn.Module):
@@ -171,3 +186,16 @@ def test_a_ranks_share_of_the_experts():
     assert node.args[-1] == 4
     with torch.no_grad():
         torch.testing.assert_close(tm(x), m(x), **model_tol())
+
+
+def test_a_low_precision_router_softmax_keeps_topk_with_its_reason():
+    """The gating kernel gives fp32 scores; a bf16 softmax + topk stays as it is and the report says why."""
+
+    class Router(nn.Module):
+        def forward(self, x):
+            return torch.topk(x.softmax(-1), 2, dim=-1).values
+
+    tm = translate(Router(), (torch.randn(5, 8).bfloat16(),), backend="reference")
+    assert "moe_topk" not in tm.report.counters
+    why = [r.detail for r in tm.report.rows if r.op.endswith("topk")]
+    assert why and "router softmax is torch.bfloat16" in why[0], why
