@@ -58,9 +58,9 @@ def test_hf_moe_on_flysim(family):
     _check(tm)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe",
+@pytest.mark.parametrize("family", [pytest.param("mixtral", marks=pytest.mark.slow), "qwen3_moe", "olmoe",
                                     pytest.param("qwen2_moe", marks=pytest.mark.slow)])
-def test_hf_moe_forms_match(family):
+def test_hf_moe_forms_match(family):  # Mixtral's form runs on flysim by default (test_hf_moe_on_flysim)
     """Reference backend (fast): the patterns fire on each family (OLMoE: no renormalization; Qwen3:
     norm_topk_prob) and the translation serves another batch and sequence length."""
     model, ids = _hf(family)
@@ -156,7 +156,7 @@ class DenseMoE(HandMoE):
         return out
 
 
-@pytest.mark.parametrize("backend", ["flysim", "reference"])
+@pytest.mark.parametrize("backend", ["flysim", pytest.param("reference", marks=pytest.mark.slow)])
 def test_dense_dispatch(backend):
     torch.manual_seed(2)
     m = DenseMoE().eval()

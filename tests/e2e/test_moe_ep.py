@@ -27,7 +27,7 @@ def _ranks(backend: str, world: int) -> list[str]:
 
 
 # 1.5 min each on 2 shared cores: slow; test_moe.py's test_a_ranks_share_of_the_experts (one process) and
-# tests/kernels/test_moe.py's test_expert_parallel_shares_add_up cover the pattern and the kernels by default
+# tests/kernels/test_moe_kernels.py's test_expert_parallel_shares_add_up cover the pattern and the kernels by default
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,world", [("flysim", 2), ("reference", 4)])
 def test_expert_parallel_ranks_translate_and_verify(backend, world):
