@@ -5,6 +5,7 @@ logits once (E is a compile-time constant: the whole row lives in registers, so 
 them in fp32 and picks the k best by k passes of an arg-max over the row, each pass skipping the
 experts already taken; a tie goes to the lower expert id, as torch.topk on the CPU does.
 
+exp is llvm.exp (a hardware sequence; no ocml call, which this toolchain cannot link: device_math's rule).
 Scoring: "softmax": p_e = exp(l_e - max) / sum_e exp(l_e - max) (the HF Mixtral / Qwen-MoE / OLMoE
 router: softmax in fp32, then topk of the probabilities); "sigmoid": p_e = 1 / (1 + exp(-l_e))
 (DeepSeek-V3 style scores). renormalize: the k weights are divided by their sum (Mixtral always,
@@ -26,7 +27,6 @@ from flydsl.expr import const_expr, range_constexpr
 from translator_kernels import launch as kl
 
 BLOCK = 64
-LOG2E = 1.4426950408889634
 MAX_EXPERTS = 256
 _ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
 
@@ -61,12 +61,12 @@ def build_topk_gating(e: int, k: int, dt: str, scoring: str, renormalize: bool, 
                  else fx.Float32(fx.ptr_load(lp + fx.Int64(tok * e + j), result_type=fx.Float32))
                  for j in range_constexpr(e)]
         if const_expr(scoring == "sigmoid"):
-            score = [fx.Float32(1.0) / (fx.Float32(1.0) + fx.math.exp2(fx.Float32(0.0) - x * LOG2E)) for x in logit]
+            score = [fx.Float32(1.0) / (fx.Float32(1.0) + fx.math.exp(fx.Float32(0.0) - x)) for x in logit]
         else:
             mx = logit[0]
             for j in range_constexpr(1, e):
                 mx = fx.arith.maximumf(mx, logit[j])
-            ex = [fx.math.exp2((x - mx) * LOG2E) for x in logit]
+            ex = [fx.math.exp(x - mx) for x in logit]
             tot = ex[0]
             for j in range_constexpr(1, e):
                 tot = tot + ex[j]
