@@ -140,7 +140,17 @@ def capture(model: torch.nn.Module, inputs: tuple, dynamic_shapes="auto") -> Cap
         return Captured(gm, "torch.fx.symbolic_trace", notes, [])
     except Exception as e:  # noqa: BLE001
         notes.append(f"torch.fx.symbolic_trace failed: {type(e).__name__}: {_first_line(e)}")
-    raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes))
+    hint = MOE_LOOP_HINT if any("data-dependent" in n for n in notes) else ""
+    raise CaptureError("could not capture the model:\n  " + "\n  ".join(notes) + hint)
+
+
+MOE_LOOP_HINT = (  # the common cause: an experts loop that skips empty experts (translator/lowerings/moe.py)
+    "\nThe model branches on a data-dependent value, such as `if tok.numel() == 0: continue` in a loop over "
+    "experts after `tok, slot = torch.where(top_idx == e)`. Remove the branch: `out.index_add_(0, tok, "
+    "expert(x[tok]) * w[tok, slot, None])` adds nothing for an empty `tok`, and without the branch the "
+    "translator takes the whole loop as one MoE layer (flydsl.moe_experts, docs/moe.md). Any other such branch: "
+    "compute both sides and pick with torch.where. A transformers MoE model: keep its experts on "
+    "`config._experts_implementation = \"grouped_mm\"` (transformers 5's default), which is matched as well.")
 
 
 def lower_with_retry(model, inputs: tuple, cap: Captured, lower):

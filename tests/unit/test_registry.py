@@ -56,6 +56,10 @@ ORACLES = {
                            (_r(5, 40),)),
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
     "cache_write": lambda: (_Cache(), (_r(1, 2, 3, 4), torch.tensor([1, 4, 6]))),
+    "moe_topk": lambda: (Fn(lambda m, x: (lambda v: v / v.sum(-1, keepdim=True))(
+        torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2, dim=-1).values)), (_r(7, 8),)),
+    "moe_experts": lambda: (Fn(_moe_loop, nn.Linear(32, 4, bias=False), *[nn.Linear(32, 48, bias=False) for _ in range(8)],
+                               *[nn.Linear(48, 32, bias=False) for _ in range(4)]), (_r(6, 32),)),
 }
 
 
@@ -69,6 +73,20 @@ class _Cache(nn.Module):
     def forward(self, x, pos):
         self.cache[:, :, pos] = x
         return self.cache * 1
+
+
+def _moe_loop(m, x):
+    """Top-2 of 4 SwiGLU experts, written as a loop with where / index_add_ (translator/lowerings/moe.py)."""
+    w, top = torch.topk(torch.softmax(m[0](x), -1, dtype=torch.float32), 2, dim=-1)
+    out = torch.zeros_like(x)
+    for e in range(4):
+        tok, slot = torch.where(top == e)
+        xe = x[tok]
+        y = m[9 + e](F.silu(m[1 + 2 * e](xe)) * m[2 + 2 * e](xe))
+        out.index_add_(0, tok, (y * w[tok, slot, None]).to(x.dtype))
+    return out
+
+
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
 

@@ -108,7 +108,8 @@ def _i32(v):
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
-               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1):
+               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
+               grouped: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -142,6 +143,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
     the up value of one output element. `activation` still applies after the product.
 
+    grouped (translator_kernels/moe/grouped.py): the int32 `Cnt` holds each M tile's expert, W is
+    [experts, ...] with w_bs elements per expert; needs split 1 (Cnt is then free).
+
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes."""
     if dtype not in _ELEM or out_dtype not in _ELEM:
@@ -171,7 +175,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         gate = canonical_epilogue(gate)  # validates
         if bn % 128 or split != 1 or w_layout != "shuffled" or kw != 1:
             raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W / kw (got BN={bn})")
-    if split < 1 or (k_pad // bk) % split:
+    if split < 1 or (k_pad // bk) % split or (grouped and split != 1):
         raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
     nk = k_pad // bk // split  # K tiles per workgroup
     n_tiles = -(-n_pad // bn)
@@ -308,6 +312,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # compile-time constants the buffer instruction's immediate offset absorbs) ----
         nb0 = (by * bn + wcol) // 16
         w_base = bz * w_bs
+        if const_expr(grouped):  # the M tile's expert (moe): W of that expert
+            w_base = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc(Cnt, cnt_bytes), _raw(bx * 4), zero)) * w_bs
         w_voff = []
         for nr in range_constexpr(n_rep):
             nb = nb0 + nr

@@ -1,0 +1,42 @@
+"""Expert parallel rank by rank (tests/e2e/moe_ep_worker.py): W ranks on gloo, each translating and
+verifying its own share of the experts; the all_reduce stays in each rank's graph."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("moe_ep_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(backend: str, world: int) -> list[str]:
+    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port())], capture_output=True,
+                       text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+
+
+# 1.5 min each on 2 shared cores: slow; test_moe.py's test_a_ranks_share_of_the_experts (one process) and
+# tests/kernels/test_moe_kernels.py's test_expert_parallel_shares_add_up cover the pattern and the kernels by default
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,world", [("flysim", 2), ("reference", 4)])
+def test_expert_parallel_ranks_translate_and_verify(backend, world):
+    lines = _ranks(backend, world)
+    assert len(lines) == world, lines
+    for r, line in enumerate(lines):
+        head, left, diff = line.split(" | ")
+        # the loop over this rank's experts is one moe_experts (first_expert = its first expert); only the
+        # collective stays in PyTorch, on the process group
+        assert head == f"rank {r} ok moe_topk=1 moe_experts_loop=1", line
+        assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
+        assert float(diff) < 1e-4, line

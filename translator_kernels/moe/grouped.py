@@ -1,0 +1,82 @@
+"""The grouped GEMM over experts: C[r] = A[r] · W[expert of r's tile]ᵀ, one launch.
+
+A is the permuted activation (permute.py: each expert's rows padded to the row tile BM, so every
+BM-row tile belongs to one expert); `tile_expert[i]` is the expert of tile i. The kernel is the
+dense GEMM's (translator_kernels/gemm/kernel.py, `grouped=True`): same tiles, same preshuffled
+weight layout (one preshuffled [N_pad, K_pad] matrix per expert, stacked), same hot loop, the gated
+SwiGLU epilogue for the gate/up projection. The only difference is where a workgroup's W starts:
+the tile's expert, one int32 load per workgroup, times the per-expert stride.
+
+The grid covers the worst-case row count `cap` (T·k + min(E, T·k)·(BM - 1), a multiple of BM):
+tiles past the real total hold rows of zeros and cost their MFMAs (decode: a few tiles). No split-K
+(its ticket array is where the tile map travels) and no 8-wave tile.
+
+Tile choice (`grouped_config`): BM from the mean rows per expert (T·k / E) like the dense
+heuristic's M buckets, capped at 128; BN 128 (64 for N < 128), BK 64 (32 for fp32 or a K_pad that
+64 does not divide).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from translator_kernels import launch as kl
+from translator_kernels.arch import FLOAT_NAMES
+from translator_kernels.errors import KernelInputError
+from translator_kernels.gemm.gated import gated_shape
+from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue
+from translator_kernels.gemm.preshuffle import kpack_for, padded_shape
+from translator_kernels.gemm.tiles import GemmConfig
+
+_INT32_MAX = 2**31 - 64
+
+
+def grouped_config(rows_per_expert: int, n: int, k: int, dtype, gated: bool) -> GemmConfig:
+    """The tile of a grouped GEMM whose experts get `rows_per_expert` rows on average."""
+    bm = next((b for b in (16, 32, 64) if rows_per_expert <= b), 128)
+    k_pad = padded_shape(n, k)[1]
+    bk = 32 if FLOAT_NAMES.get(dtype, dtype) == "f32" or k_pad % 64 else 64
+    bn = 128 if gated or n >= 128 else 64
+    return GemmConfig(bm, bn, bk)
+
+
+def capacity(pairs: int, experts: int, bm: int) -> int:
+    """Rows of the permuted buffer: every pair, plus each non-empty expert's padding to BM."""
+    c = pairs + min(experts, pairs) * (bm - 1)
+    return -(-c // bm) * bm
+
+
+def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=None, out_dtype=None):
+    """a [cap, k] (cap a multiple of cfg.bm) x w [E, N_pad, K_pad] (stacked preshuffled weights, or stacked
+    gated.gated_weight arrangements with `gate`) -> [cap, n]; tile_expert [cap / bm] int32."""
+    op = "grouped_gemm"
+    gate = canonical_epilogue(gate)
+    dt = FLOAT_NAMES.get(a.dtype)
+    if dt is None or a.dtype != w.dtype:
+        raise KernelInputError(f"{op}: a {a.dtype} and w {w.dtype} must be one of float32/bfloat16/float16")
+    n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
+    if w.dim() != 3 or tuple(w.shape[1:]) != (n_pad, k_pad):
+        raise KernelInputError(f"{op}: w has shape {tuple(w.shape)}, expected [E, {n_pad}, {k_pad}] for N={n}, K={k}; "
+                               f"build it with translator_kernels.moe.prepare_experts")
+    cap = a.shape[0]
+    if a.dim() != 2 or a.shape[1] != k or cap % cfg.bm or tuple(tile_expert.shape) != (cap // cfg.bm,):
+        raise KernelInputError(f"{op}: a {tuple(a.shape)} / tile map {tuple(tile_expert.shape)} do not fit "
+                               f"[cap, {k}] with cap a multiple of BM={cfg.bm} and cap / BM tiles")
+    if k % kpack_for(a.dtype):
+        raise KernelInputError(f"{op}: K={k} is not a multiple of {kpack_for(a.dtype)} (16-byte rows); pad the "
+                               f"hidden / intermediate size")
+    out_dtype = out_dtype or a.dtype
+    out = torch.empty((cap, n), dtype=out_dtype, device=a.device)
+    for name, t in (("a", a), ("w", w), ("out", out)):
+        if t.numel() * t.element_size() > _INT32_MAX:
+            raise KernelInputError(f"{op}: {name} {tuple(t.shape)} exceeds 2 GiB (32-bit buffer offsets)")
+    if cap == 0:
+        return out
+    a, w = a.contiguous(), w.contiguous()  # a strided view of a prepared weight is read as given
+    launcher = build_gemm(n, k, n_pad, k_pad, dt, FLOAT_NAMES[out_dtype], kl.arch(), cfg.bm, cfg.bn, cfg.bk,
+                          None, False, False, 1, "shuffled", gate, 1, grouped=True)
+    tile_expert = tile_expert.to(torch.int32).contiguous()
+    kl.call(launcher, out, a, w, tile_expert, out, tile_expert, tile_expert, cap, 1, cap * k, n_pad * k_pad,
+            cap * n, 1.0, a.numel() * a.element_size(), w.numel() * w.element_size(),
+            out.numel() * out.element_size(), 4, tile_expert.numel() * 4)
+    return out
