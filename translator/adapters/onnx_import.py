@@ -366,6 +366,12 @@ class ONNXModel(torch.nn.Module):
             self._tensor_consts[name] = buf
 
     def forward(self, *args):
+        env = self.values(*args)
+        res = tuple(_t(env[o]) if _is_ints(env[o]) else env[o] for o in self.output_names)
+        return res[0] if len(res) == 1 else res
+
+    def values(self, *args) -> dict:
+        """Every ONNX value name -> its value (tensor, or Python ints for shape arithmetic) on `args`."""
         env = dict(zip(self.input_names, args))
 
         def get(name):
@@ -381,8 +387,7 @@ class ONNXModel(torch.nn.Module):
             out = OPS[n.op_type](n, *[get(i) for i in n.inputs])
             outs = out if isinstance(out, tuple) else (out,)
             env.update(zip(n.outputs, outs))
-        res = tuple(_t(env[o]) if _is_ints(env[o]) else env[o] for o in self.output_names)
-        return res[0] if len(res) == 1 else res
+        return env
 
 
 def load_onnx(path):
