@@ -18,6 +18,7 @@ op or domain outside the table is refused with one error naming what and where.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -173,6 +174,9 @@ def load_onnx(path):
     try:
         model = onnx.load(str(path))
     except Exception as e:  # noqa: BLE001 — protobuf raises several kinds for damaged files
+        if "outside the directory" in str(e) or "external" in str(e).lower():
+            raise InputError(f"{path}: its external data is refused ({str(e).strip()[:300]}); a tensor's data must "
+                             f"be a file inside {path.parent}, next to the model") from e
         raise InputError(f"{path} is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}); the file is "
                          "truncated or not ONNX — export it again with torch.onnx.export") from e
     try:
@@ -185,13 +189,58 @@ def load_onnx(path):
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     for n in model.graph.node:
         dom = n.domain or "ai.onnx"
-        if dom != "ai.onnx" or (n.op_type not in OPS and n.op_type != "Constant"):
-            bad.setdefault(f"{dom}::{n.op_type}" if dom != "ai.onnx" else n.op_type, n.name)
+        if dom != "ai.onnx":
+            raise InputError(f"{path}: node {n.name or '?'} ({n.op_type}) is in domain {dom} (opset "
+                             f"{opsets.get(dom, '?')}), which the ONNX importer does not know: it imports the "
+                             "standard ai.onnx domain only — export without custom ops (torch.onnx.export of the "
+                             "PyTorch model), or translate the PyTorch model directly")
+        if n.op_type not in OPS and n.op_type != "Constant":
+            bad.setdefault(n.op_type, n.name)
+    if not bad:
+        check_opset(path, model.graph.node, opsets.get("ai.onnx", 1))
     if bad:
         what = ", ".join(f"{op} (first at node {name or '?'}, opset {opsets.get('ai.onnx')})" for op, name in bad.items())
         raise InputError(f"{path}: the ONNX importer cannot import {what}; it imports {len(OPS)} standard ops "
                          f"({', '.join(sorted(OPS))}) — translate the PyTorch model directly, or ask for the op")
     return model
+
+
+OPSETS = range(13, 22)  # the ai.onnx opsets whose op definitions the importer knows (exports tested at 17-21)
+
+
+@functools.lru_cache(maxsize=None)
+def _since(op: str, opset: int) -> int | None:
+    """The version of `op`'s definition in force under `opset` (None: no such op there)."""
+    from onnx import defs
+
+    try:
+        return defs.get_schema(op, opset).since_version
+    except Exception:  # noqa: BLE001 — SchemaError: the op does not exist at that opset
+        return None
+
+
+def check_opset(path, nodes, opset: int) -> None:
+    """Refuse a node whose op definition under the file's `opset` is not one the importer knows: one
+    in force at some opset of OPSETS. A newer opset is taken where it left an op unchanged; an opset
+    newer than the installed onnx knows, or older than OPSETS, is refused at its first node."""
+    from onnx import defs
+
+    first = next(iter(nodes))
+    newest = defs.onnx_opset_version()
+    if opset > newest or opset < OPSETS.start:
+        why = (f"newer than any ONNX opset this onnx ({newest}) knows" if opset > newest
+               else f"older than the importer reads ({OPSETS.start}-{OPSETS.stop - 1})")
+        raise InputError(f"{path}: declares ai.onnx opset {opset}, {why} (first node {first.name or '?'}, "
+                         f"{first.op_type}) — export again with torch.onnx.export(..., opset_version=18)")
+    for n in nodes:
+        if n.op_type == "Constant":
+            continue
+        v = _since(n.op_type, opset)
+        known = sorted({k for o in OPSETS if (k := _since(n.op_type, o)) is not None})
+        if v not in known:
+            raise InputError(f"{path}: node {n.name or '?'} is {n.op_type}-{v} under opset {opset}; the ONNX importer "
+                             f"knows {n.op_type} as defined in opsets {OPSETS.start}-{OPSETS.stop - 1} (versions "
+                             f"{', '.join(map(str, known)) or 'none'}) — export again with opset_version 17 to 21")
 
 
 MAX_EXAMPLE_BYTES = 4 << 30  # an example input made from declared dims is refused above this, before allocating

@@ -111,7 +111,7 @@ def _gather(n, data, idx):
     if _is_ints(idx) and not isinstance(idx, list):
         return data.select(axis, idx)
     i = _t(idx)
-    if axis == 0 and data.dim() == 2 and not i.is_floating_point():
+    if axis == 0 and data.dim() == 2 and data.is_floating_point() and not i.is_floating_point():
         return F.embedding(i, data)
     return torch.index_select(data, axis, i.flatten()).reshape(*data.shape[:axis], *i.shape, *data.shape[axis + 1:])
 
