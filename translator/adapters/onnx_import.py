@@ -1,19 +1,17 @@
 """ONNX input: an .onnx file -> an nn.Module that translate() captures like any model.
 
-Why our own importer: onnx2torch (the usual converter) requires torchvision at import
-(for two detection ops), which drags a second torch build into a CPU environment, and its
-releases have slowed (1.5.15, 2024). The exports we serve — torch.onnx.export of
-transformer blocks, MLPs and small CNNs — use a few dozen standard ops, each a line or
-two of torch here, so the importer is a table (`OPS`) plus an interpreter module.
-
-`ONNXModel.forward` walks the graph in order and calls the torch function of each node;
-torch.export then sees ordinary aten ops (matmul, linear, layer_norm, softmax, gelu,
-conv2d ...) and the translator's lowerings apply as they do to PyTorch code. Float
-initializers become buffers (so linear weights are constants, preshuffled once); small
-integer tensors (shapes, axes, indices) stay Python ints, and `Shape` yields the input's
-(possibly symbolic) sizes as a list, so Reshape / Expand / Slice take plain int lists and
-dynamic dims survive export. A file that is truncated, fails the ONNX checker, or uses an
-op or domain outside the table is refused with one error naming what and where.
+Our own importer, not an ONNX -> FX library (docs/onnx.md says why: sizes stay Python ints, no
+torchvision): the op table `onnx_ops.OPS` plus this interpreter module. `ONNXModel.forward` walks
+the graph in order and calls the torch function of each node; torch.export then sees ordinary aten
+ops (matmul, linear, layer_norm, softmax, gelu, conv2d ...) and the translator's lowerings apply as
+they do to PyTorch code. At import: float initializers become buffers (linear weights are
+constants, preshuffled once); small integer vectors (shapes, axes, indices) stay Python ints, and
+`Shape` yields the input's (possibly symbolic) sizes as a list, so Reshape / Expand / Slice take
+plain int lists and dynamic dims survive export; constant-only subgraphs are folded (`ONNXModel`);
+the exporters' SDPA decomposition is put back together (`onnx_patterns`). A file that is
+truncated, fails the ONNX checker, reads external data outside its folder, or uses an op, opset or
+domain the importer does not know is refused with one error naming what and where (`load_onnx`,
+`check_opset`). Verification judges the import against ONNX Runtime (`onnx_truth`).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import torch
 
 from ..errors import InputError
 from .onnx_ops import DTYPES, OPS, SMALL_INT, _is_ints, _t
+from .onnx_patterns import PATTERN_OPS, fuse_attention
 
 
 
@@ -99,11 +98,21 @@ class ONNXModel(torch.nn.Module):
                 self._fold(node, k)
             else:
                 self.nodes.append(node)
+        self.nodes, self.fused_attention = fuse_attention(self.nodes, self._scalar, self.output_names, _Node,
+                                                          self._is_const)
         read = {i for n in self.nodes for i in n.inputs} | set(self.output_names)
         for name, buf in list(self._tensor_consts.items()):
             if name not in read:
                 del self._tensor_consts[name]
                 delattr(self, buf)
+
+    def _scalar(self, name):
+        """A constant float scalar (0-d, or one element) as a Python float, else None."""
+        v = self._py_consts.get(name)
+        if isinstance(v, float):
+            return v
+        t = getattr(self, self._tensor_consts[name]) if name in self._tensor_consts else None
+        return float(t.reshape(())) if t is not None and t.is_floating_point() and t.numel() == 1 else None
 
     def _is_const(self, name) -> bool:
         return name in self._py_consts or name in self._tensor_consts
@@ -156,7 +165,7 @@ class ONNXModel(torch.nn.Module):
             return getattr(self, self._tensor_consts[name])
 
         for n in self.nodes:
-            out = OPS[n.op_type](n, *[get(i) for i in n.inputs])
+            out = (OPS.get(n.op_type) or PATTERN_OPS[n.op_type])(n, *[get(i) for i in n.inputs])
             outs = out if isinstance(out, tuple) else (out,)
             env.update(zip(n.outputs, outs))
         for o in self.output_names:  # an output that folded to a constant

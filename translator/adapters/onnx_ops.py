@@ -9,6 +9,8 @@ Each op takes the node (`n.attrs`, `n.name`) and its inputs in order ("" inputs 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,11 +27,11 @@ def _is_ints(v) -> bool:
 
 
 def _t(v):
-    """A value as a tensor (int lists become int64 tensors)."""
+    """A value as a tensor (int lists become int64 tensors, float lists float32)."""
     if isinstance(v, torch.Tensor):
         return v
-    if isinstance(v, float):
-        return torch.tensor(v)
+    if isinstance(v, float) or (isinstance(v, list) and v and any(isinstance(e, float) for e in v)):
+        return torch.tensor(v, dtype=torch.float32)
     if isinstance(v, list) and any(isinstance(e, torch.SymInt) for e in v):
         return torch.stack([torch.as_tensor(e) for e in v]) if v else torch.zeros(0, dtype=torch.int64)
     return torch.tensor(v, dtype=torch.int64)
@@ -45,12 +47,18 @@ def _ints(v, what="value") -> list:
                      "which the importer cannot turn into a static shape")
 
 
+def _is_py(v) -> bool:
+    """A Python number or list of them (shape arithmetic, and a scale computed from a head size)."""
+    return _is_ints(v) or isinstance(v, float) or (isinstance(v, list) and all(isinstance(e, (int, float, torch.SymInt))
+                                                                                 for e in v))
+
+
 def _ew(fn):
-    """Elementwise op; on Python ints (shape arithmetic) it runs in Python."""
+    """Elementwise op; on Python values (shape arithmetic) it runs in Python."""
     def run(n, a, b):
-        if _is_ints(a) and _is_ints(b):
+        if _is_py(a) and _is_py(b):
             if isinstance(a, list) or isinstance(b, list):
-                la, lb = _ints(a), _ints(b)
+                la, lb = (a if isinstance(a, list) else [a]), (b if isinstance(b, list) else [b])
                 m = max(len(la), len(lb))
                 la, lb = (la * m if len(la) == 1 else la), (lb * m if len(lb) == 1 else lb)
                 return [fn(x, y) for x, y in zip(la, lb)]
@@ -230,7 +238,12 @@ def _trilu(n, x, k=None):
 
 def _cast(n, x):
     dt = DTYPES[n.attrs["to"]]
-    return x if _is_ints(x) and dt in (torch.int64, torch.int32) else _t(x).to(dt)
+    if _is_ints(x) and dt in (torch.int64, torch.int32):
+        return x
+    plain = isinstance(x, (int, float)) or (isinstance(x, list) and all(isinstance(e, (int, float)) for e in x))
+    if plain and dt.is_floating_point and not isinstance(x, bool):  # a size made a float: stays Python (a scale)
+        return [float(e) for e in x] if isinstance(x, list) else float(x)
+    return _t(x).to(dt)
 
 
 def _split(n, x, split=None):
@@ -257,9 +270,17 @@ def _pow(a, b):
     return torch.pow(a if isinstance(a, torch.Tensor) else torch.tensor(a), b)
 
 
-def _unary(fn):
-    """A unary math op; a Python value (a shape, a folded scalar) becomes a tensor first."""
-    return lambda n, x: fn(x if isinstance(x, torch.Tensor) else _t(x))
+PY_UNARY = {"Sqrt": math.sqrt, "Reciprocal": lambda v: 1.0 / v, "Neg": lambda v: -v, "Abs": abs}
+
+
+def _unary(fn, op=None):
+    """A unary math op. On a Python float (a scale from a head size: 1 / sqrt(float(d))) it runs in
+    Python where it can (PY_UNARY); any other Python value becomes a tensor first."""
+    def run(n, x):
+        if op in PY_UNARY and isinstance(x, (float, list)) and _is_py(x) and not _is_ints(x):
+            return [PY_UNARY[op](e) for e in x] if isinstance(x, list) else PY_UNARY[op](x)
+        return fn(x if isinstance(x, torch.Tensor) else _t(x))
+    return run
 
 
 UNARY = {
@@ -281,7 +302,7 @@ OPS = {
     "Max": lambda n, *xs: torch.stack(torch.broadcast_tensors(*map(_t, xs))).amax(0),
     "Min": lambda n, *xs: torch.stack(torch.broadcast_tensors(*map(_t, xs))).amin(0),
     "Not": lambda n, x: ~x, "And": lambda n, a, b: a & b,
-    **{op: _unary(fn) for op, fn in UNARY.items()},
+    **{op: _unary(fn, op) for op, fn in UNARY.items()},
     "Gelu": lambda n, x: F.gelu(x, approximate="tanh" if n.attrs.get("approximate") in ("tanh", b"tanh") else "none"),
     "Softmax": lambda n, x: torch.softmax(x, n.attrs.get("axis", -1)),
     "LogSoftmax": lambda n, x: torch.log_softmax(x, n.attrs.get("axis", -1)),
