@@ -346,7 +346,7 @@ def _cumsum(n, x, axis):
     return y.flip(axis) if n.attrs.get("reverse", 0) else y
 
 
-def _arg(fn):
+def _argminmax(fn):
     def run(n, x):
         if n.attrs.get("select_last_index", 0):
             raise InputError(f"ONNX import: {n.op_type} {n.name} with select_last_index=1 is not supported")
@@ -472,7 +472,7 @@ OPS.update({
     "Mean": lambda n, *xs: torch.stack(torch.broadcast_tensors(*map(_t, xs))).mean(0),
     "CastLike": lambda n, x, like: _t(x).to(_t(like).dtype),
     "Einsum": lambda n, *xs: torch.einsum(n.attrs["equation"], *xs),
-    "CumSum": _cumsum, "ArgMax": _arg(torch.argmax), "ArgMin": _arg(torch.argmin), "TopK": _topk,
+    "CumSum": _cumsum, "ArgMax": _argminmax(torch.argmax), "ArgMin": _argminmax(torch.argmin), "TopK": _topk,
     "GatherElements": lambda n, x, i: torch.gather(x, n.attrs.get("axis", 0), _t(i)),
     "GatherND": _gather_nd, "ScatterND": _scatter_nd, "ScatterElements": _scatter_elements,
     "Pad": _pad, "Resize": _resize, "ConvTranspose": _conv_transpose,
