@@ -496,6 +496,8 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration, 
             from .verify import Verification
 
             tm.report.verification = Verification(True, False, message=f"translated model raised {type(e).__name__}: {e}")
+            if judge is not None:
+                tm.report.verification.truth = judge.label
             return
     if judge is not None and judge.outputs is not None:  # an .onnx file: ONNX Runtime's outputs are the truth
         from .adapters.onnx_truth import with_truth
