@@ -383,9 +383,10 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
 
 def _translate(model, example_inputs, *, arch, backend, precision, verify, strict, fallback_on_mismatch,
                dynamic_shapes, name, isa) -> TranslatedModule:
-    from .adapters import hf, onnx_import
+    from .adapters import hf, onnx_import, onnx_truth
 
-    if onnx_import.is_onnx_path(model):  # an .onnx file: imported as an nn.Module
+    onnx_path = model if onnx_import.is_onnx_path(model) else None
+    if onnx_path is not None:  # an .onnx file: imported as an nn.Module, judged against ONNX Runtime
         model, example_inputs = onnx_import.import_onnx(model, example_inputs)
     name = name or getattr(model, "onnx_name", None) or type(model).__name__
     user_model = model
@@ -403,13 +404,14 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     with _eval_mode(model):
         eager = _eager(model, _fresh(inputs))
         calibration, cal_note = calibrate(model, _fresh(inputs), eager, precision) if verify else (None, "")
+        judge = onnx_truth.run_truth(onnx_path, model, _fresh(inputs)) if verify and onnx_path is not None else None
         while True:
             tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
             if not verify:
                 break
             with stage("verify"):
-                _verify(model, inputs, tm, precision, eager, calibration)
+                _verify(model, inputs, tm, precision, eager, calibration, judge)
             v = tm.report.verification
             v.calibration = cal_note
             v.fallbacks = list(fallbacks)
@@ -486,7 +488,7 @@ def _translate_once(model, inputs, arch, backend, precision, deny, name, dynamic
     return TranslatedModule(gm, chosen, arch, report, _input_spec(gm))
 
 
-def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
+def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration, judge=None):
     with torch.no_grad(), preserved(tm):
         try:
             got = tm(*_fresh(inputs))
@@ -494,8 +496,15 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
             from .verify import Verification
 
             tm.report.verification = Verification(True, False, message=f"translated model raised {type(e).__name__}: {e}")
+            if judge is not None:
+                tm.report.verification.truth = judge.label
             return
-    v = verify_outputs(eager, got, precision, calibration)
+    if judge is not None and judge.outputs is not None:  # an .onnx file: ONNX Runtime's outputs are the truth
+        from .adapters.onnx_truth import with_truth
+
+        v = verify_outputs(judge.outputs, got, precision, with_truth(judge, calibration, precision))
+    else:
+        v = verify_outputs(eager, got, precision, calibration)
     if not v.passed:
         try:
             ref = capture(model, _fresh(inputs), None).gm
@@ -505,6 +514,10 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration):
                                                 calibration)
         except Exception as e:  # noqa: BLE001 — localization is best effort; the mismatch itself stands
             v.message += f" (could not localize the divergence: {type(e).__name__}: {e})"
+    if judge is not None:
+        from .adapters.onnx_truth import annotate
+
+        annotate(v, judge, model, _fresh(inputs), eager, precision)
     tm.report.verification = v
 
 

@@ -87,6 +87,7 @@ class Verification:
     divergence: Divergence | None = None
     fallbacks: list = field(default_factory=list)  # [{"node", "op", "reason"}]
     calibration: str = ""  # how the fp32 bound was grounded (eager fp32 vs fp64), or why it was not
+    truth: str = "eager PyTorch"  # what the outputs were judged against (an .onnx file: ONNX Runtime)
 
     def to_dict(self):
         return asdict(self)

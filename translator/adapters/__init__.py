@@ -2,7 +2,8 @@
 
 - `hf`: a HuggingFace model -> use_cache off, attention implementation checked, a
   ``forward(*args)`` wrapper when its forward takes keyword inputs.
-- `onnx_import`: an .onnx file -> an nn.Module of aten calls.
+- `onnx_import` (+ `onnx_ops`, `onnx_patterns`): an .onnx file -> an nn.Module of aten calls;
+  `onnx_truth`: ONNX Runtime's run of the file, the truth its translation is verified against.
 
 `translate()` (translator/api.py) calls them first; the frontends (CLI, torch.compile backend,
 save/load) call `translate()`. Keeping them apart keeps that one way: an adapter imports neither

@@ -1,305 +1,36 @@
 """ONNX input: an .onnx file -> an nn.Module that translate() captures like any model.
 
-Why our own importer: onnx2torch (the usual converter) requires torchvision at import
-(for two detection ops), which drags a second torch build into a CPU environment, and its
-releases have slowed (1.5.15, 2024). The exports we serve — torch.onnx.export of
-transformer blocks, MLPs and small CNNs — use a few dozen standard ops, each a line or
-two of torch here, so the importer is a table (`OPS`) plus an interpreter module.
-
-`ONNXModel.forward` walks the graph in order and calls the torch function of each node;
-torch.export then sees ordinary aten ops (matmul, linear, layer_norm, softmax, gelu,
-conv2d ...) and the translator's lowerings apply as they do to PyTorch code. Float
-initializers become buffers (so linear weights are constants, preshuffled once); small
-integer tensors (shapes, axes, indices) stay Python ints, and `Shape` yields the input's
-(possibly symbolic) sizes as a list, so Reshape / Expand / Slice take plain int lists and
-dynamic dims survive export. A file that is truncated, fails the ONNX checker, or uses an
-op or domain outside the table is refused with one error naming what and where.
+Our own importer, not an ONNX -> FX library (docs/onnx.md says why: sizes stay Python ints, no
+torchvision): the op table `onnx_ops.OPS` plus this interpreter module. `ONNXModel.forward` walks
+the graph in order and calls the torch function of each node; torch.export then sees ordinary aten
+ops (matmul, linear, layer_norm, softmax, gelu, conv2d ...) and the translator's lowerings apply as
+they do to PyTorch code. At import: float initializers become buffers (linear weights are
+constants, preshuffled once); small integer vectors (shapes, axes, indices) stay Python ints, and
+`Shape` yields the input's (possibly symbolic) sizes as a list, so Reshape / Expand / Slice take
+plain int lists and dynamic dims survive export; constant-only subgraphs are folded (`ONNXModel`);
+the exporters' SDPA decomposition is put back together (`onnx_patterns`). A file that is
+truncated, fails the ONNX checker, reads external data outside its folder, or uses an op, opset or
+domain the importer does not know is refused with one error naming what and where (`load_onnx`,
+`check_opset`). Verification judges the import against ONNX Runtime (`onnx_truth`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import InputError
+from .onnx_ops import DTYPES, OPS, SMALL_INT, _is_ints, _t
+from .onnx_patterns import PATTERN_OPS, fuse_attention
 
-DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
-          9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
-SMALL_INT = 64  # integer constants up to this many elements are kept as Python ints
 
 
 def is_onnx_path(x) -> bool:
     return isinstance(x, (str, os.PathLike)) and str(x).lower().endswith(".onnx")
-
-
-# ---- values: tensors, or Python ints / int lists (shapes, axes) ---------------------------------
-def _is_ints(v) -> bool:
-    return isinstance(v, (int, torch.SymInt)) or (isinstance(v, list) and all(isinstance(e, (int, torch.SymInt))
-                                                                                 for e in v))
-
-
-def _t(v):
-    """A value as a tensor (int lists become int64 tensors)."""
-    if isinstance(v, torch.Tensor):
-        return v
-    if isinstance(v, float):
-        return torch.tensor(v)
-    if isinstance(v, list) and any(isinstance(e, torch.SymInt) for e in v):
-        return torch.stack([torch.as_tensor(e) for e in v]) if v else torch.zeros(0, dtype=torch.int64)
-    return torch.tensor(v, dtype=torch.int64)
-
-
-def _ints(v, what="value") -> list:
-    """A value that must be a list of ints (a shape, axes)."""
-    if isinstance(v, (int, torch.SymInt)):
-        return [v]
-    if isinstance(v, list):
-        return v
-    raise InputError(f"ONNX import: {what} is computed from tensor data at run time ({tuple(v.shape)}), "
-                     "which the importer cannot turn into a static shape")
-
-
-def _ew(fn):
-    """Elementwise op; on Python ints (shape arithmetic) it runs in Python."""
-    def run(n, a, b):
-        if _is_ints(a) and _is_ints(b):
-            if isinstance(a, list) or isinstance(b, list):
-                la, lb = _ints(a), _ints(b)
-                m = max(len(la), len(lb))
-                la, lb = (la * m if len(la) == 1 else la), (lb * m if len(lb) == 1 else lb)
-                return [fn(x, y) for x, y in zip(la, lb)]
-            return fn(a, b)
-        return fn(_scalar_or_t(a), _scalar_or_t(b))
-    return run
-
-
-def _scalar_or_t(v):
-    return v if isinstance(v, (float, int, torch.SymInt, torch.Tensor)) else _t(v)
-
-
-def _div(a, b):
-    if isinstance(a, (int, torch.SymInt)) and isinstance(b, (int, torch.SymInt)):
-        return a // b
-    def integral(v):
-        return isinstance(v, int) or (isinstance(v, torch.Tensor) and not v.is_floating_point())
-
-    if integral(a) and integral(b):
-        return torch.div(a, b, rounding_mode="trunc")
-    return a / b
-
-
-def _axes(n, args, pos=1):
-    """Axes from the input at `pos` (opset >= 13/18) or the `axes` attribute."""
-    if len(args) > pos and args[pos] is not None:
-        return _ints(args[pos], "axes")
-    return list(n.attrs.get("axes", []))
-
-
-def _reshape(n, x, shape):
-    shape = list(_ints(shape, "Reshape shape"))
-    if not n.attrs.get("allowzero", 0):
-        shape = [x.shape[i] if isinstance(s, int) and s == 0 else s for i, s in enumerate(shape)]
-    return x.reshape(shape)
-
-
-def _slice(n, x, starts, ends, axes=None, steps=None):
-    starts, ends = _ints(starts, "starts"), _ints(ends, "ends")
-    axes = _ints(axes, "axes") if axes is not None else list(range(len(starts)))
-    steps = _ints(steps, "steps") if steps is not None else [1] * len(starts)
-    if isinstance(x, list):
-        (s, e, st), = zip(starts, ends, steps)
-        return x[slice(s, e if e < 2 ** 62 else None, st)]
-    idx = [slice(None)] * x.dim()
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        if st != 1:
-            raise InputError(f"ONNX import: Slice with step {st} is not supported (node {n.name})")
-        big = isinstance(e, int) and e >= 2 ** 62
-        idx[a] = slice(s, None if big else e)
-    return x[tuple(idx)]
-
-
-def _gather(n, data, idx):
-    axis = n.attrs.get("axis", 0)
-    if isinstance(data, list):
-        return [data[i] for i in idx] if isinstance(idx, list) else data[idx]
-    if _is_ints(idx) and not isinstance(idx, list):
-        return data.select(axis, idx)
-    i = _t(idx)
-    if axis == 0 and data.dim() == 2 and not i.is_floating_point():
-        return F.embedding(i, data)
-    return torch.index_select(data, axis, i.flatten()).reshape(*data.shape[:axis], *i.shape, *data.shape[axis + 1:])
-
-
-def _flatten(n, x):
-    """ONNX Flatten: always 2-D, (prod(dims[:axis]), prod(dims[axis:])); axis 0 gives (1, numel)."""
-    axis = n.attrs.get("axis", 1)
-    axis = axis + x.dim() if axis < 0 else axis
-    lead = 1
-    for s in x.shape[:axis]:
-        lead = lead * s
-    return x.reshape(lead, -1)
-
-
-def _unsqueeze(n, x, axes=None):
-    axes = _axes(n, [x, axes])
-    if _is_ints(x):
-        return [x] if not isinstance(x, list) else x
-    for a in sorted(a % (x.dim() + len(axes)) for a in axes):
-        x = x.unsqueeze(a)
-    return x
-
-
-def _squeeze(n, x, axes=None):
-    axes = _axes(n, [x, axes])
-    if isinstance(x, list):
-        return x[0] if len(x) == 1 else x
-    if not axes:
-        return x.squeeze()
-    for a in sorted((a % x.dim() for a in axes), reverse=True):
-        x = x.squeeze(a)
-    return x
-
-
-def _concat(n, *xs):
-    if all(_is_ints(x) for x in xs):
-        return [e for x in xs for e in _ints(x)]
-    return torch.cat([_t(x) for x in xs], n.attrs["axis"])
-
-
-def _gemm(n, a, b, c=None):
-    at, bt = n.attrs.get("transA", 0), n.attrs.get("transB", 0)
-    alpha, beta = n.attrs.get("alpha", 1.0), n.attrs.get("beta", 1.0)
-    a = a.t() if at else a
-    if bt and alpha == 1.0 and beta == 1.0:
-        return F.linear(a, b, c)  # nn.Linear as exported: the translator's linear lowering sees it
-    y = alpha * (a @ (b.t() if bt else b))
-    return y if c is None else y + beta * c
-
-
-def _conv(n, x, w, b=None):
-    k = w.dim() - 2
-    pads = list(n.attrs.get("pads", [0] * 2 * k))
-    if n.attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or pads[:k] != pads[k:]:
-        raise InputError(f"ONNX import: Conv {n.name} uses asymmetric or automatic padding, which is not supported")
-    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[k]
-    return fn(x, w, b, stride=n.attrs.get("strides", 1), padding=pads[:k], dilation=n.attrs.get("dilations", 1),
-              groups=n.attrs.get("group", 1))
-
-
-def _pool(fn):
-    """MaxPool / AveragePool. ONNX's defaults differ from torch's: strides 1 (torch: the kernel
-    size) and, for AveragePool, count_include_pad 0 (torch: True)."""
-    def run(n, x):
-        k = n.attrs["kernel_shape"]
-        pads = list(n.attrs.get("pads", [0] * 2 * len(k)))
-        if pads[:len(k)] != pads[len(k):] or n.attrs.get("ceil_mode", 0):
-            raise InputError(f"ONNX import: {n.op_type} {n.name} uses asymmetric padding or ceil_mode")
-        kw = {"count_include_pad": bool(n.attrs.get("count_include_pad", 0))} if fn is F.avg_pool2d else {}
-        return fn(x, k, stride=n.attrs.get("strides", [1] * len(k)), padding=pads[:len(k)], **kw)
-    return run
-
-
-def _layer_norm(n, x, w, b=None):
-    axis = n.attrs.get("axis", -1) % x.dim()
-    return F.layer_norm(x, tuple(x.shape[axis:]), w, b, n.attrs.get("epsilon", 1e-5))
-
-
-def _reduce(fn):
-    def run(n, x, axes=None):
-        ax = _axes(n, [x, axes])
-        keep = bool(n.attrs.get("keepdims", 1))
-        if not ax:
-            return fn(x, tuple(range(x.dim())), keep) if not n.attrs.get("noop_with_empty_axes", 0) else x
-        return fn(x, tuple(ax), keep)
-    return run
-
-
-def _expand(n, x, shape):
-    return x.expand(torch.broadcast_shapes(tuple(x.shape), tuple(_ints(shape, "Expand shape"))))
-
-
-def _const_of_shape(n, shape):
-    v = n.attrs.get("value")
-    dt = v.dtype if isinstance(v, torch.Tensor) else torch.float32
-    fill = v.item() if isinstance(v, torch.Tensor) else 0.0
-    shape = _ints(shape, "ConstantOfShape shape")
-    if not dt.is_floating_point and len(shape) == 1 and isinstance(shape[0], int) and shape[0] <= SMALL_INT:
-        return [int(fill)] * shape[0]  # an int vector: shape arithmetic
-    return torch.full(_ints(shape, "ConstantOfShape shape"), fill, dtype=dt)
-
-
-def _where(c, a, b):
-    if _is_ints(c) and _is_ints(a) and _is_ints(b):  # shape arithmetic (TorchScript exports of view/expand)
-        cs, as_, bs = (_ints(v) for v in (c, a, b))
-        m = max(map(len, (cs, as_, bs)))
-        cs, as_, bs = ((v * m if len(v) == 1 else v) for v in (cs, as_, bs))
-        return [x if k else y for k, x, y in zip(cs, as_, bs)]
-    return torch.where(_t(c), _scalar_or_t(a), _scalar_or_t(b))
-
-
-def _trilu(n, x, k=None):
-    k = int(_ints(k)[0]) if k is not None else 0
-    return torch.triu(x, k) if n.attrs.get("upper", 1) else torch.tril(x, k)
-
-
-def _cast(n, x):
-    dt = DTYPES[n.attrs["to"]]
-    return x if _is_ints(x) and dt in (torch.int64, torch.int32) else _t(x).to(dt)
-
-
-def _split(n, x, split=None):
-    axis = n.attrs.get("axis", 0)
-    sizes = _ints(split, "split") if split is not None else n.attrs.get("split")
-    if sizes is None:
-        k = n.attrs.get("num_outputs", len(n.outputs))
-        c = -(-x.shape[axis] // k)  # ONNX: chunks of ceil(n / k), the last one smaller
-        return tuple(torch.split(x, [c] * (k - 1) + [x.shape[axis] - c * (k - 1)], axis))
-    return tuple(torch.split(x, list(sizes), axis))
-
-
-def _clip(n, x, lo=None, hi=None):  # opset >= 11: bounds are optional inputs; before: attributes
-    lo = n.attrs.get("min") if lo is None else lo
-    hi = n.attrs.get("max") if hi is None else hi
-    return torch.clamp(x, lo, hi)
-
-
-OPS = {
-    "Identity": lambda n, x: x, "Dropout": lambda n, x, *r: x, "Clip": _clip,
-    "Add": _ew(lambda a, b: a + b), "Sub": _ew(lambda a, b: a - b), "Mul": _ew(lambda a, b: a * b),
-    "Div": _ew(_div), "Pow": _ew(torch.pow),
-    "Equal": _ew(lambda a, b: a == b), "Less": _ew(lambda a, b: a < b), "Greater": _ew(lambda a, b: a > b),
-    "Where": lambda n, c, a, b: _where(c, a, b),
-    "Max": lambda n, *xs: torch.stack(torch.broadcast_tensors(*map(_t, xs))).amax(0),
-    "Min": lambda n, *xs: torch.stack(torch.broadcast_tensors(*map(_t, xs))).amin(0),
-    "Not": lambda n, x: ~x, "And": lambda n, a, b: a & b,
-    "Sqrt": lambda n, x: torch.sqrt(x), "Reciprocal": lambda n, x: torch.reciprocal(x), "Neg": lambda n, x: -x,
-    "Exp": lambda n, x: torch.exp(x), "Log": lambda n, x: torch.log(x), "Abs": lambda n, x: torch.abs(x),
-    "Tanh": lambda n, x: torch.tanh(x), "Erf": lambda n, x: torch.erf(x), "Sigmoid": lambda n, x: torch.sigmoid(x),
-    "Relu": lambda n, x: F.relu(x), "Sin": lambda n, x: torch.sin(x), "Cos": lambda n, x: torch.cos(x),
-    "Gelu": lambda n, x: F.gelu(x, approximate="tanh" if n.attrs.get("approximate") in ("tanh", b"tanh") else "none"),
-    "Softmax": lambda n, x: torch.softmax(x, n.attrs.get("axis", -1)),
-    "LogSoftmax": lambda n, x: torch.log_softmax(x, n.attrs.get("axis", -1)),
-    "MatMul": lambda n, a, b: torch.matmul(a, b), "Gemm": _gemm,
-    "LayerNormalization": _layer_norm,
-    "ReduceMean": _reduce(lambda x, ax, k: x.mean(ax, keepdim=k)),
-    "ReduceSum": _reduce(lambda x, ax, k: x.sum(ax, keepdim=k)),
-    "ReduceMax": _reduce(lambda x, ax, k: x.amax(ax, keepdim=k)),
-    "Reshape": _reshape, "Transpose": lambda n, x: x.permute(n.attrs.get("perm", list(range(x.dim()))[::-1])),
-    "Flatten": _flatten,
-    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
-    "Gather": _gather, "Expand": _expand, "Shape": lambda n, x: list(x.shape)[slice(n.attrs.get("start", 0),
-                                                                                   n.attrs.get("end"))],
-    "ConstantOfShape": _const_of_shape, "Trilu": _trilu, "Cast": _cast,
-    "Range": lambda n, s, e, d: torch.arange(s, e, d) if _is_ints(s) else torch.arange(s.item(), e.item(), d.item()),
-    "Conv": _conv, "MaxPool": _pool(F.max_pool2d), "AveragePool": _pool(F.avg_pool2d),
-    "GlobalAveragePool": lambda n, x: x.mean(tuple(range(2, x.dim())), keepdim=True),
-    "BatchNormalization": lambda n, x, s, b, m, v: F.batch_norm(x, m, v, s, b, False, 0.0,
-                                                               n.attrs.get("epsilon", 1e-5)),
-}
 
 
 # ---- the graph -----------------------------------------------------------------------------------
@@ -322,8 +53,8 @@ def _attr(a):
 
 
 def _const_value(t: torch.Tensor):
-    """Small integer tensors and float scalars become Python values; the rest stay tensors."""
-    if not t.is_floating_point() and t.dtype != torch.bool and t.numel() <= SMALL_INT:
+    """Small integer vectors and float scalars become Python values; the rest stay tensors."""
+    if not t.is_floating_point() and t.dtype != torch.bool and t.dim() <= 1 and t.numel() <= SMALL_INT:
         return t.tolist()
     if t.is_floating_point() and t.dim() == 0:
         return float(t)
@@ -331,7 +62,13 @@ def _const_value(t: torch.Tensor):
 
 
 class ONNXModel(torch.nn.Module):
-    """An ONNX graph run node by node with torch ops (see the module docstring)."""
+    """An ONNX graph run node by node with torch ops (see the module docstring).
+
+    Constant folding: a node whose inputs are all constants (initializers, Constant nodes, outputs
+    of nodes folded before it) runs once here, and its outputs become constants; at run time only
+    nodes that depend on a graph input remain, so a constant-only subgraph never reaches capture,
+    let alone a kernel. A constant no remaining node reads is dropped (a weight read only through a
+    folded Transpose is kept once, transposed)."""
 
     def __init__(self, graph, name: str):
         super().__init__()
@@ -340,6 +77,8 @@ class ONNXModel(torch.nn.Module):
         self.onnx_name = name
         self._py_consts: dict = {}
         self._tensor_consts: dict = {}  # ONNX value name -> buffer name
+        self._scalars: dict = {}  # float scalars as 0-d tensors of their dtype, for folding
+        self.folded = 0
         for i, init in enumerate(graph.initializer):
             t = torch.from_numpy(np.array(numpy_helper.to_array(init)))
             self._add_const(init.name, t, i)
@@ -354,18 +93,66 @@ class ONNXModel(torch.nn.Module):
                 t = v if isinstance(v, torch.Tensor) else torch.tensor(v)
                 self._add_const(n.output[0], t, f"c{k}")
                 continue
-            self.nodes.append(_Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs))
+            node = _Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs)
+            if all(i == "" or self._is_const(i) for i in node.inputs) and node.inputs:
+                self._fold(node, k)
+            else:
+                self.nodes.append(node)
+        self.nodes, self.fused_attention = fuse_attention(self.nodes, self._scalar, self.output_names, _Node,
+                                                          self._is_const)
+        read = {i for n in self.nodes for i in n.inputs} | set(self.output_names)
+        for name, buf in list(self._tensor_consts.items()):
+            if name not in read:
+                del self._tensor_consts[name]
+                delattr(self, buf)
+
+    def _scalar(self, name):
+        """A constant float scalar (0-d, or one element) as a Python float, else None."""
+        v = self._py_consts.get(name)
+        if isinstance(v, float):
+            return v
+        t = getattr(self, self._tensor_consts[name]) if name in self._tensor_consts else None
+        return float(t.reshape(())) if t is not None and t.is_floating_point() and t.numel() == 1 else None
+
+    def _is_const(self, name) -> bool:
+        return name in self._py_consts or name in self._tensor_consts
+
+    def _fold(self, node, k):
+        def get(name):
+            if name == "":
+                return None
+            if name in self._scalars:
+                return self._scalars[name]
+            return self._py_consts[name] if name in self._py_consts else getattr(self, self._tensor_consts[name])
+
+        with torch.no_grad():
+            out = OPS[node.op_type](node, *[get(i) for i in node.inputs])
+        for j, (o, v) in enumerate(zip(node.outputs, out if isinstance(out, tuple) else (out,))):
+            if isinstance(v, (torch.Tensor, float, bool)) or not _is_ints(v):
+                v = v if isinstance(v, torch.Tensor) else torch.tensor(v)
+                self._add_const(o, v, f"f{k}_{j}")
+            else:
+                self._py_consts[o] = v
+        self.folded += 1
 
     def _add_const(self, name, t, idx):
         py = _const_value(t)
         if py is not None:
             self._py_consts[name] = py
+            if isinstance(py, float):
+                self._scalars[name] = t
         else:
             buf = f"onnx_const_{idx}"
             self.register_buffer(buf, t.contiguous())
             self._tensor_consts[name] = buf
 
     def forward(self, *args):
+        env = self.values(*args)
+        res = tuple(env[o] if isinstance(env[o], torch.Tensor) else _t(env[o]) for o in self.output_names)
+        return res[0] if len(res) == 1 else res
+
+    def values(self, *args) -> dict:
+        """Every ONNX value name -> its value (tensor, or Python ints for shape arithmetic) on `args`."""
         env = dict(zip(self.input_names, args))
 
         def get(name):
@@ -378,11 +165,12 @@ class ONNXModel(torch.nn.Module):
             return getattr(self, self._tensor_consts[name])
 
         for n in self.nodes:
-            out = OPS[n.op_type](n, *[get(i) for i in n.inputs])
+            out = (OPS.get(n.op_type) or PATTERN_OPS[n.op_type])(n, *[get(i) for i in n.inputs])
             outs = out if isinstance(out, tuple) else (out,)
             env.update(zip(n.outputs, outs))
-        res = tuple(_t(env[o]) if _is_ints(env[o]) else env[o] for o in self.output_names)
-        return res[0] if len(res) == 1 else res
+        for o in self.output_names:  # an output that folded to a constant
+            env[o] = get(o)
+        return env
 
 
 def load_onnx(path):
@@ -395,6 +183,9 @@ def load_onnx(path):
     try:
         model = onnx.load(str(path))
     except Exception as e:  # noqa: BLE001 — protobuf raises several kinds for damaged files
+        if "outside the directory" in str(e) or "external" in str(e).lower():
+            raise InputError(f"{path}: its external data is refused ({str(e).strip()[:300]}); a tensor's data must "
+                             f"be a file inside {path.parent}, next to the model") from e
         raise InputError(f"{path} is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}); the file is "
                          "truncated or not ONNX — export it again with torch.onnx.export") from e
     try:
@@ -407,13 +198,58 @@ def load_onnx(path):
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     for n in model.graph.node:
         dom = n.domain or "ai.onnx"
-        if dom != "ai.onnx" or (n.op_type not in OPS and n.op_type != "Constant"):
-            bad.setdefault(f"{dom}::{n.op_type}" if dom != "ai.onnx" else n.op_type, n.name)
+        if dom != "ai.onnx":
+            raise InputError(f"{path}: node {n.name or '?'} ({n.op_type}) is in domain {dom} (opset "
+                             f"{opsets.get(dom, '?')}), which the ONNX importer does not know: it imports the "
+                             "standard ai.onnx domain only — export without custom ops (torch.onnx.export of the "
+                             "PyTorch model), or translate the PyTorch model directly")
+        if n.op_type not in OPS and n.op_type != "Constant":
+            bad.setdefault(n.op_type, n.name)
+    if not bad:
+        check_opset(path, model.graph.node, opsets.get("ai.onnx", 1))
     if bad:
         what = ", ".join(f"{op} (first at node {name or '?'}, opset {opsets.get('ai.onnx')})" for op, name in bad.items())
         raise InputError(f"{path}: the ONNX importer cannot import {what}; it imports {len(OPS)} standard ops "
                          f"({', '.join(sorted(OPS))}) — translate the PyTorch model directly, or ask for the op")
     return model
+
+
+OPSETS = range(13, 22)  # the ai.onnx opsets whose op definitions the importer knows (exports tested at 17-21)
+
+
+@functools.lru_cache(maxsize=None)
+def _since(op: str, opset: int) -> int | None:
+    """The version of `op`'s definition in force under `opset` (None: no such op there)."""
+    from onnx import defs
+
+    try:
+        return defs.get_schema(op, opset).since_version
+    except Exception:  # noqa: BLE001 — SchemaError: the op does not exist at that opset
+        return None
+
+
+def check_opset(path, nodes, opset: int) -> None:
+    """Refuse a node whose op definition under the file's `opset` is not one the importer knows: one
+    in force at some opset of OPSETS. A newer opset is taken where it left an op unchanged; an opset
+    newer than the installed onnx knows, or older than OPSETS, is refused at its first node."""
+    from onnx import defs
+
+    first = next(iter(nodes))
+    newest = defs.onnx_opset_version()
+    if opset > newest or opset < OPSETS.start:
+        why = (f"newer than any ONNX opset this onnx ({newest}) knows" if opset > newest
+               else f"older than the importer reads ({OPSETS.start}-{OPSETS.stop - 1})")
+        raise InputError(f"{path}: declares ai.onnx opset {opset}, {why} (first node {first.name or '?'}, "
+                         f"{first.op_type}) — export again with torch.onnx.export(..., opset_version=18)")
+    for n in nodes:
+        if n.op_type == "Constant":
+            continue
+        v = _since(n.op_type, opset)
+        known = sorted({k for o in OPSETS if (k := _since(n.op_type, o)) is not None})
+        if v not in known:
+            raise InputError(f"{path}: node {n.name or '?'} is {n.op_type}-{v} under opset {opset}; the ONNX importer "
+                             f"knows {n.op_type} as defined in opsets {OPSETS.start}-{OPSETS.stop - 1} (versions "
+                             f"{', '.join(map(str, known)) or 'none'}) — export again with opset_version 17 to 21")
 
 
 MAX_EXAMPLE_BYTES = 4 << 30  # an example input made from declared dims is refused above this, before allocating

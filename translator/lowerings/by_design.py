@@ -1,8 +1,10 @@
-"""Ops kept in PyTorch by design: convolution, pooling, batch norm.
+"""Ops kept in PyTorch by design: convolution, pooling, batch norm, and image resampling.
 
 MIOpen already serves these well on AMD GPUs; the translator leaves them to PyTorch and
 the report says "kept in PyTorch by design". Listed here so the report and the op table
-can name them.
+can name them. Resampling (`F.interpolate` nearest / (bi|tri)linear / bicubic: a gather of 1-8
+neighbours, no reduction) sits between the convolutions of UNets, FPNs and decoders, and stays
+with them: a FlyDSL kernel would save no pass over memory there (issue 27 item 5).
 """
 
 import torch
@@ -17,6 +19,8 @@ for _name in (
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
     "adaptive_max_pool2d", "batch_norm", "native_batch_norm", "_native_batch_norm_legit_no_training",
     "_native_batch_norm_legit", "cudnn_batch_norm", "miopen_batch_norm",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact2d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
 ):
     _pk = getattr(aten, _name, None)
     if _pk is not None:

@@ -192,6 +192,11 @@ for _name, _op in OPS.items():  # every one-argument op of the program's table n
 for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
     TABLE[getattr(aten, _name).default] = _unary(_name[:-1])
 TABLE[aten.hardtanh_.default] = TABLE[aten.hardtanh.default]
+# issue 27 item 5: the small ops new model families write (Qwen3 / OLMoE norms, HF masks, aliases)
+TABLE[aten.square.default] = lambda b, n: (lambda x: b.op("mul", [x, x]))(b.arg(operand(n)))
+TABLE[aten.multiply.Tensor] = _binary("mul")  # torch.multiply: mul's alias, kept by name in the export
+TABLE[aten.multiply.Scalar] = _binary("mul")
+TABLE[aten.isnan.default] = lambda b, n: (lambda x: b.op("ne", [x, x]))(b.arg(operand(n)))  # NaN != NaN (une)
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     TABLE[getattr(aten, _name).Tensor] = _binary(_name)
     TABLE[getattr(aten, _name).Scalar] = _binary(_name)
@@ -210,7 +215,8 @@ INT_EXACT = frozenset({
     aten.neg.default, aten.abs.default, aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf,
     aten.where.Scalar, aten.bitwise_not.default, aten.clamp.default, aten.clamp_min.default,
     aten.clamp_max.default, aten._to_copy.default, aten.to.dtype, aten.type_as.default,
-    aten.dropout.default, aten.clone.default, aten.alias.default,
+    aten.dropout.default, aten.clone.default, aten.alias.default, aten.square.default, aten.multiply.Tensor,
+    aten.multiply.Scalar,
 } | {t for t, f in TABLE.items() if "bitwise" in str(t) or "__" in str(t)})
 
 ELEMENTWISE = frozenset(TABLE)
@@ -239,7 +245,7 @@ def node_supported(node) -> str | None:
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return "a symbolic scalar argument"
-    if node.target._opname.endswith("_"):
+    if node.target._opname.endswith("_") and not node.target._opname.endswith("__"):  # relu_, not __and__
         x = operand(node)
         if x.op != "call_function" or len(x.users) != 1:
             return "in-place op on a value that is read elsewhere (its mutation must stay visible)"
