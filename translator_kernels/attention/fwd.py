@@ -130,6 +130,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
+    # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
+    SKIP_DEAD = causal and num_waves > 1
 
     @fx.struct
     class KVStage:
@@ -448,59 +450,75 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nk, nv = gload_tile(kb + BLOCK_N)
                     nxt = nk + nv
 
-            # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
-            s_tiles = [[] for _ in range_constexpr(RG)]
-            for t in range_constexpr(N_TILES):
-                k_chunks = k_operand(kb, t)
-                for u in range_constexpr(RG):
-                    acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                    if const_expr(QK32):
-                        for s in range_constexpr(D // 32):
-                            acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
-                    else:
-                        for s in range_constexpr(KSTEPS):
-                            if const_expr(is_f32):
-                                acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
-                            else:
-                                acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
-                    s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
+            def tile_math(o_acc):
+                # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
+                s_tiles = [[] for _ in range_constexpr(RG)]
+                for t in range_constexpr(N_TILES):
+                    k_chunks = k_operand(kb, t)
+                    for u in range_constexpr(RG):
+                        acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                        if const_expr(QK32):
+                            for s in range_constexpr(D // 32):
+                                acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
+                        else:
+                            for s in range_constexpr(KSTEPS):
+                                if const_expr(is_f32):
+                                    acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
+                                else:
+                                    acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
+                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
-            # ---- online softmax, per row group (softmax.py) ----
-            raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
-            # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
-            m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
-                      softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
-            if const_expr(raw and first):
-                l_base = l_old
-                m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
-            elif const_expr(raw):
-                # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
-                thr = state[len(state) - RG:]
-                any_grow = softmax.rescale_wanted(m_tile, thr)
-                neg_m = [m_old[u] for u in range_constexpr(RG)]
-                thr_new = [thr[u] for u in range_constexpr(RG)]
-                l_base = [l_old[u] for u in range_constexpr(RG)]
-                o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
-                if any_grow:
-                    neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
-                                                                     ONES_L)
-                o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
-                m_new = neg_m
+                # ---- online softmax, per row group (softmax.py) ----
+                raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
+                # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
+                m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
+                          softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
+                if const_expr(raw and first):
+                    l_base = l_old
+                    m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
+                elif const_expr(raw):
+                    # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
+                    thr = state[len(state) - RG:]
+                    any_grow = softmax.rescale_wanted(m_tile, thr)
+                    neg_m = [m_old[u] for u in range_constexpr(RG)]
+                    thr_new = [thr[u] for u in range_constexpr(RG)]
+                    l_base = [l_old[u] for u in range_constexpr(RG)]
+                    o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
+                    if any_grow:
+                        neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
+                                                                         ONES_L)
+                    o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                    m_new = neg_m
+                else:
+                    neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
+                    m_new = m_tile
+                if const_expr(raw):
+                    neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
+                p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
+                # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
+                l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
+
+                # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
+                o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
+                                             vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
+                                             v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
+
+                return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + (thr_new if raw else [])
+
+            raw = not masked and RAW_MAX
+            if const_expr(masked and causal and SKIP_DEAD):
+                # a causal diagonal tile whose first key is past this wave's last row holds no key
+                # any of its rows sees: the wave only stages the tile (LDS) and keeps its state
+                out = list(state[:2 * RG + RG * VN])
+                # this wave's last query row, made here (wave-uniform: a scalar), not kept live
+                # across the unmasked loop
+                wave_last = qblk * BLOCK_M + (16 * RG - 1) + fx.Int32(
+                    rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * RG)
+                if kb <= wave_last:
+                    out = tile_math(o_acc)
             else:
-                neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
-                m_new = m_tile
-            if const_expr(raw):
-                neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
-            p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
-            # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
-            l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
-
-            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
-            o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
-                                         vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
-                                         v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
-
-            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt + (thr_new if raw else [])
+                out = tile_math(o_acc)
+            return out[:2 * RG + RG * VN] + nxt + out[2 * RG + RG * VN:]
 
         # the unmasked loop (RAW_MAX) carries -m_ref (+inf: no reference yet) and the rescale
         # thresholds (-inf) at the end of its state; the masked loop takes m_ref
