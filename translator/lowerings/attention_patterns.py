@@ -59,6 +59,7 @@ from ..registry import NO_MATCH, Reason, Stage, rule
 from . import attention_softmax  # noqa: F401  (a softmax written out by hand -> aten.softmax first)
 from .attention import HEAD_DIMS, PREFIX
 from .attention_sinks import sink_cut, sink_logits, sink_scores
+from .attention_unread import unread_chain
 from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, fixed_dim, masks_out,
                               per_head, scalar_value, softcap_of, unexpand_kv)
 from .forms import find_qk, product_of
@@ -554,4 +555,8 @@ def lower_handwritten(node, ctx, m):
     return new
 
 
-from . import attention_unread  # noqa: E402,F401  (after attention_handwritten: the chains it cannot read say why)
+@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", name="attention_unread",
+      supported=lambda node, ctx: unread_chain(node, chain_of(node) is not None),
+      doc="an attention chain the matcher cannot read: its reason on the report (attention_unread.py)")
+def lower_unread(node, ctx, m):  # never applied: the check returns NO_MATCH or a reason
+    return node

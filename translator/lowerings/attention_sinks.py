@@ -14,11 +14,9 @@ attention_patterns.match walks through the dropped column (`sink_cut`) and the c
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from ..graph import arg, aten, is_call, shape_of
+from ..graph import arg, aten, getitem_of, is_call, shape_of
 from .attention_forms import fixed_dim, node_int
 
 
@@ -48,10 +46,11 @@ def _one_more(a, b) -> bool:
 def _row_max(n, x):
     """The node reading x when n is x's max over the last dim, kept (amax(x, -1, True) or
     max(x, -1, True).values), else None."""
-    if isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target is operator.getitem:
-        if n.args[1] != 0:
+    item = getitem_of(n)
+    if item is not None:
+        if item[1] != 0:
             return None
-        n = n.args[0]
+        n = item[0]
     r = len(shape_of(x) or ())
     if is_call(n, aten.amax.default):
         dims = arg(n, "dim")

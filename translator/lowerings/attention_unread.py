@@ -10,7 +10,8 @@ real models are attention but not of that shape:
 - the LDM / Stable Diffusion VAE spatial self-attention over H·W tokens: the ·V product is written
   bmm(v, pᵀ) (V·Pᵀ, [B, C, HW] out), the probabilities on the right.
 
-This rule runs after attention_handwritten on the same products: a product whose operand comes,
+attention_patterns registers the rule `attention_unread` with this check, after
+attention_handwritten on the same products: a product whose operand comes,
 within a few layout / cast ops, from a softmax over the last dim of scores with a product
 upstream, and that no attention rule took, gets "not taken by attention: <reason>" on itself
 and on the softmax, whatever then runs them (bmm / einsum / softmax kernels). Not fused yet:
@@ -23,9 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..graph import arg, aten, is_call, shape_of
-from ..registry import NO_MATCH, Reason, Stage, rule
+from ..registry import NO_MATCH, Reason
 from .attention import PREFIX
-from .attention_patterns import MATMULS, chain_of
 from .forms import find_qk, product_of
 
 SOFTMAX = (aten.softmax.int, aten._softmax.default)
@@ -56,15 +56,16 @@ def _scores_product(sm):
         if not isinstance(n, torch.fx.Node) or n in seen or n.op != "call_function":
             continue
         seen.add(n)
-        if is_call(n, *MATMULS, aten.einsum.default, aten.baddbmm.default):
+        if is_call(n, aten.matmul.default, aten.bmm.default, aten.einsum.default, aten.baddbmm.default):
             return n
         todo += list(n.all_input_nodes)
     return None
 
 
-def unread_chain(node, ctx):
-    """Reason for a ·V product of an attention chain the matcher cannot read, else NO_MATCH."""
-    if chain_of(node) is not None:  # attention_handwritten saw it: fused, or its reason is given
+def unread_chain(node, seen: bool):
+    """Reason for a ·V product of an attention chain the matcher cannot read, else NO_MATCH;
+    `seen`: the matcher found the chain (fused, or its own reason given)."""
+    if seen:
         return NO_MATCH
     ops = list(arg(node, "tensors")) if is_call(node, aten.einsum.default) else node.all_input_nodes[:2]
     for side, x in enumerate(ops):
@@ -86,9 +87,3 @@ def unread_chain(node, ctx):
             why = "the ·V product's operands are not in a layout the matcher reads"
         return Reason(why, also=(sm, qk), prefix=PREFIX)
     return NO_MATCH
-
-
-@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", supported=unread_chain,
-      name="attention_unread", doc="an attention chain the matcher cannot read: its reason on the report")
-def lower_unread(node, ctx, m):  # never applied: the check only returns NO_MATCH or a reason
-    return node
