@@ -4,6 +4,7 @@
         [--quick] [--gfx942-only | --gfx950-only]
     FLYDSL_SRC=<FlyDSL checkout> .venv/bin/python -m bench.isa_attention --hotloop [--rate-seq 1024] [--rate-data randn]
     .venv/bin/python -m bench.isa_attention --rescale [--seq 1024]
+    .venv/bin/python -m bench.isa_attention --diagonal [--seqs 1024,2048,8192]   (bench/attention_diagonal.py)
 
 Each config is compiled to AMDGPU ISA through translator_kernels.isa (COMPILE_ONLY in a child
 process, one child per arch) and the metadata of its final ISA is read back: VGPR / AGPR / SGPR
@@ -201,6 +202,12 @@ def _option(argv, name, default):
 
 
 def main(argv):
+    if "--diagonal" in argv:  # kernel-level matrix / vector of causal attention (bench/attention_diagonal.py)
+        from bench.attention_diagonal import rows
+
+        seqs = tuple(int(x) for x in str(_option(argv, "--seqs", "1024,2048,8192")).split(","))
+        print("\n".join(rows(seqs=seqs)))
+        return
     if "--rescale" in argv:
         seq = _option(argv, "--seq", 1024)
         print(f"Rescale branch executions under flysim, B1 H1 S{seq} bf16 (measured; per wave and KV tile)\n")

@@ -144,9 +144,12 @@ kern:
 # rescale skipped: no row max outgrew its reference by 2^8); before the conditional rescale, the
 # per-tile buffer descriptors and gfx950's 16 KB tiles: gfx942 1.74 / 1.26, gfx950 0.84 / 0.63
 # (D128 / D64), static = steady; before the first tile was peeled, static 1.78 / 1.29, 1.14 / 0.65
-# (2 VALU more per iteration)
+# (2 VALU more per iteration). The diagonal tiles' per-wave skip (a branch in the other loop)
+# moved gfx942 D128 from 1.80 / 2.86 to 1.79 / 2.83: register allocation left one pair of the
+# exp2 arguments' fmas unpacked (v_pk_fma_f32 7 -> 6, v_fma_f32 2 -> 4), one VALU per iteration;
+# the kernel-level ratio at S=2048 still gains (2.50 -> 2.58, bench.attention_diagonal)
 @pytest.mark.parametrize("arch,d,static,steady,mfma,perms", [
-    ("gfx942", 128, 1.8, 2.86, 68, 8), ("gfx942", 64, 1.3, 1.59, 72, 16),
+    ("gfx942", 128, 1.78, 2.83, 68, 8), ("gfx942", 64, 1.3, 1.59, 72, 16),
     ("gfx950", 128, 1.15, 1.51, 68, 0), ("gfx950", 64, 0.65, 0.8, 36, 0)])
 def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, perms):
     """Our attention at B1 S2048 H32 bf16 causal (ISA compiled without a GPU): the loop found is

@@ -27,6 +27,7 @@ from translator_kernels.attention import empty_in_order
 
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
+from .attention_cache import cache_positions
 from .attention_forms import unexpand_kv
 from ..registry import NO_MATCH, Match, OpFamily, Reason, Stage, register_family, rule
 from ..runtime.ops import dispatch
@@ -39,31 +40,39 @@ PREFIX = "not taken by attention: "  # how the report starts every reason an att
 @torch.library.custom_op("flydsl::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               causal: bool, scale: Optional[float], softcap: Optional[float] = None,
-              head_scale: Optional[torch.Tensor] = None, out_order: Optional[list[int]] = None) -> torch.Tensor:
-    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order)
+              head_scale: Optional[torch.Tensor] = None, out_order: Optional[list[int]] = None,
+              q_pos: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order, q_pos, sinks)
 
 
 @attention.register_fake
-def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None, sinks=None):
     return empty_in_order((*q.shape[:-1], v.shape[-1]), tuple(out_order or range(4)), dtype=q.dtype,
                           device=q.device)
 
 
-def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
-    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask, softmax, · V; laid out
-    in `out_order` as the kernel writes it."""
-    out = _ref_math(q, k, v, mask, causal, scale, softcap, head_scale)
+def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None,
+                  sinks=None):
+    """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask (q_pos: key k kept for
+    row i iff k <= q_pos[i]), softmax (sinks: one more logit per head in the denominator), · V;
+    laid out in `out_order` as the kernel writes it."""
+    if q_pos is not None:
+        keep = torch.arange(k.shape[-2], device=k.device)[None, :] <= q_pos.reshape(-1, 1)
+        keep = keep.expand(q.shape[-2], -1)
+        mask = keep if mask is None else (keep & mask if mask.dtype == torch.bool
+                                          else mask.masked_fill(~keep, float("-inf")))
+    out = _ref_math(q, k, v, mask, causal, scale, softcap, head_scale, sinks)
     o = empty_in_order(out.shape, tuple(out_order or range(4)), dtype=out.dtype, device=out.device)
     return o.copy_(out)
 
 
-def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale):
+def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale, sinks=None):
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:
         k = k.repeat_interleave(h // hkv, dim=1)
         v = v.repeat_interleave(h // hkv, dim=1)
     m = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-    if softcap is None and head_scale is None:
+    if softcap is None and head_scale is None and sinks is None:
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal,
                                              scale=scale)
         return out.to(q.dtype)
@@ -76,15 +85,20 @@ def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale):
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     if m is not None:
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
-    p = torch.softmax(s, -1).nan_to_num(0.0)  # a fully masked row gives 0, as SDPA and the kernel do
+    if sinks is not None:  # one more logit per head joins the denominator, then is dropped
+        col = sinks.float().reshape(1, h, 1, 1).expand(*s.shape[:-1], 1)
+        p = torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(s, -1).nan_to_num(0.0)  # a fully masked row gives 0, as SDPA and the kernel do
     return (p @ v.float()).to(q.dtype)
 
 
-def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None):
+def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None,
+                     sinks=None):
     from translator_kernels.attention import attention as run
 
     return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale,
-               out_order=out_order)
+               out_order=out_order, q_pos=q_pos, sinks=sinks)
 
 
 def _sample(dt):
@@ -150,25 +164,35 @@ def _unexpanded(node):
 
 def unexpand_supported(node, ctx):
     m = _unexpanded(node)
-    if m is None:
+    chain = []
+    pos = cache_positions(arg(node, "attn_mask", None), arg(node, "key"), ctx, chain)
+    if m is None and pos is None:
         return NO_MATCH
     reason = sdpa_supported(node, ctx)
     if reason:
         return reason
-    kb, vb, absorbed = m
-    return Match(kb=kb, vb=vb, absorbed=absorbed)
+    kb, vb, absorbed = m or (None, None, [])
+    return Match(kb=kb, vb=vb, absorbed=absorbed, pos=pos, mask_chain=chain)
 
 
 @rule(Stage.PATTERN, aten.scaled_dot_product_attention.default, family="attention", supported=unexpand_supported,
-      doc="SDPA on K / V repeated to every query head -> SDPA with enable_gqa on the unrepeated K / V")
+      doc="SDPA on K / V repeated to every query head -> SDPA with enable_gqa on the unrepeated K / V; "
+          "a static cache's mask tril_buffer[None, None, pos] -> flydsl.attention(q_pos=pos)")
 def lower_sdpa_unexpand(node, ctx, m):
     """K and V repeated from Hkv heads before SDPA (HF's repeat_kv, gpt-fast's repeat_interleave)
     are read as they were: the kernel serves GQA (head h reads K/V head h // (H / Hkv), what both
-    repetitions lay out) with no copy of K and V. The SDPA node stays, for the canonical rule."""
-    set_args(node, key=m.kb, value=m.vb, enable_gqa=True)
-    ctx.count("sdpa_unexpand_kv")
-    ctx.erase_unused(m.absorbed)
-    return node
+    repetitions lay out) with no copy of K and V. The SDPA node stays, for the canonical rule,
+    unless its mask is a static cache's causal mask (attention_cache.py): then it becomes
+    flydsl.attention with q_pos here, and the mask's gather goes away."""
+    if m.kb is not None:
+        set_args(node, key=m.kb, value=m.vb, enable_gqa=True)
+        ctx.count("sdpa_unexpand_kv")
+    if m.pos is None:
+        ctx.erase_unused(m.absorbed)
+        return node
+    ctx.count("sdpa_cache_positions")
+    new = _emit_sdpa(node, ctx, None, m.pos, [*m.absorbed, *m.mask_chain])
+    return new
 
 
 def sdpa_check(node, ctx):
@@ -180,13 +204,19 @@ def sdpa_check(node, ctx):
 @rule(Stage.CANONICAL, aten.scaled_dot_product_attention.default, family="attention", supported=sdpa_check,
       doc="F.scaled_dot_product_attention")
 def lower_sdpa(node, ctx):
+    return _emit_sdpa(node, ctx, arg(node, "attn_mask", None), None, [])
+
+
+def _emit_sdpa(node, ctx, mask, q_pos, absorbed):
     q, k, v = arg(node, "query"), arg(node, "key"), arg(node, "value")
-    mask = arg(node, "attn_mask", None)
     causal = bool(arg(node, "is_causal", False))
     scale = arg(node, "scale", None)
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
             None if scale is None else float(scale))
     order = dim_order(val(node))
-    if order not in (None, (0, 1, 2, 3)) and order[-1] == 3:  # O written in the layout eager's SDPA returns
-        args += (None, None, list(order))
-    return ctx.replace(node, "attention", "sdpa", args, [node])
+    order = list(order) if order not in (None, (0, 1, 2, 3)) and order[-1] == 3 else None  # eager's O layout
+    if order or q_pos is not None:
+        args += (None, None, order)
+    if q_pos is not None:
+        args += (q_pos,)
+    return ctx.replace(node, "attention", "sdpa_cache" if q_pos is not None else "sdpa", args, [node, *absorbed])

@@ -58,6 +58,8 @@ from ..graph import ASSERT, arg, asserts, aten, dtype_of, dtype_reason, is_call,
 from ..registry import NO_MATCH, Reason, Stage, rule
 from . import attention_softmax  # noqa: F401  (a softmax written out by hand -> aten.softmax first)
 from .attention import HEAD_DIMS, PREFIX
+from .attention_sinks import sink_cut, sink_logits, sink_scores
+from .attention_unread import unread_chain
 from .attention_forms import (RESHAPES, causal_bias, causal_keep, computed_causal, fill_value, fixed_dim, masks_out,
                               per_head, scalar_value, softcap_of, unexpand_kv)
 from .forms import find_qk, product_of
@@ -88,6 +90,8 @@ class Match:
     frames: list = field(default_factory=list)  # (scores node, is a mask) wherever a mask or tensor scale applies
     heads: int | None = None  # [B*H, S, D] operands whose scores were viewed as [B, H, Sq, Sk]: H
     same_batch: bool = False  # both products are bmm / baddbmm: torch itself requires one batch size
+    sink_cut: bool = False  # the softmax's last column (the sink's) is dropped before ·V
+    sinks: torch.fx.Node | None = None  # [H] logits that join the denominator (attention_sinks.py)
     absorbed: list = field(default_factory=list)
 
 
@@ -139,9 +143,12 @@ def chain_of(pv):
         seen.add(p)
         if _last_dim_softmax(p):
             qk = find_qk(arg(p, "self"))
+            if qk is None and sink_scores(arg(p, "self")) is not None:  # cat([scores, sinks], -1)
+                qk = find_qk(sink_scores(arg(p, "self")))
             return (p, qk) if qk is not None else None
         if depth < 6:
-            todo += [(a, depth + 1) for a in p.all_input_nodes if [str(d) for d in (shape_of(a) or ())[-2:]] == last2]
+            todo += [(a, depth + 1) for a in p.all_input_nodes
+                     if [str(d) for d in (shape_of(a) or ())[-2:]] == last2 or sink_cut(p)]
     return None
 
 
@@ -156,6 +163,11 @@ def match(pv, ctx):
         return "V enters the ·V product transposed"
     m = Match(q=None, k=None, v=v, absorbed=[pv])
     while p is not sm:
+        if sink_cut(p) and not m.sink_cut and len(_real_users(p)) == 1:
+            m.sink_cut = True
+            _take(m.absorbed, p)
+            p = operand(p)
+            continue
         if not ((p.target in PASS or _keeps_last2(p)) and len(_real_users(p)) == 1):
             return f"{_op(p)} between the softmax and ·V is not a cast or eval-mode dropout"
         if p.target is aten.dropout.default and arg(p, "train"):
@@ -167,7 +179,13 @@ def match(pv, ctx):
     if dtype_of(sm) not in (torch.float32, torch.bfloat16, torch.float16):
         return f"softmax output dtype {dtype_of(sm)} is not a float dtype the kernel takes"
     _take(m.absorbed, sm)
-    s = _walk_scores(arg(sm, "self"), m, ctx)
+    s = arg(sm, "self")
+    if m.sink_cut:
+        found = sink_logits(s, fixed_dim(sm, 1) if len(shape_of(sm)) == 4 else None, m.absorbed)
+        if isinstance(found, str):
+            return found
+        s, m.sinks = found
+    s = _walk_scores(s, m, ctx)
     if isinstance(s, str):
         return s
     if s is not qk:
@@ -523,8 +541,10 @@ def lower_handwritten(node, ctx, m):
     args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), _mask(ctx, m, node), m.causal,
             float(m.scale))
     hs = _head_scale(ctx, m, node)
-    if m.softcap is not None or hs is not None:
+    if m.softcap is not None or hs is not None or m.sinks is not None:
         args += (None if m.softcap is None else float(m.softcap), hs)
+    if m.sinks is not None:
+        args += (None, None, m.sinks)  # out_order, q_pos, sinks
     new = ctx.emit("attention", args, lowering="attention_handwritten", sources=m.absorbed, anchor=node, before=node)
     out = new
     if rank3:
@@ -533,3 +553,10 @@ def lower_handwritten(node, ctx, m):
     node.replace_all_uses_with(ctx.cast(out, dtype_of(node), node))
     ctx.erase_unused(m.absorbed)
     return new
+
+
+@rule(Stage.PATTERN, *MATMULS, aten.einsum.default, family="attention", name="attention_unread",
+      supported=lambda node, ctx: unread_chain(node, chain_of(node) is not None),
+      doc="an attention chain the matcher cannot read: its reason on the report (attention_unread.py)")
+def lower_unread(node, ctx, m):  # never applied: the check returns NO_MATCH or a reason
+    return node

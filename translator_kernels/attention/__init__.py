@@ -1,7 +1,7 @@
 """Flash attention forward: torch entry point, validation and launcher cache.
 
     out = attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, head_scale=None,
-                    out_order=None)
+                    out_order=None, q_pos=None, sinks=None)
 
 q [B, H, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA: query head h reads K/V
 head h // (H / Hkv), as repeat_interleave would lay them out; nothing is repeated); any D from
@@ -25,6 +25,15 @@ Score options, applied in this order before the mask: `scale` (default 1/sqrt(D)
 `head_scale[h]` when given (a tensor of H per-head multipliers: Swin-V2's cosine attention
 passes exp(logit_scale) with scale=1), then `softcap`: s -> softcap * tanh(s / softcap)
 (Gemma-2's attention logit soft-capping).
+
+`q_pos` (an int32 / int64 tensor of Sq positions, or one broadcast) is the causal mask of a
+decode or prefill step on a static KV cache: key k is visible to query row i iff k <= q_pos[i]
+(gpt-fast's `causal_mask[None, None, input_pos]`, HF's `arange(S_max) <= cache_position`). The
+kernel reads the positions on the device and stops its key loop at the block's largest one: k and
+v may be the whole [B, Hkv, S_max, D] cache, read in place up to the current length, with no
+host read of a device value (capturable in a HIP graph). `sinks` (H float logits) join every
+row's softmax denominator, gpt-oss's attention sinks: out = sum_k e^(s_k) v_k / (sum_k e^(s_k) +
+e^(sink_h)).
 
 The kernel (attention_fwd.py) takes element strides, so q/k/v/o only need a unit stride on
 the head dimension; a broadcast mask is passed as its own storage plus broadcast strides
@@ -79,18 +88,18 @@ def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", c
 @kl.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
-                    split: bool = False, row_groups: int = 1):
+                    split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale, split, row_groups)
+                                 head_scale, split, row_groups, pos_causal, sinks)
 
 
 @kl.builder
-def build_combine(arch: str, dtype: str, head_dim: int):
+def build_combine(arch: str, dtype: str, head_dim: int, sinks: bool = False):
     """The split-KV combine launcher (arch keys the cache)."""
-    return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim))
+    return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim), sinks)
 
 
 def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
@@ -194,10 +203,41 @@ def _prepare_head_scale(head_scale, H, device):
     return True, head_scale.detach().float().reshape(-1).expand(H).contiguous()
 
 
+def _prepare_q_pos(q_pos, Sq, device):
+    """-> (flag, int32 view, element stride): the positions read in place (an int64 tensor is
+    read through its int32 view, low word: positions are < 2^31), never copied or read on the host."""
+    if q_pos is None:
+        return False, _placeholder(device), 0
+    if not isinstance(q_pos, torch.Tensor) or q_pos.dtype not in (torch.int32, torch.int64):
+        _fail(f"q_pos must be an int32 / int64 tensor of {Sq} query positions, got "
+              f"{q_pos.dtype if isinstance(q_pos, torch.Tensor) else type(q_pos).__name__}")
+    if q_pos.device != device:
+        _fail(f"q_pos is on {q_pos.device} but q is on {device}; move it to the same device")
+    if q_pos.numel() not in (1, Sq) or [s for s in q_pos.shape if s != 1] not in ([], [Sq]):
+        _fail(f"q_pos of shape {tuple(q_pos.shape)} is not one position per query row (Sq = {Sq})")
+    flat = q_pos.reshape(-1)
+    if flat.numel() > 1 and flat.stride(0) != 1:
+        flat = flat.contiguous()
+    words = 2 if flat.dtype == torch.int64 else 1
+    return True, flat.view(torch.int32), (words if flat.numel() > 1 else 0)
+
+
+def _prepare_sinks(sinks, H, device):
+    """-> (flag, f32 [H]): one sink logit per query head."""
+    if sinks is None:
+        return False, _placeholder(device)
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or sinks.numel() != H:
+        _fail(f"sinks must be a float tensor of {H} per-head logits, got "
+              f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+    if sinks.device != device:
+        _fail(f"sinks is on {sinks.device} but q is on {device}; move it to the same device")
+    return True, sinks.detach().reshape(-1).float().contiguous()
+
+
 @kp.planned
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
               scale=None, softcap=None, head_scale=None, precision=None, num_splits=None,
-              out_order=None) -> torch.Tensor:
+              out_order=None, q_pos=None, sinks=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -224,6 +264,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
         _fail(f"softcap={softcap!r} must be a positive finite number (or None for no capping)")
     if Sk == 0:
         _fail("Sk = 0 keys: nothing to attend to")
+    if q_pos is not None and causal:
+        _fail("causal=True and q_pos both given: q_pos is the causal mask of a cache step; pass one")
     out_dtype = q.dtype
     if precision is not None:
         if precision not in _PRECISIONS or q.dtype != torch.float32:
@@ -239,6 +281,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
 
     kind, mname, mflat, mstr = _prepare_mask(mask, B, H, Sq, Sk, q.dtype, q.device)
     has_hs, hs = _prepare_head_scale(head_scale, H, q.device)
+    has_pos, pos, p_s = _prepare_q_pos(q_pos, Sq, q.device)
+    has_sinks, sink_t = _prepare_sinks(sinks, H, q.device)
     out = empty_in_order((B, H, Sq, D), out_order, dtype=q.dtype, device=q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("mask", mflat)):
         span = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
@@ -256,11 +300,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     else:
         w = wml = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
-                             rg)
+                             rg, has_pos, has_sinks)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
-    args = (q, k, v, out, mflat, hs, w, wml, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, nq * nsplit, H, B)
+    args = (q, k, v, out, mflat, hs, w, wml, pos, sink_t, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, p_s, nq * nsplit, H, B)
     kl.call(launch, *args)
     if nsplit > 1:
-        kl.call(build_combine(arch, dtype, D), w, wml, out, Sq, H, nsplit, *out.stride()[:3], B)
+        kl.call(build_combine(arch, dtype, D, has_sinks), w, wml, out, sink_t, Sq, H, nsplit, *out.stride()[:3], B)
     return out if out.dtype == out_dtype else out.to(out_dtype)

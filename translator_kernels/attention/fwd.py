@@ -77,8 +77,14 @@ def gpu_barrier():
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
-                          split: bool = False, row_groups: int = 1):
-    """Return the @flyc.jit launcher for one specialization (not cached here)."""
+                          split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False):
+    """Return the @flyc.jit launcher for one specialization (not cached here).
+
+    pos_causal: key k is visible to query row i iff k <= P[i] (P: int32 positions read on the
+    device, element stride p_s; a decode step on a static cache passes its cache positions), and
+    the key loop ends at the block's largest position + 1 (the cache is read up to the current
+    length, never past it). sinks: one learned logit per head (SK[h], natural units) joins every
+    row's softmax denominator (gpt-oss); split KV adds it in combine.py instead."""
     RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -124,6 +130,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
+    # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
+    SKIP_DEAD = causal and num_waves > 1
 
     @fx.struct
     class KVStage:
@@ -133,14 +141,14 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
         Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
-        W: fx.Tensor, WML: fx.Tensor,
+        W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor,
         sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
         nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
         q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
         k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
         v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
         o_sb: fx.Int32, o_sh: fx.Int32, o_ss: fx.Int32,
-        m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32,
+        m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32, p_s: fx.Int32,
     ):
         tid = fx.Int32(fx.thread_idx.x)
         qblk = fx.Int32(fx.block_idx.x)
@@ -177,6 +185,26 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         rows = [qblk * BLOCK_M + wave * (16 * RG) + 16 * u + r for u in range_constexpr(RG)]
         rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
+        if const_expr(pos_causal):
+            # this lane's rows' positions, and the block's smallest / largest one (every wave of the
+            # workgroup reads all BLOCK_M rows and reduces over its 64 lanes: the bounds are uniform)
+            p_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(P))
+            pos_rows = [fx.Int32(fx.ptr_load(p_ptr + fx.Int64(rows_c[u] * p_s), result_type=fx.Int32))
+                        for u in range_constexpr(RG)]
+            p_lo = p_hi = None
+            for j in range_constexpr(-(-BLOCK_M // 64)):
+                br = qblk * BLOCK_M + (lane + 64 * j) % BLOCK_M
+                br = (br < sq).select(br, sq - 1)
+                pv_ = fx.Int32(fx.ptr_load(p_ptr + fx.Int64(br * p_s), result_type=fx.Int32))
+                p_lo = pv_ if p_lo is None else (pv_ < p_lo).select(pv_, p_lo)
+                p_hi = pv_ if p_hi is None else (pv_ > p_hi).select(pv_, p_hi)
+            for k_ in (1, 2, 4, 8, 16, 32):
+                o_lo = fx.Int32(fx.gpu.shuffle_xor(p_lo, k_, 64))
+                o_hi = fx.Int32(fx.gpu.shuffle_xor(p_hi, k_, 64))
+                p_lo = (o_lo < p_lo).select(o_lo, p_lo)
+                p_hi = (o_hi > p_hi).select(o_hi, p_hi)
+            p_lo = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_lo.ir_value()))
+            p_hi = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_hi.ir_value()))
 
         def load_vec(ptr, off, n):
             if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
@@ -344,6 +372,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(causal):
             blk_end = qblk * BLOCK_M + BLOCK_M
             kv_end = (blk_end < sk).select(blk_end, sk)
+        if const_expr(pos_causal):  # up to the block's largest position
+            kv_end = (p_hi + 1 < sk).select(p_hi + 1, sk)
         kv_start = zero_i
         if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
             kv_start = part * chunk
@@ -357,6 +387,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             if const_expr(causal):
                 first_row = qblk * BLOCK_M + 1
                 lim = (first_row < lim).select(first_row, lim)
+            if const_expr(pos_causal):  # every row of the block sees the keys up to its smallest position
+                lim = (p_lo + 1 < lim).select(p_lo + 1, lim)
             lim = (lim < kv_start).select(kv_start, lim)
             full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
 
@@ -383,6 +415,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 ok = kidx < sk
                 if const_expr(causal):
                     ok = ok & (kidx <= rows[u])
+                if const_expr(pos_causal):
+                    ok = ok & (kidx <= pos_rows[u])
                 if const_expr(mask_kind != MASK_NONE):
                     kc = (kidx < sk).select(kidx, sk_last)
                     moff = m_base + rows_c[u] * m_sq + kc * m_sk
@@ -416,59 +450,75 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nk, nv = gload_tile(kb + BLOCK_N)
                     nxt = nk + nv
 
-            # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
-            s_tiles = [[] for _ in range_constexpr(RG)]
-            for t in range_constexpr(N_TILES):
-                k_chunks = k_operand(kb, t)
-                for u in range_constexpr(RG):
-                    acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                    if const_expr(QK32):
-                        for s in range_constexpr(D // 32):
-                            acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
-                    else:
-                        for s in range_constexpr(KSTEPS):
-                            if const_expr(is_f32):
-                                acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
-                            else:
-                                acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
-                    s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
+            def tile_math(o_acc):
+                # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
+                s_tiles = [[] for _ in range_constexpr(RG)]
+                for t in range_constexpr(N_TILES):
+                    k_chunks = k_operand(kb, t)
+                    for u in range_constexpr(RG):
+                        acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                        if const_expr(QK32):
+                            for s in range_constexpr(D // 32):
+                                acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
+                        else:
+                            for s in range_constexpr(KSTEPS):
+                                if const_expr(is_f32):
+                                    acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
+                                else:
+                                    acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
+                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
 
-            # ---- online softmax, per row group (softmax.py) ----
-            raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
-            # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
-            m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
-                      softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
-            if const_expr(raw and first):
-                l_base = l_old
-                m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
-            elif const_expr(raw):
-                # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
-                thr = state[len(state) - RG:]
-                any_grow = softmax.rescale_wanted(m_tile, thr)
-                neg_m = [m_old[u] for u in range_constexpr(RG)]
-                thr_new = [thr[u] for u in range_constexpr(RG)]
-                l_base = [l_old[u] for u in range_constexpr(RG)]
-                o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
-                if any_grow:
-                    neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
-                                                                     ONES_L)
-                o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
-                m_new = neg_m
+                # ---- online softmax, per row group (softmax.py) ----
+                raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
+                # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
+                m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
+                          softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
+                if const_expr(raw and first):
+                    l_base = l_old
+                    m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
+                elif const_expr(raw):
+                    # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
+                    thr = state[len(state) - RG:]
+                    any_grow = softmax.rescale_wanted(m_tile, thr)
+                    neg_m = [m_old[u] for u in range_constexpr(RG)]
+                    thr_new = [thr[u] for u in range_constexpr(RG)]
+                    l_base = [l_old[u] for u in range_constexpr(RG)]
+                    o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
+                    if any_grow:
+                        neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
+                                                                         ONES_L)
+                    o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                    m_new = neg_m
+                else:
+                    neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
+                    m_new = m_tile
+                if const_expr(raw):
+                    neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
+                p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
+                # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
+                l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
+
+                # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
+                o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
+                                             vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
+                                             v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
+
+                return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + (thr_new if raw else [])
+
+            raw = not masked and RAW_MAX
+            if const_expr(masked and causal and SKIP_DEAD):
+                # a causal diagonal tile whose first key is past this wave's last row holds no key
+                # any of its rows sees: the wave only stages the tile (LDS) and keeps its state
+                out = list(state[:2 * RG + RG * VN])
+                # this wave's last query row, made here (wave-uniform: a scalar), not kept live
+                # across the unmasked loop
+                wave_last = qblk * BLOCK_M + (16 * RG - 1) + fx.Int32(
+                    rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * RG)
+                if kb <= wave_last:
+                    out = tile_math(o_acc)
             else:
-                neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
-                m_new = m_tile
-            if const_expr(raw):
-                neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
-            p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
-            # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
-            l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
-
-            # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
-            o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
-                                         vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
-                                         v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
-
-            return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + nxt + (thr_new if raw else [])
+                out = tile_math(o_acc)
+            return out[:2 * RG + RG * VN] + nxt + out[2 * RG + RG * VN:]
 
         # the unmasked loop (RAW_MAX) carries -m_ref (+inf: no reference yet) and the rescale
         # thresholds (-inf) at the end of its state; the masked loop takes m_ref
@@ -550,6 +600,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(split):
             w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
             ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
+        if const_expr(sinks and not split):  # this head's sink logit in log2 units
+            sk_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(SK))
+            sink2 = fx.Float32(fx.ptr_load(sk_ptr + fx.Int64(h), result_type=fx.Float32)) * LOG2E
         for u in range_constexpr(RG):
             l_part = results[RG + u]
             if const_expr(ONES_L):  # the ones MFMA summed the row over all lanes already
@@ -560,23 +613,31 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             o_fin = [fx.Vector(results[2 * RG + u * VN + dt]) for dt in range_constexpr(VN)]
             if const_expr(split):
                 store_partials(rows[u], o_fin, results[u], l_tot)
+            elif const_expr(sinks):
+                # the sink joins the denominator: with M = max(m, sink), O / l becomes
+                # O a / (l a + exp2(sink - M)), a = exp2(m - M) (a row with no key: O = 0, output 0)
+                m_u = fx.Float32(results[u])
+                m_top = fx.arith.maximumf(m_u, sink2)
+                a = fx.math.exp2(m_u - m_top, fastmath=AFN)
+                den = l_tot * a + fx.math.exp2(sink2 - m_top, fastmath=AFN)
+                store_output(rows[u], o_fin, a / den)
             else:
                 store_output(rows[u], o_fin, (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot))
 
     @flyc.jit
     def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
-               W: fx.Tensor, WML: fx.Tensor,
+               W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor,
                sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
                nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
                q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
                k_sb: fx.Int32, k_sh: fx.Int32, k_ss: fx.Int32,
                v_sb: fx.Int32, v_sh: fx.Int32, v_ss: fx.Int32,
                o_sb: fx.Int32, o_sh: fx.Int32, o_ss: fx.Int32,
-               m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32,
+               m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32, p_s: fx.Int32,
                grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
-        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
-                             v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk).launch(
+        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, P, SK, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+                             v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk, p_s).launch(
             grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
 
     return launch
