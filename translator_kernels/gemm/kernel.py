@@ -10,7 +10,9 @@ Data path per K step of BK elements (K_pad/BK steps; M is a runtime argument):
   W  global --128-bit buffer loads--> registers (no LDS): the preshuffle puts each lane's
      operand in one contiguous 16-byte chunk.
   MFMA: fp32 -> v_mfma_f32_16x16x4_f32 (8 per 16x16x32 block), bf16/fp16 -> 16x16x16
-     (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation.
+     (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation. fp8 / bf8
+     (fp8.py, mfma8.py) ride as 4-byte units of 4 values in the fp32 geometry, with per-row /
+     per-column epilogue scales (Sa, Sw).
 
 The scheduled K loop (the hot loop):
   - Step k computes on LDS stage k % 2 and W register set k % 2 while the loads of tile k+1
@@ -59,6 +61,7 @@ from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore, splitk as sk
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, gemm_launcher  # noqa: F401 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
@@ -95,7 +98,10 @@ def apply_epilogue_device(v, program, width: int = 4):
 
 
 def mfma_per_block(dtype: str, arch: str) -> int:
-    """MFMA instructions per 16x16x32 (M x N x K) block."""
+    """MFMA instructions per 16x16x32 (M x N x K) block (K in the kernel's elements: for fp8 / bf8, 4-byte
+    units of 4 values, mfma8.py)."""
+    if dtype.split("x")[0] in _F8:
+        return mfma8_per_block(arch)
     if dtype == "f32":
         return 8
     return 1 if arch.startswith("gfx950") else 2
@@ -108,7 +114,8 @@ def _i32(v):
 @kl.builder
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
-               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1):
+               w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
+               a_scale: str = "", w_scale: str = ""):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -143,11 +150,26 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     the up value of one output element. `activation` still applies after the product.
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
-    split / gate / kw; its errors say what it takes."""
-    if dtype not in _ELEM or out_dtype not in _ELEM:
-        raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
+    split / gate / kw; its errors say what it takes.
+
+    dtype "fp8" / "bf8" (e4m3 / e5m2: fnuz on gfx942, OCP on gfx950), or "fp8xbf8"-style for A x W of two
+    formats: 8-bit float operands (fp8.py, mfma8.py). k, k_pad and bk are then in 4-byte units
+    (4 values each); n and n_pad stay columns. a_scale ("" | "tensor" | "row") and w_scale ("" | "tensor" | "col"): fp32 scales
+    applied in the epilogue after `scale`, y = scale * acc * sw[col] * sa[row] (sa[0] / sw[0] for
+    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher)."""
+    fmts = dtype.split("x") if dtype not in _ELEM else None
+    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
+        raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
+    if out_dtype not in _ELEM:
+        raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
+    if a_scale not in ("", "tensor", "row") or w_scale not in ("", "tensor", "col"):
+        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row' / "
+                               f"''|'tensor'|'col'")
+    if (fmts or a_scale or w_scale) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+        raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
+                               "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
-    esz, _ = _ELEM[dtype]
+    esz = 4 if fmts else _ELEM[dtype][0]
     osz, out_t = _ELEM[out_dtype]
     if wm != 1:
         from translator_kernels.gemm.wide import WM, build_gemm_wide
@@ -196,6 +218,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
     def mfma_block(acc, a_regs, b_regs):
         """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks."""
+        if const_expr(fmts is not None):
+            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch)
         if dtype == "f32":
             for h in range_constexpr(lph):
                 af = vector.bitcast(_v4f32(), a_regs[h])
@@ -232,7 +256,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     @flyc.kernel
     def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, P: fx.Tensor,
                     Cnt: fx.Tensor, m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
-                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32, cnt_bytes: fx.Int32):
+                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32, cnt_bytes: fx.Int32,
+                    Sa: fx.Tensor, Sw: fx.Tensor):
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
@@ -445,6 +470,32 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
+            sw_v = [None] * n_rep  # the epilogue scales (fp8): one per column, 4 rows per lane and mr
+            sa_v = [None] * m_rep
+            if const_expr(w_scale != ""):
+                rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4)
+                for nr in range_constexpr(n_rep):
+                    c_ok = col0 + nr * 16 < n
+                    s_off = c_ok.select((col0 + nr * 16) * 4, fx.Int32(OOB)) if w_scale == "col" else fx.Int32(0)
+                    sw_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsw, _raw(s_off), zero))
+            if const_expr(a_scale != ""):
+                rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4)
+                for mr in range_constexpr(m_rep):
+                    vals = []
+                    for i in range_constexpr(4):
+                        row = a_row0 + mr * 16 + q * 4 + i
+                        s_off = (row < m).select(row * 4, fx.Int32(OOB)) if a_scale == "row" else fx.Int32(0)
+                        vals.append(fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsa, _raw(s_off), zero)))
+                    sa_v[mr] = vals
+
+            def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
+                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                if const_expr(w_scale != ""):
+                    yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
+                if const_expr(a_scale != ""):
+                    yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
+                return yv
+
             if const_expr(store_vec):
                 bias_v = [None] * n_rep
                 if const_expr(has_bias):
@@ -453,7 +504,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
 
                 def y_of(mr, nr):
-                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    yv = scaled(mr, nr)
                     if const_expr(has_bias):
                         yv = yv + fx.Vector.filled(4, bias_v[nr], fx.Float32)
                     return apply_epilogue_device(yv, activation)
@@ -469,7 +520,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     b_off = col_ok.select(col * 4, fx.Int32(OOB))
                     bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
                 for mr in range_constexpr(m_rep):
-                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    yv = scaled(mr, nr)
                     if const_expr(has_bias):
                         yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
                     yv = apply_epilogue_device(yv, activation)
@@ -505,7 +556,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         else:
             finish(accs)
 
-    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS)
+    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale else "none")
 
 
 def _spread(n: int, slots: int) -> list[int]:
