@@ -55,7 +55,16 @@ ORACLES = {
     "gemm_gated": lambda: (Fn(lambda m, x: F.silu(m[0](x)) * m[1](x), nn.Linear(40, 24), nn.Linear(40, 24)),
                            (_r(5, 40),)),
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
+    "gemm_fp8": lambda: _fp8_oracle(),
 }
+
+
+def _fp8_oracle(dt=torch.float8_e4m3fnuz):
+    """torch._scaled_mm of an fp8 constant weight; x travels as its bytes (uint8) so the test's casts
+    leave it alone, and the output is fp32 (the only difference left: the fp32 summation order)."""
+    w8, ws, sa = (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5, _r(5, 1).abs() + 0.5
+    return (Fn(lambda m, x: torch._scaled_mm(x.view(dt), w8.t(), scale_a=sa, scale_b=ws, out_dtype=torch.float32)),
+            ((_r(5, 48) * 8).to(dt).view(torch.uint8),))
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
 

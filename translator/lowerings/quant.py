@@ -1,0 +1,136 @@
+"""Quantized GEMMs: `torch._scaled_mm` with an fp8 weight -> `flydsl.gemm_fp8`.
+
+`flydsl.gemm_fp8(a, w, n, k, a_scale, w_scale, bias, out_dtype)` computes
+``(a @ W.T) * w_scale[col] * a_scale[row] + bias`` in fp32 and casts once to out_dtype, for an
+8-bit float activation ``a[M, k]`` and weight ``W[n, k]`` preshuffled at translate time
+(translator_kernels.gemm.fp8: the family's GEMM kernel with fp8 / bf8 MFMAs; scales per tensor,
+per row of a (per token) or per column of W (per output channel), fp32, applied in the epilogue).
+
+Form matched (where it appears):
+- ``torch._scaled_mm(x_fp8, w_fp8.t(), scale_a, scale_b, bias=b, out_dtype=torch.bfloat16)`` with a
+  parameter / buffer weight: torchao's float8 inference linears (dynamic per-token or per-tensor
+  activation scaling, per-channel or per-tensor weights) and hand-written fp8 linears. The activation's
+  quantization (amax, divide, clamp, cast) before it stays as it was traced (elementwise kernels or
+  PyTorch): precision="fp8" (translator.lowerings.fp8_mode) writes its own.
+
+Stays in PyTorch, with the reason: fp8 formats the target's MFMA does not take (gfx942: e4m3fnuz /
+e5m2fnuz; gfx950: OCP e4m3fn / e5m2), an fp8 output (out_dtype None), scale_result, a weight computed
+at run time, block-wise scales (the 128 x 128 layout is not implemented), K not a multiple of 16.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from translator_kernels.gemm.fp8 import (FP8_DTYPES, fp8_dtype, quantize_fp8, ref_gemm_fp8, shuffle_weight_fp8,
+                                         unshuffle_weight_fp8)
+
+from ..graph import aten, arg, dtype_of, shape_of
+from ..registry import Match, OpFamily, Stage, register_family, rule
+from ..runtime.ops import dispatch
+from .gemm import _sources, _weight_nk
+
+_OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_OUT_NAME = {v: k for k, v in _OUT.items()}
+
+
+@torch.library.custom_op("flydsl::gemm_fp8", mutates_args=())
+def gemm_fp8(a: torch.Tensor, w: torch.Tensor, n: int, k: int, a_scale: Optional[torch.Tensor],
+             w_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor], out_dtype: str) -> torch.Tensor:
+    return dispatch("gemm_fp8", a, w, n, k, a_scale, w_scale, bias, out_dtype)
+
+
+@gemm_fp8.register_fake
+def _(a, w, n, k, a_scale, w_scale, bias, out_dtype):
+    return a.new_empty((*a.shape[:-1], n), dtype=_OUT[out_dtype])
+
+
+def ref_gemm_fp8_op(a, w, n, k, a_scale, w_scale, bias, out_dtype):
+    wq = unshuffle_weight_fp8(w, n, k)
+    return ref_gemm_fp8(a, wq, _flat(a_scale), _flat(w_scale), bias=bias, out_dtype=_OUT[out_dtype])
+
+
+def _flat(s):
+    return None if s is None else s.reshape(-1)
+
+
+def kernel_gemm_fp8(a, w, n, k, a_scale, w_scale, bias, out_dtype):
+    from translator_kernels.gemm.fp8 import gemm_fp8 as run
+
+    return run(a, w, n, k, a_scale=_flat(a_scale), w_scale=_flat(w_scale), bias=bias, out_dtype=_OUT[out_dtype])
+
+
+def _sample_gemm_fp8(dtype):
+    g = torch.Generator().manual_seed(0)
+    dt = fp8_dtype("gfx942")  # the registry tests run gfx942
+    aq, sa = quantize_fp8(torch.randn(5, 48, generator=g), dt, dim=-1)
+    wq, sw = quantize_fp8(torch.randn(24, 48, generator=g), dt, dim=-1)
+    return (aq, shuffle_weight_fp8(wq), 24, 48, sa, sw.reshape(1, 24), torch.randn(24, generator=g), "bf16")
+
+
+register_family(OpFamily(
+    name="gemm_fp8", description="C = (A_q @ W_q.T) * w_scale[col] * a_scale[row] + bias, 8-bit float A and W",
+    reference=ref_gemm_fp8_op, kernel=kernel_gemm_fp8, kernel_entry="translator_kernels.gemm.fp8:gemm_fp8",
+    sample_inputs=_sample_gemm_fp8,
+    tolerance_overrides={torch.float32: (1e-4, 1e-4, "K-length fp32 sums of exact fp8 products in MFMA order")},
+))
+
+
+def _fp8_reason(dt, arch, what) -> str | None:
+    formats = FP8_DTYPES["gfx950" if arch.startswith("gfx950") else "gfx942"]
+    if dt in formats.values():
+        return None
+    name = str(dt).replace("torch.", "")
+    want = " / ".join(str(d).replace("torch.", "") for d in formats.values())
+    return f"{what} dtype {name} is not an 8-bit float format of {arch}'s MFMA ({want})"
+
+
+def _scale_reason(shape, rows, what) -> str | None:
+    """None when the scale is one value or one per row / column (shape [rows, 1] / [1, rows] / [rows])."""
+    if shape is None:
+        return f"{what} is not a tensor"
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel == 1 or (numel == rows and sum(d != 1 for d in shape) == 1):
+        return None
+    return f"{what} of shape {list(shape)} is neither per tensor nor per {'row' if 'a' in what else 'column'} " \
+           f"(block-wise scales are not implemented)"
+
+
+def scaled_mm_supported(node, ctx):
+    x, m2 = arg(node, "self"), arg(node, "mat2")
+    sa, sb, bias = arg(node, "scale_a"), arg(node, "scale_b"), arg(node, "bias")
+    if arg(node, "scale_result") is not None:
+        return "scale_result (an fp8 output's scale) is not supported"
+    out_dt = arg(node, "out_dtype")
+    if out_dt not in _OUT_NAME:
+        return f"out_dtype {out_dt} is not bf16 / fp16 / fp32 (an fp8 output stays in PyTorch)"
+    w = _weight_nk(m2, ctx)
+    if w is None:
+        return "right operand is not a parameter (no translate-time preshuffle)"
+    r = _fp8_reason(dtype_of(x), ctx.arch, "input") or _fp8_reason(w.dtype, ctx.arch, "weight")
+    if r:
+        return r
+    (m, k), n = shape_of(x), w.shape[0]
+    if not isinstance(k, int) or k % 16:
+        return f"K={k} is not a multiple of 16"
+    r = _scale_reason(shape_of(sa), m, "scale_a") or _scale_reason(shape_of(sb), n, "scale_b")
+    if r:
+        return r
+    if bias is not None and shape_of(bias) != (n,):
+        return f"bias of shape {shape_of(bias)} is not [N]"
+    return Match(x=x, w=w, b=m2, sa=sa, sb=sb, bias=bias, out=_OUT_NAME[out_dt])
+
+
+@rule(Stage.CANONICAL, aten._scaled_mm.default, family="gemm_fp8", supported=scaled_mm_supported,
+      doc="torch._scaled_mm(x_fp8, W_fp8.t(), scale_a, scale_b) with a parameter weight")
+def lower_scaled_mm(node, ctx, m):
+    n, k = m.w.shape
+    w_node = ctx.add_constant(shuffle_weight_fp8(m.w), "w8", node, derive=shuffle_weight_fp8, sources=(m.w,))
+    return ctx.replace(node, "gemm_fp8", "scaled_mm", (m.x, w_node, n, k, m.sa, m.sb, m.bias, m.out),
+                       _sources(node, m.b))
+
+
