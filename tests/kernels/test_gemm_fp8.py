@@ -92,3 +92,20 @@ def test_gemm_fp8_rejects_bad_input(arch):
             F.gemm_fp8(torch.zeros(2, 64).to(F.fp8_dtype(arch)), ws, 32, 64, a_scale=torch.ones(3))
     with pytest.raises(KernelInputError, match="K % 16"):
         F.shuffle_weight_fp8(torch.zeros(4, 40).to(F.fp8_dtype(arch)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt,fmt,k", [(torch.bfloat16, "fp8", 272), (torch.float32, "bf8", 1040),
+                                      (torch.float16, "fp8", 16)])
+def test_quantize_rows_is_quantize_fp8(arch, dt, fmt, k):
+    """The per-token quantize kernel equals fp8.quantize_fp8(x, dim=-1) bit for bit (a zero row: scale 1e-12)."""
+    from translator_kernels.gemm.quantize import quantize_rows
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 3, k, generator=g) * torch.rand(2, 3, 1, generator=g) * 50).to(dt)
+    x[1, 2] = 0
+    with flysim.simulate(arch=arch) as sim:
+        q, s = quantize_rows(x, fmt)
+    rq, rs = F.quantize_fp8(x, F.fp8_dtype(arch, fmt), dim=-1)
+    assert len(sim.launches) == 1 and q.dtype == F.fp8_dtype(arch, fmt) and s.shape == (2, 3, 1)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
