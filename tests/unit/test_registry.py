@@ -56,6 +56,7 @@ ORACLES = {
                            (_r(5, 40),)),
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
     "gemm_fp8": lambda: _fp8_oracle(),
+    "quantize_fp8": lambda: _fp8_dynamic_oracle(),
 }
 
 
@@ -65,6 +66,17 @@ def _fp8_oracle(dt=torch.float8_e4m3fnuz):
     w8, ws, sa = (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5, _r(5, 1).abs() + 0.5
     return (Fn(lambda m, x: torch._scaled_mm(x.view(dt), w8.t(), scale_a=sa, scale_b=ws, out_dtype=torch.float32)),
             ((_r(5, 48) * 8).to(dt).view(torch.uint8),))
+
+
+def _fp8_dynamic_oracle(dt=torch.float8_e4m3fnuz):
+    """Per-token quantization (lowerings.fp8_mode's form) feeding torch._scaled_mm."""
+    fmax, w8, ws = torch.finfo(dt).max, (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5
+
+    def f(m, x):
+        s = (x.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=1e-12)
+        q = (x.float() / s).clamp(-fmax, fmax).to(dt)
+        return torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
+    return Fn(f), (_r(5, 48),)
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
 
