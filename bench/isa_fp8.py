@@ -101,6 +101,8 @@ def _fp8_time(est, m, n, k, arch, tile):
 
 
 def print_rows(rs):
+    from .isa_gemm import loop_cells
+
     print("## fp8 GEMM (per-token x per-channel scales, bf16 out) at equal tiles: ours vs FlyDSL's fp8 preshuffle GEMM "
           "(static ISA; per-K-step cycles are the bench.hotloop MODEL, TFLOPS the wave-quantization MODEL)\n")
     print("| shape | arch | tile (BK in fp8 values) | impl | VGPR | AGPR | spills | LDS B | waves/SIMD (limit) | MFMA op | "
@@ -112,13 +114,11 @@ def print_rows(rs):
         if "error" in r:
             print(f"| {r['shape']} | {r['arch']} | {tile} | {r['impl']} | {r['error']} |" + " |" * 10)
             continue
-        m, lp, s, e = r["meta"], r["loop"], r["steps"], r["est"]
-        n = lp["counts"]
+        m, e = r["meta"], r["est"]
         print(f"| {r['shape']} | {r['arch']} | {tile} | {r['impl']} | {m['vgpr']} | {m['agpr']} | "
               f"{m['vgpr_spill'] + m['sgpr_spill']} | {m['lds']} | {r['waves']} ({r['limit']}) | {', '.join(r['mnem'])} | "
-              f"{n['MFMA'] / s:g} / {n['VALU'] / s:g} / {n['LDS'] / s:g} / {n['vmem'] / s:g} | "
-              f"{lp['matrix_cycles'] / s:g} / {lp['vector_cycles'] / s:g} / {lp['lds_cycles'] / s:g} | {lp['bound']} | "
-              f"{e['tiles']} / {e['slots'] // max(1, e['wg_per_cu'])} | {e['tflops']:.0f} ({e['peak_tflops']:.0f}) |")
+              f"{loop_cells(r['loop'], r['steps'])} | {e['tiles']} / {e['slots'] // max(1, e['wg_per_cu'])} | "
+              f"{e['tflops']:.0f} ({e['peak_tflops']:.0f}) |")
     print(f"\nSeed (measured, MI350X): FlyDSL's fp8 preshuffle GEMM at 4096^3 ran at {SEED_TFLOPS} TFLOPS. The MODEL "
           "column is the dense fp8 peak times wave quantization, an upper bound no kernel reaches; compare the "
           "two kernels' rows with each other, not with the seed.\n")
