@@ -146,5 +146,21 @@ def _compile_quantize(k):
     launch(torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(m), x, m, x.numel() * 2, m * k)
 
 
+def _compile_w8(n, k, bm, bn, bk):
+    """The weight-only int8 GEMM (bf16 activations, per-channel scale) at one tile (runs in the compile child)."""
+    from translator_kernels.gemm.kernel import build_gemm
+    from translator_kernels.gemm.preshuffle import padded_shape
+    from translator_kernels.launch import arch as current_arch
+
+    n_pad, k_pad = padded_shape(n, k)
+    m = 2 * bm + 1
+    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, "bf16", "bf16", current_arch(), bm, bn, bk, None, False,
+                                    False, 1, "shuffled", None, 1, True, 1, w_scale="col", w_int8=True)
+    a, w = torch.zeros(m, k, dtype=torch.bfloat16), torch.zeros(n_pad, k_pad, dtype=torch.int8)
+    c, z = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(4)
+    launch(c, a, w, z, c, z, torch.zeros(4, dtype=torch.int32), m, 1, 0, 0, 0, 1.0, a.numel() * 2, w.numel(),
+           c.numel() * 2, 16, 16, z, torch.zeros(n))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -71,3 +71,32 @@ def test_scaled_mm_other_formats_stay_in_pytorch(arch):
     assert not tm.report.counters.get("scaled_mm")
     reasons = " ".join(str(r.detail) for r in tm.report.rows)
     assert "is not an 8-bit float format of" in reasons
+
+
+class WeightOnlyInt8Linear(torch.nn.Module):
+    """gpt-fast's int8 weight-only linear, re-typed from its well-known form."""
+
+    def __init__(self, lin: torch.nn.Linear, dtype):
+        super().__init__()
+        w = lin.weight.detach()
+        scales = w.abs().amax(-1) / 127
+        self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-128, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(dtype))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight.to(dtype=x.dtype)) * self.scales
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_weight_only_int8_lowers_to_gemm_w8(arch):
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    model = torch.nn.Sequential(WeightOnlyInt8Linear(torch.nn.Linear(64, 128), dt), torch.nn.SiLU(),
+                                WeightOnlyInt8Linear(torch.nn.Linear(128, 48), dt)).eval()
+    x = torch.randn(2, 5, 64).to(dt)
+    tm = translate(model, (x,), arch=arch, backend="flysim")
+    assert tm.report.counters.get("w8_linear") == 2
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert len([r for r in tm.last_launches if r.counters["mfma_by_kind"]]) == 2
+    w8 = [b for n, b in tm.gm.named_buffers() if n.startswith("_flydsl_w8_")]
+    assert w8 and all(b.dtype == torch.int8 for b in w8)  # the weights stay int8 on the device

@@ -24,3 +24,15 @@ def test_quantize_kernel_isa(arch):
 
     text = main_text(compile_isa_texts("bench.isa_fp8:_compile_quantize", (4096,), arch=arch))
     assert "v_cvt_pk_fp8_f32" in text
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_w8_gemm_isa(arch):
+    """The weight-only int8 GEMM compiles: 8-byte W loads, the bf16 MFMA, no spills."""
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.isa import parse_isa
+
+    text = main_text(compile_isa_texts("bench.isa_fp8:_compile_w8", (4096, 4096, 128, 128, 64), arch=arch))
+    meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
+    assert "buffer_load_dwordx2" in text and "v_mfma_f32_16x16x" in text
+    assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta

@@ -57,7 +57,15 @@ ORACLES = {
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
     "gemm_fp8": lambda: _fp8_oracle(),
     "quantize_fp8": lambda: _fp8_dynamic_oracle(),
+    "gemm_w8": lambda: _w8_oracle(),
 }
+
+
+def _w8_oracle():
+    """Weight-only int8 as gpt-fast writes it: F.linear(x, w_int8.to(x.dtype)) * scales."""
+    w8 = torch.randint(-128, 128, (24, 48), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
+    s = _r(24).abs() / 100
+    return Fn(lambda m, x: F.linear(x, w8.to(x.dtype)) * s), (_r(5, 48),)
 
 
 def _fp8_oracle(dt=torch.float8_e4m3fnuz):

@@ -1,4 +1,5 @@
-"""Quantized GEMMs: `torch._scaled_mm` with an fp8 weight -> `flydsl.gemm_fp8`.
+"""Quantized GEMMs: `torch._scaled_mm` with an fp8 weight -> `flydsl.gemm_fp8`; weight-only int8 ->
+`flydsl.gemm_w8`.
 
 `flydsl.gemm_fp8(a, w, n, k, a_scale, w_scale, bias, out_dtype)` computes
 ``(a @ W.T) * w_scale[col] * a_scale[row] + bias`` in fp32 and casts once to out_dtype, for an
@@ -13,6 +14,11 @@ Form matched (where it appears):
   quantization (amax, divide, clamp, cast) before it stays as it was traced (elementwise kernels or
   PyTorch): precision="fp8" (translator.lowerings.fp8_mode) writes its own.
 
+- ``F.linear(x, w_int8.to(x.dtype)) * scales`` (PATTERN ``w8_linear``; gpt-fast's WeightOnlyInt8Linear):
+  `flydsl.gemm_w8(x, W8, n, k, scale, bias)`, the int8 weight preshuffled once and converted to x's
+  dtype in the GEMM's load path (translator_kernels.gemm.w8), the scale per output channel in the
+  epilogue. Eager rounds the linear to x's dtype before the scale; the kernel rounds once.
+
 Stays in PyTorch, with the reason: fp8 formats the target's MFMA does not take (gfx942: e4m3fnuz /
 e5m2fnuz; gfx950: OCP e4m3fn / e5m2), an fp8 output (out_dtype None), scale_result, a weight computed
 at run time, block-wise scales (the 128 x 128 layout is not implemented), K not a multiple of 16.
@@ -20,15 +26,17 @@ at run time, block-wise scales (the 128 x 128 layout is not implemented), K not 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
+from torch.fx import Node
 
 from translator_kernels.gemm.fp8 import (FP8_DTYPES, fp8_dtype, quantize_fp8, ref_gemm_fp8, shuffle_weight_fp8,
                                          unshuffle_weight_fp8)
 
 from ..graph import aten, arg, dtype_of, shape_of
-from ..registry import Match, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .gemm import _sources, _weight_nk
 
@@ -134,3 +142,87 @@ def lower_scaled_mm(node, ctx, m):
                        _sources(node, m.b))
 
 
+
+
+# ---- weight-only int8: F.linear(x, w_int8.to(x.dtype)) * scales -> flydsl.gemm_w8 ------------------------
+@torch.library.custom_op("flydsl::gemm_w8", mutates_args=())
+def gemm_w8(a: torch.Tensor, w: torch.Tensor, n: int, k: int, scale: torch.Tensor,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return dispatch("gemm_w8", a, w, n, k, scale, bias)
+
+
+@gemm_w8.register_fake
+def _(a, w, n, k, scale, bias):
+    return a.new_empty((*a.shape[:-1], n))
+
+
+def ref_gemm_w8_op(a, w, n, k, scale, bias):
+    from translator_kernels.gemm.w8 import ref_gemm_w8, unshuffle_weight_w8
+
+    return ref_gemm_w8(a, unshuffle_weight_w8(w, n, k, a.dtype), scale, bias)
+
+
+def kernel_gemm_w8(a, w, n, k, scale, bias):
+    from translator_kernels.gemm.w8 import gemm_w8 as run
+
+    return run(a, w, n, k, scale, bias=bias)
+
+
+def _sample_gemm_w8(dtype):
+    from translator_kernels.gemm.w8 import shuffle_weight_w8
+
+    g = torch.Generator().manual_seed(0)
+    w8 = torch.randint(-127, 128, (24, 48), generator=g, dtype=torch.int8)
+    return (torch.randn(5, 48, generator=g).to(dtype), shuffle_weight_w8(w8, dtype), 24, 48,
+            torch.rand(24, generator=g) / 50, None)
+
+
+register_family(OpFamily(
+    name="gemm_w8", description="C = (A @ W8.T) * scale[col] + bias, int8 weight dequantized in the load path",
+    reference=ref_gemm_w8_op, kernel=kernel_gemm_w8, kernel_entry="translator_kernels.gemm.w8:gemm_w8",
+    sample_inputs=_sample_gemm_w8,
+    tolerance_overrides={torch.float32: (1e-4, 1e-4, "K-length fp32 sums in a different order than BLAS")},
+))
+
+
+def w8_linear_supported(node, ctx):
+    """mul(linear(x, W8.to(x.dtype)), s): W8 an int8 parameter / buffer [N, K], s a constant of N values."""
+    from ..graph import CASTS
+
+    lin, s = arg(node, "self"), arg(node, "other")
+    if not (isinstance(lin, Node) and lin.op == "call_function" and lin.target == aten.linear.default
+            and len(lin.users) == 1 and arg(lin, "bias") is None):
+        return NO_MATCH
+    cast = arg(lin, "weight")
+    if not (isinstance(cast, Node) and cast.target in CASTS and len(cast.users) == 1):
+        return NO_MATCH
+    w8, sc = ctx.constant(arg(cast, "self")), ctx.constant(s)
+    if w8 is None or w8.dtype != torch.int8 or w8.dim() != 2 or sc is None:
+        return NO_MATCH
+    x = arg(lin, "input")
+    if dtype_of(x) not in (torch.float32, torch.bfloat16, torch.float16) or dtype_of(cast) != dtype_of(x):
+        return "weight-only int8: the activation must be fp32 / bf16 / fp16 and the weight cast to its dtype"
+    n, k = w8.shape
+    if sc.numel() != n or (sc.dim() > 1 and sc.shape[-1] != n):
+        return f"scales of shape {list(sc.shape)} are not one per output channel ({n})"
+    return Match(x=x, w8=w8, scale=sc, lin=lin, cast=cast)
+
+
+@rule(Stage.PATTERN, aten.mul.Tensor, family="gemm_w8", supported=w8_linear_supported,
+      doc="F.linear(x, w_int8.to(x.dtype)) * scales (weight-only int8)")
+def lower_w8_linear(node, ctx, m):
+    n, k = m.w8.shape
+    prep = functools.partial(_w8_weight, dtype_of(m.x))
+    w_node = ctx.add_constant(prep(m.w8), "w8", node, derive=prep, sources=(m.w8,))
+    s_node = ctx.add_constant(_w8_scale(m.scale), "w8scale", node, derive=_w8_scale, sources=(m.scale,))
+    return ctx.replace(node, "gemm_w8", "w8_linear", (m.x, w_node, n, k, s_node, None), [node, m.lin, m.cast])
+
+
+def _w8_weight(dt, w8):
+    from translator_kernels.gemm.w8 import shuffle_weight_w8
+
+    return shuffle_weight_w8(w8.detach(), dt)
+
+
+def _w8_scale(s):
+    return s.detach().float().reshape(-1).contiguous()

@@ -61,7 +61,7 @@ from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore, splitk as sk
-from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, gemm_launcher  # noqa: F401 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
@@ -115,7 +115,7 @@ def _i32(v):
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
-               a_scale: str = "", w_scale: str = ""):
+               a_scale: str = "", w_scale: str = "", w_int8: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -156,7 +156,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     formats: 8-bit float operands (fp8.py, mfma8.py). k, k_pad and bk are then in 4-byte units
     (4 values each); n and n_pad stay columns. a_scale ("" | "tensor" | "row") and w_scale ("" | "tensor" | "col"): fp32 scales
     applied in the epilogue after `scale`, y = scale * acc * sw[col] * sa[row] (sa[0] / sw[0] for
-    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher)."""
+    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher).
+
+    w_int8: W is int8 (w8.py: weight-only quantization), preshuffled with kpack = the activation's (one
+    chunk of int8 = kpack bytes); each lane converts its W operands to the activation dtype (exact) at the
+    top of the K step that uses them; the per-channel scale is w_scale="col"."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
@@ -165,11 +169,14 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     if a_scale not in ("", "tensor", "row") or w_scale not in ("", "tensor", "col"):
         raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row' / "
                                f"''|'tensor'|'col'")
-    if (fmts or a_scale or w_scale) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+    if (fmts or a_scale or w_scale or w_int8) and (wm != 1 or gate is not None or w_layout != "shuffled"):
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
                                "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
+    wsz = 1 if w_int8 else esz  # bytes per W element (int8 weights: w8.py)
+    if w_int8 and fmts:
+        raise KernelInputError("gemm: an int8 weight takes a bf16 / fp16 / fp32 activation")
     osz, out_t = _ELEM[out_dtype]
     if wm != 1:
         from translator_kernels.gemm.wide import WM, build_gemm_wide
@@ -344,12 +351,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
             else:
                 ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * esz
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz
             w_voff.append(ok.select(off, fx.Int32(OOB)))
 
         def load_w(kt, k_tail=False):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
-            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * esz)
+            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
@@ -363,7 +370,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
-                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz
+                        if const_expr(w_int8):  # kp bytes: converted where they are used (compute)
+                            regs.append(rocdl.raw_ptr_buffer_load(w8_load_type(kp), rw, _raw(voff), _raw(soff), 0))
+                            continue
                         regs.append(gload(rw, voff, soff))
             return regs
 
@@ -382,6 +392,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
         def compute(accs, w_regs, stage):
             accs = list(accs)
+            if const_expr(w_int8):
+                w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
                     ops = []

@@ -57,3 +57,20 @@ def mfma8_block(acc, a_regs, b_regs, a_fmt: str, w_fmt: str, arch: str):
         for e in range_constexpr(2):
             acc = op(_v4f32(), [vector.extract(a64, [], [e]), vector.extract(b64, [], [e]), acc])
     return acc
+
+
+# ---- int8 weights (w8.py): a chunk of kpack int8 values -> the activation's 16-byte chunk ----
+def w8_load_type(kp: int):
+    """What one lane loads for a chunk of kp int8 weights (8 bytes for bf16 / fp16, 4 for fp32)."""
+    return T.vec(kp // 4, T.i32) if kp > 4 else T.i32
+
+
+def w8_to_chunk(raw, kp: int, dtype: str):
+    """kp int8 values (raw load) -> the same values in `dtype` as a vector<4xi32> chunk (exact: |v| <= 128)."""
+    from flydsl._mlir.dialects import arith
+
+    v8 = vector.bitcast(T.vec(kp, T.i8), raw if kp > 4 else vector.from_elements(T.vec(1, T.i32), [raw]))
+    f = arith.sitofp(T.vec(kp, T.f32), v8)
+    if dtype != "f32":
+        f = arith.truncf(T.vec(kp, T.bf16 if dtype == "bf16" else T.f16), f)
+    return vector.bitcast(T.vec(4, T.i32), f)
