@@ -128,51 +128,60 @@ def accuracy(eager_out, translated_out) -> AccuracyReport:
     return rep
 
 
-def verification(eager_out, translated_out):
-    """accuracy() as a translator.verify.Verification (the hook verify_outputs calls for precision fp8)."""
-    from .verify import Verification
+class _Values(torch.fx.Interpreter):
+    """Runs a graph, keeping the value of every node `keep` names."""
 
-    rep = accuracy(eager_out, translated_out)
-    v = Verification(True, rep.passed, [], rep.message)
-    v.accuracy = rep
-    return v
+    def __init__(self, gm, keep):
+        super().__init__(gm)
+        self.keep, self.out = keep, {}
+
+    def run_node(self, n):
+        v = super().run_node(n)
+        k = self.keep(n)
+        if k is not None:
+            self.out[k] = v
+        return v
+
+
+@dataclass
+class Layer:
+    node: str  # the translated FlyDSL node
+    family: str
+    name: str  # the captured node it replaced
+    rel_rms: float
+    shape: list
+    dtype: str
+    sources: list
 
 
 def layer_errors(captured_gm, translated_gm, flat_inputs, run_ctx) -> list:
-    """(FlyDSL node, family, captured name, rel_rms) for every value with a captured twin, in graph order."""
-    from .verify import _pairs, node_values
-
+    """A Layer for every single-output FlyDSL node whose anchor (the captured node it reproduces) has a
+    value, in graph order."""
+    nodes = [n for n in translated_gm.graph.nodes if "flydsl" in n.meta and n.target is not operator.getitem]
+    anchors = {n.meta["flydsl"].get("anchor") for n in nodes}
     with torch.no_grad():
-        ref = node_values(captured_gm, flat_inputs, lambda n: n.meta.get("orig_name"))
+        ref = _Values(captured_gm, lambda n: n.meta.get("orig_name") if n.meta.get("orig_name") in anchors else None)
+        ref.run(*flat_inputs)
         with run_ctx():
-            got = node_values(translated_gm, flat_inputs,
-                              lambda n: n.name if "flydsl" in n.meta or "replaces" in n.meta else None)
+            got = _Values(translated_gm, lambda n: n.name if "flydsl" in n.meta else None)
+            got.run(*flat_inputs)
     out = []
-    for n in translated_gm.graph.nodes:
-        info = n.meta.get("flydsl")
-        if not info or n.target is operator.getitem:
-            continue
-        for name, e, g in _pairs(n, info, ref, got):
-            if isinstance(e, torch.Tensor) and isinstance(g, torch.Tensor) and e.shape == g.shape \
-                    and e.is_floating_point() and g.is_floating_point() and e.numel():
-                out.append((n.name, info["family"], name, _rel_rms(e, g.to(e.dtype))))
+    for n in nodes:
+        info = n.meta["flydsl"]
+        e, g = ref.out.get(info.get("anchor")), got.out.get(n.name)
+        if isinstance(e, torch.Tensor) and isinstance(g, torch.Tensor) and e.shape == g.shape \
+                and e.is_floating_point() and g.is_floating_point() and e.numel():
+            out.append(Layer(n.name, info["family"], info["anchor"], _rel_rms(e, g.to(e.dtype)), list(g.shape),
+                             str(g.dtype).replace("torch.", ""), list(info.get("sources", []))))
     return out
 
 
-def worst_layer_divergence(captured_gm, translated_gm, flat_inputs, run_ctx):
-    """The first_divergence hook for precision fp8: the first FlyDSL node (graph order) past LAYER_RULE's
-    bound (errors grow downstream of a wrong layer: the first one is where it starts), else the worst one."""
-    from .verify import Divergence
-
+def worst_layer(captured_gm, translated_gm, flat_inputs, run_ctx) -> Layer | None:
+    """The first FlyDSL node (graph order) past LAYER_RULE's bound (errors grow downstream of a wrong
+    layer: the first one is where it starts), else the worst one (the hook in translator.verify's
+    first_divergence for precision fp8)."""
     layers = layer_errors(captured_gm, translated_gm, flat_inputs, run_ctx)
-    if not layers:
-        return None
-    node, fam, name, err = next((r for r in layers if r[3] > LAYER_REL_RMS_MAX), max(layers, key=lambda r: r[3]))
-    n = next(x for x in translated_gm.graph.nodes if x.name == node)
-    val = n.meta.get("val")
-    return Divergence(node, f"flydsl.{fam}", name, list(getattr(val, "shape", [])),
-                      str(getattr(val, "dtype", "")).replace("torch.", ""), 0.0, None, [], 0.0, 0.0,
-                      list(n.meta["flydsl"].get("sources", [])), err, 0)
+    return next((r for r in layers if r.rel_rms > LAYER_REL_RMS_MAX), max(layers, key=lambda r: r.rel_rms, default=None))
 
 
 def fp8_report(model, tm, inputs) -> AccuracyReport:
@@ -188,8 +197,8 @@ def fp8_report(model, tm, inputs) -> AccuracyReport:
     rep = accuracy(eager, got)
     ref = capture(model, inputs, None).gm
     layers = layer_errors(ref, tm.gm, pytree.tree_leaves(inputs), lambda: runtime.use_backend(tm.backend, tm.arch))
-    bad = [(n, e) for n, fam, _, e in layers if fam == "gemm_fp8" and e > LAYER_REL_RMS_MAX]
-    rep.layers = sorted(layers, key=lambda r: -r[3])
+    bad = [(r.node, r.rel_rms) for r in layers if r.family == "gemm_fp8" and r.rel_rms > LAYER_REL_RMS_MAX]
+    rep.layers = [(r.node, r.family, r.name, r.rel_rms) for r in sorted(layers, key=lambda r: -r.rel_rms)]
     if bad:
         rep.passed = False
         rep.message += f"; layer rule ({LAYER_RULE}) failed: " + ", ".join(f"{n} {e:.3g}" for n, e in bad[:5])

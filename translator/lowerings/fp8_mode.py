@@ -22,7 +22,9 @@ Forms:
     * its weight's name contains one of KEEP_BF16 (default: "lm_head");
     * K is not a multiple of 16 (16-byte rows of fp8).
   Users override by setting translator.lowerings.fp8_mode.KEEP_BF16 / KEEP_OUTPUT_LAYERS before translate.
-  Activation quantization is a standalone launch per linear for now (not yet fused into the producer).
+  Activation quantization is a standalone launch per distinct input (linears reading the same x, such as
+  q / k / v or gate / up, share it), not yet fused into the producer. Gated MLPs are not merged into the
+  bf16 gated GEMM under fp8: gate and up are fp8 linears and silu(g) * u an elementwise kernel.
 """
 
 from __future__ import annotations
@@ -207,6 +209,9 @@ def lower_linear_fp8(node, ctx, m):
     ws = functools.partial(fp8_weight_scale, ctx.arch)
     w_node = ctx.add_constant(wq(m.w), "w8", node, derive=wq, sources=(m.w,))
     s_node = ctx.add_constant(ws(m.w), "w8scale", node, derive=ws, sources=(m.w,))
-    _, (q, s) = ctx.emit("quantize_fp8", (ctx.cast_in(m.x, node), _fmt(fp8_dtype(ctx.arch))), lowering="quantize_fp8",
-                         sources=[], anchor=m.x, before=node)
+    done = ctx.__dict__.setdefault("_fp8_quantized", {})  # x -> (q, s): q, k, v (gate, up) share one launch
+    if m.x not in done:
+        _, done[m.x] = ctx.emit("quantize_fp8", (ctx.cast_in(m.x, node), _fmt(fp8_dtype(ctx.arch))),
+                                lowering="quantize_fp8", sources=[], anchor=m.x, before=node)
+    q, s = done[m.x]
     return ctx.replace(node, "gemm_fp8", "linear_fp8", (q, w_node, n, k, s, s_node, m.bias, "bf16"), [node])

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 from torch.fx import Node
 
+from translator_kernels.arch import FLOAT_NAMES, NAMED_DTYPES
 from translator_kernels.gemm.fp8 import (FP8_DTYPES, fp8_dtype, quantize_fp8, ref_gemm_fp8, shuffle_weight_fp8,
                                          unshuffle_weight_fp8)
 
@@ -40,8 +41,8 @@ from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .gemm import _sources, _weight_nk
 
-_OUT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-_OUT_NAME = {v: k for k, v in _OUT.items()}
+_OUT = NAMED_DTYPES  # the op's out_dtype: "bf16" / "f16" / "f32"
+_OUT_NAME = FLOAT_NAMES
 
 
 @torch.library.custom_op("flydsl::gemm_fp8", mutates_args=())
