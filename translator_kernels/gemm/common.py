@@ -25,6 +25,30 @@ def _v4f32():
     return T.vec(4, T.f32)
 
 
+def epilogue_scales(rsw, rsa, w_scale: str, a_scale: str, col0, row0, q, m, n, m_rep: int, n_rep: int):
+    """The epilogue's scales for one lane (kernel.py's a_scale / w_scale): sw[nr] (column col0 + 16 nr, or
+    the one value) and sa[mr] = the 4 values of rows row0 + 16 mr + 4 q + i; None where not asked.
+    rsw / rsa: buffer descriptors of Sw / Sa. Columns / rows past N / M read 0 (never stored)."""
+    from flydsl.expr import range_constexpr, rocdl
+
+    zero = _raw(fx.Int32(0))
+    sw_v, sa_v = [None] * n_rep, [None] * m_rep
+    if w_scale:
+        for nr in range_constexpr(n_rep):
+            c = col0 + nr * 16
+            off = (c < n).select(c * 4, fx.Int32(OOB)) if w_scale == "col" else fx.Int32(0)
+            sw_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsw, _raw(off), zero))
+    if a_scale:
+        for mr in range_constexpr(m_rep):
+            vals = []
+            for i in range_constexpr(4):
+                row = row0 + mr * 16 + q * 4 + i
+                off = (row < m).select(row * 4, fx.Int32(OOB)) if a_scale == "row" else fx.Int32(0)
+                vals.append(fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsa, _raw(off), zero)))
+            sa_v[mr] = vals
+    return sw_v, sa_v
+
+
 def gemm_launcher(kernel, bm: int, grid_y: int, threads: int, scales: str | None = None):
     """The @flyc.jit launcher both GEMM kernels share (kernel.py, wide.py): grid (M tiles, grid_y, batch).
 

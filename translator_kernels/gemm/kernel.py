@@ -62,7 +62,7 @@ from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
-from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, gemm_launcher  # noqa: F401 (re-exported)
+from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
 _ELEM = {  # name -> (bytes, DSL type)
@@ -482,23 +482,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
-            sw_v = [None] * n_rep  # the epilogue scales (fp8): one per column, 4 rows per lane and mr
-            sa_v = [None] * m_rep
-            if const_expr(w_scale != ""):
-                rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4)
-                for nr in range_constexpr(n_rep):
-                    c_ok = col0 + nr * 16 < n
-                    s_off = c_ok.select((col0 + nr * 16) * 4, fx.Int32(OOB)) if w_scale == "col" else fx.Int32(0)
-                    sw_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsw, _raw(s_off), zero))
-            if const_expr(a_scale != ""):
-                rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4)
-                for mr in range_constexpr(m_rep):
-                    vals = []
-                    for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
-                        s_off = (row < m).select(row * 4, fx.Int32(OOB)) if a_scale == "row" else fx.Int32(0)
-                        vals.append(fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rsa, _raw(s_off), zero)))
-                    sa_v[mr] = vals
+            rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4) if w_scale else None
+            rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4) if a_scale else None
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_scale, a_scale, col0, a_row0, q, m, n, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
