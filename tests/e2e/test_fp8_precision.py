@@ -41,7 +41,7 @@ def _fp8_launches(tm):
     return sum(bool(FP8_MFMA & set(r.counters["mfma_by_kind"])) for r in tm.last_launches)
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("arch", ["gfx942", pytest.param("gfx950", marks=pytest.mark.slow)])  # kernels: both archs
 def test_llama_block_fp8(arch):
     model, inputs = _llama_block()
     tm = translate(model, inputs, arch=arch, backend="flysim", precision="fp8")
@@ -53,6 +53,7 @@ def test_llama_block_fp8(arch):
     assert "RMS rel err" in v.message and A.FP8_RULE in v.message
 
 
+@pytest.mark.slow  # ~60 s; the keep rule and the report run in the default suite on llama_block
 def test_hf_llama_fp8_keeps_lm_head_and_passes_the_rule():
     model, inputs = _hf_llama()
     tm = translate(model, inputs, arch="gfx950", backend="flysim", precision="fp8")
@@ -86,7 +87,7 @@ def test_accuracy_rule_unit():
     assert not nan.passed
 
 
-@pytest.mark.parametrize("bug", ["scale_twice", "scale_transposed"])
+@pytest.mark.parametrize("bug", ["scale_twice", pytest.param("scale_transposed", marks=pytest.mark.slow)])
 def test_seeded_scale_bug_fails_the_rule(monkeypatch, bug):
     """The gemm_fp8 adapter with a seeded bug: the weight scale applied twice, or the per-token scale
     read as if transposed (row r's scale taken from another row): verification fails and names a layer."""
