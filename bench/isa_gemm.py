@@ -243,6 +243,13 @@ def equal_tile_rows(archs, dtype="bf16", n=4096, k=4096):
     return rows
 
 
+def loop_cells(lp, s) -> str:
+    """The hot-loop table cells per K step: MFMA / VALU / LDS ops / VMEM | matrix / vector / LDS cycles | bound."""
+    n = lp["counts"]
+    return (f"{n['MFMA'] / s:g} / {n['VALU'] / s:g} / {n['LDS'] / s:g} / {n['vmem'] / s:g} | "
+            f"{lp['matrix_cycles'] / s:g} / {lp['vector_cycles'] / s:g} / {lp['lds_cycles'] / s:g} | {lp['bound']}")
+
+
 def print_equal_tiles(rows):
     print("## GEMM bf16 4096^3 at equal tiles: ours vs FlyDSL's GEMMs (static ISA; cycles are the bench.hotloop "
           "MODEL, wave quantization and time the tiles.large_estimate MODEL)\n")
@@ -255,13 +262,11 @@ def print_equal_tiles(rows):
         if "error" in r:
             print(f"| {r['arch']} | {tile} | {r['impl']} | {r['error']} |" + " |" * 12)
             continue
-        m, lp, s, e = r["meta"], r["loop"], r["steps"], r["est"]
-        n = lp["counts"]
+        m, s, e = r["meta"], r["steps"], r["est"]
         print(f"| {r['arch']} | {tile} | {r['impl']} | {r['block']} | {m['vgpr']} | {m['agpr']} | "
               f"{m['vgpr_spill'] + m['sgpr_spill']} | {m['lds']} | {r['waves']} ({r['limit']}) | {s} | "
-              f"{n['MFMA'] / s:g} / {n['VALU'] / s:g} / {n['LDS'] / s:g} / {n['vmem'] / s:g} | "
-              f"{lp['matrix_cycles'] / s:g} / {lp['vector_cycles'] / s:g} / {lp['lds_cycles'] / s:g} | {lp['bound']} | "
-              f"{e['tiles']} / {e['slots']} | {e['wave_efficiency']:.2f} | {e['t'] * 1e6:.1f} |")
+              f"{loop_cells(r['loop'], s)} | {e['tiles']} / {e['slots']} | {e['wave_efficiency']:.2f} | "
+              f"{e['t'] * 1e6:.1f} |")
     print()
 
 

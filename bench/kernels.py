@@ -157,8 +157,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-traffic", action="store_true")
     p.add_argument("--no-isa", action="store_true")
     p.add_argument("--small", action="store_true", help="compile at the reduced shapes (smoke test)")
+    p.add_argument("--dtype", default="", help="fp8: the fp8 GEMM section only (bench.isa_fp8)")
     a = p.parse_args(argv)
     archs = a.arch or ["gfx942", "gfx950"]
+    if a.dtype == "fp8":  # ours vs FlyDSL's fp8 preshuffle GEMM at equal tiles, MODEL TFLOPS beside the seed's
+        from . import isa_fp8
+
+        isa_fp8.print_rows(isa_fp8.rows(tuple(archs)))
+        return 0
     rows = [r for r in ANCHORS if not a.only or r[1] in a.only.split(",")]
     t0 = time.time()
     occ = {} if a.no_isa else isa_table(rows, archs, a.small)

@@ -37,7 +37,8 @@ aten = torch.ops.aten
 Node = torch.fx.Node
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+              "fp8": torch.bfloat16}  # fp8: linears in fp8 (lowerings.fp8_mode), the rest in bf16
 ASSERT = aten._assert_tensor_metadata.default  # export's dtype checks around .to(); not real uses
 CASTS = (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
 

@@ -230,6 +230,10 @@ def verify_outputs(eager_out, translated_out, precision: str, calibration: list 
     """Every output leaf of the translation against eager's. A floating output in low precision
     (tolerances.low_precision) with a truth in `calibration` is judged against the truth
     (tolerances.truth_bound); every other one against eager with tolerances.model_bound."""
+    if precision == "fp8":  # judged by the accuracy report's rule (translator.accuracy)
+        from .accuracy import accuracy
+        rep = accuracy(eager_out, translated_out)
+        return Verification(True, rep.passed, [], rep.message)
     exp, _ = pytree.tree_flatten(eager_out)
     got, _ = pytree.tree_flatten(translated_out)
     if len(exp) != len(got):
@@ -329,6 +333,11 @@ def first_divergence(captured_gm, translated_gm, flat_inputs, run_ctx, precision
     bound alone is named (the outputs failed it, so some node does)."""
     from .registry import FAMILIES
 
+    if precision == "fp8":  # the first layer past the accuracy report's layer bound, else the worst
+        from .accuracy import worst_layer
+        w = worst_layer(captured_gm, translated_gm, flat_inputs, run_ctx)
+        return w and Divergence(w.node, f"flydsl.{w.family}", w.name, w.shape, w.dtype, 0.0, None, [], 0.0, 0.0,
+                                w.sources, w.rel_rms)
     worst = max((c[1] for c in calibration or [] if c), default=0.0)
     needed = set()  # the captured values some FlyDSL node stands for: only these are kept (not every activation)
     for n in translated_gm.graph.nodes:

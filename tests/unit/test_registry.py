@@ -60,6 +60,9 @@ ORACLES = {
         torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2, dim=-1).values)), (_r(7, 8),)),
     "moe_experts": lambda: (Fn(_moe_loop, nn.Linear(32, 4, bias=False), *[nn.Linear(32, 48, bias=False) for _ in range(8)],
                                *[nn.Linear(48, 32, bias=False) for _ in range(4)]), (_r(6, 32),)),
+    "gemm_fp8": lambda: _fp8_oracle(),
+    "quantize_fp8": lambda: _fp8_dynamic_oracle(),
+    "gemm_w8": lambda: _w8_oracle(),
 }
 
 
@@ -87,6 +90,30 @@ def _moe_loop(m, x):
     return out
 
 
+def _w8_oracle():
+    """Weight-only int8 as gpt-fast writes it: F.linear(x, w_int8.to(x.dtype)) * scales."""
+    w8 = torch.randint(-128, 128, (24, 48), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
+    s = _r(24).abs() / 100
+    return Fn(lambda m, x: F.linear(x, w8.to(x.dtype)) * s), (_r(5, 48),)
+
+
+def _fp8_oracle(dt=torch.float8_e4m3fnuz):
+    """torch._scaled_mm of an fp8 constant weight; x travels as its bytes (uint8) so the test's casts
+    leave it alone, and the output is fp32 (the only difference left: the fp32 summation order)."""
+    w8, ws, sa = (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5, _r(5, 1).abs() + 0.5
+    return (Fn(lambda m, x: torch._scaled_mm(x.view(dt), w8.t(), scale_a=sa, scale_b=ws, out_dtype=torch.float32)),
+            ((_r(5, 48) * 8).to(dt).view(torch.uint8),))
+
+
+def _fp8_dynamic_oracle(dt=torch.float8_e4m3fnuz):
+    """Per-token quantization (lowerings.fp8_mode's form) feeding torch._scaled_mm."""
+    fmax, w8, ws = torch.finfo(dt).max, (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5
+
+    def f(m, x):
+        s = (x.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=1e-12)
+        q = (x.float() / s).clamp(-fmax, fmax).to(dt)
+        return torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
+    return Fn(f), (_r(5, 48),)
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
 

@@ -110,7 +110,7 @@ def _match(node, ctx):
 
 def gated_mlp_supported(node, ctx):
     m = _match(node, ctx)
-    if m is None:
+    if m is None or ctx.precision == "fp8":  # fp8: gate and up are fp8 linears (lowerings.fp8_mode)
         return NO_MATCH
     _, _, gl, ul = m
     x, wg, bg = _linear(gl, ctx)

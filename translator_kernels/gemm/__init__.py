@@ -73,11 +73,13 @@ def _check_bytes(op, name, t):
 
 
 def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None,
-            w_layout="shuffled", gate=None):
+            w_layout="shuffled", gate=None, dt=None, scales=None, w_int8=False):
     """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or [batch or 1, N, K]
-    (w_layout "nk") or [batch or 1, K, N] (w_layout "kn") row-major, K a multiple of kpack."""
+    (w_layout "nk") or [batch or 1, K, N] (w_layout "kn") row-major, K a multiple of kpack.
+    fp8.py: dt "fp8" / "bf8" / "fp8xbf8" with a3, ws (and k) in int32 units of 4 values, cfg given;
+    scales = (a_scale mode, Sa, w_scale mode, Sw) applied in the epilogue (kernel.build_gemm)."""
     arch = kl.arch()  # looked up once per target, not per call
-    dt = _DT[a3.dtype]
+    dt = dt or _DT[a3.dtype]
     n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
     k_eff = a3.shape[-1]
     if cfg is None:
@@ -97,10 +99,14 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     p_ws = cnt = _no_bias(a3.device)  # placeholders unless split-K
     if cfg.split > 1:  # partial sums in P, tickets in Cnt; the last split of a tile adds them up (splitk.py)
         p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
+    sa_mode, sa, sw_mode, sw = scales or ("", None, "", None)
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
-                          activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm)
+                          activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
+                          **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
+                          **({"w_int8": True} if w_int8 else {}))
+    extra = ((bias_t if sa is None else sa), (bias_t if sw is None else sw)) if scales else ()
     kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
-            a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4)
+            a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4, *extra)
     if cfg.split > 1:  # the launch returned: its counters are zero again (a launch that raised drops them)
         kp.plan_effect(give_back, cnt)
     return out
@@ -156,6 +162,19 @@ def _rows(op, a, out_dtype):
     return lead, m, out_dtype
 
 
+def _epilogue_args(op, bias, residual, lead, n, out_dtype):
+    """bias [n] as fp32, residual [*lead, n] in out_dtype, both contiguous (None stays None)."""
+    if bias is not None:
+        if tuple(bias.shape) != (n,):
+            raise KernelInputError(f"{op}: bias has shape {tuple(bias.shape)}, expected ({n},)")
+        bias = bias.to(torch.float32).contiguous()
+    if residual is not None:
+        if tuple(residual.shape) != lead + (n,):
+            raise KernelInputError(f"{op}: residual has shape {tuple(residual.shape)}, expected {lead + (n,)}")
+        residual = residual.to(out_dtype).contiguous()
+    return bias, residual
+
+
 @kp.planned
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
          _config=None):
@@ -173,14 +192,7 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
     if m == 0:
         return torch.empty(lead + (n,), dtype=out_dtype, device=a.device)
     a2 = _prep_a(op, a.reshape(m, k), k, w_shuffled.dtype)
-    if bias is not None:
-        if tuple(bias.shape) != (n,):
-            raise KernelInputError(f"{op}: bias has shape {tuple(bias.shape)}, expected ({n},)")
-        bias = bias.to(torch.float32).contiguous()
-    if residual is not None:
-        if tuple(residual.shape) != lead + (n,):
-            raise KernelInputError(f"{op}: residual has shape {tuple(residual.shape)}, expected {lead + (n,)}")
-        residual = residual.to(out_dtype).contiguous()
+    bias, residual = _epilogue_args(op, bias, residual, lead, n, out_dtype)
     out = _launch(op, a2.unsqueeze(0), w_shuffled.unsqueeze(0), n, k, 1, m, bias=bias,
                   activation=activation, residual=residual, scale=scale, out_dtype=out_dtype, cfg=_config)
     return out.reshape(lead + (n,))

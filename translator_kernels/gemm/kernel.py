@@ -10,7 +10,9 @@ Data path per K step of BK elements (K_pad/BK steps; M is a runtime argument):
   W  global --128-bit buffer loads--> registers (no LDS): the preshuffle puts each lane's
      operand in one contiguous 16-byte chunk.
   MFMA: fp32 -> v_mfma_f32_16x16x4_f32 (8 per 16x16x32 block), bf16/fp16 -> 16x16x16
-     (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation.
+     (gfx942, 2 per block) or 16x16x32 (gfx950, 1 per block); fp32 accumulation. fp8 / bf8
+     (fp8.py, mfma8.py) ride as 4-byte units of 4 values in the fp32 geometry, with per-row /
+     per-column epilogue scales (Sa, Sw).
 
 The scheduled K loop (the hot loop):
   - Step k computes on LDS stage k % 2 and W register set k % 2 while the loads of tile k+1
@@ -59,7 +61,8 @@ from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore, splitk as sk
-from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, gemm_launcher  # noqa: F401 (re-exported)
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
 _ELEM = {  # name -> (bytes, DSL type)
@@ -95,7 +98,10 @@ def apply_epilogue_device(v, program, width: int = 4):
 
 
 def mfma_per_block(dtype: str, arch: str) -> int:
-    """MFMA instructions per 16x16x32 (M x N x K) block."""
+    """MFMA instructions per 16x16x32 (M x N x K) block (K in the kernel's elements: for fp8 / bf8, 4-byte
+    units of 4 values, mfma8.py)."""
+    if dtype.split("x")[0] in _F8:
+        return mfma8_per_block(arch)
     if dtype == "f32":
         return 8
     return 1 if arch.startswith("gfx950") else 2
@@ -109,7 +115,7 @@ def _i32(v):
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
-               grouped: bool = False):
+               grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -147,11 +153,33 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     [experts, ...] with w_bs elements per expert; needs split 1 (Cnt is then free).
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
-    split / gate / kw; its errors say what it takes."""
-    if dtype not in _ELEM or out_dtype not in _ELEM:
-        raise KernelInputError(f"gemm: dtype {dtype}/{out_dtype} not in {sorted(_ELEM)}")
+    split / gate / kw; its errors say what it takes.
+
+    dtype "fp8" / "bf8" (e4m3 / e5m2: fnuz on gfx942, OCP on gfx950), or "fp8xbf8"-style for A x W of two
+    formats: 8-bit float operands (fp8.py, mfma8.py). k, k_pad and bk are then in 4-byte units
+    (4 values each); n and n_pad stay columns. a_scale ("" | "tensor" | "row") and w_scale ("" | "tensor" | "col"): fp32 scales
+    applied in the epilogue after `scale`, y = scale * acc * sw[col] * sa[row] (sa[0] / sw[0] for
+    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher).
+
+    w_int8: W is int8 (w8.py: weight-only quantization), preshuffled with kpack = the activation's (one
+    chunk of int8 = kpack bytes); each lane converts its W operands to the activation dtype (exact) at the
+    top of the K step that uses them; the per-channel scale is w_scale="col"."""
+    fmts = dtype.split("x") if dtype not in _ELEM else None
+    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
+        raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
+    if out_dtype not in _ELEM:
+        raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
+    if a_scale not in ("", "tensor", "row") or w_scale not in ("", "tensor", "col"):
+        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row' / "
+                               f"''|'tensor'|'col'")
+    if (fmts or a_scale or w_scale or w_int8) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+        raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
+                               "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
-    esz, _ = _ELEM[dtype]
+    esz = 4 if fmts else _ELEM[dtype][0]
+    wsz = 1 if w_int8 else esz  # bytes per W element (int8 weights: w8.py)
+    if w_int8 and fmts:
+        raise KernelInputError("gemm: an int8 weight takes a bf16 / fp16 / fp32 activation")
     osz, out_t = _ELEM[out_dtype]
     if wm != 1:
         from translator_kernels.gemm.wide import WM, build_gemm_wide
@@ -200,6 +228,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
     def mfma_block(acc, a_regs, b_regs):
         """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks."""
+        if const_expr(fmts is not None):
+            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch)
         if dtype == "f32":
             for h in range_constexpr(lph):
                 af = vector.bitcast(_v4f32(), a_regs[h])
@@ -236,7 +266,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     @flyc.kernel
     def gemm_kernel(C: fx.Tensor, A: fx.Tensor, W: fx.Tensor, Bias: fx.Tensor, Res: fx.Tensor, P: fx.Tensor,
                     Cnt: fx.Tensor, m: fx.Int32, a_bs: fx.Int32, w_bs: fx.Int32, c_bs: fx.Int32, scale: fx.Float32,
-                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32, cnt_bytes: fx.Int32):
+                    a_bytes: fx.Int32, w_bytes: fx.Int32, c_bytes: fx.Int32, p_bytes: fx.Int32, cnt_bytes: fx.Int32,
+                    Sa: fx.Tensor, Sw: fx.Tensor):
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
@@ -325,12 +356,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
             else:
                 ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * esz
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz
             w_voff.append(ok.select(off, fx.Int32(OOB)))
 
         def load_w(kt, k_tail=False):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
-            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * esz)
+            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
@@ -344,7 +375,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
-                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * esz
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz
+                        if const_expr(w_int8):  # kp bytes: converted where they are used (compute)
+                            regs.append(rocdl.raw_ptr_buffer_load(w8_load_type(kp), rw, _raw(voff), _raw(soff), 0))
+                            continue
                         regs.append(gload(rw, voff, soff))
             return regs
 
@@ -363,6 +397,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
         def compute(accs, w_regs, stage):
             accs = list(accs)
+            if const_expr(w_int8):
+                w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
                     ops = []
@@ -451,6 +487,18 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
+            rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4) if w_scale else None
+            rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4) if a_scale else None
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_scale, a_scale, col0, a_row0, q, m, n, m_rep, n_rep)
+
+            def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
+                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                if const_expr(w_scale != ""):
+                    yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
+                if const_expr(a_scale != ""):
+                    yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
+                return yv
+
             if const_expr(store_vec):
                 bias_v = [None] * n_rep
                 if const_expr(has_bias):
@@ -459,7 +507,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
 
                 def y_of(mr, nr):
-                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    yv = scaled(mr, nr)
                     if const_expr(has_bias):
                         yv = yv + fx.Vector.filled(4, bias_v[nr], fx.Float32)
                     return apply_epilogue_device(yv, activation)
@@ -475,7 +523,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     b_off = col_ok.select(col * 4, fx.Int32(OOB))
                     bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
                 for mr in range_constexpr(m_rep):
-                    yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
+                    yv = scaled(mr, nr)
                     if const_expr(has_bias):
                         yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
                     yv = apply_epilogue_device(yv, activation)
@@ -511,7 +559,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         else:
             finish(accs)
 
-    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS)
+    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale else "none")
 
 
 def _spread(n: int, slots: int) -> list[int]:

@@ -34,13 +34,14 @@ def padded_shape(n: int, k: int) -> tuple[int, int]:
     return (-(-n // N_TILE) * N_TILE, -(-k // K_TILE) * K_TILE)
 
 
-def shuffle_weight(w: torch.Tensor) -> torch.Tensor:
-    """B[N, K] -> preshuffled (N_pad, K_pad) tensor (a new tensor; `w` is untouched)."""
+def shuffle_weight(w: torch.Tensor, kpack: int | None = None) -> torch.Tensor:
+    """B[N, K] -> preshuffled (N_pad, K_pad) tensor (a new tensor; `w` is untouched). kpack: elements per
+    chunk when it is not 16 bytes of w's dtype (an int8 weight read by a bf16 kernel: 8, w8.py)."""
     if w.dim() != 2:
         raise KernelInputError(f"shuffle_weight expects a 2-D [N, K] weight, got shape {tuple(w.shape)}")
     n, k = w.shape
     n_pad, k_pad = padded_shape(n, k)
-    kp = kpack_for(w.dtype)
+    kp = kpack or kpack_for(w.dtype)
     if K_TILE % kp:
         raise KernelInputError(f"dtype {w.dtype}: kpack {kp} does not divide the K tile {K_TILE}")
     if (n_pad, k_pad) == (n, k):  # no padding: one permuting copy
@@ -63,9 +64,9 @@ def shuffle_weight_batched(w: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 1, 3, 4, 2, 5).contiguous().view(b, n_pad, k_pad)
 
 
-def unshuffle_weight(ws: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def unshuffle_weight(ws: torch.Tensor, n: int, k: int, kpack: int | None = None) -> torch.Tensor:
     """Inverse of shuffle_weight: the preshuffled tensor back to B[n, k]."""
     n_pad, k_pad = ws.shape
-    kp = kpack_for(ws.dtype)
+    kp = kpack or kpack_for(ws.dtype)
     v = ws.reshape(n_pad // N_TILE, k_pad // K_TILE, K_TILE // kp, N_TILE, kp)
     return v.permute(0, 3, 1, 2, 4).reshape(n_pad, k_pad)[:n, :k]

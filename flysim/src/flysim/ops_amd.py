@@ -248,6 +248,40 @@ def _cvt_pkrtz(d, o):
     return f
 
 
+def _cvt_pk_f8(fmt_index):
+    def h(d, o):
+        """Two fp32 -> 8-bit floats written into 16-bit word word_sel of `old` (v_cvt_pk_fp8_f32 /
+        v_cvt_pk_bf8_f32; the arch's formats: fnuz on gfx942, OCP on gfx950), round to nearest even.
+        Values past the format's range are the caller's to clamp (the hardware without the clamp
+        modifier does not saturate; torch's cast is what this returns)."""
+        from flydsl._mlir import ir
+
+        a, b, old = d.ins(o)[:3]
+        (out,) = d.outs(o)
+        attr = o.attributes["wordSel"]
+        try:
+            hi = bool(ir.IntegerAttr(attr).value)
+        except ValueError:
+            hi = bool(ir.BoolAttr(attr).value)
+
+        def f(ex):
+            dt = _FP8[ex.arch][fmt_index]
+            x = torch.stack([ex.R[a].float().expand(ex.N), ex.R[b].float().expand(ex.N)], dim=-1)
+            byt = x.to(dt).view(torch.uint8).to(torch.int64)
+            word = byt[..., 0] | (byt[..., 1] << 8)
+            o64 = ex.R[old].to(torch.int64).expand(ex.N) & 0xFFFFFFFF
+            res = (o64 & 0x0000FFFF) | (word << 16) if hi else (o64 & 0xFFFF0000) | word
+            ex.R[out] = torch.where(res >= 2**31, res - 2**32, res).to(torch.int32)
+
+        return f
+
+    return h
+
+
+op("rocdl.cvt.pk.fp8.f32")(_cvt_pk_f8(0))
+op("rocdl.cvt.pk.bf8.f32")(_cvt_pk_f8(1))
+
+
 # -- scalar math intrinsics ---------------------------------------------------------
 
 _UN = {"rocdl.exp2": torch.exp2, "rocdl.rcp": torch.reciprocal, "rocdl.rsq": torch.rsqrt,
