@@ -1,6 +1,7 @@
 """The timing MODEL (translator_kernels.timing) against measured MI350X kernel times.
 
-    FLYDSL_SRC=/work/flydsl-src python -m bench.calibration [--refresh] [--fit]
+    FLYDSL_SRC=/work/flydsl-src python -m bench.calibration [--refresh | --missing] [--fit]
+    python -m bench.calibration --gemm-tables     (our GEMM: decode and mid-M tables, both archs)
 
 Every measured point is one of FlyDSL's own kernels (upstream), timed on an AMD Instinct MI350X
 (gfx950) by the public profiling study github.com/jhinpan/flydsl-kernel-profiling(-lib) (FlyDSL
@@ -267,12 +268,78 @@ def fit(feats: dict, points=POINTS) -> dict:
     return best[1]
 
 
+# ---- decode and mid-M GEMM tables (issue 29 item 3) ---------------------------------------------
+LLAMA3_8B = {"N=K=4096 (attn out)": (4096, 4096), "qkv": (6144, 4096), "gate+up": (28672, 4096),
+             "down": (4096, 14336)}
+TABLE_M = (1, 16, 64, 128, 256, 512, 1024)
+
+
+def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype="bf16") -> None:
+    """Our GEMM's chosen tile per M and shape, with the compiled ISA's bytes in flight, and the timing
+    MODEL (translator_kernels.timing via tiles.model_estimate) against the HBM and FLOP floors."""
+    from bench.isa_gemm import _ENTRY, _spec
+    from translator_kernels.gemm import choose_config, m_bucket
+    from translator_kernels.gemm.tiles import model_estimate
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.timing import features
+
+    isa = {}
+    print(f"## GEMM decode and mid-M, {dtype} (MODEL: translator_kernels.timing, calibration: {_calibration()})\n")
+    print("Kernel time = MODEL time less the measuring harness's launch floor. Floor = max(HBM floor, FLOP floor) "
+          "at the vendor peaks; fraction = floor / kernel time; of achievable HBM = the HBM floor at the fitted achievable "
+          "bandwidth (the best the model lets any kernel stream) / kernel time. ISA in flight = the vector-memory bytes one hot-loop "
+          "iteration of the compiled kernel loads (A and W) x its resident waves per CU; W in flight = W's K tile "
+          "per resident workgroup (the HBM bytes). prefetch 2 = the MODEL with two K tiles of W in flight per "
+          "workgroup (a kernel change: ours keeps one).\n")
+    print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | ISA in flight / CU (KiB) | "
+          "W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | floor / kernel | "
+          "of achievable HBM | prefetch 2: kernel us | bound |")
+    print("|" + "---|" * 15)
+    for arch in archs:
+        g = GPUS[arch]
+        for label, (n, k) in shapes.items():
+            for m in ms:
+                c = choose_config(m_bucket(m), n, k, dtype, arch)
+                key = (arch, n, k, c)
+                if key not in isa:
+                    try:
+                        spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm)
+                        isa[key] = features(main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch)), arch)
+                    except Exception as e:  # noqa: BLE001 - a failed compile is a table entry
+                        isa[key] = str(e).splitlines()[-1][:80]
+                e = model_estimate(m, n, k, dtype, arch, c)
+                e2 = model_estimate(m, n, k, dtype, arch, c, prefetch=2)
+                f = isa[key]
+                res = min(e["wg_per_cu"], e["grid"] / g.cus)
+                isa_cell = (f"{res * f.waves_per_wg * f.inflight_bytes / 1024:.0f}" if not isinstance(f, str)
+                            else f"compile failed: {f}")
+                w_cell = res * c.bn * c.bk * 2 / 1024
+                launch = g.timing["launch_s"]
+                print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
+                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {isa_cell} | "
+                      f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
+                      f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
+                      f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {(e2['t'] - launch) * 1e6:.1f} | "
+                      f"{e['bound']} |", flush=True)
+    print()
+
+
+def _calibration() -> str:
+    from translator_kernels.timing import CALIBRATION
+
+    return CALIBRATION
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--refresh", action="store_true", help="recompile upstream's kernels (needs FLYDSL_SRC)")
     ap.add_argument("--missing", action="store_true", help="compile only kernels missing from the cache")
     ap.add_argument("--fit", action="store_true", help="refit the constants and print them")
+    ap.add_argument("--gemm-tables", action="store_true", help="print the decode / mid-M GEMM tables (compiles ours)")
     a = ap.parse_args(argv)
+    if a.gemm_tables:
+        gemm_tables()
+        return 0
     if a.refresh or a.missing or not os.path.exists(CACHE):
         feats = refresh(everything=not a.missing)
     else:

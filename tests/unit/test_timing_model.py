@@ -111,3 +111,19 @@ def test_refit_gives_the_constants_in_arch():
     c = cal.fit(cal.load_features())
     assert c == pytest.approx(GPUS["gfx950"].timing)
     assert tiles  # the heuristic reads the same constants (translator_kernels.arch)
+
+
+def test_config_fits_rejects_kw4_tiles_whose_lds_cannot_sum_the_accumulators():
+    """kernel.py sums the 4 K-waves' accumulators through the two A stages: 64x64x128 kw=4 needs 64 KiB
+    there, the stages hold 32 KiB (the mid-M ranking chose it before config_fits knew)."""
+    assert "accumulators" in tiles.config_fits(GemmConfig(64, 64, 128, 2, 4), "bf16", "gfx942")
+    assert tiles.config_fits(GemmConfig(64, 64, 256, 2, 4), "bf16", "gfx942") is None
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_mid_m_choice_compiles(arch):
+    from bench.isa_gemm import isa_stats
+
+    c = choose_config(128, 6144, 4096, "bf16", arch)
+    s = isa_stats(6144, 4096, "bf16", arch, c.bm, c.bn, c.bk, split=c.split, kw=c.kw, wm=c.wm)
+    assert s["vgpr_spill"] == 0 and s["mfma_static"] > 0

@@ -163,6 +163,11 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return f"LDS {lds} B exceeds {LDS_BYTES[arch_key(arch)]} B on {arch}"
     if vgpr_estimate(cfg, dtype) > MAX_VGPR_EST:
         return f"~{vgpr_estimate(cfg, dtype)} VGPRs exceeds {MAX_VGPR_EST}"
+    waves = THREADS // 64
+    acc = waves * (cfg.bm // 16) * (cfg.bn * cfg.kw // (16 * waves)) * 256  # dwords the waves sum through LDS
+    if cfg.kw > 1 and acc > 2 * cfg.bm * cfg.bk * _esize(dtype) // 4:
+        return (f"the two A stages of {cfg.bm}x{cfg.bn}x{cfg.bk} ({lds} B) cannot hold the {waves} waves' "
+                f"accumulators (kw={cfg.kw}, {4 * acc} B)")
     return None
 
 
