@@ -24,7 +24,11 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
 Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
 (128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 64
 or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
-does); within 2 % of the least time the large tile, then fewer splits, then the smaller BK. Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
+does); within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
+large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
+validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
+path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
+(and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
 32 workgroups on 256-304 CUs.
 
 `model_estimate` runs translator_kernels.timing (a MODEL fitted on measured MI350X kernels; its
@@ -92,6 +96,7 @@ MATRIX_FLOPS_PER_CLK = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # d
 L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibrated on hardware
 WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
 MID_M = 1024  # buckets up to this take `_mid` (split-K / small-N candidates beside the large tiles)
+MID_MARGIN = 0.12  # `_mid` leaves the large tile only for a modeled gain above the model's median error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +315,8 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     # as for decode: a grid that gives every CU a workgroup, where one exists
     scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or [(e["t"], c) for e, c in est]
     best = min(t for t, _ in scored)
+    if best > est[0][0]["t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
+        return cands[0]
     # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK
     return min((sc for sc in scored if sc[0] <= best * 1.02),
                key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk))[1]
@@ -368,7 +375,7 @@ def _heuristic(m_bucket: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     k_pad = padded_shape(n, k)[1]
     if m_bucket <= 64:
         cfg = _skinny(m_bucket, n, k, dt, arch)
-    elif m_bucket <= MID_M:
+    elif m_bucket <= MID_M and padded_shape(n, k)[0] * k_pad * _esize(dt) >= L2_BYTES:
         cfg = _mid(m_bucket, n, k, dt, arch)
     else:
         cfg = _large(m_bucket, n, k, dt, arch)
