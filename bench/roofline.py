@@ -1,9 +1,11 @@
 """A roofline MODEL (not a measurement) of kernel and model time on MI300X and MI355X.
 
-    time >= max(bytes / HBM bandwidth, FLOPs / peak matrix FLOPs) / efficiency(occupancy)
+    time >= max(bytes / achievable HBM bandwidth, FLOPs / peak matrix FLOPs) / efficiency(occupancy)
 
-Peaks (translator.report.cost.GPUS, which the report uses too) are the vendor's dense numbers (MI300X: 5.3 TB/s, 1307 TFLOPS bf16, 163.4 TFLOPS fp32
-matrix; MI355X: 8 TB/s, 2517 TFLOPS bf16, 157.3 TFLOPS fp32 matrix). Occupancy penalty (our
+Peaks (translator.report.cost.GPUS, which the report uses too) are the vendor's dense numbers
+(translator_kernels.arch); the achievable HBM bandwidth is the share of the vendor's peak that
+bench.calibration fitted on measured MI350X kernels (translator_kernels.timing, the full timing
+MODEL, of which this roofline is the floor; its calibration error: timing.CALIBRATION). Occupancy penalty (our
 assumption, documented here, not calibrated on hardware): a memory-bound kernel needs
 `NEED_WAVES["memory"]` = 4 waves per SIMD in flight to cover HBM latency, an MFMA-bound one
 `NEED_WAVES["compute"]` = 2; below that the kernel reaches waves / need of the roof.

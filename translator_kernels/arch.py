@@ -40,6 +40,10 @@ class Arch:
     sgpr_file: int = 800  # SGPRs per SIMD
     max_waves: int = 8  # waves per SIMD (the occupancy model's cap)
     wave: int = 64
+    llc_bytes: int = 256 * 1024 * 1024  # Infinity Cache (last-level cache), both products
+    # the timing MODEL's fitted constants (translator_kernels.timing; fitted by bench.calibration on
+    # measured MI350X points; MI300X has no measured point here and takes MI350X's)
+    timing: dict = field(default_factory=dict)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense matrix peak (flops per second) for MFMA input type `dtype` ("bf16", "f32", ...)."""
@@ -49,14 +53,20 @@ class Arch:
 _CDNA3_RATES = {"f32": 256, "xf32": 512, "bf16": 2048, "f16": 2048, "i8": 4096, "fp8": 4096, "f64": 256}
 _CDNA3_MFMA = {"f32": ((16, 16, 4), (32, 32, 2)), "bf16": ((16, 16, 16), (32, 32, 8)), "f16": ((16, 16, 16), (32, 32, 8))}
 
+# fitted by `python -m bench.calibration --fit` (the launch floor of the measuring harness, the
+# achievable share of the vendor's HBM peak, the loaded memory latency, the share of matrix / vector /
+# LDS work that waves sharing a SIMD overlap, the share of a memory latency a loop iteration waits)
+_TIMING_FIT = {"launch_s": 10.0e-6, "hbm_efficiency": 0.60, "mem_latency_s": 1.4e-6, "overlap": 0.0, "exposed": 0.5}
+
 MI300X = Arch("gfx942", "MI300X", cus=304, clock_hz=2.1e9, lds_bytes=64 * 1024, lds_read_bytes_per_clk=128,
-              hbm_bytes_per_s=5.3e12, matrix_flops_per_clk=_CDNA3_RATES, mfma=_CDNA3_MFMA)
+              hbm_bytes_per_s=5.3e12, matrix_flops_per_clk=_CDNA3_RATES, mfma=_CDNA3_MFMA, timing=_TIMING_FIT)
 # CDNA4: twice the low-precision matrix rate (K doubled in its bf16 / f16 shapes), half the f64,
 # 2.5x the LDS with twice its read port
 MI355X = Arch("gfx950", "MI355X", cus=256, clock_hz=2.4e9, lds_bytes=160 * 1024, lds_read_bytes_per_clk=256,
               hbm_bytes_per_s=8.0e12,
               matrix_flops_per_clk={**_CDNA3_RATES, "bf16": 4096, "f16": 4096, "i8": 8192, "fp8": 8192, "f64": 128},
-              mfma={**_CDNA3_MFMA, "bf16": ((16, 16, 32), (32, 32, 16)), "f16": ((16, 16, 32), (32, 32, 16))})
+              mfma={**_CDNA3_MFMA, "bf16": ((16, 16, 32), (32, 32, 16)), "f16": ((16, 16, 32), (32, 32, 16))},
+              timing=_TIMING_FIT)
 GPUS = {g.name: g for g in (MI300X, MI355X)}
 assert tuple(GPUS) == ARCHS
 

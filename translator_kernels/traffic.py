@@ -1,7 +1,7 @@
 """A global-memory traffic MODEL of our kernels (not a measurement): bytes moved per call.
 
 For each kernel family, `model_bytes(family, dtype, shape, arch)` predicts the bytes our kernel
-moves from the launch geometry it really uses (the norm's grid, the GEMM tile, the attention tile
+moves from the launch geometry it really uses (the norm's grid, the GEMM tile and its split-K partials, the attention tile
 plan of this arch, causal flag and head dim: `attention_bytes`), with no cache: every load the
 kernel issues reaches HBM, and loads the hardware drops (buffer accesses past a descriptor's
 bounds) move nothing. `compulsory_bytes` is each input read once plus each output written once.
@@ -84,10 +84,13 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
     if family == "gemm":
         from translator_kernels.gemm.preshuffle import padded_shape
 
+        from translator_kernels.gemm.tiles import partial_bytes
+
         m, n, k = shape
         c = gemm_tile(dt, shape, arch)
         n_pad, k_pad = padded_shape(n, k)
-        return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e
+        written, read = partial_bytes(m, n, k, c)  # split-K's fp32 partial tiles
+        return (m * k * math.ceil(n / c.bn) + n_pad * k_pad * math.ceil(m / c.bm) + m * n) * e + written + read
     if family == "attention":
         b, s, h, d = shape
         return attention_bytes(dt, s, s, d, arch, causal=True, heads=b * h)

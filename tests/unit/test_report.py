@@ -139,7 +139,7 @@ def test_kernel_view_one_row_per_launch_sorted_by_model_time(flysim_mlp):
     assert gemm["intensity"] == pytest.approx(gemm["flops"] / gemm["bytes"], rel=1e-2)
     assert gemm["MI355X us (MODEL)"] < gemm["MI300X us (MODEL)"]
     md = tm.report.to_markdown()
-    assert "FlyDSL launches (times are a roofline MODEL" in md and gemm["kernel"] in md
+    assert "FlyDSL launches (times are a MODEL" in md and "calibration: fit on" in md and gemm["kernel"] in md
 
 
 def test_html_shows_launch_chart_beside_pytorch_list(flysim_mlp):

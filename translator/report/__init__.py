@@ -151,7 +151,26 @@ class Report:
             "bytes_in_flydsl_kernels": nbytes["kernels"],
             "flydsl_byte_share": nbytes["share"],
             "flydsl_kernel_byte_share": nbytes["kernel_share"],
+            **self.rank_summary(),
         }
+
+    def rank_summary(self) -> dict:
+        """What this process's graph holds (under torch.distributed: one rank's share of the model) and
+        what part of it is functional collectives (report.cost.COLLECTIVES)."""
+        coll = [r for r in self.rows if _is_collective(r)]
+        rank = world = None
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+        except Exception:  # noqa: BLE001 - no process group: a single-process graph
+            pass
+        tb, tf = sum(r.bytes for r in self.rows), sum(r.flops for r in self.rows)
+        cb, cf = sum(r.bytes for r in coll), sum(r.flops for r in coll)
+        return {"rank": rank, "world_size": world, "collective_ops": len(coll), "collective_bytes": cb,
+                "collective_flops": cf, "collective_byte_share": cb / tb if tb else 0.0,
+                "collective_flop_share": cf / tf if tf else 0.0}
 
     def fallbacks(self) -> list[Row]:
         return [r for r in self.rows if r.where == "pytorch" and not _is_layout(r)]
@@ -167,23 +186,42 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
+    def precision_what_if(self) -> str:
+        """Under the default fp32, what precision="bf16" would change: the FlyDSL ops' MODEL time on
+        MI300X / MI355X (fp32 ops' FLOPs at the bf16 matrix rate and half their bytes). The accuracy
+        of bf16 is not checked here (that is a second translation); "" when nothing would change."""
+        if self.precision != "fp32":
+            return ""
+        f32 = [op for op in self.ops.values() if op.get("dtype") == "float32" and (op["flops"] or op["bytes"])]
+        if not f32:
+            return ""
+        parts = []
+        for arch in cost.GPUS:
+            now = sum(cost.kernel_time(op["flops"], op["bytes"], "f32", arch)["t"] for op in f32)
+            bf = sum(cost.kernel_time(op["flops"], op["bytes"] / 2, "bf16", arch)["t"] for op in f32)
+            parts.append(f"{cost.GPUS[arch]['name']} {now * 1e6:.3g} -> {bf * 1e6:.3g} us")
+        return (f"precision fp32 (the default): precision='bf16' would take its {len(f32)} fp32 FlyDSL ops from "
+                f"{'; '.join(parts)} (MODEL; accuracy not checked: translate with precision='bf16' verifies it)")
+
     def headline(self) -> str:
         s = self.summary()
         v = self.verification
         ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
         fly = s["flydsl_kernel_nodes"] + s["flydsl_reference_nodes"] + s["flydsl_not_run_nodes"]
         folded = f" (+{s['folded_nodes']} folded once per shape)" if s["folded_nodes"] else ""
-        return (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
+        return _rank_line(s) + (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
                 f"launched FlyDSL kernels, {s['flydsl_reference_nodes']} reference-only, {s['flydsl_not_run_nodes']} "
                 f"not run yet), {s['pytorch_nodes']} in PyTorch{folded}; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
                 f"{100 * s['flydsl_byte_share']:.1f}% of bytes in FlyDSL ops; backend {self.backend} "
-                f"({self.backend_reason}); verification {ver}")
+                f"({self.backend_reason}); verification {ver}"
+                + (f"; {self.precision_what_if()}" if self.precision_what_if() else ""))
 
     def to_markdown(self) -> str:
         s = self.summary()
         v = self.verification
         out = [f"# flydsl-translator report: {self.model}", "",
-               f"- arch: {self.arch}; precision: {self.precision}",
+               f"- arch: {self.arch}; precision: {self.precision}"
+               + (f" — {self.precision_what_if()}" if self.precision_what_if() else ""),
                f"- backend: **{self.backend}** — {self.backend_reason}",
                f"- capture: {self.capture}" + (f" (dynamic dims, as (input, dim): {self.dynamic_dims}; "
                                                "marked * in shapes)" if self.dynamic_dims else ""),
@@ -199,6 +237,7 @@ class Report:
                f"({100 * s['flydsl_flop_share']:.1f}%), {s['flops_in_flydsl_kernels']:,} on launched FlyDSL kernels",
                f"- bytes (op-by-op model): {s['bytes_total']:,} total, {s['bytes_in_flydsl_ops']:,} in FlyDSL ops "
                f"({100 * s['flydsl_byte_share']:.1f}%), {s['bytes_in_flydsl_kernels']:,} on launched FlyDSL kernels",
+               *([f"- {_rank_line(s).rstrip('; ')}"] if _rank_line(s) else []),
                f"- verification: {'not run' if not v.ran else ('PASSED' if v.passed else 'FAILED')} — {v.message}"]
         if v.divergence:
             out.append(f"  - {v.divergence.describe()}")
@@ -226,7 +265,7 @@ class Report:
         kv = self.kernel_view()
         if kv:
             cols = list(dict.fromkeys(c for k in kv for c in k))
-            out += ["", "## FlyDSL launches (times are a roofline MODEL, not measurements)", "",
+            out += ["", "## FlyDSL launches (times are a MODEL, not measurements)", "", f"{cost.model_note()}.", "",
                     "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             out += ["| " + " | ".join(_cell(k.get(c)) for c in cols) + " |" for k in kv]
         if self.kernels:
@@ -255,7 +294,7 @@ class Report:
         console.print(t)
         kv = self.kernel_view()
         if kv:
-            k = Table(title="FlyDSL launches (us are a roofline MODEL)")
+            k = Table(title="FlyDSL launches (us are a MODEL)", caption=cost.model_note())
             cols = ("kernel", "node", "flops", "bytes", "intensity", "MI300X us (MODEL)", "MI355X us (MODEL)")
             for col in cols:
                 k.add_column(col, overflow="fold")
@@ -288,6 +327,22 @@ _TERMINAL_COLUMNS = ("op", "nodes", "kernel", "VGPR", "SGPR", "spills (v/s)", "L
 def _kernel_columns(kernels: list) -> list:
     """The columns of the ISA table: every key any kernel row has, in first-seen order."""
     return list(dict.fromkeys(c for k in kernels for c in k))
+
+
+def _is_collective(r: Row) -> bool:
+    ns, _, name = r.op.partition(".")
+    return "c10d" in ns and name in cost.COLLECTIVES
+
+
+def _rank_line(s: dict) -> str:
+    """"rank 0/2 holds ... FLOPs and ... bytes, of which collectives ..." under torch.distributed or
+    when the graph has collectives; "" otherwise."""
+    if s["rank"] is None and not s["collective_ops"]:
+        return ""
+    who = f"rank {s['rank']}/{s['world_size']}" if s["rank"] is not None else "this graph"
+    return (f"{who} holds {s['flops_total']:,} FLOPs and {s['bytes_total']:,} bytes; collectives "
+            f"({s['collective_ops']} ops): {100 * s['collective_flop_share']:.1f}% of FLOPs, "
+            f"{100 * s['collective_byte_share']:.1f}% of bytes; ")
 
 
 def _is_layout(r: Row) -> bool:

@@ -80,8 +80,10 @@ def _launch_chart(report) -> str:
                      f'fill="{COLOURS["flydsl-kernel"]}"><title>{escape(tip)}</title></rect>')
         parts.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 19}" font-size="11">{t300:.3g} / {t355:.3g} us</text>')
     parts.append("</svg>")
-    return "".join(parts) + ("<p class=note>Bars: roofline MODEL time on MI300X (label: MI300X / MI355X), "
-                             "max(bytes / HBM bandwidth, FLOPs / peak); not a measurement.</p>")
+    from .cost import model_note
+
+    return "".join(parts) + ("<p class=note>Bars: roofline MODEL time on MI300X (label: MI300X / MI355X); "
+                             f"{escape(model_note())}.</p>")
 
 
 def _pytorch_list(report) -> str:

@@ -11,7 +11,7 @@ LAYOUT_OPS = {
     "contiguous", "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "flatten", "unflatten",
     "getitem", "clone", "alias", "detach", "size", "sym_size", "lift_fresh_copy", "_assert_tensor_metadata",
     "dropout", "to", "_to_copy", "type_as", "narrow", "movedim", "repeat", "cat", "stack", "arange", "zeros", "ones",
-    "full", "empty", "tril", "triu", "scalar_tensor", "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size",
+    "full", "empty", "scalar_tensor", "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size",
     "broadcast_tensors", "expand_as", "view_as", "as_strided", "swapaxes", "swapdims", "mT", "mH", "adjoint",
 }
 
@@ -44,8 +44,16 @@ def _fmt_dim(s) -> str:
 
 
 def describe_shapes(node: torch.fx.Node) -> str:
+    """Input shapes -> output shapes; a size no capture can know (`x[x > 0]`) is named data-dependent,
+    with its recorded bound (report.cost.data_dependent); the FLOPs and bytes of such a node are
+    those of the example inputs' run."""
+    from .cost import data_dependent
+
     ins = [a.meta.get("val") for a in node.all_input_nodes if a.op != "get_attr"]
-    return ", ".join(f for f in (_fmt_shape(v) for v in ins) if f) + " -> " + _fmt_shape(node.meta.get("val"))
+    out = node.meta.get("val")
+    text = ", ".join(f for f in (_fmt_shape(v) for v in ins) if f) + " -> " + _fmt_shape(out)
+    dd = data_dependent(out, node)
+    return f"{text} [{dd}]" if dd else text
 
 
 def node_dtype(node) -> str:

@@ -10,16 +10,32 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
   - BM = max(16, bucket): no MFMAs on padded rows beyond the 16-row MFMA minimum.
   - Candidates: kw = 1 with BN = 64, kw = 4 with BN in {16, 32, 64}; BK in {32, ..., 256}; split-K
     factor S (dividing K_pad / BK, at most MAX_SPLIT) whose partials meet inside the launch
-    (splitk.py). Each is scored by `stream_estimate`, a Little's-law cost: each resident workgroup
-    keeps one K tile of loads in flight ((rows + BN) x BK bytes); A, which every column tile
-    re-reads, comes from L2 when it fits (L2_BYTES), W streams from HBM once per row tile; the
+    (splitk.py). Each is ranked by the timing MODEL (`model_estimate`, below).
+  - `stream_estimate`, the decode estimator, is a Little's-law cost: each resident workgroup keeps
+    one K tile of W in flight (BN x BK bytes: the HBM bytes in flight; A, which every column
+    tile re-reads, comes from L2 when it fits, L2_BYTES, and is not HBM traffic in flight); the
     GPU reaches min(HBM bandwidth, bytes in flight / HBM_LATENCY_S); split-K adds its fp32
     partials (`partial_bytes`: S x the tile written, S - 1 read back, all counted at HBM).
+    Counting A's bytes in flight (before issue 29) made tiles whose in-flight bytes were mostly A
+    look as fast as ones streaming W, and gave 0.82-0.99 of HBM where W alone gives 0.24-0.75.
   - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
     wins; within 2 % of it, fewer splits, then the smaller BK.
-  - For N = K = 4096 bf16 this picks BN = 16, kw = 4 (256 column tiles): on gfx942 S = 4 (grid
-    1024 = 3.4 x 304 CUs), on gfx950 S = 4 (M <= 4) or 2 (grid 512 = 2 x 256 CUs); modeled HBM
-    fraction 0.82-0.99 (bench.kernels prints the rows beside the unsplit 16x64 tile).
+
+Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
+(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 64
+or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
+does); within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
+large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
+validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
+path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
+(and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
+32 workgroups on 256-304 CUs.
+
+`model_estimate` runs translator_kernels.timing (a MODEL fitted on measured MI350X kernels; its
+calibration error is timing.CALIBRATION) on features estimated from the config (no compile): the
+MFMA cycles of one K tile per wave, A's LDS round trip, W's K tile per workgroup as the HBM bytes
+in flight, occupancy from `workgroups_per_cu`, the grid with its split-K factor, HBM bytes with
+L2 / last-level-cache reuse (timing.gemm_hbm_bytes) plus the split-K partials.
 
 Large M (bucket > 64) is bound by the MFMAs; the tile trades A/W reuse against how evenly the
 workgroups fill the machine (wave quantization):
@@ -53,6 +69,7 @@ the fastest.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -78,6 +95,8 @@ CLOCK_HZ = {a: g.clock_hz for a, g in GPUS.items()}  # boost clocks
 MATRIX_FLOPS_PER_CLK = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # dense, per CU
 L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibrated on hardware
 WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
+MID_M = 1024  # buckets up to this take `_mid` (split-K / small-N candidates beside the large tiles)
+MID_MARGIN = 0.12  # `_mid` leaves the large tile only for a modeled gain above the model's median error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +168,11 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return f"LDS {lds} B exceeds {LDS_BYTES[arch_key(arch)]} B on {arch}"
     if vgpr_estimate(cfg, dtype) > MAX_VGPR_EST:
         return f"~{vgpr_estimate(cfg, dtype)} VGPRs exceeds {MAX_VGPR_EST}"
+    waves = THREADS // 64
+    acc = waves * (cfg.bm // 16) * (cfg.bn * cfg.kw // (16 * waves)) * 256  # dwords the waves sum through LDS
+    if cfg.kw > 1 and acc > 2 * cfg.bm * cfg.bk * _esize(dtype) // 4:
+        return (f"the two A stages of {cfg.bm}x{cfg.bn}x{cfg.bk} ({lds} B) cannot hold the {waves} waves' "
+                f"accumulators (kw={cfg.kw}, {4 * acc} B)")
     return None
 
 
@@ -188,8 +212,7 @@ def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConf
     grid = tiles_m * tiles_n * cfg.split
     wpc = wg_per_cu or workgroups_per_cu(cfg, dtype, a)
     slots = CUS[a] * wpc
-    rows = min(m, cfg.bm)
-    in_flight = (rows + cfg.bn) * cfg.bk * esz  # one K tile of A and W per workgroup
+    in_flight = cfg.bn * cfg.bk * esz  # one K tile of W per workgroup: the HBM bytes in flight (A comes from L2)
 
     def bw(resident):
         return min(HBM_BW[a], resident * in_flight / HBM_LATENCY_S)
@@ -209,7 +232,7 @@ def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConf
 
 
 def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
-    """The decode tile: the candidate with the least modeled time among those whose grid covers
+    """The decode tile: the candidate with the least MODEL time (`model_estimate`) among those whose grid covers
     GRID_PER_CU x the CUs (all candidates when none does)."""
     k_pad = padded_shape(n, k)[1]
     cands = []
@@ -221,13 +244,82 @@ def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
             for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
                 cfg = GemmConfig(max(16, mb), bn, bk, s, kw)
                 if not config_fits(cfg, dt, arch):
-                    cands.append((stream_estimate(mb, n, k, dt, arch, cfg), cfg))
+                    cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
     if not cands:
         return GemmConfig(max(16, mb), 64, 32)
     full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
     best_t = min(e["t"] for e, _ in full)
     # within 2 % of the best: fewer splits (less partial traffic), then the smaller BK (less LDS)
     return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk))[1]
+
+
+def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
+    """timing.KernelFeatures of our GEMM at `cfg`, estimated from the config (module docstring);
+    `prefetch` > 1 models a kernel that keeps that many K tiles of W in flight (ours keeps one)."""
+    from translator_kernels.timing import KernelFeatures
+
+    a = arch_key(arch)
+    g = GPUS[a]
+    waves = 4 * cfg.wm
+    esz = _esize(dtype)
+    flops = 2 * cfg.bm * cfg.bn * cfg.bk // waves  # one K tile, per wave
+    matrix = flops / (MATRIX_FLOPS_PER_CLK[a][dtype] / g.simds)
+    a_tile = cfg.bm * cfg.bk * esz  # A through LDS: written once, read by every wave (its K share for kw = 4)
+    lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw) / (
+        g.lds_read_bytes_per_clk / g.simds)
+    per_simd = workgroups_per_cu(cfg, dtype, a) * waves // g.simds
+    return KernelFeatures("gemm (estimated)", max(1, per_simd), waves, prefetch * cfg.bn * cfg.bk * esz // waves,
+                          round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch)
+
+
+def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1) -> dict:
+    """The timing MODEL of one GEMM launch at `cfg` (translator_kernels.timing; module docstring)."""
+    from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time
+
+    a = arch_key(arch)
+    g = GPUS[a]
+    esz = _esize(dtype)
+    n_pad, k_pad = padded_shape(n, k)
+    feat = model_features(cfg, dtype, a, prefetch)
+    grid = -(-m // cfg.bm) * -(-n_pad // cfg.bn) * cfg.split
+    slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
+    hbm = gemm_hbm_bytes(m, n_pad, k_pad, esz, esz, esz, cfg.bm, cfg.bn, slots, g.llc_bytes)
+    pw, pr = partial_bytes(m, n, k, cfg)
+    r = launch_time(feat, Launch(grid, k_pad // (cfg.bk * cfg.split), hbm + pw + pr, 2.0 * m * n * k), a)
+    t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
+    t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
+    # the floors against the kernel's own time: the launch floor of the measuring harness left out
+    kernel_t = r["t"] - g.timing["launch_s"]
+    return dict(r, grid=grid, bytes=hbm + pw + pr, hbm_floor=t_hbm, flop_floor=t_flop, kernel_t=kernel_t,
+                floor_fraction=max(t_hbm, t_flop) / kernel_t, inflight_wave=feat.inflight_bytes)
+
+
+def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
+    """65 <= M <= 1024: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
+    gives the least time (module docstring)."""
+    k_pad = padded_shape(n, k)[1]
+    cands = [_large(mb, n, k, dt, arch)]
+    for bm in (64, 128):
+        for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64))):
+            for bn in bns:
+                for bk in (64, 128, 256):
+                    if k_pad % bk or bk % (32 * kw):
+                        continue
+                    nkt = k_pad // bk
+                    for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
+                        c = GemmConfig(bm, bn, bk, sp, kw)
+                        # the gated epilogue widens BN to 128 with one K wave and no split: keep that legal
+                        if not config_fits(c, dt, arch) and not config_fits(GemmConfig(bm, max(bn, 128), bk), dt, arch):
+                            cands.append(c)
+    est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
+    # as for decode: a grid that gives every CU a workgroup, where one exists
+    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or [(e["t"], c) for e, c in est]
+    best = min(t for t, _ in scored)
+    if best > est[0][0]["t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
+        return cands[0]
+    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK
+    return min((sc for sc in scored if sc[0] <= best * 1.02),
+               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk))[1]
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:
@@ -274,8 +366,19 @@ def choose_config(m_bucket: int, n: int, k: int, dtype, arch: str) -> GemmConfig
     key = (m_bucket, n, k, dt, arch_key(arch))
     if key in _OVERRIDES:
         return _OVERRIDES[key]
+    return _heuristic(m_bucket, n, k, dt, arch_key(arch))
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic(m_bucket: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
+    """choose_config without the overrides, once per key (the ranking models are not per-call work)."""
     k_pad = padded_shape(n, k)[1]
-    cfg = _skinny(m_bucket, n, k, dt, arch) if m_bucket <= 64 else _large(m_bucket, n, k, dt, arch)
+    if m_bucket <= 64:
+        cfg = _skinny(m_bucket, n, k, dt, arch)
+    elif m_bucket <= MID_M and padded_shape(n, k)[0] * k_pad * _esize(dt) >= L2_BYTES:
+        cfg = _mid(m_bucket, n, k, dt, arch)
+    else:
+        cfg = _large(m_bucket, n, k, dt, arch)
     while (config_fits(cfg, dt, arch) or k_pad % cfg.bk) and cfg.bk > 32:
         cfg = dataclasses.replace(cfg, bk=cfg.bk // 2)
     reason = config_fits(cfg, dt, arch)

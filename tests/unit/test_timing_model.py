@@ -1,0 +1,129 @@
+"""The timing MODEL (translator_kernels.timing) and its calibration (bench.calibration) against the
+measured MI350X points; the GEMM heuristic's use of it (tiles.model_estimate, stream_estimate)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench import calibration as cal
+from translator_kernels import timing
+from translator_kernels.arch import GPUS
+from translator_kernels.gemm import tiles
+from translator_kernels.gemm.tiles import GemmConfig, choose_config, model_estimate, stream_estimate
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return cal.evaluate(cal.load_features())
+
+
+def test_every_point_is_modeled_and_at_most_half_fit(rows):
+    assert all(r["model_us"] for r in rows), [r for r in rows if not r["model_us"]]
+    fit = sum(r["role"] == "fit" for r in rows)
+    assert 2 * fit <= len(rows)
+
+
+def test_quoted_calibration_error_is_current(rows):
+    """timing.CALIBRATION (what the report, BENCHMARKS.md and the docs quote) is what the cached
+    features and the constants in translator_kernels.arch give."""
+    s = cal.error_summary(rows)
+    m = re.search(r"fit on (\d+) .* validated on (\d+): max \|error\| (\d+)%, median (\d+)%; (\d+) of", timing.CALIBRATION)
+    assert m, timing.CALIBRATION
+    assert (int(m[1]), int(m[2])) == (s["n_fit"], s["n_val"])
+    assert int(m[3]) == round(100 * s["max_val"]) and int(m[4]) == round(100 * s["median_val"])
+    within = sum(abs(r["ratio"] - 1) <= 0.25 for r in rows if r["role"] == "validation")
+    assert int(m[5]) == within
+
+
+def test_memory_bound_kernels_within_25_percent(rows):
+    """The streaming kernels the study measured (vec_add, softmax, RMSNorm on their vectorized path):
+    within 25 % on every validation point. (RMSNorm N = 2560 ran upstream's scalar path when measured;
+    the checkout compiles another: its row says so.)"""
+    bad = [r for r in rows if r["kernel"] in ("vec_add", "softmax", "rms_norm") and r["role"] == "validation"
+           and "scalar" not in r["note"].replace("softmax", "") and abs(r["ratio"] - 1) > 0.25]
+    bad = [r for r in bad if not (r["kernel"] == "rms_norm" and "generic-scalar" in r["note"])]
+    assert not bad, bad
+
+
+def test_roofline_was_far_more_optimistic(rows):
+    """Issue 29's three cases: the model is within 35 % where the roofline was 2-7x off."""
+    pick = {(r["kernel"], r["shape"], r["measured_us"]): r["ratio"] for r in rows}
+    assert 0.75 <= pick[("softmax", "m=32768,n=8192", 271.8)] <= 1.25
+    assert 0.75 <= pick[("attention", "b=1,s=2048,h=32,d=128,causal=True", 92.4)] <= 1.25
+    assert 0.65 <= pick[("gemm_bf16", "m=4096,n=5120,k=8192,bm=128,bn=128,bk=64", 448.0)] <= 1.35
+
+
+def test_littles_law_caps_bandwidth_by_bytes_in_flight():
+    f = timing.KernelFeatures("k", waves_per_simd=8, waves_per_wg=4, inflight_bytes=64)
+    g = GPUS["gfx950"]
+    big = timing.launch_time(f, timing.Launch(100000, 1, 1e9), "gfx950")
+    assert big["bw"] == pytest.approx(min(g.timing["hbm_efficiency"] * g.hbm_bytes_per_s,
+                                          g.cus * 8 * 4 * 64 / g.timing["mem_latency_s"]))
+    few = timing.launch_time(f, timing.Launch(g.cus, 1, 1e9), "gfx950")  # one workgroup per CU
+    assert few["bw"] < big["bw"] and few["in_flight_per_cu"] == 4 * 64
+
+
+def test_wave_quantization_and_tails():
+    f = timing.KernelFeatures("k", 1, 4, 1024, loop_matrix=1000, loop_vector=0, loop_lds=0, loop_flops=1,
+                              has_loop=True)
+    cus = GPUS["gfx950"].cus
+    one = timing.launch_time(f, timing.Launch(cus, 100, 0), "gfx950")["t_issue"]
+    plus_one = timing.launch_time(f, timing.Launch(cus + 1, 100, 0), "gfx950")["t_issue"]
+    assert plus_one == pytest.approx(2 * one)  # one more workgroup than CUs: a second round
+    uneven = timing.launch_time(f, timing.Launch(2, (100, 10), 0), "gfx950")["t_issue"]
+    assert uneven == pytest.approx(one)  # the longest workgroup sets the time
+
+
+def test_features_of_a_compiled_kernel():
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+
+    text = main_text(compile_isa_texts("bench._isa_child:ours", ("softmax", "bf16", (64, 4096)), arch="gfx950"))
+    f = timing.features(text, "gfx950")
+    assert 1 <= f.waves_per_wg <= 16 and 1 <= f.waves_per_simd <= 8 and f.inflight_bytes >= 64 * 16
+    assert not f.has_loop or f.loop_matrix == 0
+
+
+def test_stream_estimate_counts_only_weight_bytes_in_flight():
+    cfg = GemmConfig(64, 16, 128, 4, 4)
+    e = stream_estimate(64, 4096, 4096, "bf16", "gfx950", cfg)
+    assert e["in_flight"] == e["resident"] * 16 * 128 * 2  # BN x BK of W per workgroup; A comes from L2
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_mid_m_is_no_longer_32_workgroups(arch):
+    """M = 128, N = K = 4096: the unsplit 128 x 128 tile ran 32 workgroups on 256-304 CUs."""
+    cfg = choose_config(128, 4096, 4096, "bf16", arch)
+    est = model_estimate(128, 4096, 4096, "bf16", arch, cfg)
+    old = model_estimate(128, 4096, 4096, "bf16", arch, GemmConfig(128, 128, 64))
+    assert est["grid"] >= GPUS[arch].cus and est["t"] < old["t"], (cfg, est["grid"])
+
+
+def test_deeper_prefetch_is_modeled_faster_for_decode():
+    cfg = GemmConfig(16, 64, 256)  # 64 workgroups: too few bytes in flight with one K tile each
+    one, two = (model_estimate(16, 4096, 4096, "bf16", "gfx950", cfg, p)["t"] for p in (1, 2))
+    assert two < one
+
+
+@pytest.mark.slow
+def test_refit_gives_the_constants_in_arch():
+    c = cal.fit(cal.load_features())
+    assert c == pytest.approx(GPUS["gfx950"].timing)
+    assert tiles  # the heuristic reads the same constants (translator_kernels.arch)
+
+
+def test_config_fits_rejects_kw4_tiles_whose_lds_cannot_sum_the_accumulators():
+    """kernel.py sums the 4 K-waves' accumulators through the two A stages: 64x64x128 kw=4 needs 64 KiB
+    there, the stages hold 32 KiB (the mid-M ranking chose it before config_fits knew)."""
+    assert "accumulators" in tiles.config_fits(GemmConfig(64, 64, 128, 2, 4), "bf16", "gfx942")
+    assert tiles.config_fits(GemmConfig(64, 64, 256, 2, 4), "bf16", "gfx942") is None
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_mid_m_choice_compiles(arch):
+    from bench.isa_gemm import isa_stats
+
+    c = choose_config(128, 6144, 4096, "bf16", arch)
+    s = isa_stats(6144, 4096, "bf16", arch, c.bm, c.bn, c.bk, split=c.split, kw=c.kw, wm=c.wm)
+    assert s["vgpr_spill"] == 0 and s["mfma_static"] > 0

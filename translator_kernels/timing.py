@@ -1,0 +1,218 @@
+"""A timing MODEL of one kernel launch, from its compiled ISA and its launch shape (not a measurement).
+
+The roofline (max(bytes / peak bandwidth, FLOPs / peak matrix rate)) was 2-7x optimistic against
+measured MI350X kernels (issue 29). This model keeps the roofline's two floors and adds what the
+measurements showed was missing, each term read from the compiled ISA or the launch shape:
+
+  t = T_LAUNCH + max(t_mem, t_issue)
+
+* **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
+  at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
+  flight: the bytes of the vector-memory loads the hot loop issues per iteration (one tile of a
+  prefetch-1 pipeline), or for a kernel without a loop, the loads it issues before its first
+  `s_waitcnt vmcnt`. Resident waves come from the occupancy model (translator_kernels.isa) and
+  the grid (a launch smaller than the machine keeps fewer waves in flight).
+* **t_issue, the busiest CU's work.** Each workgroup runs `iterations` of the hot loop (from the
+  launch: the workgroup's FLOPs over the MFMA FLOPs one loop iteration issues, or a trip count)
+  plus the straight-line code once. One iteration of the w waves sharing a SIMD takes
+      max(w x max(matrix, vector, LDS), matrix + vector + LDS) + EXPOSED x MEM_LATENCY / prefetch,
+      and at least MEM_LATENCY / prefetch
+  cycles, where the first term is really w x (busiest pipe + (1 - OVERLAP) x the other pipes' work)
+  (translator_kernels.hotloop prices matrix / vector / LDS cycles per wave): the pipes are shared
+  by w waves, and the waves' matrix, vector and LDS work overlap only in part (OVERLAP, fitted: the
+  measured attention and GEMM kernels stall on their own dependences); one wave alone cannot
+  overlap its own dependent work; and a loop whose next tile is loaded one iteration ahead waits
+  part of a memory latency every iteration (EXPOSED, fitted), all of it where it has nothing else
+  to do. `prefetch` (tiles in flight; 1 in every kernel measured) divides that wait.
+  Workgroups are list-scheduled onto the CUs' slots (per-workgroup work may differ, as in causal
+  attention), so wave quantization and tails are counted.
+* **T_LAUNCH** is the fixed cost of one launch as the measurements time it (CUDA-graph replay of one
+  kernel; the floor of every small kernel in the study).
+
+L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache bytes, or compulsory
+bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`.
+
+The five constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, OVERLAP, EXPOSED) are per arch in translator_kernels.arch
+(`Arch.timing`), fitted by `python -m bench.calibration` on half of the measured MI350X points and
+checked on the other half; that command prints every point and the calibration error, which every
+place that shows this model's time quotes (CALIBRATION below, written by the same command).
+gfx942 has no measured points here: it takes gfx950's fitted fractions and latency (stated beside
+every gfx942 number).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from dataclasses import asdict, dataclass
+
+from translator_kernels.arch import GPUS
+from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
+from translator_kernels.isa import classify, parse_isa, width
+
+# the calibration error, as `python -m bench.calibration` last printed it (validation points only)
+CALIBRATION = ("fit on 13 MI350X points, validated on 16: max |error| 35%, median 12%; 13 of 16 within 25% "
+               "(bench.calibration)")
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """What the model reads from one kernel's compiled ISA."""
+    kernel: str
+    waves_per_simd: int  # occupancy model
+    waves_per_wg: int
+    inflight_bytes: int  # per wave: loop loads per iteration, or loads before the first vmcnt wait
+    loop_matrix: int = 0  # cycles per iteration, per wave on its SIMD (0: no loop)
+    loop_vector: int = 0
+    loop_lds: int = 0
+    loop_flops: int = 0  # MFMA FLOPs one wave issues per iteration
+    has_loop: bool = False
+    straight_vector: int = 0  # cycles of the code outside the hot loop, run once per workgroup
+    straight_lds: int = 0
+    prefetch: int = 1  # loop iterations of loads in flight (1: the next tile is loaded while this one computes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _vmem_bytes(mnemonic: str, rest: str) -> int:
+    if classify(mnemonic) != "vmem_load":
+        return 0
+    return 64 * (width(mnemonic) or 32) // 8
+
+
+_INSTR = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
+
+
+def features(isa_text: str, arch: str) -> KernelFeatures:
+    """The model's view of the main kernel of `isa_text` compiled for `arch`."""
+    stats = max(parse_isa(isa_text, arch), key=lambda s: s.instructions)
+    waves, _ = stats.occupancy
+    wpw = max(1, -(-(stats.meta.get("block") or 256) // 64))
+    loops = find_loops(isa_text, stats.kernel)
+    hot = None
+    if loops:
+        priced = [(lp, lp.cycles(arch)) for lp in loops]
+        hot = max(priced, key=lambda pc: (pc[1]["matrix_cycles"], pc[1]["vector_cycles"]))
+    lines = _body_lines(isa_text, stats.kernel)
+    in_loop = set(range(hot[0].start, hot[0].end + 1)) if hot else set()
+    s_vec = s_lds = 0
+    first_wait_bytes, waited = 0, False
+    loop_bytes = loop_flops = 0
+    for i, ln in enumerate(lines):
+        m = _INSTR.match(ln.split(";")[0])
+        if not m:
+            continue
+        mn, rest = m.group(1), m.group(2)
+        c = classify(mn)
+        if i in in_loop:
+            loop_bytes += _vmem_bytes(mn, rest)
+            mm = _MFMA_RE.match(mn)
+            if mm:
+                loop_flops += 2 * int(mm.group(1)) * int(mm.group(2)) * int(mm.group(3)) * (
+                    2 if mn.startswith("v_smfmac") else 1)
+            continue
+        if mn.startswith("s_waitcnt") and "vmcnt" in rest:
+            waited = True
+        if not waited:
+            first_wait_bytes += _vmem_bytes(mn, rest)
+        if c == "VALU":
+            s_vec += 16 if mn.startswith(("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_")) else 4
+        elif c == "MFMA":
+            s_vec += mfma_cycles(mn, arch)
+        elif c.startswith("LDS"):
+            s_lds += 16
+    if hot:
+        cyc = hot[1]
+        return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes), cyc["matrix_cycles"],
+                              cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True, s_vec, s_lds)
+    return KernelFeatures(stats.kernel, waves, wpw, first_wait_bytes, straight_vector=s_vec, straight_lds=s_lds)
+
+
+def _body_lines(text: str, kernel: str) -> list[str]:
+    m = re.search(rf"^{re.escape(kernel)}:.*?$(.*?)^\s*s_endpgm", text, re.M | re.S)
+    return (m.group(1) if m else text).splitlines()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch shape: workgroups, hot-loop iterations of each (one number: all equal), HBM bytes."""
+    grid: int
+    iterations: tuple | int  # per workgroup (a tuple when they differ, e.g. causal attention)
+    hbm_bytes: float
+    flops: float = 0.0
+
+
+def iterations_for(flops_per_wg: float, feat: KernelFeatures) -> int:
+    """Hot-loop iterations of a workgroup that issues `flops_per_wg` MFMA FLOPs."""
+    per_iter = feat.loop_flops * feat.waves_per_wg
+    return max(1, math.ceil(flops_per_wg / per_iter)) if per_iter else 1
+
+
+def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | None = None) -> dict:
+    """MODEL seconds of one launch and its terms (module docstring)."""
+    g = GPUS[arch]
+    c = dict(g.timing, **(consts or {}))
+    clock, cus = g.clock_hz, g.cus
+    wg_per_cu = max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
+    resident_wg = min(wg_per_cu, launch.grid / cus)  # per CU, averaged over the busy rounds
+    w = max(1.0, resident_wg * feat.waves_per_wg / g.simds)  # waves sharing one SIMD
+    lat_cyc = c["mem_latency_s"] * clock
+    # memory: Little's law per CU, capped by the achievable HBM bandwidth
+    in_flight = resident_wg * feat.waves_per_wg * feat.inflight_bytes * cus
+    bw = min(c["hbm_efficiency"] * g.hbm_bytes_per_s, in_flight / c["mem_latency_s"]) if in_flight else \
+        c["hbm_efficiency"] * g.hbm_bytes_per_s
+    t_mem = launch.hbm_bytes / bw
+    # issue: one iteration of the w waves of a SIMD; then list-schedule the workgroups on the CUs
+    if feat.has_loop:
+        m, v, l_ = feat.loop_matrix, feat.loop_vector, feat.loop_lds
+        top = max(m, v, l_)
+        # cycles for every resident wave to run one iteration: the busiest pipe for w waves, plus the
+        # part of the other pipes' work that does not overlap it (1 - OVERLAP); one wave alone is serial
+        busy = max(w * (top + (1 - c["overlap"]) * (m + v + l_ - top)), m + v + l_)
+        lat_it = lat_cyc / feat.prefetch  # a deeper prefetch waits a latency every `prefetch` iterations
+        round_ = max(busy + c.get("exposed", 0.0) * lat_it, lat_it)
+    else:
+        round_ = 0.0
+    head = max(feat.straight_vector, feat.straight_lds) * w + lat_cyc  # code outside the loop, one load trip
+    iters = launch.iterations
+    per_wg = [iters] * launch.grid if isinstance(iters, int) else list(iters)
+    t_issue = _list_schedule([head + n * round_ for n in per_wg], cus * wg_per_cu) / clock
+    t = c["launch_s"] + max(t_mem, t_issue)
+    return dict(t=t, t_mem=t_mem, t_issue=t_issue, bound="memory" if t_mem >= t_issue else "issue",
+                bw=bw, in_flight_per_cu=in_flight / cus, waves_per_simd=w, wg_per_cu=wg_per_cu,
+                grid_per_cu=launch.grid / cus)
+
+
+def _list_schedule(durations: list, slots: int) -> float:
+    """Finish time of workgroups of the given wall durations (cycles), in launch order, each taking
+    the earliest free slot of the machine (wave quantization and tails)."""
+    if not durations:
+        return 0.0
+    if len(set(durations)) == 1:  # uniform: closed form
+        return math.ceil(len(durations) / slots) * durations[0]
+    free = [0.0] * min(slots, len(durations))
+    end = 0.0
+    for d in durations:
+        e = heapq.heappop(free) + d
+        end = max(end, e)
+        heapq.heappush(free, e)
+    return end
+
+
+def gemm_hbm_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, esize_c: float, bm: int, bn: int,
+                   slots: int, llc_bytes: float) -> float:
+    """HBM bytes of a tiled GEMM with L2 / last-level-cache reuse: operands that fit `llc_bytes`
+    are read once; otherwise each round of `slots` resident tiles (row-major over column tiles)
+    reads its distinct A row blocks and W column blocks."""
+    a, wt, out = m * k * esize_a, n * k * esize_w, m * n * esize_c
+    if a + wt <= llc_bytes:
+        return a + wt + out
+    tm, tn = -(-m // bm), -(-n // bn)
+    total, tiles = 0.0, tm * tn
+    for start in range(0, tiles, slots):
+        rows = {t // tn for t in range(start, min(tiles, start + slots))}
+        cols = {t % tn for t in range(start, min(tiles, start + slots))}
+        total += len(rows) * bm * k * esize_a + len(cols) * bn * k * esize_w
+    return max(total, a + wt) + out
