@@ -47,7 +47,7 @@ from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
-from .state import preserved, rebind, refresh_prepared, tensor_at, written_targets
+from .state import materialize, preserved, rebind, refresh_prepared, tensor_at, written_targets
 from .verify import calibrate, first_divergence, verify_outputs
 from . import weights
 
@@ -88,6 +88,7 @@ class TranslatedModule(torch.nn.Module):
         model = self.__dict__.get("_model")
         if model is not None:
             model._apply(fn, recurse)
+        materialize(self.gm)  # prepared weights left lazy (state.settle): a placeholder has nothing to convert
         out = super()._apply(fn, recurse)
         weights.changed(self.gm)
         return out
