@@ -295,6 +295,12 @@ def _pairs(n: torch.fx.Node, info: dict, ref: dict, got: dict):
     if isinstance(g, torch.Tensor):
         if info["anchor"] in ref:
             yield info["anchor"], ref[info["anchor"]], g
+            return
+        # no captured value of its own (the merged QKV GEMM: Q, K and V side by side): each slice a user
+        # took for a captured node (`meta["replaces"]`) is judged against that node
+        for u in n.users:
+            if _replaces(u) in ref and u.name in got:
+                yield _replaces(u), ref[_replaces(u)], got[u.name]
         return
     if not isinstance(g, (list, tuple)):
         return
