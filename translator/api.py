@@ -48,7 +48,7 @@ from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
 from .state import materialize, preserved, rebind, refresh_prepared, tensor_at, written_targets
-from .verify import calibrate, first_divergence, verify_outputs
+from .verify import Calibration, calibrate, first_divergence, verify_outputs
 from . import weights
 
 _TRANSLATE_LOCK = threading.RLock()
@@ -403,7 +403,8 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
                            "the model's own mode is unchanged")
     with _eval_mode(model):
         eager = _eager(model, _fresh(inputs))
-        calibration, cal_note = calibrate(model, _fresh(inputs), eager, precision) if verify else (None, "")
+        calibration = Calibration(lambda: calibrate(model, _fresh(inputs), eager, precision), eager,
+                                  precision) if verify else None  # fp32: run only if the table bound fails
         while True:
             tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
             precompile(tm)  # every kernel specialization of the example shapes, before anything runs
@@ -412,7 +413,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
             with stage("verify"):
                 _verify(model, inputs, tm, precision, eager, calibration)
             v = tm.report.verification
-            v.calibration = cal_note
+            v.calibration = calibration.note
             v.fallbacks = list(fallbacks)
             if v.passed or not fallback_on_mismatch or v.divergence is None:
                 break

@@ -96,7 +96,34 @@ def test_translate_reports_the_calibration():
     tm = translate(_Cancel(), (torch.randn(8, 64),), backend="reference")
     v = tm.report.verification
     assert v.passed, v.message
-    assert "fp64" in v.calibration
+    assert "fp64 calibration not run" in v.calibration  # within the table bound: not needed
+
+
+def test_the_fp64_run_is_made_only_when_an_output_fails_the_table():
+    """Calibration only widens the fp32 bound, so verify.Calibration runs it only for a failing output
+    (the run is verification's most costly part); the verdict is the one an eager calibration gives."""
+    from translator.verify import Calibration
+
+    x = torch.randn(32, 64)
+    m = _Cancel()
+    eager = m(x)
+    runs = []
+
+    def run():
+        runs.append(1)
+        return calibrate(m, (x,), eager)
+
+    cal = Calibration(run, eager, "fp32")
+    assert _outputs(eager, eager.clone(), calibration=cal).passed and not runs and "not run" in cal.note
+    near = eager + 1e-3 * eager.abs().mean()  # fails the table, within 4x eager's own error
+    v = _outputs(eager, near, calibration=cal)
+    assert v.passed and runs == [1] and v.outputs[0].bound.startswith("calibrated"), v.message
+    assert cal.note.startswith("eager fp32 vs eager fp64")
+    far = eager + 3 * eager.square().mean().sqrt()  # 3x the output's RMS: past 4x eager's own error
+    assert not _outputs(eager, far, calibration=Calibration(run, eager, "fp32")).passed and runs == [1, 1]
+    assert len(runs) == 2
+    low = Calibration(run, eager.bfloat16(), "fp32")  # low precision: judged against the truth, run at once
+    assert low.done and len(runs) == 3
 
 
 class _TwoOutputs(torch.nn.Module):
