@@ -41,6 +41,21 @@ def test_a_small_error_at_unit_scale_fails():
     assert "RMS rel err" in v.message
 
 
+def test_one_element_off_by_5e4_at_unit_scale_fails():
+    """The fp32 atol (1e-5 x RMS) is what catches one wrong element: its RMS share is 5e-4 / 64 = 8e-6, under
+    the RMS bound. With atol x100 (1e-3) this passes: the pinned table was the only test that saw that."""
+    torch.manual_seed(0)
+    want = torch.randn(64, 64)
+    i = int(want.abs().argmin())  # where rtol * |eager| adds nothing
+    got = want.clone()
+    got.view(-1)[i] += 5e-4
+    v = _outputs(want, got)
+    assert v.passed is False, v.message
+    assert v.outputs[0].rms_rel < MODEL_TOLERANCES["fp32"][2]  # failed by the elementwise bound alone
+    got.view(-1)[i] = want.view(-1)[i] + 2e-6  # a rounding-sized difference passes
+    assert _outputs(want, got).passed
+
+
 def test_rounding_level_differences_pass_at_any_scale():
     for scale in (1e-6, 1.0, 1e6):
         a = torch.randn(128, 256, dtype=torch.float64) * scale
