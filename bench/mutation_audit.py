@@ -187,18 +187,14 @@ MUTATIONS = (
         "prepared weights stay unmade for flysim / rocm too (every kernel call remakes its weight)"),
     Mutation(
         "calibration-never-run", "translator/verify.py",
-        "        if v.passed:
-            calibration.note = (",
-        "        if True:
-            calibration.note = (",
+        "        if v.passed:\n            calibration.note = (",
+        "        if True:\n            calibration.note = (",
         ("tests/unit/test_verify.py::test_the_fp64_run_is_made_only_when_an_output_fails_the_table",),
         "the fp64 calibration is never run, so an ill-conditioned model's correct translation fails"),
     Mutation(
         "localization-skips-merged-qkv-slices", "translator/verify.py",
-        "        for u in n.users:
-            if _replaces(u) in ref and u.name in got:",
-        "        for u in ():
-            if _replaces(u) in ref and u.name in got:",
+        "        for u in n.users:\n            if _replaces(u) in ref and u.name in got:",
+        "        for u in ():\n            if _replaces(u) in ref and u.name in got:",
         ("tests/unit/test_verify_low_precision.py::test_a_seeded_bug_fails_at_every_depth[2-bias dropped]",),
         "localization does not judge the merged QKV GEMM by its slices (a bug in it is named at attention)"),
 )
