@@ -88,9 +88,9 @@ MUTATIONS = (
     Mutation(
         "flysim-buffer-load-ignores-soffset", "flysim/src/flysim/ops_mem.py",
         "        off, soffset = _buffer_offsets(ex, voff, soff, 0)\n        base = base + soffset\n        m = ex.mask\n"
-        "        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
+        "        ex.lds.vm_issue(ex)\n        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
         "        off, soffset = _buffer_offsets(ex, voff, soff, 0)\n        m = ex.mask\n"
-        "        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
+        "        ex.lds.vm_issue(ex)\n        if _all_inside(off, nrec, es * cnt, m):\n            ex.R[out] = _from_bits(",
         ("flysim/tests",),
         "flysim's raw buffer load adds voffset but not soffset"),
     Mutation(
