@@ -281,7 +281,9 @@ def _reason(verdict: str, m: Mutation, last: str) -> str:
     return {"NOT CAUGHT": f"its tests ({tests}) pass with the bug in ({last})",
             "baseline fails": f"its tests fail without the bug, so they prove nothing ({last})",
             "stale": f"the code moved ({last}): update the snippet",
-            "timeout": "its tests did not finish in the time given (--timeout)"}.get(
+            "timeout": "its tests did not finish in the time given (--timeout)",
+            "error (pytest rc 5)": f"no test ran: its tests ({tests}) are deselected by the default suite's "
+                                   f"markers (marked slow), so the default suite cannot catch it ({last})"}.get(
         verdict, f"{verdict}: {last}")
 
 
