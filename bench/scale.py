@@ -10,7 +10,8 @@ Each point runs in its own child process (`python -m bench.scale --child NAME`),
 its own. Per point it prints:
 - translate time split (wall, and the process's CPU time over all its threads, which a machine
   shared with other jobs disturbs less): eager (the model's own forward), truth (the more exact run that
-  verification judges against: fp64 for fp32, fp32 for bf16; translator.truth), capture, passes,
+  verification judges against: fp32 for bf16, at once; fp64 for fp32, only if an output fails the fp32
+  table, which it only widens: verify.Calibration; translator.truth), capture, passes,
   compile (precompile), verify (the translated forward and the comparison); and per layer;
 - RSS: the model's weight bytes, the RSS with the model built (before translate), eager's own
   activation peak (one forward of the model over that), and translate's peak over the whole call,
@@ -182,7 +183,8 @@ def show(r: dict) -> None:
           f"{(1.5 * w + r['eager_act']) / GiB:.2f} GiB: {'met' if r['peak'] <= 1.5 * w + r['eager_act'] else 'NOT met'})")
     print("  stage peaks (GiB): " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in r["peaks"].items()))
     er, tr = r.get("eager_rms_rel"), r.get("truth_rms_rel")
-    both = f"eager {er:.3g}, translation {tr:.3g} RMS rel err against the truth" if er is not None and tr is not None else ""
+    both = (f"eager {er:.3g}, translation {tr:.3g} RMS rel err against the truth" if er is not None and tr is not None
+            else "no truth run")
     print(f"  verification: {'PASSED' if r['passed'] else 'FAILED'} — {both}; vs eager {r['rms_rel_vs_eager']:.3g}; "
           f"{r['bound']}; {r['calibration']}")
     if not r["passed"]:

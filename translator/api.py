@@ -47,8 +47,8 @@ from .runtime import fastpath
 from .runtime.precompile import precompile
 from .report import Report
 from .report.rows import is_flydsl, track
-from .state import preserved, rebind, refresh_prepared, tensor_at, written_targets
-from .verify import calibrate, first_divergence, verify_outputs
+from .state import materialize, preserved, rebind, refresh_prepared, tensor_at, written_targets
+from .verify import Calibration, calibrate, first_divergence, verify_outputs
 from . import weights
 
 _TRANSLATE_LOCK = threading.RLock()
@@ -88,6 +88,7 @@ class TranslatedModule(torch.nn.Module):
         model = self.__dict__.get("_model")
         if model is not None:
             model._apply(fn, recurse)
+        materialize(self.gm)  # prepared weights left lazy (state.settle): a placeholder has nothing to convert
         out = super()._apply(fn, recurse)
         weights.changed(self.gm)
         return out
@@ -403,7 +404,8 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
                            "the model's own mode is unchanged")
     with _eval_mode(model):
         eager = _eager(model, _fresh(inputs))
-        calibration, cal_note = calibrate(model, _fresh(inputs), eager, precision) if verify else (None, "")
+        calibration = Calibration(lambda: calibrate(model, _fresh(inputs), eager, precision), eager,
+                                  precision) if verify else None  # fp32: run only if the table bound fails
         judge = onnx_truth.run_truth(onnx_path, model, _fresh(inputs)) if verify and onnx_path is not None else None
         while True:
             tm = _translate_once(model, _fresh(inputs), arch, backend, precision, deny, name, dynamic_shapes)
@@ -413,7 +415,7 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
             with stage("verify"):
                 _verify(model, inputs, tm, precision, eager, calibration, judge)
             v = tm.report.verification
-            v.calibration = cal_note
+            v.calibration = calibration.note
             v.fallbacks = list(fallbacks)
             if v.passed or not fallback_on_mismatch or v.divergence is None:
                 break

@@ -31,7 +31,7 @@ import networkx as nx
 import torch
 from torch._guards import detect_fake_mode
 
-from .state import prepared
+from .state import is_lazy, materialize, placeholder, prepared
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -358,23 +358,29 @@ class LowerCtx:
                 obj = getattr(obj, part, None)
                 if obj is None:
                     return None
+            if is_lazy(obj):  # a pass reads a prepared copy left unmade (state.settle): make that one
+                materialize(self.gm, node.target)
+                return self.constant(node)
             return obj if isinstance(obj, torch.Tensor) else None
         return None
 
-    def add_constant(self, tensor: torch.Tensor, hint: str, before: Node, *, derive=None, sources=()) -> Node:
+    def add_constant(self, tensor: torch.Tensor | None, hint: str, before: Node, *, derive=None, sources=(),
+                     natural=None) -> Node:
         """Register a translate-time tensor (e.g. a preshuffled weight) and return its get_attr node.
         With `derive`: the tensor is `derive(*sources)` of parameters, rebuilt when one of them
-        changes after translation (translator.state.prepared)."""
+        changes after translation (translator.state.prepared). `tensor` None (with `derive` and
+        `natural`): a lazy prepared copy, made after the passes only where it is needed (state.settle)."""
         self._n_attr += 1
         name = f"_flydsl_{hint}_{self._n_attr}"
-        self.gm.register_buffer(name, tensor.detach())
-        if derive is not None:
-            prepared(self.gm, name, derive, sources)
+        entry = prepared(self.gm, name, derive, sources, natural) if derive is not None else None
+        if tensor is None:
+            tensor = placeholder(entry)
+        self.gm.register_buffer(name, tensor.detach() if not is_lazy(tensor) else tensor)
         with self.gm.graph.inserting_before(before):
             node = self.gm.graph.get_attr(name)
         with self.fake_mode:  # a fresh fake of the same layout (from_tensor would fake the view's base too)
             node.meta["val"] = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
-                                                   device=tensor.device)
+                                                   device=sources[0].device if is_lazy(tensor) else tensor.device)
         return node
 
     # --- inserting nodes -------------------------------------------------------------------

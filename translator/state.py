@@ -36,6 +36,21 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   `tm.refresh_weights()` calls, rebuilds every copy). The
   table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
   owns its weights).
+- **Lazy prepared weights** (`lazy`, `natural`, `settle`): a prepared copy of every GEMM weight is
+  a second copy of the model (1x its bytes: 4 GB for a 1.1 B fp32 Llama), and it is only ever
+  read by a FlyDSL kernel. So a lowering may register the copy without making it (`add_constant(None,
+  ..., derive=, natural=)`): gm then holds a *placeholder*, a meta tensor of the copy's shape, dtype
+  and strides that carries its entry (`derive`, `sources`, and `natural`, the weight in the layout a
+  reference computes in: `cast(W)` where the copy is `preshuffle(cast(W))`, a view of W in fp32).
+  After the passes, `settle(gm, backend)` makes every copy (`derive(*sources)`, what the passes used
+  to do) unless the backend is the reference and the copies would hold more than `LAZY_BYTES`: then
+  they stay placeholders, and the reference ops compute from `natural(w)` made per call from the
+  user's weights (no preshuffle at translate time, no unshuffle per call, one weight at a time;
+  a write to a weight, even through `p.data`, is seen at once). A placeholder that reaches a kernel
+  (the backend switched after translation) is made for that call (`resolve_lazy`). A placeholder is
+  loud everywhere else (a meta tensor has no data): `materialize(gm)` makes all of gm's copies
+  (save, `tm.to()`). The placeholder carries its entry as a Python attribute, so a deep copy of the
+  translation carries it too (with the copied model's weights as sources, through deepcopy's memo).
 """
 
 from __future__ import annotations
@@ -54,6 +69,9 @@ _SHARED: dict = {}  # id(tensor) -> weakref: state that translations write in pl
 
 
 _VERSION, _PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
+# prepared copies are left unmade on the reference backend when they hold more than this (settle)
+LAZY_BYTES = 256 << 20
+_LAZY_LIVE: dict = {}  # id(placeholder) -> weakref: any placeholder alive in the process (resolve_lazy's fast test)
 
 
 def _stamp(tensors) -> tuple:
@@ -78,13 +96,105 @@ class _Prepared:
         self.stamp = None  # the next refresh compares every entry with its own stamp, then sets this
 
 
-def prepared(gm: torch.fx.GraphModule, name: str, derive, sources) -> None:
+def prepared(gm: torch.fx.GraphModule, name: str, derive, sources, natural=None) -> list:
     """Note that gm's buffer `name` is `derive(*sources)`; refresh_prepared rebuilds it when a source changes.
-    `derive` must not reference gm (the table is weak-keyed by it)."""
+    `derive` must not reference gm (the table is weak-keyed by it). `natural(*sources)`: the weight in the
+    layout the op's reference computes in (needed for a lazy entry). Returns the entry."""
     table = _PREPARED.get(gm)
     if table is None:
         table = _PREPARED[gm] = _Prepared()
-    table.add([name, derive, tuple(sources), _stamp(sources)])
+    entry = [name, derive, tuple(sources), _stamp(sources), natural]
+    table.add(entry)
+    return entry
+
+
+def placeholder(entry: list) -> torch.Tensor:
+    """A lazy prepared copy: a meta tensor of `derive(*sources)`'s shape, dtype and strides (derived on
+    meta copies of the sources: nothing is computed), carrying its entry."""
+    _, derive, srcs, _, natural = entry
+    if natural is None:
+        raise ValueError("a lazy prepared weight needs `natural` (the layout its reference computes in)")
+    t = derive(*(s.detach().to("meta") for s in srcs))
+    t._flydsl_lazy = entry
+    key = id(t)
+    _LAZY_LIVE[key] = weakref.ref(t, lambda _r, key=key: _LAZY_LIVE.pop(key, None))
+    return t
+
+
+def _entry(t):
+    return t.__dict__.get("_flydsl_lazy") if type(t) is torch.Tensor and t.device.type == "meta" else None
+
+
+def is_lazy(t) -> bool:
+    return _entry(t) is not None
+
+
+def device_of(t: torch.Tensor) -> torch.device:
+    """Where `t` lives: for a lazy prepared copy, where it is made (its sources' device)."""
+    e = _entry(t)
+    return t.device if e is None else e[2][0].device
+
+
+def natural(t):
+    """For a lazy prepared weight: the weight in its op's reference layout, made now from the user's
+    weights (`entry.natural(*sources)`); None for anything else (a made copy: the reference inverts it)."""
+    e = _entry(t)
+    return None if e is None else e[4](*e[2])
+
+
+def resolve_lazy(args: tuple) -> tuple:
+    """`args` with every lazy placeholder made (`derive(*sources)`, for this call): a kernel backend met a
+    translation whose copies were left unmade (its backend was switched after translate)."""
+    if not _LAZY_LIVE:
+        return args
+    out = []
+    for a in args:
+        e = _entry(a)
+        if e is not None:
+            with torch.no_grad():
+                a = e[1](*e[2])
+        out.append(a)
+    return tuple(out)
+
+
+def materialize(gm: torch.fx.GraphModule, only: str | None = None) -> int:
+    """Make every lazy prepared copy of `gm` (or only gm's buffer `only`): the buffer is replaced by
+    `derive(*sources)`; returns how many were made."""
+    done = 0
+    for mod in gm.modules():
+        for name, t in list(mod._buffers.items()):
+            e = _entry(t)
+            if e is None or (only is not None and (mod is not gm or name != only)):
+                continue
+            with torch.no_grad():
+                mod._buffers[name] = e[1](*e[2]).detach()
+            e[3] = _stamp(e[2])
+            done += 1
+    return done
+
+
+@contextlib.contextmanager
+def materialized(gm: torch.fx.GraphModule):
+    """gm with its lazy prepared copies made for the body (an export for save), left lazy again after."""
+    lazy = [(mod, name, t) for mod in gm.modules() for name, t in mod._buffers.items() if is_lazy(t)]
+    materialize(gm)
+    try:
+        yield gm
+    finally:
+        for mod, name, t in lazy:
+            mod._buffers[name] = t
+
+
+def settle(gm: torch.fx.GraphModule, backend: str) -> int:
+    """After the passes: make the lazy copies, unless `backend` is the reference and they would hold more
+    than LAZY_BYTES (then they stay lazy: see the module docstring). Returns how many stay lazy."""
+    lazy = [t for t in gm.buffers() if is_lazy(t)]
+    if not lazy:
+        return 0
+    if backend != "reference" or sum(t.numel() * t.element_size() for t in lazy) <= LAZY_BYTES:
+        materialize(gm)
+        return 0
+    return len(lazy)
 
 
 def sources(gm: torch.fx.GraphModule) -> list:
@@ -117,12 +227,13 @@ def refresh_prepared(gm: torch.fx.GraphModule, force: bool = False) -> int:
         return 0
     done = 0
     for entry in table.entries:
-        name, derive, sources, stamp = entry
+        name, derive, sources, stamp = entry[:4]
         now_e = _stamp(sources)
         if now_e == stamp and not force:
             continue
         buf = getattr(gm, name, None)
-        if buf is not None:  # None: the lowering that made it was undone (cleanup dropped it)
+        if buf is not None and not is_lazy(buf):  # None: the lowering that made it was undone (cleanup dropped
+            # it); a lazy one is made from the sources at each call
             with torch.no_grad():
                 buf.copy_(derive(*sources))
             done += 1

@@ -109,7 +109,7 @@ def _tensors(module):
 
 
 def _meta(t):
-    return tuple(t.shape), t.dtype, t.device
+    return tuple(t.shape), t.dtype, state.device_of(t)  # a lazy prepared copy: its sources' device
 
 
 def track(gm: torch.fx.GraphModule, model: torch.nn.Module) -> int:

@@ -169,3 +169,26 @@ def test_folded_call_comes_after_the_constants_it_reads():
     for shape in ((2, 16, 16), (3, 16, 16)):
         x = torch.randn(shape)
         torch.testing.assert_close(tm(x), m(x))
+
+
+def test_a_constant_freed_and_remade_at_the_same_address_is_seen():
+    """The cache's constant stamp was (id, data_ptr, version): a tensor freed and a new one made where it
+    was (same object address, its storage in the freed block, version 0 again, as `load_state_dict(
+    assign=True)` of a fresh tensor does) matched all three, and the folded region served the old
+    tensor's results. CPython and the allocator hand the freed blocks straight back, so this happens
+    on most tries below (asserted); every try must see the new values."""
+    g = torch.fx.Graph()
+    x, c = g.placeholder("x"), g.placeholder("c")
+    g.output((g.call_function(torch.ops.aten.mul.Tensor, (c, 2.0)),))
+    f = FoldedShapes(torch.fx.GraphModule(torch.nn.Module(), g), ["mul"], n_constants=1)
+    inp, collisions = torch.zeros(3), 0
+    for trial in range(20):
+        a = torch.full((1000,), float(trial))
+        where = id(a), a.data_ptr()
+        f(inp, a)
+        del a
+        b = torch.full((1000,), trial + 100.0)
+        collisions += (id(b), b.data_ptr()) == where
+        assert torch.equal(f(inp, b)[0], b * 2), f"try {trial}: the freed tensor's cached result was served"
+        del b
+    assert collisions  # the case under test happened

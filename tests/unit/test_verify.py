@@ -41,6 +41,21 @@ def test_a_small_error_at_unit_scale_fails():
     assert "RMS rel err" in v.message
 
 
+def test_one_element_off_by_5e4_at_unit_scale_fails():
+    """The fp32 atol (1e-5 x RMS) is what catches one wrong element: its RMS share is 5e-4 / 64 = 8e-6, under
+    the RMS bound. With atol x100 (1e-3) this passes: the pinned table was the only test that saw that."""
+    torch.manual_seed(0)
+    want = torch.randn(64, 64)
+    i = int(want.abs().argmin())  # where rtol * |eager| adds nothing
+    got = want.clone()
+    got.view(-1)[i] += 5e-4
+    v = _outputs(want, got)
+    assert v.passed is False, v.message
+    assert v.outputs[0].rms_rel < MODEL_TOLERANCES["fp32"][2]  # failed by the elementwise bound alone
+    got.view(-1)[i] = want.view(-1)[i] + 2e-6  # a rounding-sized difference passes
+    assert _outputs(want, got).passed
+
+
 def test_rounding_level_differences_pass_at_any_scale():
     for scale in (1e-6, 1.0, 1e6):
         a = torch.randn(128, 256, dtype=torch.float64) * scale
@@ -96,7 +111,34 @@ def test_translate_reports_the_calibration():
     tm = translate(_Cancel(), (torch.randn(8, 64),), backend="reference")
     v = tm.report.verification
     assert v.passed, v.message
-    assert "fp64" in v.calibration
+    assert "fp64 calibration not run" in v.calibration  # within the table bound: not needed
+
+
+def test_the_fp64_run_is_made_only_when_an_output_fails_the_table():
+    """Calibration only widens the fp32 bound, so verify.Calibration runs it only for a failing output
+    (the run is verification's most costly part); the verdict is the one an eager calibration gives."""
+    from translator.verify import Calibration
+
+    x = torch.randn(32, 64)
+    m = _Cancel()
+    eager = m(x)
+    runs = []
+
+    def run():
+        runs.append(1)
+        return calibrate(m, (x,), eager)
+
+    cal = Calibration(run, eager, "fp32")
+    assert _outputs(eager, eager.clone(), calibration=cal).passed and not runs and "not run" in cal.note
+    near = eager + 1e-3 * eager.abs().mean()  # fails the table, within 4x eager's own error
+    v = _outputs(eager, near, calibration=cal)
+    assert v.passed and runs == [1] and v.outputs[0].bound.startswith("calibrated"), v.message
+    assert cal.note.startswith("eager fp32 vs eager fp64")
+    far = eager + 3 * eager.square().mean().sqrt()  # 3x the output's RMS: past 4x eager's own error
+    assert not _outputs(eager, far, calibration=Calibration(run, eager, "fp32")).passed and runs == [1, 1]
+    assert len(runs) == 2
+    low = Calibration(run, eager.bfloat16(), "fp32")  # low precision: judged against the truth, run at once
+    assert low.done and len(runs) == 3
 
 
 class _TwoOutputs(torch.nn.Module):
@@ -188,3 +230,23 @@ def test_nan_outputs_are_counted(monkeypatch):
     assert "64 NaN and 64 inf outputs where eager is finite" in v.message, v.message  # not "RMS rel err 0"
     assert v.outputs[0].nonfinite == 128
     assert v.divergence is not None and "128 NaN/inf values" in v.divergence.describe()
+
+
+def test_chunked_comparison_matches_one_pass(monkeypatch):
+    """compare / errors_against / rms work `_CHUNK` elements at a time (an 8 MB output took 213 MB of float64
+    temporaries at once); any chunk size gives the one-pass answer, NaN / inf, ties and worst index included."""
+    import translator.verify as V
+    from translator.tolerances import rms
+
+    torch.manual_seed(0)
+    e = torch.randn(5, 37)
+    g = e + 1e-6 * torch.randn(5, 37)
+    g[1, 3], g[2, 5], e[4, 4], g[4, 4] = float("nan"), float("inf"), float("nan"), float("nan")
+    g[0, 7] = e[0, 7] + 0.5
+    g[3, 30] = e[3, 30] + 0.5  # a tie: the first is the worst index
+    b = model_bound("fp32", e)
+    whole = (compare(e, g, b), V.errors_against(e, g), rms(e))
+    monkeypatch.setattr(V, "_CHUNK", 7)
+    assert repr((compare(e, g, b), V.errors_against(e, g), rms(e, chunk=7))) == repr(whole)  # NaN != NaN
+    assert whole[0]["worst_index"] in ([1, 3], [2, 5])  # inf where eager is finite is the worst
+    assert whole[0]["nonfinite"] == 2 and whole[0]["nan"] == 1

@@ -89,11 +89,15 @@ def test_a_seeded_bug_fails_at_every_depth(layers, bug, monkeypatch):
         tm.report.verification = before
     assert v.passed is False, f"{bug}: {v.message}"
     assert "against the truth" in v.message
-    # Q, K and V are one merged GEMM (lowerings.qkv) with no captured value of its shape, so it is not
-    # compared alone: a bug in it is localized at its first consumer, the attention
-    named = {f"flydsl.{family}"} | ({"flydsl.attention"} if family == "gemm" else set())
-    assert v.divergence is not None and v.divergence.op in named, (bug, v.divergence)
+    assert v.divergence is not None and v.divergence.op == f"flydsl.{family}", (bug, v.divergence)
     assert v.divergence.truth_rms_rel is not None  # judged against the truth there too
+    if family == "gemm":  # the first GEMM is layer 0's merged Q, K, V one (lowerings.qkv), judged by its slices
+        assert _lowering(tm, v.divergence.node) == "qkv", v.divergence
+        assert v.divergence.replaces in v.divergence.sources and len(v.divergence.sources) == 3, v.divergence
+
+
+def _lowering(tm, name):
+    return next(n.meta["flydsl"]["lowering"] for n in tm.gm.graph.nodes if n.name == name)
 
 
 def test_precision_bf16_on_an_fp32_model_is_judged_against_eager_fp32():

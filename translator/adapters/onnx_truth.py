@@ -86,7 +86,13 @@ def run_truth(path, module, inputs) -> OnnxTruth:
 def with_truth(truth: OnnxTruth, calibration, precision: str):
     """`calibration` (verify.calibrate's per-output EagerError) with ONNX Runtime's fp32 outputs as the
     truth of low-precision runs of an fp32 file; unchanged otherwise."""
-    if truth.outputs is None or not calibration or precision not in ("bf16", "fp16"):
+    from ..verify import Calibration
+
+    if truth.outputs is None or precision not in ("bf16", "fp16"):
+        return calibration
+    if isinstance(calibration, Calibration):  # low precision: already run
+        calibration = calibration.get()
+    if not calibration:
         return calibration
     out = []
     for c, t in zip(calibration, pytree.tree_leaves(truth.outputs)):

@@ -34,6 +34,7 @@ import torch
 from torch.export import Dim
 
 from ..errors import InputError
+from ..state import materialized
 
 FORMAT = "flydsl-translator/1"
 META = "flydsl_translator.json"
@@ -56,7 +57,7 @@ def save(module, path, example_inputs=None) -> Path:
                          f"(Path({str(path.parent)!r}).mkdir(parents=True)) or pass another path")
     inputs = tuple(example_inputs) if example_inputs is not None else _inputs_from_meta(module.gm)
     dyn = _dynamic_spec(module.gm, module.report.dynamic_dims)
-    with torch.no_grad():
+    with torch.no_grad(), materialized(module.gm):  # prepared weights left lazy (state.settle) are saved made
         ep = torch.export.export(module.gm, inputs, dynamic_shapes=dyn, strict=False)
     ep.example_inputs = None  # torch.export.save would pickle them
     meta = {"format": FORMAT, "translator_version": __version__, "torch_version": torch.__version__,

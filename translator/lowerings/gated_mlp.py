@@ -31,6 +31,7 @@ from translator_kernels.gemm.gated import gated_weight, unarrange_gated
 from ..graph import aten, arg, dtype_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
+from ..state import natural
 from .gemm import _gemm_reason, cast_weight
 
 GATES = {aten.silu.default: "silu", aten.silu_.default: "silu"}
@@ -49,7 +50,10 @@ def _(a, w, n, k, bias, gate):
 def ref_gemm_gated(a, w, n, k, bias, gate):
     from translator_kernels.gemm.kernel import apply_epilogue_torch
 
-    wg, wu, bg, bu = unarrange_gated(w, bias, n, k)
+    wg, wu, bg, bu = unarrange_gated(w, bias, n, k)  # a lazy prepared w (state.settle): a meta tensor, no data
+    nat = natural(w)  # ... and its gate and up weights come from the model's own
+    if nat is not None:
+        wg, wu = nat
     x = a.float()
     g, u = x @ wg.float().t(), x @ wu.float().t()
     if bias is not None:
@@ -129,6 +133,10 @@ def _arranged(dtype, wg, wu):
     return gated_weight(cast_weight(dtype, wg), cast_weight(dtype, wu))
 
 
+def _natural(dtype, wg, wu):
+    return cast_weight(dtype, wg), cast_weight(dtype, wu)
+
+
 def _arranged_bias(bg, bu):
     return gated_weight(bg.detach().float(), bu.detach().float())
 
@@ -138,12 +146,14 @@ def _arranged_bias(bg, bu):
 def lower_gated_mlp(node, ctx, m):
     gate, act, gl, ul, x, wg, bg, wu, bu = m.gate, m.act, m.gl, m.ul, m.x, m.wg, m.bg, m.wu, m.bu
     n, k = wg.shape
-    prep = functools.partial(_arranged, None if ctx.precision == "fp32" else ctx.compute_dtype)
+    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
+    prep = functools.partial(_arranged, dt)
     bias = None
     if bg is not None:  # both rebuilt when a parameter changes after translation (state.prepared)
         cb, cu = ctx.constant(bg), ctx.constant(bu)
         bias = ctx.add_constant(_arranged_bias(cb, cu), "gated_b", node, derive=_arranged_bias, sources=(cb, cu))
-    w_node = ctx.add_constant(prep(wg, wu), "gated_w", node, derive=prep, sources=(wg, wu))
+    w_node = ctx.add_constant(None, "gated_w", node, derive=prep, sources=(wg, wu),  # made after the passes where
+                              natural=functools.partial(_natural, dt))  # needed (state.settle)
     xin = ctx.cast_in(x, node)
     return ctx.replace(node, "gemm_gated", "gated_mlp", (xin, w_node, n, k, bias, gate), [node, act, gl, ul],
                        out_dtype=dtype_of(node))

@@ -31,6 +31,7 @@ from translator_kernels.gemm.preshuffle import shuffle_weight, unshuffle_weight
 from ..graph import aten, arg, dtype_of, dtype_reason, shape_of
 from ..registry import Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
+from ..state import natural
 
 # ---- the ops ------------------------------------------------------------------------------
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
@@ -56,7 +57,8 @@ def _(a, b):
 
 
 def ref_gemm(a, w, n, k, bias, activation, residual, scale):
-    wt = unshuffle_weight(w, n, k).float()
+    wt = natural(w)  # a lazy prepared weight (state.settle): W itself, no copy to undo
+    wt = (unshuffle_weight(w, n, k) if wt is None else wt).float()
     y = (a.float() @ wt.t()) * scale
     if bias is not None:
         y = y + bias.float()
@@ -144,8 +146,13 @@ def cast_weight(dtype, t: torch.Tensor) -> torch.Tensor:
     return t.to(dtype) if dtype is not None and t.dtype == torch.float32 else t
 
 
+def natural_weight(dtype, w: torch.Tensor, to_nk=None) -> torch.Tensor:
+    """W[N, K] at the compute dtype, as the reference computes with it (a view of `w` in fp32)."""
+    return cast_weight(dtype, w if to_nk is None else to_nk(w))
+
+
 def shuffled_weight(dtype, w: torch.Tensor, to_nk=None) -> torch.Tensor:
-    return shuffle_weight(cast_weight(dtype, w if to_nk is None else to_nk(w)))
+    return shuffle_weight(natural_weight(dtype, w, to_nk))
 
 
 def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources, w_from=None):
@@ -154,7 +161,8 @@ def _emit_gemm(node, ctx, x, w_nk: torch.Tensor, bias_node, lowering, sources, w
     dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     src, to_nk = w_from or (w_nk, None)
     prep = functools.partial(shuffled_weight, dt, to_nk=to_nk)  # rebuilt when the parameter changes (state.prepared)
-    w_node = ctx.add_constant(prep(src), "w", node, derive=prep, sources=(src,))
+    w_node = ctx.add_constant(None, "w", node, derive=prep, sources=(src,),  # made after the passes where needed
+                              natural=functools.partial(natural_weight, dt, to_nk=to_nk))
     b = bias_node
     if b is not None and ctx.precision != "fp32":
         c = ctx.constant(b)

@@ -59,6 +59,10 @@ def _concat(dt, *ws):
     return shuffled_weight(dt, torch.cat([w.detach() for w in ws], 0))
 
 
+def _concat_natural(dt, *ws):
+    return cast_weight(dt, torch.cat([w.detach() for w in ws], 0))
+
+
 def _concat_bias(dt, *bs):
     return cast_weight(dt, torch.cat([b.detach() for b in bs], 0))
 
@@ -70,7 +74,8 @@ def lower_qkv(node, ctx, m):
     ws = [ctx.constant(arg(s, "weight")) for s in sibs]
     dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     prep = functools.partial(_concat, dt)
-    w_node = ctx.add_constant(prep(*ws), "qkv_w", node, derive=prep, sources=tuple(ws))
+    w_node = ctx.add_constant(None, "qkv_w", node, derive=prep, sources=tuple(ws),
+                              natural=functools.partial(_concat_natural, dt))
     b_node = None
     if arg(node, "bias") is not None:
         bs = [ctx.constant(arg(s, "bias")) for s in sibs]

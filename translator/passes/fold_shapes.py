@@ -21,8 +21,12 @@ replaced by new objects (`load_state_dict(assign=True)`, `module.pos = nn.Parame
 the constants the region reads stay get_attr nodes of the translated graph, passed to the call
 after the inputs (read by name on every forward, as the rest of the graph reads them), and the
 cache remembers the identity, data pointer and version counter of each; when any differs on a
-forward, the cache is dropped and the region runs again. The check is a few integer compares
-per forward, and a causal-mask buffer that never changes never misses.
+forward, the cache is dropped and the region runs again. Identity and storage are held as weak
+references, not as `id()` and a data pointer: a tensor freed and a new one made at the same address,
+with its storage in the freed block and the same version (`load_state_dict(assign=True)` of a
+fresh tensor), compared equal on all three before. A weak reference is dead once its object is, so
+the same object and the same storage are the only match. The check is a few compares per forward,
+and a causal-mask buffer that never changes never misses.
 Random ops and in-place ops are never folded (they are not pure). Folded results are read-only:
 a value whose storage some op writes in place, directly or through any view of it (HF DeepSeek-V3
 fills `key_states = k_pe.new_empty(...)` through slices), is not shape-only (translator.aliases). The report counts the folded ops as
@@ -43,6 +47,7 @@ import collections
 import itertools
 import operator
 import threading
+import weakref
 
 import torch
 
@@ -64,7 +69,7 @@ class FoldedShapes(torch.nn.Module):
         self.n_constants = n_constants  # the last n arguments: parameters / buffers the region reads
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._stamp = None  # (id, data_ptr, version) of each constant the cached results were computed from
+        self._stamp = None  # per constant the cached results were computed from: _stamp's tuple
         self.computed = 0  # how many times the region ran (once per new key)
 
     def forward(self, *args):
@@ -72,11 +77,11 @@ class FoldedShapes(torch.nn.Module):
             return self.region(*args)  # tracing (torch.export, fake propagation): no cache
         n_in = len(args) - self.n_constants
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args[:n_in])
-        stamp = tuple((id(t), t.data_ptr(), t._version) for t in (*args[n_in:], *self._constants()))
+        constants = (*args[n_in:], *self._constants())
         with self._lock:
-            if stamp != self._stamp:  # a parameter / buffer the region reads changed: recompute
+            if not _same(self._stamp, constants):  # a parameter / buffer the region reads changed: recompute
                 self._cache.clear()
-                self._stamp = stamp
+                self._stamp = [_stamp(t) for t in constants]
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
@@ -96,6 +101,21 @@ class FoldedShapes(torch.nn.Module):
         """Parameters and buffers the region holds itself (a region folded before constants were
         passed as arguments, as a loaded translation may have)."""
         return itertools.chain(self.region.parameters(), self.region.buffers())
+
+
+def _stamp(t: torch.Tensor) -> tuple:
+    """What identifies a constant's value: its object and its storage (weakly: a freed one is never matched
+    by a new one at its address), its data pointer (a view moved within the storage) and its version."""
+    return weakref.ref(t), weakref.ref(t.untyped_storage()), t.data_ptr(), t._version
+
+
+def _same(stamps, constants) -> bool:
+    if stamps is None or len(stamps) != len(constants):
+        return False
+    for (tref, sref, ptr, version), t in zip(stamps, constants):
+        if tref() is not t or sref() is None or t.data_ptr() != ptr or t._version != version:
+            return False
+    return True
 
 
 def _is_fake(a) -> bool:

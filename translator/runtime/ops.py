@@ -26,6 +26,7 @@ import torch
 from translator_kernels.plan import call as planned_call
 
 from ..registry import FAMILIES
+from ..state import resolve_lazy
 from . import current
 
 
@@ -45,6 +46,7 @@ def dispatch(name: str, *args):
         return _no_alias(out, args)
     log = _launch_log(st)
     first = len(log) if log is not None else 0
+    args = resolve_lazy(args)  # a prepared weight left unmade for the reference backend: made for this call
     out = planned_call(fam.kernel, args, None, True)  # the adapter's per-signature plan; no result aliases an input
     st.calls.append(OpCall(name, log[first:] if log is not None else None))
     return out

@@ -23,6 +23,7 @@ import sys
 import torch
 
 from ..registry import FAMILIES
+from ..state import settle
 from .specializations import specializations
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def precompile(tm, backend: str | None = None) -> list:
     from . import use_backend
 
     backend = backend or tm.backend
+    settle(tm.gm, backend)  # the prepared weights the backend reads are made (the reference's may stay lazy)
     if backend == "reference":
         return []
     device = "cuda" if backend == "rocm" and torch.cuda.is_available() else "cpu"
