@@ -203,12 +203,14 @@ class TranslatedModule(torch.nn.Module):
                             "x.detach()), and train the original model")
         from translator_kernels.codegen.emit import record_kernels
 
-        # the lock is re-entrant: held here too, the last_* attributes describe one whole call
-        lock = runtime.EXECUTION_LOCK if self.backend != "reference" else contextlib.nullcontext()
         # no autograd graph: nothing could run backward through the FlyDSL ops (traced by torch.export
         # or dynamo, the graph keeps its ops at top level instead of under a set_grad_enabled region)
         no_grad = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.no_grad()
-        with lock:
+        held = False
+        try:  # the lock is re-entrant: held here too, the last_* attributes describe one whole call;
+            # acquired in one line and released in `finally`, as in runtime.use_backend (a Ctrl-C on a
+            # `with lock:` line can skip its __exit__)
+            held = runtime.EXECUTION_LOCK.acquire() if self.backend != "reference" else False
             with no_grad, runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each
@@ -222,6 +224,9 @@ class TranslatedModule(torch.nn.Module):
                     self.report.observe(st.calls)
                     d["_observed"] = seen
             d["last_calls"] = st.calls
+        finally:
+            if held:
+                runtime.EXECUTION_LOCK.release()
         return out
 
     def _run(self, args):
