@@ -71,15 +71,15 @@ _local = threading.local()
 _NOTHING = object()  # compiled under COMPILE_ONLY: there is nothing to call
 
 
-def locked(lock, fn, *args):
-    """`fn(*args)` with `lock` held. Not `with lock:`: CPython 3.11 runs a line event on the `with`
+def locked(lock, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` with `lock` held. Not `with lock:`: CPython 3.11 runs a line event on the `with`
     line before `__exit__`, where the with does not protect, so a Ctrl-C (or a trace function) there
     leaves the lock held and the next taker waits for ever. Here it is taken and noted in one line
     and given back in `finally`."""
     held = False
     try:
         held = lock.acquire()
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         if held:
             lock.release()

@@ -11,7 +11,7 @@
 - Match once: no rule's rewrite calls (directly or through its module's helpers) a function its
   support check calls; the check hands its match to the rewrite (translator.registry).
 - Folders too: the import graph of translator/'s subfolders (a module of translator/ itself is its
-  own node) has no loop, which a file-level cycle test cannot see.
+  own node) has no loop, which a file-level cycle test cannot see. api.py is orchestration only.
 - Rule order never comes from import order: the lowerings imported in another order make the same
   rules fire on the same models (a subprocess each, so the registry is filled from scratch).
 """
@@ -274,6 +274,16 @@ def test_no_loops_between_folders():
     g = folder_graph()
     assert {"translator.lowerings", "translator.passes", "translator.runtime", "translator.frontends"} <= set(g)
     assert [sorted(c) for c in nx.simple_cycles(g)] == []
+
+
+def test_api_is_orchestration_only():
+    """api.py runs capture -> passes -> backend -> verify -> report and defines no class: the translated
+    module lives in translator/translated.py, which imports no orchestration (translate reaches it as an
+    argument of `_share`)."""
+    tree = ast.parse((ROOT / "translator" / "api.py").read_text())
+    assert [n.name for n in tree.body if isinstance(n, ast.ClassDef)] == []
+    assert "translator.api" not in set(GRAPH.successors("translator.translated"))
+    assert ".translated" in _spelled_modules(ROOT / "translator" / "__init__.py")  # translator.TranslatedModule
 
 
 # --- one table of hardware facts, one dtype-name map --------------------------------------------
