@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 import executors  # the session's executor (tests/executors.py)
-from bench.isa_attention import rescale_counts
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.attention import CUS, attention, attention_config, split_plan
+from translator_kernels.measure.attention_isa import rescale_counts
 
 DTYPES = {name: NAMED_DTYPES[name] for name in ("f32", "bf16", "f16")}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.

@@ -220,7 +220,7 @@ def test_gemm_epilogue_sweep(arch, act, dt):
 @pytest.mark.parametrize("mb", [16, 32, 64, 128, 4096])
 def test_isa_sweep_no_spills(arch, dt, mb):
     """The chosen config itself (split-K, K-split waves, gfx950's 8-wave tile) with a full epilogue."""
-    from bench.isa_gemm import isa_stats
+    from translator_kernels.measure.gemm_isa import isa_stats
 
     cfg = G.choose_config(mb, 4096, 4096, dt, arch)
     s = isa_stats(4096, 4096, dt, arch, cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True,

@@ -173,9 +173,9 @@ def test_isa_scheduled_loop_at_flydsl_tile(arch):
     """128x128x64 bf16, 4096^3: VGPRs <= FlyDSL's at the same tile, <= 8 VALU per K step, 0 spills,
     and a loop body of two K steps."""
     from translator_kernels.hotloop import hot_loop
-    from bench.isa_gemm import gemm_isa_text
+    from translator_kernels.measure.gemm_isa import gemm_isa_text
 
-    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", arch, 128, 128, 64)
+    text, meta = gemm_isa_text(4096, 4096, "bf16", arch, 128, 128, 64)
     loop = hot_loop(text, arch)
     mfma_per_step = 8 * 2 * 2 * (1 if arch == "gfx950" else 2)
     steps = loop["counts"]["MFMA"] // mfma_per_step
@@ -247,7 +247,7 @@ def test_bmm_reads_att_at_v_in_place(arch, dt, monkeypatch):
 def test_isa_wide_tile_fp32_is_not_chosen_where_it_spills():
     """fp32 4096^2 on gfx950: 128x256x32 (estimated 248 VGPRs) compiled with SGPR spills, so the
     register cap keeps fp32 at 128x128; the chosen tile compiles with 0 spills."""
-    from bench.isa_gemm import isa_stats
+    from translator_kernels.measure.gemm_isa import isa_stats
 
     cfg = G.choose_config(4096, 4096, 4096, "f32", "gfx950")
     assert (cfg.bm, cfg.bn) == (128, 128)

@@ -154,10 +154,10 @@ def test_isa_wide_tile():
     ds_read_b128, 8 DMA loads, no VALU: matrix-bound by the hot-loop MODEL (1024 matrix / 384 LDS
     cycles)."""
     from translator_kernels.hotloop import hot_loop
-    from bench.isa_gemm import gemm_isa_text
+    from translator_kernels.measure.gemm_isa import gemm_isa_text
     from translator_kernels.isa import occupancy
 
-    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", "gfx950", 256, 256, 64, wm=2, activation="gelu", bias=True,
+    text, meta = gemm_isa_text(4096, 4096, "bf16", "gfx950", 256, 256, 64, wm=2, activation="gelu", bias=True,
                                residual=True)
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
     assert meta["vgpr"] + meta["agpr"] <= FLYDSL_A16W16_VGPR and meta["lds"] == 131072

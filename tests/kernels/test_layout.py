@@ -155,7 +155,7 @@ def test_empty_output_launches_nothing():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills_and_128_bit_accesses(arch):
-    from bench.isa_layout import isa_rows
+    from translator_kernels.measure.layout_isa import isa_rows
 
     rows = isa_rows(arch)
     assert all("error" not in r and r["spills"] == 0 for r in rows.values()), rows

@@ -286,6 +286,39 @@ def test_api_is_orchestration_only():
     assert ".translated" in _spelled_modules(ROOT / "translator" / "__init__.py")  # translator.TranslatedModule
 
 
+# Tests that test a bench program itself may import it; every other test reads our kernels' ISA, traffic
+# and hot-loop models from the kernel library (translator_kernels.measure, .hotloop, .traffic): bench/ prints.
+TESTS_OF_BENCH = {
+    "test_bench.py": "runs the bench programs (kernels, models, roofline, isa, rocm, weights_look) and checks what they print",
+    "test_hf_families.py": "bench.hf_coverage's measure and audit are the HF coverage harness under test",
+}
+
+
+def _bench_uses(path: Path) -> list:
+    """Where a test file imports bench, or names a bench module for a child process to import."""
+    tree = ast.parse(path.read_text(), str(path))
+    uses = []
+    for n in ast.walk(tree):
+        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+        uses += [f"line {n.lineno}: import {m}" for m in names if m == "bench" or m.startswith("bench.")]
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"bench\.\w+(:\w+)?", n.value):
+            uses.append(f"line {n.lineno}: {n.value!r}")
+    return uses
+
+
+def test_tests_do_not_import_bench():
+    found = {str(p.relative_to(ROOT)): u for p in sorted((ROOT / "tests").rglob("*.py"))
+             if p.name not in TESTS_OF_BENCH and (u := _bench_uses(p))}
+    assert found == {}, "move what the test needs into the kernel library (translator_kernels.measure)"
+    assert all((ROOT / "tests" / "e2e" / name).is_file() for name in TESTS_OF_BENCH)
+
+
+def test_the_bench_import_check_sees_one(tmp_path):
+    (tmp_path / "t.py").write_text("def f():\n    from bench.isa_gemm import isa_stats\n    return 'bench._isa_child:ours'\n")
+    assert _bench_uses(tmp_path / "t.py") == ["line 2: import bench.isa_gemm", "line 3: 'bench._isa_child:ours'"]
+
+
 # --- one table of hardware facts, one dtype-name map --------------------------------------------
 
 ARCH_NAMES = {"gfx942", "gfx950"}
