@@ -10,6 +10,8 @@
   (the two exceptions say why).
 - Match once: no rule's rewrite calls (directly or through its module's helpers) a function its
   support check calls; the check hands its match to the rewrite (translator.registry).
+  A support check records no reason on the context (ctx.not_lowered, ctx.reasons): it returns it,
+  a Reason naming the other nodes it concerns.
 - Folders too: the import graph of translator/'s subfolders (a module of translator/ itself is its
   own node) has no loop, which a file-level cycle test cannot see. api.py is orchestration only.
 - Rule order never comes from import order: the lowerings imported in another order make the same
@@ -245,6 +247,47 @@ def test_the_match_once_check_sees_the_rules():
 def test_no_rewrite_runs_its_checks_matcher_again():
     """The support check returns the match and the rewrite receives it (registry.Rule.apply)."""
     assert rules_that_match_twice() == {}
+
+
+WRITES_REASONS = {"not_lowered", "reasons"}  # LowerCtx members that record a node's reason
+
+
+def checks_that_write_reasons(trees=None, spaces=None) -> dict:
+    """{rule: [what]}: a rule whose support check (or a lowerings function it reaches) records a reason
+    on the context (ctx.not_lowered, ctx.reasons) instead of returning it (a Reason names other nodes)."""
+    if trees is None:
+        trees, spaces = _lowering_namespaces()
+    found = {}
+    for m, t in trees.items():
+        space = spaces[m]
+        for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
+            for deco in fn.decorator_list:
+                if not (isinstance(deco, ast.Call) and getattr(deco.func, "id", "") == "rule"):
+                    continue
+                check = next(k.value for k in deco.keywords if k.arg == "supported")
+                root = check.func if isinstance(check, ast.Call) else check
+                if not isinstance(root, ast.Name) or root.id not in space:
+                    continue
+                bodies = [space[root.id]] + [space[n] for n in _reachable(space[root.id], space)]
+                writes = sorted({f"{b.name}: .{n.attr}" for b in bodies for n in ast.walk(b)
+                                 if isinstance(n, ast.Attribute) and n.attr in WRITES_REASONS})
+                if writes:
+                    found[f"{m}.{fn.name}"] = writes
+    return found
+
+
+def test_support_checks_return_their_reasons():
+    """A support check never writes a reason onto another node: it returns a Reason naming them."""
+    assert checks_that_write_reasons() == {}
+
+
+def test_the_reason_check_sees_a_check_that_writes(tmp_path):
+    tree = ast.parse("def helper(node, ctx):\n    ctx.not_lowered(node.args[0], 'no')\n\n"
+                     "def check(node, ctx):\n    return helper(node, ctx)\n\n"
+                     "@rule(Stage.MATCH, aten.add.Tensor, family='x', supported=check)\n"
+                     "def lower_x(node, ctx, m):\n    pass\n")
+    space = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert checks_that_write_reasons({"probe": tree}, {"probe": space}) == {"probe.lower_x": ["helper: .not_lowered"]}
 
 
 def test_generic_forms_import_no_family():
