@@ -218,9 +218,9 @@ def _reachable(fn, space) -> set:
     return seen
 
 
-def rules_that_match_twice() -> dict:
-    trees, spaces = _lowering_namespaces()
-    twice = {}
+def _rules(trees, spaces):
+    """(rule name, rewrite FunctionDef, support check FunctionDef, its module's namespace) of every
+    @rule in the lowerings whose check is a function of the lowerings."""
     for m, t in trees.items():
         space = spaces[m]
         for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
@@ -229,12 +229,16 @@ def rules_that_match_twice() -> dict:
                     continue
                 check = next(k.value for k in deco.keywords if k.arg == "supported")
                 root = check.func if isinstance(check, ast.Call) else check  # a factory: supported=_for("rms")
-                if not isinstance(root, ast.Name) or root.id not in space:
-                    continue
-                by_check = _called(space[root.id]) & set(space)
-                again = by_check & _reachable(fn, space)
-                if again:
-                    twice[f"{m}.{fn.name}"] = sorted(again)
+                if isinstance(root, ast.Name) and root.id in space:
+                    yield f"{m}.{fn.name}", fn, space[root.id], space
+
+
+def rules_that_match_twice() -> dict:
+    twice = {}
+    for name, fn, check, space in _rules(*_lowering_namespaces()):
+        again = _called(check) & set(space) & _reachable(fn, space)
+        if again:
+            twice[name] = sorted(again)
     return twice
 
 
@@ -255,24 +259,13 @@ WRITES_REASONS = {"not_lowered", "reasons"}  # LowerCtx members that record a no
 def checks_that_write_reasons(trees=None, spaces=None) -> dict:
     """{rule: [what]}: a rule whose support check (or a lowerings function it reaches) records a reason
     on the context (ctx.not_lowered, ctx.reasons) instead of returning it (a Reason names other nodes)."""
-    if trees is None:
-        trees, spaces = _lowering_namespaces()
     found = {}
-    for m, t in trees.items():
-        space = spaces[m]
-        for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
-            for deco in fn.decorator_list:
-                if not (isinstance(deco, ast.Call) and getattr(deco.func, "id", "") == "rule"):
-                    continue
-                check = next(k.value for k in deco.keywords if k.arg == "supported")
-                root = check.func if isinstance(check, ast.Call) else check
-                if not isinstance(root, ast.Name) or root.id not in space:
-                    continue
-                bodies = [space[root.id]] + [space[n] for n in _reachable(space[root.id], space)]
-                writes = sorted({f"{b.name}: .{n.attr}" for b in bodies for n in ast.walk(b)
-                                 if isinstance(n, ast.Attribute) and n.attr in WRITES_REASONS})
-                if writes:
-                    found[f"{m}.{fn.name}"] = writes
+    for name, _fn, check, space in _rules(*((trees, spaces) if trees is not None else _lowering_namespaces())):
+        bodies = [check] + [space[n] for n in _reachable(check, space)]
+        writes = sorted({f"{b.name}: .{n.attr}" for b in bodies for n in ast.walk(b)
+                         if isinstance(n, ast.Attribute) and n.attr in WRITES_REASONS})
+        if writes:
+            found[name] = writes
     return found
 
 
