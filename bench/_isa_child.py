@@ -37,7 +37,7 @@ def ours(family, dt, shape):
             rms_norm(x, torch.empty(n, dtype=TD[dt]))
     elif family == "gemm":
         from translator_kernels.gemm import choose_config, m_bucket
-        from bench.isa_gemm import _compile_one
+        from translator_kernels.measure.gemm_isa import compile_one as _compile_one
 
         m, n, k = shape
         c = choose_config(m_bucket(m), n, k, dt, os.environ["ARCH"])
@@ -45,11 +45,9 @@ def ours(family, dt, shape):
                           bias=False, residual=False, out_dtype=dt, wm=c.wm))
         return {"config": f"{c.bm}x{c.bn}x{c.bk}" + (" 8 waves" if c.wm > 1 else "")}
     elif family == "attention":
-        from translator_kernels.attention import attention
+        from translator_kernels.measure.attention_isa import compile_bshd
 
-        b, s, h, d = shape
-        q = torch.empty(b, h, s, d, dtype=TD[dt])
-        attention(q, torch.empty_like(q), torch.empty_like(q), causal=True)
+        compile_bshd(dt, shape)
     else:
         raise ValueError(f"unknown family {family}")
 

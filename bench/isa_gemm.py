@@ -13,48 +13,14 @@ import sys
 import torch
 
 from translator_kernels.arch import NAMED_DTYPES
-from translator_kernels.isa import compile_many, occupancy
-
-_ENTRY = "bench.isa_gemm:_compile_one"
 
 
-def waves_per_simd(vgpr: int, lds_bytes: int, arch: str) -> int:
-    """Occupancy bound (waves per SIMD) of a 4-wave workgroup from VGPRs and LDS (translator_kernels.isa's model)."""
-    return occupancy(vgpr, 0, lds_bytes, 256, arch)[0]
-
-
-def _spec(n, k, dtype, arch, bm, bn, bk, activation=None, bias=False, residual=False, out_dtype=None,
-          split=1, kw=1, wm=1) -> dict:
-    return dict(n=n, k=k, dtype=dtype, arch=arch, bm=bm, bn=bn, bk=bk, activation=activation, bias=bias,
-                residual=residual, out_dtype=out_dtype or dtype, split=split, kw=kw, wm=wm)
-
-
-def _row(spec, compiled) -> dict:
-    if isinstance(compiled, Exception):
-        raise RuntimeError(f"gemm ISA compile failed for {spec}:\n{compiled}")
-    s = compiled.main
-    w, _ = s.occupancy
-    return dict(spec, vgpr=s.meta["vgpr"], sgpr=s.meta["sgpr"], vgpr_spill=s.meta["vgpr_spill"],
-                sgpr_spill=s.meta["sgpr_spill"], lds_bytes=s.meta["lds"], agpr=s.meta["agpr"],
-                mfma_static=s.mix.get("MFMA", 0), mfma_ops=s.mnemonics("v_mfma"), waves_per_simd=w)
-
-
-def isa_stats_many(specs: list[dict]) -> list[dict]:
-    """Several configs, one child per arch."""
-    out: dict = {}
-    for arch in dict.fromkeys(s["arch"] for s in specs):
-        idx = [i for i, s in enumerate(specs) if s["arch"] == arch]
-        for i, c in zip(idx, compile_many([(_ENTRY, (specs[i],), {}) for i in idx], arch)):
-            out[i] = _row(specs[i], c)
-    return [out[i] for i in range(len(specs))]
-
-
-def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, residual=False, out_dtype=None,
-              split=1, kw=1, wm=1):
-    """Compile the GEMM for one config (a GemmConfig's fields: tile, split-K, K waves, M waves) in a
-    child process; return a dict of ISA statistics."""
-    return isa_stats_many([_spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype,
-                                 split, kw, wm)])[0]
+from translator_kernels.measure.gemm_isa import ENTRY as _ENTRY  # noqa: F401
+from translator_kernels.measure.gemm_isa import compile_one as _compile_one
+from translator_kernels.measure.gemm_isa import gemm_isa_text as _ours_isa_text
+from translator_kernels.measure.gemm_isa import isa_stats, isa_stats_many, waves_per_simd  # noqa: F401
+from translator_kernels.measure.gemm_isa import row as _row  # noqa: F401
+from translator_kernels.measure.gemm_isa import spec as _spec  # noqa: F401
 
 
 def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1,
@@ -65,12 +31,9 @@ def gemm_isa_text(impl: str, n: int, k: int, dtype: str, arch: str, bm: int, bn:
     from translator_kernels.isa import parse_isa
 
     if impl == "ours":
-        spec = _spec(n, k, dtype, arch, bm, bn, bk, **epilogue)
-        spec.update(split=split, kw=kw, wm=wm)
-        text = main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch))
-    else:
-        entry = "bench.isa_gemm:_compile_flydsl" + ("_a16w16" if impl == "flydsl-a16w16" else "")
-        text = main_text(compile_isa_texts(entry, (n, k, dtype, bm, bn, bk), arch=arch))
+        return _ours_isa_text(n, k, dtype, arch, bm, bn, bk, split, kw, wm, **epilogue)
+    entry = "bench.isa_gemm:_compile_flydsl" + ("_a16w16" if impl == "flydsl-a16w16" else "")
+    text = main_text(compile_isa_texts(entry, (n, k, dtype, bm, bn, bk), arch=arch))
     return text, max(parse_isa(text, arch), key=lambda st: st.instructions).meta
 
 
@@ -112,26 +75,6 @@ def _compile_flydsl_a16w16(n, k, dtype, bm, bn, bk):
     a, w = torch.zeros(2 * bm, k, dtype=tdt), torch.zeros(n, k, dtype=tdt)
     gemm_a16w16(a, w.T, out=torch.zeros(2 * bm, n, dtype=tdt), user_kwargs=dict(block_m=bm, block_n=bn, block_k=bk),
                 stream=fx.Stream(None))
-
-
-def _compile_one(spec):
-    """Launch the GEMM for `spec` at M = 2 * BM + 1 under COMPILE_ONLY (runs in the child)."""
-    from translator_kernels.gemm.kernel import build_gemm
-    from translator_kernels.gemm.preshuffle import padded_shape
-
-    tdt = NAMED_DTYPES
-    n, k = spec["n"], spec["k"]
-    n_pad, k_pad = padded_shape(n, k)
-    m = 2 * spec["bm"] + 1
-    dt, odt = tdt[spec["dtype"]], tdt[spec["out_dtype"]]
-    split, kw = spec.get("split", 1), spec.get("kw", 1)
-    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
-                                    spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
-                                    "shuffled", None, kw, spec.get("store_vec", True), spec.get("wm", 1))
-    a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
-    p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
-    launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
-           w.numel() * w.element_size(), c.numel() * c.element_size(), p.numel() * 4, cnt.numel() * 4)
 
 
 def markdown_table(n=4096, k=4096, archs=("gfx942", "gfx950"), dtypes=("f32", "bf16", "f16"),

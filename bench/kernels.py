@@ -6,7 +6,7 @@
    checkout) at each anchor shape and arch: registers, spills, LDS, modeled occupancy, static
    instruction mix (bench.isa).
 2. Traffic: flysim's counted global bytes at a reduced size / compulsory bytes, and the
-   extrapolation to the anchor shape (bench.traffic).
+   extrapolation to the anchor shape (translator_kernels.measure.traffic).
 3. A roofline MODEL per kernel and arch (bench.roofline), from the compulsory bytes and from the
    extrapolated no-cache bytes (an upper bound for GEMM / attention, whose re-reads L2 serves
    in part), with the occupancy of (1).
@@ -27,7 +27,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import isa, roofline, traffic
+from translator_kernels.measure import traffic
+
+from . import isa, roofline
 
 # (label, family, dtype, anchor shape, reduced flysim shape)
 ANCHORS = [

@@ -21,7 +21,7 @@ import torch
 
 from .kernels import ANCHORS
 from .models import MODELS, build
-from .traffic import TD, run_ours
+from translator_kernels.measure.traffic import TD, run_ours
 
 
 def rocm_available() -> bool:
@@ -75,7 +75,7 @@ def kernel_rows(only, iters):
     for label, fam, dt, anchor, _ in ANCHORS:
         if only and fam not in only:
             continue
-        from .traffic import _inputs
+        from translator_kernels.measure.traffic import _inputs
 
         args = tuple(t.cuda() for t in _inputs(fam, dt, anchor))
         if fam == "gemm":  # weight preshuffled once, as the translator does at translation time

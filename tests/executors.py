@@ -11,7 +11,8 @@ and asserts on `launches` and on its outputs (back on the CPU):
     assert len(ex.launches) == 1
     torch.testing.assert_close(out.cpu(), ...)
 
-A test that reads what only flysim reports (counters, races) carries `@pytest.mark.flysim_only(why)`.
+A test that reads what only flysim reports (counters, races, grids) carries `@pytest.mark.flysim_only(why)`;
+a numeric test that also checks a counter where one exists does so under `if ex.counts:`.
 """
 
 from __future__ import annotations
@@ -54,18 +55,27 @@ class Executor:
         self.launches: list = []
         self.sim = None  # the flysim session (flysim only)
 
+    @property
+    def counts(self) -> bool:
+        """True where launch records carry counters (flysim's LaunchRecord; rocm records the kernel only)."""
+        return self.name == "flysim"
+
     def put(self, t):
         return t.to(self.device) if hasattr(t, "to") else t
 
     @contextlib.contextmanager
-    def run(self, arch: str):
+    def run(self, arch: str, **flysim_options):
+        """`flysim_options` (count_regions=True...) go to flysim.simulate: only a flysim_only test passes them."""
         if self.name == "flysim":
             import flysim
 
-            with flysim.simulate(arch=arch) as sim:
+            with flysim.simulate(arch=arch, **flysim_options) as sim:
                 self.launches, self.sim = sim.launches, sim
                 yield self
             return
+        if flysim_options:
+            raise pytest.UsageError(f"flysim options {sorted(flysim_options)} on the {self.name} executor: mark the test "
+                                    "@pytest.mark.flysim_only(why)")
         from translator_kernels.arch import device_arch
         from translator_kernels.launch import launch_log
 

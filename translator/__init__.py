@@ -17,7 +17,7 @@ from .errors import (BackendError, CaptureError, DeviceError, DtypeError, EmptyI
                      ShapeError, StrictError, TranslatorError)
 from .version import __version__  # noqa: F401
 
-_LAZY = {"translate": ".api", "TranslatedModule": ".api", "save": ".frontends.serialize",
+_LAZY = {"translate": ".api", "TranslatedModule": ".translated", "save": ".frontends.serialize",
          "load": ".frontends.serialize", "export_kernels": ".report.export",
          "compile_reports": ".frontends.compile_backend", "translate_for_generation": ".frontends.generation"}
 

@@ -69,6 +69,20 @@ _ARCHS: dict = {}  # (environment fingerprint, HSA_OVERRIDE_GFX_VERSION) -> FlyD
 _LOCK = threading.RLock()
 _local = threading.local()
 _NOTHING = object()  # compiled under COMPILE_ONLY: there is nothing to call
+
+
+def locked(lock, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` with `lock` held. Not `with lock:`: CPython 3.11 runs a line event on the `with`
+    line before `__exit__`, where the with does not protect, so a Ctrl-C (or a trace function) there
+    leaves the lock held and the next taker waits for ever. Here it is taken and noted in one line
+    and given back in `finally`."""
+    held = False
+    try:
+        held = lock.acquire()
+        return fn(*args, **kwargs)
+    finally:
+        if held:
+            lock.release()
 CLEAR_HOOKS: list = []  # called by clear(): caches built on top of this module (per-call plans) register here
 
 
@@ -230,8 +244,7 @@ def _compile(launcher, args, k):
     compiled = flyc.compile(launcher, *holders)
     seconds = time.perf_counter() - start
     compiled = _NOTHING if compiled is None else compiled
-    with _LOCK:
-        compiled = _COMPILED.setdefault(k, compiled)
+    compiled = locked(_LOCK, _COMPILED.setdefault, k, compiled)
     log.info("compiled %s for %s in %.2f s", origin(launcher), k[1][0], seconds)
     for sink in getattr(_local, "sinks", ()):
         sink.append(Compiled(k, launcher, compiled, seconds))
@@ -474,9 +487,12 @@ def record_device_calls(recorder=None):
         with _mode(recorder=rec):
             yield rec
     finally:
-        with _LOCK:
-            for k in [k for k in _STUBBED if k[1] == id(rec)]:
-                del _STUBBED[k]
+        locked(_LOCK, _forget_stubs, id(rec))
+
+
+def _forget_stubs(recorder_id):
+    for k in [k for k in _STUBBED if k[1] == recorder_id]:
+        del _STUBBED[k]
 
 
 def _recording(recorder, name, fn):
@@ -498,8 +514,7 @@ def _stubbed(k, launcher, fn, recorder):
                                f"{type(fn).__name__} (run it outside flysim.simulate, with COMPILE_ONLY off)")
         state = CallState(fn._call_spec, _recording(recorder, kernel_name(launcher), fn))
         stub = _JF.CompiledFunction(state, fn._keepalive)
-        with _LOCK:
-            _STUBBED[(id(fn), id(recorder))] = stub
+        locked(_LOCK, _STUBBED.__setitem__, (id(fn), id(recorder)), stub)
     return stub
 
 
@@ -513,9 +528,5 @@ def clear() -> None:
     are untouched)."""
     for hook in CLEAR_HOOKS:
         hook()
-    with _LOCK:
-        _COMPILED.clear()
-        _STUBBED.clear()
-        _CONTEXTS.clear()
-        _ARCHS.clear()
+    locked(_LOCK, lambda: [t.clear() for t in (_COMPILED, _STUBBED, _CONTEXTS, _ARCHS)])
 

@@ -207,21 +207,30 @@ def _unaliased(out, args):
 
 def _build(pk, fn, args, kwargs, tensors, no_alias):
     rec = _Recorder(tensors)
+    entered = False
     try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`
         _local.plan_rec = rec
-        with rec:
-            out = fn(*args, **(kwargs or {}))
+        # entered and noted in one line, left in `finally` (not `with rec:`: CPython 3.11 runs a line event
+        # on the `with` line before `__exit__`, outside the with's protection, so a Ctrl-C there would
+        # leave the recorder on torch's dispatch stack and no later call would be planned)
+        entered = rec.__enter__() is rec
+        out = fn(*args, **(kwargs or {}))
     finally:
+        if entered:
+            rec.__exit__(None, None, None)
         _local.plan_rec = None
     try:
         run = rec.finish(out, no_alias, getattr(fn, "__qualname__", "fn"), len(tensors))
     except _Unplannable:
         run = None
-    with _LOCK:
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS.setdefault(pk, run)
+    _launch.locked(_LOCK, _keep, pk, run)
     return _unaliased(out, args) if no_alias else out
+
+
+def _keep(pk, run):
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS.setdefault(pk, run)
 
 
 def plan_effect(f, *args) -> None:
@@ -252,9 +261,7 @@ def plan_value(f, *args):
 
 def clear_plans() -> None:
     """Forget every plan (tests; after a change to state that adapters read, e.g. a GEMM config)."""
-    with _LOCK:
-        _PLANS.clear()
-        _SEEN.clear()
+    _launch.locked(_LOCK, lambda: (_PLANS.clear(), _SEEN.clear()))
 
 
 _launch.CLEAR_HOOKS.append(clear_plans)  # launch.clear() forgets the plans built on its compiled callables

@@ -5,7 +5,7 @@ moves from the launch geometry it really uses (the norm's grid, the GEMM tile an
 plan of this arch, causal flag and head dim: `attention_bytes`), with no cache: every load the
 kernel issues reaches HBM, and loads the hardware drops (buffer accesses past a descriptor's
 bounds) move nothing. `compulsory_bytes` is each input read once plus each output written once.
-bench/traffic.py checks the model against flysim's counted bytes at reduced shapes and prints
+translator_kernels/measure/traffic.py checks the model against flysim's counted bytes at reduced shapes; bench prints
 the ratios.
 """
 

@@ -7,7 +7,7 @@ against flysim's counters (that equality is what the anchor extrapolation rests 
 import pytest
 import torch
 
-from bench import host_overhead, isa, kernels, models, rocm, roofline, traffic
+from bench import host_overhead, isa, kernels, models, rocm, roofline, weights_look
 from translator_kernels.arch import gpu
 
 
@@ -36,6 +36,8 @@ def test_compile_stats_softmax():
 @pytest.mark.parametrize("family,dt,shape", [("softmax", "bf16", (8, 1024)), ("rms_norm", "bf16", (64, 512)),
                                              ("gemm", "bf16", (64, 128, 128))])
 def test_traffic_model_matches_flysim(family, dt, shape):
+    from translator_kernels.measure import traffic
+
     m = traffic.measure(family, dt, shape)
     assert m["moved"] == m["model"] and m["moved"] >= m["compulsory"]
 
@@ -90,3 +92,10 @@ def test_bench_host_overhead_runs(capsys):
     assert len(rows) == 8 and "median over families" in out  # every family: one recorded device call per op
     pieces = out.split("## Pieces of one planned call")[1].splitlines()
     assert len([ln for ln in pieces if ln.startswith("| ") and not ln.startswith("| op")]) == 8
+
+
+def test_bench_weights_look_prints_the_costs(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["weights_look", "--tiny"])
+    weights_look.main()
+    out = capsys.readouterr().out
+    assert "tracked weights" in out and "follow (nothing changed)" in out and "data pointers" in out

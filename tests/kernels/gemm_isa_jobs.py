@@ -3,9 +3,9 @@ table per arch, so that the session fixture `gemm_isa` (conftest.py, over `compi
 all of them in one child per arch instead of one child per test (each child pays a start of Python,
 torch and FlyDSL besides the compile).
 
-Each job is bench.isa_gemm's compile of one tile at N = K = 4096 (M = 2 BM + 1), bf16."""
+Each job is translator_kernels.measure.gemm_isa's compile of one tile at N = K = 4096 (M = 2 BM + 1), bf16."""
 
-from bench import isa_gemm
+from translator_kernels.measure import gemm_isa
 
 # a long epilogue program with every transcendental kind (also run under flysim by test_gemm.py)
 LONG_PROGRAM = "hardsigmoid;rsub(1.0);relu;silu;clamp(-inf,0.3);mish;gelu_tanh;elu(0.5)"
@@ -13,8 +13,8 @@ FULL_EPILOGUE = dict(activation="gelu", bias=True, residual=True)
 
 
 def row(compiled, name: str, arch: str) -> dict:
-    """bench.isa_gemm's statistics row (spills, MFMA mnemonics, LDS bytes) of one compiled job."""
-    return isa_gemm._row(jobs(arch)[name][1][0], compiled)
+    """translator_kernels.measure.gemm_isa's statistics row (spills, MFMA mnemonics, LDS bytes) of one compiled job."""
+    return gemm_isa.row(jobs(arch)[name][1][0], compiled)
 
 
 def jobs(arch: str) -> dict:
@@ -24,7 +24,7 @@ def jobs(arch: str) -> dict:
     c = choose_config(128, 4096, 4096, "bf16", arch)  # the large-M tile
 
     def job(bm, bn, bk, **epilogue):
-        return (isa_gemm._ENTRY, (isa_gemm._spec(4096, 4096, "bf16", arch, bm, bn, bk, **epilogue),), {})
+        return (gemm_isa.ENTRY, (gemm_isa.spec(4096, 4096, "bf16", arch, bm, bn, bk, **epilogue),), {})
 
     out = {"chosen": job(c.bm, c.bn, c.bk),
            "long_program": job(c.bm, c.bn, c.bk, bias=True, residual=True, activation=LONG_PROGRAM),

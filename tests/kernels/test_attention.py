@@ -1,9 +1,11 @@
-"""Flash attention kernel vs eager torch SDPA (fp32-computed reference), run under flysim.
+"""Flash attention kernel vs eager torch SDPA (fp32-computed reference), run on the session's executor
+(tests/executors.py: flysim, or rocm on an AMD GPU).
 
 One table of cases drives one test; the default set is a covering subset (dtypes, causal,
 mask kinds, GQA/MQA, tails, Sq=1 decode, padded head dims, soft-cap, per-head scale), the full
 sweep (B, H, Hkv, Sq, Sk, D, causal, mask, dtype, options, arch) is marked slow. Every numeric
-test asserts that the FlyDSL kernel was launched under the simulator.
+test asserts that the FlyDSL kernel was launched; the tests that read flysim's counters are
+flysim_only.
 """
 
 from __future__ import annotations
@@ -14,23 +16,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.isa_attention import rescale_counts
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.attention import CUS, attention, attention_config, split_plan
-
-flysim = pytest.importorskip("flysim")
+from translator_kernels.measure.attention_isa import rescale_counts
 
 DTYPES = {name: NAMED_DTYPES[name] for name in ("f32", "bf16", "f16")}
 # dtype -> (atol, rtol): the project table, no per-op relaxation needed.
 TOL = {k: op_tolerance(dt, "attention") for k, dt in DTYPES.items()}
 
 
-def _simulate(arch):
-    sim = getattr(flysim, "simulate", None)
-    if sim is None:
-        from flysim.hook import simulate as sim
-    return sim(arch=arch)
+def _run(arch, fn, *tensors, **kw):
+    """fn(*tensors, **kw) on the session's executor, tensors (in kw too) put where it reads them; the
+    output back on the CPU, and the launches."""
+    with executors.current().run(arch) as ex:
+        out = fn(*map(ex.put, tensors), **{k: ex.put(v) for k, v in kw.items()})
+    return out.cpu(), ex.launches
 
 
 def make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask_kind, seed=0):
@@ -81,11 +83,10 @@ def options(opt, H, seed=0):
 def run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask_kind, scale=None, opt=None):
     q, k, v, mask = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask_kind)
     kw = options(opt, H) if opt else {"scale": scale}
-    with _simulate(arch) as sim:
-        out = attention(q, k, v, mask=mask, causal=causal, **kw)
+    out, launches = _run(arch, attention, q, k, v, mask=mask, causal=causal, **kw)
     nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch)
     expect = ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
-    assert [ln.kernel.rsplit("_", 1)[0] for ln in sim.launches] == expect, "the FlyDSL kernels did not run under flysim"
+    assert [ln.kernel.rsplit("_", 1)[0] for ln in launches] == expect, "the FlyDSL kernels did not run"
     assert out.dtype == q.dtype and out.shape == q.shape
     ref = reference(q, k, v, mask, causal, **kw)
     atol, rtol = TOL[dtype]
@@ -160,11 +161,11 @@ def test_decode_split_covers_twice_the_cus(arch, D):
     ("gfx950", 1, 2, 2, 3, 200, 40, "f32", True, "bool", None),   # padded D, causal, a fully masked row
     ("gfx942", 1, 2, 1, 40, 150, 24, "bf16", True, None, 3),      # forced: LDS path, empty causal slices
 ])
+@pytest.mark.flysim_only("reads each launch's grid")
 def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, splits):
     q, k, v, m = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask)
-    with _simulate(arch) as sim:
-        out = attention(q, k, v, mask=m, causal=causal, num_splits=splits)
-    fwd, comb = sim.launches
+    out, launches = _run(arch, attention, q, k, v, mask=m, causal=causal, num_splits=splits)
+    fwd, comb = launches
     nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch, splits)
     assert nsplit > 1 and fwd.kernel.startswith("attention_fwd") and comb.kernel.startswith("attention_combine")
     assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B) and comb.grid == (Sq, H, B)
@@ -174,6 +175,7 @@ def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, spl
 
 @pytest.mark.parametrize("arch,H,Hkv,Sq,Sk,D,causal", [("gfx942", 2, 1, 256, 256, 64, True),
                                                        ("gfx950", 1, 1, 128, 200, 40, False)])
+@pytest.mark.flysim_only("reads flysim's counted global bytes")
 def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
     """flysim's counted global bytes <= Q read once (its padding columns included: they load
     column 0, then zero) + O written once + per query block its key range (causal: up to the
@@ -186,9 +188,7 @@ def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
     assert cfg["use_lds"] and Sq % bm == 0  # the prefetching path; no clamped query rows
     keys = sum(-(-min(Sk, (i + 1) * bm if causal else Sk) // bn) * bn for i in range(Sq // bm))
     bound = (Sq * (-(-D // 16) * 16 + D) * H + 2 * keys * D * Hkv * (H // Hkv)) * 2
-    with _simulate(arch) as sim:
-        out = attention(q, k, v, causal=causal)
-    (rec,) = sim.launches
+    out, (rec,) = _run(arch, attention, q, k, v, causal=causal)
     moved = rec.counters["global_bytes_read"] + rec.counters["global_bytes_written"]
     assert moved <= bound, (moved, bound)
     torch.testing.assert_close(out.float(), reference(q, k, v, None, causal), atol=TOL["bf16"][0], rtol=TOL["bf16"][1])
@@ -196,6 +196,7 @@ def test_global_bytes_at_the_compulsory_bound(arch, H, Hkv, Sq, Sk, D, causal):
 
 @pytest.mark.parametrize("arch,dtype", [("gfx942", "bf16"), ("gfx950", "bf16"), ("gfx950", "f32")])
 @pytest.mark.parametrize("data", ["steady", "growing"])
+@pytest.mark.flysim_only("reads flysim's op and region counters")
 def test_rescale_only_when_a_row_max_outgrows_the_reference(arch, dtype, data):
     """Unmasked tiles rescale O and l (RG exp2 for alpha, then the multiplies) only when some row
     of the wave outgrows its reference max by more than RESCALE_TAU. The first unmasked tile is
@@ -220,7 +221,7 @@ def test_rescale_only_when_a_row_max_outgrows_the_reference(arch, dtype, data):
     full, tail = Sk // bn, int(Sk % bn > 0)
     rescales = full - 1 if data == "growing" else 0
     want = (full + tail) * rg * nt * 4 + rg * (rescales + tail)
-    with flysim.simulate(arch=arch, count_regions=True) as sim:
+    with executors.current().run(arch, count_regions=True) as sim:  # counts the rescale branch's waves
         out = attention(q, k, v)
     (rec,) = sim.launches
     assert rec.counters["ops_by_kind"]["math.exp2"] == want, (rec.counters["ops_by_kind"]["math.exp2"], want)
@@ -238,9 +239,8 @@ def test_custom_scale_and_strided_inputs():
     q = torch.randn(2, 33, 4, 64, generator=g).bfloat16().transpose(1, 2)
     k = torch.randn(2, 45, 2, 64, generator=g).bfloat16().transpose(1, 2)
     v = torch.randn(2, 45, 2, 64, generator=g).bfloat16().transpose(1, 2)
-    with _simulate("gfx942") as sim:
-        out = attention(q, k, v, causal=True, scale=0.3)
-    assert len(sim.launches) == 1
+    out, launches = _run("gfx942", attention, q, k, v, causal=True, scale=0.3)
+    assert len(launches) == 1
     torch.testing.assert_close(out.float(), reference(q, k, v, None, True, 0.3), **op_tol(torch.bfloat16))
 
 
@@ -252,9 +252,8 @@ def test_negative_scale(arch, dtype, causal, opt):
     kw = {"scale": -0.2}
     if opt == "hs":
         kw["head_scale"] = torch.tensor([-1.5, 2.0])
-    with _simulate(arch) as sim:
-        out = attention(q, k, v, causal=causal, **kw)
-    assert len(sim.launches) == 1
+    out, launches = _run(arch, attention, q, k, v, causal=causal, **kw)
+    assert len(launches) == 1
     # the explicit reference (torch's SDPA masks before a negative scale: -inf * -0.2 = inf, NaN rows)
     ref = reference(q, k, v, None, causal, scale=kw["scale"], head_scale=kw.get("head_scale", torch.ones(2)))
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype][0], rtol=TOL[dtype][1])
@@ -264,16 +263,14 @@ def test_fully_masked_rows_are_zero():
     q, k, v, _ = make_inputs(1, 1, 1, 5, 20, 64, "f32", None)
     mask = torch.zeros(5, 20)
     mask[2] = float("-inf")
-    with _simulate("gfx950"):
-        out = attention(q, k, v, mask=mask)
+    out, _ = _run("gfx950", attention, q, k, v, mask=mask)
     assert torch.all(out[0, 0, 2] == 0)
     torch.testing.assert_close(out, reference(q, k, v, mask, False), **op_tol(torch.float32))
 
 
 def test_fp32_inputs_with_bf16_precision():
     q, k, v, _ = make_inputs(1, 2, 2, 17, 33, 64, "f32", None)
-    with _simulate("gfx942"):
-        out = attention(q, k, v, causal=True, precision="bf16")
+    out, _ = _run("gfx942", attention, q, k, v, causal=True, precision="bf16")
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, reference(q, k, v, None, True), **op_tol(torch.bfloat16))
 

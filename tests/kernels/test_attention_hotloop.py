@@ -163,7 +163,8 @@ def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, p
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
-    text = main_text(compile_isa_texts("bench._isa_child:ours", ("attention", "bf16", [1, 2048, 32, d]), arch=arch))
+    text = main_text(compile_isa_texts("translator_kernels.measure.attention_isa:compile_bshd", ("bf16", [1, 2048, 32, d]),
+                                           arch=arch))
     c = hot_loop(text, arch)
     assert c["matrix_over_vector"] >= static and c["steady"]["matrix_over_vector"] >= steady, c
     assert c["counts"]["MFMA"] == c["steady"]["counts"]["MFMA"] == mfma, c
@@ -180,8 +181,8 @@ def test_attention_hot_loop_on_its_compiled_isa(arch, d, static, steady, mfma, p
 
 
 def test_expected_column_prices_the_branch_at_its_measured_rate():
-    """bench.isa_attention's expected MODEL: steady vector cycles + rate x (static - steady)."""
-    from bench.isa_attention import expected_cells
+    """translator_kernels.measure.attention_isa's expected MODEL: steady vector cycles + rate x (static - steady)."""
+    from translator_kernels.measure.attention_isa import expected_cells
 
     c = {"matrix_cycles": 1088, "vector_cycles": 944, "steady": {"vector_cycles": 720}}
     assert expected_cells(c, 0.0) == " 0.0000 | 720 | 1.51 |"

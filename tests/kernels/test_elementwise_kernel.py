@@ -1,4 +1,5 @@
-"""Generated fused elementwise kernels (translator_kernels.codegen.elementwise) on flysim against eager.
+"""Generated fused elementwise kernels (translator_kernels.codegen.elementwise) on the session's executor
+(tests/executors.py) against eager.
 
 References are eager torch on fp32 copies of the inputs; each case asserts the FlyDSL kernel
 was launched exactly once. fp32 tolerance: rtol 1e-5 instead of 1.3e-6 for the transcendental
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.codegen.elementwise import build_elementwise, fused_elementwise
 from translator_kernels.program import DTYPES, OPS, Program
@@ -18,10 +19,10 @@ TOL = {dt: op_tol(dt, "fused_elementwise") for dt in (torch.float32, torch.bfloa
 
 
 def run(arch, inputs, prog):
-    with flysim.simulate(arch=arch) as sim:
-        outs = fused_elementwise(inputs, prog.text())
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
-    return outs
+    with executors.current().run(arch) as ex:
+        outs = fused_elementwise([ex.put(x) for x in inputs], prog.text())
+    assert len(ex.launches) == 1, "the FlyDSL kernel did not run"
+    return [o.cpu() for o in outs]
 
 
 def close(got, ref, dtype, what):

@@ -4,7 +4,9 @@ called back to back replay correctly, each launch with ticket counters of its ow
 
 import torch
 
-import flysim
+import pytest
+
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels import plan
 from translator_kernels.gemm import gemm, splitk
@@ -21,6 +23,7 @@ def _operands(m, n, k, seed):
     return a, w, shuffle_weight(w)
 
 
+@pytest.mark.flysim_only("reads each launch's grid")
 def test_register_config_reaches_a_planned_call():
     m, n, k = 5, 128, 64
     a, w, ws = _operands(m, n, k, 0)
@@ -30,7 +33,7 @@ def test_register_config_reaches_a_planned_call():
     assert new != old
     plan.clear_plans()
     try:
-        with flysim.simulate(arch=ARCH) as sim:
+        with executors.current().run(ARCH) as sim:
             for _ in range(3):  # first sight, plan built, plan replayed
                 torch.testing.assert_close(gemm(a, ws, n, k), a @ w.t(), **TOL)
             assert plan.plan_count() >= 1
@@ -45,6 +48,7 @@ def test_register_config_reaches_a_planned_call():
         plan.clear_plans()
 
 
+@pytest.mark.flysim_only("inspects the CPU device's split-K counter pool")
 def test_two_split_k_gemms_back_to_back_replay_their_plans():
     """Different shapes, same device, alternating, 3 rounds: the second round builds the plans, the
     third replays them. The pool first holds a small counter array (the first GEMM's regions only):
@@ -58,7 +62,7 @@ def test_two_split_k_gemms_back_to_back_replay_their_plans():
     splitk._POOL[key] = [small]
     plan.clear_plans()
     try:
-        with flysim.simulate(arch=ARCH) as sim:
+        with executors.current().run(ARCH) as sim:
             for _ in range(3):
                 for (a, w, ws), n, k, cfg in ops:
                     torch.testing.assert_close(gemm(a, ws, n, k, _config=cfg), a @ w.t(), **TOL)

@@ -1,6 +1,7 @@
 """The scheduled K loop, split-K and the tile heuristic of the preshuffle GEMM.
 
-flysim runs check numerics and launch records (launch count, MFMA counter); the ISA checks
+Runs on the session's executor (tests/executors.py) check numerics and launch records (launch count;
+flysim's MFMA counter where it counts); the ISA checks
 compile without a GPU and read the hot loop with translator_kernels.hotloop's model.
 """
 
@@ -9,7 +10,7 @@ import torch
 
 from translator.tolerances import op_tol
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator_kernels import gemm as G
 from translator_kernels.gemm.kernel import hot_loop_plan
 from translator_kernels.gemm.preshuffle import shuffle_weight
@@ -29,9 +30,14 @@ def _case(m, n, k, dtype, seed=0):
 
 def _run(arch, a, w, cfg, **epi):
     n, k = w.shape
-    with flysim.simulate(arch=arch) as sim:
-        out = G.gemm(a, shuffle_weight(w), n, k, _config=cfg, **epi)
-    return out, sim.launches
+    with executors.current().run(arch) as ex:
+        out = G.gemm(ex.put(a), ex.put(shuffle_weight(w)), n, k, _config=cfg, **{name: ex.put(v) for name, v in epi.items()})
+    return out.cpu(), ex.launches
+
+
+def _mfma_is(launch, want):
+    """flysim's MFMA counter equals `want` (rocm counts nothing: true there)."""
+    return not executors.current().counts or sum(launch.counters["mfma_by_kind"].values()) == want
 
 
 def _ref(a, w, bias, res, scale=0.5):
@@ -62,7 +68,7 @@ def test_k_loop_peeling(arch, k, bk):
     cfg = G.GemmConfig(32, 64, bk)
     out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
     assert len(launches) == 1
-    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(21, 64, k, "f32", arch, cfg)
+    assert _mfma_is(launches[0], G.expected_mfma_count(21, 64, k, "f32", arch, cfg))
     torch.testing.assert_close(out, _ref(a, w, b, r), **TOL[torch.float32])
 
 
@@ -83,7 +89,7 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
     out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
     again, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
     assert len(launches) == 1
-    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(m, n, k, "bf16", arch, cfg)
+    assert _mfma_is(launches[0], G.expected_mfma_count(m, n, k, "bf16", arch, cfg))
     assert torch.equal(out, again)
     assert all(int(c.abs().sum()) == 0 for free in _POOL.values() for c in free)
     torch.testing.assert_close(out.float(), _ref(a, w, b, r).to(torch.bfloat16).float(), **TOL[torch.bfloat16])
@@ -91,6 +97,7 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
     torch.testing.assert_close(out.float(), single.float(), **TOL[torch.bfloat16])
 
 
+@pytest.mark.flysim_only("sets the CPU device's split-K counters and relies on flysim's workgroup order")
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_k_result_does_not_depend_on_the_last_arriver(arch, monkeypatch):
     """flysim serializes the tickets in workgroup order, so split 3 draws the last one and adds the
@@ -118,11 +125,11 @@ def test_split_k_batched_one_tile_per_split():
     from translator_kernels.gemm import _launch
     from translator_kernels.gemm.preshuffle import shuffle_weight_batched
 
-    with flysim.simulate(arch="gfx942") as sim:
-        out = _launch("bmm", a, shuffle_weight_batched(w), 40, 96, 3, 21, bias=None, activation=None, residual=None,
-                      scale=1.0, out_dtype=torch.float32, cfg=G.GemmConfig(16, 64, 32, split=3))
-    assert len(sim.launches) == 1
-    torch.testing.assert_close(out, a @ w.transpose(1, 2), **TOL[torch.float32])
+    with executors.current().run("gfx942") as ex:
+        out = _launch("bmm", ex.put(a), ex.put(shuffle_weight_batched(w)), 40, 96, 3, 21, bias=None, activation=None,
+                      residual=None, scale=1.0, out_dtype=torch.float32, cfg=G.GemmConfig(16, 64, 32, split=3))
+    assert len(ex.launches) == 1
+    torch.testing.assert_close(out.cpu(), a @ w.transpose(1, 2), **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -158,7 +165,7 @@ def test_wide_tile_flysim(arch):
     a, w, b, r = _case(130, 300, 240, torch.bfloat16)
     cfg = G.GemmConfig(128, 256, 64)
     out, launches = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
-    assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(130, 300, 240, "bf16", arch, cfg)
+    assert _mfma_is(launches[0], G.expected_mfma_count(130, 300, 240, "bf16", arch, cfg))
     torch.testing.assert_close(out.float(), _ref(a, w, b, r).to(torch.bfloat16).float(), **TOL[torch.bfloat16])
 
 
@@ -170,9 +177,9 @@ def test_isa_scheduled_loop_at_flydsl_tile(arch):
     """128x128x64 bf16, 4096^3: VGPRs <= FlyDSL's at the same tile, <= 8 VALU per K step, 0 spills,
     and a loop body of two K steps."""
     from translator_kernels.hotloop import hot_loop
-    from bench.isa_gemm import gemm_isa_text
+    from translator_kernels.measure.gemm_isa import gemm_isa_text
 
-    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", arch, 128, 128, 64)
+    text, meta = gemm_isa_text(4096, 4096, "bf16", arch, 128, 128, 64)
     loop = hot_loop(text, arch)
     mfma_per_step = 8 * 2 * 2 * (1 if arch == "gfx950" else 2)
     steps = loop["counts"]["MFMA"] // mfma_per_step
@@ -196,12 +203,12 @@ def test_bmm_reads_a_transposed_operand_in_place(arch, monkeypatch):
     k = torch.randn(2, 3, 40, 72, generator=g).to(torch.bfloat16)
     shared = torch.randn(1, 50, 72, generator=g)
     a3 = torch.randn(3, 9, 72, generator=g) / 8
-    with flysim.simulate(arch=arch) as sim:
-        s = G.bmm(q, k.transpose(-2, -1))
-        s2 = G.bmm(a3, shared.transpose(-2, -1))
-    assert len(sim.launches) == 2
-    assert sum(sim.launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(
-        17, 40, 72, "bf16", arch, G.choose_config(32, 40, 72, "bf16", arch), batch=6)
+    with executors.current().run(arch) as ex:
+        s = G.bmm(ex.put(q), ex.put(k).transpose(-2, -1)).cpu()
+        s2 = G.bmm(ex.put(a3), ex.put(shared).transpose(-2, -1)).cpu()
+    assert len(ex.launches) == 2
+    assert _mfma_is(ex.launches[0], G.expected_mfma_count(
+        17, 40, 72, "bf16", arch, G.choose_config(32, 40, 72, "bf16", arch), batch=6))
     torch.testing.assert_close(s.float(), (q.float() @ k.float().transpose(-2, -1)).to(torch.bfloat16).float(),
                                **TOL[torch.bfloat16])
     torch.testing.assert_close(s2, a3 @ shared.transpose(-2, -1), **TOL[torch.float32])
@@ -209,6 +216,7 @@ def test_bmm_reads_a_transposed_operand_in_place(arch, monkeypatch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.flysim_only("reads flysim's counted global bytes")
 def test_bmm_reads_att_at_v_in_place(arch, dt, monkeypatch):
     """att @ v with v row-major [K, N] (w_layout "kn"): no per-call preshuffle (it would raise here),
     one launch per bmm, eager numerics, and flysim's read bytes are exactly A x N tiles + B x M tiles
@@ -229,7 +237,7 @@ def test_bmm_reads_att_at_v_in_place(arch, dt, monkeypatch):
         att = (torch.randn(2, 3, m, k, generator=g) / 8).to(dt)
         v = torch.randn(2, 3, k, n, generator=g).to(dt)
         cfg = G.choose_config(G.m_bucket(m), n, k, dt, arch)
-        with flysim.simulate(arch=arch) as sim:
+        with executors.current().run(arch) as sim:
             out = G.bmm(att, v)
         assert len(sim.launches) == 1
         tiles_n, tiles_m = -(-padded_shape(n, k)[0] // cfg.bn), -(-m // cfg.bm)
@@ -247,7 +255,7 @@ def test_bmm_reads_att_at_v_in_place(arch, dt, monkeypatch):
 def test_isa_wide_tile_fp32_is_not_chosen_where_it_spills():
     """fp32 4096^2 on gfx950: 128x256x32 (estimated 248 VGPRs) compiled with SGPR spills, so the
     register cap keeps fp32 at 128x128; the chosen tile compiles with 0 spills."""
-    from bench.isa_gemm import isa_stats
+    from translator_kernels.measure.gemm_isa import isa_stats
 
     cfg = G.choose_config(4096, 4096, 4096, "f32", "gfx950")
     assert (cfg.bm, cfg.bn) == (128, 128)

@@ -1,7 +1,7 @@
 """gfx950's 8-wave 256x256 GEMM tile (translator_kernels/gemm/wide.py) and the tile heuristic
 that picks it (tiles.py).
 
-flysim runs use small multiples of the tile (M, N = 256..392, K = 128..184) and assert the launch
+flysim runs (flysim_only: they read the launch's block, grid and counters) use small multiples of the tile (M, N = 256..392, K = 128..184) and assert the launch
 record (one launch, 512 lanes a workgroup, the tile's grid, the MFMA count the grid implies, C
 written exactly once) and numerics against eager within the tolerance table. One ISA test compiles
 the 4096^3 kernel (registers, spills, occupancy, dwordx4 C stores, the hot-loop MODEL per K step).
@@ -13,7 +13,7 @@ import pytest
 import torch
 from translator.tolerances import op_tol
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator_kernels import gemm as G
 from translator_kernels import launch as kl
 from translator_kernels.arch import NAMED_DTYPES
@@ -92,6 +92,7 @@ def test_hot_loop_plan_reads_w_operands_with_their_k_block():
 
 
 # ---- flysim ---------------------------------------------------------------------------------------
+@pytest.mark.flysim_only("reads the launch's block, grid and counters")
 def test_wide_tile_through_the_heuristic_and_entry_point(monkeypatch):
     """gemm() with the wide tile registered for its key (register_config: what autotune does):
     bias + gelu + residual, scale; one 512-lane launch, C written exactly once (16-byte pieces)."""
@@ -99,7 +100,7 @@ def test_wide_tile_through_the_heuristic_and_entry_point(monkeypatch):
     m, n, k = 256, 256, 128
     G.register_config(G.m_bucket(m), n, k, torch.bfloat16, "gfx950", WIDE)
     a, w, b, r = _case("bf16", m, n, k)
-    with flysim.simulate(arch="gfx950") as sim:
+    with executors.current().run("gfx950") as sim:
         out = G.gemm(a, shuffle_weight(w), n, k, bias=b, activation="gelu", residual=r, scale=0.5)
     assert len(sim.launches) == 1
     _assert_wide_launch(sim.launches[0], m, n, k, "bf16")
@@ -108,12 +109,13 @@ def test_wide_tile_through_the_heuristic_and_entry_point(monkeypatch):
     torch.testing.assert_close(out.float(), ref.to(torch.bfloat16).float(), **op_tol(torch.bfloat16, "gemm"))
 
 
+@pytest.mark.flysim_only("reads the launch's block, grid and counters")
 def test_wide_tile_tails_f16():
     """M = 300, N = 392 (row and column tails of a 2 x 2 grid), K = 184 (K tail, 3 K tiles: a peeled
     step), f16, silu + bias: tail rows / columns / K chunks are read as zeros, never stored."""
     m, n, k = 300, 392, 184
     a, w, b, _ = _case("f16", m, n, k, seed=1)
-    with flysim.simulate(arch="gfx950") as sim:
+    with executors.current().run("gfx950") as sim:
         out = G.gemm(a, shuffle_weight(w), n, k, bias=b, activation="silu", _config=WIDE)
     _assert_wide_launch(sim.launches[0], m, n, k, "f16")
     assert sim.launches[0].counters["global_bytes_written"] == m * n * 2
@@ -122,6 +124,7 @@ def test_wide_tile_tails_f16():
                                                                                     reduction_length=k))
 
 
+@pytest.mark.flysim_only("reads the launch's block, grid and counters")
 def test_wide_tile_reads_a_row_major_w_in_place():
     """w_layout "nk" (bmm's q @ kᵀ operand, row-major [N, K]), batch 2, fp32 output: W rows reach LDS
     by the same DMA as A's."""
@@ -134,7 +137,7 @@ def test_wide_tile_reads_a_row_major_w_in_place():
     n_pad, k_pad = padded_shape(n, k)
     launcher = build_gemm(n, k, n_pad, k_pad, "bf16", "f32", "gfx950", 256, 256, 64, None, False, False, 1, "nk",
                           wm=2)
-    with flysim.simulate(arch="gfx950") as sim:
+    with executors.current().run("gfx950") as sim:
         kl.call(launcher, out, a, b, ph, out, ph, ph, m, batch, m * k, n * k, m * n, 1.0, a.numel() * 2, b.numel() * 2,
                 out.numel() * 4, 4, 4)
     rec = sim.launches[0]
@@ -151,10 +154,10 @@ def test_isa_wide_tile():
     ds_read_b128, 8 DMA loads, no VALU: matrix-bound by the hot-loop MODEL (1024 matrix / 384 LDS
     cycles)."""
     from translator_kernels.hotloop import hot_loop
-    from bench.isa_gemm import gemm_isa_text
+    from translator_kernels.measure.gemm_isa import gemm_isa_text
     from translator_kernels.isa import occupancy
 
-    text, meta = gemm_isa_text("ours", 4096, 4096, "bf16", "gfx950", 256, 256, 64, wm=2, activation="gelu", bias=True,
+    text, meta = gemm_isa_text(4096, 4096, "bf16", "gfx950", 256, 256, 64, wm=2, activation="gelu", bias=True,
                                residual=True)
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
     assert meta["vgpr"] + meta["agpr"] <= FLYDSL_A16W16_VGPR and meta["lds"] == 131072
@@ -170,6 +173,7 @@ def test_isa_wide_tile():
 
 
 # ---- slow sweep (-m slow) -----------------------------------------------------------------------------
+@pytest.mark.flysim_only("reads the launch's block, grid and counters")
 @pytest.mark.slow
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
 @pytest.mark.parametrize("m,n,k", [(256, 256, 64), (257, 512, 128), (512, 264, 320), (100, 200, 248), (513, 520, 512)])
@@ -181,7 +185,7 @@ def test_wide_tile_sweep(dt, m, n, k, epi):
     epi = dict(epi)
     bias = b if epi.pop("bias", False) else None
     res = r if epi.pop("residual", False) else None
-    with flysim.simulate(arch="gfx950") as sim:
+    with executors.current().run("gfx950") as sim:
         out = G.gemm(a, shuffle_weight(w), n, k, bias=bias, residual=res, _config=WIDE, **epi)
     _assert_wide_launch(sim.launches[0], m, n, k, dt)
     y = epi.get("scale", 1.0) * (a.float() @ w.float().T) + (bias if bias is not None else 0.0)

@@ -6,7 +6,9 @@ stack, the environment a GPU-less rocm compile sets) and process-wide tables (co
 specializations, plans, split-K counter pools). A trace function raises KeyboardInterrupt at the
 n-th line run in those modules (but inside a `finally:` cleanup), for every n of a split-K GEMM call on the rocm host path (device
 call recorded: host code only, milliseconds a call): on first sight, while its plan is built, on a
-replay. After each interrupt the thread state and the environment are as before, the next two calls
+replay. After each interrupt the thread state, the environment, the execution lock and torch's dispatch
+stack are as before (CPython 3.11 runs a line event on a `with` line before `__exit__`, where the with
+does not protect: hence no `with lock:` / `with mode:` on this path), the next two calls
 (a plan built or replayed) record the same device calls, and at the end the GEMM under flysim equals torch.
 """
 
@@ -26,10 +28,6 @@ from translator_kernels import plan
 from translator_kernels.gemm import gemm, splitk
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import GemmConfig
-
-# Interrupting the host path at every line leaves a lock behind in this process (found after the merge:
-# later plan and thread tests of the same worker fail or hang); until that is fixed it runs with -m slow.
-pytestmark = pytest.mark.slow
 
 ARCH = "gfx942"
 WATCHED = {"translator_kernels.plan", "translator_kernels.launch", "translator_kernels.gemm",
@@ -57,23 +55,33 @@ _CLEANUP: dict = {}
 
 class _Interrupt:
     """sys.settrace hook: KeyboardInterrupt at the `at`-th line run in a WATCHED module, cleanup
-    lines left out (counts only when `at` is None)."""
+    lines left out. When `at` is None it only counts, and `steps` lists the n at which each distinct
+    step (file, the frame's previous line, line) is first run: a loop's later turns repeat steps, and
+    the exit of a `with` (a second event on its line, after the body's last) is a step of its own."""
 
     def __init__(self, at=None):
-        self.at, self.lines, self.where = at, 0, None
+        self.at, self.lines, self.where, self.steps, self._seen = at, 0, None, [], set()
 
     def __call__(self, frame, event, arg):
         if frame.f_globals.get("__name__") not in WATCHED:
             return None
-        return self._line
+        prev = None
 
-    def _line(self, frame, event, arg):
-        if event == "line" and frame.f_lineno not in _cleanup_lines(frame.f_code.co_filename):
-            self.lines += 1
-            if self.lines == self.at:
-                self.where = f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
-                raise KeyboardInterrupt(f"interrupted at {self.where}")
-        return self._line
+        def line(frame, event, arg):
+            nonlocal prev
+            if event == "line" and frame.f_lineno not in _cleanup_lines(frame.f_code.co_filename):
+                self.lines += 1
+                step = (frame.f_code.co_filename, prev, frame.f_lineno)
+                if step not in self._seen:
+                    self._seen.add(step)
+                    self.steps.append(self.lines)
+                if self.lines == self.at:
+                    self.where = f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
+                    raise KeyboardInterrupt(f"interrupted at {self.where}")
+            if event == "line":
+                prev = frame.f_lineno
+            return line
+        return line
 
 
 def _state():
@@ -88,8 +96,18 @@ def _operands(seed=0):
     return a, w, shuffle_weight(w)
 
 
+def _locks_held():
+    """Which of the host path's locks this thread still holds."""
+    return [name for name, held in (("runtime.EXECUTION_LOCK", runtime.EXECUTION_LOCK._is_owned()),
+                                    ("launch._LOCK", kl._LOCK._is_owned()), ("plan._LOCK", plan._LOCK.locked()))
+            if held]
+
+
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each-step", "every-line"])
 @pytest.mark.parametrize("stage", [0, 1, 2], ids=["first-sight", "plan-build", "replay"])
-def test_an_interrupt_at_any_line_leaves_no_state(stage):
+def test_an_interrupt_at_any_line_leaves_no_state(stage, every):
+    """The default run interrupts at the first run of each distinct step (~1,000 points over the
+    three stages, ~20 s); -m slow interrupts at every line run (~2,300)."""
     a, w, ws = _operands()
 
     def call(hook=None):
@@ -111,7 +129,7 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage):
     counter = _Interrupt()
     assert call(counter) == want
     assert counter.lines > 20
-    for at in range(1, counter.lines + 1):
+    for at in range(1, counter.lines + 1) if every else counter.steps:
         setup()
         hook = _Interrupt(at)
         try:
@@ -119,6 +137,10 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage):
         except KeyboardInterrupt:
             pass
         assert _state() == before, f"an interrupt in {hook.where} left thread state or the environment behind"
+        # process-wide: a leaked EXECUTION_LOCK hangs every other thread's translated call, a recorder
+        # left on torch's dispatch stack records (and so plans) nothing again
+        assert _locks_held() == [], f"an interrupt in {hook.where} left a lock held"
+        assert torch._C._len_torch_dispatch_stack() == 0, f"an interrupt in {hook.where} left a dispatch mode on"
         assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"
     plan.clear_plans()
 

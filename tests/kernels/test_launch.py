@@ -7,7 +7,7 @@ import pytest
 import torch
 from translator.tolerances import model_tol
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from flydsl.compiler import jit_function as JF
 from translator.runtime.stub import rocm_recorded
 from translator_kernels import launch as kl
@@ -38,9 +38,10 @@ def disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path / "flydsl"))
 
 
+@pytest.mark.flysim_only("flysim's compile path and each launch's grid")
 def test_flysim_compiles_once_and_new_row_count_traces_nothing(traces):
     x = torch.randn(3, 256)
-    with flysim.simulate(arch="gfx942") as sim:
+    with executors.current().run("gfx942") as sim:
         softmax(x)
         before = len(traces)
         for rows in (3, 50, 7):
@@ -50,6 +51,7 @@ def test_flysim_compiles_once_and_new_row_count_traces_nothing(traces):
     assert len(sim.launches) == 4 and sim.launches[-1].grid[0] >= 1
 
 
+@pytest.mark.flysim_only("the key of flysim's compile target")
 def test_key_keeps_dtype_layout_and_target_drops_sizes(monkeypatch):
     monkeypatch.setenv("FLYDSL_GPU_ARCH", "gfx942")
     launcher = build_softmax(256, "f32", 4, False, "gfx942")
@@ -61,7 +63,7 @@ def test_key_keeps_dtype_layout_and_target_drops_sizes(monkeypatch):
     target = kl.key(launcher, a, a, 4)[1]
     monkeypatch.setenv("FLYDSL_GPU_ARCH", "gfx950")
     assert kl.key(launcher, a, a, 4)[1] != target and "gfx950" in kl.key(launcher, a, a, 4)[1][0]
-    with flysim.simulate(arch="gfx950"):
+    with executors.current().run("gfx950"):
         assert "flysim" in kl.key(launcher, a, a, 4)[1][0]
     with pytest.raises(TypeError, match="takes 3 arguments"):
         kl.key(launcher, a, a)
@@ -97,9 +99,10 @@ def test_compile_only_compiles_once_and_runs_nothing(traces, monkeypatch, disk_c
     assert len(traces) == 1 and out1.shape == (4, 128) and out2.shape == (9, 128)
 
 
+@pytest.mark.flysim_only("a flysim compiled function handed to the device-call recorder")
 def test_recorder_refuses_a_flysim_compiled_function():
     x = torch.randn(4, 128)
-    with flysim.simulate(arch="gfx942"), kl.record_device_calls():
+    with executors.current().run("gfx942"), kl.record_device_calls():
         with pytest.raises(RuntimeError, match="stands in for a GPU launch"):
             softmax(x)
 

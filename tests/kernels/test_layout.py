@@ -1,4 +1,4 @@
-"""The layout kernel on flysim: one launch per data-movement op, bit-exact against eager over
+"""The layout kernel on the session's executor (tests/executors.py): one launch per data-movement op, bit-exact against eager over
 dtypes (f32, bf16, f16, int64, bool), odd shapes, negative shifts and pads, strided sources,
 unfold with step > size; out-of-range indices raise and are never read; 128-bit vectors where
 the map allows. The default set is small; `-m slow` runs the whole table on both archs."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 import translator_kernels.layout as L
 from translator_kernels.errors import KernelInputError
 from translator_kernels.layout.kernel import Layout, SrcDim
@@ -53,10 +53,10 @@ PARAMS = [pytest.param(name, call, ref, dt, marks=() if (name, dt) in FAST else 
 
 
 def _run(call, x, arch):
-    with flysim.simulate(arch=arch) as sim:
-        out = call(x)
-    assert [r.kernel.split("_kernel")[0] for r in sim.launches] == ["layout"]
-    return out
+    with executors.current().run(arch) as ex:
+        out = call(ex.put(x))
+    assert [r.kernel.split("_kernel")[0] for r in ex.launches] == ["layout"]
+    return out.cpu()
 
 
 @pytest.mark.parametrize("name,call,ref,dtype", PARAMS)
@@ -84,10 +84,10 @@ def test_pad_mode_fast(mode):
 
 @pytest.mark.parametrize("dtype,value", [(torch.float16, -2.5), (torch.int64, -(2**40) - 3), (torch.bool, True)])
 def test_fill(dtype, value):
-    with flysim.simulate(arch="gfx942") as sim:
-        out = L.fill([3, 33], value, dtype)
-    assert len(sim.launches) == 1
-    assert torch.equal(out, torch.full((3, 33), value, dtype=dtype))
+    with executors.current().run("gfx942") as ex:
+        out = L.fill([3, 33], value, dtype, device=ex.device)
+    assert len(ex.launches) == 1
+    assert torch.equal(out.cpu(), torch.full((3, 33), value, dtype=dtype))
 
 
 def test_nan_payload_and_negative_zero_move_bit_exact():
@@ -101,17 +101,17 @@ def test_nan_payload_and_negative_zero_move_bit_exact():
 @pytest.mark.parametrize("ids,bad", [(torch.tensor([1, 7, 2]), 7), (torch.tensor([-1]), -1), (torch.tensor([2**33]), 2**33)])
 def test_index_select_out_of_range_raises_and_is_never_read(ids, bad):
     x = _data((7, 10), torch.float32)
-    with flysim.simulate(arch="gfx942") as sim, pytest.raises(IndexError, match=f"index {bad} is out of range"):
-        L.index_select(x, 0, ids)
-    assert len(sim.launches) == 1  # the kernel ran (flysim checks every access) and flagged it
+    with executors.current().run("gfx942") as ex, pytest.raises(IndexError, match=f"index {bad} is out of range"):
+        L.index_select(ex.put(x), 0, ex.put(ids))
+    assert len(ex.launches) == 1  # the kernel ran (flysim checks every access) and flagged it
 
 
 def test_index_wraps_negative_ids_and_rejects_below_minus_size():
     x = _data((4, 6), torch.float32)
     ids = torch.tensor([-4, 3], dtype=torch.int32)
-    assert torch.equal(_run(lambda t: L.index(t, 0, ids), x, "gfx942"), x[ids.long()])
-    with flysim.simulate(arch="gfx942"), pytest.raises(IndexError, match="index -5 is out of range"):
-        L.index(x, 0, torch.tensor([0, -5]))
+    assert torch.equal(_run(lambda t: L.index(t, 0, ids.to(t.device)), x, "gfx942"), x[ids.long()])
+    with executors.current().run("gfx942") as ex, pytest.raises(IndexError, match="index -5 is out of range"):
+        L.index(ex.put(x), 0, ex.put(torch.tensor([0, -5])))
 
 
 def test_vectors_are_128_bit_where_the_map_allows():
@@ -147,15 +147,15 @@ def test_bad_input_is_one_clear_error(call, match):
 
 
 def test_empty_output_launches_nothing():
-    with flysim.simulate(arch="gfx942") as sim:
-        out = L.index_select(torch.randn(4, 3), 0, torch.tensor([], dtype=torch.int64))
-    assert out.shape == (0, 3) and not sim.launches
+    with executors.current().run("gfx942") as ex:
+        out = L.index_select(ex.put(torch.randn(4, 3)), 0, ex.put(torch.tensor([], dtype=torch.int64)))
+    assert out.shape == (0, 3) and not ex.launches
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_isa_no_spills_and_128_bit_accesses(arch):
-    from bench.isa_layout import isa_rows
+    from translator_kernels.measure.layout_isa import isa_rows
 
     rows = isa_rows(arch)
     assert all("error" not in r and r["spills"] == 0 for r in rows.values()), rows
@@ -169,7 +169,7 @@ def test_a_repeated_call_plans_nothing(monkeypatch):
     real = L._plan_roll
     monkeypatch.setattr(L, "_plan_roll", lambda *a: planned.append(a) or real(*a))
     x = torch.randn(3, 11)
-    with flysim.simulate(arch="gfx942") as sim:
-        first, again = L.roll(x, [4], [1]), L.roll(x + 1, [4], [1])
-    assert len(planned) == 1 and len(sim.launches) == 2
+    with executors.current().run("gfx942") as ex:
+        first, again = L.roll(ex.put(x), [4], [1]).cpu(), L.roll(ex.put(x + 1), [4], [1]).cpu()
+    assert len(planned) == 1 and len(ex.launches) == 2
     assert torch.equal(first, torch.roll(x, 4, 1)) and torch.equal(again, torch.roll(x + 1, 4, 1))

@@ -1,4 +1,4 @@
-"""Inputs where a numerically careless kernel goes wrong, each on flysim against fp32 torch:
+"""Inputs where a numerically careless kernel goes wrong, each on the session's executor (tests/executors.py) against fp32 torch:
 
 - softmax / log-softmax on x + 100 and x - 100: exp(x) alone overflows (or underflows) in fp32,
   so a kernel that skips subtracting the row max returns NaN or garbage;
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.rows import norm
 from translator_kernels.rows.softmax import softmax
@@ -22,10 +22,10 @@ F32 = torch.float32
 
 
 def _launch(fn, *args, **kwargs):
-    with flysim.simulate(arch="gfx942") as sim:
-        out = fn(*args, **kwargs)
-    assert len(sim.launches) == 1, "the FlyDSL kernel did not run"
-    return out
+    with executors.current().run("gfx942") as ex:
+        out = fn(*map(ex.put, args), **kwargs)
+    assert len(ex.launches) == 1, "the FlyDSL kernel did not run"
+    return out.cpu()
 
 
 @pytest.mark.parametrize("shift", [100.0, -100.0])

@@ -1,12 +1,13 @@
 """translator_kernels.plan: a host entry's planning runs once per call signature; replays give the
-same outputs and the same launches as the adapter itself, on flysim and on the rocm path."""
+same outputs and the same launches as the adapter itself, on flysim and on the rocm path (device call
+recorded); the tests that need no flysim record run on the session's executor (tests/executors.py)."""
 
 import ctypes
 
 import pytest
 import torch
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator.registry import FAMILIES
 from translator.runtime.stub import rocm_recorded
 from translator_kernels import launch as kl
@@ -60,7 +61,7 @@ def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
     identical flysim launch records; the replay never enters the adapter."""
     kwargs = kwargs or {}
     adapter = Counted(fn)
-    with flysim.simulate(arch=ARCH) as sim:
+    with executors.current().run(ARCH) as sim:
         direct = fn(*args, **kwargs)
         want = _records(sim, 0)
         plan.call(adapter, args, kwargs, no_alias)
@@ -75,6 +76,7 @@ def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
     _same(direct, replayed)
 
 
+@pytest.mark.flysim_only("compares flysim's launch records (grid, block, counters)")
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_family_plan_matches_its_adapter_on_flysim(name):
     fam = FAMILIES[name]
@@ -88,6 +90,7 @@ def _gemm_operands(m=5, n=48, k=64):
     return a, shuffle_weight(w), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
 
 
+@pytest.mark.flysim_only("compares flysim's launch records (grid, block, counters)")
 @pytest.mark.parametrize("case", ["epilogue_residual", "split_k", "bmm_shuffled", "attention_split_kv",
                                   "attention_bool_mask"])
 def test_host_entry_variants_plan_matches_adapter(case):
@@ -114,22 +117,22 @@ def test_host_entry_variants_plan_matches_adapter(case):
 
 def test_plan_is_reused_and_a_new_batch_builds_a_plan_without_a_compile():
     kl.clear()
-    with flysim.simulate(arch=ARCH) as sim:
-        softmax(torch.randn(3, 256))
+    with executors.current().run(ARCH) as ex:
+        softmax(ex.put(torch.randn(3, 256)))
         assert plan.plan_count() == 0 and kl.compiled_count() == 1  # first sight: no plan yet
-        softmax(torch.randn(3, 256))
+        softmax(ex.put(torch.randn(3, 256)))
         plans, compiled = plan.plan_count(), kl.compiled_count()
         assert plans == 1 and compiled == 1
         for _ in range(2):
             y = torch.randn(3, 256)
-            torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
+            torch.testing.assert_close(softmax(ex.put(y)).cpu(), torch.softmax(y, -1))
         assert plan.plan_count() == plans  # same signature: the plan is looked up, not built
         for rows in (7, 50):  # a run-time dim: a new plan on its second call, the same compiled kernel
             for _ in range(2):
                 y = torch.randn(rows, 256)
-                torch.testing.assert_close(softmax(y), torch.softmax(y, -1))
+                torch.testing.assert_close(softmax(ex.put(y)).cpu(), torch.softmax(y, -1))
         assert plan.plan_count() == plans + 2 and kl.compiled_count() == compiled
-    assert len(sim.launches) == 8
+    assert len(ex.launches) == 8
 
 
 def _planned_double(runs: list):
@@ -305,7 +308,8 @@ def test_no_alias_clones_an_unannotated_alias_and_a_copying_reshape_is_replayed(
 def test_replay_repeats_the_generated_kernels_use_record():
     x = torch.randn(4, 64)
     prog = Program(1, (("exp", (0,), ()),), ((1, "f32"),)).text()
-    with flysim.simulate(arch=ARCH):
+    with executors.current().run(ARCH) as ex:
+        x = ex.put(x)
         fused_elementwise([x], prog)
         fused_elementwise([x], prog)  # builds the plan
         with record_kernels() as used:

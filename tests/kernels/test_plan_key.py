@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 import translator.lowerings  # noqa: F401 - registers the torch.ops.flydsl ops
 from translator import runtime
 from translator.registry import FAMILIES
@@ -46,6 +46,7 @@ def _through_plan(fn, args, kwargs=None):
     return out
 
 
+@pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
 def test_a_plan_is_not_replayed_for_other_strides():
     """gemm's plan for a contiguous [16, 64] activation, then the same shape transposed in memory:
     the adapter makes the second contiguous (a copy); a replay of the first plan would read it as
@@ -55,7 +56,7 @@ def test_a_plan_is_not_replayed_for_other_strides():
     ws = shuffle_weight(w)
     a = torch.randn(16, 64, generator=g)
     at = torch.randn(64, 16, generator=g).t()  # shape (16, 64), strides (1, 16)
-    with flysim.simulate(arch=ARCH):
+    with executors.current().run(ARCH):
         torch.testing.assert_close(_through_plan(gemm.unplanned, (a, ws, 48, 64)), a @ w.T, **F32)
         torch.testing.assert_close(plan.call(gemm.unplanned, (at, ws, 48, 64), None, True), at @ w.T, **F32)
         x = torch.randn(8, 8, generator=g)
@@ -64,19 +65,21 @@ def test_a_plan_is_not_replayed_for_other_strides():
         torch.testing.assert_close(plan.call(softmax.unplanned, (xt,), None, True), torch.softmax(xt, -1))
 
 
+@pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
 def test_a_plan_is_not_replayed_for_another_dtype():
     """softmax's fp32 plan, then bf16 rows of the same shape: a replay would launch the fp32 kernel
     on half the bytes (an out-of-bounds read that flysim reports)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 64, generator=g)
     xb = torch.randn(6, 64, generator=g).to(torch.bfloat16)
-    with flysim.simulate(arch=ARCH):
+    with executors.current().run(ARCH):
         _through_plan(softmax.unplanned, (x,))
         got = plan.call(softmax.unplanned, (xb,), None, True)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), torch.softmax(xb.float(), -1), **op_tol(torch.bfloat16, "softmax"))
 
 
+@pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bmm_batch_stride_with_a_k_tail(dtype):
     """K = 38 is padded to 40 (16-byte rows): the activation's batch stride is M x 40, not M x 38,
@@ -87,7 +90,7 @@ def test_bmm_batch_stride_with_a_k_tail(dtype):
     b = torch.randn(3, 38, 24, generator=g).to(dtype)
     want = a.float() @ b.float()
     tol = op_tol(dtype, "gemm", reduction_length=38, scale=10.0)
-    with flysim.simulate(arch=ARCH):
+    with executors.current().run(ARCH):
         direct = bmm(a, b)
         replayed = _through_plan(bmm.unplanned, (a, b))
     for out in (direct, replayed):
@@ -116,6 +119,7 @@ def _op_cases():
     }
 
 
+@pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
 @pytest.mark.parametrize("case", sorted(_op_cases()))
 def test_moving_adapters_replay_bit_for_bit_through_the_op(case):
     """torch.ops.flydsl.<op> under the flysim backend, three times (first sight, plan built, plan
@@ -125,7 +129,7 @@ def test_moving_adapters_replay_bit_for_bit_through_the_op(case):
     [2, 6, 5] with error 0.25 (the input read as if it were already moved, the result returned as
     the kernel's rows)."""
     name, args = _op_cases()[case]
-    with flysim.simulate(arch=ARCH):
+    with executors.current().run(ARCH):
         want = FAMILIES[name].kernel(*args)
     op = getattr(torch.ops.flydsl, name).default
     with runtime.use_backend("flysim", ARCH):
@@ -208,6 +212,7 @@ def _same(a, b):
         assert torch.equal(u, v) or (u.isnan() == v.isnan()).all() and torch.equal(u.nan_to_num(), v.nan_to_num())
 
 
+@pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
 @settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # minutes under flysim
 @given(first=calls(), second=calls(), inference=st.booleans())
@@ -216,7 +221,7 @@ def test_property_one_plan_never_serves_another_layout(first, second, inference)
     replayed on its third; v2 must never be served by it, nor v1 by v2's): each result equals the
     adapter's own, bit for bit. Under inference mode (or in a custom op's body) the recorder sees
     composite ops such as reshape and contiguous undecomposed."""
-    with flysim.simulate(arch=ARCH), (torch.inference_mode() if inference else contextlib.nullcontext()):
+    with executors.current().run(ARCH), (torch.inference_mode() if inference else contextlib.nullcontext()):
         for v1, v2 in zip(_cases(*first), _cases(*second)):
             want = {id(v): v[0](*v[1]) for v in (v1, v2)}
             for v in (v1, v1, v1, v2, v2, v2, v1):

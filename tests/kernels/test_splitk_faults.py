@@ -12,6 +12,7 @@ another shape (another module's) and of the same one, must equal torch.
 import pytest
 import torch
 
+import executors  # the session's executor (tests/executors.py)
 import flysim
 import flysim.ops_atomic
 from translator.tolerances import op_tol
@@ -23,6 +24,7 @@ from translator_kernels.gemm.tiles import GemmConfig
 ARCH = "gfx942"
 TOL = op_tol(torch.float32, "gemm", reduction_length=512, scale=10.0)
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.flysim_only("injects its faults into flysim's atomics")
 
 
 def _case(m, n, k, seed):
@@ -55,7 +57,7 @@ def test_a_fault_between_ticket_and_reset_stays_in_its_call(monkeypatch, exc, wh
     b, wb, wsb = _case(6, 80, 256, 1)  # another module's GEMM: other shape, other config
     plan.clear_plans()
     try:
-        with flysim.simulate(arch=ARCH):
+        with executors.current().run(ARCH):
             for _ in range(3 if when == "plan replay" else 0):  # first sight, plan built, replayed
                 torch.testing.assert_close(gemm(a, ws, 64, 512, _config=A_CFG), a @ w.T, **TOL)
             with monkeypatch.context() as mp:

@@ -10,8 +10,10 @@
   (the two exceptions say why).
 - Match once: no rule's rewrite calls (directly or through its module's helpers) a function its
   support check calls; the check hands its match to the rewrite (translator.registry).
+  A support check records no reason on the context (ctx.not_lowered, ctx.reasons): it returns it,
+  a Reason naming the other nodes it concerns.
 - Folders too: the import graph of translator/'s subfolders (a module of translator/ itself is its
-  own node) has no loop, which a file-level cycle test cannot see.
+  own node) has no loop, which a file-level cycle test cannot see. api.py is orchestration only.
 - Rule order never comes from import order: the lowerings imported in another order make the same
   rules fire on the same models (a subprocess each, so the registry is filled from scratch).
 """
@@ -216,9 +218,9 @@ def _reachable(fn, space) -> set:
     return seen
 
 
-def rules_that_match_twice() -> dict:
-    trees, spaces = _lowering_namespaces()
-    twice = {}
+def _rules(trees, spaces):
+    """(rule name, rewrite FunctionDef, support check FunctionDef, its module's namespace) of every
+    @rule in the lowerings whose check is a function of the lowerings."""
     for m, t in trees.items():
         space = spaces[m]
         for fn in (n for n in t.body if isinstance(n, ast.FunctionDef)):
@@ -227,12 +229,16 @@ def rules_that_match_twice() -> dict:
                     continue
                 check = next(k.value for k in deco.keywords if k.arg == "supported")
                 root = check.func if isinstance(check, ast.Call) else check  # a factory: supported=_for("rms")
-                if not isinstance(root, ast.Name) or root.id not in space:
-                    continue
-                by_check = _called(space[root.id]) & set(space)
-                again = by_check & _reachable(fn, space)
-                if again:
-                    twice[f"{m}.{fn.name}"] = sorted(again)
+                if isinstance(root, ast.Name) and root.id in space:
+                    yield f"{m}.{fn.name}", fn, space[root.id], space
+
+
+def rules_that_match_twice() -> dict:
+    twice = {}
+    for name, fn, check, space in _rules(*_lowering_namespaces()):
+        again = _called(check) & set(space) & _reachable(fn, space)
+        if again:
+            twice[name] = sorted(again)
     return twice
 
 
@@ -245,6 +251,36 @@ def test_the_match_once_check_sees_the_rules():
 def test_no_rewrite_runs_its_checks_matcher_again():
     """The support check returns the match and the rewrite receives it (registry.Rule.apply)."""
     assert rules_that_match_twice() == {}
+
+
+WRITES_REASONS = {"not_lowered", "reasons"}  # LowerCtx members that record a node's reason
+
+
+def checks_that_write_reasons(trees=None, spaces=None) -> dict:
+    """{rule: [what]}: a rule whose support check (or a lowerings function it reaches) records a reason
+    on the context (ctx.not_lowered, ctx.reasons) instead of returning it (a Reason names other nodes)."""
+    found = {}
+    for name, _fn, check, space in _rules(*((trees, spaces) if trees is not None else _lowering_namespaces())):
+        bodies = [check] + [space[n] for n in _reachable(check, space)]
+        writes = sorted({f"{b.name}: .{n.attr}" for b in bodies for n in ast.walk(b)
+                         if isinstance(n, ast.Attribute) and n.attr in WRITES_REASONS})
+        if writes:
+            found[name] = writes
+    return found
+
+
+def test_support_checks_return_their_reasons():
+    """A support check never writes a reason onto another node: it returns a Reason naming them."""
+    assert checks_that_write_reasons() == {}
+
+
+def test_the_reason_check_sees_a_check_that_writes(tmp_path):
+    tree = ast.parse("def helper(node, ctx):\n    ctx.not_lowered(node.args[0], 'no')\n\n"
+                     "def check(node, ctx):\n    return helper(node, ctx)\n\n"
+                     "@rule(Stage.MATCH, aten.add.Tensor, family='x', supported=check)\n"
+                     "def lower_x(node, ctx, m):\n    pass\n")
+    space = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert checks_that_write_reasons({"probe": tree}, {"probe": space}) == {"probe.lower_x": ["helper: .not_lowered"]}
 
 
 def test_generic_forms_import_no_family():
@@ -274,6 +310,49 @@ def test_no_loops_between_folders():
     g = folder_graph()
     assert {"translator.lowerings", "translator.passes", "translator.runtime", "translator.frontends"} <= set(g)
     assert [sorted(c) for c in nx.simple_cycles(g)] == []
+
+
+def test_api_is_orchestration_only():
+    """api.py runs capture -> passes -> backend -> verify -> report and defines no class: the translated
+    module lives in translator/translated.py, which imports no orchestration (translate reaches it as an
+    argument of `_share`)."""
+    tree = ast.parse((ROOT / "translator" / "api.py").read_text())
+    assert [n.name for n in tree.body if isinstance(n, ast.ClassDef)] == []
+    assert "translator.api" not in set(GRAPH.successors("translator.translated"))
+    assert ".translated" in _spelled_modules(ROOT / "translator" / "__init__.py")  # translator.TranslatedModule
+
+
+# Tests that test a bench program itself may import it; every other test reads our kernels' ISA, traffic
+# and hot-loop models from the kernel library (translator_kernels.measure, .hotloop, .traffic): bench/ prints.
+TESTS_OF_BENCH = {
+    "test_bench.py": "runs the bench programs (kernels, models, roofline, isa, rocm, weights_look) and checks what they print",
+    "test_hf_families.py": "bench.hf_coverage's measure and audit are the HF coverage harness under test",
+}
+
+
+def _bench_uses(path: Path) -> list:
+    """Where a test file imports bench, or names a bench module for a child process to import."""
+    tree = ast.parse(path.read_text(), str(path))
+    uses = []
+    for n in ast.walk(tree):
+        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+        uses += [f"line {n.lineno}: import {m}" for m in names if m == "bench" or m.startswith("bench.")]
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"bench\.\w+(:\w+)?", n.value):
+            uses.append(f"line {n.lineno}: {n.value!r}")
+    return uses
+
+
+def test_tests_do_not_import_bench():
+    found = {str(p.relative_to(ROOT)): u for p in sorted((ROOT / "tests").rglob("*.py"))
+             if p.name not in TESTS_OF_BENCH and (u := _bench_uses(p))}
+    assert found == {}, "move what the test needs into the kernel library (translator_kernels.measure)"
+    assert all((ROOT / "tests" / "e2e" / name).is_file() for name in TESTS_OF_BENCH)
+
+
+def test_the_bench_import_check_sees_one(tmp_path):
+    (tmp_path / "t.py").write_text("def f():\n    from bench.isa_gemm import isa_stats\n    return 'bench._isa_child:ours'\n")
+    assert _bench_uses(tmp_path / "t.py") == ["line 2: import bench.isa_gemm", "line 3: 'bench._isa_child:ours'"]
 
 
 # --- one table of hardware facts, one dtype-name map --------------------------------------------

@@ -57,24 +57,21 @@ def test_the_rocm_executor_moves_inputs_to_the_gpu():
     assert executors.Executor("rocm").device == "cuda" and executors.Executor("flysim").device == "cpu"
 
 
-# Kernel test files that still open flysim themselves (flysim.simulate) instead of taking the session's
-# executor: they run on flysim only until each moves to `executors.current().run(arch)` (or marks its
-# flysim-counter tests @pytest.mark.flysim_only). The list only shrinks: a new kernel test file takes
-# the fixture.
-NOT_YET_ON_THE_FIXTURE = {
-    "test_attention.py", "test_elementwise_kernel.py", "test_gemm.py", "test_gemm_cstore.py",
-    "test_gemm_gated.py", "test_gemm_plans.py", "test_gemm_schedule.py", "test_gemm_wide.py", "test_launch.py",
-    "test_layout.py", "test_numeric_edges.py", "test_packer.py", "test_plan.py", "test_plan_key.py",
-    "test_splitk_faults.py",  # injects its faults into flysim's launch: flysim-only by nature
-}
-
-
 def test_kernel_tests_take_the_executor_from_the_fixture():
+    """No kernel test opens flysim itself (flysim.simulate): each runs its kernels in
+    `executors.current().run(arch)`, and a test that reads what only flysim reports (counters, grids,
+    injected faults) carries @pytest.mark.flysim_only(why) or checks counters under `if ex.counts:`."""
     opening = {p.name for p in (ROOT / "tests" / "kernels").glob("test_*.py") if "flysim.simulate(" in p.read_text()}
-    assert opening - NOT_YET_ON_THE_FIXTURE == set(), "take the executor from the fixture (tests/executors.py)"
-    assert NOT_YET_ON_THE_FIXTURE - opening == set(), "this file now takes the fixture: drop it from the list"
-    assert {"test_softmax.py", "test_norm.py", "test_gather.py", "test_scan_kernel.py",
-            "test_reduce_kernel.py"}.isdisjoint(opening)
+    assert opening == set(), "take the executor from the fixture (tests/executors.py)"
+
+
+def test_flysim_options_are_refused_on_rocm():
+    """flysim.simulate's options (count_regions...) reach flysim only; on rocm they name the marker to add."""
+    ex = executors.Executor("rocm")
+    with pytest.raises(pytest.UsageError, match="flysim_only"):
+        with ex.run("gfx942", count_regions=True):
+            pass
+    assert executors.Executor("flysim").counts and not ex.counts
 
 
 class _Item:

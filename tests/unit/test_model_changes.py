@@ -194,15 +194,6 @@ def test_compiled_module_registering_a_buffer_does_not_recompile_per_call():
     torch._dynamo.reset()
 
 
-def test_bench_weights_look_prints_the_costs(capsys, monkeypatch):
-    from bench import weights_look
-
-    monkeypatch.setattr("sys.argv", ["weights_look", "--tiny"])
-    weights_look.main()
-    out = capsys.readouterr().out
-    assert "tracked weights" in out and "follow (nothing changed)" in out and "data pointers" in out
-
-
 def test_hf_static_cache_generation_compiles_two_graphs_with_the_translator_imported():
     """Issue 30's recipe (a tiny Llama, the forward compiled, `cache_implementation="static"`), with
     dynamo's own eager backend: on main 8 graphs for 12 tokens (the recompile limit), one per call."""

@@ -13,7 +13,7 @@ sit next to each other so the process compiles each once.
 
 import pytest
 
-from bench import traffic  # measures (flysim)
+from translator_kernels.measure import traffic  # measures (flysim)
 from translator_kernels import traffic as traffic_model
 
 CASES = [  # dtype, Sq, Sk, D, arch, causal
@@ -41,7 +41,7 @@ def test_attention_model_equals_flysim(dt, sq, sk, d, arch, causal):
 
 
 def test_bench_attention_measure_matches_model():
-    """bench.traffic.measure's attention row (causal, Sq = Sk, B x H heads) sees the same bytes."""
+    """translator_kernels.measure.traffic.measure's attention row (causal, Sq = Sk, B x H heads) sees the same bytes."""
     m = traffic.measure("attention", "bf16", (1, 77, 2, 64), "gfx942")
     assert m["launches"] == 1 and m["moved"] == m["model"] > m["compulsory"]
 

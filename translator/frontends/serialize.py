@@ -44,7 +44,7 @@ def save(module, path, example_inputs=None) -> Path:
     """Write a TranslatedModule to `path` (a .pt2 archive). `example_inputs` are optional:
     without them, inputs of the captured example sizes are made from the graph's metadata."""
     from ..version import __version__
-    from ..api import TranslatedModule
+    from ..translated import TranslatedModule
 
     if not isinstance(module, TranslatedModule):
         raise InputError(f"translator.save takes a TranslatedModule (what translate() returns), got "
@@ -74,7 +74,8 @@ def save(module, path, example_inputs=None) -> Path:
 def load(path, backend: str | None = None):
     """Read a file written by `translator.save`. `backend`: None keeps the saved backend when it
     can run here (else chooses as translate(backend="auto") would); or rocm | flysim | reference."""
-    from ..api import TranslatedModule, choose_backend
+    from ..api import choose_backend
+    from ..translated import TranslatedModule
     from .. import lowerings  # noqa: F401  (the flydsl custom ops must exist before the graph is deserialized)
 
     path = Path(path)

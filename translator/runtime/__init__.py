@@ -58,12 +58,16 @@ def use_backend(backend: str, arch: str):
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
-    lock = EXECUTION_LOCK if backend != "reference" else contextlib.nullcontext()
+    held = False
     try:  # pushed inside the try, popped only if pushed: an interrupt anywhere leaves the stack as it was
         stack.append(state)
-        with lock:
-            yield from _run(state, backend, arch)
+        # taken and noted in one line, given back in `finally`: not `with EXECUTION_LOCK:` (see
+        # translator_kernels.launch.locked: a Ctrl-C on the with line can skip __exit__ and hang other threads)
+        held = EXECUTION_LOCK.acquire() if backend != "reference" else False
+        yield from _run(state, backend, arch)
     finally:
+        if held:
+            EXECUTION_LOCK.release()
         if stack and stack[-1] is state:
             stack.pop()
 

@@ -1,5 +1,5 @@
 """Global-memory traffic: flysim's counted bytes at a reduced size, against the byte MODEL of
-translator_kernels/traffic.py (which the tests read too); this module measures and prints.
+translator_kernels/traffic.py; this module measures (the tests and bench.kernels read it, bench prints).
 
 For each kernel family, `model_bytes(family, dtype, shape, arch)` predicts the bytes our kernel
 moves from the launch geometry it really uses (the norm's grid G, the GEMM tile, the attention
