@@ -3,7 +3,7 @@
     python -m bench.host_overhead [--arch gfx942] [--repeat 200] [--no-gpt2] [--no-models] [--tiny] [--pieces]
 
 Ours (measured): the rocm path of translator.runtime.stub.rocm_recorded — the kernel adapter's
-per-call plan (translator_kernels.plan: signature, lookup, allocations, the compiled launch with
+per-call replay (translator_kernels.replay: signature, lookup, allocations, the compiled launch with
 its arguments packed by translator_kernels.packer, or by FlyDSL's CompiledFunction where the packer
 stands aside) — with only the call of the compiled host function (the device launch) replaced by a
 recorder. The column "of which the launch" is the planned launches' share. Tensors are CPU
@@ -137,9 +137,9 @@ def family_cases(tiny: bool, device: str = "cpu"):
 def _launch_share(fn, repeat: int) -> float:
     """Median CPU us per call spent in the planned launches (argument packing, ours or FlyDSL's,
     the mode and log bookkeeping, and the host-function call, here the recorder)."""
-    from translator_kernels.launch import PackedLaunch, PlannedLaunch
+    from translator_kernels.launch import PackedLaunch, ReplayedLaunch
 
-    origs, spent = [(c, c.__call__) for c in (PlannedLaunch, PackedLaunch)], []
+    origs, spent = [(c, c.__call__) for c in (ReplayedLaunch, PackedLaunch)], []
     for c, orig in origs:
         c.__call__ = _timed(orig, spent)
     try:
@@ -195,11 +195,11 @@ def _split_us(fn, repeat: int) -> tuple:
     packing is our packer's `pack` (translator_kernels.packer) or FlyDSL's CompiledFunction call."""
     from flydsl.compiler.jit_function import CompiledFunction
 
-    from translator_kernels.launch import PackedLaunch, PlannedLaunch
+    from translator_kernels.launch import PackedLaunch, ReplayedLaunch
     from translator_kernels.packer import Packer
 
     acc = [0.0, 0.0]
-    origs = [(0, PlannedLaunch, "__call__"), (0, PackedLaunch, "__call__"), (1, CompiledFunction, "__call__"),
+    origs = [(0, ReplayedLaunch, "__call__"), (0, PackedLaunch, "__call__"), (1, CompiledFunction, "__call__"),
              (1, Packer, "pack")]
     origs = [(i, cls, name, getattr(cls, name)) for i, cls, name in origs]
 
@@ -236,20 +236,20 @@ def _wrapper_cost_us(repeat: int) -> float:
     """CPU us one timing wrapper of _split_us adds to the time around the call it wraps."""
     from translator_kernels import launch
 
-    noop, orig = _Noop(), launch.PlannedLaunch
-    launch.PlannedLaunch = _Noop  # _split_us wraps PlannedLaunch.__call__: here the no-op's
+    noop, orig = _Noop(), launch.ReplayedLaunch
+    launch.ReplayedLaunch = _Noop  # _split_us wraps ReplayedLaunch.__call__: here the no-op's
     try:
         wrapped = _split_us(lambda: noop(), repeat)[0]
     finally:
-        launch.PlannedLaunch = orig
+        launch.ReplayedLaunch = orig
     return max(wrapped - _median_us(lambda: noop(), repeat, pick=min), 0.0)
 
 
 def seen_launches(run) -> list:
-    """The PlannedLaunch objects a generated plan function calls."""
-    from translator_kernels.launch import PlannedLaunch
+    """The ReplayedLaunch objects a generated plan function calls."""
+    from translator_kernels.launch import ReplayedLaunch
 
-    return [c.cell_contents for c in run.__closure__ or () if isinstance(c.cell_contents, PlannedLaunch)]
+    return [c.cell_contents for c in run.__closure__ or () if isinstance(c.cell_contents, ReplayedLaunch)]
 
 
 def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
@@ -258,7 +258,7 @@ def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
     timed on their own; the replay's parts come from one sample of the replay (so they add up), less
     the measured cost of the timing wrappers themselves."""
     from translator.runtime.stub import rocm_recorded
-    from translator_kernels import launch, plan
+    from translator_kernels import launch, replay
 
     print(f"## Pieces of one planned call, rocm path (device call recorded), arch {arch} (measured, us, least of "
           f"{repeat} samples; {_load()})\n")
@@ -266,7 +266,7 @@ def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
           "launch step (modes, stream, log, host call) | argument packing (ours, or FlyDSL's call) |")
     print("|---|---|---|---|---|---|---|")
     seen = []
-    real_call = plan.call
+    real_call = replay.call
 
     def grab(fn, args, kwargs=None, no_alias=False):
         seen.append((fn, args, kwargs, no_alias))
@@ -277,17 +277,17 @@ def pieces_table(arch: str, repeat: int, tiny: bool) -> None:
         with rocm_recorded(arch):
             ours()
             seen.clear()
-            plan.call = grab
+            replay.call = grab
             try:
                 ours()
             finally:
-                plan.call = real_call
+                replay.call = real_call
             fn, args, kwargs, no_alias = seen[0]
-            sig, tensors = plan.signature(args, kwargs)
-            run = plan._PLANS[(fn, no_alias, launch._context(), True, sig)]
+            sig, tensors = replay.signature(args, kwargs)
+            run = replay._REPLAYS[(fn, no_alias, launch._context(), True, sig)]
             whole = _median_us(ours, repeat, pick=min)
-            t_sig = _median_us(lambda: plan.signature(args, kwargs), repeat, pick=min)
-            t_look = _median_us(lambda: plan._PLANS.get((fn, no_alias, launch._context(), True, sig)), repeat, pick=min)
+            t_sig = _median_us(lambda: replay.signature(args, kwargs), repeat, pick=min)
+            t_look = _median_us(lambda: replay._REPLAYS.get((fn, no_alias, launch._context(), True, sig)), repeat, pick=min)
             t_run, t_launch, t_fly = _split_us(lambda: run(*tensors), repeat)
         n = len(seen_launches(run))  # wrapped calls per replay: each wrapper's own cost is taken out
         print(f"| {label} | {whole:.1f} | {t_sig:.1f} | {t_look:.1f} | {t_run - t_launch - n * cost:.1f} | "

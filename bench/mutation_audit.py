@@ -101,39 +101,39 @@ MUTATIONS = (
         "the report counts half of attention's FLOPs"),
     # ---- issue 24: state a fault can poison, the plan key ----------------------------------------------
     Mutation(
-        "plan-key-without-strides", "translator_kernels/plan.py",
+        "plan-key-without-strides", "translator_kernels/replay.py",
         "            tensors.append(a)\n            out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))",
         "            tensors.append(a)\n            out.append((a.dtype, a.shape, a.device, a.data_ptr() & 63))",
-        ("tests/kernels/test_plan_key.py",),
-        "a per-call plan's signature leaves out a tensor argument's strides (a transposed input replays "
+        ("tests/kernels/test_replay_key.py",),
+        "a per-call replay's signature leaves out a tensor argument's strides (a transposed input replays "
         "the contiguous plan)"),
     Mutation(
-        "plan-key-without-dtype", "translator_kernels/plan.py",
+        "plan-key-without-dtype", "translator_kernels/replay.py",
         "            tensors.append(a)\n            out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))",
         "            tensors.append(a)\n            out.append((a.shape, a.stride(), a.device, a.data_ptr() & 63))",
-        ("tests/kernels/test_plan_key.py",),
-        "a per-call plan's signature leaves out a tensor argument's dtype (an fp32 plan reads bf16 data)"),
+        ("tests/kernels/test_replay_key.py",),
+        "a per-call replay's signature leaves out a tensor argument's dtype (an fp32 plan reads bf16 data)"),
     Mutation(
-        "plan-key-nested-without-strides", "translator_kernels/plan.py",
+        "plan-key-nested-without-strides", "translator_kernels/replay.py",
         "        tensors.append(a)\n        out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))",
         "        tensors.append(a)\n        out.append((a.dtype, a.shape, a.device, a.data_ptr() & 63))",
-        ("tests/kernels/test_plan_key.py::test_property_one_plan_never_serves_another_layout",),
+        ("tests/kernels/test_replay_key.py::test_property_one_plan_never_serves_another_layout",),
         "the signature of a tensor inside a list argument (fused_elementwise's inputs) leaves out its strides"),
     Mutation(
-        "plan-key-same-object-forgotten", "translator_kernels/plan.py",
+        "plan-key-same-object-forgotten", "translator_kernels/replay.py",
         "        if j is not None:\n            out.append((\"same\", j))\n            return\n",
         "",
-        ("tests/kernels/test_plan.py::test_same_object_twice_is_its_own_signature",),
+        ("tests/kernels/test_replay.py::test_same_object_twice_is_its_own_signature",),
         "the signature no longer tells f(x, x) from f(x, y)"),
     Mutation(
         "bmm-batch-stride-without-k-padding", "translator_kernels/gemm/__init__.py",
         "m, batch, m * k_eff, w_bs,", "m, batch, m * k, w_bs,",
-        ("tests/kernels/test_plan_key.py::test_bmm_batch_stride_with_a_k_tail",),
+        ("tests/kernels/test_replay_key.py::test_bmm_batch_stride_with_a_k_tail",),
         "bmm's activation batch stride uses K (38) instead of the padded K (40)"),
     Mutation(
         "bmm-weight-batch-stride-unpadded", "translator_kernels/gemm/__init__.py",
         "w_bs = (n_pad * k_pad if w_layout", "w_bs = (n * k if w_layout",
-        ("tests/kernels/test_plan_key.py::test_bmm_batch_stride_with_a_k_tail",),
+        ("tests/kernels/test_replay_key.py::test_bmm_batch_stride_with_a_k_tail",),
         "bmm's preshuffled operand batch stride uses N x K instead of the padded N_pad x K_pad"),
     Mutation(
         "splitk-counters-shared-after-fault", "translator_kernels/gemm/splitk.py",
@@ -142,13 +142,13 @@ MUTATIONS = (
         "split-K ticket counters stay shared between launches (left dirty by a launch that raised)"),
     Mutation(
         "splitk-counters-baked-into-plan", "translator_kernels/gemm/splitk.py",
-        "plan_value(take_counters, device,", "take_counters(device,",
-        ("tests/kernels/test_splitk_faults.py", "tests/kernels/test_plan.py::test_rocm_path_split_k_plan_takes_counters_per_call"),
-        "a per-call plan replays the counter array its recording took (a fault on a replay leaves it dirty)"),
+        "replay_value(take_counters, device,", "take_counters(device,",
+        ("tests/kernels/test_splitk_faults.py", "tests/kernels/test_replay.py::test_rocm_path_split_k_plan_takes_counters_per_call"),
+        "a per-call replay replays the counter array its recording took (a fault on a replay leaves it dirty)"),
     Mutation(
         "splitk-counters-given-back-before-the-launch", "translator_kernels/gemm/splitk.py",
-        "    return p, plan_value(take_counters, device, tiles * (WAVES // cfg.kw))\n",
-        "    cnt = plan_value(take_counters, device, tiles * (WAVES // cfg.kw))\n    give_back(cnt)\n    return p, cnt\n",
+        "    return p, replay_value(take_counters, device, tiles * (WAVES // cfg.kw))\n",
+        "    cnt = replay_value(take_counters, device, tiles * (WAVES // cfg.kw))\n    give_back(cnt)\n    return p, cnt\n",
         ("tests/kernels/test_splitk_faults.py",),
         "split-K counters go back to the pool before the launch ran, so a launch that raised leaves them dirty there"),
     Mutation(
@@ -159,10 +159,10 @@ MUTATIONS = (
         ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[first-sight]",),
         "use_backend pushes its state before the try that pops it: a Ctrl-C in between leaves the backend on"),
     Mutation(
-        "plan-recording-set-before-its-try", "translator_kernels/plan.py",
+        "plan-recording-set-before-its-try", "translator_kernels/replay.py",
         "    try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`\n"
-        "        _local.plan_rec = rec\n",
-        "    _local.plan_rec = rec\n    try:\n",
+        "        _local.replay_rec = rec\n",
+        "    _local.replay_rec = rec\n    try:\n",
         ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[plan-build]",),
         "a plan's recording state is set before the try that clears it: a Ctrl-C in between leaves the thread "
         "recording forever"),

@@ -36,9 +36,9 @@ the host or synchronizes, so a forward can be captured in a CUDA (HIP) graph.
     recorder, so CI walks the real-GPU host path on a CPU and benchmarks can time it.
   - COMPILE_ONLY=1 (ISA statistics): `flyc.compile` compiles and returns None; nothing runs.
 
-Per-call plans (translator_kernels.plan) replay launches without the key: `planned_launch` makes a
+Per-call replays (translator_kernels.replay) replay launches without the key: `replayed_launch` makes a
 `PackedLaunch` (our packer, translator_kernels.packer, wrote every constant slot once; a replay
-passes data pointers only) on the device path, or a `PlannedLaunch` (tensors in, the compiled
+passes data pointers only) on the device path, or a `ReplayedLaunch` (tensors in, the compiled
 object's own call) where the packer stands aside, flysim included.
 """
 
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 _COMPILED: dict = {}  # key -> compiled callable, or _NOTHING under COMPILE_ONLY
 _STUBBED: dict = {}  # (id(compiled), id(recorder)) -> CompiledFunction whose call state records instead of launching
-_PLANS: dict = {}  # launcher -> _Plan
+_SPECS: dict = {}  # launcher -> _LauncherSpec
 _ORIGIN: dict = {}  # id(launcher) -> (launcher, "module.builder(args)")
 _CONTEXTS: dict = {}  # environment fingerprint -> target part of the key
 _ARCHS: dict = {}  # (environment fingerprint, HSA_OVERRIDE_GFX_VERSION) -> FlyDSL's get_rocm_arch()
@@ -83,7 +83,7 @@ def locked(lock, fn, *args, **kwargs):
     finally:
         if held:
             lock.release()
-CLEAR_HOOKS: list = []  # called by clear(): caches built on top of this module (per-call plans) register here
+CLEAR_HOOKS: list = []  # called by clear(): caches built on top of this module (per-call replays) register here
 
 
 def builder(fn):
@@ -117,7 +117,7 @@ def kernel_name(launcher) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _LauncherSpec:
     """What the key needs from a launcher's signature (computed once per launcher)."""
 
     name: str
@@ -126,9 +126,9 @@ class _Plan:
     has_stream: bool  # last parameter is an fx.Stream: we pass the launch stream there
 
 
-def _plan(launcher) -> _Plan:
-    plan = _PLANS.get(launcher)
-    if plan is None:
+def _launcher_spec(launcher) -> _LauncherSpec:
+    spec = _SPECS.get(launcher)
+    if spec is None:
         import inspect
 
         from flydsl.expr.typing import Constexpr
@@ -140,8 +140,8 @@ def _plan(launcher) -> _Plan:
         has_stream = bool(params) and getattr(params[-1].annotation, "_is_stream_param", False)
         constexpr = frozenset(i for i, p in enumerate(params) if p.annotation is not inspect.Parameter.empty
                               and Constexpr.is_constexpr_annotation(p.annotation))
-        plan = _PLANS[launcher] = _Plan(launcher.func.__name__, len(params) - has_stream, constexpr, has_stream)
-    return plan
+        spec = _SPECS[launcher] = _LauncherSpec(launcher.func.__name__, len(params) - has_stream, constexpr, has_stream)
+    return spec
 
 
 def _arg_key(a):
@@ -208,12 +208,12 @@ def toolchain_key() -> str:
 
 def key(launcher, *args):
     """The specialization key of `launcher(*args)` (args without the stream)."""
-    plan = _PLANS.get(launcher) or _plan(launcher)
-    if len(args) != plan.n_args:
-        raise TypeError(f"{plan.name} takes {plan.n_args} arguments (the launch stream is added here), "
+    spec = _SPECS.get(launcher) or _launcher_spec(launcher)
+    if len(args) != spec.n_args:
+        raise TypeError(f"{spec.name} takes {spec.n_args} arguments (the launch stream is added here), "
                         f"got {len(args)}")
-    if plan.constexpr:
-        sig = tuple(a if i in plan.constexpr else _arg_key(a) for i, a in enumerate(args))
+    if spec.constexpr:
+        sig = tuple(a if i in spec.constexpr else _arg_key(a) for i, a in enumerate(args))
     else:
         sig = tuple(map(_arg_key, args))
     return launcher, _context(), sig
@@ -238,8 +238,8 @@ def _stream(args):
 def _compile(launcher, args, k):
     import flydsl.compiler as flyc
 
-    plan = _plan(launcher)
-    holders = tuple(_placeholder(a) for a in args) + ((None,) if plan.has_stream else ())
+    spec = _launcher_spec(launcher)
+    holders = tuple(_placeholder(a) for a in args) + ((None,) if spec.has_stream else ())
     start = time.perf_counter()
     compiled = flyc.compile(launcher, *holders)
     seconds = time.perf_counter() - start
@@ -262,7 +262,7 @@ class Compiled:
 
     @property
     def name(self) -> str:
-        return _plan(self.launcher).name
+        return _launcher_spec(self.launcher).name
 
     @property
     def origin(self) -> str:
@@ -281,20 +281,20 @@ class Use:
 
 def call(launcher, *args) -> None:
     """Run `launcher(*args)` through its compiled specialization (compiled on first sight)."""
-    plan = _PLANS.get(launcher) or _plan(launcher)
+    spec = _SPECS.get(launcher) or _launcher_spec(launcher)
     k = key(launcher, *args)
     fn = _COMPILED.get(k)
     if fn is None:
         fn = _compile(launcher, args, k)
-    rec = getattr(_local, "plan_rec", None)
-    if rec is not None:  # a plan (translator_kernels.plan) records this launch; run it untraced
+    rec = getattr(_local, "replay_rec", None)
+    if rec is not None:  # a replay (translator_kernels.replay) records this launch; run it untraced
         rec.launch(launcher, k, fn, args)
         with _disable_current_modes():
-            return _run(launcher, plan, k, fn, args)
-    return _run(launcher, plan, k, fn, args)
+            return _run(launcher, spec, k, fn, args)
+    return _run(launcher, spec, k, fn, args)
 
 
-def _run(launcher, plan, k, fn, args):
+def _run(launcher, spec, k, fn, args):
     mode = getattr(_local, "mode", None)
     if mode is not None:
         if mode.uses is not None:
@@ -305,7 +305,7 @@ def _run(launcher, plan, k, fn, args):
             fn = _stubbed(k, launcher, fn, mode.recorder)
     elif fn is _NOTHING:
         return
-    if plan.has_stream:
+    if spec.has_stream:
         fn(*args, _stream(args))
     else:
         fn(*args)
@@ -314,8 +314,8 @@ def _run(launcher, plan, k, fn, args):
         log.append(DeviceLaunch(kernel_name(launcher)))
 
 
-class PlannedLaunch:
-    """One launch of a per-call plan (translator_kernels.plan): `launch.call` with everything the
+class ReplayedLaunch:
+    """One launch of a per-call replay (translator_kernels.replay): `launch.call` with everything the
     key decides already looked up. Its call does what `call` does after the lookup: the modes
     (collect and compile_only go through `call` itself), the stream, the launch log."""
 
@@ -324,7 +324,7 @@ class PlannedLaunch:
     def __init__(self, launcher, k, fn, args):
         self.launcher, self.key, self.fn = launcher, k, fn
         self.record = DeviceLaunch(kernel_name(launcher))
-        self.has_stream = _plan(launcher).has_stream
+        self.has_stream = _launcher_spec(launcher).has_stream
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         self.cuda = first is not None and first.is_cuda
 
@@ -349,11 +349,11 @@ class PlannedLaunch:
             log.append(self.record)
 
 
-class PackedLaunch(PlannedLaunch):
+class PackedLaunch(ReplayedLaunch):
     """A planned launch whose arguments our packer (translator_kernels.packer) packs: called with
-    one data pointer per tensor argument, everything else was packed when the plan was built.
-    Only on the device path (rocm, or rocm with the device call recorded; the plan's key says
-    which): the modes that need the tensors (collect, compile_only) never replay a plan."""
+    one data pointer per tensor argument, everything else was packed when the replay was built.
+    Only on the device path (rocm, or rocm with the device call recorded; the replay's key says
+    which): the modes that need the tensors (collect, compile_only) never replay a call."""
 
     __slots__ = ("packer", "exe", "_recorder")
 
@@ -372,7 +372,7 @@ class PackedLaunch(PlannedLaunch):
             if rec is not mode.recorder:
                 exe = self._recording(mode.recorder)
         if exe is None:
-            raise RuntimeError(f"a plan built {'with' if self.exe is None else 'without'} record_device_calls() "
+            raise RuntimeError(f"a replay built {'with' if self.exe is None else 'without'} record_device_calls() "
                                "replayed outside it: plans are keyed on the launch mode")
         exe(self.packer.pack(ptrs))
         log = getattr(_local, "log", None)
@@ -387,18 +387,18 @@ class PackedLaunch(PlannedLaunch):
         return exe
 
 
-def planned_launch(launcher, k, fn, args):
-    """The launch a plan replays: ours packs its arguments where FlyDSL's internals allow it
+def replayed_launch(launcher, k, fn, args):
+    """The launch a replay repeats: ours packs its arguments where FlyDSL's internals allow it
     (translator_kernels.packer says why not, once), else FlyDSL's CompiledFunction call does."""
     from translator_kernels.packer import packer
 
     mode = getattr(_local, "mode", None)
     recording = mode is not None and mode.recorder is not None
-    p = _plan(launcher)
+    p = _launcher_spec(launcher)
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     pk = packer(fn, args, p.n_args, p.has_stream, first is not None and first.is_cuda, recording)
     if pk is None:
-        return PlannedLaunch(launcher, k, fn, args)
+        return ReplayedLaunch(launcher, k, fn, args)
     return PackedLaunch(launcher, k, fn, args, pk, recording)
 
 
@@ -524,7 +524,7 @@ def compiled_count() -> int:
 
 
 def clear() -> None:
-    """Forget every compiled specialization and every per-call plan (tests; FlyDSL's own caches
+    """Forget every compiled specialization and every per-call replay (tests; FlyDSL's own caches
     are untouched)."""
     for hook in CLEAR_HOOKS:
         hook()

@@ -1,4 +1,4 @@
-"""Our own argument packer for the launches of a per-call plan: data pointers in, host call out.
+"""Our own argument packer for the launches of a per-call replay: data pointers in, host call out.
 
 FlyDSL's `CompiledFunction` call packs every argument on every call: per C-ABI slot one fill
 function (a tensor: its data pointer, then its dynamic sizes and strides packed into a byte
@@ -7,10 +7,10 @@ then the compiled host function is called with the array of the storages' addres
 "packed" argument array; flydsl/compiler/jit_executor.py `CallState`). That is ~0.5 us per slot:
 a GEMM passes 18 slots, attention 40.
 
-A plan (translator_kernels.plan) fixes everything but the data pointers: the geometry of every
-tensor a launch takes is part of the plan's signature or recorded (allocations, views), and
+A replay (translator_kernels.replay) fixes everything but the data pointers: the geometry of every
+tensor a launch takes is part of the replay's signature or recorded (allocations, views), and
 every scalar is a constant of the generated code. So `Packer` runs FlyDSL's own fills once, on
-the arguments of the launch the plan was recorded from, into storages it keeps; a replay only
+the arguments of the launch the replay was recorded from, into storages it keeps; a replay only
 writes the tensors' data pointers (one slice assignment into one pointer array that the pointer
 slots of the packed array point into) and, on a GPU, the current stream, then calls the host
 function with the same packed array. The bytes the host function sees are FlyDSL's: constant
@@ -24,7 +24,7 @@ flysim; the launch then goes through FlyDSL's own call): flydsl 0.5.0, a `Compil
 its call spec (slot list of (argument index, ctype, fill)), per tensor a first slot that is
 FlyDSL's torch pointer fill, no kernel-trace presets, and on the device path a ready call state
 whose host function we call (`_func_exe`). flysim's compiled object is no `CompiledFunction`:
-flysim replays the plan through its own call (tensors in), unchanged.
+flysim runs the replay through its own call (tensors in), unchanged.
 
 Threads: the constant storages are shared (written once, before any replay); each thread gets
 its own pointer array and packed array, as FlyDSL's call state does.
@@ -112,13 +112,13 @@ def packer(fn, args, n_args: int, has_stream: bool, cuda: bool, recording: bool)
             _REPORTED.add(reason)
             expected = "flysim" in reason or "ktrace" in reason or "not ready" in reason
             (log.info if expected else log.warning)(
-                "planned launches use FlyDSL's own argument packing (slower host path): %s", reason)
+                "replayed launches use FlyDSL's own argument packing (slower host path): %s", reason)
         return None
     return Packer(fn, args, n_args, has_stream, cuda)
 
 
 class Packer:
-    """The packed argument array of one planned launch; `pack(pointers)` fills in the pointers."""
+    """The packed argument array of one replayed launch; `pack(pointers)` fills in the pointers."""
 
     __slots__ = ("storages", "template", "slots", "n", "stream_device", "_tls")
 
@@ -139,7 +139,7 @@ class Packer:
             elif idx == n_args and cuda:
                 stream_slot = i
             else:
-                fill(a, storages[i])  # FlyDSL's own bytes: geometry and scalars are fixed in a plan
+                fill(a, storages[i])  # FlyDSL's own bytes: geometry and scalars are fixed in a replay
         self.stream_device = None
         if has_stream and cuda:
             slots.append(stream_slot)

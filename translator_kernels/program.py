@@ -1,4 +1,4 @@
-"""The one per-element program and op table of the kernel library, and the elementwise launch plan.
+"""The one per-element program and op table of the kernel library, and the elementwise launch geometry.
 
 A `Program` is a small SSA list: values 0..n_inputs-1 are the inputs, op i defines value
 n_inputs + i. An op is (name, argument value ids, constant parameters). Outputs name a value
@@ -24,7 +24,7 @@ makes the same calls while it traces (device_math.run), the references evaluate 
 (`evaluate`, `ref_program`), and translator.lowerings.elementwise maps aten ops onto them. A new
 one-argument op is one row here plus one function in device_math (docs/adding-an-op.md).
 
-`plan()` turns the inputs' shapes into the elementwise kernel's index math: the broadcast
+`geometry()` turns the inputs' shapes into the elementwise kernel's index math: the broadcast
 output shape is coalesced (adjacent dims merge while every input is broadcast on both or on
 neither), the last coalesced dim is read in vectors of VEC elements (128 bits where its size,
 the dtypes and the base addresses allow), and each input is addressed either per vector (its
@@ -352,22 +352,22 @@ def then(p: Program, q: Program) -> Program:
 
 
 # ---------------------------------------------------------------------------
-# launch plan
+# launch geometry
 # ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class InputPlan:
+class InputGeometry:
     dtype: str
     per_vector: bool  # True: VEC contiguous elements per vector index; False: one element per vector
     terms: tuple  # ((div, mod or 0, mul), ...): offset = sum(((v // div) % mod) * mul), in its units
 
 
 @dataclass(frozen=True)
-class Plan:
+class Geometry:
     shape: tuple  # coalesced output shape (elements)
     vec: int
-    inputs: tuple  # InputPlan per input
+    inputs: tuple  # InputGeometry per input
 
     @property
     def numel(self) -> int:
@@ -411,7 +411,7 @@ def coalesce(out_shape, in_shapes, in_strides=None):
     return tuple(shape), [tuple(b) for b in bmask], [None if c is None else tuple(c) for c in cst]
 
 
-def plan(out_shape, in_shapes, in_dtypes, out_dtypes, aligned, in_strides=None) -> Plan:
+def geometry(out_shape, in_shapes, in_dtypes, out_dtypes, aligned, in_strides=None) -> Geometry:
     """`aligned(vec)`: whether every tensor's base address suits `vec`-element accesses. `in_strides`:
     per input its element strides where it is read in place with them (a column slice, a transpose:
     no contiguous copy first), or None (a contiguous input)."""
@@ -455,5 +455,5 @@ def plan(out_shape, in_shapes, in_dtypes, out_dtypes, aligned, in_strides=None) 
                 o = terms.pop()  # the outer dim continues this one in the input too: one term
                 t = (t[0], o[1] * t[1] if o[1] else 0, t[2])
             terms.append(t)
-        inputs.append(InputPlan(dt, per_vec, tuple(terms)))
-    return Plan(shape, vec, tuple(inputs))
+        inputs.append(InputGeometry(dt, per_vec, tuple(terms)))
+    return Geometry(shape, vec, tuple(inputs))

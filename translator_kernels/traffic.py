@@ -59,8 +59,8 @@ def norm_rows_per_block(dt, shape) -> int:
 
     m, n = shape
     x = torch.empty(m, n, dtype=TD[dt], device="meta")
-    plan = rc.plan_row(n, rc.pick_vec(n, x.dtype, x))
-    return plan.rows_per_block if rc.row_fits(plan) else 1
+    tiling = rc.row_tiling(n, rc.pick_vec(n, x.dtype, x))
+    return tiling.rows_per_block if rc.row_fits(tiling) else 1
 
 
 def gemm_tile(dt, shape, arch):
@@ -99,7 +99,7 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
 
 def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
     """Global bytes of one attention() call (no mask, no head scale) over `heads` = B x H query
-    heads, launch by launch as translator_kernels.attention tiles it (tile_plan, split_plan,
+    heads, launch by launch as translator_kernels.attention tiles it (tile_geometry, split_geometry,
     fwd.kernel_config for this arch / causal / dtype / head dim):
 
     * each workgroup's waves load BLOCK_M query rows of the padded head dim (rows past Sq are
@@ -114,13 +114,13 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
       partials (padded head dim, plus m and l per row) that the combine kernel reads back with
       all 64 lanes of a row's workgroup: m twice, l and one fp32 per lane per column chunk.
     """
-    from translator_kernels.attention import attention_config, split_plan
+    from translator_kernels.attention import attention_config, split_geometry
     from translator_kernels.attention.tiles import padded_head_dim
 
     e, dp = ESIZE[dt], padded_head_dim(d)
     cfg = attention_config(dt, d, sq, arch, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]
-    nsplit, chunk = split_plan(1, heads, sq, sk, d, dt, arch)
+    nsplit, chunk = split_geometry(1, heads, sq, sk, d, dt, arch)
     nq = -(-sq // bm)
     kv = 0  # K + V bytes of one head, summed over query blocks and KV slices
     for i in range(nq):

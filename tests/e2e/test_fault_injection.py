@@ -6,7 +6,7 @@ error, a device-style RuntimeError or a Ctrl-C (KeyboardInterrupt). After each f
 forward must give the bits of a forward that never saw a fault, and eager's values. The model is
 small and made of what keeps process-wide kernel state: two split-K GEMMs (per-launch ticket
 counters), a plain GEMM, a fused elementwise epilogue, LayerNorm and softmax, each through its
-per-call plan (built on the second call, replayed after). The default suite injects 6 faults (about 20 s);
+per-call replay (built on the second call, replayed after). The default suite injects 6 faults (about 20 s);
 `-m slow` injects 100.
 """
 

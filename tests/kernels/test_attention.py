@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS, NAMED_DTYPES
-from translator_kernels.attention import CUS, attention, attention_config, split_plan
+from translator_kernels.attention import CUS, attention, attention_config, split_geometry
 from translator_kernels.measure.attention_isa import rescale_counts
 
 DTYPES = {name: NAMED_DTYPES[name] for name in ("f32", "bf16", "f16")}
@@ -84,7 +84,7 @@ def run_case(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask_kind, scale=None, o
     q, k, v, mask = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask_kind)
     kw = options(opt, H) if opt else {"scale": scale}
     out, launches = _run(arch, attention, q, k, v, mask=mask, causal=causal, **kw)
-    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch)
+    nsplit, _ = split_geometry(B, H, Sq, Sk, D, dtype, arch)
     expect = ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
     assert [ln.kernel.rsplit("_", 1)[0] for ln in launches] == expect, "the FlyDSL kernels did not run"
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -152,7 +152,7 @@ def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
 @pytest.mark.parametrize("D", [64, 128])
 def test_decode_split_covers_twice_the_cus(arch, D):
     """B=1, H=32, Sq=1, Sk=4096: the KV split makes the grid >= 2x the CUs (plan only, no launch)."""
-    nsplit, chunk = split_plan(1, 32, 1, 4096, D, "bf16", arch)
+    nsplit, chunk = split_geometry(1, 32, 1, 4096, D, "bf16", arch)
     assert 32 * nsplit >= 2 * CUS[arch] and nsplit * chunk >= 4096 > (nsplit - 1) * chunk
 
 
@@ -166,7 +166,7 @@ def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, spl
     q, k, v, m = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask)
     out, launches = _run(arch, attention, q, k, v, mask=m, causal=causal, num_splits=splits)
     fwd, comb = launches
-    nsplit, _ = split_plan(B, H, Sq, Sk, D, dtype, arch, splits)
+    nsplit, _ = split_geometry(B, H, Sq, Sk, D, dtype, arch, splits)
     assert nsplit > 1 and fwd.kernel.startswith("attention_fwd") and comb.kernel.startswith("attention_combine")
     assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B) and comb.grid == (Sq, H, B)
     atol, rtol = TOL[dtype]

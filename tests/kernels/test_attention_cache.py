@@ -14,7 +14,7 @@ import torch
 
 from translator.tolerances import op_tolerance
 from translator_kernels.arch import NAMED_DTYPES
-from translator_kernels.attention import attention, split_plan
+from translator_kernels.attention import attention, split_geometry
 from translator_kernels.errors import KernelInputError
 
 flysim = pytest.importorskip("flysim")
@@ -65,7 +65,7 @@ def test_decode_reads_the_cache_up_to_the_position(arch, dtype, pos_dtype, S_max
     pos = torch.tensor([cur], dtype=pos_dtype)
     with _sim(arch) as sim:
         out = attention(q, k, v, q_pos=pos)
-    nsplit, _ = split_plan(1, 4, 1, S_max, 64, dtype, arch)
+    nsplit, _ = split_geometry(1, 4, 1, S_max, 64, dtype, arch)
     assert _names(sim) == ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
     assert out.isfinite().all()
     atol, rtol = op_tolerance(dt, "attention")

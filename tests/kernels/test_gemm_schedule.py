@@ -12,7 +12,7 @@ from translator.tolerances import op_tol
 
 import executors  # the session's executor (tests/executors.py)
 from translator_kernels import gemm as G
-from translator_kernels.gemm.kernel import hot_loop_plan
+from translator_kernels.gemm.kernel import hot_loop_schedule
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.preshuffle import padded_shape
 from translator_kernels.gemm.tiles import CUS, four_wave, partial_bytes, wave_efficiency
@@ -46,7 +46,7 @@ def _ref(a, w, bias, res, scale=0.5):
 
 def test_hot_loop_plan_orders_one_step():
     """128x128x64 bf16 on gfx942: 16 A operands x 4 MFMAs, 8 global loads, 4 LDS writes."""
-    plan = hot_loop_plan(16, 1, 4, 8, 4)
+    plan = hot_loop_schedule(16, 1, 4, 8, 4)
     total = {}
     for kind, cnt in plan:
         total[kind] = total.get(kind, 0) + cnt

@@ -19,7 +19,7 @@ from translator_kernels import launch as kl
 from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import tiles
-from translator_kernels.gemm.kernel import build_gemm, hot_loop_plan
+from translator_kernels.gemm.kernel import build_gemm, hot_loop_schedule
 from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
 WIDE = G.GemmConfig(256, 256, 64, wm=2)
@@ -82,7 +82,7 @@ def test_wide_config_rules():
 def test_hot_loop_plan_reads_w_operands_with_their_k_block():
     """wide.py's step: 2 K blocks x 8 A operands x 4 MFMAs; the 4 W operands of a K block are read
     with its first A operand; no vmem groups (the DMA is left at the top of the step), no LDS writes."""
-    plan = hot_loop_plan(16, 1, 4, 0, 0, extra_reads={0: 4, 8: 4})
+    plan = hot_loop_schedule(16, 1, 4, 0, 0, extra_reads={0: 4, 8: 4})
     total = {}
     for kind, cnt in plan:
         total[kind] = total.get(kind, 0) + cnt

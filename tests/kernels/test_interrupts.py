@@ -24,13 +24,13 @@ from translator import runtime
 from translator.runtime.stub import rocm_recorded
 from translator.tolerances import op_tol
 from translator_kernels import launch as kl
-from translator_kernels import plan
+from translator_kernels import replay
 from translator_kernels.gemm import gemm, splitk
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import GemmConfig
 
 ARCH = "gfx942"
-WATCHED = {"translator_kernels.plan", "translator_kernels.launch", "translator_kernels.gemm",
+WATCHED = {"translator_kernels.replay", "translator_kernels.launch", "translator_kernels.gemm",
            "translator_kernels.gemm.splitk", "translator_kernels.packer", "translator.runtime",
            "translator.runtime.stub", "translator.runtime.ops"}
 CFG = GemmConfig(16, 64, 64, split=2)  # split-K: counters taken and given back per launch
@@ -86,7 +86,7 @@ class _Interrupt:
 
 def _state():
     env = {k: os.environ.get(k) for k in ("COMPILE_ONLY", "ARCH", "FLYDSL_GPU_ARCH", "ROCM_PATH")}
-    return (getattr(kl._local, "mode", None), getattr(kl._local, "log", None), getattr(kl._local, "plan_rec", None),
+    return (getattr(kl._local, "mode", None), getattr(kl._local, "log", None), getattr(kl._local, "replay_rec", None),
             list(getattr(runtime._state, "stack", None) or []), env)
 
 
@@ -99,7 +99,7 @@ def _operands(seed=0):
 def _locks_held():
     """Which of the host path's locks this thread still holds."""
     return [name for name, held in (("runtime.EXECUTION_LOCK", runtime.EXECUTION_LOCK._is_owned()),
-                                    ("launch._LOCK", kl._LOCK._is_owned()), ("plan._LOCK", plan._LOCK.locked()))
+                                    ("launch._LOCK", kl._LOCK._is_owned()), ("replay._LOCK", replay._LOCK.locked()))
             if held]
 
 
@@ -120,7 +120,7 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage, every):
         return list(rec)
 
     def setup():
-        plan.clear_plans()
+        replay.clear_replays()
         return [call() for _ in range(stage)]
 
     before = _state()
@@ -142,7 +142,7 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage, every):
         assert _locks_held() == [], f"an interrupt in {hook.where} left a lock held"
         assert torch._C._len_torch_dispatch_stack() == 0, f"an interrupt in {hook.where} left a dispatch mode on"
         assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"
-    plan.clear_plans()
+    replay.clear_replays()
 
 
 def test_after_the_interrupts_flysim_still_equals_torch():

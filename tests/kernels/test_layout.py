@@ -166,8 +166,8 @@ def test_isa_no_spills_and_128_bit_accesses(arch):
 
 def test_a_repeated_call_plans_nothing(monkeypatch):
     planned = []
-    real = L._plan_roll
-    monkeypatch.setattr(L, "_plan_roll", lambda *a: planned.append(a) or real(*a))
+    real = L._geometry_roll
+    monkeypatch.setattr(L, "_geometry_roll", lambda *a: planned.append(a) or real(*a))
     x = torch.randn(3, 11)
     with executors.current().run("gfx942") as ex:
         first, again = L.roll(ex.put(x), [4], [1]).cpu(), L.roll(ex.put(x + 1), [4], [1]).cpu()

@@ -12,7 +12,7 @@ import executors  # the session's executor (tests/executors.py)
 from translator.registry import FAMILIES
 from translator.runtime.stub import rocm_recorded
 from translator_kernels import launch as kl
-from translator_kernels import packer, plan
+from translator_kernels import packer, replay
 from translator_kernels.attention import attention
 from translator_kernels.gemm import bmm, gemm
 from translator_kernels.gemm.preshuffle import shuffle_weight
@@ -58,18 +58,18 @@ def _leaves(x):
 def _replayed(fn, args, kwargs, use_packer):
     """What the recorder saw on the third call (a plan replay), normalized; and the plan's launches."""
     packer.ENABLED = use_packer
-    plan.clear_plans()
+    replay.clear_replays()
     rec = SlotBytes()
     try:
         with rocm_recorded(ARCH, rec):
             for _ in range(2):  # first sight, then the plan is built
-                plan.call(fn, args, kwargs, True)
+                replay.call(fn, args, kwargs, True)
             rec.clear()
-            out = plan.call(fn, args, kwargs, True)
+            out = replay.call(fn, args, kwargs, True)
     finally:
         packer.ENABLED = True
-    run = next(r for k, r in plan._PLANS.items() if k[0] is fn and r is not None)
-    launches = [c.cell_contents for c in run.__closure__ if isinstance(c.cell_contents, kl.PlannedLaunch)]
+    run = next(r for k, r in replay._REPLAYS.items() if k[0] is fn and r is not None)
+    launches = [c.cell_contents for c in run.__closure__ if isinstance(c.cell_contents, kl.ReplayedLaunch)]
     return rec.normalized(_leaves((args, kwargs)) + _leaves(out)), launches
 
 
@@ -119,34 +119,34 @@ def test_variant_plans_pack_flydsls_bytes(case):
             return out
 
         _check_same_bytes(rows_after_the_first, (torch.randn(5, 256, generator=g),))
-        run = next(r for k, r in plan._PLANS.items() if k[0] is rows_after_the_first and r is not None)
+        run = next(r for k, r in replay._REPLAYS.items() if k[0] is rows_after_the_first and r is not None)
         assert "i0.data_ptr() + 1024" in run.source and "as_strided" not in run.source
 
 
 def test_unexpected_flydsl_falls_back_to_its_own_call(monkeypatch, caplog):
     monkeypatch.setattr(packer, "_FLYDSL_REASON", "flydsl 9.9 is not 0.5.0, whose call state this packer reads")
     monkeypatch.setattr(packer, "_REPORTED", set())
-    plan.clear_plans()
+    replay.clear_replays()
     x = torch.randn(4, 256)
     with caplog.at_level(logging.INFO, logger="translator_kernels.packer"), rocm_recorded(ARCH) as rec:
         for _ in range(3):
             softmax(x)
     assert list(rec) == [rec[0]] * 3 and rec[0][0] == "softmax"
     assert "flydsl 9.9 is not 0.5.0" in caplog.text
-    run = next(r for k, r in plan._PLANS.items() if r is not None and "softmax" in k[0].__qualname__)
+    run = next(r for k, r in replay._REPLAYS.items() if r is not None and "softmax" in k[0].__qualname__)
     assert "data_ptr" not in run.source  # FlyDSL's call, with the tensors
-    plan.clear_plans()
+    replay.clear_replays()
 
 
 @pytest.mark.flysim_only("flysim's compiled function is not FlyDSL's: its replay calls it")
 def test_flysim_replays_with_its_own_call():
-    plan.clear_plans()
+    replay.clear_replays()
     x = torch.randn(4, 256)
     with executors.current().run(ARCH) as sim:
         outs = [softmax(x) for _ in range(3)]
     assert len(sim.launches) == 3
     for y in outs:
         torch.testing.assert_close(y, torch.softmax(x, -1))
-    run = next(r for k, r in plan._PLANS.items() if r is not None and "softmax" in k[0].__qualname__)
+    run = next(r for k, r in replay._REPLAYS.items() if r is not None and "softmax" in k[0].__qualname__)
     assert "data_ptr" not in run.source
     assert packer.unavailable(object(), (), 0, False).startswith("object is not FlyDSL's CompiledFunction")

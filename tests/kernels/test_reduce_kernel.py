@@ -139,7 +139,7 @@ def test_cache_and_errors():
     run([torch.randn(3, 8)], ident(torch.float32), "sum", [-1])
     after = build_reduce.cache_info()
     # built at most once, asked at most twice: the call on first sight and the one that records the
-    # per-call plan (translator_kernels.plan); a replayed plan asks nothing
+    # per-call replay (translator_kernels.replay); a replayed plan asks nothing
     assert after.misses - before.misses <= 1 and (after.hits + after.misses) - (before.hits + before.misses) <= 2
     with pytest.raises(ValueError, match="unknown reduction kind"):
         fused_reduce([x], ident(torch.float32), "median", [-1], False)

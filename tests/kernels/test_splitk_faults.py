@@ -5,7 +5,7 @@ completed launch leaves at zero. A launch that stops after drawing tickets and b
 arriver's reset leaves them non-zero; if a later launch used the same counters, no workgroup of
 it would draw the last ticket and its output would never be written (garbage, up to 1.7e38 in
 the audit). Here flysim raises right after the ticket atomics ran (all tickets drawn, no reset),
-first on a direct call and then on a per-call plan's replay, and every later split-K GEMM, of
+first on a direct call and then on a per-call replay's replay, and every later split-K GEMM, of
 another shape (another module's) and of the same one, must equal torch.
 """
 
@@ -16,7 +16,7 @@ import executors  # the session's executor (tests/executors.py)
 import flysim
 import flysim.ops_atomic
 from translator.tolerances import op_tol
-from translator_kernels import plan
+from translator_kernels import replay
 from translator_kernels.gemm import gemm, splitk
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import GemmConfig
@@ -55,7 +55,7 @@ def _faulty_atomics(monkeypatch, exc):
 def test_a_fault_between_ticket_and_reset_stays_in_its_call(monkeypatch, exc, when):
     a, w, ws = _case(4, 64, 512, 0)
     b, wb, wsb = _case(6, 80, 256, 1)  # another module's GEMM: other shape, other config
-    plan.clear_plans()
+    replay.clear_replays()
     try:
         with executors.current().run(ARCH):
             for _ in range(3 if when == "plan replay" else 0):  # first sight, plan built, replayed
@@ -70,7 +70,7 @@ def test_a_fault_between_ticket_and_reset_stays_in_its_call(monkeypatch, exc, wh
                 torch.testing.assert_close(gemm(a, ws, 64, 512, _config=A_CFG), a @ w.T, **TOL)
         assert all(not c.any() for c in splitk._POOL.get((CPU, None), []))  # only clean arrays were given back
     finally:
-        plan.clear_plans()
+        replay.clear_replays()
 
 
 def test_counters_belong_to_one_launch_at_a_time():

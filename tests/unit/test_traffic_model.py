@@ -32,10 +32,10 @@ CASES = [  # dtype, Sq, Sk, D, arch, causal
 
 @pytest.mark.parametrize("dt,sq,sk,d,arch,causal", CASES)
 def test_attention_model_equals_flysim(dt, sq, sk, d, arch, causal):
-    from translator_kernels.attention import split_plan
+    from translator_kernels.attention import split_geometry
 
     m = traffic.measure_attention(dt, sq, sk, d, arch, causal)
-    split = split_plan(1, 1, sq, sk, d, dt, arch)[0] > 1
+    split = split_geometry(1, 1, sq, sk, d, dt, arch)[0] > 1
     assert len(m["kernels"]) == 1 + split and "attention_fwd" in m["kernels"][0], m["kernels"]
     assert m["moved"] == traffic_model.attention_bytes(dt, sq, sk, d, arch, causal)
 

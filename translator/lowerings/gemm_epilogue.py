@@ -18,7 +18,7 @@ elementwise region takes folds here too (sqrt, log, erf, sin, floor, pow by a sc
                                                     gemm's dtype computed before the gemm)
 
 The folded part ends at one value v, the only value of it that the rest of the region or the
-graph reads. `plan` picks the largest such part. If it is the whole region, the region goes
+graph reads. `choose_fold` picks the largest such part. If it is the whole region, the region goes
 away (``linear -> gelu -> clamp`` is one GEMM; ``x + drop(proj(gelu(fc(x))))`` is two gemm
 nodes, fc with a gelu program and proj with the residual); else the region reads v from the
 gemm in place of the gemm's raw value (``sigmoid(fc(x)) * x``: the gemm applies the sigmoid,
@@ -177,7 +177,7 @@ def _candidates(r: _Region, peeled: set):
                     yield v, s, ri, _ancestors(r.prog, s) | {v, ri}
 
 
-def plan(g) -> Fold | None:
+def choose_fold(g) -> Fold | None:
     """What of the region after gemm node `g` its epilogue takes (the largest part), or None."""
     bias, act, residual, scale = (arg(g, k) for k in ("bias", "activation", "residual", "scale"))
     us = users(g)
@@ -200,7 +200,7 @@ def plan(g) -> Fold | None:
 
 
 def epilogue_check(node, ctx):
-    fold = plan(node)
+    fold = choose_fold(node)
     return NO_MATCH if fold is None else fold
 
 

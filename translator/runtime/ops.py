@@ -4,7 +4,7 @@ Each lowering file defines its op with `torch.library.custom_op("flydsl::<name>"
 body is `dispatch("<name>", ...)`, and a fake implementation for tracing. Custom ops must
 not return an alias of an input, so a reference that returns a view is copied.
 
-The kernel adapter runs through its per-call plan (translator_kernels.plan): the first call with
+The kernel adapter runs through its per-call replay (translator_kernels.replay): the first call with
 a signature (tensor dtypes, shapes, strides; other arguments; the launch target) runs the adapter
 and records it, later ones replay only the allocations and the compiled launches.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from translator_kernels.plan import call as planned_call
+from translator_kernels.replay import call as replayed_call
 
 from ..registry import FAMILIES
 from ..state import resolve_lazy
@@ -47,7 +47,7 @@ def dispatch(name: str, *args):
     log = _launch_log(st)
     first = len(log) if log is not None else 0
     args = resolve_lazy(args)  # a prepared weight left unmade for the reference backend: made for this call
-    out = planned_call(fam.kernel, args, None, True)  # the adapter's per-signature plan; no result aliases an input
+    out = replayed_call(fam.kernel, args, None, True)  # the adapter's per-signature replay; no result aliases an input
     st.calls.append(OpCall(name, log[first:] if log is not None else None))
     return out
 

@@ -49,7 +49,7 @@ import math
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
@@ -70,7 +70,7 @@ def _arch() -> str:
     return get_rocm_arch()
 
 
-def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
+def tile_geometry(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
     """(waves per workgroup, 16-row groups per wave). A wave takes 32 query rows (two groups
     sharing each K / V operand read: half the LDS bytes and per-tile overhead per score) for
     16-bit inputs up to D=128 when Sq > 16; fp32 and D > 128 keep 16 rows (registers); decode
@@ -82,7 +82,7 @@ def tile_plan(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
 
 def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", causal: bool = False) -> dict:
     """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
-    return kernel_config(dtype, head_dim, *tile_plan(sq, dtype, head_dim), arch, causal)
+    return kernel_config(dtype, head_dim, *tile_geometry(sq, dtype, head_dim), arch, causal)
 
 
 @kl.builder
@@ -102,9 +102,9 @@ def build_combine(arch: str, dtype: str, head_dim: int, sinks: bool = False):
     return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim), sinks)
 
 
-def split_plan(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
+def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
     """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above)."""
-    nw, _ = tile_plan(Sq, dtype, head_dim)
+    nw, _ = tile_geometry(Sq, dtype, head_dim)
     cfg = attention_config(dtype, head_dim, Sq, arch)
     tiles = -(-Sk // cfg["block_n"])
     grid = -(-Sq // cfg["block_m"]) * H * B
@@ -234,7 +234,7 @@ def _prepare_sinks(sinks, H, device):
     return True, sinks.detach().reshape(-1).float().contiguous()
 
 
-@kp.planned
+@kr.replayed
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
               scale=None, softcap=None, head_scale=None, precision=None, num_splits=None,
               out_order=None, q_pos=None, sinks=None) -> torch.Tensor:
@@ -291,9 +291,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
                   f"32-bit offsets (< 2 GiB per tensor); split the batch")
 
     arch = _arch()
-    nw, rg = tile_plan(Sq, dtype, D)
+    nw, rg = tile_geometry(Sq, dtype, D)
     nq = -(-Sq // kernel_config(dtype, D, nw, rg)["block_m"])
-    nsplit, chunk = split_plan(B, H, Sq, Sk, D, dtype, arch, num_splits)
+    nsplit, chunk = split_geometry(B, H, Sq, Sk, D, dtype, arch, num_splits)
     if nsplit > 1:
         w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
         wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)

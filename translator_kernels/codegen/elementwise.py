@@ -1,6 +1,6 @@
 """Generated fused elementwise kernels: one FlyDSL kernel per expression program.
 
-`kernel_source(program, plan)` writes the kernel as readable FlyDSL Python: one thread per
+`kernel_source(program, geometry)` writes the kernel as readable FlyDSL Python: one thread per
 vector of VEC output elements (128-bit accesses where the shapes allow), BLOCK threads per
 workgroup, a masked tail (threads past the last vector load vector 0 and skip their stores),
 inputs read per vector or once per vector and splat (column / scalar broadcast), the
@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.codegen.source import body, convert
-from translator_kernels.program import DTYPES, KIND, TORCH, Plan, Program, as_program, plan as make_plan
+from translator_kernels.program import DTYPES, KIND, TORCH, Geometry, Program, as_program, geometry as make_geometry
 
 BLOCK = 256
 MAX_ELEMS = 2**31 - 1
@@ -42,8 +42,8 @@ def _index_expr(terms) -> str:
     return " + ".join(parts) if parts else "0"
 
 
-def kernel_source(prog: Program, p: Plan, name: str) -> str:
-    """The generated FlyDSL module for `prog` under launch plan `p` (readable, standalone)."""
+def kernel_source(prog: Program, p: Geometry, name: str) -> str:
+    """The generated FlyDSL module for `prog` under launch geometry `p` (readable, standalone)."""
     in_dt = [ip.dtype for ip in p.inputs]
     kinds = prog.kinds(in_dt)
     nv = p.numel // p.vec
@@ -103,19 +103,19 @@ GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_s
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
-def kernel_name(text: str, p: Plan) -> str:
+def kernel_name(text: str, p: Geometry) -> str:
     return f"fused_elementwise_{hashlib.sha1(f'{text}|{p}'.encode()).hexdigest()[:16]}"
 
 
-def source_path(text: str, p: Plan) -> tuple[Path, str]:
-    """Write (once) and return the generated file for (program, plan) and its kernel name."""
+def source_path(text: str, p: Geometry) -> tuple[Path, str]:
+    """Write (once) and return the generated file for (program, geometry) and its kernel name."""
     name = kernel_name(text, p)
     return write_source(kernel_source(as_program(text), p, name), name, GENERATED), name
 
 
 @kl.builder
-def build_elementwise(text: str, p: Plan, arch: str):
-    """Compiled launcher `launch(*inputs, *outputs)` of program `text` under plan `p` for `arch`."""
+def build_elementwise(text: str, p: Geometry, arch: str):
+    """Compiled launcher `launch(*inputs, *outputs)` of program `text` under geometry `p` for `arch`."""
     path, _ = source_path(text, p)
     return load_launch(path, "_flydsl_ew_")
 
@@ -137,7 +137,7 @@ def flat_inputs(inputs):
 
 
 def prepare(inputs, program):
-    """Validate; return (program, flat inputs, outputs, flat outputs, plan or None when empty)."""
+    """Validate; return (program, flat inputs, outputs, flat outputs, geometry or None when empty)."""
     prog = as_program(program)
     if len(inputs) != prog.n:
         raise KernelInputError(f"fused_elementwise: program takes {prog.n} inputs, got {len(inputs)}")
@@ -170,7 +170,7 @@ def prepare(inputs, program):
     def aligned(vec):
         return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
 
-    p = make_plan(shape, [tuple(t.shape) for t in inputs], [DTYPES[t.dtype] for t in inputs],
+    p = make_geometry(shape, [tuple(t.shape) for t in inputs], [DTYPES[t.dtype] for t in inputs],
                   [dt for _, dt in prog.out], aligned, strides)
     return prog, flat_in, outs, flat_out, p
 
@@ -211,7 +211,7 @@ def _launch_for(lay: _Layout, inputs, flat_in, flat_out, strides):
         def aligned(vec):
             return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
 
-        p = make_plan(lay.shape, in_shapes, in_dtypes, [dt for _, dt in lay.prog.out], aligned, strides)
+        p = make_geometry(lay.shape, in_shapes, in_dtypes, [dt for _, dt in lay.prog.out], aligned, strides)
         name = kernel_name(lay.text, p)
         CALLS.setdefault(name, dict(family="elementwise", program=lay.text, shapes=[list(s) for s in in_shapes],
                                     dtypes=list(in_dtypes)))
@@ -219,7 +219,7 @@ def _launch_for(lay: _Layout, inputs, flat_in, flat_out, strides):
     return hit
 
 
-@kp.planned
+@kr.replayed
 def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     """Run the fused elementwise program (JSON text or Program) on `inputs`; returns its outputs.
 

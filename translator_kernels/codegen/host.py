@@ -38,10 +38,10 @@ def record_kernels():
 
 
 def note_use(name: str) -> None:
-    """Record `name` in the open record_kernels() sets, now and on each replay of a per-call plan."""
-    from translator_kernels.plan import plan_effect
+    """Record `name` in the open record_kernels() sets, now and on each replay of a per-call replay."""
+    from translator_kernels.replay import replay_effect
 
-    plan_effect(_note_use, name)
+    replay_effect(_note_use, name)
 
 
 def _note_use(name: str) -> None:

@@ -11,7 +11,7 @@ materialized when their pattern is simple:
 - "row":  depends on the reduced dims only (a weight [N]); read by every row,
 - "col":  depends on the kept dims only (a per-row max or mean [M, 1]); one value per row.
 Any other broadcast is materialized to "full". The kernel (reduce_codegen) is generated per
-(program, roles, dtypes, kind, params, N, plan), written to the kernel cache folder beside the
+(program, roles, dtypes, kind, params, N, tiling), written to the kernel cache folder beside the
 elementwise kernels, imported, and its launcher cached with the arch.
 
 Kinds: sum, mean, amax, amin, var / std (params: correction), logsumexp, argmax / argmin
@@ -28,21 +28,21 @@ import math
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
                                         ref_program)
-from translator_kernels.codegen.reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, plan_rows
+from translator_kernels.codegen.reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, codegen_row_tiling
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path (for emit_sources)
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
 @functools.lru_cache(maxsize=4096)  # per call otherwise: a sha1 of the whole key
-def kernel_name(text, roles, dtypes, kind, params, n, plan, epi=None) -> str:
+def kernel_name(text, roles, dtypes, kind, params, n, tiling, epi=None) -> str:
     tail = "" if epi is None else f"|{epi}"
-    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{plan}{tail}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"{text}|{roles}|{dtypes}|{kind}|{params}|{n}|{tiling}{tail}".encode()).hexdigest()[:16]
     return f"fused_reduce_{key}"
 
 
@@ -51,11 +51,11 @@ def _write(src: str, name: str):
 
 
 @kl.builder
-def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, plan, epi, arch: str):
+def build_reduce(text: str, roles: tuple, dtypes: tuple, kind: str, params: tuple, n: int, tiling, epi, arch: str):
     """Compiled launcher `launch(*inputs, *epilogue inputs, *outputs, M)` of one fused reduction for
     `arch`; `epi` is None or (epilogue program text, epilogue input dtypes)."""
-    name = kernel_name(text, roles, dtypes, kind, params, n, plan, epi)
-    src = kernel_source(parse(text), roles, dtypes, kind, params, n, plan, name,
+    name = kernel_name(text, roles, dtypes, kind, params, n, tiling, epi)
+    src = kernel_source(parse(text), roles, dtypes, kind, params, n, tiling, name,
                         None if epi is None else (parse(epi[0]), epi[1]))
     return load_launch(_write(src, name), "_flydsl_red_")
 
@@ -159,23 +159,23 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inpu
         raise KernelInputError(f"{op}: {shape} has more than 2^31 - 1 elements; split it (buffer offsets are 32-bit)")
     roles, flat = zip(*[_role(t, shape, dims, perm) for t in inputs])
     dtypes = tuple(DTYPES[t.dtype] for t in inputs)
-    plan = _plan(n, roles, dtypes, flat)
-    if not plan.fits:
+    tiling = _tiling(n, roles, dtypes, flat)
+    if not tiling.fits:
         if kind in SPLIT:
             return outs, None, ("split", prog, roles, list(flat), dtypes, m, n, epik, eflat)
         raise KernelInputError(f"{op}: rows of N={n} elements are longer than a workgroup holds in registers "
                                f"({max_row_length()}); keep this reduction in PyTorch")
-    key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, plan, epik)
+    key = (prog.text(), tuple(roles), dtypes, kind, tuple(float(p) for p in params), n, tiling, epik)
     return outs, list(flat) + eflat + [o.view(-1) for o in outs] + [m], key
 
 
-def _plan(n, roles, dtypes, flat):
+def _tiling(n, roles, dtypes, flat):
     wide = [BITS[dt] for role, dt in zip(roles, dtypes) if role != "col"] or [32]
     vec = min(8, 128 // max(wide))
     while vec > 1 and (n % vec or any(f.data_ptr() % (vec * f.element_size()) for f, role in zip(flat, roles)
                                       if role != "col")):
         vec //= 2
-    return plan_rows(n, vec)
+    return codegen_row_tiling(n, vec)
 
 
 # kinds that reduce in two stages when a row is too long: stage-1 kind, stage-2 kind
@@ -211,12 +211,12 @@ def _two_stage(out, kind, params, split):
     p1 = (p,) if kind == "norm" else ()
     part = torch.empty(m * k, dtype=torch.float32, device=flat[0].device)
     text1 = Program(prog.n, prog.ops, ((prog.out[0][0], "f32"),)).text()
-    _launch((text1, r1, dtypes, k1, p1, n1, _plan(n1, r1, dtypes, f1), None), f1 + [part, m * k])
+    _launch((text1, r1, dtypes, k1, p1, n1, _tiling(n1, r1, dtypes, f1), None), f1 + [part, m * k])
     if kind == "norm" and p == 0:
         k2 = "sum"
     p2 = (float(n),) if kind == "mean" else p1 if k2 == "norm" else ()
     text2 = Program(1, (), ((0, prog.out[0][1]),)).text()
-    pl2 = _plan(k, ("full",), ("f32",), [part])
+    pl2 = _tiling(k, ("full",), ("f32",), [part])
     _launch((text2, ("full",), ("f32",), k2, p2, k, pl2, epik), [part] + eflat + [out.view(-1), m])
 
 
@@ -254,14 +254,14 @@ def _cached_call(lay: _Layout, inputs, epi_inputs):
     for t in epi_inputs:
         e = t.expand(lay.oshape).contiguous().reshape(-1)
         eflat.append(e.view(torch.uint8) if e.dtype == torch.bool else e)
-    plan = _plan(lay.n, lay.roles, lay.dtypes, flat)
-    if not plan.fits:  # a narrower vector for these addresses: prepare decides (two stages, or why not)
+    tiling = _tiling(lay.n, lay.roles, lay.dtypes, flat)
+    if not tiling.fits:  # a narrower vector for these addresses: prepare decides (two stages, or why not)
         return None
-    key = (lay.text, lay.roles, lay.dtypes, lay.kind, lay.params, lay.n, plan, lay.epik)
+    key = (lay.text, lay.roles, lay.dtypes, lay.kind, lay.params, lay.n, tiling, lay.epik)
     return outs, flat + eflat + [o.view(-1) for o in outs] + [lay.m], key
 
 
-@kp.planned
+@kr.replayed
 def fused_reduce(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inputs=(),
                  epilogue=None) -> list[torch.Tensor]:
     """Run prologue `program` on `inputs` and reduce its value over `dims` (then `epilogue`, see

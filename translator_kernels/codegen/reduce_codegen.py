@@ -27,7 +27,7 @@ MAX_ELEMS_PER_LANE = 64  # fp32 values a lane may hold (var / logsumexp keep the
 
 
 @dataclass(frozen=True)
-class RowPlan:
+class RowTiling:
     n: int  # row length
     vec: int  # elements per access
     lpr: int  # lanes per row: a power of two < 64 (rows share a wave) or the whole block
@@ -39,14 +39,14 @@ class RowPlan:
         return self.nt * self.vec <= MAX_ELEMS_PER_LANE
 
 
-def plan_rows(n: int, vec: int) -> RowPlan:
+def codegen_row_tiling(n: int, vec: int) -> RowTiling:
     """Fewest lanes per row that keep each lane at <= VECS_PER_LANE vectors (up to a 1024 block)."""
     nv = n // vec
     lpr = 1
     while lpr < MAX_BLOCK and -(-nv // lpr) > VECS_PER_LANE:
         lpr *= 2
     block = 256 if lpr < WAVE else lpr
-    return RowPlan(n, vec, lpr, block, -(-nv // lpr))
+    return RowTiling(n, vec, lpr, block, -(-nv // lpr))
 
 
 def norm_op(p: float) -> str:
@@ -74,10 +74,10 @@ def row_kernel_header(name: str, sig: str, block: int, sub: bool) -> list[str]:
     return L + ["    lane = tid", "    row = fx.Int32(fx.block_idx.x)"]
 
 
-def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int, plan, name: str, epi=None) -> str:
+def kernel_source(prog: Program, in_roles, in_dtypes, kind: str, params, n: int, tiling, name: str, epi=None) -> str:
     """`in_roles[i]`: "full" ([M, N] flat), "row" ([N], same for every row), "col" ([M], one per row).
     `epi`: None or (epilogue Program, its extra inputs' dtypes): applied to each row's result."""
-    vec, lpr, block, nt = plan.vec, plan.lpr, plan.block, plan.nt
+    vec, lpr, block, nt = tiling.vec, tiling.lpr, tiling.block, tiling.nt
     nv = n // vec
     rpb = block // lpr
     sub = lpr < block

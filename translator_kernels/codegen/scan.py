@@ -6,7 +6,7 @@ one output names the value and the result dtype) computes from `inputs`, so a ma
 ``cumsum(x * mask)`` reads x and the mask once and writes the scan. The host moves `dim` last
 and views the problem as [M, N] rows (a copy only when `dim` was not already last and
 contiguous; broadcast inputs are materialized); scan_codegen writes one kernel per (program,
-dtypes, kind, N, plan, reverse, exclusive) into the kernel cache folder beside the elementwise
+dtypes, kind, N, tiling, reverse, exclusive) into the kernel cache folder beside the elementwise
 kernels, and its compiled launcher is cached with the arch.
 
 Accumulation is fp32 for every dtype, as torch's CPU cumsum / cumprod accumulate bf16 / fp16;
@@ -24,28 +24,28 @@ import math
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
                                         ref_program)
-from translator_kernels.codegen.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, plan_scan
+from translator_kernels.codegen.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, scan_tiling
 
 GENERATED: dict[str, str] = {}  # kernel name -> generated file path
 CALLS: dict[str, dict] = {}  # kernel name -> one call's arguments (emit_sources writes a check from it)
 
 
 @functools.lru_cache(maxsize=4096)  # per call otherwise: a sha1 of the whole key
-def kernel_name(text, dtypes, kind, plan, reverse, exclusive) -> str:
-    key = hashlib.sha1(f"{text}|{dtypes}|{kind}|{plan}|{reverse}|{exclusive}".encode()).hexdigest()[:16]
+def kernel_name(text, dtypes, kind, tiling, reverse, exclusive) -> str:
+    key = hashlib.sha1(f"{text}|{dtypes}|{kind}|{tiling}|{reverse}|{exclusive}".encode()).hexdigest()[:16]
     return f"scan_{key}"
 
 
 @kl.builder
-def build_scan(text: str, dtypes: tuple, kind: str, plan, reverse: bool, exclusive: bool, arch: str):
+def build_scan(text: str, dtypes: tuple, kind: str, tiling, reverse: bool, exclusive: bool, arch: str):
     """Compiled launcher `launch(*inputs, out, M)` of one row scan for `arch`."""
-    name = kernel_name(text, dtypes, kind, plan, reverse, exclusive)
-    src = kernel_source(parse(text), dtypes, kind, plan, reverse, exclusive, name)
+    name = kernel_name(text, dtypes, kind, tiling, reverse, exclusive)
+    src = kernel_source(parse(text), dtypes, kind, tiling, reverse, exclusive, name)
     return load_launch(write_source(src, name, GENERATED), "_flydsl_scan_")
 
 
@@ -133,11 +133,11 @@ def _launch_for(lay: _Layout, inputs, flat):
     k = (tuple([f.data_ptr() % 16 for f in flat]), arch)
     hit = lay.launches.get(k)
     if hit is None:
-        plan = plan_scan(lay.n, row_vec(lay.n, lay.dtypes, flat))
-        if not plan.fits:
+        tiling = scan_tiling(lay.n, row_vec(lay.n, lay.dtypes, flat))
+        if not tiling.fits:
             raise KernelInputError(f"scan({lay.kind}): rows of N={lay.n} elements are longer than one workgroup scans "
-                                   f"({max_row_length(plan.vec)} at VEC={plan.vec}); keep this scan in PyTorch")
-        args = (lay.text, lay.dtypes, lay.kind, plan, lay.reverse, lay.exclusive)
+                                   f"({max_row_length(tiling.vec)} at VEC={tiling.vec}); keep this scan in PyTorch")
+        args = (lay.text, lay.dtypes, lay.kind, tiling, lay.reverse, lay.exclusive)
         name = kernel_name(*args)
         if name not in CALLS:  # one call's arguments per kernel, built once
             CALLS[name] = dict(family="scan", program=lay.text, kind=lay.kind, dim=lay.dim, reverse=lay.reverse,
@@ -146,7 +146,7 @@ def _launch_for(lay: _Layout, inputs, flat):
     return hit
 
 
-@kp.planned
+@kr.replayed
 def scan(inputs, program, kind: str, dim: int, reverse: bool = False, exclusive: bool = False) -> torch.Tensor:
     """Run `program` on `inputs` and scan its value along `dim`; returns the result tensor.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from translator_kernels.program import Program
-from translator_kernels.codegen.reduce_codegen import plan_rows, prologue_source, row_kernel_header
+from translator_kernels.codegen.reduce_codegen import codegen_row_tiling, prologue_source, row_kernel_header
 from translator_kernels.codegen.source import lit as _lit
 from translator_kernels.codegen.scan_device import IDENTITY
 
@@ -28,7 +28,7 @@ KINDS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logaddexp"}
 
 
 @dataclass(frozen=True)
-class ScanPlan:
+class ScanTiling:
     n: int  # row length
     vec: int  # elements per access
     lpr: int  # lanes per row
@@ -40,16 +40,16 @@ class ScanPlan:
         return self.nt <= MAX_TILES
 
 
-def plan_scan(n: int, vec: int) -> ScanPlan:
+def scan_tiling(n: int, vec: int) -> ScanTiling:
     """The reduction's row plan (lanes per row, block, tiles per lane); a scan only adds its own
     limit on unrolled tiles (`fits`)."""
-    rp = plan_rows(n, vec)
-    return ScanPlan(n, vec, rp.lpr, rp.block, rp.nt)
+    rp = codegen_row_tiling(n, vec)
+    return ScanTiling(n, vec, rp.lpr, rp.block, rp.nt)
 
 
-def kernel_source(prog: Program, in_dtypes, kind: str, plan: ScanPlan, reverse: bool, exclusive: bool,
+def kernel_source(prog: Program, in_dtypes, kind: str, tiling: ScanTiling, reverse: bool, exclusive: bool,
                   name: str) -> str:
-    vec, lpr, block, nt, n = plan.vec, plan.lpr, plan.block, plan.nt, plan.n
+    vec, lpr, block, nt, n = tiling.vec, tiling.lpr, tiling.block, tiling.nt, tiling.n
     nv = n // vec
     rpb = block // lpr
     sub = lpr < block

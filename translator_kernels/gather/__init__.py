@@ -22,7 +22,7 @@ import flydsl.expr as fx
 
 from translator_kernels import launch as kl
 from translator_kernels.arch import FLOAT_NAMES
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
@@ -98,7 +98,7 @@ def _check_ids(flag, flat, vocab):
                          f"({bad.numel()} ids out of range); ids must lie in [0, {vocab})")
 
 
-@kp.planned
+@kr.replayed
 def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
     op = "embedding"
@@ -127,6 +127,6 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     flag = torch.zeros(1, dtype=torch.int32, device=weight.device)
     launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch())
     kl.call(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
-    if flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
-        kp.plan_effect(_check_ids, flag, flat, vocab)
+    if flag.device.type == "cpu":  # a host read: a per-call replay repeats it (replay_effect)
+        kr.replay_effect(_check_ids, flag, flat, vocab)
     return out

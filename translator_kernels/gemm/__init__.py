@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue, mfma_per_block
 from translator_kernels.gemm.gated import gated_shape
@@ -42,7 +42,7 @@ def autotune(a, w_shuffled, n, k, candidates, *, iters=20):
         if config_fits(cfg, _DT[a.dtype], arch):
             continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(2):  # warm-up: first sight, then the per-call plan is built (host ms, untimed)
+        for _ in range(2):  # warm-up: first sight, then the per-call replay is built (host ms, untimed)
             gemm(a, w_shuffled, n, k, _config=cfg)
         start.record()
         for _ in range(iters):
@@ -54,7 +54,7 @@ def autotune(a, w_shuffled, n, k, candidates, *, iters=20):
             best = (t, cfg)
     if best:
         register_config(mb, n, k, a.dtype, arch, best[1])
-        kp.clear_plans()  # per-call plans keep the tile they chose: choose again
+        kr.clear_replays()  # per-call replays keep the tile they chose: choose again
     return best
 
 
@@ -108,7 +108,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
             a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4, *extra)
     if cfg.split > 1:  # the launch returned: its counters are zero again (a launch that raised drops them)
-        kp.plan_effect(give_back, cnt)
+        kr.replay_effect(give_back, cnt)
     return out
 
 
@@ -175,7 +175,7 @@ def _epilogue_args(op, bias, residual, lead, n, out_dtype):
     return bias, residual
 
 
-@kp.planned
+@kr.replayed
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
          _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
@@ -220,7 +220,7 @@ def _in_place(t, batch_shape, rows, cols):
     return _batch_view(t, batch_shape, rows, cols)
 
 
-@kp.planned
+@kr.replayed
 def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
     """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
     bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh")."""
@@ -242,7 +242,7 @@ def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=
     return out.reshape(lead + (n,))
 
 
-@kp.planned
+@kr.replayed
 def bmm(a, b, *, out_dtype=None):
     """a[..., M, K] @ b[..., K, N] -> [..., M, N] (batch dims broadcast), both activations.
 

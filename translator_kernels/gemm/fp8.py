@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.kernel import mfma_per_block
 from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight, unshuffle_weight
@@ -136,7 +136,7 @@ def _scale_arg(op, name, s, count, per):
     return ("row" if per == "row" else "col"), s.reshape(count).float().contiguous()
 
 
-@kp.planned
+@kr.replayed
 def gemm_fp8(a_q, w_shuffled, n, k, *, a_scale=None, w_scale=None, bias=None, activation=None, residual=None,
              scale=1.0, out_dtype=torch.bfloat16, _config=None):
     """act(scale * (A_q @ W_qᵀ) * sw[col] * sa[row] + bias) + residual, one FlyDSL launch.

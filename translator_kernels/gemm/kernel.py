@@ -23,7 +23,7 @@ The scheduled K loop (the hot loop):
     are peeled, and only the load of the tile that crosses K checks k < K per chunk.
   - Global offsets are per-thread VGPRs computed once (row < M and the N padding folded in as
     the sentinel offset); a tile adds a uniform SGPR soffset. The loop body has no VALU.
-  - Each step ends with a sched_group_barrier sequence (`hot_loop_plan`): A operands are read
+  - Each step ends with a sched_group_barrier sequence (`hot_loop_schedule`): A operands are read
     from LDS two operands ahead of their MFMAs (not all at once), the next tile's global loads
     spread over the first half of the MFMAs, the LDS writes of A follow the last MFMAs. FlyDSL's
     preshuffle GEMM schedules its hot loop with the same kind of hints; bench.kernels compares
@@ -188,7 +188,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             raise KernelInputError(f"gemm: wm={wm} needs wm == {WM}, split 1, no gate, kw 1 (got split={split}, "
                                    f"gate={gate}, kw={kw})")
         return build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, bn, bk, activation,
-                               has_bias, has_residual, w_layout, hot_loop_plan, apply_epilogue_device)
+                               has_bias, has_residual, w_layout, hot_loop_schedule, apply_epilogue_device)
     kp = 16 // esz  # elements per 16-byte chunk
     cpb = 32 // kp  # chunks per row of a 16x16x32 block (bf16: 4, f32: 8)
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
@@ -255,10 +255,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         return acc
 
     mpb = mfma_per_block(dtype, arch)
-    hints = hot_loop_plan(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
+    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
 
     def schedule_step(prefetching: bool):
-        """Emit one K step's sched_group_barrier sequence (`hot_loop_plan`); ends the region."""
+        """Emit one K step's sched_group_barrier sequence (`hot_loop_schedule`); ends the region."""
         for kind, cnt in hints if prefetching else [h for h in hints if h[0] in ("dsrd", "mfma")]:
             getattr(rocdl, "sched_" + kind)(cnt)
         rocdl.sched_barrier(0)
@@ -567,7 +567,7 @@ def _spread(n: int, slots: int) -> list[int]:
     return [(i + 1) * n // slots - i * n // slots for i in range(slots)] if slots > 0 else []
 
 
-def hot_loop_plan(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
+def hot_loop_schedule(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
                   lead_ops: int = 2, extra_reads: dict | None = None) -> list[tuple[str, int]]:
     """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
     (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).

@@ -24,7 +24,7 @@ from flydsl.expr import range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.common import OOB, _raw
@@ -92,7 +92,7 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
     return launch
 
 
-@kp.planned
+@kr.replayed
 def quantize_rows(x, fmt: str = "fp8"):
     """x[..., K] (fp32 / bf16 / fp16) -> (q[..., K] in the target arch's 8-bit format, s[..., 1] fp32)."""
     if x.dtype not in FLOAT_NAMES:

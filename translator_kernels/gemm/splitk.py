@@ -32,8 +32,8 @@ call returned; a launch that raised drops its array (it is freed, never reused).
 stream because a GPU launch is asynchronous: the array returned after the host call is next handed
 to a launch on the same stream, which runs after it, never beside it (two streams never share an
 array). An array taken while a CUDA (HIP) graph is being captured belongs to the graph: it is
-kept alive and never handed out again. Per-call plans replay the take and the give-back
-(`plan.plan_value`, `plan.plan_effect`), so a replayed launch owns its counters too. Steady state
+kept alive and never handed out again. Per-call replays replay the take and the give-back
+(`replay.replay_value`, `replay.replay_effect`), so a replayed launch owns its counters too. Steady state
 costs no clearing launch and no host synchronization; the first split-K launch on a stream, or
 the first after a fault, allocates a zeroed array (one memset on the stream).
 
@@ -51,7 +51,7 @@ from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from translator_kernels.gemm.common import OOB, WAVES, _raw, _v4f32, _v4i32
-from translator_kernels.plan import plan_value
+from translator_kernels.replay import replay_value
 
 
 def add_wave_parts(accs, lds_ptr, wave, lane):
@@ -166,4 +166,4 @@ def splitk_workspace(device, tiles: int, cfg):
     counters (one per region) owned by this launch: pass Cnt to `give_back` once the launch call
     has returned, never after it raised (see the module notes)."""
     p = torch.empty(tiles * cfg.split * cfg.bm * cfg.bn, dtype=torch.float32, device=device)
-    return p, plan_value(take_counters, device, tiles * (WAVES // cfg.kw))
+    return p, replay_value(take_counters, device, tiles * (WAVES // cfg.kw))

@@ -77,7 +77,7 @@ from translator_kernels.gemm.kernel import THREADS
 from translator_kernels.arch import FLOAT_NAMES, GPUS
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.preshuffle import padded_shape
-from translator_kernels.plan import clear_plans
+from translator_kernels.replay import clear_replays
 
 _DT = FLOAT_NAMES
 # views of the one table of hardware facts (translator_kernels.arch.GPUS)
@@ -394,11 +394,11 @@ def four_wave(cfg: GemmConfig) -> GemmConfig:
 
 
 def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:
-    """Use `cfg` for this key from the next call on (per-call plans that kept the old tile are dropped)."""
+    """Use `cfg` for this key from the next call on (per-call replays that kept the old tile are dropped)."""
     reason = config_fits(cfg, _DT.get(dtype, dtype), arch)
     if not reason and (padded_shape(n, k)[1] // cfg.bk) % cfg.split:
         reason = f"split {cfg.split} does not divide the K tiles"
     if reason:
         raise KernelInputError(f"gemm: config {cfg} rejected: {reason}")
     _OVERRIDES[(m_bucket, n, k, _DT.get(dtype, dtype), arch_key(arch))] = cfg
-    clear_plans()
+    clear_replays()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.preshuffle import kpack_for, padded_shape, shuffle_weight, unshuffle_weight
 
@@ -36,7 +36,7 @@ def ref_gemm_w8(a, w8, scale, bias=None):
     return y.to(a.dtype)
 
 
-@kp.planned
+@kr.replayed
 def gemm_w8(a, w_shuffled, n, k, scale, *, bias=None, _config=None):
     """(a @ W8ᵀ) * scale[col] + bias for a [..., k] (fp32 / bf16 / fp16), W8 = shuffle_weight_w8(W8[n, k], a.dtype)."""
     from translator_kernels import launch as kl

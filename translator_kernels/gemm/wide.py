@@ -22,7 +22,7 @@ Data path per K step (BK = 64: 2 MFMA K blocks):
      BN/64 v_mfma_f32_16x16x32_{bf16,f16}.
 The scheduled K loop is kernel.py's: two steps per scf.for iteration (stage offsets are
 immediates), the K-tail tile peeled, and each step's sched_group_barrier sequence from
-kernel.hot_loop_plan (A operands read two ahead, the W operands of a K block with the first of
+kernel.hot_loop_schedule (A operands read two ahead, the W operands of a K block with the first of
 its A operands). The next tile's DMA is issued at the top of the step (left to the scheduler: it
 holds no registers, and pinning it among the MFMAs as the 4-wave plan does cost 28 VGPRs), so it
 has the whole step's MFMAs to land. The DMA is the asynchronous form, which the compiler does not
@@ -57,7 +57,7 @@ LDS_LIMIT = GPUS["gfx950"].lds_bytes  # the 8-wave tile is gfx950's
 
 
 def build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, bn, bk, activation, has_bias,
-                    has_residual, w_layout, hot_loop_plan, apply_epilogue):
+                    has_residual, w_layout, hot_loop_schedule, apply_epilogue):
     """The @flyc.jit launcher of the 8-wave tile, with kernel.build_gemm's calling convention
     (P / Cnt are unused placeholders: no split). Called by kernel.build_gemm (wm = 2)."""
     if dtype not in ("bf16", "f16") or not arch.startswith("gfx950"):
@@ -88,7 +88,7 @@ def build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, 
     nb_total, kb_total = n_pad // 16, k_pad // 32
     # no vmem groups: the DMA holds no registers and the scheduler issues it at the top of the step;
     # pinning it among the MFMAs (the 4-wave plan's spread) cost 28 VGPRs here (248 vs 220)
-    hints = hot_loop_plan(k_blk * m_rep, 1, n_rep, 0, 0, extra_reads={kb * m_rep: n_rep for kb in range(k_blk)})
+    hints = hot_loop_schedule(k_blk * m_rep, 1, n_rep, 0, 0, extra_reads={kb * m_rep: n_rep for kb in range(k_blk)})
 
     @fx.struct
     class Smem:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch
 from translator_kernels.layout.kernel import Layout, SrcDim, build_layout
@@ -59,7 +59,7 @@ def _check_tensor(op, x):
 
 
 @dataclass
-class _Plan:
+class _Geometry:
     """What a call needs once its op, shapes, strides and dtypes are known (cached per those)."""
 
     src: tuple | None  # SrcDim per source dim; None: a fill
@@ -89,9 +89,9 @@ class _Plan:
         return hit
 
 
-def plan(lay_src: tuple | None, out_shape, dtype, *, src: torch.Tensor | None = None, ids: torch.Tensor | None = None,
-         fill=0, op: str = "layout") -> _Plan:
-    """Validate and plan one call: `lay_src` the SrcDim per source dim (None: a fill)."""
+def geometry(lay_src: tuple | None, out_shape, dtype, *, src: torch.Tensor | None = None, ids: torch.Tensor | None = None,
+         fill=0, op: str = "layout") -> _Geometry:
+    """Validate one call and make its geometry: `lay_src` the SrcDim per source dim (None: a fill)."""
     out_shape = tuple(int(s) for s in out_shape)
     numel = math.prod(out_shape)
     esize = torch.empty((), dtype=dtype).element_size()
@@ -107,13 +107,13 @@ def plan(lay_src: tuple | None, out_shape, dtype, *, src: torch.Tensor | None = 
         strides = tuple(src.stride())
     words = 0 if ids is None else (2 if ids.dtype == torch.int64 else 1)
     itype = torch.uint8 if dtype == torch.bool else _INT[esize]
-    return _Plan(lay_src, out_shape, dtype, itype, extent, strides, _fill_bits(fill, dtype), words, numel)
+    return _Geometry(lay_src, out_shape, dtype, itype, extent, strides, _fill_bits(fill, dtype), words, numel)
 
 
 _DUMMY: dict = {}  # device -> a one-word int32 tensor the kernel never writes (no ids / no flag)
 
 
-def launch(p: _Plan, src: torch.Tensor | None, ids: torch.Tensor | None, device, op: str = "layout") -> torch.Tensor:
+def launch(p: _Geometry, src: torch.Tensor | None, ids: torch.Tensor | None, device, op: str = "layout") -> torch.Tensor:
     """Allocate the output and launch the planned kernel."""
     out = torch.empty(p.shape, dtype=p.dtype, device=device)
     if not p.numel:
@@ -132,8 +132,8 @@ def launch(p: _Plan, src: torch.Tensor | None, ids: torch.Tensor | None, device,
         ids32 = ids.reshape(-1).contiguous().view(torch.int32)
         flag = torch.zeros(1, dtype=torch.int32, device=device)
     kl.call(p.launcher((out_flat, src_flat)), src_flat, ids32, out_flat, flag)
-    if ids is not None and flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
-        kp.plan_effect(_check_flag, flag, ids, p.src, op)
+    if ids is not None and flag.device.type == "cpu":  # a host read: a per-call replay repeats it (replay_effect)
+        kr.replay_effect(_check_flag, flag, ids, p.src, op)
     return out
 
 
@@ -150,30 +150,30 @@ def _check_flag(flag, ids, src, op):
 
 def run(lay_src: tuple | None, out_shape, dtype, device, *, src: torch.Tensor | None = None,
         ids: torch.Tensor | None = None, fill=0, op: str = "layout") -> torch.Tensor:
-    """Plan and launch one call (no plan cache: the op entry points below cache theirs)."""
-    return launch(plan(lay_src, out_shape, dtype, src=src, ids=ids, fill=fill, op=op), src, ids, device, op)
+    """Make the geometry of one call and launch it (no geometry cache: the op entry points below cache theirs)."""
+    return launch(geometry(lay_src, out_shape, dtype, src=src, ids=ids, fill=fill, op=op), src, ids, device, op)
 
 
-MAX_PLANS = 4096
-_PLANS: dict = {}  # (op, its constants, source / ids shape, strides, dtype, device) -> _Plan
+MAX_GEOMETRIES = 4096
+_GEOMETRIES: dict = {}  # (op, its constants, source / ids shape, strides, dtype, device) -> _Geometry
 
 
 def _cached(op: str, params: tuple, x, ids, planner) -> torch.Tensor:
-    """The op's plan for these inputs (planned once: the tensor is checked, then `planner()`
-    validates the op's arguments and returns plan's), then the launch. A repeated call
+    """The op's geometry for these inputs (made once: the tensor is checked, then `planner()`
+    validates the op's arguments and returns geometry's), then the launch. A repeated call
     allocates, views and launches, nothing more."""
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
     key = (op, params, x.shape, x.stride(), x.dtype, x.device,
            None if ids is None else (ids.shape, ids.dtype, ids.device))
-    p = _PLANS.get(key)
+    p = _GEOMETRIES.get(key)
     if p is None:
         _check_tensor(op, x)
         lay_src, shape, kw = planner()
-        p = plan(lay_src, shape, kw.pop("dtype", x.dtype), src=None if lay_src is None else x, ids=ids, op=op, **kw)
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = p
+        p = geometry(lay_src, shape, kw.pop("dtype", x.dtype), src=None if lay_src is None else x, ids=ids, op=op, **kw)
+        if len(_GEOMETRIES) >= MAX_GEOMETRIES:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = p
     return launch(p, x, ids, x.device, op)
 
 
@@ -192,10 +192,10 @@ def _dim(op, d, r):
 def pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0) -> torch.Tensor:
     """F.pad: `pads` (before, after) pairs from the last dim backwards; a negative pad crops.
     Modes constant, replicate, reflect, circular."""
-    return _cached("pad", (tuple(pads), mode, value), x, None, lambda: _plan_pad(x, pads, mode, value))
+    return _cached("pad", (tuple(pads), mode, value), x, None, lambda: _geometry_pad(x, pads, mode, value))
 
 
-def _plan_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
+def _geometry_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
     op = "pad"
     pads = [int(p) for p in pads]
     if len(pads) % 2 or len(pads) // 2 > x.dim():
@@ -227,10 +227,10 @@ def _plan_pad(x: torch.Tensor, pads, mode: str = "constant", value=0.0):
 
 def roll(x: torch.Tensor, shifts, dims) -> torch.Tensor:
     """torch.roll along the given dims (out[i] = x[(i - shift) mod n])."""
-    return _cached("roll", (tuple(shifts), tuple(dims)), x, None, lambda: _plan_roll(x, shifts, dims))
+    return _cached("roll", (tuple(shifts), tuple(dims)), x, None, lambda: _geometry_roll(x, shifts, dims))
 
 
-def _plan_roll(x: torch.Tensor, shifts, dims):
+def _geometry_roll(x: torch.Tensor, shifts, dims):
     op = "roll"
     shifts, dims = [int(s) for s in shifts], [int(d) for d in dims]
     if not dims or len(shifts) != len(dims):
@@ -246,10 +246,10 @@ def _plan_roll(x: torch.Tensor, shifts, dims):
 
 def repeat(x: torch.Tensor, repeats) -> torch.Tensor:
     """Tensor.repeat: tile `repeats[k]` times along each dim (new leading dims broadcast)."""
-    return _cached("repeat", tuple(repeats), x, None, lambda: _plan_repeat(x, repeats))
+    return _cached("repeat", tuple(repeats), x, None, lambda: _geometry_repeat(x, repeats))
 
 
-def _plan_repeat(x: torch.Tensor, repeats):
+def _geometry_repeat(x: torch.Tensor, repeats):
     op = "repeat"
     repeats = [int(r) for r in repeats]
     if len(repeats) < x.dim() or any(r < 0 for r in repeats):
@@ -262,10 +262,10 @@ def _plan_repeat(x: torch.Tensor, repeats):
 
 def expand(x: torch.Tensor, size) -> torch.Tensor:
     """Tensor.expand materialized: size-1 dims broadcast, -1 keeps a dim, new leading dims."""
-    return _cached("expand", tuple(size), x, None, lambda: _plan_expand(x, size))
+    return _cached("expand", tuple(size), x, None, lambda: _geometry_expand(x, size))
 
 
-def _plan_expand(x: torch.Tensor, size):
+def _geometry_expand(x: torch.Tensor, size):
     op = "expand"
     size = [int(s) for s in size]
     lead = len(size) - x.dim()
@@ -294,10 +294,10 @@ def _check_ids(op, x, ids):
 
 def index_select(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """torch.index_select: ids (1-D, non-negative) pick entries of `dim`."""
-    return _cached("index_select", dim, x, ids, lambda: _plan_index_select(x, dim, ids))
+    return _cached("index_select", dim, x, ids, lambda: _geometry_index_select(x, dim, ids))
 
 
-def _plan_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
+def _geometry_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index_select"
     _check_ids(op, x, ids)
     if ids.dim() > 1:
@@ -314,10 +314,10 @@ def _plan_index_select(x: torch.Tensor, dim: int, ids: torch.Tensor):
 def index(x: torch.Tensor, dim: int, ids: torch.Tensor) -> torch.Tensor:
     """x[:, ..., ids] with one integer index tensor at `dim` (negative ids count from the end): the
     ids' dims replace `dim` in the output."""
-    return _cached("index", dim, x, ids, lambda: _plan_index(x, dim, ids))
+    return _cached("index", dim, x, ids, lambda: _geometry_index(x, dim, ids))
 
 
-def _plan_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
+def _geometry_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
     op = "index"
     _check_ids(op, x, ids)
     d = _dim(op, dim, x.dim())
@@ -337,10 +337,10 @@ def _plan_index(x: torch.Tensor, dim: int, ids: torch.Tensor):
 
 def unfold(x: torch.Tensor, dim: int, size: int, step: int) -> torch.Tensor:
     """Tensor.unfold: windows of `size` every `step` along `dim`, the window as a new last dim."""
-    return _cached("unfold", (dim, size, step), x, None, lambda: _plan_unfold(x, dim, size, step))
+    return _cached("unfold", (dim, size, step), x, None, lambda: _geometry_unfold(x, dim, size, step))
 
 
-def _plan_unfold(x: torch.Tensor, dim: int, size: int, step: int):
+def _geometry_unfold(x: torch.Tensor, dim: int, size: int, step: int):
     op = "unfold"
     if x.dim() == 0:
         raise KernelInputError(f"{op}: a 0-d tensor has no dim to unfold")
@@ -358,10 +358,10 @@ def _plan_unfold(x: torch.Tensor, dim: int, size: int, step: int):
 
 def repeat_interleave(x: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
     """torch.repeat_interleave with one repeat count along `dim` (out[i] = x[i // repeats])."""
-    return _cached("repeat_interleave", (repeats, dim), x, None, lambda: _plan_repeat_interleave(x, repeats, dim))
+    return _cached("repeat_interleave", (repeats, dim), x, None, lambda: _geometry_repeat_interleave(x, repeats, dim))
 
 
-def _plan_repeat_interleave(x: torch.Tensor, repeats: int, dim: int):
+def _geometry_repeat_interleave(x: torch.Tensor, repeats: int, dim: int):
     op = "repeat_interleave"
     if isinstance(repeats, torch.Tensor) or int(repeats) < 0:
         raise KernelInputError(f"{op}: repeats must be one non-negative int, got {repeats!r}")
@@ -381,7 +381,7 @@ def fill(shape, value, dtype: torch.dtype, device="cpu") -> torch.Tensor:
     _bits_view(torch.empty(0, dtype=dtype))  # dtype check
     device = torch.device(device)
     key = ("fill", tuple(shape), value, dtype, device)
-    p = _PLANS.get(key)
+    p = _GEOMETRIES.get(key)
     if p is None:
-        p = _PLANS[key] = plan(None, shape, dtype, fill=value, op="fill")
+        p = _GEOMETRIES[key] = geometry(None, shape, dtype, fill=value, op="fill")
     return launch(p, None, None, device, "fill")

@@ -31,10 +31,10 @@ import flydsl.expr as fx
 import torch
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.codegen.host import current_arch
 from translator_kernels.errors import KernelInputError
-from translator_kernels.layout import _DUMMY, _INT, MAX_BYTES, MAX_VEC, _bits_view, _plan_index
+from translator_kernels.layout import _DUMMY, _INT, MAX_BYTES, MAX_VEC, _bits_view, _geometry_index
 from translator_kernels.layout.kernel import (BLOCK, Layout, SrcDim, _raise_flag, _source_index, _store, _value,
                                              out_coords, vector_grid)
 
@@ -123,7 +123,7 @@ def _region(dst: torch.Tensor, dim, ids):
     """(region shape, SrcDim per destination dim) of a write into `dst`, indexed at `dim` by ids."""
     if ids is None:
         return tuple(dst.shape), tuple(SrcDim(s, ((j, 1, 1),)) for j, s in enumerate(dst.shape))
-    src, shape, _ = _plan_index(dst, dim, ids)  # the read x[..., ids] addresses what the write stores
+    src, shape, _ = _geometry_index(dst, dim, ids)  # the read x[..., ids] addresses what the write stores
     return tuple(shape), src
 
 
@@ -173,7 +173,7 @@ def _check_ids(flag, ids, size):
                          f"({bad.numel()} indices out of range); indices must lie in [{-size}, {size})")
 
 
-@kp.planned
+@kr.replayed
 def write(dst: torch.Tensor, values: torch.Tensor, dim: int | None = None, ids: torch.Tensor | None = None) -> None:
     """dst[..., ids, ...] = values (ids at `dim`), or dst.copy_(values) with no ids: in place, values
     broadcast to the written region. Returns nothing: `dst` (any strided view) holds the result."""
@@ -197,7 +197,7 @@ def write(dst: torch.Tensor, values: torch.Tensor, dim: int | None = None, ids: 
     if not sc.read.numel:
         return None
     itype = _INT[dst.element_size()] if dst.dtype != torch.bool else torch.uint8
-    # flat views first, then the integer dtype: a per-call plan replays an as_strided of an argument
+    # flat views first, then the integer dtype: a per-call replay replays an as_strided of an argument
     # relative to the argument's own storage offset
     dst_flat = torch.as_strided(dst, (extent,), (1,))
     dst_flat = dst_flat if dst.dtype == itype else dst_flat.view(itype)
@@ -213,6 +213,6 @@ def write(dst: torch.Tensor, values: torch.Tensor, dim: int | None = None, ids: 
     flag = torch.zeros(1, dtype=torch.int32, device=dst.device)
     ids32 = ids.reshape(-1).contiguous().view(torch.int32)
     kl.call(launcher, val_flat, ids32, dst_flat, flag)
-    if flag.device.type == "cpu":  # a host read: a per-call plan repeats it (plan_effect)
-        kp.plan_effect(_check_ids, flag, ids, dst.shape[dim])
+    if flag.device.type == "cpu":  # a host read: a per-call replay repeats it (replay_effect)
+        kr.replay_effect(_check_ids, flag, ids, dst.shape[dim])
     return None

@@ -1,4 +1,4 @@
-"""Shared pieces of the row kernels (softmax, norms): the compile-time row plan, device
+"""Shared pieces of the row kernels (softmax, norms): the compile-time row tiling, device
 helpers (vector loads/stores, wave and block reductions) and the host-side glue (dtype map,
 arch pick, launcher cache, stream).
 
@@ -8,7 +8,7 @@ the base address allow it, smaller otherwise) in NT tiles of BLOCK vectors; thre
 vectors t, t + BLOCK, ... in registers, so the input is read once and the output written
 once. The last tile is partial when BLOCK does not divide NV: its out-of-row threads load
 index 0 (in bounds), neutralize the value, and skip the store. Rows longer than
-MAX_BLOCK * MAX_ELEMS_PER_THREAD elements use `stream_plan` (the kernels loop over chunks).
+MAX_BLOCK * MAX_ELEMS_PER_THREAD elements use `stream_tiling` (the kernels loop over chunks).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def elem_bits(dtype_str: str) -> int:
 
 
 @dataclass(frozen=True)
-class RowPlan:
+class RowTiling:
     """Compile-time shape of one row's work."""
 
     n: int  # row length in elements
@@ -101,22 +101,22 @@ SUB_BLOCK = 256  # workgroup size when several short rows share a wave
 SUB_VECS_PER_THREAD = 2  # short rows: spread over more lanes, fewer registers per thread
 
 
-def plan_row(n: int, vec: int) -> RowPlan:
+def row_tiling(n: int, vec: int) -> RowTiling:
     nv = n // vec
     lanes = 1
     while lanes < WAVE and -(-nv // lanes) > SUB_VECS_PER_THREAD:
         lanes *= 2
     if lanes < WAVE:
-        return RowPlan(n=n, vec=vec, block=SUB_BLOCK, nt=-(-nv // lanes), lanes=lanes)
+        return RowTiling(n=n, vec=vec, block=SUB_BLOCK, nt=-(-nv // lanes), lanes=lanes)
     block = WAVE
     while block < MAX_BLOCK and -(-nv // block) > TARGET_VECS_PER_THREAD:
         block *= 2
     nt = -(-nv // block)
-    return RowPlan(n=n, vec=vec, block=block, nt=nt)
+    return RowTiling(n=n, vec=vec, block=block, nt=nt)
 
 
-def row_fits(plan: RowPlan) -> bool:
-    return plan.nt * plan.vec <= MAX_ELEMS_PER_THREAD
+def row_fits(tiling: RowTiling) -> bool:
+    return tiling.nt * tiling.vec <= MAX_ELEMS_PER_THREAD
 
 
 # ---------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def launch(launcher, *args) -> None:
 STREAM_VECS_PER_THREAD = 4
 
 
-def stream_plan(n: int, vec: int) -> RowPlan:
+def stream_tiling(n: int, vec: int) -> RowTiling:
     """Plan for rows too long to keep in registers: MAX_BLOCK threads loop over chunks."""
     nv = n // vec
-    return RowPlan(n=n, vec=vec, block=MAX_BLOCK, nt=-(-nv // MAX_BLOCK))
+    return RowTiling(n=n, vec=vec, block=MAX_BLOCK, nt=-(-nv // MAX_BLOCK))

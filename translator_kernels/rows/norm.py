@@ -10,7 +10,7 @@ vector because VEC divides HW). Statistics are fp32.
 Three shapes of work, chosen at build time:
 - resident (rows up to 64K elements): the row sits in registers; LayerNorm is two-pass
   (mean, then the mean of squared deviations), so no cancellation. Short rows share a wave
-  (row_common.plan_row) and reduce with shuffles only.
+  (row_common.row_tiling) and reduce with shuffles only.
 - multi-row (resident + row weights): each workgroup loads weight / bias into registers once
   and walks rows bid, bid + G, ...; the host picks G so the weight re-reads stay within
   PARAM_TRAFFIC of the compulsory bytes (flysim counts 1.04x at 4096 x 8192 bf16 RMSNorm).
@@ -26,7 +26,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.rows import common as rc
 
@@ -43,19 +43,19 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     operands a specialization does not use may be any tensor."""
     if kind not in ("layer", "rms"):
         raise KernelInputError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
-    plan = rc.plan_row(n, vec)
-    STREAM = not rc.row_fits(plan)
+    tiling = rc.row_tiling(n, vec)
+    STREAM = not rc.row_fits(tiling)
     if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
-        plan = rc.stream_plan(n, vec)
+        tiling = rc.stream_tiling(n, vec)
     U = rc.STREAM_VECS_PER_THREAD
-    NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
+    NCH = -(-tiling.nv // (tiling.block * U))  # chunks of BLOCK * U vectors
     if affine == "channel" and hw % vec:
         raise KernelInputError(f"group_norm: vector width {vec} must divide HW={hw}")
-    BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
-    SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
+    BLOCK, NT, NV, VEC, W = tiling.block, tiling.nt, tiling.nv, tiling.vec, tiling.waves
+    SUB, LPR, RPB = tiling.sub, tiling.lpr, tiling.rows_per_block
     if SUB:
         W = 1  # rows live inside one wave: no LDS
-    PARTIAL = plan.partial
+    PARTIAL = tiling.partial
     ebits = rc.elem_bits(dtype_str)
     INV_N = 1.0 / n
     MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None)
@@ -301,7 +301,7 @@ def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw
 
 def _multi_rows(n, vec, affine, has_params):
     """Whether a workgroup keeps row weights in registers and walks several rows."""
-    return rc.row_fits(rc.plan_row(n, vec)) and affine == "row" and has_params
+    return rc.row_fits(rc.row_tiling(n, vec)) and affine == "row" and has_params
 
 
 def _grid(m, n, vec, esize, residual, weight, bias, affine):
@@ -310,7 +310,7 @@ def _grid(m, n, vec, esize, residual, weight, bias, affine):
     the weight re-reads under PARAM_TRAFFIC of the compulsory bytes (x in, out (and residual,
     sum) once), but never below MIN_GRID workgroups."""
     pbytes = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
-    blocks = -(-m // rc.plan_row(n, vec).rows_per_block) if rc.row_fits(rc.plan_row(n, vec)) else m
+    blocks = -(-m // rc.row_tiling(n, vec).rows_per_block) if rc.row_fits(rc.row_tiling(n, vec)) else m
     if not _multi_rows(n, vec, affine, pbytes > 0):
         return blocks
     compulsory = m * n * esize * (4 if residual else 2) + pbytes
@@ -318,33 +318,33 @@ def _grid(m, n, vec, esize, residual, weight, bias, affine):
     return max(1, min(blocks, max(MIN_GRID, g)))
 
 
-@kp.planned
+@kr.replayed
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """LayerNorm over the last dim of a 2-D [M, N] x; returns a new contiguous tensor of x's dtype."""
     return _run("layer_norm", x, None, weight, bias, eps, "layer")[0]
 
 
-@kp.planned
+@kr.replayed
 def rms_norm(x, weight=None, eps=1e-6):
     """RMSNorm over the last dim of a 2-D [M, N] x: x * rsqrt(mean(x^2) + eps) * weight."""
     return _run("rms_norm", x, None, weight, None, eps, "rms")[0]
 
 
-@kp.planned
+@kr.replayed
 def add_layer_norm(x, residual, weight, bias, eps):
     """(x + residual, layer_norm(x + residual)) in one pass."""
     out, total = _run("add_layer_norm", x, residual, weight, bias, eps, "layer")
     return total, out
 
 
-@kp.planned
+@kr.replayed
 def add_rms_norm(x, residual, weight, eps):
     """(x + residual, rms_norm(x + residual)) in one pass."""
     out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
     return total, out
 
 
-@kp.planned
+@kr.replayed
 def group_norm(x, num_groups, weight, bias, eps):
     """GroupNorm of x [B, C, *spatial]: statistics per (sample, group), per-channel affine."""
     op = "group_norm"

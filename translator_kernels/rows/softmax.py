@@ -1,6 +1,6 @@
 """Softmax and log-softmax over the last dimension of a 2-D tensor.
 
-One workgroup per row, or for short rows several rows per wave (see row_common's plan). Numerically stable three-step form,
+One workgroup per row, or for short rows several rows per wave (see row_common's tiling). Numerically stable three-step form,
 all from registers: m = max(x); e = exp2((x - m) * log2e), s = sum(e); out = e / s, or for
 log-softmax out = (x - m) - ln(s). Statistics are fp32 whatever the input dtype. A row of all
 -inf gives m = -inf, x - m = NaN, hence NaN, as torch does. Out-of-row lanes of a partial tile
@@ -17,7 +17,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from translator_kernels import launch as kl
-from translator_kernels import plan as kp
+from translator_kernels import replay as kr
 from translator_kernels.rows import common as rc
 
 LOG2E = 1.4426950408889634
@@ -28,17 +28,17 @@ AFN = fx.arith.FastMathFlags.afn  # exp2 -> hardware v_exp_f32; keeps inf/NaN se
 @kl.builder
 def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     """Compiled launcher `launch(x, out, m)` for rows of length `n` (arch keys the cache)."""
-    plan = rc.plan_row(n, vec)
-    STREAM = not rc.row_fits(plan)
+    tiling = rc.row_tiling(n, vec)
+    STREAM = not rc.row_fits(tiling)
     if STREAM:  # too long for registers: two streaming passes (online max/sum, then write)
-        plan = rc.stream_plan(n, vec)
+        tiling = rc.stream_tiling(n, vec)
     U = rc.STREAM_VECS_PER_THREAD
-    NCH = -(-plan.nv // (plan.block * U))  # chunks of BLOCK * U vectors
-    BLOCK, NT, NV, VEC, W = plan.block, plan.nt, plan.nv, plan.vec, plan.waves
-    SUB, LPR, RPB = plan.sub, plan.lpr, plan.rows_per_block
+    NCH = -(-tiling.nv // (tiling.block * U))  # chunks of BLOCK * U vectors
+    BLOCK, NT, NV, VEC, W = tiling.block, tiling.nt, tiling.nv, tiling.vec, tiling.waves
+    SUB, LPR, RPB = tiling.sub, tiling.lpr, tiling.rows_per_block
     if SUB:
         W = 1  # rows live inside one wave: no LDS
-    PARTIAL = plan.partial
+    PARTIAL = tiling.partial
     ebits = rc.elem_bits(dtype_str)
 
     @fx.struct
@@ -201,7 +201,7 @@ def build_softmax(n: int, dtype_str: str, vec: int, log: bool, arch: str):
     return launch
 
 
-@kp.planned
+@kr.replayed
 def softmax(x: torch.Tensor, *, log: bool = False) -> torch.Tensor:
     """softmax(x, dim=-1) (or log_softmax) of a 2-D tensor, as a new contiguous tensor."""
     op = "log_softmax" if log else "softmax"

@@ -1,28 +1,28 @@
-"""Per-call plans: a host entry's Python planning runs once per call signature, not per call.
+"""Per-call replays: a host entry's Python planning runs once per call signature, not per call.
 
 A kernel adapter does the same host work on every call with the same argument shapes: checks,
-tile choice, builder lookups, specialization keys, argument lists, output allocation. `planned(fn)`
+tile choice, builder lookups, specialization keys, argument lists, output allocation. `replayed(fn)`
 runs that work once per *signature* and replays only what must happen per call.
 
 Signature (what the adapter's decisions may depend on): per tensor argument its dtype, shape,
 strides, device, data-pointer alignment (mod 64: vectorized kernels pick their width from it)
 and which earlier argument it is the same object as; every other argument by type and value
 (lists and tuples element-wise); and the launch target (`launch._context()`: backend, arch,
-COMPILE_ONLY, FlyDSL toolchain). A new batch size is a new signature, so it builds a new plan;
-the launch key holds no run-time dims, so that plan compiles nothing.
+COMPILE_ONLY, FlyDSL toolchain). A new batch size is a new signature, so it builds a new replay;
+the launch key holds no run-time dims, so that replay compiles nothing.
 
 When: the first call with a signature runs `fn` as before and notes the signature; the second
-builds the plan; later ones replay it. Building costs ~1-2 ms (recording, then compiling the
+builds the replay; later ones replay it. Building costs ~1-2 ms (recording, then compiling the
 generated source: ~10-20 adapter calls), so a signature met once (a decode loop's growing KV
-length) never pays it. Both tables are bounded (MAX_PLANS).
+length) never pays it. Both tables are bounded (MAX_REPLAYS).
 
-Building a plan: the call runs `fn` for real, with a TorchDispatchMode
+Building a replay: the call runs `fn` for real, with a TorchDispatchMode
 recording every aten op it runs and `launch.call` recording each launch (launcher, specialization
 key, compiled callable, arguments). The recording becomes a straight-line Python function
 (generated source, like FlyDSL's own argument packers):
   - an op whose result is a view of its input (view, reshape, unsqueeze, expand, slice ...)
     is no call at all: the tensor a launch or the result needs is one `as_strided` of its root
-    (an argument, or a buffer the plan allocates), with the recorded geometry; a view with the
+    (an argument, or a buffer the replay allocates), with the recorded geometry; a view with the
     root's own geometry is the root itself. A schema's `Tensor(a)` result only *may* alias: the
     result must share its input's storage to be taken for a view. Below autograd (a custom op's
     body, inference mode) the mode sees reshape, contiguous, movedim, to ... undecomposed, and a
@@ -36,26 +36,26 @@ key, compiled callable, arguments). The recording becomes a straight-line Python
   - a launch calls the compiled callable the recording found, with the same non-tensor
     arguments, on the current stream; the launch module's modes (record_device_calls,
     compile_only, collect) and launch_log behave as they do for `launch.call`;
-  - a Python side effect an adapter declares with `plan_effect(f, *args)` is repeated, and a tensor
-    it takes with `plan_value(f, *args)` is taken again (split-K's per-launch ticket counters).
+  - a Python side effect an adapter declares with `replay_effect(f, *args)` is repeated, and a tensor
+    it takes with `replay_value(f, *args)` is taken again (split-K's per-launch ticket counters).
 A replayed call is: signature -> one dict lookup -> that function.
 
 What makes a call unplannable (it then runs `fn` as before, every time): a tensor subclass or a
 tensor that needs autograd among the arguments, an active torch dispatch mode (fake tensors,
 FlopCounter), an unhashable argument, an aten op that returns a Python value (reading tensor data
-on the host: control flow could depend on it), or a nested call inside a plan being recorded
-(the outer plan records it). A plan keeps the decisions its adapter made from global state
+on the host: control flow could depend on it), or a nested call inside a replay being recorded
+(the outer replay records it). A replay keeps the decisions its adapter made from global state
 other than the arguments and the launch target: whoever changes such state calls
-`clear_plans()` (gemm.tiles.register_config does, so a registered or autotuned tile reaches the
+`clear_replays()` (gemm.tiles.register_config does, so a registered or autotuned tile reaches the
 next call).
 
-Threads: plans are immutable once built and the recording state is per thread; two threads
-that build the same plan keep the first.
+Threads: replays are immutable once built and the recording state is per thread; two threads
+that build the same replay keep the first.
 
-Faults: a call that raises (a kernel error, a Ctrl-C) leaves nothing behind. A plan is stored only
+Faults: a call that raises (a kernel error, a Ctrl-C) leaves nothing behind. A replay is stored only
 after its recording returned and its code was generated; the recording state is set inside the
 try that clears it; a replay holds no state of its own, and a per-launch resource it takes
-(`plan_value`) is given back only by the steps after a launch that returned (split-K counters).
+(`replay_value`) is given back only by the steps after a launch that returned (split-K counters).
 tests/kernels/test_interrupts.py interrupts the host path at every line, test_splitk_faults.py
 and tests/e2e/test_fault_injection.py fault kernels mid-launch.
 """
@@ -71,18 +71,18 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from translator_kernels import launch as _launch
 
-_PLANS: dict = {}  # (fn, no_alias, launch target, device calls recorded, signature) -> generated run function,
+_REPLAYS: dict = {}  # (fn, no_alias, launch target, device calls recorded, signature) -> generated run function,
 #                    or None (unplannable)
-_SEEN: dict = {}  # keys met once: the second call with a signature builds its plan
-MAX_PLANS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
+_SEEN: dict = {}  # keys met once: the second call with a signature builds its replay
+MAX_REPLAYS = 4096  # either table is emptied when it reaches this size (memory stays bounded)
 _LOCK = threading.Lock()
 _is_alias_of = torch._C._is_alias_of  # the two tensors share one storage (an empty one too)
-_local = _launch._local  # the launch module's thread state: `plan_rec` is the recording plan
+_local = _launch._local  # the launch module's thread state: `replay_rec` is the recording replay
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
-class _Unplannable(Exception):
+class _Unreplayable(Exception):
     pass
 
 
@@ -96,25 +96,25 @@ def _encode(a, out: list, tensors: list, ids: dict) -> None:
             out.append(("same", j))
             return
         if a.requires_grad and torch.is_grad_enabled():
-            raise _Unplannable("autograd")
+            raise _Unreplayable("autograd")
         ids[id(a)] = len(tensors)
         tensors.append(a)
         out.append((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 63))
     elif t in _SCALARS:
-        if a != a:  # NaN never equals itself: no plan could be found again
-            raise _Unplannable("NaN argument")
+        if a != a:  # NaN never equals itself: no replay could be found again
+            raise _Unreplayable("NaN argument")
         out.append((t, a, math.copysign(1.0, a)) if t is float and a == 0 else (t, a))  # 0.0 == -0.0
     elif t is tuple or t is list:
         out.append((t, len(a)))
         for x in a:
             _encode(x, out, tensors, ids)
     elif isinstance(a, torch.Tensor):
-        raise _Unplannable("tensor subclass")
+        raise _Unreplayable("tensor subclass")
     else:
         try:
             hash(a)
         except TypeError:
-            raise _Unplannable(f"unhashable {t.__name__}") from None
+            raise _Unreplayable(f"unhashable {t.__name__}") from None
         out.append((t, a))
 
 
@@ -143,37 +143,37 @@ def signature(args, kwargs):
     return tuple(out), tensors
 
 
-def planned(fn=None, *, no_alias: bool = False):
-    """Decorator: `fn(*args, **kwargs)` through its per-signature plan (see the module notes).
+def replayed(fn=None, *, no_alias: bool = False):
+    """Decorator: `fn(*args, **kwargs)` through its per-signature replay (see the module notes).
 
     no_alias: the result never shares storage with an argument (a result rooted in one is cloned),
     as torch.library custom ops require."""
     if fn is None:
-        return functools.partial(planned, no_alias=no_alias)
+        return functools.partial(replayed, no_alias=no_alias)
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         return call(fn, args, kwargs, no_alias)
 
-    run.unplanned = fn
+    run.unreplayed = fn
     return run
 
 
 def call(fn, args, kwargs=None, no_alias=False):
-    """`fn(*args, **kwargs)` through its plan, built on the first call with this signature."""
+    """`fn(*args, **kwargs)` through its replay, built on the first call with this signature."""
     mode = getattr(_local, "mode", None)  # the launch module's mode: record_device_calls, collect, compile_only
-    if getattr(_local, "plan_rec", None) is not None or torch._C._len_torch_dispatch_stack() \
+    if getattr(_local, "replay_rec", None) is not None or torch._C._len_torch_dispatch_stack() \
             or (mode is not None and (mode.uses is not None or mode.compile_only)):
         return _direct(fn, args, kwargs, no_alias)
     try:
         sig, tensors = signature(args, kwargs)
-    except _Unplannable:
+    except _Unreplayable:
         return _direct(fn, args, kwargs, no_alias)
     pk = (fn, no_alias, _launch._context(), mode is not None, sig)
-    run = _PLANS.get(pk, _MISSING)
+    run = _REPLAYS.get(pk, _MISSING)
     if run is _MISSING:
         if pk not in _SEEN:  # first sight: a signature met once (a growing decode length) never pays a build
-            if len(_SEEN) >= MAX_PLANS:
+            if len(_SEEN) >= MAX_REPLAYS:
                 _SEEN.clear()
             _SEEN[pk] = None
             return _direct(fn, args, kwargs, no_alias)
@@ -209,35 +209,35 @@ def _build(pk, fn, args, kwargs, tensors, no_alias):
     rec = _Recorder(tensors)
     entered = False
     try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`
-        _local.plan_rec = rec
+        _local.replay_rec = rec
         # entered and noted in one line, left in `finally` (not `with rec:`: CPython 3.11 runs a line event
         # on the `with` line before `__exit__`, outside the with's protection, so a Ctrl-C there would
-        # leave the recorder on torch's dispatch stack and no later call would be planned)
+        # leave the recorder on torch's dispatch stack and no later call would be replayed)
         entered = rec.__enter__() is rec
         out = fn(*args, **(kwargs or {}))
     finally:
         if entered:
             rec.__exit__(None, None, None)
-        _local.plan_rec = None
+        _local.replay_rec = None
     try:
         run = rec.finish(out, no_alias, getattr(fn, "__qualname__", "fn"), len(tensors))
-    except _Unplannable:
+    except _Unreplayable:
         run = None
     _launch.locked(_LOCK, _keep, pk, run)
     return _unaliased(out, args) if no_alias else out
 
 
 def _keep(pk, run):
-    if len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
-    _PLANS.setdefault(pk, run)
+    if len(_REPLAYS) >= MAX_REPLAYS:
+        _REPLAYS.clear()
+    _REPLAYS.setdefault(pk, run)
 
 
-def plan_effect(f, *args) -> None:
-    """Run `f(*args)` now and on every replay of the plan being recorded on this thread, with the
+def replay_effect(f, *args) -> None:
+    """Run `f(*args)` now and on every run of the replay being recorded on this thread, with the
     replay's tensors in place of this call's. `f` may read tensor data (a host-side check of a
     kernel's error flag): what it does is not recorded, only that it is called."""
-    rec = getattr(_local, "plan_rec", None)
+    rec = getattr(_local, "replay_rec", None)
     if rec is None:
         f(*args)
         return
@@ -246,11 +246,11 @@ def plan_effect(f, *args) -> None:
         f(*args)
 
 
-def plan_value(f, *args):
-    """`f(*args)` now and on every replay of the plan being recorded on this thread: its result (a
+def replay_value(f, *args):
+    """`f(*args)` now and on every run of the replay being recorded on this thread: its result (a
     tensor) is what the launches and ops of the call that read it see, each replay's own (a resource
     handed out per call, e.g. split-K's ticket counters). What `f` does is not recorded."""
-    rec = getattr(_local, "plan_rec", None)
+    rec = getattr(_local, "replay_rec", None)
     if rec is None:
         return f(*args)
     with _disable_current_modes():
@@ -259,16 +259,16 @@ def plan_value(f, *args):
     return out
 
 
-def clear_plans() -> None:
-    """Forget every plan (tests; after a change to state that adapters read, e.g. a GEMM config)."""
-    _launch.locked(_LOCK, lambda: (_PLANS.clear(), _SEEN.clear()))
+def clear_replays() -> None:
+    """Forget every replay (tests; after a change to state that adapters read, e.g. a GEMM config)."""
+    _launch.locked(_LOCK, lambda: (_REPLAYS.clear(), _SEEN.clear()))
 
 
-_launch.CLEAR_HOOKS.append(clear_plans)  # launch.clear() forgets the plans built on its compiled callables
+_launch.CLEAR_HOOKS.append(clear_replays)  # launch.clear() forgets the replays built on its compiled callables
 
 
-def plan_count() -> int:
-    return sum(1 for v in _PLANS.values() if v is not None)
+def replay_count() -> int:
+    return sum(1 for v in _REPLAYS.values() if v is not None)
 
 
 # ---- recording ------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class _Recorder(TorchDispatchMode):
 
     def ref(self, t) -> _Ref:
         r = self.refs.get(id(t))
-        if r is None:  # made before the call and not an argument: a constant of the plan
+        if r is None:  # made before the call and not an argument: a constant of the replay
             r = self._track(t, _Ref("const", None, t))
         return r
 
@@ -311,14 +311,14 @@ class _Recorder(TorchDispatchMode):
         if self.failed is None:
             try:
                 self._op(func, args, kwargs, out)
-            except _Unplannable as e:
+            except _Unreplayable as e:
                 self.failed = str(e)
         return out
 
     def _op(self, func, args, kwargs, out):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if not all(o is None or isinstance(o, torch.Tensor) for o in outs):
-            raise _Unplannable(f"{func} returns a Python value (host read of tensor data)")
+            raise _Unreplayable(f"{func} returns a Python value (host read of tensor data)")
         tensor_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         returns = func._schema.returns
         alias = returns[0].alias_info if len(returns) == 1 else None
@@ -373,7 +373,7 @@ class _Recorder(TorchDispatchMode):
         self._track(o, same)
 
     def launch(self, launcher, k, fn, args):
-        step = _launch.planned_launch(launcher, k, fn, args)
+        step = _launch.replayed_launch(launcher, k, fn, args)
         self.steps.append(("launch", step, [self._operand(a) for a in args]))
 
     def _operand(self, a):
@@ -384,7 +384,7 @@ class _Recorder(TorchDispatchMode):
 
     def value(self, f, args, out):
         if not isinstance(out, torch.Tensor):
-            raise _Unplannable(f"plan_value({getattr(f, '__name__', f)}) returned {type(out).__name__}, not a tensor")
+            raise _Unreplayable(f"replay_value({getattr(f, '__name__', f)}) returned {type(out).__name__}, not a tensor")
         # a new variable even when `f` returned a tensor the call held before (a pooled array given
         # back and taken again): later steps read this step's result, earlier ones keep theirs
         self.steps.append(("value", f, [self._operand(a) for a in args], self._track(out, _Ref("op", None, out))))
@@ -392,7 +392,7 @@ class _Recorder(TorchDispatchMode):
     # ---- code generation --------------------------------------------------------------------------------
     def finish(self, out, no_alias, name, n_in):
         if self.failed:
-            raise _Unplannable(self.failed)
+            raise _Unreplayable(self.failed)
         leaves, spec = torch.utils._pytree.tree_flatten(out)
         out_refs = [self.ref(o) if isinstance(o, torch.Tensor) else o for o in leaves]
         live = self._liveness(out_refs)
@@ -427,7 +427,7 @@ class _Recorder(TorchDispatchMode):
         src = (f"def make({', '.join(g.const_names)}):\n    def run({params}):\n"
                + "".join(f"        {line}\n" for line in g.body) + "    return run\n")
         scope: dict = {}
-        exec(compile(src, f"<plan of {name}>", "exec"), scope)  # noqa: S102 - our own straight-line code
+        exec(compile(src, f"<replay of {name}>", "exec"), scope)  # noqa: S102 - our own straight-line code
         run = scope["make"](*g.const_values)
         run.source = src
         return run

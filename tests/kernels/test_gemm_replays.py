@@ -1,4 +1,4 @@
-"""GEMM host entry through per-call plans (translator_kernels.plan) on flysim: a registered tile
+"""GEMM host entry through per-call replays (translator_kernels.replay) on flysim: a registered tile
 reaches the next call (register_config clears the plans), and split-K GEMMs of different shapes
 called back to back replay correctly, each launch with ticket counters of its own."""
 
@@ -8,7 +8,7 @@ import pytest
 
 import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
-from translator_kernels import plan
+from translator_kernels import replay
 from translator_kernels.gemm import gemm, splitk
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import _OVERRIDES, GemmConfig, choose_config, m_bucket, register_config
@@ -31,12 +31,12 @@ def test_register_config_reaches_a_planned_call():
     old = choose_config(*key_args)
     new = GemmConfig(16, 64 if old.bn != 64 else 128, 64)
     assert new != old
-    plan.clear_plans()
+    replay.clear_replays()
     try:
         with executors.current().run(ARCH) as sim:
             for _ in range(3):  # first sight, plan built, plan replayed
                 torch.testing.assert_close(gemm(a, ws, n, k), a @ w.t(), **TOL)
-            assert plan.plan_count() >= 1
+            assert replay.replay_count() >= 1
             before = {r.grid for r in sim.launches}
             register_config(*key_args, new)
             start = len(sim.launches)
@@ -45,7 +45,7 @@ def test_register_config_reaches_a_planned_call():
         assert before == {(1, n // old.bn, 1)} and after == [(1, n // new.bn, 1)], (before, after)
     finally:
         _OVERRIDES.pop((m_bucket(m), n, k, "f32", ARCH), None)
-        plan.clear_plans()
+        replay.clear_replays()
 
 
 @pytest.mark.flysim_only("inspects the CPU device's split-K counter pool")
@@ -60,17 +60,17 @@ def test_two_split_k_gemms_back_to_back_replay_their_plans():
     saved = splitk._POOL.pop(key, None)
     small = torch.zeros(4, dtype=torch.int32)
     splitk._POOL[key] = [small]
-    plan.clear_plans()
+    replay.clear_replays()
     try:
         with executors.current().run(ARCH) as sim:
             for _ in range(3):
                 for (a, w, ws), n, k, cfg in ops:
                     torch.testing.assert_close(gemm(a, ws, n, k, _config=cfg), a @ w.t(), **TOL)
                     assert len(splitk._POOL[key]) == 1 and not splitk._POOL[key][0].any()  # zeroed, given back
-            assert plan.plan_count() == 2
+            assert replay.replay_count() == 2
         assert len(sim.launches) == 6 and splitk._POOL[key][0].numel() >= 4096 and not small.any()
     finally:
         splitk._POOL.pop(key, None)
         if saved is not None:
             splitk._POOL[key] = saved
-        plan.clear_plans()
+        replay.clear_replays()

@@ -1,4 +1,4 @@
-"""translator_kernels.plan: a host entry's planning runs once per call signature; replays give the
+"""translator_kernels.replay: a host entry's planning runs once per call signature; replays give the
 same outputs and the same launches as the adapter itself, on flysim and on the rocm path (device call
 recorded); the tests that need no flysim record run on the session's executor (tests/executors.py)."""
 
@@ -11,7 +11,7 @@ import executors  # the session's executor (tests/executors.py)
 from translator.registry import FAMILIES
 from translator.runtime.stub import rocm_recorded
 from translator_kernels import launch as kl
-from translator_kernels import plan
+from translator_kernels import replay
 from translator_kernels.attention import attention
 from translator_kernels.gemm import bmm, gemm
 from translator_kernels.gemm.preshuffle import shuffle_weight
@@ -56,7 +56,7 @@ def _same(a, b):
 
 
 def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
-    """The adapter run directly, then through plan.call: first sight (runs the adapter), the second
+    """The adapter run directly, then through replay.call: first sight (runs the adapter), the second
     call (builds the plan), the third (replays it, with the same tensors): identical outputs and
     identical flysim launch records; the replay never enters the adapter."""
     kwargs = kwargs or {}
@@ -64,11 +64,11 @@ def _check_plan_matches_adapter(fn, args, kwargs=None, no_alias=False):
     with executors.current().run(ARCH) as sim:
         direct = fn(*args, **kwargs)
         want = _records(sim, 0)
-        plan.call(adapter, args, kwargs, no_alias)
+        replay.call(adapter, args, kwargs, no_alias)
         n = len(sim.launches)
-        built = plan.call(adapter, args, kwargs, no_alias)
+        built = replay.call(adapter, args, kwargs, no_alias)
         m = len(sim.launches)
-        replayed = plan.call(adapter, args, kwargs, no_alias)
+        replayed = replay.call(adapter, args, kwargs, no_alias)
         got_built, got_replayed = _records(sim, n)[: m - n], _records(sim, m)
     assert want and got_built == want and got_replayed == want
     assert adapter.runs == 2, "the third call with this signature must replay the plan"
@@ -119,26 +119,26 @@ def test_plan_is_reused_and_a_new_batch_builds_a_plan_without_a_compile():
     kl.clear()
     with executors.current().run(ARCH) as ex:
         softmax(ex.put(torch.randn(3, 256)))
-        assert plan.plan_count() == 0 and kl.compiled_count() == 1  # first sight: no plan yet
+        assert replay.replay_count() == 0 and kl.compiled_count() == 1  # first sight: no plan yet
         softmax(ex.put(torch.randn(3, 256)))
-        plans, compiled = plan.plan_count(), kl.compiled_count()
+        plans, compiled = replay.replay_count(), kl.compiled_count()
         assert plans == 1 and compiled == 1
         for _ in range(2):
             y = torch.randn(3, 256)
             torch.testing.assert_close(softmax(ex.put(y)).cpu(), torch.softmax(y, -1))
-        assert plan.plan_count() == plans  # same signature: the plan is looked up, not built
+        assert replay.replay_count() == plans  # same signature: the plan is looked up, not built
         for rows in (7, 50):  # a run-time dim: a new plan on its second call, the same compiled kernel
             for _ in range(2):
                 y = torch.randn(rows, 256)
                 torch.testing.assert_close(softmax(ex.put(y)).cpu(), torch.softmax(y, -1))
-        assert plan.plan_count() == plans + 2 and kl.compiled_count() == compiled
+        assert replay.replay_count() == plans + 2 and kl.compiled_count() == compiled
     assert len(ex.launches) == 8
 
 
 def _planned_double(runs: list):
     """A planned toy adapter that appends to `runs` each time it really runs."""
 
-    @plan.planned
+    @replay.replayed
     def double(x):
         runs.append(1)
         return x * 2
@@ -151,7 +151,7 @@ def test_a_signature_met_once_builds_no_plan():
     double = _planned_double(runs)
     for n in range(1, 6):  # a growing length: every signature new
         double(torch.randn(n))
-    assert len(runs) == 5 and not any(k[0] is double.__wrapped__ for k in plan._PLANS)
+    assert len(runs) == 5 and not any(k[0] is double.__wrapped__ for k in replay._REPLAYS)
 
 
 def test_rocm_path_plan_packs_what_the_adapter_packs():
@@ -203,7 +203,7 @@ def test_rocm_path_split_k_plan_takes_counters_per_call():
 
 
 def test_same_object_twice_is_its_own_signature():
-    @plan.planned
+    @replay.replayed
     def add(a, b):
         return a + b
 
@@ -218,11 +218,11 @@ def test_same_object_twice_is_its_own_signature():
 def test_signed_zero_scalars_are_distinct_signatures():
     """0.0 == -0.0, so a signature keyed on the value alone replayed one's plan for the other:
     x / -0.0 came back +inf."""
-    @plan.planned
+    @replay.replayed
     def div(a, s):
         return a / s
 
-    @plan.planned
+    @replay.replayed
     def mul(a, items):
         return a * items[0]
 
@@ -235,13 +235,13 @@ def test_signed_zero_scalars_are_distinct_signatures():
     for _ in range(3):  # a zero nested in a list: its sign is part of the signature too
         assert not torch.signbit(mul(ones, [0.0])).any()
     assert torch.signbit(mul(ones, [-0.0])).all()
-    assert plan.signature((x, 0.0), None)[0] != plan.signature((x, -0.0), None)[0]
+    assert replay.signature((x, 0.0), None)[0] != replay.signature((x, -0.0), None)[0]
 
 
 def test_host_read_of_tensor_data_is_never_planned():
     runs = []
 
-    @plan.planned
+    @replay.replayed
     def branchy(x):
         runs.append(1)
         return x * 2 if x.sum().item() > 0 else x * 3
@@ -251,7 +251,7 @@ def test_host_read_of_tensor_data_is_never_planned():
         torch.testing.assert_close(branchy(pos), pos * 2)
     torch.testing.assert_close(branchy(neg), neg * 3)
     assert len(runs) == 3
-    assert [v for k, v in plan._PLANS.items() if k[0] is branchy.__wrapped__] == [None]
+    assert [v for k, v in replay._REPLAYS.items() if k[0] is branchy.__wrapped__] == [None]
 
 
 def test_autograd_and_dispatch_modes_bypass_plans():
@@ -265,7 +265,7 @@ def test_autograd_and_dispatch_modes_bypass_plans():
     with FlopCounterMode(display=False):
         double(torch.randn(3))
         double(torch.randn(3))
-    assert len(runs) == 4 and not any(k[0] is double.__wrapped__ for k in plan._PLANS)
+    assert len(runs) == 4 and not any(k[0] is double.__wrapped__ for k in replay._REPLAYS)
     with torch.no_grad():  # no autograd to record: planned on the second call, replayed on the third
         for _ in range(3):
             double(x)
@@ -273,7 +273,7 @@ def test_autograd_and_dispatch_modes_bypass_plans():
 
 
 def test_no_alias_clones_a_result_rooted_in_an_argument():
-    @plan.planned(no_alias=True)
+    @replay.replayed(no_alias=True)
     def first_row(x):
         return x[0]
 
@@ -288,11 +288,11 @@ def test_no_alias_clones_an_unannotated_alias_and_a_copying_reshape_is_replayed(
     """_unsafe_view's schema claims a fresh result but it shares x's storage: cloned under
     no_alias. Under inference mode reshape / contiguous reach the recorder undecomposed; one that
     copied is no view of x (a replay as one read x's memory as if it were the copy)."""
-    @plan.planned(no_alias=True)
+    @replay.replayed(no_alias=True)
     def flat(x):
         return torch.ops.aten._unsafe_view(x, [-1])
 
-    @plan.planned(no_alias=True)
+    @replay.replayed(no_alias=True)
     def moved(x):
         return x.movedim(0, -1).reshape(-1).cumsum(0).reshape(x.shape[1], x.shape[0]).t().contiguous()
 
@@ -302,7 +302,7 @@ def test_no_alias_clones_an_unannotated_alias_and_a_copying_reshape_is_replayed(
             y = flat(x)
             assert torch.equal(y, x.reshape(-1))
             assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
-            assert torch.equal(moved(x), moved.unplanned(x))
+            assert torch.equal(moved(x), moved.unreplayed(x))
 
 
 def test_replay_repeats_the_generated_kernels_use_record():

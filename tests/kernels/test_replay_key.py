@@ -1,4 +1,4 @@
-"""A per-call plan (translator_kernels.plan) is replayed only for calls its adapter would handle the
+"""A per-call replay (translator_kernels.replay) is replayed only for calls its adapter would handle the
 same way (issue 24, item 4).
 
 The plan key holds, per tensor argument, its dtype, shape, strides, device, data-pointer alignment
@@ -21,7 +21,7 @@ import translator.lowerings  # noqa: F401 - registers the torch.ops.flydsl ops
 from translator import runtime
 from translator.registry import FAMILIES
 from translator.tolerances import op_tol
-from translator_kernels import plan
+from translator_kernels import replay
 from translator_kernels.gemm import bmm, gemm
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.arch import DTYPE_NAMES
@@ -34,15 +34,15 @@ F32 = op_tol(torch.float32, "gemm", reduction_length=64, scale=10.0)
 
 @pytest.fixture(autouse=True)
 def _fresh_plans():
-    plan.clear_plans()
+    replay.clear_replays()
     yield
-    plan.clear_plans()
+    replay.clear_replays()
 
 
 def _through_plan(fn, args, kwargs=None):
     """Three planned calls with the same signature (first sight, plan built, plan replayed)."""
     for _ in range(3):
-        out = plan.call(fn, args, kwargs, True)
+        out = replay.call(fn, args, kwargs, True)
     return out
 
 
@@ -57,12 +57,12 @@ def test_a_plan_is_not_replayed_for_other_strides():
     a = torch.randn(16, 64, generator=g)
     at = torch.randn(64, 16, generator=g).t()  # shape (16, 64), strides (1, 16)
     with executors.current().run(ARCH):
-        torch.testing.assert_close(_through_plan(gemm.unplanned, (a, ws, 48, 64)), a @ w.T, **F32)
-        torch.testing.assert_close(plan.call(gemm.unplanned, (at, ws, 48, 64), None, True), at @ w.T, **F32)
+        torch.testing.assert_close(_through_plan(gemm.unreplayed, (a, ws, 48, 64)), a @ w.T, **F32)
+        torch.testing.assert_close(replay.call(gemm.unreplayed, (at, ws, 48, 64), None, True), at @ w.T, **F32)
         x = torch.randn(8, 8, generator=g)
-        _through_plan(softmax.unplanned, (x,))
+        _through_plan(softmax.unreplayed, (x,))
         xt = torch.randn(8, 8, generator=g).t()
-        torch.testing.assert_close(plan.call(softmax.unplanned, (xt,), None, True), torch.softmax(xt, -1))
+        torch.testing.assert_close(replay.call(softmax.unreplayed, (xt,), None, True), torch.softmax(xt, -1))
 
 
 @pytest.mark.flysim_only("a wrong replay shows as an out-of-bounds access or wrong bits that flysim reports")
@@ -73,8 +73,8 @@ def test_a_plan_is_not_replayed_for_another_dtype():
     x = torch.randn(6, 64, generator=g)
     xb = torch.randn(6, 64, generator=g).to(torch.bfloat16)
     with executors.current().run(ARCH):
-        _through_plan(softmax.unplanned, (x,))
-        got = plan.call(softmax.unplanned, (xb,), None, True)
+        _through_plan(softmax.unreplayed, (x,))
+        got = replay.call(softmax.unreplayed, (xb,), None, True)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), torch.softmax(xb.float(), -1), **op_tol(torch.bfloat16, "softmax"))
 
@@ -92,7 +92,7 @@ def test_bmm_batch_stride_with_a_k_tail(dtype):
     tol = op_tol(dtype, "gemm", reduction_length=38, scale=10.0)
     with executors.current().run(ARCH):
         direct = bmm(a, b)
-        replayed = _through_plan(bmm.unplanned, (a, b))
+        replayed = _through_plan(bmm.unreplayed, (a, b))
     for out in (direct, replayed):
         assert out.shape == (3, 7, 24)
         torch.testing.assert_close(out.float(), want.to(dtype).float(), **tol)
@@ -134,7 +134,7 @@ def test_moving_adapters_replay_bit_for_bit_through_the_op(case):
     op = getattr(torch.ops.flydsl, name).default
     with runtime.use_backend("flysim", ARCH):
         got = [op(*args) for _ in range(3)]
-    assert plan.plan_count() >= 1, "the second call must have built a plan"
+    assert replay.replay_count() >= 1, "the second call must have built a plan"
     for out in got:
         assert (out.shape, out.stride(), out.dtype) == (want.shape, want.stride(), want.dtype)
         assert torch.equal(out, want), (out - want).abs().max().item()
@@ -199,7 +199,7 @@ def _cases(x, y):
     program reads both (aliasing, and tensors inside a list argument); the softmax op's adapter
     over dim 0 moves x's dim last, reshapes (a copy unless x is transposed) and moves it back."""
     prog = _program(x, y)
-    return [(softmax.unplanned, (x,)), (fused_elementwise.unplanned, ([x, y], prog)),
+    return [(softmax.unreplayed, (x,)), (fused_elementwise.unreplayed, ([x, y], prog)),
             (FAMILIES["softmax"].kernel, (x, 0, False))]
 
 
@@ -217,7 +217,7 @@ def _same(a, b):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # minutes under flysim
 @given(first=calls(), second=calls(), inference=st.booleans())
 def test_property_one_plan_never_serves_another_layout(first, second, inference):
-    """Calls v1 x 3, v2 x 3, v1 through plan.call (v1's plan is built on its second call and
+    """Calls v1 x 3, v2 x 3, v1 through replay.call (v1's plan is built on its second call and
     replayed on its third; v2 must never be served by it, nor v1 by v2's): each result equals the
     adapter's own, bit for bit. Under inference mode (or in a custom op's body) the recorder sees
     composite ops such as reshape and contiguous undecomposed."""
@@ -225,4 +225,4 @@ def test_property_one_plan_never_serves_another_layout(first, second, inference)
         for v1, v2 in zip(_cases(*first), _cases(*second)):
             want = {id(v): v[0](*v[1]) for v in (v1, v2)}
             for v in (v1, v1, v1, v2, v2, v2, v1):
-                _same(plan.call(v[0], v[1], None, True), want[id(v)])
+                _same(replay.call(v[0], v[1], None, True), want[id(v)])
