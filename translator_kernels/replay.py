@@ -553,11 +553,10 @@ class _Codegen:
             if v.kind == "view" and v.name is None:
                 size, stride, delta = v.geometry
                 base = v.base.name
-                off = (f"{base}.storage_offset() + {delta}" if delta else f"{base}.storage_offset()") \
-                    if v.base.kind == "in" else repr(v.base.t.storage_offset() + delta)
+                # relative to the base's offset at run time, whatever the base is: a dtype view of an
+                # input (replayed as the op) shares the input's offset, which differs from call to call
+                off = f"{base}.storage_offset() + {delta}" if delta else None  # None: as_strided's default
                 v.name, self.n = f"v{self.n}", self.n + 1
-                if delta == 0 and (v.base.kind == "in" or v.base.t.storage_offset() == 0):
-                    off = None  # as_strided's default: the base's own storage offset
                 self.pending.append(f"{v.name} = {base}.as_strided({size!r}, {stride!r}"
                                     + (f", {off})" if off is not None else ")"))
             return v.name

@@ -226,3 +226,17 @@ def test_property_one_plan_never_serves_another_layout(first, second, inference)
             want = {id(v): v[0](*v[1]) for v in (v1, v2)}
             for v in (v1, v1, v1, v2, v2, v2, v1):
                 _same(replay.call(v[0], v[1], None, True), want[id(v)])
+
+
+def test_a_view_of_a_dtype_view_follows_each_calls_storage_offset():
+    """A slice of a dtype view of the input (replayed as the op) was addressed at the recorded call's
+    absolute storage offset: calls on the same-shaped slice of a buffer at another offset read the
+    recorded place (found through the KV-cache scatter; wrong values, silently)."""
+    def f(x):
+        return x.view(torch.int32)[2:6].clone()
+
+    big = torch.arange(64, dtype=torch.float32)
+    for off in (0, 16, 32, 16, 48):
+        x = big[off:off + 16]
+        assert torch.equal(replay.call(f, (x,), None, True), f(x)), off
+    assert replay.replay_count() >= 1  # the later calls ran the replay
