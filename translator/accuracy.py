@@ -182,24 +182,3 @@ def worst_layer(captured_gm, translated_gm, flat_inputs, run_ctx) -> Layer | Non
     first_divergence for precision fp8)."""
     layers = layer_errors(captured_gm, translated_gm, flat_inputs, run_ctx)
     return next((r for r in layers if r.rel_rms > LAYER_REL_RMS_MAX), max(layers, key=lambda r: r.rel_rms, default=None))
-
-
-def fp8_report(model, tm, inputs) -> AccuracyReport:
-    """The whole report for a translated model `tm` of `model` on `inputs`: outputs and worst layers."""
-    from . import runtime
-    from .adapters import hf
-    from .capture import capture
-
-    model, _ = hf.adapt(model)  # as translate captured it (HF: use_cache off)
-    with torch.no_grad():
-        eager = model(*inputs)
-        got = tm(*inputs)
-    rep = accuracy(eager, got)
-    ref = capture(model, inputs, None).gm
-    layers = layer_errors(ref, tm.gm, pytree.tree_leaves(inputs), lambda: runtime.use_backend(tm.backend, tm.arch))
-    bad = [(r.node, r.rel_rms) for r in layers if r.family == "gemm_fp8" and r.rel_rms > LAYER_REL_RMS_MAX]
-    rep.layers = [(r.node, r.family, r.name, r.rel_rms) for r in sorted(layers, key=lambda r: -r.rel_rms)]
-    if bad:
-        rep.passed = False
-        rep.message += f"; layer rule ({LAYER_RULE}) failed: " + ", ".join(f"{n} {e:.3g}" for n, e in bad[:5])
-    return rep

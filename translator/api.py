@@ -254,3 +254,24 @@ def _verify(model, inputs, tm: TranslatedModule, precision, eager, calibration, 
 
 
 __all__ = ["translate", "TranslatedModule"]
+
+
+def fp8_report(model, tm, inputs):
+    """translator.accuracy's whole report for a translated model `tm` of `model` on `inputs` (precision
+    "fp8"): the output rule, and the layer rule on every fp8 GEMM."""
+    from . import accuracy
+    from .adapters import hf
+
+    model, _ = hf.adapt(model)  # as translate captured it (HF: use_cache off)
+    with torch.no_grad():
+        eager = model(*inputs)
+        got = tm(*inputs)
+    rep = accuracy.accuracy(eager, got)
+    ref = capture(model, inputs, None).gm
+    layers = accuracy.layer_errors(ref, tm.gm, pytree.tree_leaves(inputs), lambda: runtime.use_backend(tm.backend, tm.arch))
+    bad = [(r.node, r.rel_rms) for r in layers if r.family == "gemm_fp8" and r.rel_rms > accuracy.LAYER_REL_RMS_MAX]
+    rep.layers = [(r.node, r.family, r.name, r.rel_rms) for r in sorted(layers, key=lambda r: -r.rel_rms)]
+    if bad:
+        rep.passed = False
+        rep.message += f"; layer rule ({accuracy.LAYER_RULE}) failed: " + ", ".join(f"{n} {e:.3g}" for n, e in bad[:5])
+    return rep

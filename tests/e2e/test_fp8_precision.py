@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from translator import translate
+from translator.api import fp8_report
 from translator import accuracy as A
 from translator.lowerings import fp8_mode
 from translator.registry import FAMILIES
@@ -62,7 +63,7 @@ def test_hf_llama_fp8_keeps_lm_head_and_passes_the_rule():
     # q, k, v, o, gate, up, down per layer; one quantize per distinct input (x for q/k/v, attention out,
     # x for gate/up, silu(g)*u): 4 per layer
     assert c.get("linear_fp8", 0) == 2 * 7 and not c.get("gated_mlp") and c.get("quantize_fp8") == 2 * 4
-    rep = A.fp8_report(model, tm, inputs)
+    rep = fp8_report(model, tm, inputs)
     assert rep.passed, rep.table()
     logits = [o for o in rep.outputs if o.top1 is not None]
     assert logits and logits[0].top1 >= A.TOP1_MIN and logits[0].kl <= A.KL_MAX
@@ -111,14 +112,14 @@ def test_seeded_scale_bug_fails_the_rule(monkeypatch, bug):
     # a residual block, where the output rule alone may not see it: the full report's layer rule does
     model, inputs = _llama_block()
     tm = translate(model, inputs, arch="gfx942", backend="flysim", precision="fp8", verify=False)
-    rep = A.fp8_report(model, tm, inputs)
+    rep = fp8_report(model, tm, inputs)
     assert not rep.passed and "layer rule" in rep.message, rep.table()
 
 
 def test_fp8_report_passes_without_a_bug():
     model, inputs = _llama_block()
     tm = translate(model, inputs, arch="gfx942", backend="flysim", precision="fp8", verify=False)
-    rep = A.fp8_report(model, tm, inputs)
+    rep = fp8_report(model, tm, inputs)
     assert rep.passed, rep.message + "\n" + rep.table()
     assert all(e <= A.LAYER_REL_RMS_MAX for _, fam, _, e in rep.layers if fam == "gemm_fp8")
 

@@ -126,7 +126,7 @@ def _error_paths(small, tmp_path):
     return [
         ("translate: example inputs not a tuple", lambda: translate(m, "x")),
         ("translate: unknown backend", lambda: translate(m, (x,), backend="cuda")),
-        ("translate: unknown precision", lambda: translate(m, (x,), precision="fp8")),
+        ("translate: unknown precision", lambda: translate(m, (x,), precision="int4")),
         ("translate: a batch-0 example", lambda: translate(m, (torch.randn(0, 16),))),
         ("translate: the model fails in eager", lambda: translate(m, (torch.randn(4, 15),))),
         ("call: wrong dtype", lambda: tm(x.double())),

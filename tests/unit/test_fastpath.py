@@ -155,13 +155,13 @@ def test_elementwise_plans_once_per_layout(monkeypatch):
     from translator_kernels.program import Program, ref_program
 
     plans = [0]
-    orig = ew.make_plan
+    orig = ew.make_geometry
 
     def counted(*a):
         plans[0] += 1
         return orig(*a)
 
-    monkeypatch.setattr(ew, "make_plan", counted)
+    monkeypatch.setattr(ew, "make_geometry", counted)
     prog = Program(2, (("gelu", (0,), ()), ("add", (2, 1), ())), ((3, "f32"),)).text()
     x, y = torch.randn(8, 64), torch.randn(64)
     odd = torch.randn(8 * 64 + 1)[1:].view(8, 64)  # base address 4 bytes off: no 128-bit accesses

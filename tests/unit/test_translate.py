@@ -44,7 +44,7 @@ def test_report_and_backend_choice(block):
     s = r.summary()
     assert s["flydsl_ops"] == {"flydsl.gemm": 2, "flydsl.layer_norm": 1, "flydsl.softmax": 1}
     assert r.counters["epilogue_activation"] == 1 and r.counters["epilogue_residual"] == 1
-    assert s["flydsl_flop_share"] > 0.99  # sort has no FLOPs in flop_counter's accounting
+    assert 0.95 < s["flydsl_flop_share"] < 1  # the sort left in PyTorch costs n log2 n compares
     d = json.loads(r.to_json())
     assert d["summary"]["compute_nodes"] == s["compute_nodes"] and d["rows"]
     md = r.to_markdown()
@@ -99,7 +99,7 @@ def test_strict_raises_when_ops_stay_in_pytorch(block):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(arch="gfx90a"), "arch 'gfx90a' is not supported"),
     (dict(backend="cuda"), "backend 'cuda' is not one of"),
-    (dict(precision="fp8"), "precision 'fp8' is not one of"),
+    (dict(precision="int4"), "precision 'int4' is not one of"),
 ])
 def test_bad_options(block, kwargs, match):
     with pytest.raises(InputError, match=match):
