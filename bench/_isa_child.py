@@ -15,26 +15,15 @@ import sys
 import torch
 
 from translator_kernels.arch import NAMED_DTYPES
+from translator_kernels.measure.rows_isa import FAMILIES as ROW_FAMILIES
+from translator_kernels.measure.rows_isa import compile_one as compile_rows
 
 TD = NAMED_DTYPES  # translator_kernels.arch
 
 
 def ours(family, dt, shape):
-    if family in ("softmax", "layer_norm", "rms_norm"):
-        m, n = shape
-        x = torch.empty(m, n, dtype=TD[dt])
-        if family == "softmax":
-            from translator_kernels.rows.softmax import softmax
-
-            softmax(x)
-        elif family == "layer_norm":
-            from translator_kernels.rows.norm import layer_norm
-
-            layer_norm(x, torch.empty(n), torch.empty(n))
-        else:
-            from translator_kernels.rows.norm import rms_norm
-
-            rms_norm(x, torch.empty(n, dtype=TD[dt]))
+    if family in ROW_FAMILIES:
+        compile_rows(family, dt, shape)
     elif family == "gemm":
         from translator_kernels.gemm import choose_config, m_bucket
         from translator_kernels.measure.gemm_isa import compile_one as _compile_one

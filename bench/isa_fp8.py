@@ -18,26 +18,12 @@ import sys
 
 import torch
 
+from translator_kernels.measure.fp8_isa import FP8_GEMM
+
 SEED_TFLOPS = 1347  # ../shared/reference/seeds: FlyDSL preshuffle GEMM, fp8 4096^3, measured on MI350X
+ENTRIES = {"ours": FP8_GEMM, "flydsl": "bench.isa_fp8:_compile_flydsl"}
 SHAPES = [("4096^3", 4096, 4096, 4096), ("Llama-3-8B prefill qkv (M=4096)", 4096, 6144, 4096),
           ("Llama-3-8B prefill down (M=4096)", 4096, 4096, 14336)]
-
-
-def _compile_ours(n, k, bm, bn, bk):
-    """Our fp8 GEMM at one tile (bk in fp8 values), launched under COMPILE_ONLY (runs in the compile child)."""
-    from translator_kernels.gemm.fp8 import padded_shape_fp8
-    from translator_kernels.gemm.kernel import build_gemm
-    from translator_kernels.launch import arch as current_arch
-
-    arch = current_arch()
-    n_pad, k_pad = padded_shape_fp8(n, k)
-    m = 2 * bm + 1
-    launch = build_gemm.__wrapped__(n, k // 4, n_pad, k_pad // 4, "fp8", "bf16", arch, bm, bn, bk // 4, None, False,
-                                    False, 1, "shuffled", None, 1, True, 1, a_scale="row", w_scale="col")
-    a, w = torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(n_pad, k_pad // 4, dtype=torch.int32)
-    c, z = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(4)
-    launch(c, a, w, z, c, z, torch.zeros(4, dtype=torch.int32), m, 1, 0, 0, 0, 1.0, a.numel() * 4, w.numel() * 4,
-           c.numel() * 2, 16, 16, torch.zeros(m), torch.zeros(n))
 
 
 def _compile_flydsl(n, k, bm, bn, bk):
@@ -72,7 +58,7 @@ def rows(archs=("gfx942", "gfx950"), tiles=((128, 128, 128), (128, 128, 256)), s
                 for impl in impls:
                     r = dict(shape=label, arch=arch, tile=tile, impl=impl, chosen=tile == chosen and impl == "ours")
                     try:
-                        text = main_text(compile_isa_texts(f"bench.isa_fp8:_compile_{impl}", (n, k, *tile), arch=arch))
+                        text = main_text(compile_isa_texts(ENTRIES[impl], (n, k, *tile), arch=arch))
                         meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
                         loop = hot_loop(text, arch)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a table entry, with its reason
@@ -133,33 +119,6 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     print_rows(rows(tuple(a.arch or ("gfx942", "gfx950")), shapes=SHAPES if a.all_shapes else SHAPES[:1]))
     return 0
-
-
-def _compile_quantize(k):
-    """The per-token quantize kernel for bf16 rows of K values (runs in the compile child)."""
-    from translator_kernels.gemm.quantize import build_quantize_rows
-    from translator_kernels.launch import arch as current_arch
-
-    m = 3
-    launch = build_quantize_rows.__wrapped__(k, "bf16", "fp8", current_arch())
-    x = torch.zeros(m, k, dtype=torch.bfloat16)
-    launch(torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(m), x, m, x.numel() * 2, m * k)
-
-
-def _compile_w8(n, k, bm, bn, bk):
-    """The weight-only int8 GEMM (bf16 activations, per-channel scale) at one tile (runs in the compile child)."""
-    from translator_kernels.gemm.kernel import build_gemm
-    from translator_kernels.gemm.preshuffle import padded_shape
-    from translator_kernels.launch import arch as current_arch
-
-    n_pad, k_pad = padded_shape(n, k)
-    m = 2 * bm + 1
-    launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, "bf16", "bf16", current_arch(), bm, bn, bk, None, False,
-                                    False, 1, "shuffled", None, 1, True, 1, w_scale="col", w_int8=True)
-    a, w = torch.zeros(m, k, dtype=torch.bfloat16), torch.zeros(n_pad, k_pad, dtype=torch.int8)
-    c, z = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(4)
-    launch(c, a, w, z, c, z, torch.zeros(4, dtype=torch.int32), m, 1, 0, 0, 0, 1.0, a.numel() * 2, w.numel(),
-           c.numel() * 2, 16, 16, z, torch.zeros(n))
 
 
 if __name__ == "__main__":

@@ -156,14 +156,14 @@ MUTATIONS = (
         "    try:  # pushed inside the try, popped only if pushed: an interrupt anywhere leaves the stack as it was\n"
         "        stack.append(state)\n",
         "    stack.append(state)\n    try:\n",
-        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[first-sight]",),
+        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[first-sight-each-step]",),
         "use_backend pushes its state before the try that pops it: a Ctrl-C in between leaves the backend on"),
     Mutation(
         "plan-recording-set-before-its-try", "translator_kernels/replay.py",
         "    try:  # set inside the try: a Ctrl-C right after it must not leave this thread recording into `rec`\n"
         "        _local.replay_rec = rec\n",
         "    _local.replay_rec = rec\n    try:\n",
-        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[plan-build]",),
+        ("tests/kernels/test_interrupts.py::test_an_interrupt_at_any_line_leaves_no_state[plan-build-each-step]",),
         "a plan's recording state is set before the try that clears it: a Ctrl-C in between leaves the thread "
         "recording forever"),
     Mutation(

@@ -1,6 +1,7 @@
 """The attention kernel on a static KV cache (causal by positions read on the device) and with
-attention sinks, under flysim: launches and numerics against an fp32 torch reference, tolerances
-from the project table.
+attention sinks, on the session's executor (tests/executors.py: flysim, or rocm on an AMD GPU):
+launches and numerics against an fp32 torch reference, tolerances from the project table; the test
+of the bytes read is flysim_only (flysim counts them).
 
 q_pos: key k is visible to query row i iff k <= q_pos[i] (gpt-fast's `causal_mask[None, None,
 input_pos]`); K / V are the whole [B, Hkv, S_max, D] cache, whose keys past the current length
@@ -12,16 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tolerance
 from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.attention import attention, split_geometry
 from translator_kernels.errors import KernelInputError
 
-flysim = pytest.importorskip("flysim")
 
-
-def _sim(arch):
-    return flysim.simulate(arch=arch)
+def _run(arch):
+    return executors.current().run(arch)
 
 
 def ref(q, k, v, pos=None, sinks=None, causal=False):
@@ -51,8 +51,8 @@ def _cache(B, Hkv, S_max, D, length, dt, g):
     return k, v
 
 
-def _names(sim):
-    return [ln.kernel.rsplit("_", 1)[0] for ln in sim.launches]
+def _names(launches):
+    return [ln.kernel.rsplit("_", 1)[0] for ln in launches]
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
@@ -63,15 +63,16 @@ def test_decode_reads_the_cache_up_to_the_position(arch, dtype, pos_dtype, S_max
     q = torch.randn(1, 4, 1, 64, generator=g).to(dt)
     k, v = _cache(1, 2, S_max, 64, cur + 1, dt, g)
     pos = torch.tensor([cur], dtype=pos_dtype)
-    with _sim(arch) as sim:
-        out = attention(q, k, v, q_pos=pos)
+    with _run(arch) as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
     nsplit, _ = split_geometry(1, 4, 1, S_max, 64, dtype, arch)
-    assert _names(sim) == ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
+    assert _names(ex.launches) == ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
     assert out.isfinite().all()
     atol, rtol = op_tolerance(dt, "attention")
     torch.testing.assert_close(out.float(), ref(q, k[:, :, :cur + 1], v[:, :, :cur + 1]), atol=atol, rtol=rtol)
 
 
+@pytest.mark.flysim_only("reads flysim's counted global bytes")
 def test_long_decode_splits_and_reads_only_the_written_keys():
     """S_max 1024, current length 300: split KV applies (slices past the length are empty), and the
     kernel reads the written keys' tiles, not the cache: flysim counts 245,760 bytes against
@@ -81,14 +82,16 @@ def test_long_decode_splits_and_reads_only_the_written_keys():
     q = torch.randn(1, 2, 1, 64, generator=g).to(torch.bfloat16)
     k, v = _cache(1, 1, 1024, 64, 300, torch.bfloat16, g)
     pos = torch.tensor([299])
-    with _sim("gfx942") as sim:
-        out = attention(q, k, v, q_pos=pos)
+    with _run("gfx942") as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
+    sim = list(ex.launches)
     assert _names(sim) == ["attention_fwd_kernel", "attention_combine_kernel"]
     atol, rtol = op_tolerance(torch.bfloat16, "attention")
     torch.testing.assert_close(out.float(), ref(q, k[:, :, :300], v[:, :, :300]), atol=atol, rtol=rtol)
-    with _sim("gfx942") as whole:
-        attention(q, k, v)
-    got, every_key = (s.launches[0].counters["global_bytes_read"] for s in (sim, whole))
+    with _run("gfx942") as ex:
+        attention(ex.put(q), ex.put(k), ex.put(v))
+    whole = list(ex.launches)
+    got, every_key = (s[0].counters["global_bytes_read"] for s in (sim, whole))
     assert got < 0.45 * every_key, (got, every_key)
 
 
@@ -100,9 +103,9 @@ def test_prefill_into_the_cache_by_positions(arch):
     q = torch.randn(1, 2, 40, 32, generator=g).to(torch.bfloat16)
     k, v = _cache(1, 2, 128, 32, 60, torch.bfloat16, g)
     pos = torch.arange(20, 60)
-    with _sim(arch) as sim:
-        out = attention(q, k, v, q_pos=pos)
-    assert _names(sim) == ["attention_fwd_kernel"]
+    with _run(arch) as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
+    assert _names(ex.launches) == ["attention_fwd_kernel"]
     atol, rtol = op_tolerance(torch.bfloat16, "attention")
     torch.testing.assert_close(out.float(), ref(q, k[:, :, :60], v[:, :, :60], pos=pos), atol=atol, rtol=rtol)
 
@@ -112,9 +115,9 @@ def test_unordered_positions_are_exact():
     q = torch.randn(1, 1, 5, 16, generator=g)
     k, v = _cache(1, 1, 32, 16, 32, torch.float32, g)
     pos = torch.tensor([7, 2, 30, 0, 15])
-    with _sim("gfx942") as sim:
-        out = attention(q, k, v, q_pos=pos)
-    assert _names(sim) == ["attention_fwd_kernel"]
+    with _run("gfx942") as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
+    assert _names(ex.launches) == ["attention_fwd_kernel"]
     atol, rtol = op_tolerance(torch.float32, "attention")
     torch.testing.assert_close(out, ref(q, k, v, pos=pos), atol=atol, rtol=rtol)
 
@@ -129,11 +132,11 @@ def test_sinks_join_the_denominator(arch, dtype, Sq, causal, splits):
     k = torch.randn(1, 2, sk, 64, generator=g).to(dt)
     v = torch.randn(1, 2, sk, 64, generator=g).to(dt)
     sinks = torch.tensor([-2.0, 0.5, 3.0, 40.0])  # the last dwarfs every score: its head's output ~ 0
-    with _sim(arch) as sim:
-        out = attention(q, k, v, causal=causal, sinks=sinks, num_splits=splits)
-    assert _names(sim)[0] == "attention_fwd_kernel"
+    with _run(arch) as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), causal=causal, sinks=ex.put(sinks), num_splits=splits).cpu()
+    assert _names(ex.launches)[0] == "attention_fwd_kernel"
     if splits:
-        assert _names(sim) == ["attention_fwd_kernel", "attention_combine_kernel"]
+        assert _names(ex.launches) == ["attention_fwd_kernel", "attention_combine_kernel"]
     atol, rtol = op_tolerance(dt, "attention")
     torch.testing.assert_close(out.float(), ref(q, k, v, sinks=sinks, causal=causal), atol=atol, rtol=rtol)
 

@@ -3,6 +3,7 @@
 import pytest
 
 from translator_kernels.arch import ARCHS
+from translator_kernels.measure.fp8_isa import FP8_GEMM, QUANTIZE, W8_GEMM
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -10,7 +11,7 @@ def test_fp8_gemm_isa(arch):
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
-    text = main_text(compile_isa_texts("bench.isa_fp8:_compile_ours", (4096, 4096, 128, 128, 128), arch=arch))
+    text = main_text(compile_isa_texts(FP8_GEMM, (4096, 4096, 128, 128, 128), arch=arch))
     meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
     want = {"gfx942": "v_mfma_f32_16x16x32_fp8_fp8", "gfx950": "v_mfma_f32_16x16x128_f8f6f4"}[arch]
     assert want in text and meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0
@@ -22,7 +23,7 @@ def test_quantize_kernel_isa(arch):
     """The per-token quantize kernel compiles (v_cvt_pk_fp8_f32 on both archs)."""
     from translator_kernels.hotloop import compile_isa_texts, main_text
 
-    text = main_text(compile_isa_texts("bench.isa_fp8:_compile_quantize", (4096,), arch=arch))
+    text = main_text(compile_isa_texts(QUANTIZE, (4096,), arch=arch))
     assert "v_cvt_pk_fp8_f32" in text
 
 
@@ -32,7 +33,7 @@ def test_w8_gemm_isa(arch):
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.isa import parse_isa
 
-    text = main_text(compile_isa_texts("bench.isa_fp8:_compile_w8", (4096, 4096, 128, 128, 64), arch=arch))
+    text = main_text(compile_isa_texts(W8_GEMM, (4096, 4096, 128, 128, 64), arch=arch))
     meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
     assert "buffer_load_dwordx2" in text and "v_mfma_f32_16x16x" in text
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta

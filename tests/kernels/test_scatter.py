@@ -1,4 +1,5 @@
-"""The scatter kernel (translator_kernels.layout.scatter) on flysim: a state write in place.
+"""The scatter kernel (translator_kernels.layout.scatter) on the session's executor (tests/executors.py:
+flysim, or rocm on an AMD GPU): a state write in place.
 
 `write(dst, values, dim, ids)` stores values into the destination's own storage, one launch, no
 allocation of a result: a KV cache slot written as `cache[:, :, pos] = k` (index_put_), HF's
@@ -10,16 +11,17 @@ an id out of range raises IndexError and writes nothing of its row."""
 import pytest
 import torch
 
-import flysim
+import executors  # the session's executor (tests/executors.py)
 from translator_kernels.errors import KernelInputError
 from translator_kernels.layout import scatter as S
 
 
 def _run(call, arch="gfx942"):
-    with flysim.simulate(arch=arch) as sim:
-        out = call()
+    """call(put) on the session's executor (put: a tensor to where it reads them); the launched kernels."""
+    with executors.current().run(arch) as ex:
+        out = call(ex.put)
     assert out is None
-    return [r.kernel.split("_kernel")[0] for r in sim.launches]
+    return [r.kernel.split("_kernel")[0] for r in ex.launches]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -29,9 +31,10 @@ def test_kv_cache_slot_write_matches_index_put(dtype):
     pos = torch.tensor([4, 5, 6])
     want = cache.clone()
     want[:, :, pos] = k
+    cache = executors.current().put(cache)
     ptr = cache.data_ptr()
-    assert _run(lambda: S.write(cache, k, 2, pos)) == ["scatter"]
-    assert cache.data_ptr() == ptr and torch.equal(cache, want)
+    assert _run(lambda put: S.write(cache, put(k), 2, put(pos))) == ["scatter"]
+    assert cache.data_ptr() == ptr and torch.equal(cache.cpu(), want)
 
 
 def test_index_copy_with_broadcast_values_and_negative_id():
@@ -40,8 +43,9 @@ def test_index_copy_with_broadcast_values_and_negative_id():
     pos = torch.tensor([-1])
     want = cache.clone()
     want[:, :, pos] = v
-    assert _run(lambda: S.write(cache, v, 2, pos), "gfx950") == ["scatter"]
-    assert torch.equal(cache, want)
+    cache = executors.current().put(cache)
+    assert _run(lambda put: S.write(cache, put(v), 2, put(pos)), "gfx950") == ["scatter"]
+    assert torch.equal(cache.cpu(), want)
 
 
 def test_copy_into_a_slice_of_a_buffer():
@@ -49,16 +53,18 @@ def test_copy_into_a_slice_of_a_buffer():
     src = torch.randn(3, 4, 8)
     want = buf.clone()
     want[:, 5:9].copy_(src)
+    buf = executors.current().put(buf)
     view = buf[:, 5:9]
-    assert _run(lambda: S.write(view, src)) == ["scatter"]
-    assert torch.equal(buf, want)
+    assert _run(lambda put: S.write(view, put(src))) == ["scatter"]
+    assert torch.equal(buf.cpu(), want)
 
 
 def test_out_of_range_id_raises_and_writes_no_row():
-    cache = torch.zeros(1, 1, 4, 4)
     with pytest.raises(IndexError, match="index 7 is out of range for a dim of size 4"):
-        with flysim.simulate(arch="gfx942"):
-            S.write(cache, torch.ones(1, 1, 2, 4), 2, torch.tensor([1, 7]))
+        with executors.current().run("gfx942") as ex:
+            cache = ex.put(torch.zeros(1, 1, 4, 4))
+            S.write(cache, ex.put(torch.ones(1, 1, 2, 4)), 2, ex.put(torch.tensor([1, 7])))
+    cache = cache.cpu()
     assert float(cache[0, 0, 1].sum()) == 4 and float(cache[0, 0, [0, 2, 3]].abs().sum()) == 0
 
 
@@ -75,14 +81,14 @@ def test_planned_replays_follow_each_calls_storage_offset():
     one (offset 48, v of a QKV output) with equal strides after export's view. The flat views are taken before the dtype
     view, so a replay addresses each call's own offset (before: the recorded call's, which overran
     the smaller storage)."""
-    cache = torch.zeros(1, 2, 8, 4)
-    want = cache.clone()
-    with flysim.simulate(arch="gfx942") as sim:
+    want = torch.zeros(1, 2, 8, 4)
+    with executors.current().run("gfx942") as ex:
+        cache = ex.put(want.clone())
         for step in range(4):
-            qkv = torch.randn(1, 1, 56)
-            k = qkv[..., 48:] if step % 2 else torch.randn(1, 1, 8)
+            qkv = ex.put(torch.randn(1, 1, 56))  # sliced where the executor reads it: the offset stays
+            k = qkv[..., 48:] if step % 2 else ex.put(torch.randn(1, 1, 8))
             k = k.view(1, 1, 2, 4).transpose(1, 2).view(2, 1, 4)  # as export writes it: strides (4, 4, 1) both
             pos = torch.tensor([step])
-            want[:, :, pos] = k
-            S.write(cache, k, 2, pos)
-    assert len(sim.launches) == 4 and torch.equal(cache, want)
+            want[:, :, pos] = k.cpu()
+            S.write(cache, k, 2, ex.put(pos))
+    assert len(ex.launches) == 4 and torch.equal(cache.cpu(), want)

@@ -327,6 +327,7 @@ def test_api_is_orchestration_only():
 TESTS_OF_BENCH = {
     "test_bench.py": "runs the bench programs (kernels, models, roofline, isa, rocm, weights_look) and checks what they print",
     "test_hf_families.py": "bench.hf_coverage's measure and audit are the HF coverage harness under test",
+    "test_generation_bench.py": "runs python -m bench.generate end to end and checks its MODEL table and what it prints",
 }
 
 

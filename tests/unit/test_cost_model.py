@@ -145,7 +145,7 @@ def test_every_model_zoo_op_is_costed():
 
 def _hf_cases(cases):
     pytest.importorskip("transformers")
-    from bench.hf_coverage import audit_case
+    from translator_kernels.measure.hf_cases import audit_case
 
     for c in cases:
         try:
@@ -161,7 +161,7 @@ def test_hf_moe_ops_are_costed():
 
 @pytest.mark.slow
 def test_every_hf_audit_op_is_costed():
-    from bench.hf_coverage import AUDIT, FAMILIES
+    from translator_kernels.measure.hf_cases import AUDIT, FAMILIES
 
     bad = {}
     for c, m, x in _hf_cases([*FAMILIES, *AUDIT]):

@@ -1,5 +1,5 @@
-"""The timing MODEL (translator_kernels.timing) and its calibration (bench.calibration) against the
-measured MI350X points; the GEMM heuristic's use of it (tiles.model_estimate, stream_estimate)."""
+"""The timing MODEL (translator_kernels.timing) and its calibration (translator_kernels.measure.calibration)
+against the measured MI350X points; the GEMM heuristic's use of it (tiles.model_estimate, stream_estimate)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from bench import calibration as cal
 from translator_kernels import timing
 from translator_kernels.arch import GPUS
 from translator_kernels.gemm import tiles
 from translator_kernels.gemm.tiles import GemmConfig, choose_config, model_estimate, stream_estimate
+from translator_kernels.measure import calibration as cal
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,9 @@ def test_wave_quantization_and_tails():
 
 def test_features_of_a_compiled_kernel():
     from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.measure import rows_isa
 
-    text = main_text(compile_isa_texts("bench._isa_child:ours", ("softmax", "bf16", (64, 4096)), arch="gfx950"))
+    text = main_text(compile_isa_texts(rows_isa.ENTRY, ("softmax", "bf16", (64, 4096)), arch="gfx950"))
     f = timing.features(text, "gfx950")
     assert 1 <= f.waves_per_wg <= 16 and 1 <= f.waves_per_simd <= 8 and f.inflight_bytes >= 64 * 16
     assert not f.has_loop or f.loop_matrix == 0
@@ -122,7 +123,7 @@ def test_config_fits_rejects_kw4_tiles_whose_lds_cannot_sum_the_accumulators():
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_mid_m_choice_compiles(arch):
-    from bench.isa_gemm import isa_stats
+    from translator_kernels.measure.gemm_isa import isa_stats
 
     c = choose_config(128, 6144, 4096, "bf16", arch)
     s = isa_stats(6144, 4096, "bf16", arch, c.bm, c.bn, c.bk, split=c.split, kw=c.kw, wm=c.wm)
