@@ -25,6 +25,17 @@ and KV cache) on MI300X and MI355X, batch 1 / 16 / 64 at context 2k / 8k: every 
 embedding table read once per step, plus every sequence's K and V up to its context, over the
 vendor's peak bandwidth from translator_kernels/arch.py (the one hardware table). What a decode
 step can cost at best; the issue's goal is >= 0.8 of it at batch 1, to be measured on the GPU.
+Beside it, our kernels' MODEL time per decode step (`model_rows`): the launches one layer makes
+(docs/llama-layer.md's 9, the K and V cache writes, the split-KV combine where
+translator_kernels.attention.split_geometry splits) x 32, plus the final norm, LM head and embedding
+gather, each timed by the calibrated timing MODEL (translator_kernels.timing, its CALIBRATION line
+printed): GEMMs at the tile tiles.choose_config picks for M = batch, through tiles.model_estimate
+(features estimated from the tile, no compile); RMSNorm on the cached features of upstream's kernel
+(translator_kernels/measure/calibration_isa.json); RoPE, cache writes, decode attention, the combine
+and the gather as bandwidth floors (launch floor + bytes at the fitted achievable bandwidth: the
+model has no features for them without compiling), said so per row. Printed with and without the
+fitted per-launch floor T_LAUNCH (10 us, one kernel replayed alone; a graph of back-to-back launches
+hides part of it), and the fraction limit / MODEL for each.
 """
 
 from __future__ import annotations
@@ -106,6 +117,123 @@ def print_model_table(rows) -> None:
     for r in rows:
         print(f"| {r['gpu']} ({r['arch']}) | {r['batch']} | {r['context']} | {r['weight_gb']:.2f} | {r['kv_gb']:.2f} | "
               f"{r['bandwidth_tb']:.1f} | {r['step_ms']:.2f} | {r['tokens_s']:.0f} |")
+
+
+# ---- MODEL: our kernels' time per decode step, against the HBM limit ------------------------------
+def _floor_launch(name: str, nbytes: float, arch: str) -> dict:
+    """A launch the model has no features for: its launch floor plus its HBM bytes at the achievable
+    bandwidth (the fitted efficiency x the vendor peak): a bandwidth floor, optimistic."""
+    from translator_kernels.arch import GPUS
+
+    g = GPUS[arch]
+    t_mem = nbytes / (g.timing["hbm_efficiency"] * g.hbm_bytes_per_s)
+    return dict(name=name, t=g.timing["launch_s"] + t_mem, kernel_t=t_mem, how="bandwidth floor")
+
+
+def _gemm_launch(name: str, m: int, n: int, k: int, arch: str) -> dict:
+    """Our GEMM at the tile the heuristic picks for M = batch (tiles.choose_config), timed by the MODEL
+    on features estimated from that tile (tiles.model_estimate: no compile)."""
+    from translator_kernels.gemm.tiles import choose_config, m_bucket, model_estimate
+
+    c = choose_config(m_bucket(m), n, k, "bf16", arch)
+    e = model_estimate(m, n, k, "bf16", arch, c)
+    return dict(name=name, t=e["t"], kernel_t=e["kernel_t"],
+                how=f"GEMM {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}, MODEL (estimated features)")
+
+
+def _norm_launch(name: str, rows: int, hidden: int, arch: str) -> dict:
+    """RMSNorm over `rows` rows: the MODEL on the cached features of upstream's RMSNorm at n = hidden
+    (translator_kernels/measure/calibration_isa.json, compiled for gfx950: gfx942 takes them too)."""
+    from translator_kernels.arch import GPUS
+    from translator_kernels.measure.calibration import load_features
+    from translator_kernels.timing import KernelFeatures, Launch, launch_time
+
+    feat = KernelFeatures(**load_features()[f"rms_norm:n={hidden}"])
+    r = launch_time(feat, Launch(rows, 1, 2 * rows * hidden * 2 + hidden * 2), arch)
+    return dict(name=name, t=r["t"], kernel_t=r["t"] - GPUS[arch].timing["launch_s"],
+                how="MODEL (cached RMSNorm features, upstream's kernel)")
+
+
+def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = LLAMA3_8B) -> list[dict]:
+    """The launches of one decode step (one token per sequence) of `shape` on our kernels: per layer the 9
+    of docs/llama-layer.md plus the K and V cache writes (and the split-KV combine where attention splits),
+    x layers; then the final norm, the LM head and the embedding gather. Each with its MODEL time."""
+    from translator_kernels.attention import split_geometry
+
+    e = shape.bytes_per_elem
+    h, d, q, kv = shape.hidden, shape.head_dim, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    rope_table = 2 * d * e  # cos and sin rows of this position
+    nsplit, _ = split_geometry(batch, shape.heads, 1, context, d, "bf16", arch)
+    layer = [
+        _norm_launch("RMSNorm (attention)", batch, h, arch),
+        _gemm_launch("QKV GEMM", batch, q + 2 * kv, h, arch),
+        _floor_launch("RoPE q", 2 * batch * q * e + rope_table, arch),
+        _floor_launch("RoPE k", 2 * batch * kv * e + rope_table, arch),
+        _floor_launch("cache write K", 2 * batch * kv * e, arch),
+        _floor_launch("cache write V", 2 * batch * kv * e, arch),
+        # K and V read once per sequence (the query heads of a KV group share it through L2), q in, out
+        _floor_launch(f"decode attention (split {nsplit})", shape.kv_bytes(batch, context) // shape.layers
+                      + 2 * batch * q * e + (nsplit > 1) * nsplit * batch * shape.heads * (d + 2) * 4, arch),
+    ]
+    if nsplit > 1:
+        layer.append(_floor_launch("split-KV combine", nsplit * batch * shape.heads * (d + 2) * 4 + batch * q * e,
+                                   arch))
+    layer += [
+        _gemm_launch("O projection (+ residual)", batch, h, q, arch),
+        _norm_launch("RMSNorm (MLP)", batch, h, arch),
+        _gemm_launch("gated MLP GEMM (gate + up)", batch, 2 * shape.intermediate, h, arch),
+        _gemm_launch("down projection (+ residual)", batch, h, shape.intermediate, arch),
+    ]
+    step = [dict(r, count=shape.layers) for r in layer]
+    step += [dict(_floor_launch("embedding gather", batch * h * e * 2, arch), count=1),
+             dict(_norm_launch("RMSNorm (final)", batch, h, arch), count=1),
+             dict(_gemm_launch("LM head", batch, shape.vocab, h, arch), count=1)]
+    return step
+
+
+def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048, 8192)) -> list[dict]:
+    """hbm_limit_rows with our kernels' MODEL time per decode step beside the limit: with every launch's
+    fitted launch floor (T_LAUNCH, one kernel replayed alone), and the kernels alone (that floor left out)."""
+    from translator_kernels.arch import GPUS
+
+    rows = []
+    for r in hbm_limit_rows(shape, batches, contexts):
+        launches = decode_step_launches(r["arch"], r["batch"], r["context"], shape)
+        t = sum(x["t"] * x["count"] for x in launches)
+        kt = sum(x["kernel_t"] * x["count"] for x in launches)
+        floors = sum(x["count"] for x in launches if x["how"] == "bandwidth floor")
+        limit = r["step_ms"] * 1e-3
+        eff = GPUS[r["arch"]].timing["hbm_efficiency"]
+        rows.append(dict(r, limit_us=limit * 1e6, model_us=t * 1e6, kernels_us=kt * 1e6, fraction=limit / t,
+                         kernels_fraction=limit / kt, of_achievable=limit / eff / kt, launches=sum(x["count"] for x in launches), floors=floors))
+    return rows
+
+
+def print_ours_table(rows, breakdown=("gfx942", 1, 8192)) -> None:
+    from translator_kernels.arch import GPUS
+    from translator_kernels.timing import CALIBRATION
+
+    print(f"\nMODEL (not measured): our kernels' time per decode step of {LLAMA3_8B.name} (bf16; one token per "
+          "sequence), translator_kernels.timing; calibration: " + CALIBRATION)
+    print("gfx942 has no measured point: it takes gfx950's fitted constants (an extrapolation). fraction = HBM limit / "
+          "MODEL. 'with launch floor' counts T_LAUNCH (10 us, one kernel replayed alone) per launch; 'kernels only' "
+          "leaves it out (back-to-back launches of one graph hide part of it); of achievable HBM = the limit at the fitted "
+          "HBM efficiency (0.60 of the vendor peak, the most the model lets any kernel stream) / kernels only. RoPE, cache writes, attention, its "
+          "combine and the embedding gather have no features here: bandwidth floors (optimistic).")
+    print("| GPU | batch | context | HBM limit us | MODEL us (with launch floor) | fraction | MODEL us (kernels only) "
+          "| fraction | of achievable HBM | launches | of them bandwidth floors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['gpu']} ({r['arch']}) | {r['batch']} | {r['context']} | {r['limit_us']:.0f} | {r['model_us']:.0f} | "
+              f"{r['fraction']:.2f} | {r['kernels_us']:.0f} | {r['kernels_fraction']:.2f} | {r['of_achievable']:.2f} | {r['launches']} | "
+              f"{r['floors']} |")
+    arch, b, ctx = breakdown
+    print(f"\nMODEL per launch, {GPUS[arch].gpu} ({arch}), batch {b}, context {ctx}:")
+    print("| launch | how | x | MODEL us each | kernel us each | MODEL us per step |")
+    print("|---|---|---|---|---|---|")
+    for x in decode_step_launches(arch, b, ctx):
+        print(f"| {x['name']} | {x['how']} | {x['count']} | {x['t'] * 1e6:.1f} | {x['kernel_t'] * 1e6:.1f} | "
+              f"{x['t'] * x['count'] * 1e6:.0f} |")
 
 
 def measure(arch: str, repeat: int, tiny: bool) -> dict:
@@ -212,6 +340,7 @@ def main(argv=None) -> int:
     print(f"compute ops left in PyTorch without a lowering: {', '.join(r['pytorch_ops']) or 'none'}; "
           f"first prefill + decode (compile or disk cache) {r['cold_s']:.1f} s")
     print_model_table(hbm_limit_rows())
+    print_ours_table(model_rows())
     return 0
 
 
