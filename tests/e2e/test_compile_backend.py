@@ -3,11 +3,9 @@ shape changes, the entry point, options, and one small flysim case (kernel evide
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,17 +18,7 @@ from translator.frontends import compile_backend
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator.registry import FAMILIES
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
-
-
-def load_model(name):
-    spec = importlib.util.spec_from_file_location(f"_cb_model_{name}", REPO / "models" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    torch.manual_seed(0)
-    return mod.Model(*mod.get_init_inputs()).eval(), mod
+from bundled_models import MODELS, load_model  # noqa: E402
 
 
 class FlydslOps:
