@@ -22,11 +22,17 @@ from translator import InputError
 from translator.report.html import flops_by_family, render_html
 
 
-
 def load_refused(path, match=None, **kw):
     """translator.load(path, **kw) raises one InputError (its message matching `match`)."""
     with pytest.raises(InputError, match=match):
         translator.load(path, **kw)
+
+
+def _entries(good):
+    """(name, bytes) of each entry of the zip archive `good`, in order."""
+    with zipfile.ZipFile(good) as z:
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
 
 class Block(nn.Module):
     def __init__(self, d=32):
@@ -104,8 +110,7 @@ def test_refuses_files_that_are_not_ours(translated, tmp_path):
 def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path):
     m, x, tm = translated
     good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    entries = dict(_entries(good))
     sample = next(n for n in entries if n.endswith("sample_inputs/model.pt"))
 
     def write(name, changes):
@@ -128,9 +133,7 @@ def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path,
     constant as a pickle, unpickled with weights_only=False); a check reading the last copy
     passes. load must refuse before torch sees the archive, and never unpickle anything."""
     m, x, tm = translated
-    good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    entries = _entries(translator.save(tm, tmp_path / "good.pt2"))
     names = [n for n, _ in entries]
     top = names[0].split("/", 1)[0]
 
@@ -161,8 +164,7 @@ def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path,
 def test_load_refuses_metadata_without_its_fields(translated, tmp_path):
     m, x, tm = translated
     good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    entries = dict(_entries(good))
     meta_name = next(n for n in entries if n.endswith("flydsl_translator.json"))
     meta = json.loads(entries[meta_name])
     del meta["report"]
@@ -240,11 +242,6 @@ def test_html_renders_in_headless_chromium(small_report, tmp_path):
 
 
 # ---- load cannot be made to hang, inflate without bound or read wrong weights ----------------------
-
-def _entries(good):
-    with zipfile.ZipFile(good) as z:
-        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
-
 
 def _rewrite(p, items, compress=zipfile.ZIP_STORED):
     with zipfile.ZipFile(p, "w", compression=compress) as z:
