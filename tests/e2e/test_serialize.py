@@ -15,11 +15,12 @@ import pytest
 import torch
 from translator.tolerances import model_tol
 import torch.nn as nn
-import torch.nn.functional as F
 
 import translator
 from translator import InputError
 from translator.report.html import flops_by_family, render_html
+
+from small_models import Block  # noqa: E402
 
 
 def load_refused(path, match=None, **kw):
@@ -32,17 +33,6 @@ def _entries(good):
     """(name, bytes) of each entry of the zip archive `good`, in order."""
     with zipfile.ZipFile(good) as z:
         return [(i.filename, z.read(i.filename)) for i in z.infolist()]
-
-
-class Block(nn.Module):
-    def __init__(self, d=32):
-        super().__init__()
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.fc2 = nn.Linear(2 * d, d)
-        self.ln = nn.LayerNorm(d)
-
-    def forward(self, x):
-        return torch.softmax(self.ln(x + self.fc2(F.gelu(self.fc1(x)))), -1)
 
 
 @pytest.fixture(scope="module")
