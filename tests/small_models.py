@@ -1,4 +1,4 @@
-"""Small hand-written modules that more than one test file translates."""
+"""Small hand-written modules that more than one test file translates, and the seeded translation of one."""
 
 from __future__ import annotations
 
@@ -18,3 +18,14 @@ class Block(nn.Module):
 
     def forward(self, x):
         return torch.softmax(self.ln(x + self.fc2(F.gelu(self.fc1(x)))), -1)
+
+
+def translate_seeded(make, shape, **kw):
+    """(model, input, translated module): make() in eval mode and a randn input of `shape`, drawn in
+    that order after seeding torch with 0, translated with `kw` (backend=...)."""
+    from translator import translate
+
+    torch.manual_seed(0)
+    m = make().eval()
+    x = torch.randn(*shape)
+    return m, x, translate(m, (x,), **kw)
