@@ -3,13 +3,8 @@
     FLYDSL_SRC=/work/flydsl-src python -m bench.calibration [--refresh | --missing] [--fit]
     python -m bench.calibration --gemm-tables     (our GEMM: decode and mid-M tables, both archs)
 
-Every measured point is one of FlyDSL's own kernels (upstream), timed on an AMD Instinct MI350X
-(gfx950) by the public profiling study github.com/jhinpan/flydsl-kernel-profiling(-lib) (FlyDSL
-0.1.9.dev594 @ 18c5a7e / 7255fff8, ROCm 7.2.0, CUDA-graph replay, median of the run):
-`benchmarks/examples/<kernel>/benchmark_results.csv` of the -lib repository (run ids below), and
-the headline table of the study's README (the seed in shared/reference/seeds). The model runs on
-upstream's kernels compiled for gfx950 at the same shapes from $FLYDSL_SRC (a later checkout than
-the measured one: where its code path differs, the row says so), never on ours.
+The measured points, their sources (FlyDSL's own upstream kernels timed on an MI350X by a public
+profiling study) and how the model is run on them: translator_kernels.measure.calibration's docstring.
 
 The points, the model's time for each, the error and the fit are translator_kernels.measure.calibration
 (the tests check against it); this program prints them. `--fit` prints the fitted constants; without

@@ -89,6 +89,11 @@ class Verification:
     calibration: str = ""  # how the fp32 bound was grounded (eager fp32 vs fp64), or why it was not
     truth: str = "eager PyTorch"  # what the outputs were judged against (an .onnx file: ONNX Runtime)
 
+    @property
+    def status(self) -> str:
+        """"not run", "PASSED" or "FAILED" (the report's headline and HTML page say it)."""
+        return "not run" if not self.ran else ("PASSED" if self.passed else "FAILED")
+
     def to_dict(self):
         return asdict(self)
 

@@ -3,11 +3,9 @@ shape changes, the entry point, options, and one small flysim case (kernel evide
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,17 +18,7 @@ from translator.frontends import compile_backend
 import translator.lowerings  # noqa: F401  (fills the registry)
 from translator.registry import FAMILIES
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
-
-
-def load_model(name):
-    spec = importlib.util.spec_from_file_location(f"_cb_model_{name}", REPO / "models" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    torch.manual_seed(0)
-    return mod.Model(*mod.get_init_inputs()).eval(), mod
+from bundled_models import MODELS, load_model  # noqa: E402
 
 
 class FlydslOps:
@@ -70,11 +58,19 @@ def test_fullgraph_on_bundled_models(name, flydsl_ops):
     torch.testing.assert_close(got, model(*x), **model_tol())
 
 
+def seeded_compile(cls):
+    """(model, input [4, 32], the model under torch.compile with the flydsl backend on the reference
+    backend) of cls(), built after seeding torch with 0."""
+    torch.manual_seed(0)
+    m = cls().eval()
+    return m, torch.randn(4, 32), torch.compile(m, backend="flydsl", options={"backend": "reference"})
+
+
 class WithBreak(nn.Module):
-    def __init__(self):
+    def __init__(self, hidden=64):
         super().__init__()
-        self.a = nn.Linear(32, 64)
-        self.b = nn.Linear(64, 32)
+        self.a = nn.Linear(32, hidden)
+        self.b = nn.Linear(hidden, 32)
 
     def forward(self, x):
         h = F.gelu(self.a(x))
@@ -83,10 +79,7 @@ class WithBreak(nn.Module):
 
 
 def test_graph_break_gives_two_translated_graphs(flydsl_ops):
-    torch.manual_seed(0)
-    m = WithBreak().eval()
-    x = torch.randn(4, 32)
-    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    m, x, compiled = seeded_compile(WithBreak)
     with torch.no_grad():
         compiled(x)  # first call: translate (and verify) each graph
         flydsl_ops.calls.clear()
@@ -99,11 +92,9 @@ def test_graph_break_gives_two_translated_graphs(flydsl_ops):
     torch.testing.assert_close(got, m(x), **model_tol(check="few_ops"))
 
 
-class BreakInBlock(nn.Module):
+class BreakInBlock(WithBreak):
     def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(32, 32)
-        self.b = nn.Linear(32, 32)
+        super().__init__(hidden=32)
 
     def forward(self, x):
         h = self.a(x)
@@ -126,10 +117,7 @@ class Stack(nn.Module):
 
 
 def test_a_graph_reused_across_blocks_uses_each_blocks_weights(flydsl_ops):
-    torch.manual_seed(0)
-    m = Stack().eval()
-    x = torch.randn(4, 32)
-    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    m, x, compiled = seeded_compile(Stack)
     with torch.no_grad():
         first = compiled(x)
         flydsl_ops.calls.clear()
@@ -144,10 +132,7 @@ def test_a_graph_reused_across_blocks_uses_each_blocks_weights(flydsl_ops):
 
 def test_weight_sets_past_the_limit_run_in_pytorch_with_their_own_weights(monkeypatch):
     monkeypatch.setattr(compile_backend, "MAX_WEIGHT_SETS", 1)
-    torch.manual_seed(0)
-    m = Stack().eval()
-    x = torch.randn(4, 32)
-    compiled = torch.compile(m, backend="flydsl", options={"backend": "reference"})
+    m, x, compiled = seeded_compile(Stack)
     with pytest.warns(UserWarning, match="more than 1 sets of weights"), torch.no_grad():
         got = compiled(x)
     recs = compile_backend.reports()

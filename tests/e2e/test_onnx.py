@@ -3,11 +3,8 @@ Every bundled model through both exporters: test_onnx_exporters.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import warnings
-from pathlib import Path
 
 import onnx
 import pytest
@@ -20,17 +17,12 @@ from translator import InputError
 from translator.frontends import cli
 from translator.adapters.onnx_import import import_onnx
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
+from bundled_models import load_model as load_bundled  # noqa: E402
 
 
 def load_model(name):
-    spec = importlib.util.spec_from_file_location(f"_onnx_model_{name}", REPO / "models" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    torch.manual_seed(0)
-    return mod.Model(*mod.get_init_inputs()).eval(), tuple(mod.get_inputs())
+    model, mod = load_bundled(name, "_onnx_model")
+    return model, tuple(mod.get_inputs())
 
 
 def export(model, inputs, path, dynamo):

@@ -13,7 +13,6 @@ reference backend: import, ONNX Runtime verdict, what stays in PyTorch.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import sys
 import warnings
@@ -28,22 +27,16 @@ from translator.tolerances import model_tol
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onnx_zoo import ZOO, build  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
+from bundled_models import MODELS, load_model  # noqa: E402
+
 SMALL = {"seq_len": 8, "batch_size": 2}  # bert_layer masks row 1: two rows at least
 BY_DESIGN = "kept in PyTorch by design"
 BY_DESIGN_HF = {"aten.index"}  # HF's 2-index mask gather: the PyTorch path keeps it too
 
 
 def load_small(name):
-    spec = importlib.util.spec_from_file_location(f"_onnx_exp_{name}", REPO / "models" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for k, v in SMALL.items():
-        if hasattr(mod, k):
-            setattr(mod, k, v)
-    torch.manual_seed(0)
-    return mod.Model(*mod.get_init_inputs()).eval(), tuple(mod.get_inputs())
+    model, mod = load_model(name, "_onnx_exp", **SMALL)
+    return model, tuple(mod.get_inputs())
 
 
 def export(model, inputs, path, exporter, opset=None):

@@ -15,22 +15,24 @@ import pytest
 import torch
 from translator.tolerances import model_tol
 import torch.nn as nn
-import torch.nn.functional as F
 
 import translator
 from translator import InputError
 from translator.report.html import flops_by_family, render_html
 
+from small_models import Block  # noqa: E402
 
-class Block(nn.Module):
-    def __init__(self, d=32):
-        super().__init__()
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.fc2 = nn.Linear(2 * d, d)
-        self.ln = nn.LayerNorm(d)
 
-    def forward(self, x):
-        return torch.softmax(self.ln(x + self.fc2(F.gelu(self.fc1(x)))), -1)
+def load_refused(path, match=None, **kw):
+    """translator.load(path, **kw) raises one InputError (its message matching `match`)."""
+    with pytest.raises(InputError, match=match):
+        translator.load(path, **kw)
+
+
+def _entries(good):
+    """(name, bytes) of each entry of the zip archive `good`, in order."""
+    with zipfile.ZipFile(good) as z:
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
 
 
 @pytest.fixture(scope="module")
@@ -76,26 +78,21 @@ def test_save_load_round_trip_keeps_ops_weights_report_and_dynamic_dims(translat
 def test_load_on_another_backend(translated, tmp_path):
     m, x, tm = translated
     p = translator.save(tm, tmp_path / "b.pt2")
-    with pytest.raises(InputError, match="needs an AMD GPU"):
-        translator.load(p, backend="rocm")
+    load_refused(p, match="needs an AMD GPU", backend="rocm")
 
 
 def test_refuses_files_that_are_not_ours(translated, tmp_path):
     m, x, tm = translated
     plain = tmp_path / "plain.pt2"
     torch.export.save(torch.export.export(m, (x,)), str(plain))
-    with pytest.raises(InputError, match="not a file written by translator.save"):
-        translator.load(plain)
+    load_refused(plain, match="not a file written by translator.save")
     pickled = tmp_path / "weights.pt"
     torch.save(m.state_dict(), pickled)
-    with pytest.raises(InputError, match="not a file written by translator.save"):
-        translator.load(pickled)
+    load_refused(pickled, match="not a file written by translator.save")
     text = tmp_path / "model.onnx"
     text.write_text("hello")
-    with pytest.raises(InputError, match="not a zip archive"):
-        translator.load(text)
-    with pytest.raises(InputError, match="no such file"):
-        translator.load(tmp_path / "missing.pt2")
+    load_refused(text, match="not a zip archive")
+    load_refused(tmp_path / "missing.pt2", match="no such file")
     with pytest.raises(InputError, match="takes a TranslatedModule"):
         translator.save(m, tmp_path / "x.pt2")
 
@@ -103,8 +100,7 @@ def test_refuses_files_that_are_not_ours(translated, tmp_path):
 def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path):
     m, x, tm = translated
     good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    entries = dict(_entries(good))
     sample = next(n for n in entries if n.endswith("sample_inputs/model.pt"))
 
     def write(name, changes):
@@ -114,15 +110,12 @@ def test_refuses_an_archive_with_pickles_or_a_damaged_graph(translated, tmp_path
                 z.writestr(k, v)
         return p
 
-    with pytest.raises(InputError, match="is a pickle"):
-        translator.load(write("pickle.pt2", {sample: b"\x80\x04N."}))
+    load_refused(write("pickle.pt2", {sample: b"\x80\x04N."}), match="is a pickle")
     graph = next(n for n in entries if n.endswith("models/model.json"))
-    with pytest.raises(InputError, match="could not read the graph"):
-        translator.load(write("damaged.pt2", {graph: entries[graph][: len(entries[graph]) // 2]}))
+    load_refused(write("damaged.pt2", {graph: entries[graph][: len(entries[graph]) // 2]}), match="could not read the graph")
     truncated = tmp_path / "truncated.pt2"
     truncated.write_bytes(good.read_bytes()[:1000])
-    with pytest.raises(InputError):
-        translator.load(truncated)
+    load_refused(truncated)
 
 
 def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path, monkeypatch):
@@ -130,9 +123,7 @@ def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path,
     constant as a pickle, unpickled with weights_only=False); a check reading the last copy
     passes. load must refuse before torch sees the archive, and never unpickle anything."""
     m, x, tm = translated
-    good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    entries = _entries(translator.save(tm, tmp_path / "good.pt2"))
     names = [n for n, _ in entries]
     top = names[0].split("/", 1)[0]
 
@@ -151,24 +142,19 @@ def test_load_refuses_duplicate_unknown_and_linked_entries(translated, tmp_path,
     cfg = f"{top}/data/constants/model_constants_config.json"
     honest = dict(entries)[cfg] if cfg in names else json.dumps({"config": {}}).encode()
     dup = [(n, v) for n, v in entries if n != cfg] + [(cfg, evil_cfg), (cfg, honest)]
-    with pytest.raises(InputError, match="more than once"):
-        translator.load(write("dup.pt2", dup))
-    with pytest.raises(InputError, match="not one translator.save writes"):
-        translator.load(write("extra.pt2", entries + [(f"{top}/data/custom_objects/obj_0", b"\x80\x04N.")]))
+    load_refused(write("dup.pt2", dup), match="more than once")
+    load_refused(write("extra.pt2", entries + [(f"{top}/data/custom_objects/obj_0", b"\x80\x04N.")]), match="not one translator.save writes")
     link = zipfile.ZipInfo(f"{top}/data/weights/weight_999")
     link.external_attr = (0o120777 << 16)  # a symlink entry
-    with pytest.raises(InputError, match="not a regular file"):
-        translator.load(write("link.pt2", entries + [(link, b"/etc/passwd")]))
-    with pytest.raises(InputError, match="top folders"):
-        translator.load(write("two.pt2", entries + [("other/archive_format", b"pt2")]))
+    load_refused(write("link.pt2", entries + [(link, b"/etc/passwd")]), match="not a regular file")
+    load_refused(write("two.pt2", entries + [("other/archive_format", b"pt2")]), match="top folders")
     assert not unpickled
 
 
 def test_load_refuses_metadata_without_its_fields(translated, tmp_path):
     m, x, tm = translated
     good = translator.save(tm, tmp_path / "good.pt2")
-    with zipfile.ZipFile(good) as z:
-        entries = {i.filename: z.read(i.filename) for i in z.infolist()}
+    entries = dict(_entries(good))
     meta_name = next(n for n in entries if n.endswith("flydsl_translator.json"))
     meta = json.loads(entries[meta_name])
     del meta["report"]
@@ -176,8 +162,7 @@ def test_load_refuses_metadata_without_its_fields(translated, tmp_path):
     with zipfile.ZipFile(p, "w") as z:
         for k, v in {**entries, meta_name: json.dumps(meta)}.items():
             z.writestr(k, v)
-    with pytest.raises(InputError, match="report"):
-        translator.load(p)
+    load_refused(p, match="report")
 
 
 # ---- report.html --------------------------------------------------------------------------------
@@ -248,11 +233,6 @@ def test_html_renders_in_headless_chromium(small_report, tmp_path):
 
 # ---- load cannot be made to hang, inflate without bound or read wrong weights ----------------------
 
-def _entries(good):
-    with zipfile.ZipFile(good) as z:
-        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
-
-
 def _rewrite(p, items, compress=zipfile.ZIP_STORED):
     with zipfile.ZipFile(p, "w", compression=compress) as z:
         for k, v in items:
@@ -266,14 +246,11 @@ def test_load_refuses_a_fifo_and_a_link_to_a_device(tmp_path):
 
     fifo = tmp_path / "model.pt2"
     os.mkfifo(fifo)
-    with pytest.raises(InputError, match="FIFO"):
-        translator.load(fifo)
+    load_refused(fifo, match="FIFO")
     link = tmp_path / "zero.pt2"
     link.symlink_to("/dev/zero")
-    with pytest.raises(InputError, match="a device.*not a regular file"):
-        translator.load(link)
-    with pytest.raises(InputError, match="a folder"):
-        translator.load(tmp_path)
+    load_refused(link, match="a device.*not a regular file")
+    load_refused(tmp_path, match="a folder")
 
 
 def test_load_refuses_a_zip_bomb_before_inflating_it(translated, tmp_path):
@@ -298,8 +275,7 @@ def test_load_refuses_a_zip_bomb_before_inflating_it(translated, tmp_path):
                 f.write(chunk)
     assert bomb.stat().st_size < 2_000_000
     t = time.perf_counter()
-    with pytest.raises(InputError, match="compressed"):
-        translator.load(bomb)
+    load_refused(bomb, match="compressed")
     assert time.perf_counter() - t < 5
 
 
@@ -309,8 +285,7 @@ def test_load_refuses_weight_entries_that_do_not_match_their_metadata(translated
     name = next(n for n, _ in items if n.endswith("data/weights/weight_0"))
     for label, data in (("short", lambda v: v[: len(v) // 2]), ("long", lambda v: v + v), ("empty", lambda v: b"")):
         bad = _rewrite(tmp_path / f"{label}.pt2", [(k, data(v) if k == name else v) for k, v in items])
-        with pytest.raises(InputError, match="spans .* bytes"):
-            translator.load(bad)
+        load_refused(bad, match="spans .* bytes")
 
 
 def test_load_refuses_wrong_metadata_types_and_shapes(translated, tmp_path):
@@ -333,16 +308,13 @@ def test_load_refuses_wrong_metadata_types_and_shapes(translated, tmp_path):
                                ("sizes", lambda t: t.update(sizes=[{"as_int": "8"}]), "sizes"),
                                ("offset", lambda t: t.update(storage_offset=-4), "storage_offset"),
                                ("shape", transpose, "graph reads")):
-        with pytest.raises(InputError, match=msg):
-            translator.load(with_cfg(label, change))
+        load_refused(with_cfg(label, change), match=msg)
     meta_name = next(n for n, _ in items if n.endswith("flydsl_translator.json"))
     meta = json.loads(dict(items)[meta_name])
     for key, value in (("input_spec", [["2", 8]]), ("arch", 942), ("report", [])):
         p = _rewrite(tmp_path / f"meta_{key}.pt2",
                      [(k, json.dumps({**meta, key: value}) if k == meta_name else v) for k, v in items])
-        with pytest.raises(InputError, match=f"{key} has the wrong type"):
-            translator.load(p)
+        load_refused(p, match=f"{key} has the wrong type")
     p = _rewrite(tmp_path / "rows.pt2", [(k, json.dumps({**meta, "report": {**meta["report"], "rows": [{"x": 1}]}})
                                           if k == meta_name else v) for k, v in items])
-    with pytest.raises(InputError, match="saved report is damaged"):
-        translator.load(p)
+    load_refused(p, match="saved report is damaged")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import translator.api
 from translator import translate
 from translator.tolerances import model_tol
 
@@ -42,7 +41,7 @@ from attention_audit_forms import (AnnotatedTransformer, ArangeCausal, ArangeKee
                                    TriuBoolFill, TriuNegInf, WhereFinfoCausal, WhereInputMask, XTransformers,
                                    alibi_slopes, qkv, rnd)
 from attention_helpers import ops  # noqa: E402
-from test_attention_no_silent_miss import attention_chains, check_chains  # noqa: E402
+from attention_helpers import fused_or_reasoned, translate_and_enumerate  # noqa: E402
 
 pytest.importorskip("flysim")
 
@@ -136,14 +135,11 @@ def audit(name, monkeypatch):
     build, inputs, counter = CASES[name]
     torch.manual_seed(0)
     model, x = build().eval(), inputs()
-    chains = []
-    run = translator.api.run_pipeline
-    monkeypatch.setattr(translator.api, "run_pipeline", lambda ctx: (chains.extend(attention_chains(ctx.gm)), run(ctx))[1])
     bf16 = any(isinstance(t, torch.Tensor) and t.dtype == bf for t in x)
-    tm = translate(model, x, backend="flysim", precision="bf16" if bf16 else "fp32")
+    tm, chains = translate_and_enumerate(model, x, monkeypatch, backend="flysim", precision="bf16" if bf16 else "fp32")
     assert tm.report.counters.get(counter) == 1, tm.report.counters
     if name not in NOT_A_CHAIN:  # (a hand-written softmax is not a softmax node: no chain to enumerate)
-        assert len(chains) == 1 and check_chains(tm, chains) == (chains, []), chains
+        assert len(chains) == 1 and fused_or_reasoned(tm, chains) == (chains, {}), chains
     assert not [op for op in ops(tm) if op in ("softmax", "bmm")], tm.code
     assert tm.report.verification.passed, tm.report.verification.message
     with torch.no_grad():
@@ -192,12 +188,9 @@ def test_hf_gpt2_reorder_and_upcast_attn_is_taken(monkeypatch):
     model = transformers.GPT2LMHeadModel(cfg).eval()
     model.config._attn_implementation = "eager"
     ids = (torch.randint(0, 100, (2, 9)),)
-    chains = []
-    run = translator.api.run_pipeline
-    monkeypatch.setattr(translator.api, "run_pipeline", lambda ctx: (chains.extend(attention_chains(ctx.gm)), run(ctx))[1])
-    tm = translate(model, ids, backend="reference")
+    tm, chains = translate_and_enumerate(model, ids, monkeypatch)
     assert tm.report.counters.get(HW) == 1, tm.report.counters
-    assert len(chains) == 1 and check_chains(tm, chains) == (chains, []), chains
+    assert len(chains) == 1 and fused_or_reasoned(tm, chains) == (chains, {}), chains
     assert tm.report.verification.passed, tm.report.verification.message
 
 

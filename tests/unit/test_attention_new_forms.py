@@ -20,51 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import translator.api
 from translator import translate
 from translator.tolerances import model_tol
 
-from test_attention_no_silent_miss import PRODUCTS, SOFTMAX, _near, aten  # noqa: E402
+from attention_helpers import fused_or_reasoned, translate_and_enumerate  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
-
-
-def chains(gm) -> list[str]:
-    out = []
-    for n in gm.graph.nodes:
-        if n.target is aten.scaled_dot_product_attention.default:
-            out.append(n.name)
-        elif n.target in SOFTMAX and n.args[1] % n.meta["val"].dim() == n.meta["val"].dim() - 1:
-            up = _near(n, lambda x: x.all_input_nodes, 8, lambda x: x.target in PRODUCTS)
-            down = _near(n, lambda x: list(x.users), 5, lambda x: x.target in PRODUCTS)
-            if up and down:
-                out.append(n.name)
-    return out
-
-
-def translate_and_enumerate(model, inputs, monkeypatch, **kw):
-    found = []
-    run = translator.api.run_pipeline
-
-    def spy(ctx):
-        found.extend(chains(ctx.gm))
-        return run(ctx)
-
-    monkeypatch.setattr(translator.api, "run_pipeline", spy)
-    return translate(model.eval(), inputs, **kw), found
-
-
-def fused_or_reasoned(tm, names):
-    rows = {r.node: r for r in tm.report.rows}
-    taken, reasons = [], {}
-    for name in names:
-        r = rows[name]
-        if r.where != "pytorch" and r.detail.startswith("flydsl.attention"):
-            taken.append(name)
-        else:
-            assert "not taken by attention: " in r.detail, f"{name}: silent miss ({r.where}: {r.detail})"
-            reasons[name] = r.detail.split("not taken by attention: ", 1)[1]
-    return taken, reasons
 
 
 class Logits(nn.Module):
@@ -134,7 +95,7 @@ def unet_block():
 
 def test_gpt_oss_sinks_become_the_kernel_option(monkeypatch):
     model, inputs = gpt_oss()
-    tm, names = translate_and_enumerate(model, inputs, monkeypatch, backend="reference")
+    tm, names = translate_and_enumerate(model, inputs, monkeypatch, either_operand=True)
     assert len(names) == 2, names
     taken, reasons = fused_or_reasoned(tm, names)
     assert taken == names, reasons
@@ -159,7 +120,7 @@ def test_relative_and_spatial_attention_are_fused_or_reasoned(build, why, monkey
     """Not fused yet (translator/lowerings/attention_unread.py says why); before it, both chains
     were silent misses: their softmax row read "flydsl.softmax" with no reason."""
     model, inputs = build()
-    tm, names = translate_and_enumerate(model, inputs, monkeypatch, backend="reference")
+    tm, names = translate_and_enumerate(model, inputs, monkeypatch, either_operand=True)
     assert len(names) == 1, names
     taken, reasons = fused_or_reasoned(tm, names)
     assert not taken and why in reasons[names[0]], reasons

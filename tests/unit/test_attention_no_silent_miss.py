@@ -16,76 +16,9 @@ import torch
 import torch.nn as nn
 import transformers as T
 
-import translator.api
-from translator import translate
-
+from attention_helpers import fused_or_reasoned, translate_and_enumerate  # noqa: E402
 from test_attention_forms import (EinsumAttention, Gemma2Eager, GPT2EagerWhere, GQA, InplaceOnView, MHA,  # noqa: E402
                                   MHAPadded, Sdpa, ScaleLearned, SwinV2Cosine, qkv, randn)
-
-aten = torch.ops.aten
-PRODUCTS = {aten.matmul.default, aten.bmm.default, aten.einsum.default, aten.baddbmm.default}
-SOFTMAX = {aten.softmax.int, aten._softmax.default}
-
-
-def _near(n, step, hops, want) -> bool:
-    todo, seen = [(n, 0)], set()
-    while todo:
-        x, d = todo.pop(0)
-        if x in seen:
-            continue
-        seen.add(x)
-        if d and want(x):
-            return True
-        if d < hops:
-            todo += [(y, d + 1) for y in step(x)]
-    return False
-
-
-def _left_operand_of_product(user, n) -> bool:
-    if user.target in (aten.matmul.default, aten.bmm.default):
-        return user.args[0] is n
-    return user.target is aten.einsum.default and user.args[1][0] is n
-
-
-def attention_chains(gm) -> list[str]:
-    """Captured node names of the chains in gm: the SDPA node, or the chain's softmax."""
-    out = []
-    for n in gm.graph.nodes:
-        if n.target is aten.scaled_dot_product_attention.default:
-            out.append(n.name)
-        elif n.target in SOFTMAX and n.args[1] % n.meta["val"].dim() == n.meta["val"].dim() - 1:
-            up = _near(n, lambda x: x.all_input_nodes, 8, lambda x: x.target in PRODUCTS)
-            down = any(_near(n, lambda x: list(x.users), 4, lambda x, p=p: _left_operand_of_product(x, p))
-                       for p in [n, *_downstream(n, 4)])
-            if up and down:
-                out.append(n.name)
-    return out
-
-
-def _downstream(n, hops):
-    seen, todo = [], [(n, 0)]
-    while todo:
-        x, d = todo.pop(0)
-        if d < hops:
-            for u in x.users:
-                if u not in seen:
-                    seen.append(u)
-                    todo.append((u, d + 1))
-    return seen
-
-
-def translate_and_enumerate(model, inputs, monkeypatch):
-    chains = []
-    run = translator.api.run_pipeline
-
-    def spy(ctx):
-        chains.extend(attention_chains(ctx.gm))  # the captured graph, before any pass
-        return run(ctx)
-
-    monkeypatch.setattr(translator.api, "run_pipeline", spy)
-    tm = translate(model.eval(), inputs, backend="reference")
-    return tm, chains
-
 
 # --- forms the matcher declines (one reason each) -------------------------------------------
 
@@ -180,25 +113,13 @@ DECLINED = {"sdpa_d300", "probs_returned", "multiplicative_mask", "head_mask", "
             "head_dim_300", "mask_before_scale", "scalar_on_every_score", "mask_subtracted", "einsum_transposed_v"}
 
 
-def check_chains(tm, chains):
-    rows = {r.node: r for r in tm.report.rows}
-    taken, missed = [], []
-    for name in chains:
-        r = rows[name]
-        if r.where != "pytorch" and r.detail.startswith("flydsl.attention"):
-            taken.append(name)
-        else:
-            assert "not taken by attention: " in r.detail, f"{name}: silent miss ({r.where}: {r.detail})"
-            missed.append(name)
-    return taken, missed
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_attention_chain_is_taken_or_says_why(name, monkeypatch):
     build, inputs = MODELS[name]
     tm, chains = translate_and_enumerate(build(), inputs(), monkeypatch)
     assert len(chains) == 1, chains
-    taken, missed = check_chains(tm, chains)
+    taken, reasons = fused_or_reasoned(tm, chains)
+    missed = list(reasons)
     assert (missed if name in DECLINED else taken) == chains
 
 
@@ -207,4 +128,4 @@ def test_hf_eager_attention_chains_are_taken(kind, monkeypatch):
     m, x = hf(kind)
     tm, chains = translate_and_enumerate(m, x, monkeypatch)
     assert len(chains) == 1, chains
-    assert check_chains(tm, chains) == (chains, [])
+    assert fused_or_reasoned(tm, chains) == (chains, {})

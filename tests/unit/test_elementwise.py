@@ -15,6 +15,7 @@ import flysim  # noqa: E402,F401
 
 from translator.tolerances import op_tol
 from translator import translate  # noqa: E402
+from bundled_models import load_model  # noqa: E402
 from translator.passes.partition import partition  # noqa: E402
 
 FUSED = torch.ops.flydsl.fused_elementwise.default
@@ -126,29 +127,22 @@ def test_flysim_chain_and_model_bf16():
     assert tm.report.counters["fused_elementwise"] == 1
 
 
-def test_llama_block_elementwise_in_flydsl():
-    import importlib
-
-    sys.path.insert(0, str(ROOT / "models"))
-    mod = importlib.import_module("llama_block")
-    torch.manual_seed(0)
-    m = mod.Model(*mod.get_init_inputs()).eval()
+def translate_bundled(name):
+    m, mod = load_model(name)
     tm = translate(m, tuple(mod.get_inputs()), backend="reference")
     assert tm.report.verification.passed, tm.report.verification.message
+    return tm
+
+
+def test_llama_block_elementwise_in_flydsl():
+    tm = translate_bundled("llama_block")
     assert tm.report.counters["fused_elementwise"] >= 3  # rotary mul-add, SwiGLU gate mul, rotate_half neg
     left = {str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"}
     assert "aten.mul.Tensor" not in left and "aten.add.Tensor" not in left, left
 
 
 def test_after_conv_batchnorm_inplace_relu_goes_to_flydsl():
-    import importlib
-
-    sys.path.insert(0, str(ROOT / "models"))
-    mod = importlib.import_module("small_cnn")
-    torch.manual_seed(0)
-    m = mod.Model(*mod.get_init_inputs()).eval()
-    tm = translate(m, tuple(mod.get_inputs()), backend="reference")
-    assert tm.report.verification.passed, tm.report.verification.message
+    tm = translate_bundled("small_cnn")
     assert len(fused_nodes(tm)) == 2  # conv -> bn -> relu_ (x2)
     assert tm.report.counters["epilogue_activation"] == 1  # linear -> relu_: the GEMM's epilogue
     assert not any("relu" in str(n.target) for n in tm.gm.graph.nodes)

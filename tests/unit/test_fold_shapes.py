@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 
 from translator import translate
+
+from small_models import translate_seeded  # noqa: E402
 from translator.passes.fold_shapes import FoldedShapes
 
 
@@ -90,10 +92,7 @@ class ParamOnly(nn.Module):
 
 @pytest.mark.parametrize("backend", ["reference", "flysim"])
 def test_folded_parameter_subgraph_follows_parameter_updates(backend):
-    torch.manual_seed(0)
-    m = ParamOnly().eval()
-    x = torch.randn(4, 8)
-    tm = translate(m, (x,), backend=backend)
+    m, x, tm = translate_seeded(ParamOnly, (4, 8), backend=backend)
     (f,) = folded(tm)
     assert sorted(f.sources) == ["exp", "mul"]  # scale * 2 and w.exp(): parameters alone
     torch.testing.assert_close(tm(x), m(x))
@@ -159,10 +158,7 @@ class ContinuousPositionBias(nn.Module):
 
 
 def test_folded_call_comes_after_the_constants_it_reads():
-    torch.manual_seed(0)
-    m = ContinuousPositionBias().eval()
-    x = torch.randn(2, 16, 16)
-    tm = translate(m, (x,), backend="reference")
+    m, x, tm = translate_seeded(ContinuousPositionBias, (2, 16, 16), backend="reference")
     assert tm.report.verification.passed, tm.report.verification.message
     (f,) = folded(tm)
     assert {"arange", "sigmoid"} <= set(f.sources) and tm.report.counters.get("folded_gemm", 0) == 2

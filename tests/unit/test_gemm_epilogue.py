@@ -14,6 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from translator import translate
+
+from small_models import translate_seeded  # noqa: E402
 from translator_kernels.program import epilogue, parse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,10 +53,7 @@ def gemm_nodes(tm):
 @pytest.mark.parametrize("backend", ["reference", "flysim"])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_mlp_block_activation_and_residual(backend, approximate):
-    torch.manual_seed(0)
-    m = MLPBlock(approximate=approximate).eval()
-    x = torch.randn(2, 5, 64)
-    tm = translate(m, (x,), backend=backend)
+    m, x, tm = translate_seeded(lambda: MLPBlock(approximate=approximate), (2, 5, 64), backend=backend)
     c = tm.report.counters
     assert c["epilogue_activation"] == 1 and c["epilogue_residual"] == 1, c
     (fc, proj) = gemm_nodes(tm)
@@ -70,10 +69,7 @@ def test_mlp_block_activation_and_residual(backend, approximate):
 
 @pytest.mark.parametrize("backend", ["reference", "flysim"])
 def test_bias_relu_scale_silu(backend):
-    torch.manual_seed(0)
-    m = Conv1DStyle().eval()
-    x = torch.randn(7, 64)
-    tm = translate(m, (x,), backend=backend)
+    m, x, tm = translate_seeded(Conv1DStyle, (7, 64), backend=backend)
     c = tm.report.counters
     assert c["epilogue_bias"] == 1 and c["epilogue_activation"] == 2 and c["epilogue_scale"] == 1, c
     g1, g2 = gemm_nodes(tm)
@@ -130,10 +126,7 @@ CHAINS = {  # name -> (chain, epilogue program the gemm must carry, in chain spe
 @pytest.mark.parametrize("name", list(CHAINS))
 def test_unary_chain_becomes_epilogue_program(name):
     fn, prog = CHAINS[name]
-    torch.manual_seed(0)
-    m = Chain(fn).eval()
-    x = torch.randn(6, 32)
-    tm = translate(m, (x,), backend="reference")
+    m, x, tm = translate_seeded(lambda: Chain(fn), (6, 32), backend="reference")
     (g,) = gemm_nodes(tm)
     assert g.args[5] == epilogue(prog), g.args
     left = [n for n in tm.gm.graph.nodes if n.op == "call_function" and getattr(n.target, "namespace", "") == "aten"]
@@ -217,10 +210,7 @@ def test_any_elementwise_op_folds_into_the_epilogue_on_flysim(name):
     """Every op the elementwise kernels take folds into the GEMM epilogue: one gemm node carries the
     whole chain (counters moved, no aten op left) and the forward is ONE FlyDSL launch on flysim."""
     fn, ops = FOLD_ANY[name]
-    torch.manual_seed(0)
-    m = Chain(fn, d_in=32, d_out=48).eval()
-    x = torch.randn(5, 32)
-    tm = translate(m, (x,), backend="flysim")
+    m, x, tm = translate_seeded(lambda: Chain(fn, d_in=32, d_out=48), (5, 32), backend="flysim")
     assert tm.report.verification.passed, tm.report.verification.message
     (g,) = gemm_nodes(tm)
     assert [o for o, _, _ in parse(g.args[5]).ops] == ops, g.args[5]

@@ -197,16 +197,14 @@ def test_compiled_module_registering_a_buffer_does_not_recompile_per_call():
 def test_hf_static_cache_generation_compiles_two_graphs_with_the_translator_imported():
     """Issue 30's recipe (a tiny Llama, the forward compiled, `cache_implementation="static"`), with
     dynamo's own eager backend: on main 8 graphs for 12 tokens (the recompile limit), one per call."""
-    transformers = pytest.importorskip("transformers")
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     import translator.api  # noqa: F401
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    m = transformers.LlamaForCausalLM(cfg).eval()
+    from hf_tiny import tiny_llama
+
+    m = tiny_llama()
     ids = torch.randint(0, 128, (1, 8))
     want = m.generate(ids, max_new_tokens=12, do_sample=False, cache_implementation="static")
     torch._dynamo.reset()

@@ -11,6 +11,7 @@ from translator.tolerances import model_tol
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models import llama_block
 from translator import translate
 from translator.registry import Stage, rules_for
 
@@ -71,20 +72,13 @@ def param(*shape, dtype=torch.float32):
 
 # --- hand-written RMSNorm ------------------------------------------------------------------------
 
-class LlamaRMSNorm(nn.Module):
-    """transformers/models/llama/modeling_llama.py (also Mistral, Qwen2)."""
+class LlamaRMSNorm(llama_block.LlamaRMSNorm):
+    """transformers/models/llama/modeling_llama.py (also Mistral, Qwen2), the bundled Llama
+    block's norm, with a weight of `dtype` away from 1."""
 
     def __init__(self, n, eps=1e-6, dtype=torch.float32):
-        super().__init__()
+        super().__init__(n, eps)
         self.weight = param(n, dtype=dtype)
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
 
 
 class WeightBeforeCast(LlamaRMSNorm):

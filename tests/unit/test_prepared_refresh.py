@@ -9,19 +9,12 @@ from translator import translate
 from translator.state import _PREPARED, refresh_prepared
 from translator.tolerances import model_tol
 
-
-class TwoLinear(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(32, 48), nn.Linear(48, 16)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+from test_lazy_prepared import MLP  # two linears with a relu between: 32 -> 64 -> 16
 
 
 def _translated(seed=0):
     torch.manual_seed(seed)
-    m = TwoLinear().eval()
+    m = MLP().eval()
     x = torch.randn(4, 32)
     tm = translate(m, (x,), backend="reference", verify=False)
     assert len(_PREPARED[tm.gm].entries) == 2  # the two preshuffled GEMM weights
@@ -61,7 +54,7 @@ def test_a_write_through_data_needs_a_forced_refresh():
     tol = model_tol(check="few_ops")
     with torch.no_grad():
         stale = tm(x)
-        m.a.weight.data.copy_(torch.randn(48, 32))  # `.data` has its own version counter: not seen
+        m.a.weight.data.copy_(torch.randn(64, 32))  # `.data` has its own version counter: not seen
         torch.testing.assert_close(tm(x), stale, rtol=0, atol=0)
         assert refresh_prepared(tm.gm, force=True) == 2
         torch.testing.assert_close(tm(x), m(x), **tol)

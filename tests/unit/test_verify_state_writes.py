@@ -90,13 +90,10 @@ def test_state_the_run_cannot_cast_is_stated_without_a_traceback(capfd):
 
 @pytest.mark.slow  # ~20 s; LazyKV above covers the behaviour (a cache allocated in forward) in the default suite
 def test_hf_static_cache_generation_through_torch_compile(capfd):
-    T = pytest.importorskip("transformers")
+    from hf_tiny import tiny_llama
     from translator.frontends import compile_backend
 
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64)
-    m = T.LlamaForCausalLM(cfg).eval()
+    m = tiny_llama()
     ids = torch.randint(0, 100, (1, 6))
     want = m.generate(ids, max_new_tokens=3, cache_implementation="static", do_sample=False)
     compile_backend.reset()

@@ -247,45 +247,33 @@ def build_model(module: Any, path: Path) -> tuple:
             raise CliError(f"{path} defines no `{fn}()`; add `def {fn}():` returning {what}")
 
     torch.manual_seed(0)
-    try:
-        init_inputs = module.get_init_inputs()
-    except SystemExit as exc:
-        raise _exited(exc, f"get_init_inputs() in {path}")
-    except Exception as exc:
-        raise CliError(f"get_init_inputs() in {path} raised {_describe(exc)}; fix it to return Model's constructor arguments")
+    init_inputs = _user_call(module.get_init_inputs, f"get_init_inputs() in {path}",
+                             "fix it to return Model's constructor arguments")
     if not isinstance(init_inputs, (list, tuple)):
         raise CliError(
             f"get_init_inputs() in {path} returned {type(init_inputs).__name__}; "
             "return a list (or tuple) of Model's constructor arguments ([] for none)"
         )
-    try:
-        model = model_cls(*init_inputs)
-    except SystemExit as exc:
-        raise _exited(exc, f"Model(*get_init_inputs()) in {path}")
-    except Exception as exc:
-        raise CliError(
-            f"Model(*get_init_inputs()) in {path} raised {_describe(exc)}; "
-            "make get_init_inputs() return the arguments Model.__init__ takes"
-        )
+    model = _user_call(lambda: model_cls(*init_inputs), f"Model(*get_init_inputs()) in {path}",
+                       "make get_init_inputs() return the arguments Model.__init__ takes")
     model = model.eval()
-    try:
-        inputs = module.get_inputs()
-    except SystemExit as exc:
-        raise _exited(exc, f"get_inputs() in {path}")
-    except Exception as exc:
-        raise CliError(f"get_inputs() in {path} raised {_describe(exc)}; fix it to return a list of input tensors")
+    inputs = _user_call(module.get_inputs, f"get_inputs() in {path}", "fix it to return a list of input tensors")
     inputs = check_inputs(inputs, path)
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    except SystemExit as exc:
-        raise _exited(exc, f"Model(...).forward(*get_inputs()) in {path}")
-    except Exception as exc:
-        raise CliError(
-            f"Model(...).forward(*get_inputs()) in {path} raised {_describe(exc)}; "
-            "make get_inputs() return what forward takes"
-        )
+    with torch.no_grad():
+        _user_call(lambda: model(*inputs), f"Model(...).forward(*get_inputs()) in {path}",
+                   "make get_inputs() return what forward takes")
     return model, inputs
+
+
+def _user_call(fn, what, fix):
+    """fn() of the user's model file; an exit or exception there becomes one CliError naming `what`
+    (the call, in the file) and `fix`."""
+    try:
+        return fn()
+    except SystemExit as exc:
+        raise _exited(exc, what)
+    except Exception as exc:
+        raise CliError(f"{what} raised {_describe(exc)}; {fix}")
 
 
 # --------------------------------------------------------------------------- commands

@@ -206,14 +206,13 @@ class Report:
     def headline(self) -> str:
         s = self.summary()
         v = self.verification
-        ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
         fly = s["flydsl_kernel_nodes"] + s["flydsl_reference_nodes"] + s["flydsl_not_run_nodes"]
         folded = f" (+{s['folded_nodes']} folded once per shape)" if s["folded_nodes"] else ""
         return _rank_line(s) + (f"{self.model}: {fly}/{s['compute_nodes']} compute ops in FlyDSL ops ({s['flydsl_kernel_nodes']} on "
                 f"launched FlyDSL kernels, {s['flydsl_reference_nodes']} reference-only, {s['flydsl_not_run_nodes']} "
                 f"not run yet), {s['pytorch_nodes']} in PyTorch{folded}; {100 * s['flydsl_flop_share']:.1f}% of FLOPs and "
                 f"{100 * s['flydsl_byte_share']:.1f}% of bytes in FlyDSL ops; backend {self.backend} "
-                f"({self.backend_reason}); verification {ver}"
+                f"({self.backend_reason}); verification {v.status}"
                 + (f"; {self.precision_what_if()}" if self.precision_what_if() else ""))
 
     def to_markdown(self) -> str:
@@ -238,7 +237,7 @@ class Report:
                f"- bytes (op-by-op model): {s['bytes_total']:,} total, {s['bytes_in_flydsl_ops']:,} in FlyDSL ops "
                f"({100 * s['flydsl_byte_share']:.1f}%), {s['bytes_in_flydsl_kernels']:,} on launched FlyDSL kernels",
                *([f"- {_rank_line(s).rstrip('; ')}"] if _rank_line(s) else []),
-               f"- verification: {'not run' if not v.ran else ('PASSED' if v.passed else 'FAILED')} — {v.message}"]
+               f"- verification: {v.status} — {v.message}"]
         if v.divergence:
             out.append(f"  - {v.divergence.describe()}")
         for fb in v.fallbacks:

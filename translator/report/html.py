@@ -113,7 +113,6 @@ def _isa(report) -> str:
 def render_html(report) -> str:
     s = report.summary()
     v = report.verification
-    ver = "not run" if not v.ran else ("PASSED" if v.passed else "FAILED")
     rows = "".join(
         f'<tr class="{escape(r.where)}{" layout" if r.layout else ""}"><td>{escape(r.node)}</td><td>{escape(r.op)}</td>'
         f"<td>{escape(r.shapes)}</td><td>{escape(r.dtype)}</td><td>{escape(LABELS.get(r.where, r.where))}</td>"
@@ -131,7 +130,7 @@ def render_html(report) -> str:
         f"{100 * s['flydsl_kernel_flop_share']:.1f}% on launched FlyDSL kernels",
         f"bytes (op-by-op model): {s['bytes_total']:,} total, {100 * s['flydsl_byte_share']:.1f}% in FlyDSL ops, "
         f"{100 * s['flydsl_kernel_byte_share']:.1f}% on launched FlyDSL kernels",
-        f"verification: <b>{ver}</b> — {escape(v.message)}",
+        f"verification: <b>{v.status}</b> — {escape(v.message)}",
     ] + [escape(n) for n in report.capture_notes]
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
