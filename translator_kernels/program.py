@@ -248,6 +248,25 @@ def integer_accumulation(op: str, prog: Program, in_dtypes) -> None:
                                "accumulation; integer reductions and scans are not supported (torch accumulates "
                                "integers in int64): keep them in PyTorch, or cast to a float dtype in the program")
 
+def broadcast_inputs(op: str, prog: Program, inputs, note: str = "") -> tuple:
+    """The checks a generated row kernel (reduce, scan) makes of its inputs: each a tensor of a
+    supported dtype, all on one device, integer accumulation allowed, shapes that broadcast.
+    Returns the broadcast shape; `note` ends the unsupported-dtype message."""
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16, "
+                                   f"bool, int32 or int64{note}")
+        if t.device != inputs[0].device:
+            raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
+                                   "move them to one device")
+    integer_accumulation(op, prog, [DTYPES[t.dtype] for t in inputs])
+    try:
+        return tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+    except RuntimeError as e:
+        raise KernelInputError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+
+
 
 def as_program(program) -> Program:
     return parse(program) if isinstance(program, str) else program

@@ -114,16 +114,12 @@ def test_interrupted_translate_leaves_nothing_behind(case):
     _check("reference", CASES[case])
 
 
-_IN_IMPORT = pytest.mark.xfail(strict=False, reason=(
-    "an exception raised synchronously (not a Ctrl-C, which waits) inside the lowerings' import after a lowering "
-    "file defined its custom op: that file runs again and defines the op again, a new OpOverload that rules "
-    "captured by identity may miss (translator.registry.populating)"))
 POINTS = [5, 20, 50, 100, 200, 300, 500, 800, 1100, 1400, 1700, 2000, 2400, 2800, 3200]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("step", [("signal", n) for n in POINTS] + [
-    pytest.param(("raise", n), marks=[_IN_IMPORT] if n < 1400 else []) for n in POINTS], ids=str)
+    ("raise", n) for n in POINTS], ids=str)
 def test_interrupted_at_many_points(step):
     _check("reference", [list(step)])
 

@@ -31,7 +31,7 @@ from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
-from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
+from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, broadcast_inputs, parse,
                                         ref_program)
 from translator_kernels.codegen.reduce_codegen import KINDS, MAX_BLOCK, MAX_ELEMS_PER_LANE, kernel_source, codegen_row_tiling
 
@@ -111,19 +111,7 @@ def prepare(inputs, program, kind: str, dims, keepdim: bool, params=(), epi_inpu
     if len(inputs) != prog.n or len(prog.out) != 1:
         raise KernelInputError(f"{op}: program takes {prog.n} inputs and must have one output, got {len(inputs)} "
                                f"inputs and {len(prog.out)} outputs")
-    for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
-            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16, "
-                                   "bool, int32 or int64")
-        if t.device != inputs[0].device:
-            raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
-                                   "move them to one device")
-    integer_accumulation(op, prog, [DTYPES[t.dtype] for t in inputs])
-    try:
-        shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
-    except RuntimeError as e:
-        raise KernelInputError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+    shape = broadcast_inputs(op, prog, inputs)
     dims, perm = _axes(shape, dims)
     r = len(shape)
     m = math.prod(shape[d] for d in range(r) if d not in dims)

@@ -27,7 +27,7 @@ from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
-from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, integer_accumulation, parse,
+from translator_kernels.program import (BITS, DTYPES, TORCH, Program, as_program, broadcast_inputs, parse,
                                         ref_program)
 from translator_kernels.codegen.scan_codegen import KINDS, MAX_BLOCK, MAX_TILES, kernel_source, scan_tiling
 
@@ -90,19 +90,7 @@ def _validate(inputs, program, kind, dim):
     if len(inputs) != prog.n or len(prog.out) != 1 or prog.out[0][1] == "bool":
         raise KernelInputError(f"{op}: program takes {prog.n} inputs and must have one float output, got {len(inputs)} "
                                f"inputs and outputs {prog.out}")
-    for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
-            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise KernelInputError(f"{op}: input {i} ({what}) is not supported; use float32, bfloat16, float16, "
-                                   "bool, int32 or int64 (float64 scans stay in PyTorch)")
-        if t.device != inputs[0].device:
-            raise KernelInputError(f"{op}: input {i} is on {t.device}, input 0 on {inputs[0].device}; "
-                                   "move them to one device")
-    integer_accumulation(op, prog, [DTYPES[t.dtype] for t in inputs])
-    try:
-        shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
-    except RuntimeError as e:
-        raise KernelInputError(f"{op}: input shapes {[tuple(t.shape) for t in inputs]} do not broadcast: {e}") from None
+    shape = broadcast_inputs(op, prog, inputs, " (float64 scans stay in PyTorch)")
     r = max(len(shape), 1)
     if not -r <= dim < r:
         raise KernelInputError(f"{op}: dim {dim} is out of range for shape {shape}")
