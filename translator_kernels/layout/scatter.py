@@ -128,7 +128,13 @@ def _region(dst: torch.Tensor, dim, ids):
 
 
 def _plan(dst, values, dim, ids, arch):
-    op = "scatter"
+    sc, extent = scatter_map(dst, values, dim, ids)
+    return sc, extent, build_scatter(sc, arch)
+
+
+def scatter_map(dst, values, dim, ids, op: str = "scatter"):
+    """(Scatter, destination extent in elements) of the write dst[..., ids, ...] = values (checked);
+    the fused RoPE + cache-write kernel (layout/rope_cache.py) stores its V section with it."""
     if values.dtype != dst.dtype:
         raise KernelInputError(f"{op}: values are {values.dtype} but the destination is {dst.dtype}; cast them first")
     if values.device != dst.device:
@@ -162,7 +168,7 @@ def _plan(dst, values, dim, ids, arch):
             break
         vec //= 2
     sc = Scatter(Layout(shape, esize * 8, read, tuple(vst), 0, words, vec), dmap, tuple(dst.stride()))
-    return sc, extent, build_scatter(sc, arch)
+    return sc, extent
 
 
 def _check_ids(flag, ids, size):

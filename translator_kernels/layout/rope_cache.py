@@ -1,0 +1,333 @@
+"""RoPE of q and k and the K / V cache writes of one attention layer in one launch.
+
+A Llama-style layer after its QKV GEMM rotates q and k (rotary position embeddings) and writes k
+and v into the static cache [B, Hkv, S_max, D] at the step's positions. Written as separate kernels
+that is four launches of next to no work each (two rotations, two scatters); here it is one kernel
+whose workgroups are split into sections:
+
+    rope section   out(c) = x(c) * cos(c) - x(p) * sin(c)   first member of a pair (m = 0)
+                   out(c) = x(c) * cos(c) + x(p) * sin(c)   second member (m = 1)
+                   over the rotated tensor R (its last dim holds the pairs' members h = R[-1] / 2
+                   apart: rotate-half has h = D / 2; interleaved pairs are R = [.., D / 2, 2], h = 1);
+                   p is c's partner, m = c[-1] // h. x, cos and sin are any strided views over R
+                   (a column slice of the QKV GEMM's output is read in place; cos / sin broadcast
+                   by stride 0, one coefficient per pair or per element). The result goes to a
+                   fresh contiguous output (q; k where there is no cache) or straight into the
+                   cache: R's flat index o is the written region's element sum(c_d * vs_d) (vs: the
+                   region's strides over R, from the graph's view chain), the indexed dim read
+                   from the positions on the device.
+    copy section   the cache write of v, the scatter kernel's map (layout/scatter.py): the values
+                   a strided view of the QKV output, the destination the cache, in place.
+
+Math in fp32 (x, cos, sin loaded in their dtype), one rounding to the output's dtype: in fp32 it is
+eager's own sequence (a product, a product, a sum) and bit-exact. One thread per element of a rope
+section (the partner is loaded again by its own thread; decode moves a few KB), one per vector of
+the copy section. A position out of range stores nothing and raises the flag word; on CPU tensors
+(flysim) the host raises IndexError, as the scatter kernel does. Everything is static: the builder
+is memoized per `Fused` and arch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+
+from translator_kernels import device_math as em
+from translator_kernels import launch as kl
+from translator_kernels import replay as kr
+from translator_kernels.arch import DTYPE_NAMES, NAMED_DTYPES
+from translator_kernels.codegen.host import current_arch
+from translator_kernels.errors import KernelInputError
+from translator_kernels.layout import _DUMMY, _INT, MAX_BYTES, _geometry_index
+from translator_kernels.layout.kernel import BLOCK, _raise_flag, _source_index, _store, _value, vector_grid
+from translator_kernels.layout.scatter import Scatter, _check_ids, _dst_offset, scatter_map
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class RopeSec:
+    """One rotated tensor, static."""
+
+    shape: tuple  # R
+    x: tuple  # element strides of x, cos, sin over R's dims
+    cos: tuple
+    sin: tuple
+    dts: tuple  # dtype names of x, cos, sin, the output
+    region: tuple = ()  # into a cache: the written region's shape
+    vs: tuple = ()  # its strides over R's flat index
+    dst: tuple = ()  # SrcDim per cache dim (the indexed one reads the positions)
+    dst_strides: tuple = ()
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Fused:
+    ropes: tuple  # RopeSec, one or two
+    copy: Scatter | None  # v into its cache
+    id_words: int  # 1: int32 positions, 2: int64, 0: none
+
+
+def _grids(f: Fused) -> list:
+    g = [max(1, -(-r.numel // BLOCK)) for r in f.ropes]
+    if f.copy is not None:
+        g.append(vector_grid(f.copy.read)[3])
+    return g
+
+
+def _coords(o, shape):
+    """o's index per dim of the contiguous `shape` (plain Python over static sizes)."""
+    out, acc = [], 1
+    for d in range(len(shape) - 1, -1, -1):
+        c = o if acc == 1 else o // acc
+        out.append(c % shape[d] if d > 0 else c)
+        acc *= shape[d]
+    return out[::-1]
+
+
+def _dot(coords, strides):
+    off = 0
+    for c, st in zip(coords, strides):
+        if st:
+            off = off + (c if st == 1 else c * st)
+    return fx.Int32(off) if not isinstance(off, int) else off
+
+
+def _rotate(sec: RopeSec, o, X, C, S):
+    """The rotated value at R's flat index o (a 1-lane fp32 vector)."""
+    c = _coords(o, sec.shape)
+    h = sec.shape[-1] // 2
+    xo, co, so = _dot(c, sec.x), _dot(c, sec.cos), _dot(c, sec.sin)
+    m = c[-1] if h == 1 else c[-1] // h
+    ps = h * sec.x[-1]  # the partner's distance in x
+    po = xo + ps - m * (2 * ps)
+    x = em.load_vec(X, sec.dts[0], 1, xo)
+    xp = em.load_vec(X, sec.dts[0], 1, po)
+    a = x * em.load_vec(C, sec.dts[1], 1, co)
+    t = xp * em.load_vec(S, sec.dts[2], 1, so)
+    return fx.Vector.filled(1, m == 0, fx.Boolean).select(a - t, a + t)
+
+
+def _cache_offset(sec: RopeSec, o, Ids, words):
+    """(cache element offset of R's element o, positions-in-range flag)."""
+    rc = [0 if n == 1 else (o if st == 1 else o // st) % n for n, st in zip(sec.region, sec.vs)]
+    off, good = 0, None
+    for s, stride in zip(sec.dst, sec.dst_strides):
+        idx, _, ok = _source_index(s, rc, Ids, words)
+        if not isinstance(idx, int) or idx:
+            off = off + idx * stride
+        if ok is not None:
+            good = ok if good is None else good & ok
+    return fx.Int32(off), good
+
+
+@kl.builder
+def build_rope_cache(f: Fused, arch: str):
+    """Launcher `launch(X0, C0, S0, O0, X1, C1, S1, O1, V, Vc, Ids, Flag)`: flat buffers from each
+    tensor's first element (O1 is the k cache where the second rope is written into it; V / Vc as
+    integers of the element width), Ids int32 words, Flag one int32 word; absent ones a dummy word.
+    arch keys the cache."""
+    grids = _grids(f)
+    starts = [sum(grids[:i]) for i in range(len(grids))]
+    r0 = f.ropes[0]
+    r1 = f.ropes[1] if len(f.ropes) > 1 else None
+    sc = f.copy
+    words = f.id_words
+    if sc is not None:
+        vshape, nv, ostride, _ = vector_grid(sc.read)
+    B1 = starts[1] if len(grids) > 1 else 0
+    B2 = starts[2] if len(grids) > 2 else 0
+    cached0, cached1 = bool(r0.region), r1 is not None and bool(r1.region)
+    copies = sc is not None
+
+    @flyc.kernel
+    def rope_cache_kernel(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, X1: fx.Tensor,
+                          C1: fx.Tensor, S1: fx.Tensor, O1: fx.Tensor, V: fx.Tensor, Vc: fx.Tensor,
+                          Ids: fx.Tensor, Flag: fx.Tensor):
+        b = fx.Int32(fx.block_idx.x)
+        t = fx.Int32(fx.thread_idx.x)
+        o0 = b * BLOCK + t
+        if o0 < r0.numel:
+            y0 = _rotate(r0, o0, X0, C0, S0)
+            if cached0:
+                off0, good0 = _cache_offset(r0, o0, Ids, words)
+                if good0:
+                    em.store_vec(O0, r0.dts[3], 1, y0, off0)
+                if ~good0:
+                    _raise_flag(Flag)
+            else:
+                em.store_vec(O0, r0.dts[3], 1, y0, o0)
+        if r1 is not None:
+            o1 = (b - B1) * BLOCK + t
+            if (b >= B1) & (o1 < r1.numel):
+                y = _rotate(r1, o1, X1, C1, S1)
+                if cached1:
+                    off, good = _cache_offset(r1, o1, Ids, words)
+                    if good:
+                        em.store_vec(O1, r1.dts[3], 1, y, off)
+                    if ~good:
+                        _raise_flag(Flag)
+                else:
+                    em.store_vec(O1, r1.dts[3], 1, y, o1)
+        if copies:
+            v = (b - B2) * BLOCK + t
+            if (b >= B2) & (v < nv):
+                x, _ = _value(sc.read, v, V, Ids, vshape, ostride)
+                off2, good2 = _dst_offset(sc, v, Ids, vshape, ostride)
+                if good2:
+                    _store(Vc, sc.read.bits, sc.read.vec, x, off2 // sc.read.vec if sc.read.vec > 1 else off2)
+                if ~good2:
+                    _raise_flag(Flag)
+
+    @flyc.jit
+    def launch(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, X1: fx.Tensor, C1: fx.Tensor,
+               S1: fx.Tensor, O1: fx.Tensor, V: fx.Tensor, Vc: fx.Tensor, Ids: fx.Tensor, Flag: fx.Tensor,
+               stream: fx.Stream = fx.Stream(None)):
+        rope_cache_kernel(X0, C0, S0, O0, X1, C1, S1, O1, V, Vc, Ids, Flag).launch(
+            grid=(sum(grids), 1, 1), block=(BLOCK, 1, 1), stream=stream)
+
+    return launch
+
+
+# --- host entry ----------------------------------------------------------------------------------
+
+MAX_PLANS = 4096
+_PLANS: dict = {}
+
+
+def _expand(op, x, cos, sin, pairs):
+    """x, cos, sin as views over the rotated shape R (cos / sin per pair: a new last dim of stride 0)."""
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in FLOATS:
+            raise KernelInputError(f"{op}: {name} must be a float32, bfloat16 or float16 tensor, got "
+                                   f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.device != x.device:
+            raise KernelInputError(f"{op}: {name} is on {t.device}, x on {x.device}; move them to one device")
+    if pairs:
+        if x.dim() < 1 or x.shape[-1] != 2:
+            raise KernelInputError(f"{op}: interleaved pairs need x of shape [..., D/2, 2], got {tuple(x.shape)}")
+        cos, sin = cos.unsqueeze(-1), sin.unsqueeze(-1)
+    elif x.dim() < 1 or x.shape[-1] % 2:
+        raise KernelInputError(f"{op}: rotate-half needs an even last dim, got x of shape {tuple(x.shape)}")
+    try:
+        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+    except RuntimeError:
+        raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} do not broadcast to x "
+                               f"{tuple(x.shape)}") from None
+    if shape[-1] != x.shape[-1]:
+        raise KernelInputError(f"{op}: cos / sin widen x's last dim ({tuple(x.shape)} -> {tuple(shape)})")
+    return [t.expand(shape) for t in (x, cos, sin)]
+
+
+def _extent(t) -> int:
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+
+
+def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None) -> RopeSec:
+    x, cos, sin = _expand(op, x, cos, sin, pairs)
+    out = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    dts = tuple(DTYPE_NAMES[d] for d in (x.dtype, cos.dtype, sin.dtype, out))
+    base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts)
+    if dst is None:
+        return RopeSec(**base)
+    if dst.dtype != out:
+        raise KernelInputError(f"{op}: the rotated k is {out} but the cache is {dst.dtype}; cast first")
+    if dst.device != x.device:
+        raise KernelInputError(f"{op}: the cache is on {dst.device}, k on {x.device}")
+    dmap, region, _ = _geometry_index(dst, dim, ids)
+    region = tuple(region)
+    if math.prod(region) != math.prod(x.shape):
+        raise KernelInputError(f"{op}: the written region {region} does not hold k's {tuple(x.shape)} elements")
+    vs, acc = [0] * len(region), 1
+    for d in order:
+        vs[d], acc = acc, acc * region[d]
+    if any(n > 1 and d not in order for d, n in enumerate(region)):
+        raise KernelInputError(f"{op}: region dims {region} outside the order {tuple(order)} have more than one element")
+    return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
+
+
+def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+    op = "rope_cache"
+    if not 1 <= len(xs) <= 2 or len(coss) != len(xs) or len(sins) != len(xs):
+        raise KernelInputError(f"{op}: one or two tensors to rotate, each with its cos and sin; got "
+                               f"{len(xs)} / {len(coss)} / {len(sins)}")
+    if (kc is not None or vc is not None) and ids is None:
+        raise KernelInputError(f"{op}: a cache write needs the positions (ids)")
+    if ids is not None and (ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1):
+        raise KernelInputError(f"{op}: positions must be a 1-D int32 or int64 tensor, got {ids.dtype} "
+                               f"{tuple(ids.shape)}")
+    secs = [_rope_sec(op, xs[i], coss[i], sins[i], pairs, *((kc, dim, ids, k_order) if kc is not None and
+                                                          i == len(xs) - 1 else ())) for i in range(len(xs))]
+    sc = None
+    if vc is not None:
+        sc, _ = scatter_map(vc, v, dim, ids, op)
+    for t in list(xs) + [kc, vc, v]:
+        if t is not None and _extent(t) * t.element_size() >= MAX_BYTES:
+            raise KernelInputError(f"{op}: a tensor spans >= 2 GiB (32-bit buffer offsets); split it")
+    words = 0 if ids is None else (2 if ids.dtype == torch.int64 else 1)
+    f = Fused(tuple(secs), sc, words)
+    return f, build_rope_cache(f, key[-1])
+
+
+def _flat(t, itype=None):
+    f = torch.as_strided(t, (max(_extent(t), 1),), (1,))
+    return f if itype is None or f.dtype == itype else f.view(itype)
+
+
+@kr.replayed
+def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2):
+    """Rotate each x of `xs` by its cos / sin (rotate-half over x's last dim, or interleaved pairs:
+    x [..., D/2, 2] and cos / sin per pair [..., D/2]); returns the rotated tensors, contiguous, except
+    the last when `kc` is given: that one is stored into kc at `ids` along `dim` (R's flat index o is
+    the written region's element whose strides over R follow `k_order`, the region dims innermost
+    first). v, when given, is stored into vc at ids along dim. One launch; the caches in place."""
+    if ids is not None and isinstance(ids, torch.Tensor) and ids.dim() == 0:
+        ids = ids.reshape(1)
+    arch = current_arch()
+    try:
+        geo = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)  # noqa: E731
+        key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids)), len(xs), bool(pairs),
+               None if k_order is None else tuple(k_order), dim, arch)
+    except AttributeError:
+        raise KernelInputError("rope_cache: expected tensors") from None
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+    f, launcher = hit
+    dev = xs[0].device
+    dummy = _DUMMY.get(dev)
+    if dummy is None:
+        dummy = _DUMMY[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+    outs, bufs = [], []
+    for i, sec in enumerate(f.ropes):
+        x, c, s = _expand("rope_cache", xs[i], coss[i], sins[i], pairs)
+        if sec.region:
+            o = _flat(kc)
+        else:
+            outs.append(torch.empty(sec.shape, dtype=NAMED_DTYPES[sec.dts[3]], device=dev))
+            o = outs[-1].view(-1)
+        bufs += [_flat(x), _flat(c), _flat(s), o]
+    bufs += [dummy] * (8 - len(bufs))
+    if f.copy is not None:
+        itype = _INT[vc.element_size()]
+        bufs += [_flat(v.expand(f.copy.read.out_shape), itype), _flat(vc, itype)]
+    else:
+        bufs += [dummy, dummy]
+    if ids is None:
+        kl.call(launcher, *bufs, dummy, dummy)
+        return outs
+    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    kl.call(launcher, *bufs, ids.reshape(-1).contiguous().view(torch.int32), flag)
+    if flag.device.type == "cpu":  # a host read: a per-call replay repeats it (replay_effect)
+        size = (kc if kc is not None else vc).shape[dim]
+        kr.replay_effect(_check_ids, flag, ids, size)
+    return outs
