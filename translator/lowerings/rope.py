@@ -43,13 +43,115 @@ Complex multiply (Meta's llama reference), counter ``rope_complex``:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..graph import aten, arg, is_call, shape_of, static_int, val
-from ..registry import NO_MATCH, Match, Stage, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
+from ..runtime.ops import dispatch
 from .elementwise import ELEMENTWISE
 
 MAX_TREE = 24  # nodes of one stacked member rebuilt at most
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# --- the op: flydsl.rope ----------------------------------------------------------------------
+
+@torch.library.custom_op("flydsl::rope", mutates_args=("kc", "vc"))
+def rope(xs: list[torch.Tensor], coss: list[torch.Tensor], sins: list[torch.Tensor], pairs: bool,
+         kc: Optional[torch.Tensor], k_order: Optional[list[int]], v: Optional[torch.Tensor],
+         vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+
+
+def _rotated(x, cos, sin, pairs):
+    """(shape, dtype) of one rotation's result."""
+    c, s = (cos.unsqueeze(-1), sin.unsqueeze(-1)) if pairs else (cos, sin)
+    return torch.broadcast_shapes(x.shape, c.shape, s.shape), torch.promote_types(torch.promote_types(
+        x.dtype, cos.dtype), sin.dtype)
+
+
+@rope.register_fake
+def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+    n = len(xs) - (kc is not None)
+    outs = []
+    for i in range(n):
+        shape, dt = _rotated(xs[i], coss[i], sins[i], pairs)
+        outs.append(xs[i].new_empty(shape, dtype=dt))
+    return outs
+
+
+def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+    """The rotations in fp32 (rotate-half over x's last dim, or pairs x [..., P, 2] with cos / sin per
+    pair), cast once; the last into kc at ids along dim when kc is given (its region's strides over
+    the rotated tensor follow k_order, innermost first); v into vc likewise."""
+    outs = []
+    for x, c, s in zip(xs, coss, sins):
+        _, dt = _rotated(x, c, s, pairs)
+        x, c, s = x.float(), c.float(), s.float()
+        if pairs:
+            c, s = c.unsqueeze(-1), s.unsqueeze(-1)
+            r = torch.cat((-x[..., 1:], x[..., :1]), -1)
+        else:
+            h = x.shape[-1] // 2
+            r = torch.cat((-x[..., h:], x[..., :h]), -1)
+        outs.append((x * c + r * s).to(dt))
+    at = lambda t: (slice(None),) * dim + (ids,)  # noqa: E731
+    if kc is not None:
+        k = outs.pop().contiguous()
+        region = list(kc.shape)
+        region[dim] = ids.numel()
+        vs, acc = [0] * len(region), 1
+        for d in k_order:
+            vs[d], acc = acc, acc * region[d]
+        kc[at(kc)] = torch.as_strided(k, region, vs)
+    if vc is not None:
+        vc[at(vc)] = v
+    return outs
+
+
+def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+    from translator_kernels.layout.rope_cache import rope_cache
+
+    return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+
+
+register_family(OpFamily(
+    name="rope", description="rotary position embeddings of q and k (and the K / V cache writes) in one kernel",
+    reference=ref_rope, kernel=kernel_rope, kernel_entry="translator_kernels.layout.rope_cache:rope_cache",
+    sample_inputs=lambda dt: ([torch.randn(1, 3, 2, 8).to(dt)], [torch.randn(1, 3, 1, 8).to(dt)],
+                              [torch.randn(1, 3, 1, 8).to(dt)], False, None, None, None, None, None, 0),
+))
+
+
+def rope_op_reason(x, cos, sin, pairs, node) -> str | None:
+    """None when flydsl.rope computes `node` from (x, cos, sin), else why not (the per-element
+    decomposition then takes it)."""
+    vs = [val(t) for t in (x, cos, sin)]
+    if not all(isinstance(t, torch.Tensor) and t.dtype in FLOATS for t in vs):
+        return "not float32 / bfloat16 / float16 tensors"
+    if any(t.device != vs[0].device for t in vs):
+        return "on different devices"
+    d = static_int(vs[0].shape[-1]) if vs[0].dim() else None
+    if d is None or d % 2 or (pairs and d != 2):
+        return "the pairs' dim is not static and even"
+    try:
+        shape, dt = _rotated(*vs, pairs)
+    except RuntimeError:
+        return "cos / sin do not broadcast"
+    if len(shape) != vs[0].dim() or str(shape) != str(vs[0].shape) or dt != val(node).dtype:
+        return "cos / sin widen x, or the result's dtype differs"
+    return None
+
+
+def emit_rope(ctx, node, x, cos, sin, pairs, absorbed, lowering):
+    """flydsl.rope of one tensor in place of `node`: its result replaces node's uses."""
+    _, (out,) = ctx.emit("rope", ([x], [cos], [sin], pairs, None, None, None, None, None, 0), lowering=lowering,
+                         sources=[node, *absorbed], anchor=node, before=node)
+    node.replace_all_uses_with(out)
+    ctx.erase_unused([node, *absorbed])
+    return out
 
 
 def _elem(n) -> bool:
@@ -127,10 +229,12 @@ def _mask(ctx, rows: list, before):
     return ctx.add_constant(torch.tensor(rows, dtype=torch.bool), "rope_sel", before)
 
 
-@rule(Stage.DECOMPOSE, aten.add.Tensor, family="fused_elementwise", supported=rotate_half_supported,
+@rule(Stage.DECOMPOSE, aten.add.Tensor, family="rope", supported=rotate_half_supported,
       doc="x * cos + rotate_half(x) * sin (cat of halves) -> per-element ops over [.., 2, D/2] (one kernel)")
 def lower_rope_rotate_half(node, ctx, m):
     x, cos, sin, absorbed = m.x, m.cos, m.sin, m.absorbed
+    if rope_op_reason(x, cos, sin, False, node) is None:
+        return emit_rope(ctx, node, x, cos, sin, False, absorbed, "rope_rotate_half")
     h = static_int(shape_of(x)[-1]) // 2
     ins = lambda *a: ctx.insert(*a, before=node)  # noqa: E731
     X, C, S = (ins(aten.unflatten.int, t, -1, [2, h]) for t in (x, cos, sin))
@@ -171,7 +275,52 @@ def stack_supported(node, ctx):
         return NO_MATCH
     if not all(_elem(t) and _tree_size(t, MAX_TREE) for t in parts):
         return NO_MATCH
-    return ctx.denied([node]) or Match(parts=parts, tree=_tree_nodes(parts))
+    return ctx.denied([node]) or Match(parts=parts, tree=_tree_nodes(parts), pairs=_pairs_form(parts, node))
+
+
+def _sel(n):
+    """(base, j) of ``t[..., j]`` (a select of the last dim), else None."""
+    if is_call(n, aten.select.int) and _last(arg(n, "self"), arg(n, "dim")):
+        return arg(n, "self"), arg(n, "index")
+    return None
+
+
+def _same(a, b) -> bool:
+    """a and b are one value: the same node, or the same select written twice."""
+    return a is b or (_sel(a) is not None and _sel(a) == _sel(b))
+
+
+def _products(n, op):
+    """((u, w), (y, z)) of ``u * w (op) y * z``, else None."""
+    if not is_call(n, op) or arg(n, "alpha", 1) != 1:
+        return None
+    a, b = arg(n, "self"), arg(n, "other")
+    if not (is_call(a, aten.mul.Tensor) and is_call(b, aten.mul.Tensor)):
+        return None
+    return (arg(a, "self"), arg(a, "other")), (arg(b, "self"), arg(b, "other"))
+
+
+def _pairs_form(parts, node):
+    """(A, cos, sin) when the stack is RoPE's interleaved pairs of A [..., P, 2]:
+    ``stack([A0 * c - A1 * s, A1 * c + A0 * s], -1)`` (Ai = A[..., i]; products in either order),
+    and flydsl.rope computes it; else None."""
+    if len(parts) != 2:
+        return None
+    re, im = _products(parts[0], aten.sub.Tensor), _products(parts[1], aten.add.Tensor)
+    if re is None or im is None:
+        return None
+    for x0, c in (re[0], re[0][::-1]):
+        for x1, s in (re[1], re[1][::-1]):
+            a0, a1 = _sel(x0), _sel(x1)
+            if a0 is None or a1 is None or a0[0] is not a1[0] or (a0[1], a1[1]) != (0, 1):
+                continue
+            want = ((x1, c), (x0, s))
+            for first, second in (im, im[::-1]):
+                if all(any(_same(p, q) and _same(r, t) for p, r in (f, f[::-1]))
+                       for f, (q, t) in zip((first, second), want)):
+                    if rope_op_reason(a0[0], c, s, True, node) is None:
+                        return a0[0], c, s
+    return None
 
 
 def _tree_nodes(parts) -> set:
@@ -206,10 +355,15 @@ def _lift(ctx, n, before, memo, tree):
     return out
 
 
-@rule(Stage.DECOMPOSE, aten.stack.default, family="fused_elementwise", supported=stack_supported,
+@rule(Stage.DECOMPOSE, aten.stack.default, family="rope", supported=stack_supported,
       doc="stack([per-element expressions], -1) (RoPE's interleaved pairs) -> one per-element program")
 def lower_rope_stack(node, ctx, m):
     parts, tree = m.parts, m.tree
+    if m.pairs is not None:
+        out = emit_rope(ctx, node, *m.pairs, True, [], "rope_stack")
+        selects = [i for n in tree for i in n.all_input_nodes if is_call(i, aten.select.int)]
+        ctx.erase_unused([*tree, *selects])
+        return out
     memo: dict = {}
     lifted = [_lift(ctx, t, node, memo, tree) for t in parts]
     n = len(parts)
@@ -247,12 +401,16 @@ def complex_supported(node, ctx):
     return ctx.denied([node, *absorbed]) or Match(a=a, f=f, absorbed=absorbed)
 
 
-@rule(Stage.DECOMPOSE, aten.view_as_real.default, family="fused_elementwise", supported=complex_supported,
+@rule(Stage.DECOMPOSE, aten.view_as_real.default, family="rope", supported=complex_supported,
       doc="view_as_real(view_as_complex(x) * freqs_cis) (complex RoPE) -> real per-element ops over the pairs")
 def lower_rope_complex(node, ctx, m):
     a, f, absorbed = m.a, m.f, m.absorbed
     ins = lambda *x: ctx.insert(*x, before=node)  # noqa: E731
     fr = ins(aten.view_as_real.default, f)
+    cos, sin = (ins(aten.select.int, fr, -1, j) for j in (0, 1))
+    if rope_op_reason(a, cos, sin, True, node) is None:
+        return emit_rope(ctx, node, a, cos, sin, True, absorbed, "rope_complex")
+    ctx.erase_unused([sin, cos])
     a0, a1, f0, f1 = (ins(aten.slice.Tensor, t, -1, j, j + 1) for t, j in ((a, 0), (a, 1), (fr, 0), (fr, 1)))
     re = ins(aten.sub.Tensor, ins(aten.mul.Tensor, a0, f0), ins(aten.mul.Tensor, a1, f1))
     im = ins(aten.add.Tensor, ins(aten.mul.Tensor, a0, f1), ins(aten.mul.Tensor, a1, f0))

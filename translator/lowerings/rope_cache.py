@@ -1,0 +1,222 @@
+"""RoPE of q and k and the K / V cache writes of a layer as one launch (`flydsl.rope` with a cache).
+
+After the RoPE rules (rope.py) and the state writes (cache_write.py) a Llama-style attention block
+reads, between its QKV GEMM and attention:
+
+    q_rot = flydsl.rope([q], [cos], [sin])            q, k, v: views of the QKV GEMM's output
+    k_rot = flydsl.rope([k], [cos], [sin])
+    flydsl.cache_write(k_cache, view(k_rot), pos, 2)  gpt-fast's cache[:, :, input_pos] = k,
+    flydsl.cache_write(v_cache, view(v), pos, 2)      HF StaticCache's index_copy_(2, pos, k)
+
+four launches of a few KB each at decode. This CONSUMER rule makes them one (translator_kernels/
+layout/rope_cache.py): `flydsl.rope([q, k], [cos_q, cos_k], [sin_q, sin_k], pairs, k_cache, order,
+v, v_cache, pos, 2)` returns q rotated and stores the rotated k and v into the caches in place. It
+takes, starting from a rope node:
+- a second rope of the same form whose input is a view of the same tensor (the QKV output);
+- a cache write whose values are a chain of views read only by it of one of the two rotations:
+  that rotation goes straight into the cache. `order` lists the written region's dims innermost
+  first as the chain lays them over the rotated tensor (found from the captured strides; the
+  chain must be a permutation that splits or merges dims, each region element one rotated
+  element);
+- a cache write at the same positions and dim whose values are a view of the same tensor (v).
+Without a cache (HF's plain forward) the two rotations are still one launch.
+
+Each part is optional but at least two must be there. Safe against reordering: the fused node
+takes the place of the first member, so the writes move up to it: it is refused when anything in
+between reads or writes a written cache. Counter: `rope_cache`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from ..graph import aten, arg, position, size_hint, static_int, val
+from ..registry import NO_MATCH, Match, Stage, rule
+from . import cache_write, rope  # noqa: F401  (register flydsl.rope and flydsl.cache_write)
+
+ROPE = torch.ops.flydsl.rope.default
+WRITE = torch.ops.flydsl.cache_write.default
+
+
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
+         aten.unflatten.int, aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
+         aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.expand.default,
+         aten.alias.default, aten.t.default}
+SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
+
+
+def _view_of(n):
+    """The node `n` reshapes or slices (a view op, or a part of a split), else None. Whether it is a
+    view at run time is checked where it matters (`_order` replays the chain)."""
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function" or not n.args:
+        return None
+    base = n.args[0]
+    if n.target is operator.getitem and isinstance(base, torch.fx.Node) and base.target in SPLITS:
+        return base.args[0]
+    return base if n.target in VIEWS and isinstance(base, torch.fx.Node) else None
+
+
+def _root(n):
+    while (b := _view_of(n)) is not None:
+        n = b
+    return n
+
+
+def _single(r):
+    """True for a rope node of one tensor with no cache (what rope.py emits)."""
+    return r.target is ROPE and len(arg(r, "xs")) == 1 and arg(r, "kc") is None and arg(r, "vc") is None
+
+
+def _out(r):
+    """The getitem of rope node r's one output, else None."""
+    gs = [u for u in r.users if u.target is operator.getitem]
+    return gs[0] if len(gs) == 1 and len(r.users) == 1 else None
+
+
+def _chain_to_write(r):
+    """(cache_write node, the view nodes between) when r's result is read only through views by one
+    cache write's values, else None."""
+    u, chain = _out(r), []
+    if u is None:
+        return None
+    while len(u.users) == 1:
+        nxt = next(iter(u.users))
+        if nxt.target is WRITE and arg(nxt, "values") is u and arg(nxt, "dst") is not u:
+            return nxt, [_out(r), *chain]
+        if _view_of(nxt) is not u:
+            return None
+        chain.append(nxt)
+        u = nxt
+    return None
+
+
+def _replay(chain, t):
+    """The chain's view ops applied to meta tensor t (sizes at their hints), else None."""
+    for n in chain:
+        prev = n.args[0]
+        def sub(a, prev=prev):
+            if a is prev:
+                return t
+            v = val(a)
+            return size_hint(v) if isinstance(v, torch.SymInt) else v
+        args, kwargs = torch.fx.node.map_arg((n.args[1:], n.kwargs), sub)
+        args = tuple(size_hint(a) if isinstance(a, torch.SymInt) else a for a in args)
+        try:
+            out = n.target(t, *args, **kwargs)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        if not isinstance(out, torch.Tensor) or not torch._C._is_alias_of(out, t):
+            return None  # a copy (a reshape that cannot view): the values are not the rotation's storage
+        t = out
+    return t
+
+
+def _order(r, chain, w, ids, dim):
+    """The written region's dims innermost first as the cache write's values lay them over r's
+    rotated tensor (contiguous, as flydsl.rope returns it), else None."""
+    rv, dv = val(_out(r)), val(arg(w, "dst"))
+    rshape = [size_hint(s) for s in rv.shape]
+    cv = _replay(chain[1:], torch.empty(rshape, dtype=rv.dtype, device="meta"))
+    if cv is None or cv.storage_offset() != 0:
+        return None
+    region = [size_hint(s) for s in dv.shape]
+    region[dim] = math.prod(size_hint(s) for s in val(ids).shape)
+    lead = len(region) - cv.dim()
+    if lead < 0:
+        return None
+    st = [0] * lead + [s if n > 1 else 0 for s, n in zip(cv.stride(), cv.shape)]
+    big = [d for d in range(len(region)) if region[d] > 1]
+    order, acc = sorted(big, key=lambda d: st[d]), 1
+    for d in order:
+        if st[d] != acc:
+            return None
+        acc *= region[d]
+    if acc != math.prod(rshape):
+        return None
+    if any(static_int(dv.shape[d] if d != dim else val(ids).numel()) != 1 for d in range(len(region)) if d not in big):
+        return None  # a dim of one element here that could hold more in another call
+    return order
+
+
+def _crosses(members, writes) -> bool:
+    """Whether a node outside `members` between the first member and a write reads its cache."""
+    start = min(position(m) for m in members)
+    for w in writes:
+        dst = arg(w, "dst")
+        bases = [dst]
+        while (b := _view_of(bases[-1])) is not None:
+            bases.append(b)
+        for b in bases:
+            if any(u not in members and start <= position(u) < position(w) for u in b.users):
+                return True
+    return False
+
+
+def rope_cache_supported(node, ctx):
+    if not _single(node) or ctx.denied([node]):
+        return NO_MATCH
+    pairs, root = arg(node, "pairs"), _root(arg(node, "xs")[0])
+    partner = next((r for r in node.graph.nodes if r is not node and _single(r) and position(r) > position(node)
+                    and arg(r, "pairs") == pairs and _root(arg(r, "xs")[0]) is root), None)
+    ropes = [node] + ([partner] if partner is not None else [])
+    k_write = chain = order = None
+    for r in ropes[::-1]:
+        found = _chain_to_write(r)
+        if found is None:
+            continue
+        w, ch = found
+        ids, dim = arg(w, "ids"), arg(w, "dim")
+        if ids is None or dim < 0 or val(ids).dim() > 1 or val(arg(w, "dst")).dtype != val(_out(r)).dtype:
+            continue
+        order = _order(r, ch, w, ids, dim)
+        if order is not None:
+            k_write, chain = w, ch
+            ropes = [x for x in ropes if x is not r] + [r]  # the one written into the cache goes last
+            break
+    v_write = None
+    if k_write is not None:
+        ids, dim = arg(k_write, "ids"), arg(k_write, "dim")
+        for u in ids.users:
+            if (u is not k_write and u.target is WRITE and arg(u, "dim") == dim and arg(u, "dst") is not
+                    arg(k_write, "dst") and _root(arg(u, "values")) is root):
+                v_write = u
+                break
+    members = [*ropes, *([k_write] if k_write else []), *([v_write] if v_write else [])]
+    if len(members) < 2 or ctx.denied(members):
+        return NO_MATCH
+    writes = [w for w in (k_write, v_write) if w is not None]
+    if _crosses(set(members) | set(chain or ()), writes):
+        return "a node between the rotations and the cache writes reads a written cache"
+    return Match(ropes=ropes, k_write=k_write, chain=chain or [], v_write=v_write, order=order)
+
+
+@rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_cache_supported, name="rope_cache",
+      doc="RoPE of q and k and the K / V cache writes at the step's positions -> one flydsl.rope launch")
+def fuse_rope_cache(node, ctx, m):
+    ropes, kw, vw = m.ropes, m.k_write, m.v_write
+    first = min([*ropes, *(w for w in (kw, vw) if w is not None)], key=position)
+    xs, coss, sins = ([arg(r, k)[0] for r in ropes] for k in ("xs", "coss", "sins"))
+    w = kw or vw
+    args = (xs, coss, sins, arg(node, "pairs"), arg(kw, "dst") if kw else None, m.order,
+            arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
+            arg(w, "ids") if w else None, arg(w, "dim") if w else 0)
+    kept = ropes[:-1] if kw is not None else ropes
+    new = ctx.emit("rope", args, lowering="rope_cache", sources=[*ropes, *(x for x in (kw, vw) if x is not None)],
+                   anchor=kept[0].meta["flydsl"]["anchor"] if kept else node.meta["flydsl"]["anchor"],
+                   before=first, split=False)
+    prev = new
+    for j, r in enumerate(kept):
+        with ctx.gm.graph.inserting_after(prev):
+            g = ctx.gm.graph.call_function(operator.getitem, (new, j))
+        g.meta["val"], g.meta["orig_name"] = val(new)[j], None
+        g.meta["replaces"] = r.meta["flydsl"]["anchor"]
+        _out(r).replace_all_uses_with(g)
+        prev = g
+    dead = dict.fromkeys([x for x in (kw, vw) if x is not None] + m.chain + [_out(r) for r in ropes] + ropes)
+    for n in sorted(dead, key=position, reverse=True):
+        if not n.users:
+            ctx.gm.graph.erase_node(n)
+    return new
