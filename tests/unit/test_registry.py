@@ -56,6 +56,8 @@ ORACLES = {
                            (_r(5, 40),)),
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
     "cache_write": lambda: (_Cache(), (_r(1, 2, 3, 4), torch.tensor([1, 4, 6]))),
+    "rope": lambda: (Fn(lambda m, x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s),  # rotate-half
+                     (_r(1, 2, 3, 8), _r(1, 1, 3, 8, seed=1), _r(1, 1, 3, 8, seed=2))),
     "moe_topk": lambda: (Fn(lambda m, x: (lambda v: v / v.sum(-1, keepdim=True))(
         torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2, dim=-1).values)), (_r(7, 8),)),
     "moe_experts": lambda: (Fn(_moe_loop, nn.Linear(32, 4, bias=False), *[nn.Linear(32, 48, bias=False) for _ in range(8)],

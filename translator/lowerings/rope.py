@@ -96,7 +96,7 @@ def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
         else:
             h = x.shape[-1] // 2
             r = torch.cat((-x[..., h:], x[..., :h]), -1)
-        outs.append((x * c + r * s).to(dt))
+        outs.append((x * c + r * s).to(dt).contiguous())  # the kernel's layout
     at = lambda t: (slice(None),) * dim + (ids,)  # noqa: E731
     if kc is not None:
         k = outs.pop().contiguous()
