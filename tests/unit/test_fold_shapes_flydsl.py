@@ -44,10 +44,10 @@ def test_rotary_tables_are_computed_once_per_shape_not_per_forward():
         tm(x)
     kernels = [r.kernel.split("_")[0] for r in tm.last_launches]
     # the projection's gemm and the whole rotary (rotate_half's cat, neg, mul-add: lowerings.rope) in one
-    # kernel; no table bmm, cos or sin
-    assert sorted(kernels) == ["fused", "gemm"], kernels
+    # kernel (flydsl.rope); no table bmm, cos or sin
+    assert sorted(kernels) == ["gemm", "rope"], kernels
     assert tm.report.counters.get("rope_rotate_half") == 1
-    assert tm.report.summary()["flydsl_ops"] == {"flydsl.gemm": 1, "flydsl.fused_elementwise": 1}
+    assert tm.report.summary()["flydsl_ops"] == {"flydsl.gemm": 1, "flydsl.rope": 1}
     (f,) = [mod for mod in tm.gm.modules() if isinstance(mod, FoldedShapes)]
     assert tm.report.counters.get("folded_bmm") == 1  # the lowered bmm was taken into the folded region
     assert {"cos", "sin"} <= set(f.sources), f.sources
