@@ -331,3 +331,33 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
         size = (kc if kc is not None else vc).shape[dim]
         kr.replay_effect(_check_ids, flag, ids, size)
     return outs
+
+
+# --- ISA of a decode step (bench.generate prices the launch from it) ------------------------------
+
+DECODE_STEP = "translator_kernels.layout.rope_cache:compile_decode_step"  # (batch, heads, kv_heads, head_dim, max_seq)
+
+
+def decode_step_args(batch, heads, kv_heads, head_dim, max_seq, dtype=torch.bfloat16):
+    """The fused launch's arguments in a Llama decode step (one token per sequence, rotate-half as HF
+    writes it): q, k, v views of the QKV GEMM's output, cos / sin of the step's position, the caches."""
+    qkv = torch.zeros(batch, 1, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q, k, v = (t.view(batch, 1, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+    cos = torch.zeros(batch, 1, 1, head_dim, dtype=dtype)
+    kc, vc = (torch.zeros(batch, kv_heads, max_seq, head_dim, dtype=dtype) for _ in range(2))
+    return [q, k], [cos, cos], [cos, cos], False, kc, [3, 1, 0], v, vc, torch.zeros(1, dtype=torch.int64), 2
+
+
+def decode_step_launch(batch, heads, kv_heads, head_dim, max_seq) -> tuple:
+    """(workgroups, HBM bytes) of that launch: q, k, v and cos / sin read, q out, k and v into the caches."""
+    xs, coss, sins, pairs, kc, order, v, vc, ids, dim = decode_step_args(batch, heads, kv_heads, head_dim, max_seq)
+    f, _ = _plan((current_arch(),), xs, coss, sins, pairs, kc, order, v, vc, ids, dim)
+    e = 2
+    nbytes = batch * (heads + 2 * kv_heads) * head_dim * e * 2 + 2 * batch * head_dim * e * 2
+    return sum(_grids(f)), nbytes
+
+
+def compile_decode_step(batch, heads, kv_heads, head_dim, max_seq):
+    """Run in translator_kernels.isa's compile child (COMPILE_ONLY): compiles the decode step's launch."""
+    rope_cache(*decode_step_args(batch, heads, kv_heads, head_dim, max_seq))
