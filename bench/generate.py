@@ -154,23 +154,59 @@ def _norm_launch(name: str, rows: int, hidden: int, arch: str) -> dict:
                 how="MODEL (cached RMSNorm features, upstream's kernel)")
 
 
-def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = LLAMA3_8B) -> list[dict]:
-    """The launches of one decode step (one token per sequence) of `shape` on our kernels: per layer the 9
-    of docs/llama-layer.md plus the K and V cache writes (and the split-KV combine where attention splits),
-    x layers; then the final norm, the LM head and the embedding gather. Each with its MODEL time."""
+_ROPE_FEATURES: dict = {}  # arch -> KernelFeatures of the fused RoPE + cache-write kernel, or the compile error
+
+
+def _rope_cache_launch(batch: int, shape: LlmShape, context: int, arch: str) -> dict:
+    """RoPE q + k and the K / V cache writes, one launch (translator_kernels/layout/rope_cache.py): the MODEL on
+    the features of the kernel compiled for `arch` (COMPILE_ONLY in a child, once per arch at batch 1: the
+    instruction mix does not depend on the batch; grid and bytes do), else a bandwidth floor, labelled."""
+    from translator_kernels.layout.rope_cache import DECODE_STEP, decode_step_launch
+
+    args = (batch, shape.heads, shape.kv_heads, shape.head_dim, context)
+    name = "RoPE q + k, K / V cache writes (one kernel)"
+    feat = _ROPE_FEATURES.get(arch)
+    if feat is None:
+        from translator_kernels.hotloop import compile_isa_texts, main_text
+        from translator_kernels.timing import features
+
+        try:
+            feat = features(main_text(compile_isa_texts(DECODE_STEP, (1, *args[1:]), arch=arch)), arch)
+        except Exception as e:  # noqa: BLE001 - no toolchain: the floor below, said so
+            feat = f"{type(e).__name__}: {str(e)[:80]}"
+        _ROPE_FEATURES[arch] = feat
+    grid, nbytes = decode_step_launch(*args)
+    if isinstance(feat, str):
+        return dict(_floor_launch(name, nbytes, arch), how=f"bandwidth floor (no compile: {feat})")
+    from translator_kernels.arch import GPUS
+    from translator_kernels.timing import Launch, launch_time
+
+    r = launch_time(feat, Launch(grid, 1, nbytes), arch)
+    return dict(name=name, t=r["t"], kernel_t=r["t"] - GPUS[arch].timing["launch_s"],
+                how="MODEL (features of our compiled kernel)")
+
+
+def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = LLAMA3_8B,
+                         fused_rope: bool = True) -> list[dict]:
+    """The launches of one decode step (one token per sequence) of `shape` on our kernels: per layer the 8
+    of docs/llama-layer.md (RoPE q, k and the K / V cache writes one launch; `fused_rope=False`: the 9 +
+    2 cache writes before it, bandwidth floors) and the split-KV combine where attention splits, x layers;
+    then the final norm, the LM head and the embedding gather. Each with its MODEL time."""
     from translator_kernels.attention import split_geometry
 
     e = shape.bytes_per_elem
     h, d, q, kv = shape.hidden, shape.head_dim, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     rope_table = 2 * d * e  # cos and sin rows of this position
     nsplit, _ = split_geometry(batch, shape.heads, 1, context, d, "bf16", arch)
-    layer = [
-        _norm_launch("RMSNorm (attention)", batch, h, arch),
-        _gemm_launch("QKV GEMM", batch, q + 2 * kv, h, arch),
+    rope = [_rope_cache_launch(batch, shape, context, arch)] if fused_rope else [
         _floor_launch("RoPE q", 2 * batch * q * e + rope_table, arch),
         _floor_launch("RoPE k", 2 * batch * kv * e + rope_table, arch),
         _floor_launch("cache write K", 2 * batch * kv * e, arch),
-        _floor_launch("cache write V", 2 * batch * kv * e, arch),
+        _floor_launch("cache write V", 2 * batch * kv * e, arch)]
+    layer = [
+        _norm_launch("RMSNorm (attention)", batch, h, arch),
+        _gemm_launch("QKV GEMM", batch, q + 2 * kv, h, arch),
+        *rope,
         # K and V read once per sequence (the query heads of a KV group share it through L2), q in, out
         _floor_launch(f"decode attention (split {nsplit})", shape.kv_bytes(batch, context) // shape.layers
                       + 2 * batch * q * e + (nsplit > 1) * nsplit * batch * shape.heads * (d + 2) * 4, arch),
@@ -191,17 +227,17 @@ def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = 
     return step
 
 
-def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048, 8192)) -> list[dict]:
+def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048, 8192), fused_rope: bool = True) -> list[dict]:
     """hbm_limit_rows with our kernels' MODEL time per decode step beside the limit: with every launch's
     fitted launch floor (T_LAUNCH, one kernel replayed alone), and the kernels alone (that floor left out)."""
     from translator_kernels.arch import GPUS
 
     rows = []
     for r in hbm_limit_rows(shape, batches, contexts):
-        launches = decode_step_launches(r["arch"], r["batch"], r["context"], shape)
+        launches = decode_step_launches(r["arch"], r["batch"], r["context"], shape, fused_rope)
         t = sum(x["t"] * x["count"] for x in launches)
         kt = sum(x["kernel_t"] * x["count"] for x in launches)
-        floors = sum(x["count"] for x in launches if x["how"] == "bandwidth floor")
+        floors = sum(x["count"] for x in launches if x["how"].startswith("bandwidth floor"))
         limit = r["step_ms"] * 1e-3
         eff = GPUS[r["arch"]].timing["hbm_efficiency"]
         rows.append(dict(r, limit_us=limit * 1e6, model_us=t * 1e6, kernels_us=kt * 1e6, fraction=limit / t,
@@ -209,7 +245,7 @@ def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048,
     return rows
 
 
-def print_ours_table(rows, breakdown=("gfx942", 1, 8192)) -> None:
+def print_ours_table(rows, before=None, breakdown=("gfx942", 1, 8192)) -> None:
     from translator_kernels.arch import GPUS
     from translator_kernels.timing import CALIBRATION
 
@@ -218,14 +254,18 @@ def print_ours_table(rows, breakdown=("gfx942", 1, 8192)) -> None:
     print("gfx942 has no measured point: it takes gfx950's fitted constants (an extrapolation). fraction = HBM limit / "
           "MODEL. 'with launch floor' counts T_LAUNCH (10 us, one kernel replayed alone) per launch; 'kernels only' "
           "leaves it out (back-to-back launches of one graph hide part of it); of achievable HBM = the limit at the fitted "
-          "HBM efficiency (0.60 of the vendor peak, the most the model lets any kernel stream) / kernels only. RoPE, cache writes, attention, its "
-          "combine and the embedding gather have no features here: bandwidth floors (optimistic).")
-    print("| GPU | batch | context | HBM limit us | MODEL us (with launch floor) | fraction | MODEL us (kernels only) "
-          "| fraction | of achievable HBM | launches | of them bandwidth floors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
+          "HBM efficiency (0.60 of the vendor peak, the most the model lets any kernel stream) / kernels only. The fused RoPE + "
+          "cache-write launch is priced on its compiled ISA's features; attention, its combine and the embedding gather have no "
+          "features here: bandwidth floors (optimistic). 'before' = the launch list of a layer in 9 launches + 2 cache writes "
+          "(RoPE q, RoPE k, the K and V scatters apart, bandwidth floors).")
+    print("| GPU | batch | context | HBM limit us | MODEL us (with launch floor) | fraction | fraction before | MODEL us "
+          "(kernels only) | fraction | of achievable HBM | launches | before | of them bandwidth floors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        b = before[i] if before else None
         print(f"| {r['gpu']} ({r['arch']}) | {r['batch']} | {r['context']} | {r['limit_us']:.0f} | {r['model_us']:.0f} | "
-              f"{r['fraction']:.2f} | {r['kernels_us']:.0f} | {r['kernels_fraction']:.2f} | {r['of_achievable']:.2f} | {r['launches']} | "
+              f"{r['fraction']:.2f} | {b['fraction'] if b else float('nan'):.2f} | {r['kernels_us']:.0f} | "
+              f"{r['kernels_fraction']:.2f} | {r['of_achievable']:.2f} | {r['launches']} | {b['launches'] if b else '-'} | "
               f"{r['floors']} |")
     arch, b, ctx = breakdown
     print(f"\nMODEL per launch, {GPUS[arch].gpu} ({arch}), batch {b}, context {ctx}:")
@@ -340,7 +380,7 @@ def main(argv=None) -> int:
     print(f"compute ops left in PyTorch without a lowering: {', '.join(r['pytorch_ops']) or 'none'}; "
           f"first prefill + decode (compile or disk cache) {r['cold_s']:.1f} s")
     print_model_table(hbm_limit_rows())
-    print_ours_table(model_rows())
+    print_ours_table(model_rows(), model_rows(fused_rope=False))
     return 0
 
 
