@@ -1,11 +1,15 @@
-"""Rotary position embeddings (RoPE) as one elementwise kernel: nothing of it left in PyTorch.
+"""Rotary position embeddings (RoPE) as one kernel: nothing of it left in PyTorch.
 
 RoPE mixes the two halves (or the two members of each pair) of a head vector, so its written
 forms move data between positions: a ``cat`` or ``stack`` that the elementwise partition cannot
 take, leaving a copy in PyTorch and splitting the math into several kernels (a negate kernel,
-the ``cat``, a multiply-add kernel, for q and for k). Both rules below rewrite, before matching,
-the form into per-element aten ops over a view in which the mixed positions are a broadcast dim,
-so the partition pass makes one generated kernel of all of it (`flydsl.fused_elementwise`).
+the ``cat``, a multiply-add kernel, for q and for k). The three rules below find x, cos and sin
+of each form and emit ``flydsl.rope([x], [cos], [sin], pairs)`` (translator_kernels/layout/
+rope_cache.py: x and the tables read in place with their strides, fp32 math); rope_cache.py then
+puts q's and k's rotations and the K / V cache writes into one launch. Where the op does not
+take the form (integer dtypes, tables that widen x, a stack that is not RoPE's), the rules rewrite
+it into per-element aten ops over a view in which the mixed positions are a broadcast dim, so the
+partition pass makes one generated kernel of it (`flydsl.fused_elementwise`), as described below.
 
 Rotate-half (HF Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...), counter ``rope_rotate_half``:
 
