@@ -30,26 +30,48 @@ def test_bench_generate_runs(capsys):
     assert "MODEL (not measured)" in out and "| translated (rocm path, recorded) |" in out
 
 
-def test_our_kernels_model_rows_cover_every_shape_and_stay_under_the_limit():
-    rows = G.model_rows()
+@pytest.fixture
+def no_rope_compile(monkeypatch):
+    """The fused RoPE launch at its bandwidth floor (as without a toolchain): no ISA compile in these tests;
+    test_fused_rope_launch_is_priced_from_its_compiled_isa compiles it."""
+    monkeypatch.setattr(G, "_ROPE_FEATURES", {a: "skipped: no compile in this test" for a in GPUS})
+
+
+def test_fused_rope_launch_is_priced_from_its_compiled_isa(monkeypatch):
+    from translator_kernels.timing import KernelFeatures
+
+    monkeypatch.setattr(G, "_ROPE_FEATURES", {})
+    r = G._rope_cache_launch(1, G.LLAMA3_8B, 2048, "gfx950")
+    feat = G._ROPE_FEATURES["gfx950"]
+    assert isinstance(feat, KernelFeatures), feat  # compiled (COMPILE_ONLY child), not the floor
+    assert r["how"] == "MODEL (features of our compiled kernel)" and not feat.has_loop
+    assert r["t"] > GPUS["gfx950"].timing["launch_s"] and r["kernel_t"] > 0
+
+
+def test_our_kernels_model_rows_cover_every_shape_and_stay_under_the_limit(no_rope_compile):
+    rows, before = G.model_rows(), G.model_rows(fused_rope=False)
     assert {(r["arch"], r["batch"], r["context"]) for r in rows} == {
         (a, b, c) for a in GPUS for b in (1, 16, 64) for c in (2048, 8192)}
     for r in rows:
         # no modelled step beats the HBM limit (what a step must read over the vendor peak)
         assert 0 < r["fraction"] <= r["kernels_fraction"] <= 1.05
         assert r["fraction"] == pytest.approx(r["limit_us"] / r["model_us"])
-        # 9 launches per layer + 2 cache writes (+ the split-KV combine), x 32, + gather, final norm, LM head
-        assert r["launches"] in (32 * 11 + 3, 32 * 12 + 3)
+        # 8 launches per layer, the cache writes inside RoPE's (+ the split-KV combine), x 32, + gather, final
+        # norm, LM head; before: 9 + 2 cache writes per layer
+        assert r["launches"] in (32 * 8 + 3, 32 * 9 + 3)
+    for r, b in zip(rows, before):
+        assert b["launches"] == r["launches"] + 3 * 32 and b["fraction"] < r["fraction"]
     # a longer context reads more KV: a longer MODEL step, at every GPU and batch
     by = {(r["arch"], r["batch"], r["context"]): r["model_us"] for r in rows}
     assert all(by[a, b, 8192] > by[a, b, 2048] for a in GPUS for b in (1, 16, 64))
 
 
-def test_model_table_prints_labelled_rows_with_the_calibration_line(capsys):
+def test_model_table_prints_labelled_rows_with_the_calibration_line(capsys, no_rope_compile):
     from translator_kernels.timing import CALIBRATION
 
-    G.print_ours_table(G.model_rows())
+    G.print_ours_table(G.model_rows(), G.model_rows(fused_rope=False))
     out = capsys.readouterr().out
     assert "MODEL (not measured)" in out and CALIBRATION in out
     assert out.count("| MI300X (gfx942) |") == 6 and out.count(f"| {GPUS['gfx950'].gpu} (gfx950) |") == 6
     assert "| LM head | GEMM " in out and "| decode attention" in out and "bandwidth floor" in out
+    assert "| RoPE q + k, K / V cache writes (one kernel) | bandwidth floor (no compile: skipped" in out
