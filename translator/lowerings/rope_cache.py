@@ -23,7 +23,8 @@ Without a cache (HF's plain forward) the two rotations are still one launch.
 
 Each part is optional but at least two must be there. Safe against reordering: the fused node
 takes the place of the first member, so the writes move up to it: it is refused when anything in
-between reads or writes a written cache. Counter: `rope_cache`.
+between reads or writes a written cache. Counters: `rope_cache_write` (a launch that writes a cache),
+`rope_qk` (q and k rotated in one launch, no cache).
 """
 
 from __future__ import annotations
@@ -204,9 +205,11 @@ def fuse_rope_cache(node, ctx, m):
             arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
             arg(w, "ids") if w else None, arg(w, "dim") if w else 0)
     kept = ropes[:-1] if kw is not None else ropes
-    new = ctx.emit("rope", args, lowering="rope_cache", sources=[*ropes, *(x for x in (kw, vw) if x is not None)],
+    lowering = "rope_cache_write" if w is not None else "rope_qk"
+    new = ctx.emit("rope", args, lowering=lowering, sources=[],
                    anchor=kept[0].meta["flydsl"]["anchor"] if kept else node.meta["flydsl"]["anchor"],
                    before=first, split=False)
+    ctx.absorb(new, [*ropes, *(x for x in (kw, vw) if x is not None)])  # the captured nodes each one replaced
     prev = new
     for j, r in enumerate(kept):
         with ctx.gm.graph.inserting_after(prev):
