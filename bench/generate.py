@@ -26,14 +26,16 @@ embedding table read once per step, plus every sequence's K and V up to its cont
 vendor's peak bandwidth from translator_kernels/arch.py (the one hardware table). What a decode
 step can cost at best; the issue's goal is >= 0.8 of it at batch 1, to be measured on the GPU.
 Beside it, our kernels' MODEL time per decode step (`model_rows`): the launches one layer makes
-(docs/llama-layer.md's 9, the K and V cache writes, the split-KV combine where
+(docs/llama-layer.md's 8, the K and V cache writes inside RoPE's launch; the split-KV combine where
 translator_kernels.attention.split_geometry splits) x 32, plus the final norm, LM head and embedding
 gather, each timed by the calibrated timing MODEL (translator_kernels.timing, its CALIBRATION line
 printed): GEMMs at the tile tiles.choose_config picks for M = batch, through tiles.model_estimate
 (features estimated from the tile, no compile); RMSNorm on the cached features of upstream's kernel
-(translator_kernels/measure/calibration_isa.json); RoPE, cache writes, decode attention, the combine
-and the gather as bandwidth floors (launch floor + bytes at the fitted achievable bandwidth: the
-model has no features for them without compiling), said so per row. Printed with and without the
+(translator_kernels/measure/calibration_isa.json); the fused RoPE + cache-write launch on the features
+of our kernel compiled for the arch (a COMPILE_ONLY child, ~10-20 s per arch); decode attention, the
+combine and the gather as bandwidth floors (launch floor + bytes at the fitted achievable bandwidth:
+the model has no features for them without compiling), said so per row. The 'before' columns price
+the launch list before that fusion (RoPE q, RoPE k, two cache writes: bandwidth floors). Printed with and without the
 fitted per-launch floor T_LAUNCH (10 us, one kernel replayed alone; a graph of back-to-back launches
 hides part of it), and the fraction limit / MODEL for each.
 """
