@@ -22,8 +22,8 @@ takes, starting from a rope node:
 Without a cache (HF's plain forward) the two rotations are still one launch.
 
 Each part is optional but at least two must be there. Safe against reordering: the fused node
-takes the place of the first member, so the writes move up to it: it is refused when anything in
-between reads or writes a written cache. Counters: `rope_cache_write` (a launch that writes a cache),
+takes the place of the first member, so the writes move up to it: a write is left out (its own
+launch, where it was) when anything in between reads or writes its cache. Counters: `rope_cache_write` (a launch that writes a cache),
 `rope_qk` (q and k rotated in one launch, no cache).
 """
 
@@ -177,20 +177,26 @@ def rope_cache_supported(node, ctx):
             k_write, chain = w, ch
             ropes = [x for x in ropes if x is not r] + [r]  # the one written into the cache goes last
             break
-    v_write = None
-    if k_write is not None:
-        ids, dim = arg(k_write, "ids"), arg(k_write, "dim")
-        for u in ids.users:
-            if (u is not k_write and u.target is WRITE and arg(u, "dim") == dim and arg(u, "dst") is not
-                    arg(k_write, "dst") and _root(arg(u, "values")) is root):
-                v_write = u
-                break
+    v_write = None  # a write of a view of the same tensor (v), at k's positions and dim where k is written
+    for u in node.graph.nodes:
+        if u.target is not WRITE or u is k_write or _root(arg(u, "values")) is not root:
+            continue
+        ids, dim = arg(u, "ids"), arg(u, "dim")
+        if ids is None or dim < 0 or val(ids).dim() > 1:
+            continue
+        if k_write is None or (ids is arg(k_write, "ids") and dim == arg(k_write, "dim")
+                               and arg(u, "dst") is not arg(k_write, "dst")):
+            v_write = u
+            break
+    # a write that would move up past a reader of its cache stays its own launch (its reader keeps order)
+    taken = set(ropes) | {w for w in (k_write, v_write) if w is not None} | set(chain or ())
+    if k_write is not None and _crosses(taken, [k_write]):
+        k_write, chain, order = None, None, None
+    if v_write is not None and _crosses(taken, [v_write]):
+        v_write = None
     members = [*ropes, *([k_write] if k_write else []), *([v_write] if v_write else [])]
     if len(members) < 2 or ctx.denied(members):
         return NO_MATCH
-    writes = [w for w in (k_write, v_write) if w is not None]
-    if _crosses(set(members) | set(chain or ()), writes):
-        return "a node between the rotations and the cache writes reads a written cache"
     return Match(ropes=ropes, k_write=k_write, chain=chain or [], v_write=v_write, order=order)
 
 
