@@ -41,7 +41,8 @@ def _kernels(records):
     return [r.kernel.split("_kernel")[0] for r in records]
 
 
-@pytest.mark.slow  # ~90 s on the shared 2 cores; the graph and its math: test_layer_launches, tests/kernels/test_rope_cache.py
+# ~90 s on the shared 2 cores; the graph and its math: test_layer_launches, tests/kernels/test_rope_cache.py
+@pytest.mark.slow
 def test_gpt_fast_decode_on_flysim_writes_the_cache_from_the_rope_kernel():
     torch.manual_seed(0)
     m = D.Model("view", D.TINY).eval()

@@ -23,8 +23,8 @@ Without a cache (HF's plain forward) the two rotations are still one launch.
 
 Each part is optional but at least two must be there. Safe against reordering: the fused node
 takes the place of the first member, so the writes move up to it: a write is left out (its own
-launch, where it was) when anything in between reads or writes its cache. Counters: `rope_cache_write` (a launch that writes a cache),
-`rope_qk` (q and k rotated in one launch, no cache).
+launch, where it was) when anything in between reads or writes its cache. Counters:
+`rope_cache_write` (a launch that writes a cache), `rope_qk` (q and k rotated in one launch, no cache).
 """
 
 from __future__ import annotations

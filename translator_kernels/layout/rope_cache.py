@@ -249,7 +249,8 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None) -> 
     for d in order:
         vs[d], acc = acc, acc * region[d]
     if any(n > 1 and d not in order for d, n in enumerate(region)):
-        raise KernelInputError(f"{op}: region dims {region} outside the order {tuple(order)} have more than one element")
+        raise KernelInputError(f"{op}: region dims {region} outside the order {tuple(order)} have more than "
+                               "one element")
     return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
 
 
