@@ -34,7 +34,7 @@ import operator
 
 import torch
 
-from ..graph import aten, arg, position, size_hint, static_int, val
+from ..graph import aten, arg, getitem_of, position, size_hint, static_int, val
 from ..registry import NO_MATCH, Match, Stage, rule
 from . import cache_write, rope  # noqa: F401  (register flydsl.rope and flydsl.cache_write)
 
@@ -52,12 +52,13 @@ SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
 def _view_of(n):
     """The node `n` reshapes or slices (a view op, or a part of a split), else None. Whether it is a
     view at run time is checked where it matters (`_order` replays the chain)."""
-    if not isinstance(n, torch.fx.Node) or n.op != "call_function" or not n.args:
+    part = getitem_of(n)
+    if part is not None:
+        return arg(part[0], "self") if isinstance(part[0], torch.fx.Node) and part[0].target in SPLITS else None
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function" or n.target not in VIEWS:
         return None
-    base = n.args[0]
-    if n.target is operator.getitem and isinstance(base, torch.fx.Node) and base.target in SPLITS:
-        return base.args[0]
-    return base if n.target in VIEWS and isinstance(base, torch.fx.Node) else None
+    base = arg(n, "self")
+    return base if isinstance(base, torch.fx.Node) else None
 
 
 def _root(n):
@@ -97,16 +98,17 @@ def _chain_to_write(r):
 def _replay(chain, t):
     """The chain's view ops applied to meta tensor t (sizes at their hints), else None."""
     for n in chain:
-        prev = n.args[0]
+        prev = arg(n, "self")
+
         def sub(a, prev=prev):
             if a is prev:
                 return t
             v = val(a)
             return size_hint(v) if isinstance(v, torch.SymInt) else v
-        args, kwargs = torch.fx.node.map_arg((n.args[1:], n.kwargs), sub)
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), sub)
         args = tuple(size_hint(a) if isinstance(a, torch.SymInt) else a for a in args)
         try:
-            out = n.target(t, *args, **kwargs)
+            out = n.target(*args, **kwargs)
         except (RuntimeError, TypeError, ValueError):
             return None
         if not isinstance(out, torch.Tensor) or not torch._C._is_alias_of(out, t):
@@ -197,7 +199,8 @@ def rope_cache_supported(node, ctx):
     members = [*ropes, *([k_write] if k_write else []), *([v_write] if v_write else [])]
     if len(members) < 2 or ctx.denied(members):
         return NO_MATCH
-    return Match(ropes=ropes, k_write=k_write, chain=chain or [], v_write=v_write, order=order)
+    return Match(ropes=ropes, outs=[_out(r) for r in ropes], k_write=k_write, chain=chain or [], v_write=v_write,
+                 order=order)
 
 
 @rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_cache_supported, name="rope_cache",
@@ -217,14 +220,14 @@ def fuse_rope_cache(node, ctx, m):
                    before=first, split=False)
     ctx.absorb(new, [*ropes, *(x for x in (kw, vw) if x is not None)])  # the captured nodes each one replaced
     prev = new
-    for j, r in enumerate(kept):
+    for j, (r, out) in enumerate(zip(kept, m.outs)):
         with ctx.gm.graph.inserting_after(prev):
             g = ctx.gm.graph.call_function(operator.getitem, (new, j))
         g.meta["val"], g.meta["orig_name"] = val(new)[j], None
         g.meta["replaces"] = r.meta["flydsl"]["anchor"]
-        _out(r).replace_all_uses_with(g)
+        out.replace_all_uses_with(g)
         prev = g
-    dead = dict.fromkeys([x for x in (kw, vw) if x is not None] + m.chain + [_out(r) for r in ropes] + ropes)
+    dead = dict.fromkeys([x for x in (kw, vw) if x is not None] + m.chain + m.outs + ropes)
     for n in sorted(dead, key=position, reverse=True):
         if not n.users:
             ctx.gm.graph.erase_node(n)
