@@ -4,8 +4,9 @@
 
 (FMAX: the format's largest finite value; the cast rounds to nearest even; fp32 division, so the
 kernel equals fp8.quantize_fp8(x, dtype, dim=-1) bit for bit). A standalone launch before
-gemm_fp8 (precision="fp8"); fusing it into the producer (a norm, the previous GEMM's epilogue) is
-the next step (docs/fp8.md).
+gemm_fp8 where no producer writes fp8 itself: a row norm does (rows/norm.py, `quant=`, with the same
+scale / pack / store pieces: rows/quant.py); a GEMM epilogue or an elementwise kernel does not yet
+(docs/fp8.md).
 
 One wave per row: each lane loads 16-byte chunks (8 bf16 / fp16 or 4 fp32 values), keeps them in
 registers, takes the row's |max| with a butterfly over the wave, then divides, clamps and converts
@@ -29,6 +30,7 @@ from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.common import OOB, _raw
 from translator_kernels.gemm.fp8 import fp8_dtype
+from translator_kernels.rows import quant as rq
 from translator_kernels.rows.common import wave_allreduce
 
 MAX_CHUNKS = 32
@@ -46,8 +48,8 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
     nc = -(-k // (64 * vec))
     if nc > MAX_CHUNKS:
         raise KernelInputError(f"quantize_rows: K={k} needs {nc} chunks per lane (at most {MAX_CHUNKS}); split K")
-    fmax = float(torch.finfo(fp8_dtype(arch, fmt)).max)
-    cvt = rocdl.cvt_pk_fp8_f32 if fmt == "fp8" else rocdl.cvt_pk_bf8_f32
+    fmax = rq.fmax(arch, fmt)
+    cvt = rq.cvt(fmt)
 
     @flyc.kernel
     def quantize_kernel(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32,
@@ -55,10 +57,7 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
         lane = fx.Int32(fx.thread_idx.x)
         row = fx.Int32(fx.block_idx.x)
 
-        def rsrc(t, nbytes):
-            return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
-
-        rx, rq, rs = rsrc(X, x_bytes), rsrc(Q, q_bytes), rsrc(S, m * 4)
+        rx, rqb = rq.rsrc(X, x_bytes), rq.rsrc(Q, q_bytes)
         zero = _raw(fx.Int32(0))
         vals, amax = [], fx.Float32(0.0)
         for c in range_constexpr(nc):
@@ -66,23 +65,13 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
             off = (col < k).select((row * k + col) * esz, fx.Int32(OOB))
             v = fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, elem_t()), rx, _raw(off), zero, 0)).to(fx.Float32)
             vals.append(v)
-            for i in range_constexpr(vec):
-                amax = fx.max(amax, fx.math.absf(v[i]))
-        amax = wave_allreduce(amax, "max")
-        scale = fx.max(amax / fx.Float32(fmax), fx.Float32(1e-12))
-        hi, lo = fx.Float32(fmax), fx.Float32(-fmax)
+            amax = fx.max(amax, rq.lane_absmax(v, vec))
+        scale = rq.row_scale(wave_allreduce(amax, "max"), fmax)
         for c in range_constexpr(nc):
             col = (lane + c * 64) * vec
-            y = [fx.max(fx.min(vals[c][i] / scale, hi), lo) for i in range(vec)]
-            words = []
-            for w in range_constexpr(vec // 4):
-                word = cvt(T.i32, _raw(y[4 * w]), _raw(y[4 * w + 1]), zero, False)
-                words.append(cvt(T.i32, _raw(y[4 * w + 2]), _raw(y[4 * w + 3]), word, True))
-            data = words[0] if vec == 4 else fx.Vector.from_elements([fx.Int32(wd) for wd in words], fx.Int32)
-            q_off = (col < k).select(row * k + col, fx.Int32(OOB))
-            rocdl.raw_ptr_buffer_store(_raw(data), rq, _raw(q_off), zero)
-        s_off = (lane == 0).select(row * 4, fx.Int32(OOB))
-        rocdl.raw_ptr_buffer_store(_raw(scale), rs, _raw(s_off), zero)
+            words = rq.pack([vals[c][i] for i in range(vec)], scale, fmax, cvt)
+            rq.store_words(rqb, words, row * k + col, col < k)
+        rq.store_scale(S, m, row, scale, lane == 0)
 
     @flyc.jit
     def launch(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32, q_bytes: fx.Int32,
