@@ -6,7 +6,8 @@ s = max(amax|y| / FMAX, 1e-12), q = fp8(clamp(y / s)). Its torch reference is
 translator_kernels.gemm.fp8.quantize_fp8 of y; against it the fused kernel is bit-exact (y from the
 plain norm kernel, which tests/kernels/test_norm.py holds to eager), and its dequantized q is within
 fp8 error of the fp32 eager norm. One launch each; rows it cannot take in registers fall back to the
-norm + quantize kernels (two launches, the same numbers).
+norm + quantize kernels (two launches, the same numbers). The quantize kernel with an elementwise
+prologue (gemm/quantize.quantize_program) equals the elementwise kernel followed by the quantize kernel.
 """
 
 import pytest
@@ -110,3 +111,24 @@ def test_bad_format_is_a_clear_error():
     x, _, w, _ = _inputs(2, 64, torch.bfloat16, "rms")
     with pytest.raises(KernelInputError, match="format 'int8'"):
         _run("gfx942", norm.norm_fp8, x, "rms", w, None, 1e-6, "int8")
+
+
+SILU_MUL = ('{"n":2,"ops":[["cast",[0],["f32"]],["silu",[2],[]],["cast",[1],["f32"]],["mul",[3,4],[]],'
+            '["cast",[5],["bf16"]]],"out":[[6,"bf16"]]}')  # Llama's silu(gate) * up region under precision="fp8"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt,k", [(torch.bfloat16, 384), (torch.float32, 96)])
+def test_quantize_program_is_quantize_of_the_elementwise_kernel(arch, dt, k):
+    """The elementwise program joined to the quantize (gemm/quantize.quantize_program): one launch,
+    bit-exact to the generated elementwise kernel followed by the quantize kernel."""
+    from translator_kernels.codegen.elementwise import fused_elementwise
+    from translator_kernels.gemm.quantize import quantize_program, quantize_rows
+
+    g = torch.Generator().manual_seed(k)
+    a, b = (torch.randn(5, k, generator=g) * 3).to(dt), torch.randn(5, k, generator=g).to(dt)
+    (q, s), launches = _run(arch, quantize_program, [a, b], SILU_MUL, "fp8")
+    assert launches == 1
+    (y,), _ = _run(arch, lambda *xs: fused_elementwise(list(xs), SILU_MUL), a, b)
+    (q2, s2), _ = _run(arch, quantize_rows, y, "fp8")
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)

@@ -64,6 +64,7 @@ ORACLES = {
     "quantize_fp8": lambda: _fp8_dynamic_oracle(),
     "norm_fp8": lambda: _fp8_norm_oracle(nn.RMSNorm(48, eps=1e-6)),
     "add_norm_fp8": lambda: _fp8_norm_oracle(nn.LayerNorm(48), residual=True),
+    "quantize_fp8_program": lambda: _fp8_prologue_oracle(),
     "gemm_w8": lambda: _w8_oracle(),
 }
 
@@ -120,6 +121,17 @@ def _fp8_dynamic_oracle(norm=None, residual=False, dt=torch.float8_e4m3fnuz):
         y = torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
         return (h, y) if r else y
     return Fn(f, *([norm] if norm is not None else [])), (_r(5, 48), *([_r(5, 48, seed=1)] if residual else []))
+
+
+def _fp8_prologue_oracle():
+    """relu(a) * b feeding the dynamic fp8 form (the elementwise kernel joins the quantize: quantize_fold.py),
+    on +-powers of two: exact in bf16 and in fp8, so a bf16 run matches the fp32 oracle."""
+    model, _ = _fp8_dynamic_oracle()
+    g = torch.Generator().manual_seed(0)
+
+    def pow2(*shape):
+        return torch.randint(-3, 3, shape, generator=g).float().exp2() * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
+    return Fn(lambda m, a, b: model(torch.relu(a) * b)), (pow2(5, 48), pow2(5, 48))
 
 
 def _fp8_norm_oracle(norm, residual=False):

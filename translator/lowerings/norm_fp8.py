@@ -170,7 +170,7 @@ def norm_quantize_supported(node, ctx):
     return Match(norm=nrm, out=out, chain=chain)
 
 
-@rule(Stage.CONSUMER, Q, family="norm_fp8", supported=norm_quantize_supported, name="norm_fp8",
+@rule(Stage.CONSUMER, Q, family="norm_fp8", supported=norm_quantize_supported, name="norm_fp8", priority=1,
       doc="quantize_fp8(rms_norm / layer_norm(x)) -> the norm writes fp8 + per-token scale (one launch)")
 def lower_norm_quantize(node, ctx, m):
     nrm, (kind, add) = m.norm, NORMS[m.norm.target]

@@ -21,9 +21,10 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import range_constexpr, rocdl
+from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.arch import FLOAT_NAMES
@@ -31,20 +32,32 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.common import OOB, _raw
 from translator_kernels.gemm.fp8 import fp8_dtype
 from translator_kernels.rows import quant as rq
+from translator_kernels.program import parse
 from translator_kernels.rows.common import wave_allreduce
 
 MAX_CHUNKS = 32
+MAX_MORE = 3  # inputs of a program beyond the first
 _IN = {"f32": (4, lambda: T.f32), "bf16": (2, lambda: T.bf16), "f16": (2, lambda: T.f16)}
 
 
 @kl.builder
-def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
-    """launch(Q, S, X, m, x_bytes, q_bytes): m rows of K values -> Q (fp8 bytes, viewed as int32), S fp32."""
-    if in_dtype not in _IN or fmt not in ("fp8", "bf8") or k % 16:
-        raise KernelInputError(f"quantize_rows: dtype {in_dtype} / format {fmt} / K={k} (want f32/bf16/f16, "
+def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, program: str | None = None,
+                        more: tuple = ()):
+    """launch(Q, S, X, m, x_bytes, q_bytes, *Xs): m rows of K values -> Q (fp8 bytes, viewed as int32), S
+    fp32. program: a per-element program (translator_kernels.program) of X and the inputs of dtypes `more`
+    (each [m, K] contiguous, x_bytes long per value of X's size), one float output: the values quantized."""
+    dts = (in_dtype, *more)
+    if any(d not in _IN for d in dts) or fmt not in ("fp8", "bf8") or k % 16:
+        raise KernelInputError(f"quantize_rows: dtypes {dts} / format {fmt} / K={k} (want f32/bf16/f16, "
                                f"fp8/bf8, K % 16 == 0)")
-    esz, elem_t = _IN[in_dtype]
-    vec = 16 // esz
+    if len(more) > MAX_MORE:
+        raise KernelInputError(f"quantize_rows: {len(dts)} inputs (at most {MAX_MORE + 1})")
+    prog = parse(program) if program else None
+    if prog is not None and (prog.n != len(dts) or len(prog.out) != 1 or prog.out[0][1] not in _IN):
+        raise KernelInputError(f"quantize_rows: program {program!r} must read {len(dts)} inputs and write one "
+                               f"float value")
+    vec = 16 // max(_IN[d][0] for d in dts)
+    out_dt = prog.out[0][1] if prog is not None else in_dtype
     nc = -(-k // (64 * vec))
     if nc > MAX_CHUNKS:
         raise KernelInputError(f"quantize_rows: K={k} needs {nc} chunks per lane (at most {MAX_CHUNKS}); split K")
@@ -53,17 +66,27 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
 
     @flyc.kernel
     def quantize_kernel(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32,
-                        q_bytes: fx.Int32):
+                        q_bytes: fx.Int32, X1: fx.Tensor, X2: fx.Tensor, X3: fx.Tensor):
         lane = fx.Int32(fx.thread_idx.x)
         row = fx.Int32(fx.block_idx.x)
-
-        rx, rqb = rq.rsrc(X, x_bytes), rq.rsrc(Q, q_bytes)
+        esz0 = _IN[in_dtype][0]
+        srcs = [(rq.rsrc(t, x_bytes // esz0 * _IN[d][0]), d) for t, d in zip((X, X1, X2, X3), dts)]
+        rqb = rq.rsrc(Q, q_bytes)
         zero = _raw(fx.Int32(0))
         vals, amax = [], fx.Float32(0.0)
         for c in range_constexpr(nc):
             col = (lane + c * 64) * vec
-            off = (col < k).select((row * k + col) * esz, fx.Int32(OOB))
-            v = fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, elem_t()), rx, _raw(off), zero, 0)).to(fx.Float32)
+            ins = []
+            for res, d in srcs:
+                esz, elem_t = _IN[d]
+                off = (col < k).select((row * k + col) * esz, fx.Int32(OOB))
+                ins.append(fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, elem_t()), res, _raw(off), zero, 0))
+                           .to(fx.Float32))
+            v = ins[0]
+            if const_expr(prog is not None):
+                v = em.run(prog, ins, vec, list(dts))[prog.out[0][0]]
+                if const_expr(out_dt != "f32"):
+                    v = em.cast(v, out_dt)  # the value the elementwise kernel would store, rounded to its dtype
             vals.append(v)
             amax = fx.max(amax, rq.lane_absmax(v, vec))
         scale = rq.row_scale(wave_allreduce(amax, "max"), fmax)
@@ -75,8 +98,9 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
 
     @flyc.jit
     def launch(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32, q_bytes: fx.Int32,
-               stream: fx.Stream = fx.Stream(None)):
-        quantize_kernel(Q, S, X, m, x_bytes, q_bytes).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
+               X1: fx.Tensor, X2: fx.Tensor, X3: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        quantize_kernel(Q, S, X, m, x_bytes, q_bytes, X1, X2, X3).launch(grid=(m, 1, 1), block=(64, 1, 1),
+                                                                         stream=stream)
 
     return launch
 
@@ -95,5 +119,33 @@ def quantize_rows(x, fmt: str = "fp8"):
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch)
-        kl.call(launcher, q.view(torch.int32), s, x2, m, x2.numel() * x2.element_size(), q.numel())
+        kl.call(launcher, q.view(torch.int32), s, x2, m, x2.numel() * x2.element_size(), q.numel(), x2, x2, x2)
+    return q.reshape(lead + (k,)), s.reshape(lead + (1,))
+
+
+@kr.replayed
+def quantize_program(inputs, program: str, fmt: str = "fp8"):
+    """(q, s) of the per-element `program` (translator_kernels.program: one float output) of `inputs` (1 to
+    MAX_MORE + 1 tensors of one shape [..., K], fp32 / bf16 / fp16), quantized per row as quantize_rows
+    does: the elementwise kernel and the quantize kernel in one launch; the program's value never goes to
+    memory. Bit-exact to quantize_rows(fused_elementwise(inputs, program)[0])."""
+    inputs = list(inputs)
+    if not inputs or len(inputs) > MAX_MORE + 1 or any(t.dtype not in FLOAT_NAMES for t in inputs) \
+            or any(t.shape != inputs[0].shape for t in inputs):
+        raise KernelInputError(f"quantize_program: want 1 to {MAX_MORE + 1} float inputs of one shape, got "
+                               f"{[(tuple(t.shape), t.dtype) for t in inputs]}")
+    arch = kl.arch()
+    x = inputs[0]
+    k = x.shape[-1]
+    lead = tuple(x.shape[:-1])
+    xs = [t.reshape(-1, k).contiguous() for t in inputs]
+    m = xs[0].shape[0]
+    q = torch.empty((m, k), dtype=fp8_dtype(arch, fmt), device=x.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch, program,
+                                       tuple(FLOAT_NAMES[t.dtype] for t in inputs[1:]))
+        pad = xs + [xs[0]] * (MAX_MORE + 1 - len(xs))
+        kl.call(launcher, q.view(torch.int32), s, pad[0], m, xs[0].numel() * xs[0].element_size(), q.numel(),
+                *pad[1:])
     return q.reshape(lead + (k,)), s.reshape(lead + (1,))
