@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 import executors
+from translator_kernels.arch import ARCHS  # gfx942, gfx950
 from translator_kernels.gemm.fp8 import fp8_dtype, quantize_fp8
 from translator_kernels.rows import norm
 
-ARCHS = ("gfx942", "gfx950")
 # (rows, N, dtype): short rows sharing a wave, several waves with the row weights kept while a workgroup
 # walks rows (LDS reductions), a partial last tile, fp32 input
 SHAPES = [(5, 128, torch.bfloat16), (3, 64, torch.float32), (66, 4096, torch.bfloat16), (2, 1040, torch.float16)]

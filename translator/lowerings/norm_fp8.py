@@ -29,16 +29,17 @@ from typing import List, Optional, Tuple
 import torch
 from torch.fx import Node
 
+from translator_kernels.arch import FLOAT_NAMES
+
 from ..graph import arg, dtype_of, getitem_of, is_call, users
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
-from . import fp8_mode, norm
+from . import elementwise, fp8_mode, norm  # noqa: F401  (register the ops read here)
 
 Q = torch.ops.flydsl.quantize_fp8.default
 FE = torch.ops.flydsl.fused_elementwise.default
 NORMS = {torch.ops.flydsl.rms_norm.default: ("rms", False), torch.ops.flydsl.layer_norm.default: ("layer", False),
          torch.ops.flydsl.add_rms_norm.default: ("rms", True), torch.ops.flydsl.add_layer_norm.default: ("layer", True)}
-_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 @torch.library.custom_op("flydsl::norm_fp8", mutates_args=())
@@ -131,7 +132,7 @@ def _exact_casts(region: Node) -> Node | None:
         return None
     if len(inputs) != 1 or prog.get("n") != 1 or len(prog.get("out", ())) != 1:
         return None
-    src = _NAMES.get(dtype_of(inputs[0]))
+    src = FLOAT_NAMES.get(dtype_of(inputs[0]))
     for i, op in enumerate(prog["ops"]):
         if op[0] != "cast" or list(op[1]) != [i] or op[2][0] not in (src, "f32"):
             return None

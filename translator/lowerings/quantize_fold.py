@@ -25,6 +25,7 @@ from typing import List, Tuple
 
 import torch
 
+from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.program import evaluate, parse
 
 from ..graph import arg, dtype_of, getitem_of, shape_of, users
@@ -35,7 +36,7 @@ from . import elementwise, fp8_mode  # noqa: F401  (register the ops folded here
 Q = torch.ops.flydsl.quantize_fp8.default
 FE = torch.ops.flydsl.fused_elementwise.default
 MAX_INPUTS = 4
-_FLOAT = {"f32", "bf16", "f16"}
+_FLOAT = set(FLOAT_NAMES.values())
 
 
 @torch.library.custom_op("flydsl::quantize_fp8_program", mutates_args=())
