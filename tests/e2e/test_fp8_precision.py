@@ -156,3 +156,32 @@ def _mlp():
     m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
                             torch.nn.Linear(128, 32)).eval()
     return m, (torch.randn(8, 64),)
+
+
+def test_norm_read_elsewhere_keeps_its_quantize():
+    """The dynamic fp8 form after an RMSNorm whose output is also read by another op: the norm must still write y,
+    so the quantize stays a kernel of its own (norm_fp8 does not fire); with the output read only by the
+    quantize the norm writes fp8 (the registry oracle of norm_fp8)."""
+    dt = torch.float8_e4m3fnuz
+    fmax, g = torch.finfo(dt).max, torch.Generator().manual_seed(0)
+    w8, ws = (torch.randn(24, 48, generator=g) * 8).to(dt), torch.rand(1, 24, generator=g) + 0.5
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.RMSNorm(48, eps=1e-6)
+
+        def forward(self, x):
+            h = self.norm(x)
+            s = (h.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=1e-12)
+            q = (h.float() / s).clamp(-fmax, fmax).to(dt)
+            return torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32), h * 2
+
+    x = torch.ones(5, 48)
+    x[:, 1::2] = -1  # normalized values +-1: exact in fp8, so eager and the kernels round alike
+    tm = translate(M().eval(), (x,), arch="gfx942", backend="flysim")
+    c = tm.report.counters
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert c.get("scaled_mm_dynamic") == 1 and not c.get("norm_fp8") and c.get("rms_norm") == 1
+    tm(x)
+    assert _launches(tm, "quantize_fp8") == 1 and _launches(tm, "rms_norm") == 1

@@ -133,9 +133,11 @@ def scaled_mm_dynamic_supported(node, ctx):
         return NO_MATCH
     chain = form[1] + [u for n in form[1] for u in n.users if u.target == ASSERT]  # export's dtype checks
     inside = set(chain) | {node}
-    if any(u not in inside for n in form[1] if n is not form[1][3] for u in n.users) \
-            or any(u not in inside for u in m.sa.users):
+    casts = form[1][7:]  # widening casts of x / amax: what else reads them keeps them (export merges h.float()
+    if any(u not in inside for n in form[1][:7] if n is not form[1][3] for u in n.users) \
+            or any(u not in inside for u in m.sa.users):  # with h where h is already fp32)
         return NO_MATCH  # a value of the form is read elsewhere: it stays as traced
+    chain = [n for n in chain if n not in casts or all(u in inside for u in n.users)]
     return Match(**vars(m), src=form[0], chain=chain)
 
 

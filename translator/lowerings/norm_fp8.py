@@ -162,11 +162,10 @@ def norm_quantize_supported(node, ctx):
         return NO_MATCH
     nrm, out, chain = p
     path = chain + [node]
-    if any(u not in path for n in [out, *chain] for u in users(n)):
-        return "the norm's output is also read by something other than the fp8 GEMMs' quantize"
-    if len(arg(nrm, "normalized_shape")) != 1:
-        return "a norm over several trailing dims (its rows are not the per-token quantize's)"
-    if ctx.denied([nrm]):
+    # not taken (the quantize stays its own kernel, which is no fallback: NO_MATCH, not a reason): the norm's
+    # output also read elsewhere, a norm over several trailing dims (its rows are not the quantize's)
+    if any(u not in path for n in [out, *chain] for u in users(n)) or len(arg(nrm, "normalized_shape")) != 1 \
+            or ctx.denied([nrm]):
         return NO_MATCH
     return Match(norm=nrm, out=out, chain=chain)
 

@@ -86,13 +86,11 @@ def quantize_prologue_supported(node, ctx):
     prog, ins = parse(arg(f, "program")), list(arg(f, "inputs"))
     if len(prog.out) != 1 or prog.out[0][1] not in _FLOAT:
         return NO_MATCH
-    if len(ins) > MAX_INPUTS:
-        return f"the elementwise region before the quantize reads {len(ins)} inputs (the fused kernel takes " \
-               f"{MAX_INPUTS})"
-    if any(dtype_of(a) not in (torch.float32, torch.bfloat16, torch.float16) for a in ins):
+    # not taken (the region stays its own kernel, which is no fallback: NO_MATCH, not a reason): more inputs
+    # than the kernel takes, a non-float input, a broadcast operand
+    if len(ins) > MAX_INPUTS or any(dtype_of(a) not in (torch.float32, torch.bfloat16, torch.float16) for a in ins) \
+            or any(list(shape_of(a) or ()) != list(shape_of(x) or ()) for a in ins):
         return NO_MATCH
-    if any(list(shape_of(a) or ()) != list(shape_of(x) or ()) for a in ins):
-        return NO_MATCH  # a broadcast operand: the region stays its own kernel
     return Match(g=x, f=f)
 
 
