@@ -11,6 +11,9 @@ bytes read + written) for one decode token (M = 1) of the Llama-3-8B norm (N = 4
 silu(gate) * up product (K = 14336), the unfused pair of kernels against the fused one, on gfx942.
 Launch counts per layer come from the recorded launches of tests/e2e/test_fp8_precision.py (the
 tiny llama_block).
+
+With `--accuracy` (~1 min): the accuracy report (translator.api.fp8_report) of models/llama_block
+translated with precision="fp8" on flysim (gfx942) against its fp32 eager run, and its launches.
 """
 
 from __future__ import annotations
@@ -85,9 +88,31 @@ def _flysim_bytes():
     return rows
 
 
+def _accuracy():
+    import collections
+    import importlib.util
+    from pathlib import Path
+
+    from translator import translate
+    from translator.api import fp8_report
+
+    spec = importlib.util.spec_from_file_location("llama_block", Path(__file__).resolve().parents[1] / "models"
+                                                  / "llama_block.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model, inputs = mod.Model(*mod.get_init_inputs()).eval(), tuple(mod.get_inputs())
+    tm = translate(model, inputs, arch="gfx942", backend="flysim", precision="fp8", verify=False)
+    rep = fp8_report(model, tm, inputs)
+    tm(*inputs)
+    fams = collections.Counter(c.family for c in tm.last_calls for _ in c.launches)
+    return rep, len(tm.last_launches), dict(sorted(fams.items()))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flysim", action="store_true", help="also measure the activation traffic under flysim")
+    ap.add_argument("--accuracy", action="store_true", help="also print llama_block's fp8 accuracy report")
     args = ap.parse_args(argv)
 
     bf, f8 = weight_bytes("bf16"), weight_bytes("fp8")
@@ -114,6 +139,11 @@ def main(argv=None):
         print("|---|---|---|---|---|")
         for name, l0, b0, l1, b1 in _flysim_bytes():
             print(f"| {name} | {l0} | {b0} | {l1} | {b1} |")
+    if args.accuracy:
+        rep, launches, fams = _accuracy()
+        print('\n## models/llama_block, precision="fp8" against fp32 eager (flysim gfx942, MEASURED)\n')
+        print(rep.table())
+        print(f"\n{rep.message}\nlaunches: {launches} ({fams})")
 
 
 if __name__ == "__main__":
