@@ -165,7 +165,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             else:
                 store_one(y, idx, x_e, pre)
 
-        def affine(y, idx, pre):
+        def apply_affine(y, idx, pre):
             """y * weight + bias, rounded to x's dtype (what the plain kernel stores)."""
             if const_expr(w_dtype is not None):
                 y = y * (pre[0] if const_expr(pre is not None) else load_param(Wt, w_dtype, idx))
@@ -174,7 +174,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             return y.to(edt) if const_expr(dtype_str != "f32") else y
 
         def store_one(y, idx, x_e, pre):
-            rc.store_vec(atom, VEC, edt, affine(y, idx, pre), views["out"], idx)
+            rc.store_vec(atom, VEC, edt, apply_affine(y, idx, pre), views["out"], idx)
             if const_expr(residual):
                 rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
 
@@ -185,7 +185,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 idx = lane + t * LPR
                 if const_expr(valid[t] is not None):
                     idx = valid[t].select(idx, 0)
-                y = affine(normalize(xs[t][1]), idx, pre[t] if const_expr(MULTI) else None)
+                y = apply_affine(normalize(xs[t][1]), idx, pre[t] if const_expr(MULTI) else None)
                 y = y.to(fx.Float32) if const_expr(dtype_str != "f32") else y
                 ys.append(y)
                 a = rq.lane_absmax(y, VEC)
