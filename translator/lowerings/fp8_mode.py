@@ -22,9 +22,11 @@ Forms:
     * its weight's name contains one of KEEP_BF16 (default: "lm_head");
     * K is not a multiple of 16 (16-byte rows of fp8).
   Users override by setting translator.lowerings.fp8_mode.KEEP_BF16 / KEEP_OUTPUT_LAYERS before translate.
-  Activation quantization is a standalone launch per distinct input (linears reading the same x, such as
-  q / k / v or gate / up, share it), not yet fused into the producer. Gated MLPs are not merged into the
-  bf16 gated GEMM under fp8: gate and up are fp8 linears and silu(g) * u an elementwise kernel.
+  Activation quantization is one quantize_fp8 per distinct input (linears reading the same x, such as
+  q / k / v or gate / up, share it); in fuse_consumers the kernel that produces x takes it over where it
+  can: a norm writes fp8 + scale itself (norm_fp8.py), an elementwise region joins the quantize kernel
+  (quantize_fold.py). Gated MLPs are not merged into the bf16 gated GEMM under fp8: gate and up are fp8
+  linears and silu(g) * u the quantize kernel's prologue.
 """
 
 from __future__ import annotations
