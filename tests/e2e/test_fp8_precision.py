@@ -1,5 +1,5 @@
 """precision="fp8" on flysim: linears quantized per channel at translate time, activations per token by the
-quantize kernel, fp8 GEMMs launched; the LM head stays bf16 by fp8_mode's rule; the accuracy report
+norm that produces them (norm_fp8.py) or else the quantize kernel, fp8 GEMMs launched; the LM head stays bf16 by fp8_mode's rule; the accuracy report
 (translator.accuracy) passes, and seeded scale bugs fail it."""
 
 import dataclasses
@@ -42,6 +42,19 @@ def _fp8_launches(tm):
     return sum(bool(FP8_MFMA & set(r.counters["mfma_by_kind"])) for r in tm.last_launches)
 
 
+def _launches(tm, family):
+    """FlyDSL launches recorded by the calls of one family in the last run."""
+    return sum(len(c.launches) for c in tm.last_calls if c.family == family)
+
+
+def _quantize_of_a_norm(tm):
+    """quantize_fp8 nodes left whose input a norm produced (norm_fp8's fold should have taken them)."""
+    from translator.lowerings.norm_fp8 import _producer
+
+    return [n.name for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.quantize_fp8.default
+            and _producer(n.args[0]) is not None]
+
+
 @pytest.mark.parametrize("arch", ["gfx942", pytest.param("gfx950", marks=pytest.mark.slow)])  # kernels: both archs
 def test_llama_block_fp8(arch):
     model, inputs = _llama_block()
@@ -52,6 +65,14 @@ def test_llama_block_fp8(arch):
     assert c.get("linear_fp8", 0) >= 3 and 0 < c.get("quantize_fp8", 0) < c.get("linear_fp8")  # q/k/v share one
     assert _fp8_launches(tm) == c["linear_fp8"]
     assert "RMS rel err" in v.message and A.FP8_RULE in v.message
+    # the norms write the fp8 input of q/k/v and gate/up themselves: no quantize after a norm. The other two
+    # take in the elementwise kernel before them (silu(gate) * up; the bf16 cast of the attention output):
+    # no standalone quantize launch is left
+    assert c.get("norm_fp8") == 1 and c.get("add_norm_fp8") == 1 and not _quantize_of_a_norm(tm)
+    assert c.get("quantize_prologue") == 2
+    tm(*inputs)
+    assert _launches(tm, "norm_fp8") == 1 and _launches(tm, "add_norm_fp8") == 1
+    assert _launches(tm, "quantize_fp8_program") == 2 and _launches(tm, "quantize_fp8") == 0
 
 
 @pytest.mark.slow  # ~60 s; the keep rule and the report run in the default suite on llama_block
@@ -63,6 +84,12 @@ def test_hf_llama_fp8_keeps_lm_head_and_passes_the_rule():
     # q, k, v, o, gate, up, down per layer; one quantize per distinct input (x for q/k/v, attention out,
     # x for gate/up, silu(g)*u): 4 per layer
     assert c.get("linear_fp8", 0) == 2 * 7 and not c.get("gated_mlp") and c.get("quantize_fp8") == 2 * 4
+    # 4 of those 8 quantizations are written by the norm before q/k/v or gate/up (layer 0's input norm reads
+    # the embedding; the other three add the residual first): 2 standalone quantize launches per layer
+    assert c.get("norm_fp8") == 1 and c.get("add_norm_fp8") == 3 and not _quantize_of_a_norm(tm)
+    tm(*inputs)  # the other 4 take in the elementwise kernel before them (silu(gate) * up, a cast)
+    assert _launches(tm, "norm_fp8") + _launches(tm, "add_norm_fp8") == 4
+    assert _launches(tm, "quantize_fp8_program") == 2 * 2 and _launches(tm, "quantize_fp8") == 0
     rep = fp8_report(model, tm, inputs)
     assert rep.passed, rep.table()
     logits = [o for o in rep.outputs if o.top1 is not None]
@@ -129,3 +156,32 @@ def _mlp():
     m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
                             torch.nn.Linear(128, 32)).eval()
     return m, (torch.randn(8, 64),)
+
+
+def test_norm_read_elsewhere_keeps_its_quantize():
+    """The dynamic fp8 form after an RMSNorm whose output is also read by another op: the norm must still write y,
+    so the quantize stays a kernel of its own (norm_fp8 does not fire); with the output read only by the
+    quantize the norm writes fp8 (the registry oracle of norm_fp8)."""
+    dt = torch.float8_e4m3fnuz
+    fmax, g = torch.finfo(dt).max, torch.Generator().manual_seed(0)
+    w8, ws = (torch.randn(24, 48, generator=g) * 8).to(dt), torch.rand(1, 24, generator=g) + 0.5
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.RMSNorm(48, eps=1e-6)
+
+        def forward(self, x):
+            h = self.norm(x)
+            s = (h.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=1e-12)
+            q = (h.float() / s).clamp(-fmax, fmax).to(dt)
+            return torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32), h * 2
+
+    x = torch.ones(5, 48)
+    x[:, 1::2] = -1  # normalized values +-1: exact in fp8, so eager and the kernels round alike
+    tm = translate(M().eval(), (x,), arch="gfx942", backend="flysim")
+    c = tm.report.counters
+    assert tm.report.verification.passed, tm.report.verification.message
+    assert c.get("scaled_mm_dynamic") == 1 and not c.get("norm_fp8") and c.get("rms_norm") == 1
+    tm(x)
+    assert _launches(tm, "quantize_fp8") == 1 and _launches(tm, "rms_norm") == 1

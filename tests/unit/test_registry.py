@@ -64,6 +64,9 @@ ORACLES = {
                                *[nn.Linear(48, 32, bias=False) for _ in range(4)]), (_r(6, 32),)),
     "gemm_fp8": lambda: _fp8_oracle(),
     "quantize_fp8": lambda: _fp8_dynamic_oracle(),
+    "norm_fp8": lambda: _fp8_norm_oracle(nn.RMSNorm(48, eps=1e-6)),
+    "add_norm_fp8": lambda: _fp8_norm_oracle(nn.LayerNorm(48), residual=True),
+    "quantize_fp8_program": lambda: _fp8_prologue_oracle(),
     "gemm_w8": lambda: _w8_oracle(),
 }
 
@@ -107,15 +110,42 @@ def _fp8_oracle(dt=torch.float8_e4m3fnuz):
             ((_r(5, 48) * 8).to(dt).view(torch.uint8),))
 
 
-def _fp8_dynamic_oracle(dt=torch.float8_e4m3fnuz):
-    """Per-token quantization (lowerings.fp8_mode's form) feeding torch._scaled_mm."""
+def _fp8_dynamic_oracle(norm=None, residual=False, dt=torch.float8_e4m3fnuz):
+    """Per-token quantization (lowerings.fp8_mode's form) feeding torch._scaled_mm; with `norm`, of a norm's
+    output (of x + r, also returned, with `residual`): the norm then writes the fp8 input (norm_fp8.py)."""
     fmax, w8, ws = torch.finfo(dt).max, (_r(24, 48) * 8).to(dt), _r(1, 24).abs() + 0.5
 
-    def f(m, x):
+    def f(m, x, *r):
+        h = x + r[0] if r else x
+        x = m[0](h) if m else h
         s = (x.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=1e-12)
         q = (x.float() / s).clamp(-fmax, fmax).to(dt)
-        return torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
-    return Fn(f), (_r(5, 48),)
+        y = torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
+        return (h, y) if r else y
+    return Fn(f, *([norm] if norm is not None else [])), (_r(5, 48), *([_r(5, 48, seed=1)] if residual else []))
+
+
+def _fp8_prologue_oracle():
+    """relu(a) * b feeding the dynamic fp8 form (the elementwise kernel joins the quantize: quantize_fold.py),
+    on +-powers of two: exact in bf16 and in fp8, so a bf16 run matches the fp32 oracle."""
+    model, _ = _fp8_dynamic_oracle()
+    g = torch.Generator().manual_seed(0)
+
+    def pow2(*shape):
+        return torch.randint(-3, 3, shape, generator=g).float().exp2() * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
+    return Fn(lambda m, a, b: model(torch.relu(a) * b)), (pow2(5, 48), pow2(5, 48))
+
+
+def _fp8_norm_oracle(norm, residual=False):
+    """A norm feeding the dynamic fp8 form, on rows whose normalized values are +-w with power-of-two weights:
+    q / s is exact in fp8, so a bf16 run rounds to the same fp8 values as the fp32 oracle (elsewhere one
+    fp8 step, 6-12 %, can separate the two)."""
+    with torch.no_grad():
+        norm.weight.copy_(2.0 ** -(torch.arange(48) % 4))
+    x = torch.ones(5, 48)
+    x[:, 1::2] = -1  # zero mean, unit variance
+    model, _ = _fp8_dynamic_oracle(norm, residual)
+    return model, (x, *([x.clone()] if residual else []))
 CASES = [(name, dt) for name in sorted(FAMILIES) for dt in (torch.float32, torch.bfloat16)]
 
 

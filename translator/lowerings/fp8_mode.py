@@ -22,9 +22,11 @@ Forms:
     * its weight's name contains one of KEEP_BF16 (default: "lm_head");
     * K is not a multiple of 16 (16-byte rows of fp8).
   Users override by setting translator.lowerings.fp8_mode.KEEP_BF16 / KEEP_OUTPUT_LAYERS before translate.
-  Activation quantization is a standalone launch per distinct input (linears reading the same x, such as
-  q / k / v or gate / up, share it), not yet fused into the producer. Gated MLPs are not merged into the
-  bf16 gated GEMM under fp8: gate and up are fp8 linears and silu(g) * u an elementwise kernel.
+  Activation quantization is one quantize_fp8 per distinct input (linears reading the same x, such as
+  q / k / v or gate / up, share it); in fuse_consumers the kernel that produces x takes it over where it
+  can: a norm writes fp8 + scale itself (norm_fp8.py), an elementwise region joins the quantize kernel
+  (quantize_fold.py). Gated MLPs are not merged into the bf16 gated GEMM under fp8: gate and up are fp8
+  linears and silu(g) * u the quantize kernel's prologue.
 """
 
 from __future__ import annotations
@@ -133,9 +135,11 @@ def scaled_mm_dynamic_supported(node, ctx):
         return NO_MATCH
     chain = form[1] + [u for n in form[1] for u in n.users if u.target == ASSERT]  # export's dtype checks
     inside = set(chain) | {node}
-    if any(u not in inside for n in form[1] if n is not form[1][3] for u in n.users) \
-            or any(u not in inside for u in m.sa.users):
+    casts = form[1][7:]  # widening casts of x / amax: what else reads them keeps them (export merges h.float()
+    if any(u not in inside for n in form[1][:7] if n is not form[1][3] for u in n.users) \
+            or any(u not in inside for u in m.sa.users):  # with h where h is already fp32)
         return NO_MATCH  # a value of the form is read elsewhere: it stays as traced
+    chain = [n for n in chain if n not in casts or all(u in inside for u in n.users)]
     return Match(**vars(m), src=form[0], chain=chain)
 
 

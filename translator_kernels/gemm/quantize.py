@@ -4,8 +4,9 @@
 
 (FMAX: the format's largest finite value; the cast rounds to nearest even; fp32 division, so the
 kernel equals fp8.quantize_fp8(x, dtype, dim=-1) bit for bit). A standalone launch before
-gemm_fp8 (precision="fp8"); fusing it into the producer (a norm, the previous GEMM's epilogue) is
-the next step (docs/fp8.md).
+gemm_fp8 where no producer writes fp8 itself: a row norm does (rows/norm.py, `quant=`, with the same
+scale / pack / store pieces: rows/quant.py); a GEMM epilogue or an elementwise kernel does not yet
+(docs/fp8.md).
 
 One wave per row: each lane loads 16-byte chunks (8 bf16 / fp16 or 4 fp32 values), keeps them in
 registers, takes the row's |max| with a butterfly over the wave, then divides, clamps and converts
@@ -20,74 +21,86 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import range_constexpr, rocdl
+from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.common import OOB, _raw
 from translator_kernels.gemm.fp8 import fp8_dtype
+from translator_kernels.rows import quant as rq
+from translator_kernels.program import parse
 from translator_kernels.rows.common import wave_allreduce
 
 MAX_CHUNKS = 32
+MAX_MORE = 3  # inputs of a program beyond the first
 _IN = {"f32": (4, lambda: T.f32), "bf16": (2, lambda: T.bf16), "f16": (2, lambda: T.f16)}
 
 
 @kl.builder
-def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
-    """launch(Q, S, X, m, x_bytes, q_bytes): m rows of K values -> Q (fp8 bytes, viewed as int32), S fp32."""
-    if in_dtype not in _IN or fmt not in ("fp8", "bf8") or k % 16:
-        raise KernelInputError(f"quantize_rows: dtype {in_dtype} / format {fmt} / K={k} (want f32/bf16/f16, "
+def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, program: str | None = None,
+                        more: tuple = ()):
+    """launch(Q, S, X, m, x_bytes, q_bytes, *Xs): m rows of K values -> Q (fp8 bytes, viewed as int32), S
+    fp32. program: a per-element program (translator_kernels.program) of X and the inputs of dtypes `more`
+    (each [m, K] contiguous, x_bytes long per value of X's size), one float output: the values quantized."""
+    dts = (in_dtype, *more)
+    if any(d not in _IN for d in dts) or fmt not in ("fp8", "bf8") or k % 16:
+        raise KernelInputError(f"quantize_rows: dtypes {dts} / format {fmt} / K={k} (want f32/bf16/f16, "
                                f"fp8/bf8, K % 16 == 0)")
-    esz, elem_t = _IN[in_dtype]
-    vec = 16 // esz
+    if len(more) > MAX_MORE:
+        raise KernelInputError(f"quantize_rows: {len(dts)} inputs (at most {MAX_MORE + 1})")
+    prog = parse(program) if program else None
+    if prog is not None and (prog.n != len(dts) or len(prog.out) != 1 or prog.out[0][1] not in _IN):
+        raise KernelInputError(f"quantize_rows: program {program!r} must read {len(dts)} inputs and write one "
+                               f"float value")
+    vec = 16 // max(_IN[d][0] for d in dts)
+    out_dt = prog.out[0][1] if prog is not None else in_dtype
     nc = -(-k // (64 * vec))
     if nc > MAX_CHUNKS:
         raise KernelInputError(f"quantize_rows: K={k} needs {nc} chunks per lane (at most {MAX_CHUNKS}); split K")
-    fmax = float(torch.finfo(fp8_dtype(arch, fmt)).max)
-    cvt = rocdl.cvt_pk_fp8_f32 if fmt == "fp8" else rocdl.cvt_pk_bf8_f32
+    fmax = rq.fmax(arch, fmt)
+    cvt = rq.cvt(fmt)
 
     @flyc.kernel
     def quantize_kernel(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32,
-                        q_bytes: fx.Int32):
+                        q_bytes: fx.Int32, X1: fx.Tensor, X2: fx.Tensor, X3: fx.Tensor):
         lane = fx.Int32(fx.thread_idx.x)
         row = fx.Int32(fx.block_idx.x)
-
-        def rsrc(t, nbytes):
-            return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
-
-        rx, rq, rs = rsrc(X, x_bytes), rsrc(Q, q_bytes), rsrc(S, m * 4)
+        esz0 = _IN[in_dtype][0]
+        srcs = [(rq.rsrc(t, x_bytes // esz0 * _IN[d][0]), d) for t, d in zip((X, X1, X2, X3), dts)]
+        rqb = rq.rsrc(Q, q_bytes)
         zero = _raw(fx.Int32(0))
         vals, amax = [], fx.Float32(0.0)
         for c in range_constexpr(nc):
             col = (lane + c * 64) * vec
-            off = (col < k).select((row * k + col) * esz, fx.Int32(OOB))
-            v = fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, elem_t()), rx, _raw(off), zero, 0)).to(fx.Float32)
+            ins = []
+            for res, d in srcs:
+                esz, elem_t = _IN[d]
+                off = (col < k).select((row * k + col) * esz, fx.Int32(OOB))
+                ins.append(fx.Vector(rocdl.raw_ptr_buffer_load(T.vec(vec, elem_t()), res, _raw(off), zero, 0))
+                           .to(fx.Float32))
+            v = ins[0]
+            if const_expr(prog is not None):
+                v = em.run(prog, ins, vec, list(dts))[prog.out[0][0]]
+                if const_expr(out_dt != "f32"):
+                    v = em.cast(v, out_dt)  # the value the elementwise kernel would store, rounded to its dtype
             vals.append(v)
-            for i in range_constexpr(vec):
-                amax = fx.max(amax, fx.math.absf(v[i]))
-        amax = wave_allreduce(amax, "max")
-        scale = fx.max(amax / fx.Float32(fmax), fx.Float32(1e-12))
-        hi, lo = fx.Float32(fmax), fx.Float32(-fmax)
+            amax = fx.max(amax, rq.lane_absmax(v, vec))
+        scale = rq.row_scale(wave_allreduce(amax, "max"), fmax)
         for c in range_constexpr(nc):
             col = (lane + c * 64) * vec
-            y = [fx.max(fx.min(vals[c][i] / scale, hi), lo) for i in range(vec)]
-            words = []
-            for w in range_constexpr(vec // 4):
-                word = cvt(T.i32, _raw(y[4 * w]), _raw(y[4 * w + 1]), zero, False)
-                words.append(cvt(T.i32, _raw(y[4 * w + 2]), _raw(y[4 * w + 3]), word, True))
-            data = words[0] if vec == 4 else fx.Vector.from_elements([fx.Int32(wd) for wd in words], fx.Int32)
-            q_off = (col < k).select(row * k + col, fx.Int32(OOB))
-            rocdl.raw_ptr_buffer_store(_raw(data), rq, _raw(q_off), zero)
-        s_off = (lane == 0).select(row * 4, fx.Int32(OOB))
-        rocdl.raw_ptr_buffer_store(_raw(scale), rs, _raw(s_off), zero)
+            words = rq.pack([vals[c][i] for i in range(vec)], scale, fmax, cvt)
+            rq.store_words(rqb, words, row * k + col, col < k)
+        rq.store_scale(S, m, row, scale, lane == 0)
 
     @flyc.jit
     def launch(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32, q_bytes: fx.Int32,
-               stream: fx.Stream = fx.Stream(None)):
-        quantize_kernel(Q, S, X, m, x_bytes, q_bytes).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
+               X1: fx.Tensor, X2: fx.Tensor, X3: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        quantize_kernel(Q, S, X, m, x_bytes, q_bytes, X1, X2, X3).launch(grid=(m, 1, 1), block=(64, 1, 1),
+                                                                         stream=stream)
 
     return launch
 
@@ -106,5 +119,33 @@ def quantize_rows(x, fmt: str = "fp8"):
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch)
-        kl.call(launcher, q.view(torch.int32), s, x2, m, x2.numel() * x2.element_size(), q.numel())
+        kl.call(launcher, q.view(torch.int32), s, x2, m, x2.numel() * x2.element_size(), q.numel(), x2, x2, x2)
+    return q.reshape(lead + (k,)), s.reshape(lead + (1,))
+
+
+@kr.replayed
+def quantize_program(inputs, program: str, fmt: str = "fp8"):
+    """(q, s) of the per-element `program` (translator_kernels.program: one float output) of `inputs` (1 to
+    MAX_MORE + 1 tensors of one shape [..., K], fp32 / bf16 / fp16), quantized per row as quantize_rows
+    does: the elementwise kernel and the quantize kernel in one launch; the program's value never goes to
+    memory. Bit-exact to quantize_rows(fused_elementwise(inputs, program)[0])."""
+    inputs = list(inputs)
+    if not inputs or len(inputs) > MAX_MORE + 1 or any(t.dtype not in FLOAT_NAMES for t in inputs) \
+            or any(t.shape != inputs[0].shape for t in inputs):
+        raise KernelInputError(f"quantize_program: want 1 to {MAX_MORE + 1} float inputs of one shape, got "
+                               f"{[(tuple(t.shape), t.dtype) for t in inputs]}")
+    arch = kl.arch()
+    x = inputs[0]
+    k = x.shape[-1]
+    lead = tuple(x.shape[:-1])
+    xs = [t.reshape(-1, k).contiguous() for t in inputs]
+    m = xs[0].shape[0]
+    q = torch.empty((m, k), dtype=fp8_dtype(arch, fmt), device=x.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch, program,
+                                       tuple(FLOAT_NAMES[t.dtype] for t in inputs[1:]))
+        pad = xs + [xs[0]] * (MAX_MORE + 1 - len(xs))
+        kl.call(launcher, q.view(torch.int32), s, pad[0], m, xs[0].numel() * xs[0].element_size(), q.numel(),
+                *pad[1:])
     return q.reshape(lead + (k,)), s.reshape(lead + (1,))

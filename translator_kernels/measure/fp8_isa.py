@@ -40,7 +40,7 @@ def compile_quantize(k):
     m = 3
     launch = build_quantize_rows.__wrapped__(k, "bf16", "fp8", current_arch())
     x = torch.zeros(m, k, dtype=torch.bfloat16)
-    launch(torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(m), x, m, x.numel() * 2, m * k)
+    launch(torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(m), x, m, x.numel() * 2, m * k, x, x, x)
 
 
 def compile_w8(n, k, bm, bn, bk):

@@ -16,6 +16,14 @@ Three shapes of work, chosen at build time:
   PARAM_TRAFFIC of the compulsory bytes (flysim counts 1.04x at 4096 x 8192 bf16 RMSNorm).
 - streamed (longer rows): a statistics pass (sums shifted by the row's first element), then
   a pass that re-reads x (and the residual), normalizes and stores.
+
+Per-token fp8 output (`quant="fp8" | "bf8"`, resident rows with VEC >= 4): the normalized row,
+rounded to x's dtype as the plain kernel stores it, stays in registers; its |max| is reduced over
+the row like the statistics, then ``s = max(amax / FMAX, 1e-12)`` and each value is divided by s,
+clamped to +-FMAX and packed four per word by v_cvt_pk_{fp8,bf8}_f32 (the arch's format: fnuz on
+gfx942, OCP on gfx950). The kernel writes q (and the scale per row) instead of y: the same numbers
+as quantizing the plain kernel's output (gemm/quantize.py), one launch and no y round trip. Rows the
+fused form cannot take (streamed, VEC < 4) run the plain norm and the quantize kernel.
 """
 
 
@@ -28,7 +36,9 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
+from translator_kernels.gemm.fp8 import fp8_dtype
 from translator_kernels.rows import common as rc
+from translator_kernels.rows import quant as rq
 
 AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32
 PARAM_TRAFFIC = 0.04  # weight/bias re-reads allowed, as a share of the compulsory bytes
@@ -38,9 +48,10 @@ MIN_GRID = 64
 @kl.builder
 def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
                    w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
-                   affine: str = "row", groups: int = 1, hw: int = 1):
-    """Compiled launcher `launch(X, R, W, B, Out, Sum, m, g)` over m rows with g workgroups;
-    operands a specialization does not use may be any tensor."""
+                   affine: str = "row", groups: int = 1, hw: int = 1, quant: str | None = None):
+    """Compiled launcher `launch(X, R, W, B, Out, Sum, Q, S, m, g)` over m rows with g workgroups;
+    operands a specialization does not use may be any tensor. quant: Out is not written; Q (fp8
+    bytes viewed as int32) and S (fp32 per row) are."""
     if kind not in ("layer", "rms"):
         raise KernelInputError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
     tiling = rc.row_tiling(n, vec)
@@ -59,18 +70,23 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     ebits = rc.elem_bits(dtype_str)
     INV_N = 1.0 / n
     MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None)
+    if quant is not None and not rq.fusable(n, vec, affine):
+        raise KernelInputError(f"row norm: fp8 output needs resident rows and VEC >= 4 (N={n}, VEC={vec})")
+    FMAX = rq.fmax(arch, quant) if quant is not None else 0.0
+    CVT = rq.cvt(quant) if quant is not None else None
     CG = n // hw  # channels per group (GroupNorm)
 
     @fx.struct
     class Scratch:
         red_a: fx.Array[fx.Float32, W, 16]
         red_b: fx.Array[fx.Float32, W, 16]
+        red_c: fx.Array[fx.Float32, W, 16]
 
     kwargs = {"known_block_size": [BLOCK, 1, 1]} if BLOCK > 256 else {}
 
     @flyc.kernel(**kwargs)
     def row_norm_kernel(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor,
-                        Sum: fx.Tensor, M: fx.Int32, G: fx.Int32):
+                        Sum: fx.Tensor, Q: fx.Tensor, S: fx.Tensor, M: fx.Int32, G: fx.Int32):
         tid = fx.thread_idx.x
         lane = tid % LPR if const_expr(SUB) else tid
         edt = rc.elem_type(dtype_str)
@@ -92,10 +108,10 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 views["r"] = rc.row_view(R, row, VEC)
                 views["sum"] = rc.row_view(Sum, row, VEC)
 
-        def block_allreduce(val, slots):
+        def block_allreduce(val, slots, op="sum"):
             if const_expr(SUB):
-                return rc.wave_allreduce(val, "sum", LPR)
-            w = rc.wave_allreduce(val, "sum")
+                return rc.wave_allreduce(val, op, LPR)
+            w = rc.wave_allreduce(val, op)
             if const_expr(W == 1):
                 return w
             if const_expr(MULTI):
@@ -107,7 +123,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             gpu.barrier()
             r = fx.memref_load(slots, 0)
             for i in range_constexpr(1, W):
-                r = r + fx.memref_load(slots, i)
+                r = fx.max(r, fx.memref_load(slots, i)) if const_expr(op == "max") else r + fx.memref_load(slots, i)
             return r
 
         def load_param(T, pdtype_str, idx):
@@ -131,6 +147,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
         lds = fx.SharedAllocator().allocate(Scratch).peek()
         s_a = lds.red_a.view(fx.make_layout(W, 1))
         s_b = lds.red_b.view(fx.make_layout(W, 1))
+        s_c = lds.red_c.view(fx.make_layout(W, 1))
         zero = fx.Float32(0.0)
 
         def load_row(idx):
@@ -148,14 +165,56 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             else:
                 store_one(y, idx, x_e, pre)
 
-        def store_one(y, idx, x_e, pre):
+        def apply_affine(y, idx, pre):
+            """y * weight + bias, rounded to x's dtype (what the plain kernel stores)."""
             if const_expr(w_dtype is not None):
                 y = y * (pre[0] if const_expr(pre is not None) else load_param(Wt, w_dtype, idx))
             if const_expr(b_dtype is not None):
                 y = y + (pre[1] if const_expr(pre is not None) else load_param(Bs, b_dtype, idx))
-            y = y.to(edt) if const_expr(dtype_str != "f32") else y
-            rc.store_vec(atom, VEC, edt, y, views["out"], idx)
+            return y.to(edt) if const_expr(dtype_str != "f32") else y
+
+        def store_one(y, idx, x_e, pre):
+            rc.store_vec(atom, VEC, edt, apply_affine(y, idx, pre), views["out"], idx)
             if const_expr(residual):
+                rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
+
+        def quantize_store(xs, valid, normalize, pre):
+            """The fp8 output: normalized rows in registers, their |max| over the row, then q and s."""
+            ys, amax = [], zero
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                if const_expr(valid[t] is not None):
+                    idx = valid[t].select(idx, 0)
+                y = apply_affine(normalize(xs[t][1]), idx, pre[t] if const_expr(MULTI) else None)
+                y = y.to(fx.Float32) if const_expr(dtype_str != "f32") else y
+                ys.append(y)
+                a = rq.lane_absmax(y, VEC)
+                amax = fx.max(amax, valid[t].select(a, zero) if const_expr(valid[t] is not None) else a)
+            scale = rq.row_scale(block_allreduce(amax, s_c, "max"), FMAX)
+            keep = views["ok"] if const_expr(SUB) else None
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                ok = keep
+                if const_expr(valid[t] is not None):
+                    ok = (idx < NV) if const_expr(keep is None) else keep & (idx < NV)
+                rq.store_q(Q, M * n, views["row"] * n + idx * VEC, ys[t], scale, VEC, FMAX, CVT, ok)
+                if const_expr(residual):
+                    affine_store_sum(xs[t][0], idx, valid[t])
+            first = lane == 0
+            rq.store_scale(S, M, views["row"], scale, first if const_expr(keep is None) else first & keep)
+
+        def affine_store_sum(x_e, idx, ok):
+            if const_expr(SUB):
+                if views["ok"]:
+                    sum_store(x_e, idx, ok)
+            else:
+                sum_store(x_e, idx, ok)
+
+        def sum_store(x_e, idx, ok):
+            if const_expr(ok is not None):
+                if idx < NV:
+                    rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
+            else:
                 rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
 
         def resident(pre):
@@ -191,6 +250,12 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             else:
                 rstd = fx.math.rsqrt(total * INV_N + eps, fastmath=AFN)
 
+            if const_expr(quant is not None):
+                if const_expr(kind == "layer"):
+                    quantize_store(xs, valid, lambda x: (x - mean) * rstd, pre)
+                else:
+                    quantize_store(xs, valid, lambda x: x * rstd, pre)
+                return
             # pass 2: normalize, affine, store
             for t in range_constexpr(NT):
                 idx = lane + t * LPR
@@ -255,14 +320,16 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
 
     @flyc.jit
     def launch(X: fx.Tensor, R: fx.Tensor, Wt: fx.Tensor, Bs: fx.Tensor, Out: fx.Tensor, Sum: fx.Tensor,
-               m: fx.Int32, g: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        row_norm_kernel(X, R, Wt, Bs, Out, Sum, m, g).launch(grid=(g, 1, 1), block=(BLOCK, 1, 1), stream=stream)
+               Q: fx.Tensor, S: fx.Tensor, m: fx.Int32, g: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        row_norm_kernel(X, R, Wt, Bs, Out, Sum, Q, S, m, g).launch(grid=(g, 1, 1), block=(BLOCK, 1, 1),
+                                                                  stream=stream)
 
     return launch
 
 
-def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None):
-    """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view)."""
+def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None, quant=None):
+    """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view).
+    Returns (out, sum); with quant (a format name), (q, sum, s) and out is not written."""
     xr = x if rows_view is None else rows_view
     rc.check_rows(op, xr)
     if xr.stride(-1) != 1:
@@ -281,22 +348,34 @@ def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw
             residual = residual.contiguous()
     out = torch.empty((m, n), dtype=xr.dtype, device=xr.device)
     total = torch.empty((m, n), dtype=xr.dtype, device=xr.device) if residual is not None else None
+    q = s = None
+    if quant is not None:
+        arch = rc.current_arch()
+        q = torch.empty((m, n), dtype=fp8_dtype(arch, quant), device=xr.device)
+        s = torch.empty((m, 1), dtype=torch.float32, device=xr.device)
     if m == 0 or n == 0:
-        return out, total
+        return (out, total) if quant is None else (q, total, s)
     row_tensors = [xr, out, residual, total]
     vec = rc.pick_vec(n, xr.dtype, *row_tensors, *([weight, bias] if affine == "row" else []))
     if affine == "channel":
         while hw % vec:
             vec //= 2
+    if quant is not None and not rq.fusable(n, vec, affine):  # the plain norm, then the quantize kernel
+        from translator_kernels.gemm.quantize import quantize_rows
+
+        y, total = _run(op, x, residual, weight, bias, eps, kind, affine=affine, rows_view=rows_view)
+        q, s = quantize_rows(y, quant)
+        return q, total, s
     launch = build_row_norm(n, rc.DTYPES[xr.dtype], vec, kind, float(eps), rc.current_arch(),
                             w_dtype=rc.DTYPES.get(weight.dtype) if weight is not None else None,
                             b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None else None,
-                            residual=residual is not None, affine=affine, groups=groups, hw=hw)
+                            residual=residual is not None, affine=affine, groups=groups, hw=hw, quant=quant)
     dummy = xr
     rc.launch(launch, xr, residual if residual is not None else dummy, weight if weight is not None else dummy,
-              bias if bias is not None else dummy, out, total if total is not None else out, m,
+              bias if bias is not None else dummy, out, total if total is not None else out,
+              q.view(torch.int32) if q is not None else dummy, s if s is not None else dummy, m,
               _grid(m, n, vec, xr.element_size(), residual is not None, weight, bias, affine))
-    return out, total
+    return (out, total) if quant is None else (q, total, s)
 
 
 def _multi_rows(n, vec, affine, has_params):
@@ -342,6 +421,27 @@ def add_rms_norm(x, residual, weight, eps):
     """(x + residual, rms_norm(x + residual)) in one pass."""
     out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
     return total, out
+
+
+def _fmt(fmt):
+    if fmt not in rq.FORMATS:
+        raise KernelInputError(f"norm with fp8 output: format {fmt!r} is not one of {rq.FORMATS}")
+    return fmt
+
+
+@kr.replayed
+def norm_fp8(x, kind, weight=None, bias=None, eps=1e-6, fmt="fp8"):
+    """kind "rms" | "layer" norm of a 2-D [M, N] x, written per token as fp8: (q [M, N] in the arch's
+    format, s [M, 1] fp32) with norm(x) rounded to x's dtype ≈ q * s (one launch)."""
+    q, _, s = _run(f"{kind}_norm_fp8", x, None, weight, bias, eps, kind, quant=_fmt(fmt))
+    return q, s
+
+
+@kr.replayed
+def add_norm_fp8(x, residual, kind, weight=None, bias=None, eps=1e-6, fmt="fp8"):
+    """(x + residual, q, s): the residual add, then norm_fp8 of the sum (one launch)."""
+    q, total, s = _run(f"add_{kind}_norm_fp8", x, residual, weight, bias, eps, kind, quant=_fmt(fmt))
+    return total, q, s
 
 
 @kr.replayed
