@@ -199,3 +199,30 @@ def test_a_low_precision_router_softmax_keeps_topk_with_its_reason():
     assert "moe_topk" not in tm.report.counters
     why = [r.detail for r in tm.report.rows if r.op.endswith("topk")]
     assert why and "router softmax is torch.bfloat16" in why[0], why
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_hand_written_loop_under_torch_compile():
+    """dynamo breaks the graph at the loop's torch.where (a data-dependent size) and, the break being in a
+    loop, runs the whole forward in eager PyTorch (only the experts reach the backend): the record says
+    so and names dynamo's flag; with the flag on, the loop is one graph and one moe_experts."""
+    from translator.frontends import compile_backend
+
+    torch.manual_seed(0)
+    m = HandMoE().eval()
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        want = m(x)
+        torch.testing.assert_close(torch.compile(m, backend="flydsl", options={"backend": "reference"})(x), want)
+    said = compile_backend.summary()
+    assert "frame skipped, runs in eager PyTorch: forward" in said and "capture_dynamic_output_shape_ops = True" in said, said
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compile_backend.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        got = torch.compile(m, backend="flydsl", options={"backend": "reference"})(x)
+    (rec,) = compile_backend.reports()
+    (tm,) = rec.translated
+    assert rec.calls_translated == 1 and not rec.graph_breaks, compile_backend.summary()
+    _check(tm, kernels=False)
+    torch.testing.assert_close(got, want, **model_tol())
