@@ -18,7 +18,8 @@ from their hooks: distribute_module's lambdas close over the mesh and a partial 
 use_local_output)`. Any other DTensor (another style or layout, a 2-D mesh, distribute_tensor by hand) is
 refused by `check_no_dtensor` with the cause and the fix. Under torch.compile dynamo does trace DTensor, but
 the graph it hands over reads DTensor parameters (no modules, no hooks left to read), which translate()
-captures with torch.export again: the graph runs in PyTorch and its record carries this reason.
+captures with torch.export again: the graph runs in PyTorch and its record carries this reason, which
+names the step that works: `torch.compile(localize(model)[0], backend="flydsl")`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def check_no_dtensor(model: torch.nn.Module, inputs=()) -> None:
             f"{found[0]} (and {len(found) - 1} more) is a DTensor {placements} (torch.distributed.tensor."
             f"parallel.parallelize_module): torch.export cannot capture DTensor in this torch (its parallel styles' "
             f"DTensor.from_local hooks are not graphable), so the rank's graph cannot be translated. Fix: "
-            f"{DTENSOR_FIX}")
+            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears; under "
+            f"torch.compile, compile `translator.distributed.localize(model)[0]` instead of the model")
 
 
 def _style_hooks(mod):

@@ -6,7 +6,8 @@ torch.export cannot capture DTensor in this torch, so translate() takes each ran
 all_reduce after each RowwiseParallel linear) and verifies against the DTensor model's eager; the
 all_reduces stay in the rank's graph, kept by design. A DTensor use outside those two styles is refused
 with one InputError naming the fix. Under torch.compile(backend="flydsl") dynamo's graph reads the
-DTensor parameters themselves: it runs in PyTorch (output equal to eager) with the reason on its record."""
+DTensor parameters themselves: it runs in PyTorch (output equal to eager) with the reason on its record,
+which names the step that works: compiling `localize(model)[0]` (translated, equal to eager)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import translator
+from translator.distributed import localize
 from translator.frontends import compile_backend
 from translator.lowerings.by_design import COLLECTIVE_WHY
 from translator.tolerances import model_tol
@@ -97,7 +99,16 @@ def _rank(rank, store, backend):
         torch.testing.assert_close(got, want, rtol=0, atol=0)  # dynamo's graph, in PyTorch
         (rec,) = compile_backend.reports()
         assert rec.calls_pytorch == 1 and not rec.translated, compile_backend.summary()
-        assert rec.fallback_reason.startswith("InputError: ") and "DTensor" in rec.fallback_reason, rec.fallback_reason
+        assert rec.fallback_reason.startswith("InputError: ") and "localize(model)" in rec.fallback_reason, \
+            rec.fallback_reason
+        compile_backend.reset()  # the step the reason names: compile the local-shard form
+        local, _ = localize(m)
+        with torch.no_grad():
+            got = torch.compile(local, backend="flydsl", options={"backend": backend})(x)
+        torch.testing.assert_close(got, want, **model_tol())
+        (rec,) = compile_backend.reports()
+        assert rec.calls_translated == 1 and rec.calls_pytorch == 0, compile_backend.summary()
+        assert sum("all_reduce" in str(n.target) for n in rec.translated[0].gm.graph.nodes) == 2
     finally:
         dist.destroy_process_group()
 
