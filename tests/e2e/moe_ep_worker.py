@@ -65,8 +65,10 @@ def run(rank, world, backend, port, mode="translate"):
         left = sorted({r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"})
         diff = (got - want).abs().max().item()
         c = tm.report.counters
-        print(f"rank {rank} ok moe_topk={c.get('moe_topk')} moe_experts_loop={c.get('moe_experts_loop')} | "
-              f"{','.join(left)} | {diff:.3g}", flush=True)
+        # one write per line: the ranks' prints went to one pipe interleaved ("...8.2e-08rank 0 ok ...")
+        sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} moe_experts_loop={c.get('moe_experts_loop')} "
+                         f"| {','.join(left)} | {diff:.3g}\n")
+        sys.stdout.flush()
     finally:
         dist.destroy_process_group()
 

@@ -66,6 +66,8 @@ def _rank(rank, store, backend):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.set_num_threads(1)
+    torch._dynamo.reset()
+    compile_backend.reset()  # a forked rank starts with the parent's records
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         mesh = init_device_mesh("cpu", (WORLD,))
