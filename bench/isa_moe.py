@@ -66,11 +66,15 @@ def markdown(rs) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_archs(argv, doc: str) -> tuple:
+    """The --archs of the MoE benches (this one and bench.moe_model)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--archs", default="gfx942,gfx950")
-    a = ap.parse_args(argv)
-    print(markdown(rows(tuple(a.archs.split(",")))))
+    return tuple(ap.parse_args(argv).archs.split(","))
+
+
+def main(argv=None):
+    print(markdown(rows(parse_archs(argv, __doc__))))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from translator_kernels.launch import locked
 
 from . import runtime
 from .capture import capture, check_inputs, check_model, lower_with_retry
+from .distributed import localize
 from .errors import InputError, StrictError
 from .progress import stage
 from .graph import PRECISIONS, LowerCtx
@@ -122,6 +123,8 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     name = name or getattr(model, "onnx_name", None) or type(model).__name__
     user_model = model
     model, adapt_notes = hf.adapt(model)  # HF models: use_cache off, attention implementation checked
+    model, dt_notes = localize(model)  # DTensor tensor parallel -> local shards + functional all_reduce
+    adapt_notes += dt_notes
     _validate(model, arch, backend, precision)
     check_model(model)
     inputs = check_inputs(example_inputs)

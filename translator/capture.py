@@ -69,7 +69,11 @@ def check_inputs(example_inputs) -> tuple:
 
 
 def check_model(model: torch.nn.Module) -> None:
-    """A model whose weights are not materialized (meta device) cannot run: say how to load them."""
+    """A model whose weights are not materialized (meta device) cannot run: say how to load them. DTensor
+    weights (parallelize_module) cannot be captured: say how to shard instead (translator.distributed)."""
+    from .distributed import check_no_dtensor
+
+    check_no_dtensor(model)
     meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
     if meta:
         raise DeviceError(

@@ -174,8 +174,9 @@ class RegionRule:
 FAMILIES: dict[str, OpFamily] = {}
 RULES: list[Rule] = []
 REGION_RULES: list[RegionRule] = []
-# aten ops kept in PyTorch by design: conv, pooling, batchnorm
+# ops kept in PyTorch by design: conv, pooling, batchnorm, resampling, collectives (lowerings/by_design.py)
 BY_DESIGN: set = set()
+BY_DESIGN_WHY: dict = {}  # op packet -> why, where the report says more than "by design"
 
 
 _ORIGIN: dict = {}  # id(registered entry) -> the module whose body registered it (see populating)

@@ -1,50 +1,131 @@
-"""Tensor parallel rank by rank (issue 27 item 4): the gpt-fast-style decoder sharded over 2 ranks
+"""Tensor parallel rank by rank (issue 27 item 4): the gpt-fast-style decoder sharded over W ranks
 (models/_static_cache_decoder.shard: heads and MLP split, a functional all_reduce in forward hooks), on
-gloo (CPU) in 2 forked processes. Each rank translate()s its own shard; the all_reduce stays in its graph
-(the translator never reimplements communication), verification passes against that rank's eager, and
-the generated tokens equal the sharded eager model's (which equal the unsharded model's)."""
+gloo (CPU) in W forked processes. Each rank translates its own shard, with translate() or under
+torch.compile(backend="flydsl"); the all_reduces stay in its graph, on the process group (the translator
+never reimplements communication, and the report says they are kept by design), verification passes
+against that rank's eager, and the generated tokens equal the sharded eager model's (which equal the
+unsharded model's). Under torch.compile every graph dynamo hands over (prefill, decode) is translated and
+no call runs in PyTorch.
+
+Also here, in one process (a 1-rank gloo group): a collective whose wait the model puts after independent
+compute stays overlapped (the translator moves no wait), under translate() and torch.compile."""
 
 from __future__ import annotations
+
+import dataclasses
+import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn as nn
 
 import translator
+from translator.frontends import compile_backend
+from translator.lowerings.by_design import COLLECTIVE_WHY
 
 from test_generation import D  # models/_static_cache_decoder.py, loaded by path
 
-WORLD = 2
 NEW = 3
+CONFIGS = {2: D.TINY, 4: dataclasses.replace(D.TINY, n_kv_head=4)}  # 4 ranks: one kv head each
 
 
-def _rank(rank, store, backend, whole):
+def _collectives_kept_by_design(tm, layers):
+    reduces = [n for n in tm.gm.graph.nodes if "all_reduce" in str(n.target)]
+    assert len(reduces) == 2 * layers, tm.gm.code  # wo's and w2's: in the graph, as written
+    kept = {(r.op, r.detail) for r in tm.report.rows if "c10d" in r.op}
+    assert kept == {(op, f"kept in PyTorch by design: {COLLECTIVE_WHY}")
+                    for op in ("_c10d_functional.all_reduce", "_c10d_functional.wait_tensor")}, kept
+
+
+def _rank(rank, store, backend, whole, mode, world):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
+        cfg = CONFIGS[world]
         torch.manual_seed(0)
-        m = D.shard(D.Model("view", D.TINY).eval(), rank, WORLD)
-        prompt, pos = D.get_inputs(D.TINY, 4)
+        m = D.shard(D.Model("view", cfg).eval(), rank, world)
+        prompt, pos = D.get_inputs(cfg, 4)
         D.reset_caches(m)
         want = D.generate(m, prompt, NEW)
         assert want == whole, f"rank {rank}: sharded eager {want} != unsharded {whole}"
         D.reset_caches(m)
-        tm = translator.translate(m, (prompt, pos), backend=backend)
-        assert tm.report.verification.passed, tm.report.verification.message
-        reduces = [n for n in tm.gm.graph.nodes if "all_reduce" in str(n.target)]
-        assert len(reduces) == 2 * D.TINY.n_layer, tm.gm.code  # wo's and w2's: in the graph, as written
-        got = D.generate(tm, prompt, NEW)
-        assert got == want, f"rank {rank}: translated {got} != eager {want}"
+        if mode == "translate":
+            tm = translator.translate(m, (prompt, pos), backend=backend)
+            tms, got = [tm], D.generate(tm, prompt, NEW)
+        else:  # each graph dynamo hands over (prefill, then decode) translates on its first call
+            compile_backend.reset()
+            got = D.generate(torch.compile(m, backend="flydsl", options={"backend": backend}), prompt, NEW)
+            recs = compile_backend.reports()
+            assert len(recs) == 2 and all(r.calls_pytorch == 0 and r.translated for r in recs), compile_backend.summary()
+            tms = [tm for r in recs for tm in r.translated]
+        assert got == want, f"rank {rank}: {mode}d {got} != eager {want}"
+        for tm in tms:
+            assert tm.report.verification.passed, tm.report.verification.message
+            _collectives_kept_by_design(tm, cfg.n_layer)
+            assert tm.report.rank_summary()["world_size"] == world
         if backend == "flysim":
-            assert any(c.launches for c in tm.last_calls)
+            assert all(any(c.launches for c in tm.last_calls) for tm in tms)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("flysim", marks=pytest.mark.slow)])
-def test_two_ranks_translate_and_generate_like_their_eager(tmp_path, backend):
+# 2 ranks on the reference backend take ~15 s each mode; flysim and 4 ranks are slow (the same code paths)
+@pytest.mark.parametrize("mode,backend,world", [
+    ("translate", "reference", 2), ("compile", "reference", 2),
+    pytest.param("translate", "flysim", 2, marks=pytest.mark.slow),
+    pytest.param("compile", "flysim", 2, marks=pytest.mark.slow),
+    pytest.param("translate", "reference", 4, marks=pytest.mark.slow),
+    pytest.param("compile", "reference", 4, marks=pytest.mark.slow),
+])
+def test_ranks_translate_and_generate_like_their_eager(tmp_path, mode, backend, world):
     torch.manual_seed(0)
-    m = D.Model("view", D.TINY).eval()
-    whole = D.generate(m, D.get_inputs(D.TINY, 4)[0], NEW)
-    mp.start_processes(_rank, args=(str(tmp_path / "store"), backend, whole), nprocs=WORLD, start_method="fork")
+    cfg = CONFIGS[world]
+    m = D.Model("view", cfg).eval()
+    whole = D.generate(m, D.get_inputs(cfg, 4)[0], NEW)
+    mp.start_processes(_rank, args=(str(tmp_path / "store"), backend, whole, mode, world), nprocs=world,
+                       start_method="fork")
+
+
+class Overlapped(nn.Module):
+    """The all_reduce is issued, independent compute runs, then the wait: the overlap the model wrote."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x, y):
+        h = torch.ops._c10d_functional.all_reduce(self.a(x), "sum", "0")
+        g = torch.relu(self.b(y))
+        return torch.ops._c10d_functional.wait_tensor(h) + g
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank", "fresh_dynamo")
+@pytest.mark.parametrize("mode", ["translate", "compile"])
+def test_an_overlapped_collective_stays_overlapped(mode):
+    torch.manual_seed(0)
+    m = Overlapped().eval()
+    x, y = torch.randn(4, 64), torch.randn(4, 64)
+    if mode == "translate":
+        tm = translator.translate(m, (x, y), backend="reference")
+    else:
+        with torch.no_grad():
+            torch.compile(m, backend="flydsl", options={"backend": "reference"})(x, y)
+        (rec,) = compile_backend.reports()
+        (tm,) = rec.translated
+    assert tm.report.verification.passed
+    order = [str(n.target) for n in tm.gm.graph.nodes if n.op == "call_function"]
+    issue, wait = order.index("_c10d_functional.all_reduce.default"), order.index("_c10d_functional.wait_tensor.default")
+    between = order[issue + 1:wait]
+    assert "flydsl.gemm.default" in between, order  # b's GEMM (with its relu) runs while the all_reduce flies
+    kept = {r.op: r.detail for r in tm.report.rows if r.where == "pytorch" and not r.layout}
+    assert kept == {"_c10d_functional.all_reduce": f"kept in PyTorch by design: {COLLECTIVE_WHY}",
+                    "_c10d_functional.wait_tensor": f"kept in PyTorch by design: {COLLECTIVE_WHY}"}, kept

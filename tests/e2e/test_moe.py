@@ -199,3 +199,74 @@ def test_a_low_precision_router_softmax_keeps_topk_with_its_reason():
     assert "moe_topk" not in tm.report.counters
     why = [r.detail for r in tm.report.rows if r.op.endswith("topk")]
     assert why and "router softmax is torch.bfloat16" in why[0], why
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_hand_written_loop_under_torch_compile():
+    """dynamo breaks the graph at the loop's torch.where (a data-dependent size) and, the break being in a
+    loop, runs the whole forward in eager PyTorch (only the experts reach the backend): the record says
+    so and names dynamo's flag; with the flag on, the loop is one graph and one moe_experts."""
+    from translator.frontends import compile_backend
+
+    torch.manual_seed(0)
+    m = HandMoE().eval()
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        want = m(x)
+        torch.testing.assert_close(torch.compile(m, backend="flydsl", options={"backend": "reference"})(x), want)
+    said = compile_backend.summary()
+    assert "frame skipped, runs in eager PyTorch: forward" in said and "capture_dynamic_output_shape_ops = True" in said, said
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compile_backend.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        got = torch.compile(m, backend="flydsl", options={"backend": "reference"})(x)
+    (rec,) = compile_backend.reports()
+    (tm,) = rec.translated
+    assert rec.calls_translated == 1 and not rec.graph_breaks, compile_backend.summary()
+    _check(tm, kernels=False)
+    torch.testing.assert_close(got, want, **model_tol())
+
+
+class TopkThenSoftmax(nn.Module):
+    """gpt-oss's router: the softmax of the top-k logits (= the renormalized top-k of the softmax)."""
+
+    def __init__(self, d=64, e=8, k=2):
+        super().__init__()
+        self.router, self.k = nn.Linear(d, e), k
+
+    def forward(self, x):
+        vals, ids = torch.topk(self.router(x), self.k, dim=-1)
+        return torch.softmax(vals, dim=-1, dtype=vals.dtype), ids
+
+
+def test_gpt_oss_router_on_flysim():
+    torch.manual_seed(0)
+    m = TopkThenSoftmax().eval()
+    x = torch.randn(7, 64)
+    tm = translate(m, (x,), backend="flysim")
+    assert tm.report.counters.get("moe_topk") == 1 and tm.report.verification.passed
+    assert not [r.op for r in tm.report.rows if r.where == "pytorch" and not r.layout]
+    with torch.no_grad():
+        (w, ids), (w0, ids0) = tm(x), m(x)
+    assert torch.equal(ids, ids0)
+    torch.testing.assert_close(w, w0, **model_tol())
+
+
+@pytest.mark.slow  # ~15 s of CPU; test_gpt_oss_router_on_flysim covers the routing pattern by default
+def test_hf_gpt_oss_routes_on_moe_topk_and_keeps_its_experts():
+    """HF gpt-oss tiny: the router (softmax of the top-k logits) is one moe_topk; the experts (biases,
+    interleaved gate/up, clamped SwiGLU) stay in PyTorch until the GEMM kernel has a per-expert bias and an
+    up-side epilogue program (docs/moe.md): this pins exactly what is left."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.GptOssConfig(vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                         num_experts_per_tok=2, layer_types=["full_attention"])
+    m = T.GptOssForCausalLM(cfg).eval()
+    m.config._attn_implementation = "eager"
+    tm = translate(m, (torch.randint(0, 100, (2, 6)),), backend="reference")
+    assert tm.report.counters.get("moe_topk") == 1 and tm.report.verification.passed
+    left = {r.op for r in tm.report.rows if r.where == "pytorch" and not r.layout}
+    assert left == {"aten.cumsum", "aten.histc", "aten.index_put", "aten.index_put_", "aten.sort",
+                    "transformers.grouped_mm_fallback"}, left

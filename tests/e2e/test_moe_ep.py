@@ -19,19 +19,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(backend: str, world: int) -> list[str]:
-    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port())], capture_output=True,
-                       text=True, timeout=1200)
-    assert p.returncode == 0, p.stderr[-3000:]
+def _ranks(backend: str, world: int, mode: str = "translate") -> list[str]:
+    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port()), mode],
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-3000:]
     return sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
 
 
-# 1.5 min each on 2 shared cores: slow; test_moe.py's test_a_ranks_share_of_the_experts (one process) and
+# 1.5 min each on 2 shared cores on flysim / 4 ranks: slow; test_moe.py's test_a_ranks_share_of_the_experts (one process) and
 # tests/kernels/test_moe_kernels.py's test_expert_parallel_shares_add_up cover the pattern and the kernels by default
-@pytest.mark.slow
-@pytest.mark.parametrize("backend,world", [("flysim", 2), ("reference", 4)])
-def test_expert_parallel_ranks_translate_and_verify(backend, world):
-    lines = _ranks(backend, world)
+@pytest.mark.parametrize("backend,world,mode", [
+    pytest.param("flysim", 2, "translate", marks=pytest.mark.slow),
+    pytest.param("reference", 4, "translate", marks=pytest.mark.slow),
+    ("reference", 2, "compile"),  # torch.compile(backend="flydsl"), one graph per rank (~20 s)
+    pytest.param("flysim", 2, "compile", marks=pytest.mark.slow),
+])
+def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
+    lines = _ranks(backend, world, mode)
     assert len(lines) == world, lines
     for r, line in enumerate(lines):
         head, left, diff = line.split(" | ")

@@ -55,11 +55,12 @@ def test_group_limited_routing():
     assert len({int(i) // 4 for i in ids[0]}) <= 3  # the experts come from at most 3 groups
 
 
-def test_align_is_a_stable_counting_sort():
+@pytest.mark.parametrize("t,k,e,bm", [(37, 3, 6, 16), (150, 2, 5, 32)])  # 111 pairs: one chunk; 300: two
+def test_align_is_a_stable_counting_sort(t, k, e, bm):
     """Every pair gets one slot; an expert's slots are contiguous, in token order, padded to BM; every
-    BM tile belongs to one expert; padding and tail slots read row -1."""
+    BM tile belongs to one expert; padding and tail slots read row -1. More than 256 pairs: the ids
+    are staged through LDS in chunks of 256, the order holds across chunks."""
     g = torch.Generator().manual_seed(3)
-    t, k, e, bm = 37, 3, 6, 16
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
     ids[:, 0] = 2  # a popular expert: more than one tile
     with executors.current().run("gfx942") as ex:
@@ -77,6 +78,10 @@ def test_align_is_a_stable_counting_sort():
         off += -(-len(mine) // bm) * bm
     assert (src[off:] == -1).all() and (tiles[off // bm:] == 0).all()
     assert int((src >= 0).sum()) == t * k
+    with executors.current().run("gfx942") as ex:  # a rank holding experts 2, 3: the others' pairs get pos -1
+        src2, _, pos2 = (x.cpu() for x in M.moe_align(ex.put(ids), 2, bm, first_expert=2))
+    mine = (flat == 2) | (flat == 3)
+    assert torch.equal(pos2 < 0, ~mine) and torch.equal(src2[pos2[mine].long()], (torch.arange(t * k) // k)[mine])
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -69,6 +69,11 @@ log = logging.getLogger(__name__)
 NAME = "flydsl"
 MAX_VARIANTS = 8  # translations kept per graph and weight set for differently shaped calls
 MAX_WEIGHT_SETS = 64  # weight sets translated per graph (module instances sharing its code)
+# a graph break on a data-dependent output size (torch.where(mask), nonzero: the experts loop of an MoE
+# layer) splits a loop that the MoE pattern takes whole under translate(): dynamo can keep such ops in the
+# graph when asked (torch.export does by default)
+DYNAMIC_OUTPUT_HINT = ("set torch._dynamo.config.capture_dynamic_output_shape_ops = True to keep such an op (a "
+                       "loop over experts with torch.where(top_idx == e)) in one graph, where it is translated whole")
 OPTIONS = ("arch", "backend", "precision", "verify", "strict", "fallback_on_mismatch", "dynamic_shapes")
 
 
@@ -103,6 +108,8 @@ class GraphRecord:
             out += f"; recompiled because {self.recompile_reason}"
         if self.graph_breaks:
             out += f"; graph breaks: {'; '.join(self.graph_breaks)}"
+            if any(b.startswith("Dynamic shape operator") for b in self.graph_breaks):
+                out += f" ({DYNAMIC_OUTPUT_HINT})"
         if self.dynamo_fallback:
             out += f"; {self.dynamo_fallback}"
         return out
@@ -173,13 +180,23 @@ def _dynamo_context() -> tuple[str | None, dict]:
         from torch._dynamo.utils import counters, get_metrics_context
 
         reason = get_metrics_context()._metrics.get("recompile_reason")
-        breaks = dict(counters["graph_break"])
+        # "unimplemented": breaks dynamo could not resume from, such as one inside a loop, after which
+        # it skips the whole frame (that function then runs in eager PyTorch, reaching no backend)
+        breaks = {**dict(counters["unimplemented"]), **dict(counters["graph_break"])}
     except Exception:  # noqa: BLE001 — dynamo internals: best effort, the counts stand alone
         breaks = {}
     return reason, breaks
 
 
 _BREAKS_SEEN: dict = {}  # dynamo's graph-break counter when the backend was last handed a graph
+
+
+def _break_text(text) -> str:
+    """A graph break as the record says it: its first line, and the frame dynamo skipped if it did."""
+    skipped = next((ln.split("frame skipped:", 1)[1].strip() for ln in str(text).splitlines()
+                    if "frame skipped:" in ln), None)
+    first = _first(text)
+    return f"{first}; frame skipped, runs in eager PyTorch: {skipped}" if skipped else first
 
 
 def _first(text) -> str:
@@ -317,7 +334,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     _BREAKS_SEEN.clear()
     _BREAKS_SEEN.update(breaks)
     rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
-                      graph_breaks=[_first(b) for b in new_breaks])
+                      graph_breaks=[_break_text(b) for b in new_breaks])
     _RECORDS.append(rec)
     example_inputs = [_concrete(x) for x in example_inputs]
     kinds = _kinds(gm, example_inputs)

@@ -4,6 +4,7 @@ Routing, matched at aten.topk (PATTERN stage, before softmax and the reductions 
 
     topk(softmax(logits, -1[, dtype=float32]), k)                     HF Mixtral, Qwen2/3-MoE, OLMoE routers
     [values / values.sum(-1, keepdim=True)]                           renormalized (Mixtral; norm_topk_prob)
+    softmax(topk(logits, k).values, -1)                               gpt-oss (= the renormalized form above)
 
 -> `moe_topk(logits, k, "softmax", renormalize)`: one launch (translator_kernels.moe.routing) giving
 fp32 weights and int64 ids, as topk does. The same op takes sigmoid scores and DeepSeek-V3's
@@ -157,10 +158,38 @@ def _renorm(values):
     return d, s
 
 
+def _softmax_of_values(node, gets):
+    """The softmax over the last dim that is the top-k values' only use (gpt-oss's router:
+    softmax(topk(logits).values)), else None."""
+    vals = gets.get(0)
+    users = list(vals.users) if vals is not None else []
+    nd = len(shape_of(vals) or ()) if vals is not None else 0
+    if len(users) != 1 or users[0].target not in (aten.softmax.int, aten._softmax.default):
+        return None
+    sm = users[0]
+    return sm if arg(sm, "self") is vals and arg(sm, "dim") in (-1, nd - 1) else None
+
+
+def _topk_then_softmax(node):
+    """Match of softmax(topk(logits, k).values) = the renormalized top-k of softmax(logits) (softmax is
+    monotonic, and exp(l_i) / sum of exp(l_j) over the top k is both), else NO_MATCH."""
+    logits, nd = arg(node, "self"), len(shape_of(arg(node, "self")) or ())
+    gets = _getitems(node)
+    sm = _softmax_of_values(node, gets)
+    if sm is None or arg(node, "dim", -1) not in (-1, nd - 1) or not arg(node, "largest", True):
+        return NO_MATCH
+    e, k = shape_of(logits)[-1], arg(node, "k")
+    if not isinstance(e, int) or not isinstance(k, int) or not 1 <= k <= e or e > K.MAX_EXPERTS:
+        return NO_MATCH  # not a router (top-k sampling over a vocabulary has the same form)
+    if dtype_of(logits) not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"router logits are {dtype_of(logits)} (float32 / bfloat16 / float16 only)"
+    return Match(logits=logits, sm=None, k=k, gets=gets, renorm=None, after=sm)
+
+
 def moe_topk_supported(node, ctx):
     sm = arg(node, "self")
     if not isinstance(sm, torch.fx.Node) or sm.target not in (aten.softmax.int, aten._softmax.default):
-        return NO_MATCH
+        return _topk_then_softmax(node)
     nd = len(shape_of(sm) or ())
     if arg(node, "dim", -1) not in (-1, nd - 1) or not arg(node, "largest", True) or len(sm.users) != 1:
         return NO_MATCH
@@ -175,12 +204,21 @@ def moe_topk_supported(node, ctx):
     if dtype_of(sm) != torch.float32:
         return f"the router softmax is {dtype_of(sm)}; the gating kernel gives fp32 scores (HF routers use fp32)"
     gets = _getitems(node)
-    return Match(logits=logits, sm=sm, k=k, gets=gets, renorm=_renorm(gets[0]) if 0 in gets else None)
+    return Match(logits=logits, sm=sm, k=k, gets=gets, renorm=_renorm(gets[0]) if 0 in gets else None, after=None)
 
 
 @rule(Stage.PATTERN, aten.topk.default, family="moe_topk", supported=moe_topk_supported,
-      doc="topk(softmax(router logits)) [/ sum] -> one gating kernel")
+      doc="topk(softmax(router logits)) [/ sum], or softmax(topk(router logits).values) -> one gating kernel")
 def lower_moe_topk(node, ctx, m):
+    if m.after is not None:  # softmax of the top-k logits (gpt-oss)
+        new, (w, ids) = ctx.emit("moe_topk", (m.logits, m.k, "softmax", True, 1, 1), lowering="moe_topk",
+                                 sources=[node, m.after, m.gets[0]], anchor=node, before=node,
+                                 output_anchors=[m.after, m.gets.get(1)])
+        m.after.replace_all_uses_with(ctx.cast(w, dtype_of(m.after), m.after))
+        if 1 in m.gets:
+            m.gets[1].replace_all_uses_with(ids)
+        _erase_dead(ctx, [m.after, *m.gets.values(), node])
+        return new
     renorm = m.renorm is not None
     new, (w, ids) = ctx.emit("moe_topk", (m.logits, m.k, "softmax", renorm, 1, 1), lowering="moe_topk",
                              sources=[node, m.sm] + (list(m.renorm) if renorm else []), anchor=node, before=node,

@@ -217,10 +217,12 @@ def _initial_where(entry, backend) -> str:
 
 
 def _pytorch_reason(name, op, target, reasons, layout) -> str:
-    from ..registry import BY_DESIGN
+    from ..registry import BY_DESIGN, BY_DESIGN_WHY
 
-    if getattr(target, "overloadpacket", None) in BY_DESIGN:
-        return "kept in PyTorch by design"
+    packet = getattr(target, "overloadpacket", None)
+    if packet in BY_DESIGN:
+        why = BY_DESIGN_WHY.get(packet)
+        return "kept in PyTorch by design" + (f": {why}" if why else "")
     if name in reasons:
         return reasons[name]
     if layout:

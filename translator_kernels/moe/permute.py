@@ -1,7 +1,11 @@
 """Token permutation for the grouped GEMM, and the weighted un-permute after it.
 
 `build_moe_align` (one workgroup, lane e = expert e, E <= 256): a counting sort of the T·k
-(token, choice) pairs by expert. Pair p = t·k + j has expert ids[p].
+(token, choice) pairs by expert. Pair p = t·k + j has expert ids[p]. The ids are read in chunks of
+256: each lane loads one (coalesced) into LDS, then every lane scans the chunk there, so a lane's
+serial work is T·k LDS reads (tens of cycles each) and T·k / 256 global loads, not T·k dependent
+global loads (a memory latency each: bench.moe_model priced those at 11 ms for a 2k-token Mixtral
+prefill).
   1. lane e counts its pairs and rounds the count up to the GEMM's row tile BM (padded_e);
   2. the padded counts meet in LDS; lane e's offset is the sum of the padded counts before it
      (a fixed order: the layout does not depend on scheduling), `total` the sum of them all;
@@ -11,8 +15,8 @@
      `total` (the buffer is sized for the worst case) get expert 0 and rows of zeros.
 So every BM tile of the permuted rows belongs to one expert, which is what the grouped GEMM needs
 (kernel.build_gemm `grouped`: the tile's expert picks the weight). The pairs of one expert stay in
-token order. Each lane reads the T·k ids twice: O(T·k) per lane, fine for decode and moderate
-prefill; a block-parallel histogram is the next step for long prefill.
+token order. Each lane still scans the T·k ids twice (from LDS): O(T·k) per lane; a multi-workgroup
+histogram is the next step for long prefill.
 
 `build_moe_gather`: xs[slot, :] = x[src_row[slot], :], zeros where src_row < 0; moves bits, one
 thread per 16-byte (or 4- / 2-byte, as the row length allows) piece.
@@ -62,6 +66,7 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int =
     @fx.struct
     class Smem:
         padded: fx.Array[fx.Int32, ALIGN_LANES, 16]
+        ids: fx.Array[fx.Int32, ALIGN_LANES, 16]  # one chunk of ids, staged for every lane to scan
 
     @flyc.kernel(known_block_size=[ALIGN_LANES, 1, 1])
     def moe_align_kernel(Ids: fx.Tensor, SrcRow: fx.Tensor, TileExpert: fx.Tensor, Pos: fx.Tensor, n_pairs: fx.Int32,
@@ -71,10 +76,27 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int =
         r_ids = _rsrc(Ids, ids_bytes)
         r_src, r_tile, r_pos = _rsrc(SrcRow, cap * 4), _rsrc(TileExpert, (cap // bm) * 4), _rsrc(Pos, n_pairs * 4)
         lds = fx.SharedAllocator().allocate(Smem).peek()
+        chunks = (n_pairs + (ALIGN_LANES - 1)) // ALIGN_LANES
 
-        for p_idx, st in range(fx.Index(0), fx.Index(n_pairs), fx.Index(1), init=[fx.Int32(0)]):
-            hit = _ld32(r_ids, fx.Int32(p_idx) * words) - first == lane
-            res = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
+        def stage(c):
+            """Chunk c's ids (minus `first`; -1 past the end) into LDS, one coalesced load per lane; the
+            lane's own pair and its id are returned."""
+            p = c * ALIGN_LANES + lane
+            ok = p < n_pairs
+            lid = ok.select(_ld32(r_ids, ok.select(p, fx.Int32(0)) * words) - first, fx.Int32(-1))
+            fx.ptr_store(lid, fx.add_offset(lds.ids.ptr, _raw(lane)))
+            gpu.barrier()
+            return p, ok, lid
+
+        def staged(j):
+            return fx.Int32(fx.ptr_load(fx.add_offset(lds.ids.ptr, _raw(fx.Int32(j))), T.i32))
+
+        for c_idx, st in range(fx.Index(0), fx.Index(chunks), fx.Index(1), init=[fx.Int32(0)]):
+            stage(fx.Int32(c_idx))
+            for j_idx, sj in range(fx.Index(0), fx.Index(ALIGN_LANES), fx.Index(1), init=[st[0]]):
+                res_j = yield [sj[0] + (staged(j_idx) == lane).select(fx.Int32(1), fx.Int32(0))]
+            gpu.barrier()  # every lane has read the chunk before the next one is staged
+            res = yield [res_j[0] if isinstance(res_j, (list, tuple)) else res_j]
         cnt = res[0] if isinstance(res, (list, tuple)) else res
         padded = live.select((cnt + (bm - 1)) // bm * bm, fx.Int32(0))
         fx.ptr_store(padded, fx.add_offset(lds.padded.ptr, _raw(lane)))
@@ -84,16 +106,20 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int =
             v = fx.Int32(fx.ptr_load(fx.add_offset(lds.padded.ptr, _raw(j)), T.i32))
             res2 = yield [st[0] + (j < lane).select(v, fx.Int32(0)), st[1] + v]
         off, total = res2[0], res2[1]
-        # the pairs of expert `lane`, in order: slot off + i
-        for p_idx, st in range(fx.Index(0), fx.Index(n_pairs), fx.Index(1), init=[fx.Int32(0)]):
-            p = fx.Int32(p_idx)
-            lid = _ld32(r_ids, p * words) - first
-            hit = (lid == lane) & live
-            slot = off + st[0]
-            _st32(slot, r_pos, p, hit)
-            _st32(-1, r_pos, p, (lane == 0) & ((lid < 0) | (lid >= e)))  # another rank's expert
-            _st32(p // k, r_src, slot, hit)
-            _ = yield [st[0] + hit.select(fx.Int32(1), fx.Int32(0))]
+        # the pairs of expert `lane`, in order (chunk by chunk, each scanned in order): slot off + i
+        for c_idx, st in range(fx.Index(0), fx.Index(chunks), fx.Index(1), init=[fx.Int32(0)]):
+            c = fx.Int32(c_idx)
+            p_own, ok, lid_own = stage(c)
+            _st32(-1, r_pos, p_own, ok & ((lid_own < 0) | (lid_own >= e)))  # another rank's expert
+            for j_idx, sj in range(fx.Index(0), fx.Index(ALIGN_LANES), fx.Index(1), init=[st[0]]):
+                p = c * ALIGN_LANES + fx.Int32(j_idx)
+                hit = (staged(j_idx) == lane) & live
+                slot = off + sj[0]
+                _st32(slot, r_pos, p, hit)
+                _st32(p // k, r_src, slot, hit)
+                res_j = yield [sj[0] + hit.select(fx.Int32(1), fx.Int32(0))]
+            gpu.barrier()
+            _ = yield [res_j[0] if isinstance(res_j, (list, tuple)) else res_j]
         for i in range_constexpr(bm):  # this expert's padding slots
             _st32(-1, r_src, off + cnt + i, live & (cnt + i < padded))
         for t_idx, st in range(fx.Index(0), fx.Index(cap // bm), fx.Index(1), init=[fx.Int32(0)]):

@@ -1,0 +1,145 @@
+"""Models split across ranks: what the translator takes, what it rewrites (DTensor), and what it refuses.
+
+Taken (docs/moe.md, "rank by rank"): each rank's module holds its shard as ordinary tensors and its
+collectives are torch.distributed's functional collectives (`funcol.all_reduce(out, "sum", group)` in a
+forward hook, gpt-fast's tensor parallel; a loop over the rank's experts summed by an all_reduce, expert
+parallel). The collectives stay in the rank's graph, on the process group (lowerings/by_design.py).
+
+DTensor tensor parallel (`torch.distributed.tensor.parallel.parallelize_module`): on torch 2.13 neither
+capture takes DTensor: torch.export stops at the parallel styles' input hook ("Expected all pytree.tree_leaves
+of (args, kwargs) to be graphable types, but found non-fx-graphable type <class
+'torch.distributed.tensor._dtensor_spec.DTensorSpec'>", the hook's DTensor.from_local), and fx.symbolic_trace
+at the first mm of a plain tensor with a DTensor ("got mixed torch.Tensor and DTensor"). `localize` rewrites
+what ColwiseParallel / RowwiseParallel compute on nn.Linear (default layouts, use_local_output, 1-D mesh) into
+the taken form, on a copy: local shards as plain parameters, the styles' hooks dropped, a functional
+all_reduce after each row-sharded linear (its replicated bias added after the sum). The styles are read
+from their hooks: distribute_module's lambdas close over the mesh and a partial of the style's
+`_prepare_input_fn(input_layouts, desired_input_layouts)` / `_prepare_output_fn(output_layouts,
+use_local_output)`. Any other DTensor (another style or layout, a 2-D mesh, distribute_tensor by hand) is
+refused by `check_no_dtensor` with the cause and the fix. Under torch.compile dynamo does trace DTensor, but
+the graph it hands over reads DTensor parameters (no modules, no hooks left to read), which translate()
+captures with torch.export again: the graph runs in PyTorch and its record carries this reason, which
+names the step that works: `torch.compile(localize(model)[0], backend="flydsl")`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .errors import InputError
+
+DTENSOR_FIX = (
+    "shard the model with plain tensors instead: on each rank keep the local shard of each weight as an "
+    "ordinary nn.Parameter (ColwiseParallel's rows of w1 / w3 / q / k / v, RowwiseParallel's columns of w2 / o: "
+    "`param.to_local()` gives them) and add the row-sharded outputs over the ranks with "
+    "torch.distributed._functional_collectives.all_reduce(out, 'sum', group) in a forward hook (gpt-fast's tensor "
+    "parallel; models/_static_cache_decoder.shard does this); the all_reduce stays in each rank's graph, on the "
+    "process group")
+
+
+def _is_dtensor(t) -> bool:
+    mod = sys.modules.get("torch.distributed.tensor")  # a model holding DTensors has imported it
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+def check_no_dtensor(model: torch.nn.Module, inputs=()) -> None:
+    """InputError naming the fix when a parameter, buffer or input is a DTensor (parallelize_module)."""
+    named = [*model.named_parameters(), *model.named_buffers(), *((f"input {i}", x) for i, x in enumerate(inputs))]
+    found = [n for n, t in named if _is_dtensor(t)]
+    if found:
+        placements = getattr(dict(named)[found[0]], "placements", "")
+        raise InputError(
+            f"{found[0]} (and {len(found) - 1} more) is a DTensor {placements} (torch.distributed.tensor."
+            f"parallel.parallelize_module): torch.export cannot capture DTensor in this torch (its parallel styles' "
+            f"DTensor.from_local hooks are not graphable), so the rank's graph cannot be translated. Fix: "
+            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears; under "
+            f"torch.compile, compile `translator.distributed.localize(model)[0]` instead of the model")
+
+
+def _style_hooks(mod):
+    """[(hooks dict, key, (style class name, hook kind, layout args), mesh)] of the hooks a parallel style's
+    distribute_module put on `mod`: each closes over the mesh and a partial of the style's
+    `_prepare_input_fn(input_layouts, desired_input_layouts)` / `_prepare_output_fn(output_layouts,
+    use_local_output)`."""
+    found = []
+    for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
+        for key, fn in list(hooks.items()):
+            cells = dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), fn.__closure__ or ()))
+            part = next((c.cell_contents for n, c in cells.items() if n in ("input_fn", "output_fn")), None)
+            qual = getattr(getattr(part, "func", None), "__qualname__", "").split(".")
+            if "device_mesh" in cells and len(qual) == 2 and qual[1] in ("_prepare_input_fn", "_prepare_output_fn"):
+                found.append((hooks, key, (qual[0], qual[1], tuple(part.args)), cells["device_mesh"].cell_contents))
+    return found
+
+
+def _local_style(found) -> str | None:
+    """"col" / "row" for ColwiseParallel / RowwiseParallel with their default layouts (the hooks of one
+    module, _style_hooks), else None."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    styles = {f[2][0] for f in found}
+    args = {f[2][1]: f[2][2] for f in found}
+    if len(styles) != 1 or set(args) != {"_prepare_input_fn", "_prepare_output_fn"}:
+        return None
+    (style,), (inp, _), (out, use_local) = styles, args["_prepare_input_fn"], args["_prepare_output_fn"]
+    if not use_local:
+        return None
+    if style == "ColwiseParallel" and inp == (Replicate(),) and out == (Shard(-1),):
+        return "col"
+    if style == "RowwiseParallel" and inp == (Shard(-1),) and out == (Replicate(),):
+        return "row"
+    return None
+
+
+def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """(model, notes): a model whose DTensor parameters come from ColwiseParallel / RowwiseParallel on
+    nn.Linear modules over a 1-D mesh becomes a copy holding each rank's local shards as plain parameters,
+    without the styles' hooks, a RowwiseParallel linear's output summed over the mesh by a functional
+    all_reduce (its bias, replicated, added after the sum): what the styles compute, in a form torch.export
+    captures. Any other DTensor use is refused (check_no_dtensor's error). The user's model is not changed."""
+    import copy
+
+    if "torch.distributed.tensor" not in sys.modules or not any(
+            _is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
+        return model, []
+    plan = {}
+    for name, mod in model.named_modules():
+        hooks = _style_hooks(mod)
+        own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if _is_dtensor(t)]
+        if not hooks and not own:
+            continue
+        kind = _local_style(hooks)
+        if kind is None or type(mod) is not torch.nn.Linear or hooks[0][3].ndim != 1:
+            check_no_dtensor(model)  # raises, naming the parameter and the fix
+        plan[name] = kind
+    local = copy.deepcopy(model)
+    for name, kind in plan.items():
+        mod = local.get_submodule(name)
+        mesh = _style_hooks(mod)[0][3]
+        for hooks, key, _, _ in _style_hooks(mod):
+            del hooks[key]
+        for pname, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, pname, torch.nn.Parameter(p.to_local().detach().clone(), requires_grad=False))
+        if kind == "row":
+            bias = mod.bias
+            mod.bias = None
+            mod.register_forward_hook(_RowwiseSum(mesh.get_group(), bias))
+    check_no_dtensor(local)
+    return local, [f"DTensor tensor parallel ({len(plan)} ColwiseParallel / RowwiseParallel linears): translated as "
+                   "this rank's local shards with a functional all_reduce after each RowwiseParallel linear (what "
+                   "the styles compute)"]
+
+
+class _RowwiseSum:
+    """Forward hook: the partial products of a row-sharded linear summed over the group, then its bias."""
+
+    def __init__(self, group, bias):
+        self.group, self.bias = group, bias
+
+    def __call__(self, _mod, _inp, out):
+        from torch.distributed import _functional_collectives as funcol
+
+        out = funcol.all_reduce(out, "sum", self.group)
+        return out if self.bias is None else out + self.bias
