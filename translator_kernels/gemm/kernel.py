@@ -60,7 +60,7 @@ from flydsl.expr.typing import T
 from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm import cstore, splitk as sk
+from translator_kernels.gemm import blockscale as bsc, cstore, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
@@ -169,9 +169,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
     if out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
-    if a_scale not in ("", "tensor", "row") or w_scale not in ("", "tensor", "col"):
-        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row' / "
-                               f"''|'tensor'|'col'")
+    block = w_scale == "block"  # 128 x 128 block scales applied in the K loop (blockscale.py)
+    if (a_scale not in ("", "tensor", "row", "block") or w_scale not in ("", "tensor", "col", "block")
+            or (a_scale == "block" and not block) or (block and not fmts)):
+        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
+                               f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
+    a_ep, w_ep = ("" if a_scale == "block" else a_scale), ("" if block else w_scale)  # the epilogue's part
     if (fmts or a_scale or w_scale or w_int8) and (wm != 1 or gate is not None or w_layout != "shuffled"):
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
                                "preshuffled weight, no gate")
@@ -255,7 +258,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         return acc
 
     mpb = mfma_per_block(dtype, arch)
-    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
+    n_scl = ((4 * m_rep if a_scale == "block" else 0) + n_rep) * k_blk if block else 0  # scale loads per tile
+    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
 
     def schedule_step(prefetching: bool):
         """Emit one K step's sched_group_barrier sequence (`hot_loop_schedule`); ends the region."""
@@ -358,6 +362,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 ok = nb < nb_total
                 off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz
             w_voff.append(ok.select(off, fx.Int32(OOB)))
+        bs = None
+        if const_expr(block):  # per-lane offsets of sa [M, KB] / sw [NB, KB] (blockscale.py)
+            kbt = bsc.kblocks(k)
+            bs = bsc.BlockScales(rsrc(Sa, m * (kbt * 4)), rsrc(Sw, -(-n // bsc.BLOCK) * kbt * 4),
+                                 a_scale == "block", k, m, n, a_row0, q, by * bn + wcol + l16, m_rep, n_rep, k_blk, wk)
 
         def load_w(kt, k_tail=False):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
@@ -380,7 +389,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                             regs.append(rocdl.raw_ptr_buffer_load(w8_load_type(kp), rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
-            return regs
+            return regs + (bs.load(kt, bk) if block else [])  # block scales ride with the W registers
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
             """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
@@ -399,6 +408,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
+            if const_expr(block):  # each block into a zero accumulator, then acc + partial * (sa * sw)
+                scl, w_regs = w_regs[n_rep * k_blk * lph:], w_regs[:n_rep * k_blk * lph]
+                zero4 = _raw(fx.Vector.filled(4, 0.0, fx.Float32))
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
                     ops = []
@@ -408,7 +420,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
+                        if const_expr(block):
+                            accs[i] = bs.apply(accs[i], mfma_block(zero4, ops, w_regs[wb:wb + lph]), scl, kb, mr, nr)
+                        else:
+                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
             return accs
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False):
@@ -487,15 +502,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
-            rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4) if w_scale else None
-            rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4) if a_scale else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_scale, a_scale, col0, a_row0, q, m, n, m_rep, n_rep)
+            rsw = rsrc(Sw, (n if w_ep == "col" else 1) * 4) if w_ep else None
+            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0, a_row0, q, m, n, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
-                if const_expr(w_scale != ""):
+                if const_expr(w_ep != ""):
                     yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
-                if const_expr(a_scale != ""):
+                if const_expr(a_ep != ""):
                     yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
                 return yv
 
