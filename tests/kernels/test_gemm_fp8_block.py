@@ -86,3 +86,22 @@ def test_gemm_fp8_block_rejects_bad_scales():
             F.gemm_fp8_block(*args, ex.put(torch.ones(2, 2)), ex.put(torch.ones(32)))
         with pytest.raises(KernelInputError, match="a_scale"):
             F.gemm_fp8_block(*args, ex.put(torch.ones(2, 3)), ex.put(torch.ones(1, 2)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+def test_fp8_block_linear_is_the_e4m3fn_math_on_both_archs(arch, dt):
+    """Quantize kernel + block GEMM (two launches) equal the e4m3fn math on both archs: gfx942 runs e4m3fn values
+    as fnuz halves (weight / 2 with doubled scales, activation with FMAX 224), which rounds nothing."""
+    from translator_kernels.gemm import fp8_block as B
+
+    g = torch.Generator().manual_seed(4)
+    m, n, k = 6, 160, 384
+    x = (torch.randn(2, m // 2, k, generator=g) * 3).to(dt)
+    w, sw = F.quantize_fp8_blocks(torch.randn(n, k, generator=g), B.HF_FP8, (128, 128))
+    bias = torch.randn(n, generator=g)
+    wp, swp = B.prepare_weight(arch, w, sw)
+    with executors.current().run(arch) as ex:
+        out = B.fp8_block_linear(ex.put(x), ex.put(wp), n, k, ex.put(swp), bias=ex.put(bias)).cpu()
+    assert out.shape == (2, m // 2, n) and out.dtype == dt and len(ex.launches) == 2
+    torch.testing.assert_close(out.float(), B.ref_fp8_block_linear(x, w, sw, bias).float(), **op_tol(dt, "gemm"))

@@ -63,6 +63,7 @@ ORACLES = {
     "gemm_fp8": lambda: _fp8_oracle(),
     "quantize_fp8": lambda: _fp8_dynamic_oracle(),
     "gemm_w8": lambda: _w8_oracle(),
+    "fp8_block_linear": lambda: _fp8_block_oracle(),
 }
 
 
@@ -95,6 +96,14 @@ def _w8_oracle():
     w8 = torch.randint(-128, 128, (24, 48), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
     s = _r(24).abs() / 100
     return Fn(lambda m, x: F.linear(x, w8.to(x.dtype)) * s), (_r(5, 48),)
+
+
+def _fp8_block_oracle():
+    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math."""
+    from translator_kernels.gemm.fp8 import quantize_fp8_blocks
+
+    w8, ws = quantize_fp8_blocks(_r(160, 256), torch.float8_e4m3fn, (128, 128))
+    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, None)), (_r(5, 256),)
 
 
 def _fp8_oracle(dt=torch.float8_e4m3fnuz):

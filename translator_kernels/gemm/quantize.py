@@ -36,7 +36,7 @@ _IN = {"f32": (4, lambda: T.f32), "bf16": (2, lambda: T.bf16), "f16": (2, lambda
 
 
 @kl.builder
-def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
+def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, fmax: float | None = None):
     """launch(Q, S, X, m, x_bytes, q_bytes): m rows of K values -> Q (fp8 bytes, viewed as int32), S fp32."""
     if in_dtype not in _IN or fmt not in ("fp8", "bf8") or k % 16:
         raise KernelInputError(f"quantize_rows: dtype {in_dtype} / format {fmt} / K={k} (want f32/bf16/f16, "
@@ -46,7 +46,7 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
     nc = -(-k // (64 * vec))
     if nc > MAX_CHUNKS:
         raise KernelInputError(f"quantize_rows: K={k} needs {nc} chunks per lane (at most {MAX_CHUNKS}); split K")
-    fmax = float(torch.finfo(fp8_dtype(arch, fmt)).max)
+    fmax = float(fmax or torch.finfo(fp8_dtype(arch, fmt)).max)  # fmax: a smaller range (blockscale.py: e4m3fn on gfx942)
     cvt = rocdl.cvt_pk_fp8_f32 if fmt == "fp8" else rocdl.cvt_pk_bf8_f32
 
     @flyc.kernel
@@ -93,7 +93,7 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str):
 
 
 @kr.replayed
-def quantize_rows(x, fmt: str = "fp8"):
+def quantize_rows(x, fmt: str = "fp8", fmax: float | None = None):
     """x[..., K] (fp32 / bf16 / fp16) -> (q[..., K] in the target arch's 8-bit format, s[..., 1] fp32)."""
     if x.dtype not in FLOAT_NAMES:
         raise KernelInputError(f"quantize_rows: x dtype {x.dtype} is not float32 / bfloat16 / float16")
@@ -105,6 +105,6 @@ def quantize_rows(x, fmt: str = "fp8"):
     q = torch.empty((m, k), dtype=fp8_dtype(arch, fmt), device=x.device)
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
-        launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch)
+        launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch, fmax)
         kl.call(launcher, q.view(torch.int32), s, x2, m, x2.numel() * x2.element_size(), q.numel())
     return q.reshape(lead + (k,)), s.reshape(lead + (1,))
