@@ -60,7 +60,7 @@ from flydsl.expr.typing import T
 from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm import blockscale as bsc, cstore, splitk as sk
+from translator_kernels.gemm import blockscale as bsc, cstore, splitk as sk, w4
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
@@ -115,7 +115,8 @@ def _i32(v):
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
-               grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False):
+               grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
+               w_int4: int = 0):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -175,12 +176,14 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
                                f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
     a_ep, w_ep = ("" if a_scale == "block" else a_scale), ("" if block else w_scale)  # the epilogue's part
-    if (fmts or a_scale or w_scale or w_int8) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+    if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or gate is not None or w_layout != "shuffled"):
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
                                "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
-    wsz = 1 if w_int8 else esz  # bytes per W element (int8 weights: w8.py)
+    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else esz, 1)  # W bytes per element: wsz / wdiv (w8.py, w4.py)
+    if w_int4 and (fmts or dtype == "f32" or w_int4 not in w4.GROUPS):
+        raise KernelInputError(f"gemm: int4 weights take bf16 / fp16 activations and a group in {w4.GROUPS}")
     if w_int8 and fmts:
         raise KernelInputError("gemm: an int8 weight takes a bf16 / fp16 / fp32 activation")
     osz, out_t = _ELEM[out_dtype]
@@ -258,7 +261,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         return acc
 
     mpb = mfma_per_block(dtype, arch)
-    n_scl = ((4 * m_rep if a_scale == "block" else 0) + n_rep) * k_blk if block else 0  # scale loads per tile
+    n_scl = ((4 * m_rep if a_scale == "block" else 0) + n_rep) * k_blk if block else 2 * n_rep * k_blk if w_int4 else 0
     hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
 
     def schedule_step(prefetching: bool):
@@ -360,17 +363,20 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
             else:
                 ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz // wdiv
             w_voff.append(ok.select(off, fx.Int32(OOB)))
         bs = None
         if const_expr(block):  # per-lane offsets of sa [M, KB] / sw [NB, KB] (blockscale.py)
             kbt = bsc.kblocks(k)
             bs = bsc.BlockScales(rsrc(Sa, m * (kbt * 4)), rsrc(Sw, -(-n // bsc.BLOCK) * kbt * 4),
                                  a_scale == "block", k, m, n, a_row0, q, by * bn + wcol + l16, m_rep, n_rep, k_blk, wk)
+        if const_expr(w_int4):  # s, b [K / G, N] of the int4 groups (w4.py)
+            bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
+                                by * bn + wcol + l16, n_rep, k_blk, wk)
 
         def load_w(kt, k_tail=False):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
-            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz)
+            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
@@ -384,12 +390,13 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
-                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz
-                        if const_expr(w_int8):  # kp bytes: converted where they are used (compute)
-                            regs.append(rocdl.raw_ptr_buffer_load(w8_load_type(kp), rw, _raw(voff), _raw(soff), 0))
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz // wdiv
+                        if const_expr(w_int8 or w_int4):  # kp bytes / nibbles: converted where they are used (compute)
+                            ty = T.i32 if w_int4 else w8_load_type(kp)
+                            regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
-            return regs + (bs.load(kt, bk) if block else [])  # block scales ride with the W registers
+            return regs + (bs.load(kt, bk) if block or w_int4 else [])  # scales ride with the W registers
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
             """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
@@ -408,8 +415,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
-            if const_expr(block):  # each block into a zero accumulator, then acc + partial * (sa * sw)
+            if const_expr(block or w_int4):  # the scales loaded with the tile
                 scl, w_regs = w_regs[n_rep * k_blk * lph:], w_regs[:n_rep * k_blk * lph]
+            if const_expr(w_int4):  # q * s + b of the lane's group, rounded once to the activation dtype
+                w_regs = [w4.w4_to_chunk(w_regs[i], *bs.pick(scl, i % k_blk, i // k_blk), dtype)
+                          for i in range(len(w_regs))]
+            if const_expr(block):  # each block into a zero accumulator, then acc + partial * (sa * sw)
                 zero4 = _raw(fx.Vector.filled(4, 0.0, fx.Float32))
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
@@ -574,7 +585,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         else:
             finish(accs)
 
-    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale else "none")
+    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
 
 
 def _spread(n: int, slots: int) -> list[int]:
