@@ -10,4 +10,4 @@ from ..registry import populating
 with populating(__name__):  # all or nothing: an interrupted import leaves the registry as it was
     from . import (attention, attention_decompose, attention_patterns, by_design, cache_write, einsum,  # noqa: F401
                    elementwise, fold, fp8_mode, gated_mlp, gemm, gemm_epilogue, embedding, layout, losses, moe, moe_loops,
-                   norm, norm_patterns, norm_residual, qkv, quant, quant_block, reduce, rope, scan, softmax)
+                   norm, norm_patterns, norm_residual, qkv, quant, quant_block, quant_w4, reduce, rope, scan, softmax)
