@@ -62,6 +62,7 @@ from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, splitk as sk, w4
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
@@ -156,15 +157,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
 
-    dtype "fp8" / "bf8" (e4m3 / e5m2: fnuz on gfx942, OCP on gfx950), or "fp8xbf8"-style for A x W of two
-    formats: 8-bit float operands (fp8.py, mfma8.py). k, k_pad and bk are then in 4-byte units
-    (4 values each); n and n_pad stay columns. a_scale ("" | "tensor" | "row") and w_scale ("" | "tensor" | "col"): fp32 scales
-    applied in the epilogue after `scale`, y = scale * acc * sw[col] * sa[row] (sa[0] / sw[0] for
-    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher).
-
-    w_int8: W is int8 (w8.py: weight-only quantization), preshuffled with kpack = the activation's (one
-    chunk of int8 = kpack bytes); each lane converts its W operands to the activation dtype (exact) at the
-    top of the K step that uses them; the per-channel scale is w_scale="col"."""
+    dtype "fp8" / "bf8" / "fp8xbf8" (A x W formats; fp8.py, mfma8.py): k, k_pad, bk in 4-byte units of 4 values.
+    a_scale "" | "tensor" | "row" | "block", w_scale "" | "tensor" | "col" | "block": fp32 Sa, Sw (the launcher
+    takes them after cnt_bytes); per tensor / row / column in the epilogue (y = scale * acc * sw[col] * sa[row]);
+    "block" (128 x 128, blockscale.py) inside the K loop. w_int8 (w8.py) / w_int4 = G (w4.py): weight-only int8 /
+    group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw)."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
@@ -586,50 +583,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             finish(accs)
 
     return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
-
-
-def _spread(n: int, slots: int) -> list[int]:
-    """n items over `slots` slots as evenly as integers allow (sums to n)."""
-    return [(i + 1) * n // slots - i * n // slots for i in range(slots)] if slots > 0 else []
-
-
-def hot_loop_schedule(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
-                  lead_ops: int = 2, extra_reads: dict | None = None) -> list[tuple[str, int]]:
-    """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
-    (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).
-
-    The step computes `n_ops` A operands (one (kb, mr) pair each), every operand `reads_per_op`
-    ds_read_b128 then `mfma_per_op` MFMAs. The next tile's `n_vmem` global loads (A first) and
-    `n_dswr` LDS writes of A ride along:
-      - the reads of the first `lead_ops` operands go first, then each operand's first MFMA is
-        followed by the reads of the operand `lead_ops` later: an A operand is read about
-        lead_ops x mfma_per_op MFMAs before its use, and only ~lead_ops + 1 operands are live
-        (left alone, the scheduler hoists every read to the top: 4 VGPRs per operand);
-      - the global loads spread over the first half of the MFMAs, so their latency hides under
-        the second half and the next step;
-      - the LDS writes of A (each waits for its global load) follow the last MFMAs.
-    extra_reads {operand: count}: LDS reads issued along with that operand's (wide.py: the W
-    operands of a K block, with the block's first A operand).
-    """
-    n_mfma = n_ops * mfma_per_op
-    lead = min(lead_ops, n_ops)
-    extra = extra_reads or {}
-    vmem = _spread(n_vmem, max(1, n_mfma // 2)) + [0] * n_mfma
-    dswr_from = max(0, n_mfma - n_dswr)
-    plan, dswr_left = [("dsrd", sum(reads_per_op + extra.get(j, 0) for j in range(lead)))], n_dswr
-    for i in range(n_mfma):
-        plan.append(("mfma", 1))
-        j = i // mfma_per_op + lead
-        if i % mfma_per_op == 0 and j < n_ops:
-            plan.append(("dsrd", reads_per_op + extra.get(j, 0)))
-        if vmem[i]:
-            plan.append(("vmem", vmem[i]))
-        if i >= dswr_from and dswr_left:
-            plan.append(("dswr", 1))
-            dswr_left -= 1
-    if dswr_left:
-        plan.append(("dswr", dswr_left))
-    return plan
 
 
 _INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
