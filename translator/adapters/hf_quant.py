@@ -6,7 +6,8 @@ block, activations quantized per token and K block of 128 at run time) calls the
 `fp8_linear`, which dispatches to a hub kernel (DeepGEMM or the `kernels-community/finegrained-fp8` Triton
 kernel). torch.export cannot see through either. While the translator runs an HF model
 (adapters/hf.py: `HFForward`, for the capture and for eager verification alike) that name points at
-`flydsl_hf::fp8_linear`, a custom op whose implementation is the original `fp8_linear` with the same
+`flydsl_hf::fp8_linear` (defined with its lowering, translator/lowerings/quant_block.py, which translate() has
+imported before it captures), a custom op whose implementation is the original `fp8_linear` with the same
 arguments (where the hub kernel is not installed, as on a machine without a GPU build, HF raises ImportError and
 the op runs the same math in torch: gemm/fp8_block.ref_fp8_block_linear): eager results are HF's own, and the capture holds one node with the weight, its scales and
 the block size, which translator/lowerings/quant_block.py turns into FlyDSL kernels (or leaves as it is,
@@ -17,34 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Optional
 
 import torch
 
-_HF = "transformers.integrations.finegrained_fp8"
-
-
-@torch.library.custom_op("flydsl_hf::fp8_linear", mutates_args=())
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, block_size: list[int],
-               bias: Optional[torch.Tensor], activation_scale: Optional[torch.Tensor]) -> torch.Tensor:
-    hf = sys.modules.get(_HF)
-    orig = getattr(hf, "_flydsl_original_fp8_linear", None) or getattr(hf, "fp8_linear", None)
-    if orig is not None and orig is not _captured:
-        try:
-            return orig(x, weight, weight_scale_inv, list(block_size) or None, bias, activation_scale)
-        except ImportError:  # the hub kernel is not installed (no GPU build here): its math in torch
-            pass
-    if list(block_size) != [128, 128] or activation_scale is not None:
-        raise NotImplementedError(f"flydsl_hf::fp8_linear without transformers' kernel: only dynamic 128 x 128 "
-                                  f"block scales have a torch reference here (block_size {list(block_size)})")
-    from translator_kernels.gemm.fp8_block import ref_fp8_block_linear
-
-    return ref_fp8_block_linear(x, weight, weight_scale_inv.float(), bias)
-
-
-@fp8_linear.register_fake
-def _(x, weight, weight_scale_inv, block_size, bias, activation_scale):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+HF_FP8_MODULE = "transformers.integrations.finegrained_fp8"
 
 
 def _captured(x, weight, weight_scale_inv, block_size=None, bias=None, activation_scale=None, allow_deepgemm=True):
@@ -55,7 +32,7 @@ def _captured(x, weight, weight_scale_inv, block_size=None, bias=None, activatio
 def captured_quant_layers():
     """HF's fp8_linear -> flydsl_hf::fp8_linear for the duration (nothing when transformers' fine-grained fp8
     integration was never imported, so no model uses it)."""
-    hf = sys.modules.get(_HF)
+    hf = sys.modules.get(HF_FP8_MODULE)
     if hf is None or getattr(hf, "_flydsl_original_fp8_linear", None) is not None:  # absent, or already inside
         yield
         return

@@ -167,7 +167,7 @@ def _strip(n, targets):
     chain = []
     while isinstance(n, Node) and n.op == "call_function" and n.target in targets and len(n.users) == 1:
         chain.append(n)
-        n = n.args[0]
+        n = arg(n, "self")
     return n, chain
 
 
@@ -199,12 +199,12 @@ def w4_linear_supported(node, ctx):
     if not (isinstance(prod, Node) and prod.op == "call_function" and prod.target == aten.mul.Tensor
             and len(prod.users) == 1):
         return NO_MATCH
-    a, c = prod.args[0], prod.args[1]
+    a, c = arg(prod, "self"), arg(prod, "other")
     sub, s_node = (a, c) if isinstance(a, Node) and a.target == aten.sub.Tensor else (c, a)
     if not (isinstance(sub, Node) and sub.op == "call_function" and sub.target == aten.sub.Tensor):
         return NO_MATCH
     consts = _Consts(ctx)
-    qn, zn = sub.args[0], sub.args[1]
+    qn, zn = arg(sub, "self"), arg(sub, "other")
     if not all(consts.add(v) for v in (qn, zn, s_node)) or not consts.leaves:
         return NO_MATCH
     shp = shape_of(w)
