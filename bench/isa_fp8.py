@@ -18,12 +18,14 @@ import sys
 
 import torch
 
+from translator_kernels.gemm.quant_isa import FP8_BLOCK_GEMM
 from translator_kernels.measure.fp8_isa import FP8_GEMM
 
 SEED_TFLOPS = 1347  # ../shared/reference/seeds: FlyDSL preshuffle GEMM, fp8 4096^3, measured on MI350X
-ENTRIES = {"ours": FP8_GEMM, "flydsl": "bench.isa_fp8:_compile_flydsl"}
+ENTRIES = {"ours": FP8_GEMM, "flydsl": "bench.isa_fp8:_compile_flydsl", "ours 128x128 block scales": FP8_BLOCK_GEMM}
 SHAPES = [("4096^3", 4096, 4096, 4096), ("Llama-3-8B prefill qkv (M=4096)", 4096, 6144, 4096),
-          ("Llama-3-8B prefill down (M=4096)", 4096, 4096, 14336)]
+          ("Llama-3-8B prefill down (M=4096)", 4096, 4096, 14336), ("Llama-3-8B prefill qkv (M=2048)", 2048, 6144, 4096),
+          ("Llama-3-8B prefill gate/up (M=2048)", 2048, 14336, 4096), ("Llama-3-8B prefill down (M=2048)", 2048, 4096, 14336)]
 
 
 def _compile_flydsl(n, k, bm, bn, bk):
@@ -48,14 +50,16 @@ def rows(archs=("gfx942", "gfx950"), tiles=((128, 128, 128), (128, 128, 256)), s
     from translator_kernels.hotloop import compile_isa_texts, hot_loop, main_text
     from translator_kernels.isa import occupancy, parse_isa
 
-    impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else [])
+    impls = ["ours"] + (["flydsl"] if os.environ.get("FLYDSL_SRC") else []) + ["ours 128x128 block scales"]
     out = []
-    for label, m, n, k in shapes:
+    for i, (label, m, n, k) in enumerate(shapes):
         for arch in archs:
             c = choose_fp8_config(m, n, k, arch)
             chosen = (c.bm, c.bn, c.bk * 4)
-            for tile in dict.fromkeys([chosen, *tiles]):
+            for tile in dict.fromkeys([chosen, *(tiles if i == 0 else ())]):  # other shapes: the chosen tile
                 for impl in impls:
+                    if impl.startswith("ours 128") and tile != chosen:
+                        continue
                     r = dict(shape=label, arch=arch, tile=tile, impl=impl, chosen=tile == chosen and impl == "ours")
                     try:
                         text = main_text(compile_isa_texts(ENTRIES[impl], (n, k, *tile), arch=arch))

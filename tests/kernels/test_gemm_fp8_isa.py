@@ -37,3 +37,29 @@ def test_w8_gemm_isa(arch):
     meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
     assert "buffer_load_dwordx2" in text and "v_mfma_f32_16x16x" in text
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta
+
+
+@pytest.mark.parametrize("arch", ["gfx950", pytest.param("gfx942", marks=pytest.mark.slow)])
+def test_fp8_block_gemm_isa(arch):
+    """The 128 x 128 block-scaled fp8 GEMM compiles at 128x128x128 with the fp8 MFMA and no spills."""
+    from translator_kernels.gemm.quant_isa import FP8_BLOCK_GEMM
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.isa import parse_isa
+
+    text = main_text(compile_isa_texts(FP8_BLOCK_GEMM, (4096, 4096, 128, 128, 128), arch=arch))
+    meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
+    want = {"gfx942": "v_mfma_f32_16x16x32_fp8_fp8", "gfx950": "v_mfma_f32_16x16x128_f8f6f4"}[arch]
+    assert want in text and meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta
+
+
+@pytest.mark.parametrize("arch", ["gfx942", pytest.param("gfx950", marks=pytest.mark.slow)])
+def test_w4_gemm_isa(arch):
+    """The int4 GEMM compiles: 4-byte W loads (8 codes), the bf16 MFMA, no spills."""
+    from translator_kernels.gemm.quant_isa import W4_GEMM
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.isa import parse_isa
+
+    text = main_text(compile_isa_texts(W4_GEMM, (4096, 4096, 16, 64, 256, 128), arch=arch))
+    meta = max(parse_isa(text, arch), key=lambda st: st.instructions).meta
+    assert "v_mfma_f32_16x16x" in text and "buffer_load_dword " in text
+    assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta

@@ -68,6 +68,8 @@ ORACLES = {
     "add_norm_fp8": lambda: _fp8_norm_oracle(nn.LayerNorm(48), residual=True),
     "quantize_fp8_program": lambda: _fp8_prologue_oracle(),
     "gemm_w8": lambda: _w8_oracle(),
+    "fp8_block_linear": lambda: _fp8_block_oracle(),
+    "gemm_w4": lambda: _w4_oracle(),
 }
 
 
@@ -100,6 +102,27 @@ def _w8_oracle():
     w8 = torch.randint(-128, 128, (24, 48), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
     s = _r(24).abs() / 100
     return Fn(lambda m, x: F.linear(x, w8.to(x.dtype)) * s), (_r(5, 48),)
+
+
+def _w4_oracle():
+    """A hand-written int4 linear (lowerings/quant_w4.py): codes from nibbles, (q - z) * s per group of 32, bf16."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (24, 64), generator=g, dtype=torch.uint8)
+    p = q[:, 0::2] | (q[:, 1::2] << 4)
+    z, s = torch.randint(0, 16, (24, 2, 1), generator=g).to(torch.bfloat16), (_r(24, 2, 1).abs() / 50).to(torch.bfloat16)
+
+    def f(m, x):
+        w = ((torch.stack([p & 0xF, p >> 4], -1).reshape(24, 2, 32).to(torch.bfloat16) - z) * s).reshape(24, 64)
+        return F.linear(x.to(torch.bfloat16), w).float()
+    return Fn(f), (_r(5, 64),)
+
+
+def _fp8_block_oracle():
+    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math."""
+    from translator_kernels.gemm.fp8 import quantize_fp8_blocks
+
+    w8, ws = quantize_fp8_blocks(_r(160, 256), torch.float8_e4m3fn, (128, 128))
+    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, None)), (_r(5, 256),)
 
 
 def _fp8_oracle(dt=torch.float8_e4m3fnuz):

@@ -51,7 +51,10 @@ class HFForward(torch.nn.Module):
         self._kwargs = kwargs
 
     def forward(self, *args):
-        return self.model(*args, **self._kwargs)
+        from .hf_quant import captured_quant_layers  # fine-grained fp8 linears as one node each
+
+        with captured_quant_layers():
+            return self.model(*args, **self._kwargs)
 
 
 def adapt(model):

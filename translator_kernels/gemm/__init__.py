@@ -73,7 +73,7 @@ def _check_bytes(op, name, t):
 
 
 def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None,
-            w_layout="shuffled", gate=None, dt=None, scales=None, w_int8=False):
+            w_layout="shuffled", gate=None, dt=None, scales=None, w_int8=False, w_int4=0):
     """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or [batch or 1, N, K]
     (w_layout "nk") or [batch or 1, K, N] (w_layout "kn") row-major, K a multiple of kpack.
     fp8.py: dt "fp8" / "bf8" / "fp8xbf8" with a3, ws (and k) in int32 units of 4 values, cfg given;
@@ -103,7 +103,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
                           **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
-                          **({"w_int8": True} if w_int8 else {}))
+                          **({"w_int8": True} if w_int8 else {}), **({"w_int4": w_int4} if w_int4 else {}))
     extra = ((bias_t if sa is None else sa), (bias_t if sw is None else sw)) if scales else ()
     kl.call(launcher, out, a3, ws, bias_t, res_t, p_ws, cnt, m, batch, m * k_eff, w_bs, m * n, float(scale),
             a_bytes, w_bytes, out.numel() * out.element_size(), p_ws.numel() * 4, cnt.numel() * 4, *extra)

@@ -173,5 +173,87 @@ def gemm_fp8(a_q, w_shuffled, n, k, *, a_scale=None, w_scale=None, bias=None, ac
     return out.reshape(lead + (n,))
 
 
+# ---- 128 x 128 block scales (DeepSeek-V3 layout; applied in the K loop: blockscale.py) ----
+def quantize_fp8_blocks(x: torch.Tensor, dtype: torch.dtype, block: tuple[int, int]):
+    """(q, scale) with x[r, c] ≈ q[r, c] * scale[r // block[0], c // block[1]] (amax per block to the format's
+    largest value, as quantize_fp8; a partial last block takes its own amax). block (1, 128): per-token groups
+    of an activation [M, K] -> scale [M, KB]; (128, 128): a weight [N, K] -> scale [NB, KB]."""
+    rows, cols = x.shape
+    br, bc = block
+    nr, nc = -(-rows // br), -(-cols // bc)
+    xp = torch.nn.functional.pad(x.float(), (0, nc * bc - cols, 0, nr * br - rows))
+    amax = xp.reshape(nr, br, nc, bc).abs().amax(dim=(1, 3))
+    fmax = torch.finfo(dtype).max
+    scale = (amax / fmax).clamp(min=1e-12)
+    full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:rows, :cols]
+    return (x.float() / full).clamp(-fmax, fmax).to(dtype), scale
+
+
+def ref_gemm_fp8_block(a_q, w_q, a_scale, w_scale, *, bias=None, out_dtype=torch.bfloat16):
+    """The kernel's math in torch: for each K block of 128, the fp32 matmul of the 8-bit values times
+    (sa[row, kb] * sw[col // 128, kb]) added to an fp32 sum; a_scale [M, KB] (or one value / one per row,
+    applied after the sum), w_scale [ceil(N / 128), KB]; then + bias and one cast."""
+    from translator_kernels.gemm.blockscale import BLOCK
+
+    n, k = w_q.shape
+    a2 = a_q.reshape(-1, k).float()
+    kbt = -(-k // BLOCK)
+    a_blk = a_scale is not None and a_scale.dim() >= 2 and a_scale.shape[-1] == kbt and a_scale.numel() == len(a2) * kbt
+    swc = w_scale.float().repeat_interleave(BLOCK, 0)[:n]  # [N, KB]
+    y = torch.zeros(a2.shape[0], n)
+    for kb in range(kbt):
+        part = a2[:, kb * BLOCK:(kb + 1) * BLOCK] @ w_q[:, kb * BLOCK:(kb + 1) * BLOCK].float().t()
+        s = swc[:, kb].reshape(1, n)
+        if a_blk:
+            s = a_scale[:, kb].float().reshape(-1, 1) * s
+        y = y + part * s
+    if a_scale is not None and not a_blk:
+        y = y * a_scale.float().reshape(-1, 1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype).reshape(*a_q.shape[:-1], n)
+
+
+@kr.replayed
+def gemm_fp8_block(a_q, w_shuffled, n, k, a_scale, w_scale, *, bias=None, out_dtype=torch.bfloat16, _config=None):
+    """(A_q @ W_qᵀ) with 128 x 128 block scales + bias, one FlyDSL launch (the scales inside the K loop).
+
+    a_q [..., k] 8-bit float; w_shuffled = shuffle_weight_fp8(W_q[n, k]); a_scale fp32 [..., KB] (per token
+    and K block of 128, KB = ceil(k / 128)) or one value / one per row (applied in the epilogue: a static
+    activation scale); w_scale fp32 [ceil(n / 128), KB]. Returns [..., n] in out_dtype."""
+    from translator_kernels import launch as kl
+    from translator_kernels.gemm import _epilogue_args, _launch, _rows
+    from translator_kernels.gemm.blockscale import BLOCK
+
+    op = "gemm_fp8_block"
+    arch = kl.arch()
+    fa, fw = fp8_format(a_q.dtype, arch), fp8_format(w_shuffled.dtype, arch)
+    if k % 16 or tuple(w_shuffled.shape) != padded_shape_fp8(n, k) or a_q.dim() < 1 or a_q.shape[-1] != k:
+        raise KernelInputError(f"{op}: a {tuple(a_q.shape)}, weight {tuple(w_shuffled.shape)}; want a [..., {k}], "
+                               f"the weight {padded_shape_fp8(n, k)} from fp8.shuffle_weight_fp8, K % 16 == 0")
+    lead, m, out_dtype = _rows(op, a_q, out_dtype)
+    if m == 0:
+        return torch.empty(lead + (n,), dtype=out_dtype, device=a_q.device)
+    kb, nb = -(-k // BLOCK), -(-n // BLOCK)
+    if not isinstance(w_scale, torch.Tensor) or tuple(w_scale.shape) != (nb, kb) or not w_scale.is_floating_point():
+        raise KernelInputError(f"{op}: w_scale must be a float [{nb}, {kb}] tensor (one per 128 x 128 block of "
+                               f"W[{n}, {k}]), got {getattr(w_scale, 'shape', type(w_scale))}")
+    if isinstance(a_scale, torch.Tensor) and a_scale.dim() >= 2 and tuple(a_scale.shape) == lead + (kb,):
+        sa = ("block", a_scale.reshape(m, kb).float().contiguous())
+    else:
+        sa = _scale_arg(op, "a_scale", a_scale, m, "row")
+        if not sa[0]:
+            raise KernelInputError(f"{op}: a_scale is required: [..., {kb}] per token and K block, one value, or "
+                                   f"one per row")
+    bias, _ = _epilogue_args(op, bias, None, lead, n, out_dtype)
+    cfg = _config or choose_fp8_config(m_bucket(m), n, k, arch)
+    a3 = _units(a_q.reshape(m, k).contiguous()).unsqueeze(0)
+    out = _launch(op, a3, _units(w_shuffled).unsqueeze(0), n, k // 4, 1, m, bias=bias, activation=None,
+                  residual=None, scale=1.0, out_dtype=out_dtype, cfg=cfg, dt=fa if fa == fw else f"{fa}x{fw}",
+                  scales=(sa[0], sa[1], "block", w_scale.float().contiguous()))
+    return out.reshape(lead + (n,))
+
+
 __all__ = ["FP8_DTYPES", "choose_fp8_config", "expected_mfma_count_fp8", "fp8_dtype", "fp8_format", "gemm_fp8",
-           "padded_shape_fp8", "quantize_fp8", "ref_gemm_fp8", "shuffle_weight_fp8", "unshuffle_weight_fp8"]
+           "gemm_fp8_block", "padded_shape_fp8", "quantize_fp8", "quantize_fp8_blocks", "ref_gemm_fp8",
+           "ref_gemm_fp8_block", "shuffle_weight_fp8", "unshuffle_weight_fp8"]

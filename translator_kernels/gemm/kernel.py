@@ -60,8 +60,9 @@ from flydsl.expr.typing import T
 from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm import cstore, splitk as sk
+from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.program import epilogue, evaluate, parse
 
@@ -115,7 +116,8 @@ def _i32(v):
 def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: str, arch: str,
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
-               grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False):
+               grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
+               w_int4: int = 0):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -155,29 +157,30 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
 
-    dtype "fp8" / "bf8" (e4m3 / e5m2: fnuz on gfx942, OCP on gfx950), or "fp8xbf8"-style for A x W of two
-    formats: 8-bit float operands (fp8.py, mfma8.py). k, k_pad and bk are then in 4-byte units
-    (4 values each); n and n_pad stay columns. a_scale ("" | "tensor" | "row") and w_scale ("" | "tensor" | "col"): fp32 scales
-    applied in the epilogue after `scale`, y = scale * acc * sw[col] * sa[row] (sa[0] / sw[0] for
-    "tensor"); the launcher then takes Sa, Sw after cnt_bytes (common.gemm_launcher).
-
-    w_int8: W is int8 (w8.py: weight-only quantization), preshuffled with kpack = the activation's (one
-    chunk of int8 = kpack bytes); each lane converts its W operands to the activation dtype (exact) at the
-    top of the K step that uses them; the per-channel scale is w_scale="col"."""
+    dtype "fp8" / "bf8" / "fp8xbf8" (A x W formats; fp8.py, mfma8.py): k, k_pad, bk in 4-byte units of 4 values.
+    a_scale "" | "tensor" | "row" | "block", w_scale "" | "tensor" | "col" | "block": fp32 Sa, Sw (the launcher
+    takes them after cnt_bytes); per tensor / row / column in the epilogue (y = scale * acc * sw[col] * sa[row]);
+    "block" (128 x 128, blockscale.py) inside the K loop. w_int8 (w8.py) / w_int4 = G (w4.py): weight-only int8 /
+    group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw)."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
     if out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
-    if a_scale not in ("", "tensor", "row") or w_scale not in ("", "tensor", "col"):
-        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row' / "
-                               f"''|'tensor'|'col'")
-    if (fmts or a_scale or w_scale or w_int8) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+    block = w_scale == "block"  # 128 x 128 block scales applied in the K loop (blockscale.py)
+    if (a_scale not in ("", "tensor", "row", "block") or w_scale not in ("", "tensor", "col", "block")
+            or (a_scale == "block" and not block) or (block and not fmts)):
+        raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
+                               f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
+    a_ep, w_ep = ("" if a_scale == "block" else a_scale), ("" if block else w_scale)  # the epilogue's part
+    if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or gate is not None or w_layout != "shuffled"):
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
                                "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
-    wsz = 1 if w_int8 else esz  # bytes per W element (int8 weights: w8.py)
+    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else esz, 1)  # W bytes per element: wsz / wdiv (w8.py, w4.py)
+    if w_int4 and (fmts or dtype == "f32" or w_int4 not in w4.GROUPS):
+        raise KernelInputError(f"gemm: int4 weights take bf16 / fp16 activations and a group in {w4.GROUPS}")
     if w_int8 and fmts:
         raise KernelInputError("gemm: an int8 weight takes a bf16 / fp16 / fp32 activation")
     osz, out_t = _ELEM[out_dtype]
@@ -255,7 +258,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         return acc
 
     mpb = mfma_per_block(dtype, arch)
-    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph, a_loads)
+    n_scl = ((4 * m_rep if a_scale == "block" else 0) + n_rep) * k_blk if block else 2 * n_rep * k_blk if w_int4 else 0
+    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
 
     def schedule_step(prefetching: bool):
         """Emit one K step's sched_group_barrier sequence (`hot_loop_schedule`); ends the region."""
@@ -356,12 +360,20 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
             else:
                 ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz
+                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz // wdiv
             w_voff.append(ok.select(off, fx.Int32(OOB)))
+        bs = None
+        if const_expr(block):  # per-lane offsets of sa [M, KB] / sw [NB, KB] (blockscale.py)
+            kbt = bsc.kblocks(k)
+            bs = bsc.BlockScales(rsrc(Sa, m * (kbt * 4)), rsrc(Sw, -(-n // bsc.BLOCK) * kbt * 4),
+                                 a_scale == "block", k, m, n, a_row0, q, by * bn + wcol + l16, m_rep, n_rep, k_blk, wk)
+        if const_expr(w_int4):  # s, b [K / G, N] of the int4 groups (w4.py)
+            bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
+                                by * bn + wcol + l16, n_rep, k_blk, wk)
 
         def load_w(kt, k_tail=False):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
-            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz)
+            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
@@ -375,12 +387,13 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
-                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz
-                        if const_expr(w_int8):  # kp bytes: converted where they are used (compute)
-                            regs.append(rocdl.raw_ptr_buffer_load(w8_load_type(kp), rw, _raw(voff), _raw(soff), 0))
+                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz // wdiv
+                        if const_expr(w_int8 or w_int4):  # kp bytes / nibbles: converted where they are used (compute)
+                            ty = T.i32 if w_int4 else w8_load_type(kp)
+                            regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
-            return regs
+            return regs + (bs.load(kt, bk) if block or w_int4 else [])  # scales ride with the W registers
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
             """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
@@ -399,6 +412,13 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
+            if const_expr(block or w_int4):  # the scales loaded with the tile
+                scl, w_regs = w_regs[n_rep * k_blk * lph:], w_regs[:n_rep * k_blk * lph]
+            if const_expr(w_int4):  # q * s + b of the lane's group, rounded once to the activation dtype
+                w_regs = [w4.w4_to_chunk(w_regs[i], *bs.pick(scl, i % k_blk, i // k_blk), dtype)
+                          for i in range(len(w_regs))]
+            if const_expr(block):  # each block into a zero accumulator, then acc + partial * (sa * sw)
+                zero4 = _raw(fx.Vector.filled(4, 0.0, fx.Float32))
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
                     ops = []
@@ -408,7 +428,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
+                        if const_expr(block):
+                            accs[i] = bs.apply(accs[i], mfma_block(zero4, ops, w_regs[wb:wb + lph]), scl, kb, mr, nr)
+                        else:
+                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
             return accs
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False):
@@ -487,15 +510,15 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
-            rsw = rsrc(Sw, (n if w_scale == "col" else 1) * 4) if w_scale else None
-            rsa = rsrc(Sa, (m if a_scale == "row" else 1) * 4) if a_scale else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_scale, a_scale, col0, a_row0, q, m, n, m_rep, n_rep)
+            rsw = rsrc(Sw, (n if w_ep == "col" else 1) * 4) if w_ep else None
+            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0, a_row0, q, m, n, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
-                if const_expr(w_scale != ""):
+                if const_expr(w_ep != ""):
                     yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
-                if const_expr(a_scale != ""):
+                if const_expr(a_ep != ""):
                     yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
                 return yv
 
@@ -559,51 +582,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         else:
             finish(accs)
 
-    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale else "none")
-
-
-def _spread(n: int, slots: int) -> list[int]:
-    """n items over `slots` slots as evenly as integers allow (sums to n)."""
-    return [(i + 1) * n // slots - i * n // slots for i in range(slots)] if slots > 0 else []
-
-
-def hot_loop_schedule(n_ops: int, reads_per_op: int, mfma_per_op: int, n_vmem: int, n_dswr: int,
-                  lead_ops: int = 2, extra_reads: dict | None = None) -> list[tuple[str, int]]:
-    """The order the LLVM scheduler is asked to keep for one K step, as (kind, count) groups
-    (kind: mfma | dsrd = LDS read | vmem = global load | dswr = LDS write).
-
-    The step computes `n_ops` A operands (one (kb, mr) pair each), every operand `reads_per_op`
-    ds_read_b128 then `mfma_per_op` MFMAs. The next tile's `n_vmem` global loads (A first) and
-    `n_dswr` LDS writes of A ride along:
-      - the reads of the first `lead_ops` operands go first, then each operand's first MFMA is
-        followed by the reads of the operand `lead_ops` later: an A operand is read about
-        lead_ops x mfma_per_op MFMAs before its use, and only ~lead_ops + 1 operands are live
-        (left alone, the scheduler hoists every read to the top: 4 VGPRs per operand);
-      - the global loads spread over the first half of the MFMAs, so their latency hides under
-        the second half and the next step;
-      - the LDS writes of A (each waits for its global load) follow the last MFMAs.
-    extra_reads {operand: count}: LDS reads issued along with that operand's (wide.py: the W
-    operands of a K block, with the block's first A operand).
-    """
-    n_mfma = n_ops * mfma_per_op
-    lead = min(lead_ops, n_ops)
-    extra = extra_reads or {}
-    vmem = _spread(n_vmem, max(1, n_mfma // 2)) + [0] * n_mfma
-    dswr_from = max(0, n_mfma - n_dswr)
-    plan, dswr_left = [("dsrd", sum(reads_per_op + extra.get(j, 0) for j in range(lead)))], n_dswr
-    for i in range(n_mfma):
-        plan.append(("mfma", 1))
-        j = i // mfma_per_op + lead
-        if i % mfma_per_op == 0 and j < n_ops:
-            plan.append(("dsrd", reads_per_op + extra.get(j, 0)))
-        if vmem[i]:
-            plan.append(("vmem", vmem[i]))
-        if i >= dswr_from and dswr_left:
-            plan.append(("dswr", 1))
-            dswr_left -= 1
-    if dswr_left:
-        plan.append(("dswr", dswr_left))
-    return plan
+    return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
 
 
 _INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
