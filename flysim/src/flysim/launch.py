@@ -247,6 +247,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
         "mfma_by_kind": mfma,
         "ops_by_kind": ops,
         "oob_buffer_accesses": sum(e.oob_buffer for e in exs),
+        "oob_lds_accesses": lds.oob,
         "wave_split": len(exs) > 1,
         "warnings": warnings + lds.warnings + mem.warnings,
     }

@@ -145,7 +145,7 @@ def _atomicrmw(d, o):
         val = val.reshape(N, cnt)
         ptr = ex.R[p].to(torch.int64).expand(N)
         if pt.addrspace == 3:
-            lanes, base = ex.lds._lanes(ex, ptr, es * cnt, "atomic")
+            lanes, base = ex.lds._lanes(ex, ptr, es * cnt, "atomic", f.loc)
             u8 = ex.lds.mem
 
             counted = ex.lds
