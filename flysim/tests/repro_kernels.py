@@ -92,3 +92,38 @@ def build_past_lds(n=16, threads=2 * WAVE):
         past_lds_kernel(X, Out).launch(grid=(1, 1, 1), block=(threads, 1, 1), stream=stream)
 
     return past_lds
+
+
+def build_buffer_atomics(elem, nbytes, threads=2 * WAVE):
+    """The buffer atomics FlyDSL's MoE GEMM epilogues emit, through a descriptor of ``nbytes``
+    bytes of Acc: lane t adds the pair (X[2t], X[2t + 1]) of ``elem`` (fx.BFloat16 / fx.Float16:
+    buffer_atomic_pk_add_*, a vector<2x..> operand) at element pair Idx[t] of Acc, takes the
+    float max of F[t] into Mx[Idx[t]] and swaps Cas[Idx[t]] from Idx[t] to t (one lane wins
+    per slot); Old[t] = the value its swap found."""
+    from flydsl._mlir.dialects import rocdl
+    from flydsl.expr.typing import T
+    from flydsl.expr.typing import Vector as Vec
+
+    def rsrc(t, n):
+        return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(t, num_records_bytes=n)))
+
+    @flyc.kernel(known_block_size=[threads, 1, 1])
+    def buffer_atomics_kernel(X: fx.Tensor, F: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, Mx: fx.Tensor,
+                              Cas: fx.Tensor, Old: fx.Tensor):
+        tid = fx.Int32(gpu.thread_idx.x)
+        zero = fx.Int32(0)
+        i = fx.Int32(Idx[tid])
+        pair = Vec.from_elements([X[2 * tid], X[2 * tid + 1]], elem)
+        fx.rocdl.raw_ptr_buffer_atomic_fadd(pair, rsrc(Acc, nbytes), i * fx.Int32(4), zero, 0)
+        fx.rocdl.raw_ptr_buffer_atomic_fmax(F[tid], rsrc(Mx, nbytes), i * fx.Int32(4), zero, 0)
+        old = rocdl.raw_ptr_buffer_atomic_cmpswap(T.i32, tid.ir_value(), i.ir_value(), rsrc(Cas, nbytes),
+                                                  (i * fx.Int32(4)).ir_value(), zero.ir_value())
+        Old[tid] = fx.Int32(old)
+
+    @flyc.jit
+    def buffer_atomics(X: fx.Tensor, F: fx.Tensor, Idx: fx.Tensor, Acc: fx.Tensor, Mx: fx.Tensor, Cas: fx.Tensor,
+                       Old: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        buffer_atomics_kernel(X, F, Idx, Acc, Mx, Cas, Old).launch(grid=(1, 1, 1), block=(threads, 1, 1),
+                                                                   stream=stream)
+
+    return buffer_atomics
