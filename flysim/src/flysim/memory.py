@@ -198,6 +198,7 @@ class LDS:
         self.warnings = []
         self._warned = set()
         self.oob = 0  # lanes whose access passed the end of the LDS (see _lanes)
+        self._stamp = None  # scratch of _same_op_writes
         if self.check:
             self.writer = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
             self.reader = torch.full_like(self.writer, -1)
@@ -352,9 +353,11 @@ class LDS:
         result depends on the order of the waves."""
         if idx.numel() < 2 or bool((w == w[0]).all()):
             return
-        s, order = idx.sort()
-        dup = s[1:] == s[:-1]
-        if not bool(dup.any()):
+        if self._stamp is None:
+            self._stamp = torch.empty_like(self.writer)
+        pos = torch.arange(idx.numel(), dtype=torch.int32, device=idx.device)
+        self._stamp[idx] = pos  # one lane wins each byte: all win iff the bytes are distinct
+        if bool((self._stamp[idx] == pos).all()):
             return
         u, inv = torch.unique(idx, return_inverse=True)
         lo_w = torch.full(u.shape, 1 << 30, dtype=torch.int32, device=idx.device).scatter_reduce(0, inv, w, "amin")
