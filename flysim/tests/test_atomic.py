@@ -129,3 +129,35 @@ def test_buffer_atomic_fadd_collides_and_drops_past_num_records():
     ref[6:] = 0
     torch.testing.assert_close(Acc, ref.float(), rtol=1e-5, atol=1e-5)
     assert sim.launches[-1].counters["oob_buffer_accesses"] == int((Idx >= 6).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_buffer_atomic_vector_fadd_fmax_cmpswap(dtype):
+    """buffer_atomic_pk_add (vector<2x bf16 / f16> operand), fmax and cmpswap through buffer
+    descriptors of 6 pairs: colliding lanes all apply, lanes past num_records do nothing."""
+    import flydsl.expr as fx
+    from repro_kernels import build_buffer_atomics
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(256, generator=g).to(dtype)
+    F = torch.randn(128, generator=g)
+    Idx = torch.randint(0, 8, (128,), generator=g, dtype=torch.int32)
+    Acc = torch.zeros(16, dtype=dtype)
+    Mx = torch.full((8,), -100.0)
+    Cas = torch.arange(8, dtype=torch.int32)
+    Old = torch.full((128,), -7, dtype=torch.int32)
+    with flysim.simulate("gfx950") as sim:
+        build_buffer_atomics(fx.BFloat16 if dtype == torch.bfloat16 else fx.Float16, 6 * 4)(X, F, Idx, Acc, Mx, Cas, Old)
+    inside = Idx < 6
+    ref = torch.zeros(8, 2, dtype=torch.float64).index_add_(0, Idx[inside].long(), X.view(128, 2)[inside].double())
+    torch.testing.assert_close(Acc.view(8, 2).double(), ref.to(dtype).double(), rtol=2e-2, atol=2e-2)
+    mx = torch.full((8,), -100.0).scatter_reduce(0, Idx[inside].long(), F[inside], "amax")
+    assert torch.equal(Mx, mx)
+    for s in range(8):
+        lanes = (Idx == s).nonzero().squeeze(1).tolist()
+        if s >= 6:  # dropped: the slot keeps its value, the lanes get 0
+            assert int(Cas[s]) == s and all(int(Old[t]) == 0 for t in lanes)
+        elif lanes:  # the first lane in order swaps (finds s), the others find its tid
+            assert int(Cas[s]) == lanes[0] and int(Old[lanes[0]]) == s
+            assert all(int(Old[t]) == lanes[0] for t in lanes[1:])
+    assert sim.launches[-1].counters["oob_buffer_accesses"] == 3 * int((~inside).sum())

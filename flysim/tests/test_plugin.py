@@ -26,7 +26,12 @@ def test_plugin_categorizes_gpu_style_tests(tmp_path):
                                                   "detail": "math.cbrt"}
     assert got["test_large_launch_over_cap"]["category"] == "over cap"
     assert got["test_wmma_needs_rdna4"]["category"] == "not applicable"
+    # speed line: lane-ops per second of simulation; DOUBLE, run by three tests (each in its own
+    # simulate session), is decoded once
+    assert got["test_double_passes"]["lane_ops"] > 1000 and data["lane_ops"] >= 2 * got["test_double_passes"]["lane_ops"]
+    assert data["programs_decoded"] == 1, data
     table = report.read_text()
+    assert "lane-ops/s" in table and "1 programs decoded" in table, table
     assert "| **total** | 1 | 0 | 1 | 1 | 1 | 1 | 0 | 0 | 0 |" in table, table
 
 

@@ -144,8 +144,12 @@ def _decode_arg(blob, ti, device):
     return take(ti, 0)[0]
 
 
+DECODED = [0]  # programs decoded in this process (program_for's cache misses)
+
+
 def program_for(artifact, arch, device=None):
-    """The decoded program of an artifact, per arch and device (constants live on the device)."""
+    """The decoded program of an artifact, per arch and device (constants live on the device);
+    decoded once, reused by every later launch of the same compiled kernel."""
     progs = getattr(artifact, "_flysim_programs", None)
     if progs is None:
         progs = artifact._flysim_programs = {}
@@ -153,6 +157,7 @@ def program_for(artifact, arch, device=None):
     p = progs.get(key)
     if p is None:
         p = progs[key] = Program(artifact._flysim_asm, artifact._entry, arch, device)
+        DECODED[0] += 1
     return p
 
 
@@ -247,6 +252,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
         "mfma_by_kind": mfma,
         "ops_by_kind": ops,
         "oob_buffer_accesses": sum(e.oob_buffer for e in exs),
+        "oob_lds_accesses": lds.oob,
         "wave_split": len(exs) > 1,
         "warnings": warnings + lds.warnings + mem.warnings,
     }

@@ -5,11 +5,17 @@ address ``a`` of ``n`` bytes must fall inside one argument tensor's extent,
 else it is an OutOfBoundsError (``strict``) or a counted warning. Aligned
 accesses gather whole elements from a same-width view of the storage.
 
-LDS: one byte array of ``nwg * size``; lane address = ``wg * size + ptr``.
+LDS: one byte array of ``nwg * size``; lane address = ``wg * size + ptr``. A lane
+whose access passes the end of the workgroup's LDS does nothing (loads read 0), as
+the hardware does past a workgroup's allocation; counted (``oob_lds_accesses``).
 Race detection keeps, per LDS byte, the wave that last wrote it and the wave
 that last read it in the current barrier interval (-1 none, -2 several); a
 barrier clears both (a workgroup's own bytes only, for a barrier that a
-scalar branch lets only some workgroups reach).
+scalar branch lets only some workgroups reach). A race is an outcome that
+depends on the order of the waves, so a store of the value a byte already
+holds (no wave changed it in the interval) counts as a read of it, and one
+instruction whose lanes in several waves store different values to one byte
+is a race.
 
 Bank conflicts. AMD's documentation (ROCm Composable Kernel, "Understanding
 AMD GPU LDS and Bank Conflicts"; ROCm blog "Avoiding LDS Bank Conflicts on AMD
@@ -191,6 +197,8 @@ class LDS:
         self.bank_conflicts = 0
         self.warnings = []
         self._warned = set()
+        self.oob = 0  # lanes whose access passed the end of the LDS (see _lanes)
+        self._stamp = None  # scratch of _same_op_writes
         if self.check:
             self.writer = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
             self.reader = torch.full_like(self.writer, -1)
@@ -206,18 +214,32 @@ class LDS:
             self.dma_loc = torch.zeros_like(self.writer)
         self.locs = []
 
-    def _lanes(self, ex, ptr, nbytes, what):
+    def _lanes(self, ex, ptr, nbytes, what, loc=None):
+        """(active lanes or None for all, their byte offsets in ``mem``). A lane whose access
+        passes the end of the workgroup's LDS does nothing (a load reads 0, an atomic returns 0),
+        as the hardware treats addresses past the workgroup's allocation; it is counted in
+        ``oob`` and warned once per line. A kernel without LDS that accesses it is an error."""
         N = ex.N
         ptr = ptr.expand(N) if ptr.dim() == 0 else ptr
         m = ex.mask
         lanes = None if m is None else m.nonzero().squeeze(1)
         p = ptr if lanes is None else ptr[lanes]
+        if self.mem is None:
+            raise OutOfBoundsError(f"LDS {what} of {nbytes} bytes at offset {int(p[0]) if p.numel() else 0}: "
+                                   f"the kernel allocates no LDS")
         bad = (p < 0) | (p + nbytes > self.size)
-        if self.mem is None or bool(bad.any()):
-            i = int(bad.nonzero()[0]) if self.mem is not None else 0
-            raise OutOfBoundsError(
-                f"LDS {what} of {nbytes} bytes at offset {int(p[i]) if p.numel() else 0} is outside the "
-                f"{self.size}-byte LDS allocation")
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            self.oob += int(bad.sum())
+            if (what, loc) not in self._warned:
+                self._warned.add((what, loc))
+                self.warnings.append(
+                    f"LDS {what} of {nbytes} bytes at offset {int(p[i])} past the {self.size}-byte LDS at {loc}: "
+                    f"{'reads 0' if what != 'store' else 'dropped'} (the hardware's allocation granule and "
+                    f"layout differ: the value must not matter)")
+            keep = ~bad
+            lanes = (torch.arange(N, device=p.device) if lanes is None else lanes)[keep]
+            p = p[keep]
         wg = ex.wg if lanes is None else ex.wg[lanes]
         return lanes, wg * self.size + p
 
@@ -268,44 +290,110 @@ class LDS:
         b = int(idx[j])
         return j, b, f"LDS byte {b % self.size} of workgroup {b // self.size}"
 
-    def _track(self, ex, lanes, off, nbytes, write, loc, dma=False):
+    def _track(self, ex, lanes, off, nbytes, write, loc, dma=False, new=None):
+        """Race bookkeeping of one LDS access. ``new`` [n * nbytes] (writes): the bytes stored.
+        A byte written with the value it already holds, where no wave has changed it in this
+        barrier interval, is a silent store: whatever the order of the waves, every access sees
+        the same value, so it counts as a read (a wave changing the byte later still races)."""
         waves = ex.wave if lanes is None else ex.wave[lanes]
         idx = (off.unsqueeze(1) + torch.arange(nbytes, device=off.device)).reshape(-1)
         w = waves.unsqueeze(1).expand(-1, nbytes).reshape(-1).to(torch.int32)
         lid = self._loc_id(loc)
-        if not write and self.waits:
-            self._check_dma(idx, w, loc)
+        if not write:
+            if self.waits:
+                self._check_dma(idx, w, loc)
+            self._read(idx, w, lid, loc)
+            return
+        if new is not None:
+            self._same_op_writes(idx, w, new, loc)
+            silent = (self.writer[idx] == -1) & (self.mem[idx] == new)
+            if bool(silent.any()):
+                self._silent(idx[silent], w[silent], lid, loc)
+                keep = ~silent
+                idx, w = idx[keep], w[keep]
+        self._write(idx, w, lid, loc, dma)
+
+    def _race(self, kind, w, other_wave, where, other_loc, loc):
+        raise LDSRaceError(
+            f"LDS race ({kind}): wave {w} touches {where} that "
+            f"{'several waves' if other_wave == -2 else f'wave {other_wave}'} accessed in the same "
+            f"barrier interval at {self.locs[other_loc]}; this access at {loc}. Add a barrier "
+            f"(gpu.barrier) between them.")
+
+    def _read(self, idx, w, lid, loc):
         prev_w = self.writer[idx]
         clash = (prev_w >= 0) & (prev_w != w)
-        kind = "write after write" if write else "read after write"
-        other = self.wloc
-        if write and not bool(clash.any()):
-            prev_r = self.reader[idx]
-            clash = (prev_r == -2) | ((prev_r >= 0) & (prev_r != w))
-            kind, other = "write after read", self.rloc
         if bool(clash.any()):
             j, b, where = self._first(clash, idx)
+            self._race("read after write", int(w[j]), int(self.writer[b]), where, int(self.wloc[b]), loc)
+        if not bool(self.written[idx].all()) and loc not in self._warned:
+            self._warned.add(loc)
+            self.warnings.append(f"read of never-written LDS at {loc}")
+        self._note_reader(idx, w, lid)
+
+    def _note_reader(self, idx, w, lid):
+        prev_r = self.reader[idx]
+        self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
+        self.rloc[idx] = lid
+
+    def _silent(self, idx, w, lid, loc):
+        """Same-value stores: a read for race purposes; noted once per line when another wave's
+        access of the byte in this interval makes it a (benign) race under the plain rule."""
+        prev_r = self.reader[idx]
+        if loc not in self._warned and bool(((prev_r == -2) | ((prev_r >= 0) & (prev_r != w))).any()):
+            self._warned.add(loc)
+            self.warnings.append(
+                f"benign LDS race at {loc}: a store of the value the byte already holds, in the barrier "
+                f"interval where another wave accesses it (order-independent)")
+        self.written[idx] = True
+        self._note_reader(idx, w, lid)
+
+    def _same_op_writes(self, idx, w, new, loc):
+        """Lanes of different waves storing different values to one byte in one instruction: the
+        result depends on the order of the waves."""
+        if idx.numel() < 2 or bool((w == w[0]).all()):
+            return
+        if self._stamp is None:
+            self._stamp = torch.empty_like(self.writer)
+        pos = torch.arange(idx.numel(), dtype=torch.int32, device=idx.device)
+        self._stamp[idx] = pos  # one lane wins each byte: all win iff the bytes are distinct
+        if bool((self._stamp[idx] == pos).all()):
+            return
+        u, inv = torch.unique(idx, return_inverse=True)
+        lo_w = torch.full(u.shape, 1 << 30, dtype=torch.int32, device=idx.device).scatter_reduce(0, inv, w, "amin")
+        hi_w = torch.full_like(lo_w, -1).scatter_reduce(0, inv, w, "amax")
+        nv = new.to(torch.int32)
+        lo_v = torch.full_like(lo_w, 256).scatter_reduce(0, inv, nv, "amin")
+        hi_v = torch.full_like(lo_w, -1).scatter_reduce(0, inv, nv, "amax")
+        bad = (lo_w != hi_w) & (lo_v != hi_v)
+        if bool(bad.any()):
+            b = int(u[bad.nonzero()[0]])
             raise LDSRaceError(
-                f"LDS race ({kind}): wave {int(w[j])} touches {where} that wave {int(self.writer[b] if kind != 'write after read' else self.reader[b])} "
-                f"accessed in the same barrier interval at {self.locs[int(other[b])]}; "
-                f"this access at {loc}. Add a barrier (gpu.barrier) between them.")
-        if write:
-            self.writer[idx] = w
-            self.wloc[idx] = lid
-            self.written[idx] = True
-            if dma and self.waits:
-                self.dma_wave[idx] = w
-                self.dma_seq[idx] = self.vm_issued[w.long()]
-                self.dma_loc[idx] = lid
-            elif self.waits:
-                self.dma_wave[idx] = -1
-        else:
-            if not bool(self.written[idx].all()) and loc not in self._warned:
-                self._warned.add(loc)
-                self.warnings.append(f"read of never-written LDS at {loc}")
-            prev_r = self.reader[idx]
-            self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
-            self.rloc[idx] = lid
+                f"LDS race (write after write): waves {int(lo_w[inv][idx == b].min())} and "
+                f"{int(hi_w[inv][idx == b].max())} store different values to LDS byte {b % self.size} of "
+                f"workgroup {b // self.size} in one instruction at {loc}; the result depends on the order of "
+                f"the waves.")
+
+    def _write(self, idx, w, lid, loc, dma):
+        prev_w = self.writer[idx]
+        clash = (prev_w >= 0) & (prev_w != w)
+        if bool(clash.any()):
+            j, b, where = self._first(clash, idx)
+            self._race("write after write", int(w[j]), int(self.writer[b]), where, int(self.wloc[b]), loc)
+        prev_r = self.reader[idx]
+        clash = (prev_r == -2) | ((prev_r >= 0) & (prev_r != w))
+        if bool(clash.any()):
+            j, b, where = self._first(clash, idx)
+            self._race("write after read", int(w[j]), int(self.reader[b]), where, int(self.rloc[b]), loc)
+        self.writer[idx] = w
+        self.wloc[idx] = lid
+        self.written[idx] = True
+        if dma and self.waits:
+            self.dma_wave[idx] = w
+            self.dma_seq[idx] = self.vm_issued[w.long()]
+            self.dma_loc[idx] = lid
+        elif self.waits:
+            self.dma_wave[idx] = -1
 
     def barrier(self, wgs=None):
         """Close the barrier interval of every workgroup, or of those where ``wgs`` [nwg] is True."""
@@ -338,7 +426,7 @@ class LDS:
 
     def load(self, ex, ptr, esize, count, loc):
         nbytes = esize * count
-        lanes, off = self._lanes(ex, ptr, nbytes, "load")
+        lanes, off = self._lanes(ex, ptr, nbytes, "load", loc)
         if self.check:
             self._track(ex, lanes, off, nbytes, False, loc)
         self._conflicts(ex, lanes, off, nbytes)
@@ -352,10 +440,12 @@ class LDS:
 
     def store(self, ex, ptr, vals, esize, count, loc, dma=False):
         nbytes = esize * count
-        lanes, off = self._lanes(ex, ptr, nbytes, "store")
-        if self.check:
-            self._track(ex, lanes, off, nbytes, True, loc, dma)
-        self._conflicts(ex, lanes, off, nbytes)
+        lanes, off = self._lanes(ex, ptr, nbytes, "store", loc)
         vals = vals.expand(ex.N, count) if vals.dim() < 2 or vals.shape[0] != ex.N else vals
+        if self.check:
+            mine = vals if lanes is None else vals[lanes]
+            new = mine.contiguous().view(torch.uint8).reshape(-1)
+            self._track(ex, lanes, off, nbytes, True, loc, dma, new)
+        self._conflicts(ex, lanes, off, nbytes)
         _scatter(self.mem, off, esize, count, vals if lanes is None else vals[lanes])
         self.bytes_written += off.numel() * nbytes

@@ -11,7 +11,7 @@ the whole chain, so the returned old values form one valid serialization.
   (int64 for integers, wrapped to the width; float64 for floats, rounded once) gives
   every lane's old value, the segment total the final one. The hardware rounds after each
   float addition, so float results may differ from it in the last bits.
-- every other operation (xchg, and, or, xor, nand, max, min, umax, umin, fmax, fmin,
+- every other operation (xchg, cmpswap (buffer: operand pairs of new value and compared value), and, or, xor, nand, max, min, umax, umin, fmax, fmin,
   fmaximum, fminimum, uinc_wrap, udec_wrap, usub_cond, usub_sat): rounds; round r applies the r-th update of
   every address at once, so the rounds are as many as the most repeated address.
 
@@ -40,6 +40,8 @@ def _update(kind, old, x, bits):
     """The value an atomic of ``kind`` stores, from the old value and the operand."""
     if kind == "xchg":
         return x
+    if kind == "cmpswap":  # x [n, 2]: (new value, compared value)
+        return torch.where(old == x[:, 1], x[:, 0], old)
     if kind == "and":
         return old & x
     if kind == "or":
@@ -92,7 +94,7 @@ def serialize(kind, addr, x, read, write, bits):
         old = (cur.to(wide_dt)[inv] + before - seg0[inv]).to(x.dtype)
         final = (cur.to(wide_dt) + cs[starts + counts - 1] - seg0).to(x.dtype)
     else:
-        old = torch.empty_like(xs)
+        old = torch.empty(xs.shape[:1], dtype=cur.dtype, device=xs.device)
         rank = torch.arange(a.numel(), device=a.device) - starts[inv]
         final = cur.clone()
         for r in range(int(counts.max()) if counts.numel() else 0):
@@ -145,7 +147,7 @@ def _atomicrmw(d, o):
         val = val.reshape(N, cnt)
         ptr = ex.R[p].to(torch.int64).expand(N)
         if pt.addrspace == 3:
-            lanes, base = ex.lds._lanes(ex, ptr, es * cnt, "atomic")
+            lanes, base = ex.lds._lanes(ex, ptr, es * cnt, "atomic", f.loc)
             u8 = ex.lds.mem
 
             counted = ex.lds
@@ -180,34 +182,45 @@ def _atomicrmw(d, o):
 
 
 _BUFFER_KINDS = {"fadd": "fadd", "fmax": "fmax", "smax": "max", "umin": "umin", "add": "add", "smin": "min",
-                 "umax": "umax", "swap": "xchg", "and": "and", "or": "or", "xor": "xor", "fmin": "fmin"}
+                 "umax": "umax", "swap": "xchg", "and": "and", "or": "or", "xor": "xor", "fmin": "fmin",
+                 "cmpswap": "cmpswap"}
 
 
 @op(*(f"rocdl.raw.ptr.buffer.atomic.{k}" for k in _BUFFER_KINDS))
 def _buffer_atomic(d, o):
-    """Buffer atomics (vdata, rsrc, voffset, soffset): address base + soffset + voffset; a lane
-    whose voffset + size passes num_records does nothing and returns 0 (as a buffer store is
-    dropped), counted in oob_buffer_accesses. Lanes serialize as llvm.atomicrmw's do."""
+    """Buffer atomics (vdata, [cmp,] rsrc, voffset, soffset, aux): address base + soffset +
+    voffset. A vector operand (``buffer_atomic_pk_add_f16 / bf16``: vector<2xf16>,
+    vector<2xbf16>) updates its elements at consecutive addresses, each one an update of its own
+    in the serialization. A lane whose voffset + operand size passes num_records does nothing
+    and returns 0 (as a buffer store is dropped), counted in oob_buffer_accesses. cmpswap
+    stores vdata where memory holds cmp and returns the old value. Lanes serialize as
+    llvm.atomicrmw's do."""
     from .ops_mem import _buffer_offsets
 
-    v, rs, voff, soff = d.ins(o)[:4]
-    outs = d.outs(o)
     kind = _BUFFER_KINDS[o.name.rsplit(".", 1)[1]]
+    ins = d.ins(o)
+    cmp = ins[1] if kind == "cmpswap" else None
+    v, rs, voff, soff = (ins[0],) + tuple(ins[2:5] if cmp is not None else ins[1:4])
+    outs = d.outs(o)
     ti = tinfo(str(o.operands[0].type))
-    if ti.vshape:
-        raise UnsupportedOpError(f"flysim does not implement op '{o.name}' with a vector operand ({ti})")
-    es = ti.nbytes
+    cnt = 1
+    for n in ti.vshape:
+        cnt *= n
+    es = ti.nbytes // cnt
 
     def f(ex):
         N = ex.N
         base, nrec = ex.R[rs]
         off, soffset = _buffer_offsets(ex, voff, soff, 0)
-        inb = (off + es) <= nrec
+        inb = (off + ti.nbytes) <= nrec
         act = inb if ex.mask is None else inb & ex.mask
         ex.oob_buffer += int((~inb).sum() if ex.mask is None else (~inb & ex.mask).sum())
         lanes = act.nonzero().squeeze(1)
-        addr = (base + soffset + off).expand(N)[lanes]
-        x = ex.R[v].expand(N)[lanes]
+        start = (base + soffset + off).expand(N)[lanes]
+        addr = (start.unsqueeze(1) + torch.arange(cnt, device=start.device) * es).reshape(-1)
+        x = ex.R[v].expand(N, *ti.vshape).reshape(N, cnt)[lanes].reshape(-1)
+        if cmp is not None:
+            x = torch.stack([x, ex.R[cmp].expand(N)[lanes]], 1)
         nr, nw = ex.mem.bytes_read, ex.mem.bytes_written
 
         def read(a):
@@ -216,9 +229,10 @@ def _buffer_atomic(d, o):
         def write(a, vals):
             ex.mem.store(a, _bits_of(vals, es).unsqueeze(1), es, 1, None, a.numel())
 
-        old = serialize(kind, addr, x, read, write, 8 * es)
-        ex.mem.bytes_read, ex.mem.bytes_written = nr + lanes.numel() * es, nw + lanes.numel() * es
+        old = serialize(kind, addr, x, read, write, 8 * es).reshape(-1, cnt)
+        ex.mem.bytes_read, ex.mem.bytes_written = nr + addr.numel() * es, nw + addr.numel() * es
         if outs:
-            ex.R[outs[0]] = torch.zeros(N, dtype=ti.dtype, device=old.device).index_copy_(0, lanes, old.to(ti.dtype))
+            res = torch.zeros(N, cnt, dtype=ti.dtype, device=old.device).index_copy_(0, lanes, old.to(ti.dtype))
+            ex.R[outs[0]] = res.reshape(N, *ti.vshape) if ti.vshape else res.reshape(N)
 
     return f

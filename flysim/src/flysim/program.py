@@ -45,6 +45,20 @@ def loc_text(location) -> str:
     return f"{hits[0][0]}:{hits[0][1]}" if hits else ""
 
 
+def loc_chain(location) -> str:
+    """``loc_text`` and, for an op of a helper function that the kernel calls (an MLIR callsite
+    location), the user-code lines it was called from: ``k.py:167 (called from k.py:408)``."""
+    user = []
+    for f, line, _c in _LOC_RE.findall(str(location)):
+        if "site-packages/flydsl" not in f and "/flydsl/" not in f and (not user or user[-1] != (f, line)):
+            user.append((f, line))
+    if len(user) < 2:
+        return loc_text(location)
+    head = f"{user[0][0]}:{user[0][1]}"
+    callers = ", ".join(f"{f}:{line}" for f, line in user[1:4])
+    return f"{head} (called from {callers})"
+
+
 class Decoder:
     def __init__(self, name, module_info):
         self.name = name
@@ -74,11 +88,11 @@ class Decoder:
             if h is None:
                 h = next((v for k, v in PREFIX_OPS.items() if o.name.startswith(k)), None)
             if h is None:
-                raise UnsupportedOpError(f"flysim does not implement op '{o.name}'", kernel=self.name, loc=loc_text(o.location))
+                raise UnsupportedOpError(f"flysim does not implement op '{o.name}'", kernel=self.name, loc=loc_chain(o.location))
             f = h(self, o)
             if f is None:
                 continue
-            f.loc = loc_text(o.location)
+            f.loc = loc_chain(o.location)
             f.opname = o.name
             self.census[o.name] += 1
             fns.append(f)

@@ -357,6 +357,7 @@ def pytest_runtest_makereport(item, call):
         n = len(launches)
         _STATE["results"][item.nodeid] = {
             "category": cat, "detail": detail, "launches": n, "seconds": round(rep.duration, 2),
+            "lane_ops": sum(r.lane_ops for r in launches), "sim_s": round(sum(r.wall_s for r in launches), 3),
             "split_launches": sum(1 for r in launches if r.counters.get("wave_split")),
             "kernels": sorted({r.kernel for r in launches})[:8]}
         rep.sections.append(("flysim", f"{cat}: {detail}"))
@@ -393,14 +394,22 @@ def pytest_terminal_summary(terminalreporter):
     res = _STATE["results"]
     if not res and not _STATE["collect"]:
         return
+    from .launch import DECODED
+
     wall = time.perf_counter() - _STATE["t0"]
-    text = f"flysim {_STATE['arch']}, cap {_STATE['max_lanes']} lanes / {_STATE['timeout']} s, wall {wall:.0f} s\n\n" + summary(
-        res, _STATE["not_selected"], _STATE["collect"])
+    launches = sum(r["launches"] for r in res.values())
+    ops = sum(r.get("lane_ops", 0) for r in res.values())
+    sim_s = sum(r.get("sim_s", 0.0) for r in res.values())
+    rate = f"{ops / sim_s:.3g}" if sim_s else "-"
+    text = (f"flysim {_STATE['arch']}, cap {_STATE['max_lanes']} lanes / {_STATE['timeout']} s, wall {wall:.0f} s; "
+            f"{launches} launches, {ops:.3g} lane-ops in {sim_s:.0f} s of simulation ({rate} lane-ops/s), "
+            f"{DECODED[0]} programs decoded\n\n" + summary(res, _STATE["not_selected"], _STATE["collect"]))
     terminalreporter.write_sep("=", "flysim")
     terminalreporter.write_line(text)
     if _STATE.get("report"):
         with open(_STATE["report"], "w") as f:
             f.write(text + "\n")
         with open(_STATE["report"] + ".json", "w") as f:
-            json.dump({"arch": _STATE["arch"], "wall_s": wall, "results": res, "collect": _STATE["collect"],
+            json.dump({"arch": _STATE["arch"], "wall_s": wall, "launches": launches, "lane_ops": ops, "sim_s": sim_s,
+                       "programs_decoded": DECODED[0], "results": res, "collect": _STATE["collect"],
                        "not_selected": dict(_STATE["not_selected"])}, f, indent=1)
