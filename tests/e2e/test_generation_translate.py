@@ -132,6 +132,26 @@ def test_run_time_refusals_name_the_fix(readme_run):
             gen.generate(_ids(), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), max_new_tokens=2, do_sample=False)
 
 
+def test_a_dynamic_cache_request_gives_eagers_tokens_and_a_cache_object_is_refused(readme_run):
+    """cache_implementation="dynamic" runs on the translation's static cache: eager's tokens. A cache object
+    of the caller's (dynamic or static, empty or filled) is refused: it would be neither filled nor read."""
+    ns, want, *_ = readme_run
+    gen, model, ids = ns["gen"], ns["hf_model"], ns["input_ids"]
+    with torch.no_grad():
+        got = gen.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="dynamic")
+    assert torch.equal(got[:, PROMPT:], want)
+    for cache in (transformers.DynamicCache(config=model.config), transformers.StaticCache(config=model.config,
+                                                                                          max_cache_len=64)):
+        for key in ("cache", "past_key_values"):
+            with pytest.raises(InputError, match=f"generate\\({key}=.*torch.compile"):
+                _greedy_with(gen, ids, **{key: cache})
+
+
+def _greedy_with(gen, ids, **kw):
+    with torch.no_grad():
+        return gen.generate(ids, max_new_tokens=2, do_sample=False, **kw)
+
+
 def test_translate_time_refusals():
     with pytest.raises(InputError, match="transformers causal LM"):
         translator.translate_for_generation(torch.nn.Linear(4, 4), max_cache_len=8)

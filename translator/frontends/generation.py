@@ -32,7 +32,11 @@ Refused with an InputError, never run wrongly:
 - sliding-window attention with max_cache_len beyond the window (the recipe replaces those layers
   by plain static ones: positions past the window would attend where the model would not);
 - at run time: another batch size than the translation's, positions past max_cache_len, or an
-  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to).
+  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to);
+- a cache object passed to generate (`cache=` / `past_key_values=`, a DynamicCache or a StaticCache): the
+  translation would neither fill it nor read what it holds (a cache filled before would make generate feed
+  only the new tokens to a translation that never saw the prompt). `cache_implementation="dynamic"` is
+  served by the translation's static cache: the same tokens (generate's own cache object is not read).
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
     for d in ("_parameters", "_buffers", "_modules"):  # its own dicts: nothing set on gen reaches the user's model
         object.__setattr__(gen, d, dict(getattr(model, d)))
     object.__setattr__(gen, "forward", _Forward(tm, batch_size, max_cache_len))
+    object.__setattr__(gen, "generate", _Generate(gen.generate))
     object.__setattr__(gen, "translated", tm)  # not a submodule: gen's state_dict stays the model's
     return gen
 
@@ -133,6 +138,23 @@ def _check_caches(tm, batch: int, max_len: int) -> None:
         raise InputError(f"the translation's cache is [batch={shape[0]}, heads, max_cache_len={shape[2]}, head_dim]; "
                          f"call translate_for_generation(..., batch_size={shape[0]}, max_cache_len={shape[2]}, "
                          "translated=...)")
+
+
+class _Generate:
+    """The generating model's generate: refuses a cache object of the caller's (module notes)."""
+
+    def __init__(self, generate):
+        self.generate = generate
+
+    def __call__(self, *args, **kwargs):
+        for key in ("cache", "past_key_values"):
+            if kwargs.get(key) is not None:
+                raise InputError(f"generate({key}={type(kwargs[key]).__name__}(...)): the translated model holds its own "
+                                 "static KV cache (translate_for_generation's max_cache_len) and would neither fill nor "
+                                 f"read yours; call generate without {key}=, or, to generate on a cache object of your "
+                                 "own (StaticCache or DynamicCache), run model.forward = torch.compile(model.forward, "
+                                 "backend='flydsl') instead")
+        return self.generate(*args, **kwargs)
 
 
 class _Forward:
