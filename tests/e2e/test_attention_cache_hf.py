@@ -50,11 +50,13 @@ def _bool_masks(tm):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_translated_step_attends_by_positions_not_a_mask(family):
-    """Mistral's default window (4096) is wider than the cache (48): its window term keeps every key."""
+    """Mistral's default window (4096) is wider than the cache (48): its window term keeps every key.
+    A batch of two prompts: one position per query row serves both."""
     model = _tiny(family, layers=2)
-    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(1))
     want = _greedy(model, ids, 8)
-    gen = translator.translate_for_generation(model, ids, max_cache_len=48, backend="reference", verify=False)
+    gen = translator.translate_for_generation(model, ids, max_cache_len=48, batch_size=2, backend="reference",
+                                              verify=False)
     tm = gen.translated
     assert tm.report.counters.get("sdpa_cache_positions") == 2, tm.report.counters
     atts = _attention_nodes(tm)
@@ -143,3 +145,39 @@ def test_hf_static_cache_decode_attention_reads_the_cache(backend):
         assert "attention_fwd_kernel" in launches
         before = launches[:launches.index("attention_fwd_kernel")]
         assert not [n for n in before if "layout" in n or "copy" in n], launches
+
+
+class _Step(torch.nn.Module):
+    """A decode step on a cache buffer whose mask is built as HF builds it, with a variant `form`:
+    "causal" (kv <= q), "padded" (& a padding mask the caller passes), "shifted" (kv index arange + 1),
+    "ge" (q >= kv, the same mask written the other way)."""
+
+    def __init__(self, form, s_max=16):
+        super().__init__()
+        self.form = form
+        self.register_buffer("k", torch.randn(1, 2, s_max, 8, generator=torch.Generator().manual_seed(0)))
+        self.register_buffer("v", torch.randn(1, 2, s_max, 8, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, q, pos, pad):
+        kv = torch.arange(self.k.shape[2]) + (1 if self.form == "shifted" else 0)
+        qp = pos[None, None, :, None]
+        mask = qp >= kv[None, None, None, :] if self.form == "ge" else kv[None, None, None, :] <= qp
+        if self.form == "padded":
+            mask = mask & pad[:, None, None, :].bool()
+        return torch.nn.functional.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask.expand(1, -1, -1, -1))
+
+
+@pytest.mark.parametrize("form, fires", [("causal", True), ("ge", True), ("padded", False), ("shifted", False)])
+def test_computed_mask_forms(form, fires):
+    """Only a mask that is `key <= position` for every key becomes q_pos; a padding term or a shifted key
+    index keeps the mask; eager's output either way (positions 5..7 over a 16-slot cache)."""
+    m = _Step(form)
+    pad = torch.ones(1, 16, dtype=torch.long)
+    pad[0, 2] = 0
+    q, pos = torch.randn(1, 2, 3, 8, generator=torch.Generator().manual_seed(2)), torch.tensor([5, 6, 7])
+    tm = translator.translate(m, (q, pos, pad), backend="reference")
+    assert (tm.report.counters.get("sdpa_cache_positions") == 1) is fires, tm.report.counters
+    (att,) = _attention_nodes(tm)
+    assert (arg(att, "mask") is None) is fires and (arg(att, "q_pos") is not None) is fires, att.format_node()
+    with torch.no_grad():
+        torch.testing.assert_close(tm(q, pos, pad), m(q, pos, pad))
