@@ -153,9 +153,9 @@ _MISTRAL_RECOMPILES = pytest.mark.xfail(strict=True, reason=(
     "transformers 5.24's sliding-window static cache layer keeps cumulative_length_int, a Python int that dynamo "
     "guards on (`is_full = current_length >= self.max_cache_len`): each decode step recompiles, and past dynamo's "
     "recompile limit (8) the steps run in eager PyTorch (eager's tokens, no FlyDSL launch; recorded as "
-    "dynamo_fallback), with dynamic=False and True; the default dynamic=None gives two graphs (dynamo makes the "
-    "int dynamic after one recompile: test_static_cache_generation_matches_eager). Not the backend's to fix; "
-    "translate_for_generation serves Mistral on FlyDSL kernels"))
+    "dynamo_fallback), with dynamic=False and True. With the default dynamic=None dynamo passes the int to one "
+    "decode graph, but the backend keys a translation on each int's value: past 8 (MAX_VARIANTS) the calls run in "
+    "PyTorch (12 tokens: 8 translated, 3 in PyTorch). translate_for_generation serves Mistral on FlyDSL kernels"))
 
 
 @pytest.mark.slow
