@@ -3,8 +3,10 @@
 The README's "LLM generation" section runs as written (reference backend) and gives eager's greedy
 tokens; the run is one prefill call and then one single-token decode call per new token on the one
 translation (its cache, not the user's model, is written). Refusals are InputErrors that name the
-fix. flysim: tiny Llama, Qwen2 and Mistral generate eager's 32 greedy tokens with FlyDSL launches
-on every step, the cache writes among them (slow: a flysim step interprets every kernel on CPU).
+fix. The translation saved and loaded (`translated=`) generates the same tokens, and the translation's
+cache holds what eager's StaticCache holds after the same generate call. flysim: tiny Llama, Qwen2
+and Mistral generate eager's 32 greedy tokens with FlyDSL launches on every step, the cache writes
+among them, and a loaded translation does too (slow: a flysim step interprets every kernel on CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 import translator
 from translator.errors import InputError
+from translator.frontends.generation import cache_tensors
 
 transformers = pytest.importorskip("transformers")
 PROMPT = 6
@@ -36,6 +39,22 @@ def _ids(batch=1):
 def _greedy(model, ids, n):
     with torch.no_grad():
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
+
+
+def _eager_cache(model, ids, n, max_len):
+    """Eager's StaticCache tensors (keys, values per layer) after `generate` of n greedy tokens."""
+    cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache=cache)
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def _same_cache(tm, want, upto):
+    """tm's cache equals eager's at the positions a generate call wrote (0 .. upto - 1)."""
+    got = cache_tensors(tm)
+    assert len(got) == len(want) and all(g.shape == w.shape for g, w in zip(got, want))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g[:, :, :upto], w[:, :, :upto])
 
 
 def _readme_code() -> str:
@@ -81,6 +100,27 @@ def test_a_second_generate_starts_over(readme_run):
     assert torch.equal(_greedy(ns["gen"], ns["input_ids"], 8), want)
 
 
+def test_the_translations_cache_holds_eagers(readme_run):
+    """After generate(8 tokens), the cache holds eager's keys and values for the 6 + 7 positions fed."""
+    ns, want, *_ = readme_run
+    assert torch.equal(_greedy(ns["gen"], ns["input_ids"], 8), want)
+    _same_cache(ns["gen"].translated, _eager_cache(ns["hf_model"], ns["input_ids"], 8, 64), PROMPT + 7)
+
+
+def test_saved_and_loaded_translation_generates_eagers_tokens(readme_run, tmp_path):
+    ns, want, *_ = readme_run
+    path = translator.save(ns["gen"].translated, tmp_path / "step.pt2")
+    loaded = translator.load(path)
+    gen = translator.translate_for_generation(ns["hf_model"], max_cache_len=64, translated=loaded)
+    assert torch.equal(_greedy(gen, ns["input_ids"], 8), want)
+    _same_cache(loaded, _eager_cache(ns["hf_model"], ns["input_ids"], 8, 64), PROMPT + 7)
+    with pytest.raises(InputError, match="batch_size=1, max_cache_len=64, translated="):
+        translator.translate_for_generation(ns["hf_model"], max_cache_len=32, translated=loaded)
+    with pytest.raises(InputError, match="writes no KV cache"):
+        translator.translate_for_generation(ns["hf_model"], max_cache_len=64,
+                                            translated=translator.translate(torch.nn.Linear(4, 4), (torch.ones(2, 4),)))
+
+
 def test_run_time_refusals_name_the_fix(readme_run):
     gen = readme_run[0]["gen"]
     with pytest.raises(InputError, match="batch_size=2"):
@@ -90,6 +130,26 @@ def test_run_time_refusals_name_the_fix(readme_run):
     with pytest.raises(InputError, match="pads some prompt"):
         with torch.no_grad():
             gen.generate(_ids(), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), max_new_tokens=2, do_sample=False)
+
+
+def test_a_dynamic_cache_request_gives_eagers_tokens_and_a_cache_object_is_refused(readme_run):
+    """cache_implementation="dynamic" runs on the translation's static cache: eager's tokens. A cache object
+    of the caller's (dynamic or static, empty or filled) is refused: it would be neither filled nor read."""
+    ns, want, *_ = readme_run
+    gen, model, ids = ns["gen"], ns["hf_model"], ns["input_ids"]
+    with torch.no_grad():
+        got = gen.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="dynamic")
+    assert torch.equal(got[:, PROMPT:], want)
+    for cache in (transformers.DynamicCache(config=model.config), transformers.StaticCache(config=model.config,
+                                                                                          max_cache_len=64)):
+        for key in ("cache", "past_key_values"):
+            with pytest.raises(InputError, match=f"generate\\({key}=.*torch.compile"):
+                _greedy_with(gen, ids, **{key: cache})
+
+
+def _greedy_with(gen, ids, **kw):
+    with torch.no_grad():
+        return gen.generate(ids, max_new_tokens=2, do_sample=False, **kw)
 
 
 def test_translate_time_refusals():
@@ -115,4 +175,18 @@ def test_flysim_generates_32_eager_tokens(family):
 
     forward.tm = step
     assert torch.equal(_greedy(gen, ids, 32), want)
-    assert len(launches) == 32 and all("scatter" in k and "gemm" in k for k in launches)
+    assert len(launches) == 32 and all("scatter" in k and "gemm" in k and "attention_fwd" in k for k in launches)
+    _same_cache(gen.translated, _eager_cache(model, ids, 32, 48), PROMPT + 31)
+
+
+@pytest.mark.slow
+def test_flysim_loaded_translation_generates_32_eager_tokens(tmp_path):
+    """Translated on the reference backend, saved, loaded to run on flysim: eager's 32 tokens and cache."""
+    model, ids = _model("qwen2"), _ids()
+    want = _greedy(model, ids, 32)
+    tm = translator.translate_for_generation(model, ids, max_cache_len=48, backend="reference").translated
+    loaded = translator.load(translator.save(tm, tmp_path / "step.pt2"), backend="flysim")
+    gen = translator.translate_for_generation(model, max_cache_len=48, translated=loaded)
+    assert torch.equal(_greedy(gen, ids, 32), want)
+    assert any("attention_fwd" in r.kernel for r in loaded.last_launches)
+    _same_cache(loaded, _eager_cache(model, ids, 32, 48), PROMPT + 31)

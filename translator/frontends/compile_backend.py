@@ -252,7 +252,7 @@ class _Frozen(torch.nn.Module):
 
     def __init__(self, gm, args, kinds: list[str], frozen: dict):
         super().__init__()
-        self.graph_module = gm
+        self.graph_module = _floats_baked(gm, {i: float(x) for i, (x, k) in enumerate(zip(args, kinds)) if k == "float"})
         self._slots = []  # per graph input: ("user", k) | ("const", attribute name) | ("int", value)
         n_user = 0
         for i, (x, kind) in enumerate(zip(args, kinds)):
@@ -263,7 +263,7 @@ class _Frozen(torch.nn.Module):
                 else:
                     self.register_buffer(name, frozen[i] if kind == "const" else x)
                 self._slots.append(("const", name))
-            elif kind == "scalar":
+            elif kind in ("scalar", "float"):
                 self._slots.append(("int", x))
             else:
                 self._slots.append(("user", n_user))
@@ -272,6 +272,32 @@ class _Frozen(torch.nn.Module):
     def forward(self, *user):
         args = [user[v] if kind == "user" else getattr(self, v) if kind == "const" else v for kind, v in self._slots]
         return self.graph_module(*args)
+
+
+def _item_only(gm, i, x) -> bool:
+    """Input i is a Python float dynamo passes as a 0-d tensor (dynamic=True: an RMSNorm's eps, an
+    attention's scaling), read only through `.item()`."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 0 and x.is_floating_point() and x.device.type == "cpu"):
+        return False
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"][i]
+    return bool(ph.users) and all(u.op == "call_method" and u.target == "item" for u in ph.users)
+
+
+def _floats_baked(gm, values: dict):
+    """A copy of gm whose `.item()` of the float inputs `values` ({input index: value}) are those numbers:
+    torch.export cannot guard on an unbacked float (SDPA's scale), and the translation is keyed on them."""
+    if not values:
+        return gm
+    import copy
+
+    out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    phs = [n for n in out.graph.nodes if n.op == "placeholder"]
+    for i, v in values.items():
+        for u in list(phs[i].users):
+            u.replace_all_uses_with(v)
+            out.graph.erase_node(u)
+    out.recompile()
+    return out
 
 
 class _WeightSet:
@@ -298,12 +324,12 @@ def _options(options) -> dict:
 
 
 def _kinds(gm, example_inputs) -> list[str]:
-    """Per dynamo input: scalar | const (a weight, frozen) | state (a module buffer the graph writes:
+    """Per dynamo input: scalar | float (a 0-d tensor only `.item()`ed: baked, keyed like a scalar) | const (a weight, frozen) | state (a module buffer the graph writes:
     the user's own tensor; every buffer when the writes cannot be found) | user (passed at each
     call: a tensor the caller passes, such as HF's StaticCache tensors, is written where it is).
     A written parameter is refused."""
-    kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else "user"
-             for i, x in enumerate(example_inputs)]
+    kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else
+             "float" if _item_only(gm, i, x) else "user" for i, x in enumerate(example_inputs)]
     written = _written_inputs(gm, example_inputs)
     if written is None:  # unknown: no buffer is frozen (a write to a private copy would be lost)
         written = {i for i, (x, k) in enumerate(zip(example_inputs, kinds))
@@ -366,7 +392,8 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         return gm(*(frozen[i] if i in frozen else a for i, a in enumerate(args)))
 
     def split(args):
-        return ([a for a, k in zip(args, kinds) if k == "user"], tuple(a for a, k in zip(args, kinds) if k == "scalar"))
+        return ([a for a, k in zip(args, kinds) if k == "user"],
+                tuple(a if k == "scalar" else float(a) for a, k in zip(args, kinds) if k in ("scalar", "float")))
 
     def rebind(args):
         """The user replaced a state buffer object: the translations write the new one."""

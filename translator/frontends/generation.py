@@ -19,12 +19,24 @@ the cache object it makes is not read (the translation holds the cache). Every s
 are the cache slots written, as in HF's static cache, so a new `generate` call simply starts over
 at position 0 (later slots are masked by the causal mask until they are written again).
 
+The translation saves and loads as any other (`translator.save(gen.translated, path)`); after
+`tm = translator.load(path)`, `translate_for_generation(model, max_cache_len=..., translated=tm)` makes
+the generating model on it without translating again (the cache shape must match; the archive holds
+the cache as it was at save time, and a generate call starts over at position 0).
+
+Each layer's attention takes its causal mask as the step's positions (`q_pos`, read on the device): the
+recipe builds HF's mask from the positions in the graph, with no attention_mask (attention_cache.py).
+
 Refused with an InputError, never run wrongly:
 - a model that is not an HF causal LM or cannot take a static cache;
 - sliding-window attention with max_cache_len beyond the window (the recipe replaces those layers
   by plain static ones: positions past the window would attend where the model would not);
 - at run time: another batch size than the translation's, positions past max_cache_len, or an
-  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to).
+  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to);
+- a cache object passed to generate (`cache=` / `past_key_values=`, a DynamicCache or a StaticCache): the
+  translation would neither fill it nor read what it holds (a cache filled before would make generate feed
+  only the new tokens to a translation that never saw the prompt). `cache_implementation="dynamic"` is
+  served by the translation's static cache: the same tokens (generate's own cache object is not read).
 """
 
 from __future__ import annotations
@@ -73,24 +85,76 @@ def _check_model(model, max_cache_len: int) -> None:
 
 
 def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, max_cache_len: int,
-                             batch_size: int = 1, **translate_kwargs):
+                             batch_size: int = 1, translated=None, **translate_kwargs):
     """An HF causal LM whose `generate()` runs on the translated model with a static KV cache (see the
     module notes). `example_ids` [batch_size, S] (default: 4 zeros per row) is the capture's prompt;
-    `translate_kwargs` go to translate() (backend, arch, precision, verify, ...)."""
+    `translate_kwargs` go to translate() (backend, arch, precision, verify, ...). `translated`: a
+    translation of this step made before (`translator.load` of a saved `gen.translated`), used as it is."""
     from ..api import translate
 
     _check_model(model, max_cache_len)
-    ids = example_ids if example_ids is not None else torch.zeros(batch_size, 4, dtype=torch.long)
-    if ids.dim() != 2 or ids.shape[0] != batch_size:
-        raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
-    step = StaticCacheStep(model, batch_size, max_cache_len)
-    tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
+    if translated is not None:
+        if example_ids is not None or translate_kwargs:
+            raise InputError("translated= is a finished translation: pass no example_ids or translate() options "
+                             f"with it (got {sorted(translate_kwargs) or 'example_ids'})")
+        tm = translated
+        _check_caches(tm, batch_size, max_cache_len)
+    else:
+        ids = example_ids if example_ids is not None else torch.zeros(batch_size, 4, dtype=torch.long)
+        if ids.dim() != 2 or ids.shape[0] != batch_size:
+            raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
+        step = StaticCacheStep(model, batch_size, max_cache_len)
+        tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
     gen = copy.copy(model)  # shallow: the user's parameters and modules, the user's object untouched
     for d in ("_parameters", "_buffers", "_modules"):  # its own dicts: nothing set on gen reaches the user's model
         object.__setattr__(gen, d, dict(getattr(model, d)))
     object.__setattr__(gen, "forward", _Forward(tm, batch_size, max_cache_len))
+    object.__setattr__(gen, "generate", _Generate(gen.generate))
     object.__setattr__(gen, "translated", tm)  # not a submodule: gen's state_dict stays the model's
     return gen
+
+
+def cache_tensors(tm) -> list[torch.Tensor]:
+    """The KV cache tensors of a generation step's translation, in the graph's order (layer 0's keys,
+    its values, layer 1's ...): the [B, Hkv, max_cache_len, D] tensors its cache writes store into."""
+    from functools import reduce
+
+    out = []
+    for n in tm.gm.graph.nodes:
+        if n.op == "call_function" and "cache_write" in str(n.target) and n.args[0].op == "get_attr":
+            t = reduce(getattr, n.args[0].target.split("."), tm.gm)
+            if t.dim() == 4 and not any(t is o for o in out):
+                out.append(t)
+    return out
+
+
+def _check_caches(tm, batch: int, max_len: int) -> None:
+    caches = cache_tensors(tm) if hasattr(tm, "gm") else []
+    if not caches:
+        raise InputError(f"translated= takes the translation of a generation step (translator.load of a saved "
+                         f"translate_for_generation(...).translated); {type(tm).__name__} writes no KV cache")
+    shape = tuple(caches[0].shape)
+    if shape[0] != batch or shape[2] != max_len:
+        raise InputError(f"the translation's cache is [batch={shape[0]}, heads, max_cache_len={shape[2]}, head_dim]; "
+                         f"call translate_for_generation(..., batch_size={shape[0]}, max_cache_len={shape[2]}, "
+                         "translated=...)")
+
+
+class _Generate:
+    """The generating model's generate: refuses a cache object of the caller's (module notes)."""
+
+    def __init__(self, generate):
+        self.generate = generate
+
+    def __call__(self, *args, **kwargs):
+        for key in ("cache", "past_key_values"):
+            if kwargs.get(key) is not None:
+                raise InputError(f"generate({key}={type(kwargs[key]).__name__}(...)): the translated model holds its own "
+                                 "static KV cache (translate_for_generation's max_cache_len) and would neither fill nor "
+                                 f"read yours; call generate without {key}=, or, to generate on a cache object of your "
+                                 "own (StaticCache or DynamicCache), run model.forward = torch.compile(model.forward, "
+                                 "backend='flydsl') instead")
+        return self.generate(*args, **kwargs)
 
 
 class _Forward:

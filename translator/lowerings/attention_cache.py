@@ -16,6 +16,19 @@ host, so the step stays capturable in a HIP graph.
 Proved, not assumed: the buffer is a translate-time constant whose every plane is tril
 (attention_forms.is_tril, bool: SDPA's keep-mask), the gather indexes its row dim with a 1-D
 integer tensor and leaves the key dim whole (or sliced from 0), and the key dim is the keys'.
+Written as HF transformers builds it in forward (masking_utils' sdpa mask, no padding mask: the
+static-cache step of translate_for_generation, attention_mask=None), the same mask is computed:
+
+    kv = arange(S_max) + 0                     # [1, 1, 1, S_max] after unsqueezes
+    q = cache_position-derived positions       # [1, 1, Sq, 1]
+    mask = (kv <= q).expand(B, -1, Sq, S_max)  # Mistral: & (kv > q - window) & new_ones(.., bool)
+
+Its every element is `k <= pos[i]` by construction, whatever `pos` holds at run time, so it is
+`q_pos = pos` (`computed_positions`). Terms that `and` in are accepted only where they keep every
+key of the cache: a 0-dim True (HF's `new_ones`), and a sliding window `kv > q - w` with
+w >= S_max (a query inside the cache, q < S_max, keeps every key k >= 0 > q - w; a position past
+the cache is an IndexError of the cache write before it). A window shorter than the cache, a
+padding mask (a gather of the user's attention_mask), any other term or form keeps the mask.
 Anything else keeps its mask tensor.
 """
 
@@ -23,8 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import arg, aten, dtype_of, is_call, shape_of
-from .attention_forms import is_tril, node_int
+from ..graph import arg, aten, dtype_of, is_call, shape_of, static_int
+from .attention_forms import full_slice, is_tril, node_int
 
 
 def _strip_unsqueeze(n, chain):
@@ -35,10 +48,19 @@ def _strip_unsqueeze(n, chain):
 
 
 def cache_positions(mask, keys, ctx, chain):
-    """pos (a 1-D int node) when `mask` is tril_buffer[None, None, pos] over the keys of `keys`
-    ([B, Hkv, Sk, D]), else None; the nodes of the mask's chain are appended to `chain`."""
+    """pos (a 1-D int node) when `mask` is tril_buffer[None, None, pos] or the mask HF computes from
+    the positions (module notes) over the keys of `keys` ([B, Hkv, Sk, D]), else None; the nodes of
+    the mask's chain are appended to `chain`."""
     if mask is None or dtype_of(mask) != torch.bool or len(shape_of(mask) or ()) != 4:
         return None
+    if str(shape_of(mask)[-1]) != str(shape_of(keys)[-2]):
+        return None
+    pos = computed_positions(mask, keys, chain)
+    return pos if pos is not None else _tril_positions(mask, ctx, chain)
+
+
+def _tril_positions(mask, ctx, chain):
+    """pos when `mask` is tril_buffer[None, None, pos] (the key dim checked by the caller)."""
     seen = []
     n = mask
     while is_call(n, aten.slice.Tensor):  # mask[..., :Sk]
@@ -62,7 +84,114 @@ def cache_positions(mask, keys, ctx, chain):
     buf = ctx.constant(base)
     if buf is None or buf.dtype != torch.bool or buf.dim() != 2 or buf.shape[0] != buf.shape[1] or not is_tril(buf):
         return None
-    if str(shape_of(mask)[-1]) != str(shape_of(keys)[-2]):
+    chain += seen
+    return pos
+
+
+# --- the mask HF computes in forward ------------------------------------------------------------
+
+_AND = (aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default)
+_CASTS = (aten.to.dtype_layout, aten.to.dtype, aten._to_copy.default)
+_TRUE = (aten.new_ones.default, aten.ones.default)
+
+
+def _strip(n, seen, ops):
+    """Skip unsqueezes and full slices ("view" in ops) or bool-to-bool casts ("cast" in ops)."""
+    while True:
+        view = is_call(n, aten.unsqueeze.default) or is_call(n, aten.slice.Tensor) and full_slice(n)
+        cast = is_call(n, *_CASTS) and dtype_of(n) == torch.bool == dtype_of(arg(n, "self"))
+        if not (view and "view" in ops or cast and "cast" in ops):
+            return n
+        seen.append(n)
+        n = arg(n, "self")
+
+
+def _ones_but(n, dim: int) -> bool:
+    """n's shape is all 1 but (maybe) at `dim`."""
+    shape = shape_of(n)
+    return shape is not None and all(str(d) == "1" for i, d in enumerate(shape) if i != dim % len(shape))
+
+
+def _key_index(n, sk, seen) -> bool:
+    """n is arange(Sk) (from 0, step 1, maybe `+ 0`) laid along the last dim: key k's index is k."""
+    if not _ones_but(n, -1):
+        return False
+    x = _strip(n, seen, ("view",))
+    if is_call(x, aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar) and \
+            node_int(arg(x, "other")) == 0:  # HF's kv_offset, 0 for a static cache
+        seen.append(x)
+        x = arg(x, "self")
+    start = 0 if is_call(x, aten.arange.default) else arg(x, "start") if is_call(x, aten.arange.start) else None
+    if node_int(start) != 0 or len(shape_of(x) or ()) != 1 or str(shape_of(x)[0]) != str(sk):
+        return False
+    seen.append(x)
+    return True
+
+
+def _query_positions(n, seen):
+    """The 1-D integer tensor that n lays along dim -2 (query rows) with every other dim 1, else None."""
+    if not _ones_but(n, -2) or len(shape_of(n)) < 2:
+        return None
+    x = _strip(n, seen, ("view",))
+    if len(shape_of(x) or ()) != 1 or dtype_of(x) not in (torch.int32, torch.int64):
+        return None
+    return x
+
+
+def _terms(n, seen, out):
+    """The operands of a tree of `and`s (through bool casts)."""
+    n = _strip(n, seen, ("cast",))
+    if is_call(n, *_AND):
+        seen.append(n)
+        _terms(arg(n, "self"), seen, out)
+        _terms(arg(n, "other"), seen, out)
+    else:
+        out.append(n)
+    return out
+
+
+def _always_true(t) -> bool:
+    return is_call(t, *_TRUE) and dtype_of(t) == torch.bool and len(shape_of(t) or ()) == 0
+
+
+def _window_keeps_all(t, pos, sk, seen) -> bool:
+    """t is `kv > q - w` (or `q - w < kv`) over the same positions, with w >= Sk: true for every key."""
+    a, b = (arg(t, "self"), arg(t, "other")) if is_call(t, aten.gt.Tensor) else \
+        (arg(t, "other"), arg(t, "self")) if is_call(t, aten.lt.Tensor) else (None, None)
+    if a is None or not is_call(b, aten.sub.Tensor, aten.sub.Scalar) or arg(b, "alpha", 1) != 1:
+        return False
+    w, sk = node_int(arg(b, "other")), static_int(sk)
+    mine = []
+    if w is None or sk is None or w < sk or not _key_index(a, sk, mine) or _query_positions(arg(b, "self"), mine) is not pos:
+        return False
+    seen += [t, b, *mine]
+    return True
+
+
+def computed_positions(mask, keys, chain):
+    """pos when `mask` is HF's causal mask computed from the positions `pos` over `keys`' Sk cache
+    slots (module notes), else None; the mask's nodes are appended to `chain`."""
+    seen = []
+    n = mask
+    if is_call(n, aten.expand.default):
+        seen.append(n)
+        n = arg(n, "self")
+    sk = shape_of(keys)[-2]
+    pos, rest = None, []
+    for t in _terms(n, seen, []):
+        if _always_true(t):
+            seen.append(t)
+            continue
+        if not is_call(t, aten.le.Tensor, aten.ge.Tensor):
+            rest.append(t)
+            continue
+        kv, q = (arg(t, "self"), arg(t, "other")) if is_call(t, aten.le.Tensor) else (arg(t, "other"), arg(t, "self"))
+        p = _query_positions(q, seen)
+        if p is None or (pos is not None and p is not pos) or not _key_index(kv, sk, seen):
+            return None
+        pos = p
+        seen.append(t)
+    if pos is None or not all(_window_keeps_all(t, pos, sk, seen) for t in rest):
         return None
     chain += seen
     return pos

@@ -51,14 +51,14 @@ def node_int(a):
     return a if isinstance(a, int) and not isinstance(a, bool) else None
 
 
-def _full_slice(n) -> bool:
+def full_slice(n) -> bool:
     start = 0 if arg(n, "start") is None else node_int(arg(n, "start"))
     end, step = arg(n, "end"), arg(n, "step")
     return start == 0 and (end is None or (isinstance(end, int) and end >= 2**62)) and step == 1
 
 
 def _skip_full_slices(n, chain):
-    while is_call(n, aten.slice.Tensor) and _full_slice(n):
+    while is_call(n, aten.slice.Tensor) and full_slice(n):
         chain.append(n)
         n = arg(n, "self")
     return n
