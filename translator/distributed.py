@@ -101,7 +101,7 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
     captures. Any other DTensor use is refused (check_no_dtensor's error). The user's model is not changed."""
     import copy
 
-    if "torch.distributed.tensor" not in sys.modules or not any(
+    if not isinstance(model, torch.nn.Module) or "torch.distributed.tensor" not in sys.modules or not any(
             _is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
         return model, []
     plan = {}

@@ -121,10 +121,20 @@ def cache_tensors(tm) -> list[torch.Tensor]:
 
     out = []
     for n in tm.gm.graph.nodes:
-        if n.op == "call_function" and "cache_write" in str(n.target) and n.args[0].op == "get_attr":
-            t = reduce(getattr, n.args[0].target.split("."), tm.gm)
-            if t.dim() == 4 and not any(t is o for o in out):
-                out.append(t)
+        if n.op != "call_function":
+            continue
+        if "cache_write" in str(n.target):
+            dests = [n.args[0]]
+        elif str(n.target).startswith("flydsl.rope"):  # the fused RoPE + K/V cache write: kc (4), vc (7)
+            dests = [n.args[4] if len(n.args) > 4 else n.kwargs.get("kc"),
+                     n.args[7] if len(n.args) > 7 else n.kwargs.get("vc")]
+        else:
+            continue
+        for d in dests:
+            if isinstance(d, torch.fx.Node) and d.op == "get_attr":
+                t = reduce(getattr, d.target.split("."), tm.gm)
+                if t.dim() == 4 and not any(t is o for o in out):
+                    out.append(t)
     return out
 
 
