@@ -201,6 +201,10 @@ class TranslatedModule(torch.nn.Module):
             # acquired in one line and released in `finally`, as in runtime.use_backend (a Ctrl-C on a
             # `with lock:` line can skip its __exit__)
             held = runtime.EXECUTION_LOCK.acquire() if self.backend != "reference" else False
+            # one `with` for three contexts, in this order: the line event CPython runs on the `with` line
+            # before the exits comes inside the handlers of all but the innermost, so an interrupt there
+            # skips only record_kernels' exit, a generator closed (its `finally` run) as the unwinding
+            # drops it; a class context (no_grad) placed last would stay entered (tests/kernels/test_interrupts.py)
             with no_grad, runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each
