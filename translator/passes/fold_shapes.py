@@ -72,6 +72,12 @@ class FoldedShapes(torch.nn.Module):
         self._stamp = None  # per constant the cached results were computed from: _stamp's tuple
         self.computed = 0  # how many times the region ran (once per new key)
 
+    def __getstate__(self):  # a deep copy (or pickle) has its own lock, and computes its own results
+        return {**self.__dict__, "_lock": None, "_cache": collections.OrderedDict(), "_stamp": None}
+
+    def __setstate__(self, d):
+        super().__setstate__({**d, "_lock": threading.Lock()})
+
     def forward(self, *args):
         if any(isinstance(a, torch.SymInt) or _is_fake(a) for a in args):
             return self.region(*args)  # tracing (torch.export, fake propagation): no cache
