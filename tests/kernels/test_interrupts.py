@@ -104,12 +104,19 @@ def _operands(seed=0):
     return a, w, shuffle_weight(w)
 
 
-def _locks_held():
-    """Which of the host path's locks this thread still holds."""
+def _locks_held(tm=None):
+    """Which of the host path's locks this thread still holds (and of `tm`'s folded shape region)."""
+    folded = _folded_lock(tm)
     return [name for name, held in (("runtime.EXECUTION_LOCK", runtime.EXECUTION_LOCK._is_owned()),
                                     ("launch._LOCK", kl._LOCK._is_owned()), ("replay._LOCK", replay._LOCK.locked()),
-                                    ("fastpath._LOCK", fastpath._LOCK.locked()))
+                                    ("fastpath._LOCK", fastpath._LOCK.locked()),
+                                    ("folded._lock", folded is not None and folded.locked()))
             if held]
+
+
+def _folded_lock(tm):
+    region = getattr(getattr(tm, "gm", None), "_flydsl_folded_0", None)
+    return region._lock if region is not None else None
 
 
 @pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each-step", "every-line"])
@@ -156,19 +163,32 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage, every):
 
 # a translated module's call on top: its forward (grad mode, backend, kernel recorder, the execution
 # lock) and the fast forward's build (fastpath._LOCK)
-WATCHED_CALL = WATCHED | {"translator.translated", "translator.runtime.fastpath", "translator_kernels.codegen.host"}
+WATCHED_CALL = WATCHED | {"translator.translated", "translator.runtime.fastpath", "translator_kernels.codegen.host",
+                          "translator.passes.fold_shapes"}
+
+
+class _Folded(torch.nn.Module):
+    """A shape-only region (positions from the input's size: folded, its cache behind a lock) before the GEMM."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(256, 48)
+
+    def forward(self, x):
+        return self.lin(x * torch.arange(x.shape[0], dtype=x.dtype).unsqueeze(-1).cos())
 
 
 @pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each-step", "every-line"])
-@pytest.mark.parametrize("built", [True, False], ids=["fast-forward-built", "fast-forward-cached"])
-def test_an_interrupt_in_a_translated_call_leaves_no_state(built, every):
+@pytest.mark.parametrize("built,folded", [(True, False), (False, True), pytest.param(False, False, marks=pytest.mark.slow)],
+                         ids=["fast-forward-built", "folded-region", "fast-forward-cached"])  # cached: folded-region's too
+def test_an_interrupt_in_a_translated_call_leaves_no_state(built, folded, every):
     """TranslatedModule.forward on the rocm host path (device calls recorded), interrupted at each step
-    of its own lines, the fast forward's build (`built`: the fast forward made in the call) and the
-    GEMM's host path below them."""
+    of its own lines, the fast forward's build (`built`: the fast forward made in the call), a folded
+    shape region's cache (`folded`) and the kernels' host path below them."""
     from translator import translate
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(256, 48).eval()
+    model = (_Folded() if folded else torch.nn.Linear(256, 48)).eval()
     x = torch.randn(3, 256)
     tm = translate(model, (x,), backend="reference", verify=False)
     tm.backend = "rocm"
@@ -193,7 +213,7 @@ def test_an_interrupt_in_a_translated_call_leaves_no_state(built, every):
     want = call()
     setup()
     counter = _Interrupt(watched=WATCHED_CALL)
-    assert call(counter) == want == [("gemm", want[0][1])]
+    assert call(counter) == want and [n for n, _ in want] == ["elementwise"] * folded + ["gemm"]
     for at in range(1, counter.lines + 1) if every else counter.steps:
         setup()
         hook = _Interrupt(at, WATCHED_CALL)
@@ -206,9 +226,10 @@ def test_an_interrupt_in_a_translated_call_leaves_no_state(built, every):
             kept = e
         assert hook.where is not None, f"line {at} of the counted call was not reached"
         assert _state() == before, f"an interrupt in {hook.where} left thread state, grad mode or the environment behind"
-        held = _locks_held()
-        if "fastpath._LOCK" in held:  # not re-entrant: released, so that a failure here hangs no later test
-            fastpath._LOCK.release()
+        held = _locks_held(tm)
+        for name, lock in (("fastpath._LOCK", fastpath._LOCK), ("folded._lock", _folded_lock(tm))):
+            if name in held:  # not re-entrant: released, so that a failure here hangs no later call or test
+                lock.release()
         assert held == [], f"an interrupt in {hook.where} left {held} held"
         assert torch._C._len_torch_dispatch_stack() == 0, f"an interrupt in {hook.where} left a dispatch mode on"
         assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"

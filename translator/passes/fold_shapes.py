@@ -50,6 +50,7 @@ import threading
 import weakref
 
 import torch
+from translator_kernels.launch import locked
 
 from ..aliases import shape_only_nodes
 from ..graph import META_ONLY as _META_ONLY
@@ -84,24 +85,30 @@ class FoldedShapes(torch.nn.Module):
         n_in = len(args) - self.n_constants
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args[:n_in])
         constants = (*args[n_in:], *self._constants())
-        with self._lock:
-            if not _same(self._stamp, constants):  # a parameter / buffer the region reads changed: recompute
-                self._cache.clear()
-                self._stamp = [_stamp(t) for t in constants]
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        hit = locked(self._lock, self._lookup, key, constants)  # not `with self._lock:` (see locked)
+        if hit is not None:
+            return hit
         from ..runtime import current, use_backend
 
         with use_backend("reference", current().arch):  # FlyDSL ops folded in run their torch reference
             out = tuple(self.region(*args))
-        with self._lock:
-            self.computed += 1
-            self._cache[key] = out
-            while len(self._cache) > CACHE_ENTRIES:
-                self._cache.popitem(last=False)
+        locked(self._lock, self._keep, key, out)
         return out
+
+    def _lookup(self, key, constants):
+        if not _same(self._stamp, constants):  # a parameter / buffer the region reads changed: recompute
+            self._cache.clear()
+            self._stamp = [_stamp(t) for t in constants]
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+        return hit
+
+    def _keep(self, key, out):
+        self.computed += 1
+        self._cache[key] = out
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
 
     def _constants(self):
         """Parameters and buffers the region holds itself (a region folded before constants were
