@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import translator.lowerings.gemm as lgemm
+from translator.tolerances import op_tol
 from translator_kernels.gemm.preshuffle import shuffle_weight
 
 
@@ -32,5 +33,5 @@ def test_blocks_of_rows_give_the_whole_weight_math(made, monkeypatch):
     got = lgemm.ref_gemm(a, arg, n, k, bias, "gelu", res, 0.5)
     assert got.dtype == torch.bfloat16 and got.shape == (2, 5, n)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    torch.testing.assert_close(got.float(), (torch.nn.functional.gelu(whole) + res.float()).bfloat16().float(),
-                               rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, (torch.nn.functional.gelu(whole) + res.float()).bfloat16(),
+                               **op_tol(torch.bfloat16, "gemm", reduction_length=k))
