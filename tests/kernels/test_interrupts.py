@@ -12,8 +12,9 @@ does not protect: hence no `with lock:` / `with mode:` on this path), the next t
 (a plan built or replayed) record the same device calls, and at the end the GEMM under flysim equals torch.
 
 The same for a translated module's call on the rocm host path: TranslatedModule.forward (grad mode,
-backend, the generated-kernel recorder, the execution lock) and the build of its fast forward
-(runtime.fastpath's lock), with the interrupt kept alive as Python's REPL keeps the last one.
+backend, the generated-kernel recorder, the execution lock), the build of its fast forward
+(runtime.fastpath's lock) and a folded shape region's cache (its lock), with the interrupt kept
+alive as Python's REPL keeps the last one.
 """
 
 import ast
