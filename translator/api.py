@@ -21,6 +21,7 @@ round adds at least one captured node to the denied set, so the loop ends.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 import torch
@@ -177,6 +178,15 @@ def _translate(model, example_inputs, *, arch, backend, precision, verify, stric
     return tm
 
 
+def _waited(out):
+    """`out` with each functional collective's result waited (`AsyncCollectiveTensor.wait()`): one never read
+    (translate(verify=False) does not read eager's output) is reported by torch when the process ends."""
+    funcol = sys.modules.get("torch.distributed._functional_collectives")  # not imported: no collective ran
+    if funcol is None:
+        return out
+    return pytree.tree_map_only(funcol.AsyncCollectiveTensor, lambda t: t.wait(), out)
+
+
 def _fresh(inputs) -> tuple:
     """Private copies of the example inputs for one internal run: a model that writes an input in
     place (`x.mul_(2)`) must change neither the user's tensors nor what the next run is given."""
@@ -193,7 +203,7 @@ def _eager(model, inputs):
     """The model's eager output on the example inputs, its buffers left as they were."""
     try:
         with torch.no_grad(), preserved(model):
-            return model(*inputs)
+            return _waited(model(*inputs))
     except InputError:
         raise
     except Exception as e:

@@ -34,8 +34,8 @@ in forward (a step counter, running statistics, a cache) would be advanced by ea
   (`p.data.copy_(w)`: `.data` is a tensor with a version counter of its own, so nothing short of
   reading the data would see it; `refresh_prepared(gm, force=True)`, which the public
   `tm.refresh_weights()` calls, rebuilds every copy). The
-  table is weak-keyed by gm: nothing is pickled or deep-copied with it (a loaded or copied module
-  owns its weights).
+  table is weak-keyed by gm: nothing is pickled with it (a loaded module owns its weights); a deep
+  copy of the translated module gets a table of its own over the copied weights (`deep_copy`).
 - **Lazy prepared weights** (`lazy`, `natural`, `settle`): a prepared copy of every GEMM weight is
   a second copy of the model (1x its bytes: 4 GB for a 1.1 B fp32 Llama), and it is only ever
   read by a FlyDSL kernel. So a lowering may register the copy without making it (`add_constant(None,
@@ -195,6 +195,34 @@ def settle(gm: torch.fx.GraphModule, backend: str) -> int:
         materialize(gm)
         return 0
     return len(lazy)
+
+
+def deep_copy(gm: torch.fx.GraphModule, memo: dict, copy_all):
+    """`copy_all()` (a deep copy of what holds gm, through `memo`), with gm's copy given the prepared table
+    of gm, each entry's sources the copied weights (through the memo). A source that is a view of a
+    weight (GPT-2's Conv1D `weight.t()`) is copied as the same view of the copied weight, so a write to
+    that weight moves what refresh_prepared compares. An entry stale in gm (a source written since its
+    last forward) is stale in the copy: its next forward remakes it. Returns copy_all()'s result."""
+    import copy
+
+    table = _PREPARED.get(gm)
+    with torch.no_grad():
+        for s in table.sources if table is not None else ():
+            if s._base is not None and id(s) not in memo:
+                memo[id(s)] = copy.deepcopy(s._base, memo).as_strided(s.size(), s.stride(), s.storage_offset())
+    out = copy_all()
+    new_gm = memo[id(gm)]
+    if table is not None:
+        new = _PREPARED[new_gm] = _Prepared()
+        for entry in table.entries:  # a lazy placeholder's entry is the same list: copied once, through the memo
+            e = copy.deepcopy(entry, memo)
+            e[3] = _stamp(e[2]) if entry[3] == _stamp(entry[2]) else None
+            new.add(e)
+    for t in new_gm.buffers():
+        if is_lazy(t):  # resolve_lazy's fast test must see the copy's placeholders too
+            key = id(t)
+            _LAZY_LIVE[key] = weakref.ref(t, lambda _r, key=key: _LAZY_LIVE.pop(key, None))
+    return out
 
 
 def sources(gm: torch.fx.GraphModule) -> list:

@@ -21,6 +21,10 @@ into an OptimizedModule does: that is what sharing means. A graph captured by
 torch.fx.symbolic_trace (from a private copy of the model) and a module loaded by translator.load
 share nothing: their state dict is the graph module's own (keys `gm.*`).
 
+Copies: `copy.deepcopy(tm)` is an independent translation (the model copied with it, its own state,
+prepared weights that follow the copied weights); pickling (`torch.save(tm)`) is refused with the
+documented path, `translator.save` / `translator.load` (a .pt2 archive, nothing pickled).
+
 This module builds nothing: translator.api makes the module and hands it the translator
 (`_share(model, captured, translate)`) that `specialize` calls again.
 """
@@ -28,11 +32,12 @@ This module builds nothing: translator.api makes the module and hands it the tra
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 
 import torch
 
-from . import runtime, weights
+from . import runtime, state, weights
 from .errors import DeviceError, DtypeError, GradError, InputError, ShapeError
 from .graph import static_int
 from .report import Report
@@ -65,6 +70,38 @@ class TranslatedModule(torch.nn.Module):
         self._flydsl_nodes = list(report.ops) if len(report.ops) == len(names) else names
         self.fast_path = True  # run FlyDSL nodes without the custom-op layers (runtime.fastpath); same results
         self.training = False  # an eval-mode forward (see train())
+
+    def __deepcopy__(self, memo):
+        """An independent translation: the model deep-copied with it (the copy shares the copied model's
+        weights as this one shares the model's), its own state (buffers the graph writes), prepared
+        weights that follow the copied weights, and a report and launch history of its own."""
+        cls = type(self)
+        new = memo[id(self)] = cls.__new__(cls)
+        d = self.__dict__
+        fresh = {"last_launches": [], "last_calls": [], "last_generated_kernels": set(), "_observed": None}
+
+        def copy_all():
+            for key, value in d.items():
+                new.__dict__[key] = fresh[key] if key in fresh else copy.deepcopy(value, memo)
+
+        state.deep_copy(self.gm, memo, copy_all)
+        model = new.__dict__.get("_model")
+        if model is not None:
+            weights.track(new.gm, model)
+        return new
+
+    def __copy__(self):
+        """A shallow copy, as for any module: the same graph module, weights and state."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __reduce_ex__(self, protocol):
+        raise InputError(
+            "a translated module is not pickled (torch.save(tm) / pickle.dumps(tm)): its graph holds "
+            "torch.export's code objects and the translation's prepared kernel weights; save it with "
+            "translator.save(tm, 'model.pt2') and read it back with translator.load('model.pt2') (or "
+            "torch.save(tm.state_dict(), ...) for the weights alone); copy.deepcopy(tm) gives an independent copy")
 
     def _apply(self, fn, recurse=True):
         """`.to()`, `.float()`...: applied to the whole model whose weights this module shares (as an
@@ -201,6 +238,10 @@ class TranslatedModule(torch.nn.Module):
             # acquired in one line and released in `finally`, as in runtime.use_backend (a Ctrl-C on a
             # `with lock:` line can skip its __exit__)
             held = runtime.EXECUTION_LOCK.acquire() if self.backend != "reference" else False
+            # one `with` for three contexts, in this order: the line event CPython runs on the `with` line
+            # before the exits comes inside the handlers of all but the innermost, so an interrupt there
+            # skips only record_kernels' exit, a generator closed (its `finally` run) as the unwinding
+            # drops it; a class context (no_grad) placed last would stay entered (tests/kernels/test_interrupts.py)
             with no_grad, runtime.use_backend(self.backend, self.arch) as st, record_kernels() as used:
                 out = self._run(args)
             d = self.__dict__  # plain attributes: nn.Module.__setattr__'s parameter checks cost ~3 us each

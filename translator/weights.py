@@ -46,7 +46,7 @@ translation: a clear error asks to convert back or translate again, on every for
 
 Not seen: a write through `.data` (`p.data.copy_(w)`: `.data` is another tensor with its own
 version counter; only reading the data would see it): `tm.refresh_weights()` re-reads everything.
-Copies of the translated module (a deep copy or a loaded one) own their weights.
+A loaded translated module owns its weights; a deep copy follows its copied model the same way.
 Per-forward cost: docs/host-overhead.md.
 """
 

@@ -10,6 +10,11 @@ replay. After each interrupt the thread state, the environment, the execution lo
 stack are as before (CPython 3.11 runs a line event on a `with` line before `__exit__`, where the with
 does not protect: hence no `with lock:` / `with mode:` on this path), the next two calls
 (a plan built or replayed) record the same device calls, and at the end the GEMM under flysim equals torch.
+
+The same for a translated module's call on the rocm host path: TranslatedModule.forward (grad mode,
+backend, the generated-kernel recorder, the execution lock), the build of its fast forward
+(runtime.fastpath's lock) and a folded shape region's cache (its lock), with the interrupt kept
+alive as Python's REPL keeps the last one.
 """
 
 import ast
@@ -21,10 +26,12 @@ import pytest
 import torch
 
 from translator import runtime
+from translator.runtime import fastpath
 from translator.runtime.stub import rocm_recorded
 from translator.tolerances import op_tol
 from translator_kernels import launch as kl
 from translator_kernels import replay
+from translator_kernels.codegen import host as codegen_host
 from translator_kernels.gemm import gemm, splitk
 from translator_kernels.gemm.preshuffle import shuffle_weight
 from translator_kernels.gemm.tiles import GemmConfig
@@ -54,16 +61,17 @@ _CLEANUP: dict = {}
 
 
 class _Interrupt:
-    """sys.settrace hook: KeyboardInterrupt at the `at`-th line run in a WATCHED module, cleanup
-    lines left out. When `at` is None it only counts, and `steps` lists the n at which each distinct
+    """sys.settrace hook: KeyboardInterrupt at the `at`-th line run in a `watched` module (default
+    WATCHED), cleanup lines left out. When `at` is None it only counts, and `steps` lists the n at which each distinct
     step (file, the frame's previous line, line) is first run: a loop's later turns repeat steps, and
     the exit of a `with` (a second event on its line, after the body's last) is a step of its own."""
 
-    def __init__(self, at=None):
+    def __init__(self, at=None, watched=WATCHED):
         self.at, self.lines, self.where, self.steps, self._seen = at, 0, None, [], set()
+        self.watched = watched
 
     def __call__(self, frame, event, arg):
-        if frame.f_globals.get("__name__") not in WATCHED:
+        if frame.f_globals.get("__name__") not in self.watched:
             return None
         prev = None
 
@@ -87,7 +95,8 @@ class _Interrupt:
 def _state():
     env = {k: os.environ.get(k) for k in ("COMPILE_ONLY", "ARCH", "FLYDSL_GPU_ARCH", "ROCM_PATH")}
     return (getattr(kl._local, "mode", None), getattr(kl._local, "log", None), getattr(kl._local, "replay_rec", None),
-            list(getattr(runtime._state, "stack", None) or []), env)
+            list(getattr(runtime._state, "stack", None) or []), env, torch.is_grad_enabled(),
+            list(getattr(codegen_host._RECORDERS, "stack", None) or []))
 
 
 def _operands(seed=0):
@@ -96,11 +105,19 @@ def _operands(seed=0):
     return a, w, shuffle_weight(w)
 
 
-def _locks_held():
-    """Which of the host path's locks this thread still holds."""
+def _locks_held(tm=None):
+    """Which of the host path's locks this thread still holds (and of `tm`'s folded shape region)."""
+    folded = _folded_lock(tm)
     return [name for name, held in (("runtime.EXECUTION_LOCK", runtime.EXECUTION_LOCK._is_owned()),
-                                    ("launch._LOCK", kl._LOCK._is_owned()), ("replay._LOCK", replay._LOCK.locked()))
+                                    ("launch._LOCK", kl._LOCK._is_owned()), ("replay._LOCK", replay._LOCK.locked()),
+                                    ("fastpath._LOCK", fastpath._LOCK.locked()),
+                                    ("folded._lock", folded is not None and folded.locked()))
             if held]
+
+
+def _folded_lock(tm):
+    region = getattr(getattr(tm, "gm", None), "_flydsl_folded_0", None)
+    return region._lock if region is not None else None
 
 
 @pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each-step", "every-line"])
@@ -142,6 +159,82 @@ def test_an_interrupt_at_any_line_leaves_no_state(stage, every):
         assert _locks_held() == [], f"an interrupt in {hook.where} left a lock held"
         assert torch._C._len_torch_dispatch_stack() == 0, f"an interrupt in {hook.where} left a dispatch mode on"
         assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"
+    replay.clear_replays()
+
+
+# a translated module's call on top: its forward (grad mode, backend, kernel recorder, the execution
+# lock) and the fast forward's build (fastpath._LOCK)
+WATCHED_CALL = WATCHED | {"translator.translated", "translator.runtime.fastpath", "translator_kernels.codegen.host",
+                          "translator.passes.fold_shapes"}
+
+
+class _Folded(torch.nn.Module):
+    """A shape-only region (positions from the input's size: folded, its cache behind a lock) before the GEMM."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(256, 48)
+
+    def forward(self, x):
+        return self.lin(x * torch.arange(x.shape[0], dtype=x.dtype).unsqueeze(-1).cos())
+
+
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each-step", "every-line"])
+@pytest.mark.parametrize("built,folded", [(True, False), (False, True), pytest.param(False, False, marks=pytest.mark.slow)],
+                         ids=["fast-forward-built", "folded-region", "fast-forward-cached"])  # cached: folded-region's too
+def test_an_interrupt_in_a_translated_call_leaves_no_state(built, folded, every):
+    """TranslatedModule.forward on the rocm host path (device calls recorded), interrupted at each step
+    of its own lines, the fast forward's build (`built`: the fast forward made in the call), a folded
+    shape region's cache (`folded`) and the kernels' host path below them."""
+    from translator import translate
+
+    torch.manual_seed(0)
+    model = (_Folded() if folded else torch.nn.Linear(256, 48)).eval()
+    x = torch.randn(3, 256)
+    tm = translate(model, (x,), backend="reference", verify=False)
+    tm.backend = "rocm"
+
+    def call(hook=None):
+        if built:
+            fastpath._FAST.pop(tm.gm, None)
+        with rocm_recorded(ARCH) as rec:
+            sys.settrace(hook)
+            try:
+                tm(x)
+            finally:
+                sys.settrace(None)
+        return list(rec)
+
+    def setup():  # the GEMM's per-call replay recorded: every counted call takes the same lines
+        replay.clear_replays()
+        call()
+        call()
+
+    before = _state()
+    want = call()
+    setup()
+    counter = _Interrupt(watched=WATCHED_CALL)
+    assert call(counter) == want and [n for n, _ in want] == ["elementwise"] * folded + ["gemm"]
+    for at in range(1, counter.lines + 1) if every else counter.steps:
+        setup()
+        hook = _Interrupt(at, WATCHED_CALL)
+        kept = None
+        try:
+            call(hook)
+        except KeyboardInterrupt as e:
+            # kept, as Python's REPL keeps the last one (sys.last_exc): its frames keep a context manager
+            # that was entered and never exited alive, which would otherwise close it when collected
+            kept = e
+        assert hook.where is not None, f"line {at} of the counted call was not reached"
+        assert _state() == before, f"an interrupt in {hook.where} left thread state, grad mode or the environment behind"
+        held = _locks_held(tm)
+        for name, lock in (("fastpath._LOCK", fastpath._LOCK), ("folded._lock", _folded_lock(tm))):
+            if name in held:  # not re-entrant: released, so that a failure here hangs no later call or test
+                lock.release()
+        assert held == [], f"an interrupt in {hook.where} left {held} held"
+        assert torch._C._len_torch_dispatch_stack() == 0, f"an interrupt in {hook.where} left a dispatch mode on"
+        assert [call() for _ in range(2)] == [want] * 2, f"after an interrupt in {hook.where}"
+        del kept
     replay.clear_replays()
 
 

@@ -56,10 +56,22 @@ def _(a, b):
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
 
 
+# fp32 bytes of a low-precision weight the reference widens at a time: a whole LM head widened at once is a
+# fresh buffer (131 MB at 0.3 B), whose page faults cost more than its multiply (docs/verification.md)
+WIDEN_BYTES = 8 << 20
+
+
 def ref_gemm(a, w, n, k, bias, activation, residual, scale):
     wt = natural(w)  # a lazy prepared weight (state.settle): W itself, no copy to undo
-    wt = (unshuffle_weight(w, n, k) if wt is None else wt).float()
-    y = (a.float() @ wt.t()) * scale
+    wt = unshuffle_weight(w, n, k) if wt is None else wt
+    x, rows = a.float(), max(1, WIDEN_BYTES // (4 * k))
+    if wt.dtype == torch.float32 or n <= rows:
+        y = x @ wt.float().t()
+    else:  # widened a block of rows at a time, into one fp32 output
+        y = x.new_empty((*x.shape[:-1], n))
+        for i in range(0, n, rows):
+            y[..., i:i + rows] = x @ wt[i:i + rows].float().t()
+    y = y * scale
     if bias is not None:
         y = y + bias.float()
     y = apply_epilogue_torch(y, activation)

@@ -50,6 +50,7 @@ import threading
 import weakref
 
 import torch
+from translator_kernels.launch import locked
 
 from ..aliases import shape_only_nodes
 from ..graph import META_ONLY as _META_ONLY
@@ -72,30 +73,42 @@ class FoldedShapes(torch.nn.Module):
         self._stamp = None  # per constant the cached results were computed from: _stamp's tuple
         self.computed = 0  # how many times the region ran (once per new key)
 
+    def __getstate__(self):  # a deep copy (or pickle) has its own lock, and computes its own results
+        return {**self.__dict__, "_lock": None, "_cache": collections.OrderedDict(), "_stamp": None}
+
+    def __setstate__(self, d):
+        super().__setstate__({**d, "_lock": threading.Lock()})
+
     def forward(self, *args):
         if any(isinstance(a, torch.SymInt) or _is_fake(a) for a in args):
             return self.region(*args)  # tracing (torch.export, fake propagation): no cache
         n_in = len(args) - self.n_constants
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args[:n_in])
         constants = (*args[n_in:], *self._constants())
-        with self._lock:
-            if not _same(self._stamp, constants):  # a parameter / buffer the region reads changed: recompute
-                self._cache.clear()
-                self._stamp = [_stamp(t) for t in constants]
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        hit = locked(self._lock, self._lookup, key, constants)  # not `with self._lock:` (see locked)
+        if hit is not None:
+            return hit
         from ..runtime import current, use_backend
 
         with use_backend("reference", current().arch):  # FlyDSL ops folded in run their torch reference
             out = tuple(self.region(*args))
-        with self._lock:
-            self.computed += 1
-            self._cache[key] = out
-            while len(self._cache) > CACHE_ENTRIES:
-                self._cache.popitem(last=False)
+        locked(self._lock, self._keep, key, out)
         return out
+
+    def _lookup(self, key, constants):
+        if not _same(self._stamp, constants):  # a parameter / buffer the region reads changed: recompute
+            self._cache.clear()
+            self._stamp = [_stamp(t) for t in constants]
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+        return hit
+
+    def _keep(self, key, out):
+        self.computed += 1
+        self._cache[key] = out
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
 
     def _constants(self):
         """Parameters and buffers the region holds itself (a region folded before constants were

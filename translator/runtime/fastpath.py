@@ -38,6 +38,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export._unlift import GuardsFn
 
+from translator_kernels.launch import locked
+
 from . import ops
 
 _FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> (gm's code when built, fast forward)
@@ -199,11 +201,15 @@ def fast_forward(gm: torch.fx.GraphModule):
     code = gm.code
     hit = _FAST.get(gm)
     if hit is None or hit[0] is not code:
-        with _LOCK:
-            hit = _FAST.get(gm)
-            if hit is None or hit[0] is not code:
-                hit = _FAST[gm] = (code, build(gm))
+        hit = locked(_LOCK, _built, gm, code)  # not `with _LOCK:` (see locked)
     return hit[1]
+
+
+def _built(gm, code):
+    hit = _FAST.get(gm)
+    if hit is None or hit[0] is not code:
+        hit = _FAST[gm] = (code, build(gm))
+    return hit
 
 
 def usable(gm: torch.fx.GraphModule, args) -> bool:

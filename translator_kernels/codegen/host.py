@@ -30,8 +30,8 @@ def record_kernels():
     """Collect the names of the generated kernels launched inside the block (this thread's)."""
     used: set = set()
     stack = _RECORDERS.__dict__.setdefault("stack", [])
-    stack.append(used)
-    try:
+    try:  # pushed inside the try: an interrupt right after the push takes it off again
+        stack.append(used)
         yield used
     finally:
         stack[:] = [r for r in stack if r is not used]  # by identity: two equal sets are two recorders
