@@ -268,8 +268,12 @@ def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
     lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw) / (
         g.lds_read_bytes_per_clk / g.simds)
     per_simd = workgroups_per_cu(cfg, dtype, a) * waves // g.simds
+    # outside the K loop: the first A and W tiles, loaded while every resident workgroup is in the same
+    # phase (the output's stores are posted: no wave waits for them); one memory round trip per K tile
+    edge = (cfg.bm + cfg.bn) * cfg.bk * esz
     return KernelFeatures("gemm (estimated)", max(1, per_simd), waves, prefetch * cfg.bn * cfg.bk * esz // waves,
-                          round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch)
+                          round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch,
+                          loop_trips=1, straight_trips=1, straight_bytes=edge // waves)
 
 
 def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1) -> dict:
