@@ -218,8 +218,8 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     if feat.has_loop:
         # a loop kernel's prologue / epilogue transfers (its first operand tiles, its output) happen in
         # the same phase on every resident workgroup, so they do not hide under other workgroups' loops:
-        # they take the CU's share of the achievable bandwidth
-        bw_cu = c["hbm_efficiency"] * g.hbm_bytes_per_s / cus
+        # they take the CU's share of the achievable bandwidth (shared by the CUs that have a workgroup)
+        bw_cu = c["hbm_efficiency"] * g.hbm_bytes_per_s / min(cus, launch.grid)
         head += resident_wg * feat.waves_per_wg * feat.straight_bytes / bw_cu * clock
     iters = launch.iterations
     per_wg = [iters] * launch.grid if isinstance(iters, int) else list(iters)

@@ -236,15 +236,16 @@ def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     GRID_PER_CU x the CUs (all candidates when none does)."""
     k_pad = padded_shape(n, k)[1]
     cands = []
-    for kw, bn in ((1, 64), (4, 16), (4, 32), (4, 64)):
-        for bk in (32, 64, 128, 256):
-            if k_pad % bk or bk % (32 * kw):
-                continue
-            nkt = k_pad // bk
-            for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                cfg = GemmConfig(max(16, mb), bn, bk, s, kw)
-                if not config_fits(cfg, dt, arch):
-                    cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
+    for bm in sorted({16, 32, max(16, mb)} & set(range(16, max(16, mb) + 1))):  # row tiles of 16 or 32 too
+        for kw, bn in ((1, 64), (4, 16), (4, 32), (4, 64)):
+            for bk in (32, 64, 128, 256):
+                if k_pad % bk or bk % (32 * kw):
+                    continue
+                nkt = k_pad // bk
+                for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
+                    cfg = GemmConfig(bm, bn, bk, s, kw)
+                    if not config_fits(cfg, dt, arch):
+                        cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
     if not cands:
         return GemmConfig(max(16, mb), 64, 32)
     full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
@@ -303,7 +304,7 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
-    for bm in (64, 128):
+    for bm in (32, 64, 128):
         for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64))):
             for bn in bns:
                 for bk in (64, 128, 256):
@@ -316,8 +317,12 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                         if not config_fits(c, dt, arch) and not config_fits(GemmConfig(bm, max(bn, 128), bk), dt, arch):
                             cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
-    # as for decode: a grid that gives every CU a workgroup, where one exists
-    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or [(e["t"], c) for e, c in est]
+    # a grid that gives every CU a workgroup, unless one that leaves CUs idle is modeled at least MID_MARGIN
+    # faster (M = 128 at N = K = 4096 on gfx942: 64 x 64 x 256 kw4 split 2, 256 workgroups on 304 CUs)
+    every = [(e["t"], c) for e, c in est]
+    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
+    if min(every, key=lambda tc: tc[0])[0] < min(t for t, _ in scored) * (1 - MID_MARGIN):
+        scored = every
     best = min(t for t, _ in scored)
     if best > est[0][0]["t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
