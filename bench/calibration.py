@@ -121,6 +121,9 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.timing import features
 
+    from translator_kernels.measure.gemm_flysim import N_RUN, load as load_flysim
+
+    fly = load_flysim()
     isa = {}
     print(f"## GEMM decode and mid-M, {dtype} (MODEL: translator_kernels.timing, calibration: {_calibration()})\n")
     print("Kernel time = MODEL time less the measuring harness's launch floor. Floor = max(HBM floor, FLOP floor) "
@@ -128,11 +131,14 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
           "bandwidth (the best the model lets any kernel stream) / kernel time. ISA in flight = the vector-memory bytes one hot-loop "
           "iteration of the compiled kernel loads (A and W) x its resident waves per CU; W in flight = W's K tile "
           "per resident workgroup (the HBM bytes). prefetch 2 = the MODEL with two K tiles of W in flight per "
-          "workgroup (a kernel change: ours keeps one).\n")
-    print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | ISA in flight / CU (KiB) | "
-          "W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | floor / kernel | "
-          "of achievable HBM | prefetch 2: kernel us | bound |")
-    print("|" + "---|" * 15)
+          "workgroup (a kernel change: ours keeps one). flysim MB = global bytes flysim counted running the chosen "
+          f"tile at N = {N_RUN} (same M, K, split), extrapolated to the full N with the no-cache byte formula "
+          "(translator_kernels.measure.gemm_flysim; N = K = 4096, M <= 256 only: flysim is too slow beyond); "
+          "MODEL MB = the HBM bytes the MODEL charges (L2 / last-level-cache reuse, split-K partials).\n")
+    print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | flysim MB | MODEL MB | "
+          "ISA in flight / CU (KiB) | W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | "
+          "floor / kernel | of achievable HBM | prefetch 2: kernel us | bound |")
+    print("|" + "---|" * 17)
     for arch in archs:
         g = GPUS[arch]
         for label, (n, k) in shapes.items():
@@ -153,8 +159,12 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                             else f"compile failed: {f}")
                 w_cell = res * c.bn * c.bk * 2 / 1024
                 launch = g.timing["launch_s"]
+                fp = fly.get(f"{arch}:{m}:{n}:{k}")
+                fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
+                            else "-")
                 print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
-                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {isa_cell} | "
+                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
+                      f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
                       f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
                       f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {(e2['t'] - launch) * 1e6:.1f} | "
@@ -174,7 +184,14 @@ def main(argv=None) -> int:
     ap.add_argument("--missing", action="store_true", help="compile only kernels missing from the cache")
     ap.add_argument("--fit", action="store_true", help="refit the constants and print them")
     ap.add_argument("--gemm-tables", action="store_true", help="print the decode / mid-M GEMM tables (compiles ours)")
+    ap.add_argument("--flysim-bytes", action="store_true",
+                    help="run the N = K = 4096 table tiles (M <= 256) under flysim and cache their bytes")
     a = ap.parse_args(argv)
+    if a.flysim_bytes:
+        from translator_kernels.measure.gemm_flysim import refresh as flysim_refresh
+
+        flysim_refresh([m for m in TABLE_M if m <= 256])
+        return 0
     if a.gemm_tables:
         gemm_tables()
         return 0

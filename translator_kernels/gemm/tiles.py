@@ -7,7 +7,9 @@ kw = 1 splits BN (each wave BM x BN/4), kw = 4 splits each BK tile (each wave BM
 waves' sums added through LDS).
 
 Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
-  - BM = max(16, bucket): no MFMAs on padded rows beyond the 16-row MFMA minimum.
+  - BM in {16, 32, max(16, bucket)} (at most the bucket): no MFMAs on padded rows beyond the 16-row
+    MFMA minimum; row tiles of 16 / 32 at M = 64 give more workgroups, each with fewer A rows
+    (N = K = 4096: 0.66 -> 0.82 of achievable HBM on gfx942 under the refit MODEL).
   - Candidates: kw = 1 with BN = 64, kw = 4 with BN in {16, 32, 64}; BK in {32, ..., 256}; split-K
     factor S (dividing K_pad / BK, at most MAX_SPLIT) whose partials meet inside the launch
     (splitk.py). Each is ranked by the timing MODEL (`model_estimate`, below).
@@ -22,9 +24,10 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
     wins; within 2 % of it, fewer splits, then the smaller BK.
 
 Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
-(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 64
-or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
-does); within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
+(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 32,
+64 or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
+does, or when one that leaves CUs idle is modeled MID_MARGIN faster); within 2 % of the least time
+the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
 validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
 path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
