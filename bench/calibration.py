@@ -159,7 +159,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                             else f"compile failed: {f}")
                 w_cell = res * c.bn * c.bk * 2 / 1024
                 launch = g.timing["launch_s"]
-                fp = fly.get(f"{arch}:{m}:{n}:{k}")
+                fp = (fly.get(f"{arch}:{m}:{n}:{k}") or load_flysim().get(f"{arch}:{m}:{n}:{k}")) if m <= 256 else None
                 fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
                             else "-")
                 print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
