@@ -21,8 +21,9 @@ import os
 import sys
 
 from translator_kernels.arch import GPUS
-from translator_kernels.measure.calibration import (ARCH, CACHE, POINTS, attention_block_m, calibration_line,
-                                                    compile_key, error_summary, evaluate, fit, load_features)
+from translator_kernels.measure.calibration import (ARCH, CACHE, MI300X_POINTS, POINTS, attention_block_m,
+                                                    calibration_line, compile_key, error_summary, evaluate, fit,
+                                                    load_features)
 
 
 # ---- upstream builds (run in translator_kernels.isa's compile child) -----------------------------
@@ -82,24 +83,25 @@ def _upstream(kernel, params):
 
 
 def refresh(points=POINTS, everything: bool = True) -> dict:
-    """Compile every distinct upstream kernel for gfx950 and cache its model features (only the
-    missing or failed ones unless `everything`)."""
+    """Compile every distinct upstream kernel (gfx950; gfx942 for MI300X_POINTS) and cache its model
+    features (only the missing or failed ones unless `everything`)."""
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.timing import features
 
     cache = {} if everything or not os.path.exists(CACHE) else load_features()
     cache = {k: v for k, v in cache.items() if "error" not in v}
-    for kernel, params, *_ in points:
-        key = compile_key(kernel, params)
+    todo = [(k, p, ARCH) for k, p, *_ in points] + [(k, p, "gfx942") for k, p, *_ in MI300X_POINTS]
+    for kernel, params, arch in todo:
+        key = compile_key(kernel, params, arch)
         if key in cache:
             continue
         try:
-            text = main_text(compile_isa_texts("bench.calibration:_upstream", (kernel, params), arch=ARCH))
-            cache[key] = features(text, ARCH).to_dict()
+            text = main_text(compile_isa_texts("bench.calibration:_upstream", (kernel, params), arch=arch))
+            cache[key] = features(text, arch).to_dict()
         except Exception as e:  # noqa: BLE001 - a kernel that does not compile is reported, not hidden
             cache[key] = {"error": str(e).splitlines()[-1][:300]}
         print(f"  compiled {key}: {cache[key]}", file=sys.stderr, flush=True)
-    wanted = {compile_key(k, p) for k, p, *_ in points}
+    wanted = {compile_key(k, p, a) for k, p, a in todo}
     cache = {k: v for k, v in cache.items() if k in wanted}
     with open(CACHE, "w") as f:
         json.dump(cache, f, indent=1, sort_keys=True)
@@ -222,7 +224,23 @@ def main(argv=None) -> int:
               f"{r['waves_per_simd']:.1f} | {r['note']} |")
     s = error_summary(rows)
     print(f"\ncalibration: {calibration_line(rows)}; fit points max |error| {100 * s['max_fit']:.0f}%")
+    _print_mi300x(feats, consts)
     return 0
+
+
+def _print_mi300x(feats, consts) -> None:
+    rows = evaluate(feats, consts, MI300X_POINTS, "gfx942")
+    print("\n## MI300X (gfx942): published vendor-kernel measurements against the MODEL (validation only)\n")
+    print("The MODEL runs upstream FlyDSL's kernel compiled for gfx942 at the measured shape (the measured kernel "
+          "is AMD's hipBLASLt); gfx942 takes gfx950's fitted constants and the 2.1 GHz boost clock.\n")
+    print("| kernel | shape | measured us | source | MODEL us | MODEL / measured | bound | note |")
+    print("|" + "---|" * 8)
+    for r in rows:
+        if r["model_us"] is None:
+            print(f"| {r['kernel']} | {r['shape']} | {r['measured_us']:.1f} | {r['source']} | - | - | | {r['note']} |")
+            continue
+        print(f"| {r['kernel']} | {r['shape']} | {r['measured_us']:.1f} | {r['source']} | {r['model_us']:.1f} | "
+              f"{r['ratio']:.2f} | {r['bound']} | {r['note']} |")
 
 
 if __name__ == "__main__":
