@@ -21,8 +21,9 @@ import os
 import sys
 
 from translator_kernels.arch import GPUS
-from translator_kernels.measure.calibration import (ARCH, CACHE, POINTS, attention_block_m, calibration_line,
-                                                    compile_key, error_summary, evaluate, fit, load_features)
+from translator_kernels.measure.calibration import (ARCH, CACHE, MI300X_POINTS, POINTS, attention_block_m,
+                                                    calibration_line, compile_key, error_summary, evaluate, fit,
+                                                    load_features)
 
 
 # ---- upstream builds (run in translator_kernels.isa's compile child) -----------------------------
@@ -82,24 +83,25 @@ def _upstream(kernel, params):
 
 
 def refresh(points=POINTS, everything: bool = True) -> dict:
-    """Compile every distinct upstream kernel for gfx950 and cache its model features (only the
-    missing or failed ones unless `everything`)."""
+    """Compile every distinct upstream kernel (gfx950; gfx942 for MI300X_POINTS) and cache its model
+    features (only the missing or failed ones unless `everything`)."""
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.timing import features
 
     cache = {} if everything or not os.path.exists(CACHE) else load_features()
     cache = {k: v for k, v in cache.items() if "error" not in v}
-    for kernel, params, *_ in points:
-        key = compile_key(kernel, params)
+    todo = [(k, p, ARCH) for k, p, *_ in points] + [(k, p, "gfx942") for k, p, *_ in MI300X_POINTS]
+    for kernel, params, arch in todo:
+        key = compile_key(kernel, params, arch)
         if key in cache:
             continue
         try:
-            text = main_text(compile_isa_texts("bench.calibration:_upstream", (kernel, params), arch=ARCH))
-            cache[key] = features(text, ARCH).to_dict()
+            text = main_text(compile_isa_texts("bench.calibration:_upstream", (kernel, params), arch=arch))
+            cache[key] = features(text, arch).to_dict()
         except Exception as e:  # noqa: BLE001 - a kernel that does not compile is reported, not hidden
             cache[key] = {"error": str(e).splitlines()[-1][:300]}
         print(f"  compiled {key}: {cache[key]}", file=sys.stderr, flush=True)
-    wanted = {compile_key(k, p) for k, p, *_ in points}
+    wanted = {compile_key(k, p, a) for k, p, a in todo}
     cache = {k: v for k, v in cache.items() if k in wanted}
     with open(CACHE, "w") as f:
         json.dump(cache, f, indent=1, sort_keys=True)
@@ -121,6 +123,9 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.timing import features
 
+    from translator_kernels.measure.gemm_flysim import N_RUN, load as load_flysim
+
+    fly = load_flysim()
     isa = {}
     print(f"## GEMM decode and mid-M, {dtype} (MODEL: translator_kernels.timing, calibration: {_calibration()})\n")
     print("Kernel time = MODEL time less the measuring harness's launch floor. Floor = max(HBM floor, FLOP floor) "
@@ -128,11 +133,14 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
           "bandwidth (the best the model lets any kernel stream) / kernel time. ISA in flight = the vector-memory bytes one hot-loop "
           "iteration of the compiled kernel loads (A and W) x its resident waves per CU; W in flight = W's K tile "
           "per resident workgroup (the HBM bytes). prefetch 2 = the MODEL with two K tiles of W in flight per "
-          "workgroup (a kernel change: ours keeps one).\n")
-    print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | ISA in flight / CU (KiB) | "
-          "W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | floor / kernel | "
-          "of achievable HBM | prefetch 2: kernel us | bound |")
-    print("|" + "---|" * 15)
+          "workgroup (a kernel change: ours keeps one). flysim MB = global bytes flysim counted running the chosen "
+          f"tile at N = {N_RUN} (same M, K, split), extrapolated to the full N with the no-cache byte formula "
+          "(translator_kernels.measure.gemm_flysim; N = K = 4096, M <= 256 only: flysim is too slow beyond); "
+          "MODEL MB = the HBM bytes the MODEL charges (L2 / last-level-cache reuse, split-K partials).\n")
+    print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | flysim MB | MODEL MB | "
+          "ISA in flight / CU (KiB) | W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | "
+          "floor / kernel | of achievable HBM | prefetch 2: kernel us | bound |")
+    print("|" + "---|" * 17)
     for arch in archs:
         g = GPUS[arch]
         for label, (n, k) in shapes.items():
@@ -153,8 +161,12 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                             else f"compile failed: {f}")
                 w_cell = res * c.bn * c.bk * 2 / 1024
                 launch = g.timing["launch_s"]
+                fp = (fly.get(f"{arch}:{m}:{n}:{k}") or load_flysim().get(f"{arch}:{m}:{n}:{k}")) if m <= 256 else None
+                fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
+                            else "-")
                 print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
-                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {isa_cell} | "
+                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
+                      f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
                       f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
                       f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {(e2['t'] - launch) * 1e6:.1f} | "
@@ -174,7 +186,14 @@ def main(argv=None) -> int:
     ap.add_argument("--missing", action="store_true", help="compile only kernels missing from the cache")
     ap.add_argument("--fit", action="store_true", help="refit the constants and print them")
     ap.add_argument("--gemm-tables", action="store_true", help="print the decode / mid-M GEMM tables (compiles ours)")
+    ap.add_argument("--flysim-bytes", action="store_true",
+                    help="run the N = K = 4096 table tiles (M <= 256) under flysim and cache their bytes")
     a = ap.parse_args(argv)
+    if a.flysim_bytes:
+        from translator_kernels.measure.gemm_flysim import refresh as flysim_refresh
+
+        flysim_refresh([m for m in TABLE_M if m <= 256])
+        return 0
     if a.gemm_tables:
         gemm_tables()
         return 0
@@ -205,7 +224,23 @@ def main(argv=None) -> int:
               f"{r['waves_per_simd']:.1f} | {r['note']} |")
     s = error_summary(rows)
     print(f"\ncalibration: {calibration_line(rows)}; fit points max |error| {100 * s['max_fit']:.0f}%")
+    _print_mi300x(feats, consts)
     return 0
+
+
+def _print_mi300x(feats, consts) -> None:
+    rows = evaluate(feats, consts, MI300X_POINTS, "gfx942")
+    print("\n## MI300X (gfx942): published vendor-kernel measurements against the MODEL (validation only)\n")
+    print("The MODEL runs upstream FlyDSL's kernel compiled for gfx942 at the measured shape (the measured kernel "
+          "is AMD's hipBLASLt); gfx942 takes gfx950's fitted constants and the 2.1 GHz boost clock.\n")
+    print("| kernel | shape | measured us | source | MODEL us | MODEL / measured | bound | note |")
+    print("|" + "---|" * 8)
+    for r in rows:
+        if r["model_us"] is None:
+            print(f"| {r['kernel']} | {r['shape']} | {r['measured_us']:.1f} | {r['source']} | - | - | | {r['note']} |")
+            continue
+        print(f"| {r['kernel']} | {r['shape']} | {r['measured_us']:.1f} | {r['source']} | {r['model_us']:.1f} | "
+              f"{r['ratio']:.2f} | {r['bound']} | {r['note']} |")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ VALU_CYCLES, TRANS_CYCLES = 4, 16
 LDS_BYTES_PER_CLK = GPUS["gfx942"].lds_write_bytes_per_clk  # both archs
 LDS_READ_BYTES_PER_CLK = {a: g.lds_read_bytes_per_clk for a, g in GPUS.items()}
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
-_MFMA_RE = re.compile(r"v_(?:mfma|smfmac)_[a-z0-9]+_(\d+)x(\d+)x(\d+)_?([a-z0-9_]*)")
+_MFMA_RE = re.compile(r"v_(?:mfma|smfmac)_(?:scale_)?[a-z0-9]+_(\d+)x(\d+)x(\d+)_?([a-z0-9_]*)")
 _LABEL_RE = re.compile(r"^(\.?L[A-Za-z0-9_$.]+):")
 _BRANCH_RE = re.compile(r"^\s+(s_branch|s_cbranch_\w+)\s+(\S+)")
 _INSTR_RE = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
@@ -94,7 +94,7 @@ _INSTR_RE = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
 def _mfma_type(suffix: str) -> str:
     s = suffix.replace("_1k", "")
     for key, name in (("bf16", "bf16"), ("f16", "f16"), ("xf32", "xf32"), ("f32", "f32"), ("f64", "f64"),
-                      ("i8", "i8"), ("fp8", "fp8"), ("bf8", "fp8")):
+                      ("i8", "i8"), ("fp8", "fp8"), ("bf8", "fp8"), ("f8f6f4", "fp8")):
         if key in s:
             return name
     return "bf16"
@@ -108,8 +108,11 @@ def mfma_cycles(mnemonic: str, arch: str) -> int:
     M, N, K, suffix = int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)
     typ = _mfma_type(suffix)
     rate = MATRIX_RATE[arch][typ] / SIMDS
-    if arch == "gfx950" and typ in ("bf16", "f16") and (M, K) in ((16, 16), (32, 8)):
-        rate /= 2  # CDNA3-shaped bf16/f16 MFMA on CDNA4: half the CDNA4 rate
+    if arch == "gfx950" and (typ in ("bf16", "f16") and (M, K) in ((16, 16), (32, 8))
+                             or typ == "fp8" and (M, K) in ((16, 32), (32, 16))):
+        rate /= 2  # CDNA3-shaped bf16/f16/fp8 MFMA on CDNA4: half the CDNA4 rate
+    # f8f6f4 (gfx950) with fp8 / bf8 operands runs at the fp8 rate; its fp6 / fp4 forms (cbsz / blgp,
+    # not in the mnemonic) run faster: priced as fp8, an upper bound for them
     if mnemonic.startswith("v_smfmac"):
         K *= 2  # sparse: the instruction's K is the dense equivalent over half the operand
     return max(4, round(2 * M * N * K / rate))

@@ -15,15 +15,20 @@ measurements showed was missing, each term read from the compiled ISA or the lau
 * **t_issue, the busiest CU's work.** Each workgroup runs `iterations` of the hot loop (from the
   launch: the workgroup's FLOPs over the MFMA FLOPs one loop iteration issues, or a trip count)
   plus the straight-line code once. One iteration of the w waves sharing a SIMD takes
-      max(w x max(matrix, vector, LDS), matrix + vector + LDS) + EXPOSED x MEM_LATENCY / prefetch,
+      max(w x max(matrix, vector, LDS), matrix + vector + LDS) + EXPOSED x MEM_LATENCY x trips / prefetch,
       and at least MEM_LATENCY / prefetch
   cycles, where the first term is really w x (busiest pipe + (1 - OVERLAP) x the other pipes' work)
   (translator_kernels.hotloop prices matrix / vector / LDS cycles per wave): the pipes are shared
-  by w waves, and the waves' matrix, vector and LDS work overlap only in part (OVERLAP, fitted: the
+  by w waves, and the waves' matrix, vector and LDS work overlap only in part (OVERLAP: the
   measured attention and GEMM kernels stall on their own dependences); one wave alone cannot
-  overlap its own dependent work; and a loop whose next tile is loaded one iteration ahead waits
-  part of a memory latency every iteration (EXPOSED, fitted), all of it where it has nothing else
-  to do. `prefetch` (tiles in flight; 1 in every kernel measured) divides that wait.
+  overlap its own dependent work; and each memory round trip of an iteration (`trips`, counted in
+  the ISA: loads, then a `vmcnt` wait that needs them; flash attention's loop has 4, a GEMM's one
+  per K tile) waits part of a memory latency (EXPOSED, fitted). `prefetch` (tiles in flight; 1 in
+  every kernel measured) divides that wait.
+  The straight-line code (prologue / epilogue) costs its vector work, one HBM latency, every later
+  dependent round trip at L2_LATENCY (fitted; RMSNorm's scalar path re-reads its row a chunk at a
+  time: 11 trips), and for a loop kernel its loads (the first operand tiles; stores are posted) at
+  the CU's share of the achievable bandwidth, since every resident workgroup issues them at once.
   Workgroups are list-scheduled onto the CUs' slots (per-workgroup work may differ, as in causal
   attention), so wave quantization and tails are counted.
 * **T_LAUNCH** is the fixed cost of one launch as the measurements time it (CUDA-graph replay of one
@@ -32,10 +37,10 @@ measurements showed was missing, each term read from the compiled ISA or the lau
 L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache bytes, or compulsory
 bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`.
 
-The five constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, OVERLAP, EXPOSED) are per arch in translator_kernels.arch
-(`Arch.timing`), fitted by `python -m bench.calibration` on half of the measured MI350X points and
-checked on the other half; that command prints every point and the calibration error, which every
-place that shows this model's time quotes (CALIBRATION below, written by the same command).
+The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, and OVERLAP held at 0) are
+per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
+most half of the measured MI350X points and checked on the other half; that command prints every point
+and the calibration error, which every place that shows this model's time quotes (CALIBRATION below).
 gfx942 has no measured points here: it takes gfx950's fitted fractions and latency (stated beside
 every gfx942 number).
 """
@@ -52,7 +57,7 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 13 MI350X points, validated on 16: max |error| 35%, median 12%; 13 of 16 within 25% "
+CALIBRATION = ("fit on 13 MI350X points, validated on 16: max |error| 33%, median 14%; 15 of 16 within 25% "
                "(bench.calibration)")
 
 
@@ -71,6 +76,9 @@ class KernelFeatures:
     straight_vector: int = 0  # cycles of the code outside the hot loop, run once per workgroup
     straight_lds: int = 0
     prefetch: int = 1  # loop iterations of loads in flight (1: the next tile is loaded while this one computes)
+    loop_trips: int = 1  # memory round trips one loop iteration waits on (loads, then a vmcnt wait that needs them)
+    straight_trips: int = 1  # the same for the code outside the hot loop (dependent load phases, run once)
+    straight_bytes: int = 0  # per wave: vector-memory bytes loaded outside the hot loop
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,15 +105,17 @@ def features(isa_text: str, arch: str) -> KernelFeatures:
         hot = max(priced, key=lambda pc: (pc[1]["matrix_cycles"], pc[1]["vector_cycles"]))
     lines = _body_lines(isa_text, stats.kernel)
     in_loop = set(range(hot[0].start, hot[0].end + 1)) if hot else set()
-    s_vec = s_lds = 0
+    s_vec = s_lds = s_bytes = 0
     first_wait_bytes, waited = 0, False
     loop_bytes = loop_flops = 0
+    trips = {True: _Trips(), False: _Trips()}  # in the hot loop / outside it
     for i, ln in enumerate(lines):
         m = _INSTR.match(ln.split(";")[0])
         if not m:
             continue
         mn, rest = m.group(1), m.group(2)
         c = classify(mn)
+        trips[i in in_loop].step(mn, rest, c)
         if i in in_loop:
             loop_bytes += _vmem_bytes(mn, rest)
             mm = _MFMA_RE.match(mn)
@@ -117,17 +127,40 @@ def features(isa_text: str, arch: str) -> KernelFeatures:
             waited = True
         if not waited:
             first_wait_bytes += _vmem_bytes(mn, rest)
+        s_bytes += _vmem_bytes(mn, rest)  # loads only: a wave does not wait for its stores
         if c == "VALU":
             s_vec += 16 if mn.startswith(("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_")) else 4
         elif c == "MFMA":
             s_vec += mfma_cycles(mn, arch)
         elif c.startswith("LDS"):
             s_lds += 16
+    common = dict(straight_vector=s_vec, straight_lds=s_lds, straight_trips=max(1, trips[False].n),
+                  straight_bytes=s_bytes)
     if hot:
         cyc = hot[1]
         return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes), cyc["matrix_cycles"],
-                              cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True, s_vec, s_lds)
-    return KernelFeatures(stats.kernel, waves, wpw, first_wait_bytes, straight_vector=s_vec, straight_lds=s_lds)
+                              cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True,
+                              loop_trips=max(1, trips[True].n), **common)
+    return KernelFeatures(stats.kernel, waves, wpw, first_wait_bytes, **common)
+
+
+class _Trips:
+    """Counts memory round trips in program order: a trip ends at an `s_waitcnt vmcnt(k)` that needs a
+    load issued since the previous trip ended (vmcnt retires in order, so the wait needs the oldest such
+    load when k is below the operations issued since it). The compiler's staggered waits (vmcnt(9),
+    vmcnt(8), ... on one batch) end one trip; a wait for loads of an earlier iteration (a prefetch
+    pipeline) ends none; a load issued after a trip whose result a later wait needs starts the next."""
+
+    def __init__(self):
+        self.n, self.since = 0, 0  # trips; operations issued since the oldest load not yet waited on (0: none)
+
+    def step(self, mn: str, rest: str, c: str) -> None:
+        if c == "vmem_load" or (c == "vmem_store" and self.since):
+            self.since += 1
+        elif mn.startswith("s_waitcnt") and "vmcnt" in rest:
+            k = int(re.search(r"vmcnt\((\d+)\)", rest).group(1))
+            if self.since and k < self.since:
+                self.n, self.since = self.n + 1, 0
 
 
 def _body_lines(text: str, kernel: str) -> list[str]:
@@ -171,11 +204,23 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
         # cycles for every resident wave to run one iteration: the busiest pipe for w waves, plus the
         # part of the other pipes' work that does not overlap it (1 - OVERLAP); one wave alone is serial
         busy = max(w * (top + (1 - c["overlap"]) * (m + v + l_ - top)), m + v + l_)
-        lat_it = lat_cyc / feat.prefetch  # a deeper prefetch waits a latency every `prefetch` iterations
-        round_ = max(busy + c.get("exposed", 0.0) * lat_it, lat_it)
+        # each memory round trip of an iteration waits part of a latency; a deeper prefetch waits a latency
+        # every `prefetch` iterations
+        lat_it = lat_cyc * feat.loop_trips / feat.prefetch
+        round_ = max(busy + c.get("exposed", 0.0) * lat_it, lat_cyc / feat.prefetch)
     else:
         round_ = 0.0
-    head = max(feat.straight_vector, feat.straight_lds) * w + lat_cyc  # code outside the loop, one load trip
+    # code outside the loop, once per workgroup: its vector work, one HBM trip, and every later dependent
+    # trip at the L2 latency (it re-reads what the workgroup or its neighbours just read: a row, a
+    # shared vector)
+    head = (max(feat.straight_vector, feat.straight_lds) * w + lat_cyc
+            + (feat.straight_trips - 1) * c.get("l2_latency_s", 0.0) * clock)
+    if feat.has_loop:
+        # a loop kernel's prologue / epilogue transfers (its first operand tiles, its output) happen in
+        # the same phase on every resident workgroup, so they do not hide under other workgroups' loops:
+        # they take the CU's share of the achievable bandwidth (shared by the CUs that have a workgroup)
+        bw_cu = c["hbm_efficiency"] * g.hbm_bytes_per_s / min(cus, launch.grid)
+        head += resident_wg * feat.waves_per_wg * feat.straight_bytes / bw_cu * clock
     iters = launch.iterations
     per_wg = [iters] * launch.grid if isinstance(iters, int) else list(iters)
     t_issue = _list_schedule([head + n * round_ for n in per_wg], cus * wg_per_cu) / clock

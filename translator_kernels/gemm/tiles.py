@@ -7,7 +7,9 @@ kw = 1 splits BN (each wave BM x BN/4), kw = 4 splits each BK tile (each wave BM
 waves' sums added through LDS).
 
 Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
-  - BM = max(16, bucket): no MFMAs on padded rows beyond the 16-row MFMA minimum.
+  - BM in {16, 32, max(16, bucket)} (at most the bucket): no MFMAs on padded rows beyond the 16-row
+    MFMA minimum; row tiles of 16 / 32 at M = 64 give more workgroups, each with fewer A rows
+    (N = K = 4096: 0.66 -> 0.82 of achievable HBM on gfx942 under the refit MODEL).
   - Candidates: kw = 1 with BN = 64, kw = 4 with BN in {16, 32, 64}; BK in {32, ..., 256}; split-K
     factor S (dividing K_pad / BK, at most MAX_SPLIT) whose partials meet inside the launch
     (splitk.py). Each is ranked by the timing MODEL (`model_estimate`, below).
@@ -22,9 +24,10 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
     wins; within 2 % of it, fewer splits, then the smaller BK.
 
 Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
-(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 64
-or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
-does); within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
+(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 32,
+64 or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
+does, or when one that leaves CUs idle is modeled MID_MARGIN faster); within 2 % of the least time
+the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
 validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
 path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
@@ -236,15 +239,16 @@ def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     GRID_PER_CU x the CUs (all candidates when none does)."""
     k_pad = padded_shape(n, k)[1]
     cands = []
-    for kw, bn in ((1, 64), (4, 16), (4, 32), (4, 64)):
-        for bk in (32, 64, 128, 256):
-            if k_pad % bk or bk % (32 * kw):
-                continue
-            nkt = k_pad // bk
-            for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                cfg = GemmConfig(max(16, mb), bn, bk, s, kw)
-                if not config_fits(cfg, dt, arch):
-                    cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
+    for bm in sorted({16, 32, max(16, mb)} & set(range(16, max(16, mb) + 1))):  # row tiles of 16 or 32 too
+        for kw, bn in ((1, 64), (4, 16), (4, 32), (4, 64)):
+            for bk in (32, 64, 128, 256):
+                if k_pad % bk or bk % (32 * kw):
+                    continue
+                nkt = k_pad // bk
+                for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
+                    cfg = GemmConfig(bm, bn, bk, s, kw)
+                    if not config_fits(cfg, dt, arch):
+                        cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
     if not cands:
         return GemmConfig(max(16, mb), 64, 32)
     full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
@@ -268,8 +272,12 @@ def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
     lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw) / (
         g.lds_read_bytes_per_clk / g.simds)
     per_simd = workgroups_per_cu(cfg, dtype, a) * waves // g.simds
+    # outside the K loop: the first A and W tiles, loaded while every resident workgroup is in the same
+    # phase (the output's stores are posted: no wave waits for them); one memory round trip per K tile
+    edge = (cfg.bm + cfg.bn) * cfg.bk * esz
     return KernelFeatures("gemm (estimated)", max(1, per_simd), waves, prefetch * cfg.bn * cfg.bk * esz // waves,
-                          round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch)
+                          round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch,
+                          loop_trips=1, straight_trips=1, straight_bytes=edge // waves)
 
 
 def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1) -> dict:
@@ -299,7 +307,7 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
-    for bm in (64, 128):
+    for bm in (32, 64, 128):
         for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64))):
             for bn in bns:
                 for bk in (64, 128, 256):
@@ -312,8 +320,12 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                         if not config_fits(c, dt, arch) and not config_fits(GemmConfig(bm, max(bn, 128), bk), dt, arch):
                             cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
-    # as for decode: a grid that gives every CU a workgroup, where one exists
-    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or [(e["t"], c) for e, c in est]
+    # a grid that gives every CU a workgroup, unless one that leaves CUs idle is modeled at least MID_MARGIN
+    # faster (M = 128 at N = K = 4096 on gfx942: 64 x 64 x 256 kw4 split 2, 256 workgroups on 304 CUs)
+    every = [(e["t"], c) for e, c in est]
+    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
+    if min(every, key=lambda tc: tc[0])[0] < min(t for t, _ in scored) * (1 - MID_MARGIN):
+        scored = every
     best = min(t for t, _ in scored)
     if best > est[0][0]["t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
