@@ -124,13 +124,13 @@ def test_translated_model_repeated_and_new_batch_trace_nothing(traces, disk_cach
     tm = translate(model, (torch.randn(2, 8, 64),), backend="flysim", verify=False)
     warm = len(traces)
     assert warm == 3  # precompiled at translate time: gemm, layer_norm, softmax (nothing ran yet)
-    for b in (2, 1):  # M = 16, 8: one GEMM M bucket (<= 16)
+    for b in (3, 2, 1):  # M = 24, 16, 8: one GEMM tile (16 x 64; M = 17..32 takes it too)
         x = torch.randn(b, 8, 64)
         torch.testing.assert_close(tm(x), model(x), **model_tol())
         assert len(tm.last_launches) == 3
     assert len(traces) == warm
     with caplog.at_level(logging.INFO, logger="translator_kernels.launch"):
-        tm(torch.randn(3, 8, 64))  # M = 24: the next GEMM M bucket, a new specialization
+        tm(torch.randn(9, 8, 64))  # M = 72: past the 64-row bucket, another GEMM tile, a new specialization
     assert len(traces) == warm + 1 and "build_gemm" in traces[-1]
     assert any("compiled translator_kernels.gemm.kernel.build_gemm" in r.getMessage() for r in caplog.records)
     with rocm_recorded(tm.arch) as rec:
