@@ -50,8 +50,7 @@ def test_the_legend_only_under_a_dynamic_dim(capsys, monkeypatch, shapes, legend
     lines = [ln for ln in out if ln.startswith("* after a size")]
     assert len(lines) == legend, out
     if legend:
-        assert lines[0] == "* after a size: a dynamic dim (input 0 dim 0, input 0 dim 1) at its example size; " \
-                           "other sizes run too"
+        assert lines[0] == "* after a size: a dynamic dim (input 0 dim 0, input 0 dim 1), shown at its example size"
 
 
 @pytest.mark.parametrize("columns,big", [(80, False), (100, True), (150, True)])
@@ -62,7 +61,9 @@ def test_the_table_fits_the_terminal_with_whole_op_names(capsys, monkeypatch, co
     assert text.count("aten.scaled_dot_product_attention" if big else "aten.layer_norm") == 1
     assert text.count("aten.linear") == 5 and "flydsl-kernel" in text  # op names and places whole
     assert ("12,884,901,888" if big else "1,048,576") in text
-    assert ("dtype" in out[1]) == (columns >= 150)  # a narrow terminal reads the dtype beside the shapes
+    # a narrow terminal reads the dtype beside the shapes, and no node names (report.md has them)
+    assert ("dtype" in out[1]) == ("node" in out[1]) == (columns >= 150), out[1]
+    assert text.count("float32") == 6  # in its column, or after the shapes
 
 
 def test_a_terminal_too_narrow_keeps_the_op_names_readable(capsys, monkeypatch):
