@@ -300,10 +300,10 @@ class Report:
             console.print(escape(legend))
         kv = self.kernel_view()
         if kv:
-            k = Table(title="FlyDSL launches (us are a MODEL)", caption=cost.model_note())
+            k = terminal.light_table(title="FlyDSL launches (us are a MODEL)", caption=cost.model_note())
             cols = ("kernel", "node", "flops", "bytes", "intensity", "MI300X us (MODEL)", "MI355X us (MODEL)")
-            for col in cols:
-                k.add_column(col, overflow="fold")
+            for col in cols:  # kernel names stay whole, like op names; the title says the us are a MODEL
+                k.add_column(col.removesuffix(" (MODEL)"), overflow="fold", no_wrap=col == "kernel")
             for row in kv:
                 k.add_row(*(escape(_cell(row.get(c))) for c in cols))
             console.print(k)

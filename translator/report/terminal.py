@@ -26,6 +26,14 @@ STYLE = {"flydsl-kernel": "green", "flydsl-reference": "yellow", "flydsl-op": "c
          "folded": "blue", "removed": "dim"}
 
 
+def light_table(**kw):
+    """A rich Table with a rule under the header and two spaces between columns (no frame)."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, **kw)
+
+
 def terminal_width() -> int:
     return shutil.get_terminal_size(fallback=(120, 24)).columns
 
@@ -67,10 +75,7 @@ def _widths(cols, cells) -> list:
 
 
 def _table(title: str, cols, widths):
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    t = light_table(title=title)
     for col, w in zip(cols, widths):
         if col in WRAPPED:
             t.add_column(col, overflow="fold", ratio=WRAPPED[col], min_width=min(w, MIN_WRAPPED))
