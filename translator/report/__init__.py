@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from ..verify import Verification
-from . import cost
+from . import cost, terminal
 from .cost import measure_flops
 from .names import LAYOUT_OPS, describe_shapes, node_dtype, op_name
 
@@ -215,6 +215,18 @@ class Report:
                 f"({self.backend_reason}); verification {v.status}"
                 + (f"; {self.precision_what_if()}" if self.precision_what_if() else ""))
 
+    def capture_line(self) -> str:
+        """How the graph was captured, each fact once: "torch.export; dynamic dims: input 0 dim 0,
+        input 0 dim 1 (marked * in shapes)"; a capture that asked for dynamic dims and got none says
+        every size was fixed."""
+        method = self.capture.removesuffix(" (dynamic dims)")
+        if self.dynamic_dims:
+            dims = ", ".join(f"input {i} dim {d}" for i, d in self.dynamic_dims)
+            return f"{method}; dynamic dims: {dims} (marked * in shapes)"
+        if method != self.capture:
+            return f"{method}; dynamic dims asked for, none kept (every size fixed at its example value)"
+        return self.capture
+
     def to_markdown(self) -> str:
         s = self.summary()
         v = self.verification
@@ -222,8 +234,7 @@ class Report:
                f"- arch: {self.arch}; precision: {self.precision}"
                + (f" — {self.precision_what_if()}" if self.precision_what_if() else ""),
                f"- backend: **{self.backend}** — {self.backend_reason}",
-               f"- capture: {self.capture}" + (f" (dynamic dims, as (input, dim): {self.dynamic_dims}; "
-                                               "marked * in shapes)" if self.dynamic_dims else ""),
+               f"- capture: {self.capture_line()}",
                *[f"  - {n}" for n in self.capture_notes],
                f"- compute ops: {s['compute_nodes']} — on launched FlyDSL kernels {s['flydsl_kernel_nodes']}, "
                f"FlyDSL ops on the torch reference {s['flydsl_reference_nodes']}, FlyDSL ops not run yet "
@@ -279,24 +290,20 @@ class Report:
         from rich.markup import escape
         from rich.table import Table
 
-        console = console or Console(width=max(Console().width, 150))
-        t = Table(title=f"flydsl-translator: {self.model} ({self.arch}, {self.precision})", show_lines=False)
-        for col in ("node", "op", "shapes", "dtype", "runs on", "detail", "FLOPs"):
-            t.add_column(col, overflow="fold")
-        style = {"flydsl-kernel": "green", "flydsl-reference": "yellow", "flydsl-op": "cyan", "pytorch": "white",
-                 "folded": "blue", "removed": "dim"}
-        for r in self.rows:
-            if _is_layout(r):
-                continue
-            t.add_row(*map(escape, (r.node, r.op, r.shapes, r.dtype, r.where, r.detail)), f"{r.flops:,}",
-                      style=style[r.where])
+        shown = [r for r in self.rows if not _is_layout(r)]
+        t, width = terminal.main_table(shown, f"flydsl-translator: {self.model} ({self.arch}, {self.precision})",
+                                       console.width if console else terminal.terminal_width())
+        console = console or Console(width=width)
         console.print(t)
+        legend = terminal.dynamic_legend(shown, self.dynamic_dims)
+        if legend:
+            console.print(escape(legend))
         kv = self.kernel_view()
         if kv:
-            k = Table(title="FlyDSL launches (us are a MODEL)", caption=cost.model_note())
+            k = terminal.light_table(title="FlyDSL launches (us are a MODEL)", caption=cost.model_note())
             cols = ("kernel", "node", "flops", "bytes", "intensity", "MI300X us (MODEL)", "MI355X us (MODEL)")
-            for col in cols:
-                k.add_column(col, overflow="fold")
+            for col in cols:  # kernel names stay whole, like op names; the title says the us are a MODEL
+                k.add_column(col.removesuffix(" (MODEL)"), overflow="fold", no_wrap=col == "kernel")
             for row in kv:
                 k.add_row(*(escape(_cell(row.get(c))) for c in cols))
             console.print(k)

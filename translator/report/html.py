@@ -121,7 +121,7 @@ def render_html(report) -> str:
     facts = [
         f"arch {escape(report.arch)}; precision {escape(report.precision)}",
         f"backend <b>{escape(report.backend)}</b> — {escape(report.backend_reason)}",
-        f"capture: {escape(report.capture)}",
+        f"capture: {escape(report.capture_line())}",
         f"compute ops: {s['compute_nodes']} — on FlyDSL kernels {s['flydsl_kernel_nodes']}, FlyDSL ops on the torch "
         f"reference {s['flydsl_reference_nodes']}, in PyTorch {s['pytorch_nodes']}",
         f"compute ops: FlyDSL op not run yet {s['flydsl_not_run_nodes']}; {s['flydsl_launches']} FlyDSL kernel "

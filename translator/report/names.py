@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 # shape / view / metadata ops: no arithmetic, nothing to translate (views are also found
@@ -14,6 +16,11 @@ LAYOUT_OPS = {
     "full", "empty", "scalar_tensor", "_guards_fn", "_assert_scalar", "sym_constrain_range_for_size",
     "broadcast_tensors", "expand_as", "view_as", "as_strided", "swapaxes", "swapdims", "mT", "mH", "adjoint",
 }
+
+
+# a size followed by * is a dynamic dim shown at its example size (_fmt_dim); `2*s0` (an expression
+# without a hint) is not one
+DYNAMIC_DIM = re.compile(r"\d\*(?=x|,|\)|\s|\[|$)")
 
 
 def op_name(node: torch.fx.Node) -> str:
