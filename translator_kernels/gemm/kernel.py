@@ -117,7 +117,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0):
+               w_int4: int = 0, up=None):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -149,10 +149,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     gated.gated_weight's arrangement ([2 * N16, K]: 16 gate rows, then the 16 up rows of the same
     output columns), `n` is the output N, n_pad = 2 * N16, BN covers BN / 2 output columns and the
     bias (if any) is arranged like W. Accumulator pairs (2j, 2j + 1) of a lane are the gate and
-    the up value of one output element. `activation` still applies after the product.
+    the up value of one output element. `activation` still applies after the product. `up` (an epilogue
+    program or None) maps the up value first: act(g) * up(u) (gpt-oss: clamp, then + 1).
 
     grouped (translator_kernels/moe/grouped.py): the int32 `Cnt` holds each M tile's expert, W is
-    [experts, ...] with w_bs elements per expert; needs split 1 (Cnt is then free).
+    [experts, ...] with w_bs elements per expert; needs split 1 (Cnt is then free). A bias is stacked
+    per expert ([E, N] fp32, [E, N_pad] arranged when gated), its size in bytes passed as p_bytes (P is free).
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
@@ -203,7 +205,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                f"BK % {32 * kw} == 0 (got BN={bn}, BK={bk})")
     m_rep, n_rep, k_blk = bm // 16, bn * kw // (16 * WAVES), bk // 32 // kw  # per wave
     if gate is not None:
-        gate = canonical_epilogue(gate)  # validates
+        gate, up = canonical_epilogue(gate), canonical_epilogue(up)  # validates
         if bn % 128 or split != 1 or w_layout != "shuffled" or kw != 1:
             raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W / kw (got BN={bn})")
     if split < 1 or (k_pad // bk) % split or (grouped and split != 1):
@@ -347,8 +349,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # compile-time constants the buffer instruction's immediate offset absorbs) ----
         nb0 = (by * bn + wcol) // 16
         w_base = bz * w_bs
+        b_base = 0  # the bias row: the tile's expert's with `grouped` (stacked [E, N] or [E, N_pad] gated)
         if const_expr(grouped):  # the M tile's expert (moe): W of that expert
-            w_base = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc(Cnt, cnt_bytes), _raw(bx * 4), zero)) * w_bs
+            expert = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc(Cnt, cnt_bytes), _raw(bx * 4), zero))
+            w_base = expert * w_bs
+            b_base = expert * (n_pad if gate is not None else n)
         w_voff = []
         for nr in range_constexpr(n_rep):
             nb = nb0 + nr
@@ -476,7 +481,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         def store_gated(accs):  # gated MLP: lane pairs (gate, up) -> act(g) * u
             c_base = bz * c_bs
             if const_expr(has_bias):
-                rbg = rsrc(Bias, n_pad * 4)
+                rbg = rsrc(Bias, p_bytes if grouped else n_pad * 4)
             if const_expr(has_residual):
                 rrg = rsrc(Res, c_bytes)
             for j in range_constexpr(n_rep // 2):
@@ -488,11 +493,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
                     uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
                     if const_expr(has_bias):
-                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw(colg * 4), zero))
-                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + 16) * 4), zero))
+                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base) * 4), zero))
+                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base + 16) * 4), zero))
                         gv = gv + fx.Vector.filled(4, bgv, fx.Float32)
                         uv = uv + fx.Vector.filled(4, buv, fx.Float32)
-                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * uv, activation)
+                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * apply_epilogue_device(uv, up), activation)
                     for i in range_constexpr(4):
                         row = a_row0 + mr * 16 + q * 4 + i
                         c_off = ((row < m) & col_ok).select((c_base + row * n + col) * osz, fx.Int32(OOB))
@@ -506,7 +511,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             c_base = bz * c_bs
             rb = rr = None
             if const_expr(has_bias):
-                rb = rsrc(Bias, n * 4)
+                rb = rsrc(Bias, p_bytes if grouped else n * 4)
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
@@ -526,7 +531,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 bias_v = [None] * n_rep
                 if const_expr(has_bias):
                     for nr in range_constexpr(n_rep):
-                        b_off = (col0 + nr * 16 < n).select((col0 + nr * 16) * 4, fx.Int32(OOB))
+                        b_off = (col0 + nr * 16 < n).select((col0 + nr * 16 + b_base) * 4, fx.Int32(OOB))
                         bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
 
                 def y_of(mr, nr):
@@ -543,7 +548,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 col = col0 + nr * 16
                 col_ok = col < n
                 if const_expr(has_bias):
-                    b_off = col_ok.select(col * 4, fx.Int32(OOB))
+                    b_off = col_ok.select((col + b_base) * 4, fx.Int32(OOB))
                     bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
                 for mr in range_constexpr(m_rep):
                     yv = scaled(mr, nr)

@@ -22,7 +22,7 @@ from translator_kernels import launch as kl
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.gated import gated_weight, unarrange_gated
-from translator_kernels.gemm.kernel import apply_epilogue_torch
+from translator_kernels.gemm.kernel import apply_epilogue_torch, canonical_epilogue
 from translator_kernels.gemm.preshuffle import shuffle_weight_batched, unshuffle_weight
 from translator_kernels.moe.grouped import capacity, grouped_config, grouped_gemm
 from translator_kernels.moe.permute import build_moe_align, build_moe_gather, build_moe_unpermute
@@ -125,12 +125,42 @@ def prepare_experts(gate_up, down, dtype=None):
     return w13, shuffle_weight_batched(down)
 
 
+def gpt_oss_programs(alpha: float, limit: float) -> tuple[str, str]:
+    """gpt-oss's clamped SwiGLU as the gated epilogue's two programs: gate g -> c·sigmoid(alpha·c) with
+    c = min(g, limit); up u -> clamp(u, -limit, limit) + 1 (the kernel multiplies the two)."""
+    gate = ('{"n":1,"ops":[["clamp",[0],[null,%r]],["const",[],[%r]],["mul",[1,2],[]],["sigmoid",[3],[]],'
+            '["mul",[1,4],[]]],"out":[[5,"f32"]]}' % (float(limit), float(alpha)))
+    return canonical_epilogue(gate), canonical_epilogue(f"clamp({-float(limit)!r},{float(limit)!r});add(1.0)")
+
+
+def prepare_gpt_oss_experts(gate_up, gate_up_bias, down, down_bias, dtype=None):
+    """HF GptOssExperts' parameters (x @ W layout: gate_up_proj [E, H, 2I] with gate / up in the even / odd
+    columns, its bias [E, 2I], down_proj [E, I, H], its bias [E, H]) -> (w13, b13, w2, b2) for moe_experts:
+    the interleaved columns are de-interleaved and transposed here, once (weight preparation only)."""
+    e, h, two_i = gate_up.shape
+    i = two_i // 2
+    if two_i % 2 or tuple(down.shape) != (e, i, h) or tuple(gate_up_bias.shape) != (e, two_i) or \
+            tuple(down_bias.shape) != (e, h):
+        raise KernelInputError(f"prepare_gpt_oss_experts: gate_up {tuple(gate_up.shape)}, its bias "
+                               f"{tuple(gate_up_bias.shape)}, down {tuple(down.shape)}, its bias {tuple(down_bias.shape)} "
+                               f"are not [E, H, 2I], [E, 2I], [E, I, H], [E, H]")
+    gu, dn = gate_up.detach(), down.detach()
+    if dtype is not None:
+        gu, dn = gu.to(dtype), dn.to(dtype)
+    w13 = torch.stack([gated_weight(gu[j, :, 0::2].t().contiguous(), gu[j, :, 1::2].t().contiguous()) for j in range(e)])
+    bf = gate_up_bias.detach().float()
+    b13 = torch.stack([gated_weight(bf[j, 0::2].contiguous(), bf[j, 1::2].contiguous()) for j in range(e)])
+    return w13, b13, shuffle_weight_batched(dn.transpose(1, 2).contiguous()), down_bias.detach().float().contiguous()
+
+
 def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, residual=None, out_dtype=None,
-                first_expert: int = 0):
+                first_expert: int = 0, up=None, b13=None, b2=None):
     """The experts of one MoE layer: x [T, H], routing weights [T, k], ids [T, k], prepared w13 / w2
     (prepare_experts) -> [T, H] = sum_j weights[t, j] · expert_{ids[t, j]}(x[t]) (+ residual).
     first_expert: w13 / w2 hold experts [first_expert, first_expert + E) (expert parallel: one rank's
-    share); choices of other experts add nothing here (their rank adds them, e.g. by all_reduce)."""
+    share); choices of other experts add nothing here (their rank adds them, e.g. by all_reduce).
+    up / b13 / b2: the up-side program and the per-expert biases (gpt-oss: gpt_oss_programs,
+    prepare_gpt_oss_experts)."""
     if x.dim() != 2 or weights.shape != ids.shape or weights.shape[0] != x.shape[0]:
         raise KernelInputError(f"moe_experts: x {tuple(x.shape)}, weights {tuple(weights.shape)}, ids "
                                f"{tuple(ids.shape)}; need [T, H], [T, k], [T, k]")
@@ -142,8 +172,8 @@ def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, res
     cfg_dn = type(cfg_dn)(cfg_up.bm, cfg_dn.bn, cfg_dn.bk)  # one row tile: both GEMMs read the same tile map
     src, tiles, pos = moe_align(ids, e, cfg_up.bm, first_expert)
     xs = moe_gather(x, src)
-    hid = grouped_gemm(xs, w13, tiles, inter, h, cfg_up, gate=gate)
-    y = grouped_gemm(hid, w2, tiles, h, inter, cfg_dn)
+    hid = grouped_gemm(xs, w13, tiles, inter, h, cfg_up, gate=gate, up=up, bias=b13)
+    y = grouped_gemm(hid, w2, tiles, h, inter, cfg_dn, bias=b2)
     return moe_unpermute(y, weights, pos, residual=residual, out_dtype=out_dtype or x.dtype)
 
 
@@ -163,15 +193,20 @@ def ref_topk_gating(logits, k, scoring="softmax", renormalize=True, groups=1, to
     return w, ids
 
 
-def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None, out_dtype=None, first_expert=0):
+def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None, out_dtype=None, first_expert=0,
+                    up=None, b13=None, b2=None):
     e, h = w13.shape[0], x.shape[1]
     out = torch.zeros(x.shape, dtype=torch.float32)
     xf = x.float()
     for j in range(e):
-        wg, wu, _, _ = unarrange_gated(w13[j], None, inter, h)
+        wg, wu, bg, bu = unarrange_gated(w13[j], None if b13 is None else b13[j], inter, h)
         wd = unshuffle_weight(w2[j], h, inter)
-        hid = (apply_epilogue_torch(xf @ wg.float().t(), gate) * (xf @ wu.float().t())).to(w13.dtype).float()
-        y = (hid @ wd.float().t()).to(w13.dtype).float()
+        g, u = xf @ wg.float().t(), xf @ wu.float().t()
+        if b13 is not None:
+            g, u = g + bg, u + bu
+        hid = (apply_epilogue_torch(g, gate) * apply_epilogue_torch(u, up)).to(w13.dtype).float()
+        y = hid @ wd.float().t() + (0.0 if b2 is None else b2[j])
+        y = y.to(w13.dtype).float()
         sel = (ids == j + first_expert).float() * weights.float()
         out += sel.sum(-1, keepdim=True) * y
     if residual is not None:
@@ -180,4 +215,4 @@ def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None,
 
 
 __all__ = ["capacity", "grouped_config", "grouped_gemm", "moe_align", "moe_experts", "moe_gather", "moe_unpermute",
-           "prepare_experts", "ref_moe_experts", "ref_topk_gating", "topk_gating"]
+           "gpt_oss_programs", "prepare_experts", "prepare_gpt_oss_experts", "ref_moe_experts", "ref_topk_gating", "topk_gating"]

@@ -46,11 +46,16 @@ def capacity(pairs: int, experts: int, bm: int) -> int:
     return -(-c // bm) * bm
 
 
-def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=None, out_dtype=None):
+def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=None, up=None, bias=None,
+                 out_dtype=None):
     """a [cap, k] (cap a multiple of cfg.bm) x w [E, N_pad, K_pad] (stacked preshuffled weights, or stacked
-    gated.gated_weight arrangements with `gate`) -> [cap, n]; tile_expert [cap / bm] int32."""
+    gated.gated_weight arrangements with `gate`) -> [cap, n]; tile_expert [cap / bm] int32. bias: per expert,
+    fp32 [E, n] (or [E, N_pad], the stacked gated arrangements of gate and up bias, with `gate`), added to the
+    row's expert's accumulators; up: a program on the up value (gate(g) * up(u)), with `gate` only."""
     op = "grouped_gemm"
-    gate = canonical_epilogue(gate)
+    gate, up = canonical_epilogue(gate), canonical_epilogue(up)
+    if up and not gate:
+        raise KernelInputError(f"{op}: an up program ({up}) needs a gated GEMM (gate=...)")
     dt = FLOAT_NAMES.get(a.dtype)
     if dt is None or a.dtype != w.dtype:
         raise KernelInputError(f"{op}: a {a.dtype} and w {w.dtype} must be one of float32/bfloat16/float16")
@@ -65,6 +70,9 @@ def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=Non
     if k % kpack_for(a.dtype):
         raise KernelInputError(f"{op}: K={k} is not a multiple of {kpack_for(a.dtype)} (16-byte rows); pad the "
                                f"hidden / intermediate size")
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (w.shape[0], n_pad if gate else n)):
+        raise KernelInputError(f"{op}: bias {tuple(bias.shape)} {bias.dtype} must be float32 [E, "
+                               f"{n_pad if gate else n}] (one row per expert; gated: gated_weight of gate/up biases)")
     out_dtype = out_dtype or a.dtype
     out = torch.empty((cap, n), dtype=out_dtype, device=a.device)
     for name, t in (("a", a), ("w", w), ("out", out)):
@@ -74,9 +82,10 @@ def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=Non
         return out
     a, w = a.contiguous(), w.contiguous()  # a strided view of a prepared weight is read as given
     launcher = build_gemm(n, k, n_pad, k_pad, dt, FLOAT_NAMES[out_dtype], kl.arch(), cfg.bm, cfg.bn, cfg.bk,
-                          None, False, False, 1, "shuffled", gate, 1, grouped=True)
+                          None, bias is not None, False, 1, "shuffled", gate, 1, grouped=True, up=up)
     tile_expert = tile_expert.to(torch.int32).contiguous()
-    kl.call(launcher, out, a, w, tile_expert, out, tile_expert, tile_expert, cap, 1, cap * k, n_pad * k_pad,
+    b = tile_expert if bias is None else bias.contiguous()  # p_bytes carries the bias size (P is unused)
+    kl.call(launcher, out, a, w, b, out, tile_expert, tile_expert, cap, 1, cap * k, n_pad * k_pad,
             cap * n, 1.0, a.numel() * a.element_size(), w.numel() * w.element_size(),
-            out.numel() * out.element_size(), 4, tile_expert.numel() * 4)
+            out.numel() * out.element_size(), b.numel() * 4, tile_expert.numel() * 4)
     return out
