@@ -43,8 +43,8 @@ from translator_kernels.arch import DTYPE_NAMES, NAMED_DTYPES
 from translator_kernels.codegen.host import current_arch
 from translator_kernels.errors import KernelInputError
 from translator_kernels.layout import _DUMMY, _INT, MAX_BYTES, _geometry_index
-from translator_kernels.layout.kernel import BLOCK, _raise_flag, _source_index, _store, _value, vector_grid
-from translator_kernels.layout.scatter import Scatter, _check_ids, _dst_offset, scatter_map
+from translator_kernels.layout.kernel import BLOCK, _raise_flag, _store, _value, vector_grid
+from translator_kernels.layout.scatter import Scatter, _check_ids, _dst_offset, dst_offset, scatter_map
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -118,14 +118,7 @@ def _rotate(sec: RopeSec, o, X, C, S):
 def _cache_offset(sec: RopeSec, o, Ids, words):
     """(cache element offset of R's element o, positions-in-range flag)."""
     rc = [0 if n == 1 else (o if st == 1 else o // st) % n for n, st in zip(sec.region, sec.vs)]
-    off, good = 0, None
-    for s, stride in zip(sec.dst, sec.dst_strides):
-        idx, _, ok = _source_index(s, rc, Ids, words)
-        if not isinstance(idx, int) or idx:
-            off = off + idx * stride
-        if ok is not None:
-            good = ok if good is None else good & ok
-    return fx.Int32(off), good
+    return dst_offset(sec.dst, sec.dst_strides, rc, Ids, words)
 
 
 @kl.builder

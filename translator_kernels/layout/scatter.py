@@ -69,10 +69,15 @@ class Scatter:
 def _dst_offset(sc: Scatter, v, Ids, vshape, ostride):
     """(destination element offset of vector `v`, all-ids-in-range flag or None): plain Python over the
     static map, outside the kernel body, so the kernel's AST rewriter sees no loops."""
-    coords = out_coords(v, vshape, ostride, sc.read.vec)
+    return dst_offset(sc.dst, sc.dst_strides, out_coords(v, vshape, ostride, sc.read.vec), Ids, sc.read.id_words)
+
+
+def dst_offset(dst, dst_strides, coords, Ids, words):
+    """(element offset in the destination of the element at `coords` of the written region, all-ids-in-range
+    flag or None): each destination dim's index (a slice or ids read on the device) times its stride."""
     off, good = 0, None
-    for s, stride in zip(sc.dst, sc.dst_strides):
-        idx, _, ok = _source_index(s, coords, Ids, sc.read.id_words)
+    for s, stride in zip(dst, dst_strides):
+        idx, _, ok = _source_index(s, coords, Ids, words)
         if not isinstance(idx, int) or idx:
             off = off + idx * stride
         if ok is not None:
