@@ -92,12 +92,13 @@ register_family(OpFamily(
 
 @torch.library.custom_op("flydsl::moe_experts", mutates_args=())
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                inter: int, gate: str, residual: Optional[torch.Tensor], first_expert: int) -> torch.Tensor:
-    return dispatch("moe_experts", x, weights, ids, w13, w2, inter, gate, residual, first_expert)
+                inter: int, gate: str, residual: Optional[torch.Tensor], first_expert: int, up: Optional[str] = None,
+                b13: Optional[torch.Tensor] = None, b2: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return dispatch("moe_experts", x, weights, ids, w13, w2, inter, gate, residual, first_expert, up, b13, b2)
 
 
 @moe_experts.register_fake
-def _(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
+def _(x, weights, ids, w13, w2, inter, gate, residual, first_expert, up=None, b13=None, b2=None):
     return x.new_empty(x.shape)
 
 
@@ -108,16 +109,16 @@ def _rows(x, weights, ids, residual):
             None if residual is None else residual.reshape(-1, h))
 
 
-def ref_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
+def ref_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert, up=None, b13=None, b2=None):
     x2, w, i, r = _rows(x, weights, ids, residual)
     return K.ref_moe_experts(x2.to(w13.dtype), w, i, w13, w2, inter, gate, r, out_dtype=x.dtype,
-                             first_expert=first_expert).reshape(x.shape)
+                             first_expert=first_expert, up=up, b13=b13, b2=b2).reshape(x.shape)
 
 
-def kernel_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert):
+def kernel_moe_experts(x, weights, ids, w13, w2, inter, gate, residual, first_expert, up=None, b13=None, b2=None):
     x2, w, i, r = _rows(x, weights, ids, residual)
     return K.moe_experts(x2, w, i, w13, w2, inter, gate, residual=r, out_dtype=x.dtype,
-                         first_expert=first_expert).reshape(x.shape)
+                         first_expert=first_expert, up=up, b13=b13, b2=b2).reshape(x.shape)
 
 
 register_family(OpFamily(
@@ -134,7 +135,7 @@ def _sample_experts(dt):
     w, ids = K.ref_topk_gating(torch.randn(t, e, generator=g), 2)
     w13, w2 = K.prepare_experts((torch.randn(e, 2 * i, h, generator=g) / 8).to(dt),
                                 (torch.randn(e, h, i, generator=g) / 8).to(dt))
-    return torch.randn(t, h, generator=g).to(dt), w, ids, w13, w2, i, "silu", None, 0
+    return torch.randn(t, h, generator=g).to(dt), w, ids, w13, w2, i, "silu", None, 0, None, None, None
 
 
 # ---- routing ----
@@ -286,9 +287,9 @@ def _pair(mul):
     return ((a, b), (b, a))
 
 
-def _match_grouped(node, ctx):
-    """The HF grouped-mm experts ending at sum `node` (see the module docstring), or None."""
-    seen = [node]
+def unpermuted_sum(node):
+    """(weighted, perm, nodes) of sum `node` = weighted[inv].view(T, k, H).sum(1), inv the inverse of
+    permutation perm (index_put_ of an arange), else None."""
     if list(arg(node, "dim") or []) != [1] or arg(node, "keepdim", False):
         return None
     view = _src(node)
@@ -300,7 +301,15 @@ def _match_grouped(node, ctx):
     if not _is(inv, aten.index_put_.default, aten.index_put.default) or not _is(weighted, aten.mul.Tensor):
         return None
     perm = (arg(inv, "indices") or [None])[0]
-    seen += [view, idx, inv, weighted, _src(inv), arg(inv, "values")]
+    return weighted, perm, [node, view, idx, inv, weighted, _src(inv), arg(inv, "values")]
+
+
+def _match_grouped(node, ctx):
+    """The HF grouped-mm experts ending at sum `node` (see the module docstring), or None."""
+    u = unpermuted_sum(node)
+    if u is None:
+        return None
+    weighted, perm, seen = u
     for down, scale in _pair(weighted):
         if _gmm(down) is not None and _is(scale, aten.unsqueeze.default):
             break
@@ -353,10 +362,17 @@ def _experts_reason(m, ctx):
     e, two_i, h = gu.shape
     if tuple(dn.shape) != (e, h, two_i // 2) or two_i % 2:
         return f"gate_up_proj {tuple(gu.shape)} / down_proj {tuple(dn.shape)} are not [E, 2I, H] / [E, H, I]"
+    return experts_fit(m, e, h, two_i // 2)
+
+
+def experts_fit(m, e, h, i):
+    """Why E experts of H -> I -> H (weights m["gate_up"] / m["down"], input m["x"], ids m["ids"]) do not
+    fit the kernels, else None."""
+    x, gu, dn = m["x"], m["gate_up"], m["down"]
     if e > K.MAX_EXPERTS:
         return f"{e} experts (the permutation kernel takes E <= {K.MAX_EXPERTS})"
-    if h % 8 or (two_i // 2) % 8:
-        return f"H={h} / I={two_i // 2} not multiples of 8 (16-byte rows)"
+    if h % 8 or i % 8:
+        return f"H={h} / I={i} not multiples of 8 (16-byte rows)"
     if gu.dtype != dn.dtype or gu.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"expert weights {gu.dtype} / {dn.dtype} (float32 / bfloat16 / float16, one dtype)"
     if dtype_of(x) != gu.dtype and not (dtype_of(x) == torch.float32):
@@ -434,3 +450,4 @@ def _erase_dead(ctx, roots):
             _erase_checks(ctx, u)
         work.extend(n.all_input_nodes)
         ctx.graph.erase_node(n)
+
