@@ -166,6 +166,7 @@ def main(argv=None) -> int:
         from . import isa_fp8
 
         isa_fp8.print_rows(isa_fp8.rows(tuple(archs)))
+        isa_fp8.print_decode_rows(isa_fp8.decode_rows(tuple(archs)))  # Llama-3-8B decode: split-K tiles
         return 0
     rows = [r for r in ANCHORS if not a.only or r[1] in a.only.split(",")]
     t0 = time.time()

@@ -1,0 +1,39 @@
+"""bench.isa_fp8's decode rows: the plan takes the tile chooser's split-K tiles and says which ones FlyDSL's
+preshuffle GEMM cannot take; the split-K compile entry builds the kernel the chooser picks (COMPILE_ONLY)."""
+
+import pytest
+
+from bench import isa_fp8
+from translator_kernels.gemm import GemmConfig
+from translator_kernels.gemm.fp8 import choose_fp8_config
+from translator_kernels.gemm.tiles import m_bucket
+
+
+def test_decode_plan_uses_the_chosen_tiles_and_their_split():
+    plan = isa_fp8.decode_plan(("gfx942", "gfx950"))
+    assert len(plan) == 2 * (2 * len(isa_fp8.DECODE_SHAPES) + 1)
+    for r in plan:
+        if r["chosen"]:
+            assert r["cfg"] == choose_fp8_config(m_bucket(r["m"]), r["n"], r["k"], r["arch"])
+        e = r["est"]
+        assert e["kernel_t"] > 0 and 0 < e["hbm_floor"] / e["kernel_t"] <= 1
+    assert any(r["cfg"].split > 1 for r in plan)  # decode is split-K: the rows the split-1 entries could not build
+    assert [r["cfg"] for r in plan if not r["chosen"]] == [GemmConfig(16, 64, 128)] * 2
+
+
+def test_upstream_reason():
+    assert isa_fp8.upstream_reason(GemmConfig(16, 16, 128, 4, 4)) == isa_fp8.NO_SPLIT_UPSTREAM
+    assert "BN=16" in isa_fp8.upstream_reason(GemmConfig(16, 16, 128, 1, 4))
+    assert isa_fp8.upstream_reason(GemmConfig(16, 64, 128)) is None
+
+
+@pytest.mark.parametrize("arch", ["gfx950"])
+def test_split_k_decode_entry_compiles(arch):
+    """Llama-3-8B down at M=16 on gfx950: 16x16x512 split 2, kw 4 (the chooser's tile) compiles with no
+    spills to the fp8 MFMA, and its per-K-step MFMA count is one K tile's (the K loop is unrolled: 14 tiles)."""
+    cfg = choose_fp8_config(16, 4096, 14336, arch)
+    assert (cfg.bm, cfg.bn, cfg.bk, cfg.split, cfg.kw) == (16, 16, 128, 2, 4)
+    c = isa_fp8._isa_cells(isa_fp8.FP8_GEMM, (4096, 14336, 16, 16, 512, 2, 4), arch, (16, 16, 512), 14)
+    assert "error" not in c, c
+    assert c["spills"] == 0 and c["waves"] >= 4
+    assert c["mfma"] == 1 and c["mfma_total"] == 14  # gfx950: one 16x16x128 MFMA per 16x16x128 block, / 4 waves
