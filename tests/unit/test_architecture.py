@@ -328,6 +328,7 @@ TESTS_OF_BENCH = {
     "test_bench.py": "runs the bench programs (kernels, models, roofline, isa, rocm, weights_look) and checks what they print",
     "test_hf_families.py": "bench.hf_coverage's measure and audit are the HF coverage harness under test",
     "test_generation_bench.py": "runs python -m bench.generate end to end and checks its MODEL table and what it prints",
+    "test_isa_fp8_decode.py": "bench.isa_fp8's decode rows: the chooser's split-K tiles and the upstream reasons it prints",
 }
 
 
@@ -549,3 +550,12 @@ def test_import_order_does_not_change_which_rules_fire(how):
     assert {"epilogue_activation", "attention_handwritten", "rms_norm_handwritten", "loss_mse_loss",
             "reduce_prologue_fused", "reduce_epilogue_fused", "scan_exclusive", "scan_reversed", "add_layer_norm"} <= set(want["block"]["counters"]) | \
         set(want["attn"]["counters"]) | set(want["stats"]["counters"])
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test files by basename (no packages under tests/): two files of one name in two
+    folders make one of them a collection error ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted([*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "flysim" / "tests").rglob("test_*.py")]):
+        seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))  # both of pyproject's testpaths
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
