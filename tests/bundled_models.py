@@ -14,13 +14,19 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (REPO / "models").glob("*.py") if not p.name.startswith("_"))
 
 
-def load_model(name, prefix="_e2e_model", **module_values):
-    """(model, module) of models/<name>.py; `module_values` set the module's globals of those
-    names (sizes such as seq_len) before the model is built, where the module has them."""
+def load_module(name, prefix="_e2e_model"):
+    """models/<name>.py imported as the module `<prefix>_<name>` (each prefix its own copy)."""
     spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", REPO / "models" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
+    return mod
+
+
+def load_model(name, prefix="_e2e_model", **module_values):
+    """(model, module) of models/<name>.py; `module_values` set the module's globals of those
+    names (sizes such as seq_len) before the model is built, where the module has them."""
+    mod = load_module(name, prefix)
     for k, v in module_values.items():
         if hasattr(mod, k):
             setattr(mod, k, v)

@@ -14,10 +14,7 @@ tests/e2e/test_generation_hf.py.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,20 +22,12 @@ import torch
 import translator
 from translator.tolerances import model_tol
 from translator.frontends import compile_backend
+from bundled_models import load_module  # tests/ is on sys.path (tests/conftest.py)
 
-REPO = Path(__file__).resolve().parents[2]
 NEW = 4  # new tokens in the default suite (prefill + 3 decode steps)
 
 
-def _decoder_module():
-    spec = importlib.util.spec_from_file_location("_gen_static_cache_decoder", REPO / "models" / "_static_cache_decoder.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-D = _decoder_module()
+D = load_module("_static_cache_decoder", "_gen")
 
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py

@@ -12,9 +12,6 @@ rope_cache.py, the kernel translator_kernels/layout/rope_cache.py), in generatio
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,20 +19,12 @@ import torch
 import translator
 from translator.tolerances import model_tol
 from translator.frontends import compile_backend
+from bundled_models import load_module  # tests/ is on sys.path (tests/conftest.py)
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
 
 
-def _decoder():
-    spec = importlib.util.spec_from_file_location("_rope_cache_decoder", REPO / "models" / "_static_cache_decoder.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-D = _decoder()
+D = load_module("_static_cache_decoder", "_rope_cache")
 
 
 def _kernels(records):
