@@ -36,10 +36,11 @@ def captured_quant_layers():
     if hf is None or getattr(hf, "_flydsl_original_fp8_linear", None) is not None:  # absent, or already inside
         yield
         return
-    hf._flydsl_original_fp8_linear = hf.fp8_linear
-    hf.fp8_linear = _captured
-    try:
+    original = hf.fp8_linear
+    try:  # patched inside the try: an interrupt between the two lines still restores HF's function
+        hf._flydsl_original_fp8_linear = original
+        hf.fp8_linear = _captured
         yield
     finally:
-        hf.fp8_linear = hf._flydsl_original_fp8_linear
-        del hf._flydsl_original_fp8_linear
+        hf.fp8_linear = original
+        hf.__dict__.pop("_flydsl_original_fp8_linear", None)
