@@ -12,7 +12,7 @@ from translator_kernels.arch import GPUS, STREAM_MEASURED
 def rows():
     with pytest.MonkeyPatch.context() as mp:  # the fused RoPE launch at its bandwidth floor: no compile here
         mp.setattr(G, "_ROPE_FEATURES", {a: "skipped: no compile in this test" for a in GPUS})
-        return G.model_rows()
+        return G.model_rows(batches=(1, 16), contexts=(2048,))
 
 
 def test_the_streaming_limit_is_the_vendor_limit_at_the_measured_fraction(rows):
