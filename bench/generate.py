@@ -38,7 +38,7 @@ of our kernel compiled for the arch (a COMPILE_ONLY child, ~10-20 s per arch); d
 combine and the gather as bandwidth floors (launch floor + bytes at the fitted achievable bandwidth:
 the model has no features for them without compiling), said so per row. The 'before' columns price
 the launch list before that fusion (RoPE q, RoPE k, two cache writes: bandwidth floors). Each step is
-priced three ways: with the fitted per-launch floor T_LAUNCH (10 us, one kernel replayed alone),
+priced three ways: with the fitted per-launch floor T_LAUNCH (12 us, one kernel replayed alone),
 graph-replayed (GRAPH_LAUNCH per launch, 1.7 us measured back to back in one HIP graph: an upper
 bound of the gap), and kernels alone; the fraction limit / MODEL for each, against both limits.
 """
