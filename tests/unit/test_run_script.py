@@ -48,3 +48,9 @@ def test_setup_prints_the_plan():
     text = (ROOT / "run").read_text()
     assert 'plan=$(torch_plan)' in text and 'pip_long "${plan%%|*}" "${plan#*|}" install "$TORCH_PIN"' in text
     assert "(CPU)" not in text  # the label that was wrong on a machine without the local wheel
+
+
+def test_the_readme_says_what_setup_installs():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "torch 2.13.0 CPU" not in text  # true only where pip is pointed at the CPU wheel
+    assert "`./run torch-plan` says which build" in text
