@@ -156,7 +156,7 @@ class _Promote(torch.overrides.TorchFunctionMode):
 
         args = tuple(up(a) for a in args)
         kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
-        if func is torch._grouped_mm and self.dtype not in _GROUPED_MM_DTYPES:
+        if func in _GROUPED_MM and self.dtype not in _GROUPED_MM_DTYPES:
             return _grouped_mm_wide(*args, **kwargs)
         return func(*args, **kwargs)
 
@@ -164,9 +164,10 @@ class _Promote(torch.overrides.TorchFunctionMode):
 # the dtypes torch's own grouped GEMM takes (CPU and GPU): an fp64 truth of an MoE model (HF's experts call
 # F.grouped_mm, i.e. torch._grouped_mm) computes it group by group with torch.mm instead
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_GROUPED_MM = (torch._grouped_mm, torch.ops.aten._grouped_mm.default)  # a graph module calls the aten op
 
 
-def _grouped_mm_wide(mat_a, mat_b, *, offs=None, bias=None, out_dtype=None):
+def _grouped_mm_wide(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """torch._grouped_mm's math in any dtype, for the forms MoE forwards use: `mat_a` [M, K] with its rows
     in groups ending at `offs` times `mat_b` [G, K, N] (rows past `offs[-1]` give zeros), and [G, M, K] times
     [G, K, N] without `offs` (a batched GEMM). Other forms go to torch's op, whose error then names them."""

@@ -122,6 +122,25 @@ def test_an_hf_moe_model_runs_in_fp64():
     assert all(p.dtype == torch.float32 for p in m.parameters())
 
 
+class AtenGrouped(nn.Module):
+    """torch's grouped GEMM as a graph module calls it (the aten op, offs by position)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 8, 4))
+
+    def forward(self, x):
+        return torch.ops.aten._grouped_mm.default(x, self.w, torch.tensor([2, 2, 5], dtype=torch.int32))
+
+
+def test_the_aten_grouped_mm_runs_in_fp64():
+    m, x = AtenGrouped(), torch.randn(6, 8)
+    out = run_as(m, (x,), torch.float64)
+    w, xd = m.w.detach().double(), x.double()
+    want = torch.cat([xd[:2] @ w[0], xd[2:5] @ w[2], torch.zeros(1, 4, dtype=torch.float64)])  # row 5: past offs[-1]
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 def test_a_seeded_moe_mismatch_is_judged_with_the_fp64_truth(monkeypatch):
     from translator import translate
     from translator.registry import FAMILIES
