@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 
 import torch
+import torch.utils._pytree as pytree
 
 from . import runtime, state, weights
 from .errors import DeviceError, DtypeError, GradError, InputError, ShapeError
@@ -84,7 +86,9 @@ class TranslatedModule(torch.nn.Module):
             for key, value in d.items():
                 new.__dict__[key] = fresh[key] if key in fresh else copy.deepcopy(value, memo)
 
-        state.deep_copy(self.gm, memo, copy_all)
+
+        with _tree_specs_shared(self.gm, memo):
+            state.deep_copy(self.gm, memo, copy_all)
         model = new.__dict__.get("_model")
         if model is not None:
             weights.track(new.gm, model)
@@ -348,3 +352,35 @@ def input_spec(gm):
         v = n.meta.get("val")
         spec.append([static_int(s) for s in v.shape] if isinstance(v, torch.Tensor) else None)
     return spec
+
+
+
+@contextlib.contextmanager
+def _tree_specs_shared(gm: torch.fx.GraphModule, memo: dict):
+    """Within: a deep copy of gm shares its pytree specs (torch.export's in / out specs, on each graph module
+    and in its graph's code generator). A TreeSpec is frozen, so sharing is exact; copying one built a fresh
+    `LeafSpec`, whose constructor torch deprecates: every `copy.deepcopy(tm)` printed a FutureWarning. The
+    module's specs go through `memo`; fx's Graph.__deepcopy__ copies its code generator without the memo, so
+    the generator is given a `__deepcopy__` of its own (a shallow copy) for the length of the copy."""
+    given = []
+    for m in gm.modules():
+        if not isinstance(m, torch.fx.GraphModule):
+            continue
+        for spec in (getattr(m, "_in_spec", None), getattr(m, "_out_spec", None)):
+            if isinstance(spec, pytree.TreeSpec):
+                memo[id(spec)] = spec
+        cg = m.graph._codegen
+        if getattr(cg, "pytree_info", None) is not None and "__deepcopy__" not in vars(cg):
+            cg.__deepcopy__ = functools.partial(_shallow_codegen, cg)
+            given.append(cg)
+    try:
+        yield
+    finally:
+        for cg in given:
+            del vars(cg)["__deepcopy__"]
+
+
+def _shallow_codegen(cg, _memo=None):
+    new = copy.copy(cg)
+    vars(new).pop("__deepcopy__", None)
+    return new

@@ -22,6 +22,9 @@ inputs, dtype)` makes such a run:
   submodule's tensors), needs everything cast before it starts: the run is retried, or for a graph
   module made at once, with every module's tensors swapped for the length of the run (one cast
   copy, freed at the end).
+- **Ops without a kernel in the truth's dtype.** `torch._grouped_mm` (HF's MoE experts, through
+  `F.grouped_mm`) takes fp32 / bf16 / fp16 only: in an fp64 run `_Promote` computes it group by group
+  with `torch.mm` (`_grouped_mm_wide`), so an MoE model has its fp64 truth like any other.
 - **State.** A buffer the model writes in place (a KV cache filled with `index_copy_`, a step
   counter) is cast with the run, like every tensor, and written only in its copy: the model's own
   buffers are never touched (the originals go back untouched), so nothing needs restoring. The
@@ -153,7 +156,32 @@ class _Promote(torch.overrides.TorchFunctionMode):
 
         args = tuple(up(a) for a in args)
         kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
+        if func in _GROUPED_MM and self.dtype not in _GROUPED_MM_DTYPES:
+            return _grouped_mm_wide(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+# the dtypes torch's own grouped GEMM takes (CPU and GPU): an fp64 truth of an MoE model (HF's experts call
+# F.grouped_mm, i.e. torch._grouped_mm) computes it group by group with torch.mm instead
+_GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_GROUPED_MM = (torch._grouped_mm, torch.ops.aten._grouped_mm.default)  # a graph module calls the aten op
+
+
+def _grouped_mm_wide(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm's math in any dtype, for the forms MoE forwards use: `mat_a` [M, K] with its rows
+    in groups ending at `offs` times `mat_b` [G, K, N] (rows past `offs[-1]` give zeros), and [G, M, K] times
+    [G, K, N] without `offs` (a batched GEMM). Other forms go to torch's op, whose error then names them."""
+    if bias is None and mat_b.dim() == 3 and (mat_a.dim(), offs is None) in ((2, False), (3, True)):
+        if mat_a.dim() == 3:
+            out = torch.bmm(mat_a, mat_b)
+        else:
+            out = mat_a.new_zeros(mat_a.shape[0], mat_b.shape[2])
+            start = 0
+            for g, end in enumerate(offs.tolist()):
+                out[start:end] = mat_a[start:end] @ mat_b[g]
+                start = end
+        return out if out_dtype is None else out.to(out_dtype)
+    return torch._grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
 
 
 def _promoting(dtype: torch.dtype):

@@ -444,6 +444,8 @@ def test_the_fact_check_sees_a_copy(tmp_path):
 OWN_TOLERANCES = {
     "tests/kernels/test_gemm_gated.py": "bf16 product of two GEMMs against an fp32 reference rounded once",
     "tests/unit/test_scan.py": "a bf16 model's cumsum of 300 terms: the error grows with the running sum",
+    "tests/unit/test_verify_truth.py": "two fp64 runs of one model summing in another order: fp64 roundings (~1e-16), "
+                                       "where an fp32 step anywhere would show ~1e-7",
 }
 
 

@@ -113,3 +113,26 @@ def test_pickling_names_translator_save(tmp_path):
     shallow = copy.copy(tm)
     assert shallow.gm is tm.gm
     torch.save(tm.state_dict(), tmp_path / "sd.pt")  # the weights alone still save
+
+
+def test_translate_save_load_and_deepcopy_warn_nothing(tmp_path):
+    """A user sees no warning from us: `copy.deepcopy(tm)` printed torch's FutureWarning "isinstance(treespec,
+    LeafSpec) is deprecated" (copying the graph's frozen pytree specs built a new LeafSpec); now they are shared."""
+    import warnings
+
+    import translator
+    from bundled_models import load_model
+
+    model, mod = load_model("mini_gpt", n_layer=1)
+    x = tuple(mod.get_inputs())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tm = translate(model, x, backend="reference")
+        path = translator.save(tm, tmp_path / "mini_gpt.pt2", x)
+        loaded = translator.load(path)
+        tm2, loaded2 = copy.deepcopy(tm), copy.deepcopy(loaded)
+        with torch.no_grad():
+            outs = [m(*x) for m in (tm, loaded, tm2, loaded2)]
+    for got in outs[1:]:
+        torch.testing.assert_close(got, outs[0], rtol=0, atol=0)
+    assert tm2.gm._out_spec is tm.gm._out_spec  # shared: frozen

@@ -97,3 +97,59 @@ def test_convolutions_run_in_the_models_dtype():
     assert seen == [(torch.float32,) * 3, (torch.float64,) * 3], seen  # per module, not the whole-model fallback
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, m(x).double(), **model_tol())
+
+
+def _hf_moe():
+    """A tiny HF Qwen3-MoE (random init): its experts call F.grouped_mm, which has no fp64 kernel."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.Qwen3MoeConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1, head_dim=16, intermediate_size=48, moe_intermediate_size=24,
+                           num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+    m = T.Qwen3MoeForCausalLM(cfg).eval()
+    m.config._attn_implementation = "sdpa"
+    return m, torch.randint(0, 100, (2, 5))
+
+
+def test_an_hf_moe_model_runs_in_fp64():
+    # torch._grouped_mm takes fp32 / bf16 / fp16 only: the fp64 truth of every HF MoE model was skipped
+    # ("Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double"), so fp32 verification had no truth
+    m, ids = _hf_moe()
+    out = run_as(m, (ids,), torch.float64).logits
+    assert out.dtype == torch.float64
+    m.set_experts_implementation("eager")  # HF's per-expert loop of F.linear, which runs in fp64 as written
+    torch.testing.assert_close(out, run_as(m, (ids,), torch.float64).logits, rtol=1e-12, atol=1e-12)
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+
+
+class AtenGrouped(nn.Module):
+    """torch's grouped GEMM as a graph module calls it (the aten op, offs by position)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 8, 4))
+
+    def forward(self, x):
+        return torch.ops.aten._grouped_mm.default(x, self.w, torch.tensor([2, 2, 5], dtype=torch.int32))
+
+
+def test_the_aten_grouped_mm_runs_in_fp64():
+    m, x = AtenGrouped(), torch.randn(6, 8)
+    out = run_as(m, (x,), torch.float64)
+    w, xd = m.w.detach().double(), x.double()
+    want = torch.cat([xd[:2] @ w[0], xd[2:5] @ w[2], torch.zeros(1, 4, dtype=torch.float64)])  # row 5: past offs[-1]
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_a_seeded_moe_mismatch_is_judged_with_the_fp64_truth(monkeypatch):
+    from translator import translate
+    from translator.registry import FAMILIES
+
+    m, ids = _hf_moe()
+    fam = FAMILIES["moe_experts"]
+    good = fam.reference
+    monkeypatch.setattr(fam, "reference", lambda *a, **k: good(*a, **k) * 1.01)  # every expert output 1 % off
+    v = translate(m, (ids,), backend="reference").report.verification
+    assert v.passed is False, v.message
+    assert v.calibration.startswith("eager fp32 vs eager fp64"), v.calibration  # the truth ran: not "skipped"
+    assert v.divergence is not None and v.divergence.op == "flydsl.moe_experts", v.divergence

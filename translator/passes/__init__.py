@@ -13,6 +13,7 @@ from functools import partial
 
 from .. import lowerings  # noqa: F401  (importing the lowerings fills the registry)
 from ..registry import Stage
+from .casts import cast_round_trips
 from .cleanup import cleanup, dead_code
 from .fold_shapes import fold_shapes
 from .functionalize import functionalize
@@ -31,8 +32,10 @@ PIPELINE = [
     # hand-written forms first: they consume the nodes the canonical rules would take one by one
     ("match_patterns", partial(match_stage, stage=Stage.PATTERN)),
     ("match_canonical", partial(match_stage, stage=Stage.CANONICAL)),
+    ("cast_round_trips", cast_round_trips),  # x.to(fp32).to(bf16) between lowered ops is x: no cast kernels
     ("partition", fuse_regions),  # elementwise regions -> generated kernels
     ("fuse_consumers", fuse_consumers),  # prologues, epilogues, residual adds into FlyDSL nodes
+    ("cast_round_trips_folded", cast_round_trips),  # the same for the casts the folds added (norm residual)
     ("fix_strides", fix_strides),  # consumers of a FlyDSL op's layout fixed (view -> reshape, ...)
     ("fold_shapes", fold_shapes),  # what depends only on shapes and constants: once per input shape, cached
     ("cleanup", cleanup),
