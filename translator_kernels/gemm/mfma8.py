@@ -14,7 +14,7 @@ fp32 summation order):
   - gfx950 (OCP e4m3fn / e5m2): v_mfma_scale_f32_16x16x128_f8f6f4 with the operand formats in
     cbsz / blgp and constant-zero scales (LLVM then selects the unscaled v_mfma_f32_16x16x128_f8f6f4):
     the two chunks concatenated are the lane's 32 values; one per block, at twice gfx942's K per
-    instruction. The MX formats would pass e8m0 scales here instead of the zeros.
+    instruction. The MX formats (mxscale.py) pass the lane's e8m0 scales here instead of the zeros.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ def mfma8_per_block(arch: str) -> int:
     return 1 if arch.startswith("gfx950") else 4
 
 
-def mfma8_block(acc, a_regs, b_regs, a_fmt: str, w_fmt: str, arch: str):
-    """acc += one block; a_regs / b_regs: the lane's two vector<4xi32> chunks (kernel.py's lph = 2)."""
+def mfma8_block(acc, a_regs, b_regs, a_fmt: str, w_fmt: str, arch: str, scales=None):
+    """acc += one block; a_regs / b_regs: the lane's two vector<4xi32> chunks (kernel.py's lph = 2).
+    scales (gfx950, MX: mxscale.py): the lane's (A, W) e8m0 scale registers (byte 0), else constant zeros."""
     if arch.startswith("gfx950"):
         av = vector.shuffle(a_regs[0], a_regs[1], list(range(8)))
         bv = vector.shuffle(b_regs[0], b_regs[1], list(range(8)))
-        zero = _raw(fx.Int32(0))
+        sa, sb = scales or (_raw(fx.Int32(0)), _raw(fx.Int32(0)))
         return rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-            _v4f32(), [av, bv, acc, _FMT_CODE[a_fmt], _FMT_CODE[w_fmt], 0, zero, 0, zero])
+            _v4f32(), [av, bv, acc, _FMT_CODE[a_fmt], _FMT_CODE[w_fmt], 0, sa, 0, sb])
     op = rocdl.mfma_f32_16x16x32_fp8_fp8
     if (a_fmt, w_fmt) != ("fp8", "fp8"):  # flydsl wraps fp8_fp8 only; the others come from the dialect
         from flydsl._mlir.dialects import rocdl as _d
