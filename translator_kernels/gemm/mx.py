@@ -31,7 +31,8 @@ import torch
 from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.fp8 import (_scale_arg, _units, choose_fp8_config, fp8_format, m_bucket,
-                                         padded_shape_fp8, ref_gemm_fp8, shuffle_weight_fp8)
+                                         padded_shape_fp8, ref_gemm_fp8, shuffle_weight_fp8,
+                                         unshuffle_weight_fp8)
 from translator_kernels.gemm.mxscale import GROUP
 
 MX_DTYPES = {"fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
@@ -96,6 +97,20 @@ def shuffle_scale_mx(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return p.reshape(n_pad // 16, 16, kb, 4).permute(0, 2, 3, 1).contiguous().reshape(n_pad // 16, kb, 64)
 
 
+def unshuffle_weight_mx(ws: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The inverse of shuffle_weight_mx: W_q [N, K]."""
+    b = unshuffle_weight_fp8(ws, n, ws.shape[1]).view(torch.uint8)
+    inv = [CHUNK_PERM.index(c) for c in range(8)]
+    return b.reshape(n, -1, 8, 16)[:, :, inv].reshape(n, -1)[:, :k].contiguous().view(ws.dtype)
+
+
+def unshuffle_scale_mx(sp: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The inverse of shuffle_scale_mx: e8m0 [N, K / 32]."""
+    nb, kb = sp.shape[0], sp.shape[1]
+    s = sp.reshape(nb, kb, 4, 16).permute(0, 3, 1, 2).reshape(nb * 16, kb * 4)
+    return s[:n, :k // GROUP].contiguous().view(E8M0)
+
+
 def prepare_weight_mx(w_q: torch.Tensor, w_scale: torch.Tensor):
     """(weight, scales) the kernel reads, from W_q [N, K] and its e8m0 scales [N, K / 32]."""
     n, k = w_q.shape
@@ -156,4 +171,5 @@ def gemm_mx(a_q, w_prepared, n, k, w_scale, *, a_scale=None, bias=None, activati
 
 
 __all__ = ["CHUNK_PERM", "E8M0", "MX_DTYPES", "dequantize_mx", "gemm_mx", "prepare_weight_mx", "quantize_mx",
-           "ref_gemm_mx", "scale_bytes", "shuffle_scale_mx", "shuffle_weight_mx"]
+           "ref_gemm_mx", "scale_bytes", "shuffle_scale_mx", "shuffle_weight_mx", "unshuffle_scale_mx",
+           "unshuffle_weight_mx"]
