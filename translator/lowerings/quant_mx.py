@@ -96,3 +96,35 @@ def ref_gemm_mx_op(a, w, n, k, a_scale, w_scale, bias, out_dtype):
     a_scale = _a_scale(a, k, a_scale)
     return ref_gemm_mx(a, a_scale, unshuffle_weight_mx(w, n, k), unshuffle_scale_mx(w_scale, n, k), bias=bias,
                        out_dtype=out_dtype)
+
+
+# ---- precision="fp8" with MXFP8 weights (fp8_mode.FP8_WEIGHTS = "mxfp8") ----
+def _mx_weight(w):
+    from translator_kernels.gemm.mx import quantize_mx, shuffle_weight_mx
+
+    return shuffle_weight_mx(quantize_mx(w.detach())[0])
+
+
+def _mx_weight_scale(w):
+    from translator_kernels.gemm.mx import quantize_mx, shuffle_scale_mx
+
+    n, k = w.shape
+    return shuffle_scale_mx(quantize_mx(w.detach())[1], n, k)
+
+
+def mode_weights(arch: str, fmt: str, k: int):
+    """(weight, scale) builders of precision="fp8" for fp8_mode.FP8_WEIGHTS = `fmt` ("mxfp8": W quantized once
+    to e4m3fn with e8m0 scales per 32 of K; the activation stays per-token fp8 with its fp32 scale in the
+    epilogue, the MFMA's A scale the constant 2^0); None where K % 32 (that linear keeps per-channel weights).
+    InputError for another format or an arch without the scaled MFMA."""
+    from ..errors import InputError
+
+    if fmt != "mxfp8":
+        raise InputError(f"fp8_mode.FP8_WEIGHTS = {fmt!r} is not a weight format: want 'channel' (per output "
+                         f"channel, both archs) or 'mxfp8' (gfx950)")
+    if not arch.startswith("gfx950"):
+        raise InputError(f"MXFP8 weights (fp8_mode.FP8_WEIGHTS = 'mxfp8') need gfx950's scaled MFMA; {arch} has "
+                         f"none: set FP8_WEIGHTS = 'channel' (per-channel fp8) for {arch}")
+    if k % 32:
+        return None
+    return _mx_weight, _mx_weight_scale

@@ -1,0 +1,65 @@
+"""precision="fp8" with MXFP8 weights (fp8_mode.FP8_WEIGHTS = "mxfp8", gfx950): every fp8 linear's weight is quantized
+once at translate time to e4m3fn with e8m0 scales per 32 of K and runs the MX GEMM (the scaled MFMA with the
+weight's scales, the per-token activation scale in the epilogue); the accuracy rule passes; gfx942 raises."""
+
+import pytest
+import torch
+
+from translator import translate
+from translator.errors import InputError
+from translator.lowerings import fp8_mode
+
+from bundled_models import load_model
+
+MFMA = "mfma.scale.f32.16x16x128.f8f6f4"
+
+
+def _mx_gemms(tm):
+    """gemm_fp8 nodes whose weight scales are MX (uint8 e8m0 bytes)."""
+    return [n for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.gemm_fp8.default
+            and n.args[5] is not None and n.args[5].meta["val"].dtype == torch.uint8]
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = torch.nn.Linear(256, 160), torch.nn.Linear(160, 64)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x))) * 0.5  # not the model output itself: fp8 too
+
+
+def _check_mx(model, inputs):
+    tm = translate(model, inputs, arch="gfx950", backend="flysim", precision="fp8")
+    v = tm.report.verification
+    assert v.passed, v.message
+    c = tm.report.counters
+    assert c.get("linear_fp8", 0) >= 2 and len(_mx_gemms(tm)) == c["linear_fp8"]
+    tm(*inputs)
+    gemms = [r for call in tm.last_calls if call.family == "gemm_fp8" for r in call.launches]
+    assert len(gemms) == c["linear_fp8"] and all(set(r.counters["mfma_by_kind"]) == {MFMA} for r in gemms)
+    return tm
+
+
+def test_mlp_mxfp8_weights(monkeypatch):
+    monkeypatch.setattr(fp8_mode, "FP8_WEIGHTS", "mxfp8")
+    tm = _check_mx(Mlp().eval(), (torch.randn(2, 7, 256),))
+    assert tm.report.counters["linear_fp8"] == 2
+
+
+@pytest.mark.slow  # ~40 s; test_mlp_mxfp8_weights covers the path in the default suite
+def test_llama_block_mxfp8_weights(monkeypatch):
+    monkeypatch.setattr(fp8_mode, "FP8_WEIGHTS", "mxfp8")
+    model, mod = load_model("llama_block", prefix="_mx_model")
+    _check_mx(model, tuple(mod.get_inputs()))
+
+
+def test_mxfp8_weights_are_gfx950_only(monkeypatch):
+    monkeypatch.setattr(fp8_mode, "FP8_WEIGHTS", "mxfp8")
+    model, inputs = Mlp().eval(), (torch.randn(3, 256),)
+    with pytest.raises(InputError, match="need gfx950's scaled MFMA.*FP8_WEIGHTS = 'channel'"):
+        translate(model, inputs, arch="gfx942", backend="flysim", precision="fp8")
+    monkeypatch.setattr(fp8_mode, "FP8_WEIGHTS", "mxfp4x")
+    with pytest.raises(InputError, match="not a weight format"):
+        translate(model, inputs, arch="gfx950", backend="flysim", precision="fp8")
