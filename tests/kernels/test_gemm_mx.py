@@ -56,6 +56,11 @@ CASES = [
     (40, 48, 1504, "bf8", "fp8", "mx", {}, torch.float32, F.GemmConfig(32, 64, 64, split=3)),  # 2 blocks a tile, K tail
     (33, 200, 256, "fp8", "bf8", "row", {"bias": True}, torch.bfloat16, None),  # per-token fp32 A, MX W
     (9, 64, 512, "fp8", "fp8", "tensor", {}, torch.float32, None),  # a per-tensor A scale, MX W
+    # MXFP4 weights (e2m1, 2 codes a byte): fp8 x fp4 scaled MFMA
+    (5, 32, 256, "fp8", "fp4", "mx", {}, torch.float32, None),
+    (130, 160, 288, "fp8", "fp4", "mx", {"bias": True}, torch.bfloat16, None),  # M / N / K tails, 128-row tile
+    (3, 64, 2048, "bf8", "fp4", "mx", {}, torch.float32, None),  # kw = 4, split-K
+    (33, 96, 1504, "fp8", "fp4", "row", {"residual": True}, torch.float32, F.GemmConfig(32, 64, 64, split=3)),
 ]
 
 
@@ -63,7 +68,7 @@ CASES = [
 def test_gemm_mx_flysim(case):
     m, n, k, fa, fw, a_mode, extras, out_dtype, cfg = case
     a, w, g = _data(m, n, k)
-    wq, sw = mx.quantize_mx(w, mx.MX_DTYPES[fw])
+    wq, sw = mx.quantize_mx(w, mx.FP4 if fw == "fp4" else mx.MX_DTYPES[fw])
     if a_mode == "mx":
         aq, sa = mx.quantize_mx(a, mx.MX_DTYPES[fa])
     else:

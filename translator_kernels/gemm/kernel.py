@@ -165,7 +165,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     "block" (128 x 128, blockscale.py) inside the K loop. w_int8 (w8.py) / w_int4 = G (w4.py): weight-only int8 /
     group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw)."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
-    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
+    w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
+    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
     if out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
@@ -175,7 +176,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
                                f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
     mx = w_scale == "mx"  # e8m0 scales per 32 K values in the MFMA (gfx950; mxscale.py), A's too with a_scale "mx"
-    if (a_scale == "mx" and not mx) or (mx and (not fmts or not arch.startswith("gfx950"))):
+    if (a_scale == "mx" and not mx) or (mx and (not fmts or not arch.startswith("gfx950"))) or (w_fp4 and not mx):
         raise KernelInputError(f"gemm: MX scales (a_scale {a_scale!r} / w_scale {w_scale!r}) need 'mx' W scales, "
                                f"8-bit float operands and gfx950's scaled MFMA (arch {arch})")
     block = block or mx  # the scales ride with the W registers
@@ -185,7 +186,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
-    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else esz, 1)  # W bytes per element: wsz / wdiv (w8.py, w4.py)
+    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else 2 if w_fp4 else esz, 1)  # W bytes per element: wsz / wdiv
     if w_int4 and (fmts or dtype == "f32" or w_int4 not in w4.GROUPS):
         raise KernelInputError(f"gemm: int4 weights take bf16 / fp16 activations and a group in {w4.GROUPS}")
     if w_int8 and fmts:
@@ -402,8 +403,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
                             voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz // wdiv
-                        if const_expr(w_int8 or w_int4):  # kp bytes / nibbles: converted where they are used (compute)
-                            ty = T.i32 if w_int4 else w8_load_type(kp)
+                        if const_expr(w_int8 or w_int4 or w_fp4):  # kp bytes / nibbles: converted where used (compute)
+                            ty = T.i32 if w_int4 else T.vec(2, T.i32) if w_fp4 else w8_load_type(kp)
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))

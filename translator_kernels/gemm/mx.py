@@ -37,7 +37,9 @@ from translator_kernels.gemm.mxscale import GROUP
 
 MX_DTYPES = {"fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
 E8M0 = torch.float8_e8m0fnu
-_EMAX = {torch.float8_e4m3fn: 8, torch.float8_e5m2: 15}  # exponent of the format's largest power of two
+FP4 = torch.float4_e2m1fn_x2  # MXFP4: quantize_mx returns its codes one per byte (uint8 0..15), packed for the kernel
+_EMAX = {torch.float8_e4m3fn: 8, torch.float8_e5m2: 15, FP4: 2}  # exponent of the format's largest power of two
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # e2m1 magnitudes by code & 7; code & 8 is the sign
 CHUNK_PERM = [0, 2, 4, 6, 1, 3, 5, 7]  # W chunk position 4h + q <- chunk 2q + h of a 128-block
 
 
@@ -54,9 +56,17 @@ def quantize_mx(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn):
     amax = xg.abs().amax(-1)
     e = torch.frexp(amax).exponent - 1 - _EMAX[dtype]  # floor(log2(amax)) - emax, exact
     e = torch.where(amax > 0, e, torch.full_like(e, -127)).clamp(-127, 127)
-    fmax = torch.finfo(dtype).max
-    q = (xg / torch.ldexp(torch.ones_like(amax), e).unsqueeze(-1)).clamp(-fmax, fmax).to(dtype)
+    v = xg / torch.ldexp(torch.ones_like(amax), e).unsqueeze(-1)
+    q = _e2m1_codes(v) if dtype == FP4 else v.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).to(dtype)
     return q.reshape(x.shape), (e + 127).to(torch.uint8).view(E8M0)
+
+
+def _e2m1_codes(v):
+    """fp32 -> e2m1 codes (uint8 0..15): round to nearest, ties to the even code (mantissa 0), saturate at 6."""
+    d = (v.abs().clamp(max=6.0).unsqueeze(-1) - E2M1).abs()
+    near = d == d.amin(-1, keepdim=True)
+    code = (near * (16 - torch.arange(8) % 2 * 8 - torch.arange(8))).argmax(-1)  # the even one of a tie
+    return (code + 8 * (v < 0)).to(torch.uint8)
 
 
 def scale_bytes(s: torch.Tensor) -> torch.Tensor:
@@ -69,20 +79,26 @@ def scale_bytes(s: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_mx(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """q.float() * 2^(s - 127) per group of 32 along the last dim (exact in fp32)."""
-    return q.float() * scale_bytes(s).view(E8M0).float().repeat_interleave(GROUP, -1)
+    """q * 2^(s - 127) per group of 32 along the last dim (exact in fp32); q 8-bit floats or e2m1 codes (uint8)."""
+    v = torch.where(q >= 8, -1.0, 1.0) * E2M1[(q & 7).long()] if q.dtype == torch.uint8 else q.float()
+    return v * scale_bytes(s).view(E8M0).float().repeat_interleave(GROUP, -1)
 
 
 def shuffle_weight_mx(w: torch.Tensor) -> torch.Tensor:
-    """W[N, K] e4m3fn / e5m2, K % 32 == 0 -> the (N_pad, K_pad) layout the MX kernel reads (a new tensor)."""
-    if w.dim() != 2 or w.dtype not in _EMAX or w.shape[1] % GROUP:
-        raise KernelInputError(f"shuffle_weight_mx: want a 2-D [N, K] e4m3fn / e5m2 weight with K % {GROUP} == 0, "
-                               f"got {tuple(w.shape)} {w.dtype}")
+    """W[N, K] e4m3fn / e5m2 (or e2m1 codes, uint8), K % 32 == 0 -> the (N_pad, K_pad) layout the MX kernel reads
+    (a new tensor); fp4: the same layout of the codes with byte pairs packed low nibble first, (N_pad, K_pad / 2)
+    uint8, so a lane's half-chunk of 16 values is 8 bytes at half the fp8 offset."""
+    if w.dim() != 2 or (w.dtype not in _EMAX and w.dtype != torch.uint8) or w.shape[1] % GROUP:
+        raise KernelInputError(f"shuffle_weight_mx: want a 2-D [N, K] e4m3fn / e5m2 weight (or e2m1 codes as uint8) "
+                               f"with K % {GROUP} == 0, got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape
     kp = padded_shape_fp8(n, k)[1]
     b = torch.nn.functional.pad(w.view(torch.uint8), (0, kp - k))
     b = b.reshape(n, kp // 128, 8, 16)[:, :, CHUNK_PERM].reshape(n, kp)
-    return shuffle_weight_fp8(b.view(w.dtype))
+    if w.dtype != torch.uint8:
+        return shuffle_weight_fp8(b.view(w.dtype))
+    c = shuffle_weight_fp8(b.view(torch.float8_e4m3fn)).view(torch.uint8)  # any 1-byte dtype: a byte layout
+    return (c[:, 0::2] | (c[:, 1::2] << 4)).contiguous()
 
 
 def shuffle_scale_mx(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -98,7 +114,10 @@ def shuffle_scale_mx(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def unshuffle_weight_mx(ws: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The inverse of shuffle_weight_mx: W_q [N, K]."""
+    """The inverse of shuffle_weight_mx: W_q [N, K] (fp4: the codes, uint8)."""
+    if ws.dtype == torch.uint8:  # packed e2m1 codes
+        ws = torch.stack([ws & 15, ws >> 4], -1).reshape(ws.shape[0], -1).view(torch.float8_e4m3fn)
+        return unshuffle_weight_mx(ws, n, k).view(torch.uint8)
     b = unshuffle_weight_fp8(ws, n, ws.shape[1]).view(torch.uint8)
     inv = [CHUNK_PERM.index(c) for c in range(8)]
     return b.reshape(n, -1, 8, 16)[:, :, inv].reshape(n, -1)[:, :k].contiguous().view(ws.dtype)
@@ -144,9 +163,11 @@ def gemm_mx(a_q, w_prepared, n, k, w_scale, *, a_scale=None, bias=None, activati
     if not arch.startswith("gfx950"):
         raise KernelInputError(f"{op}: MX scales need gfx950's scaled MFMA (v_mfma_scale_f32_16x16x128_f8f6f4); "
                                f"{arch} has none: quantize per channel to its fp8 formats (gemm_fp8) instead")
-    fa, fw = fp8_format(a_q.dtype, arch), fp8_format(w_prepared.dtype, arch)
+    fp4 = w_prepared.dtype == torch.uint8  # packed e2m1 codes (MXFP4)
+    fa, fw = fp8_format(a_q.dtype, arch), "fp4" if fp4 else fp8_format(w_prepared.dtype, arch)
     n_pad, k_pad = padded_shape_fp8(n, k)
-    if k % GROUP or tuple(w_prepared.shape) != (n_pad, k_pad) or a_q.dim() < 1 or a_q.shape[-1] != k:
+    if k % GROUP or tuple(w_prepared.shape) != (n_pad, k_pad // 2 if fp4 else k_pad) or a_q.dim() < 1 \
+            or a_q.shape[-1] != k:
         raise KernelInputError(f"{op}: a {tuple(a_q.shape)}, weight {tuple(w_prepared.shape)}; want a [..., {k}], the "
                                f"weight {(n_pad, k_pad)} from mx.prepare_weight_mx, K % {GROUP} == 0")
     if tuple(w_scale.shape) != (n_pad // 16, k_pad // 128, 64) or w_scale.dtype != torch.uint8:
@@ -164,7 +185,8 @@ def gemm_mx(a_q, w_prepared, n, k, w_scale, *, a_scale=None, bias=None, activati
     bias, residual = _epilogue_args(op, bias, residual, lead, n, out_dtype)
     cfg = _config or choose_fp8_config(m_bucket(m), n, k, arch)
     a3 = _units(a_q.reshape(m, k).contiguous()).unsqueeze(0)
-    out = _launch(op, a3, _units(w_prepared).unsqueeze(0), n, k // 4, 1, m, bias=bias, activation=activation,
+    w_units = w_prepared.view(torch.int16 if fp4 else torch.int32).unsqueeze(0)  # one 4-value unit of K each
+    out = _launch(op, a3, w_units, n, k // 4, 1, m, bias=bias, activation=activation,
                   residual=residual, scale=scale, out_dtype=out_dtype, cfg=cfg, dt=fa if fa == fw else f"{fa}x{fw}",
                   scales=(sa[0], sa[1], "mx", w_scale))
     return out.reshape(lead + (n,))
