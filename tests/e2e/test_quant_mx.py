@@ -107,3 +107,26 @@ def test_scaled_mm_mx_stays_in_pytorch_with_a_reason(cpu_mx_scaled_mm):
     tm = translate(swz, (torch.randn(3, 256),), arch="gfx950", backend="flysim")
     assert tm.report.counters.get("scaled_mm_mx") == 1
     assert "not the unswizzled [rows, K / 32]" in " ".join(str(r.detail) for r in tm.report.rows)
+
+
+def test_torchao_mx_linear_stays_in_pytorch_with_a_reason():
+    """torchao's MX inference linear (MXDynamicActivationMXWeightConfig; its weight an MXTensor subclass, the
+    emulated kernel on CPU) translates: the linears stay in PyTorch with the reason (its dynamic MX activation
+    quantization has no FlyDSL kernel), the rest runs as FlyDSL kernels, and the model equals eager. Before, the
+    MXTensor reached the weight preshuffle and the translator failed with an InternalError."""
+    pytest.importorskip("torchao")
+    from torchao.prototype.mx_formats.inference_workflow import MXDynamicActivationMXWeightConfig
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    model = model.to(torch.bfloat16).eval()
+    quantize_(model, MXDynamicActivationMXWeightConfig(kernel_preference=KernelPreference.EMULATED))
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    tm = translate(model, (x,), arch="gfx950", backend="flysim")
+    assert tm.report.verification.passed, tm.report.verification.message
+    linears = [r for r in tm.report.rows if r.op == "aten.linear"]
+    assert len(linears) == 2 and all(r.where == "pytorch" and "torchao MX" in r.detail for r in linears)
+    assert tm.report.counters.get("fused_elementwise") == 1  # the GELU
+    torch.testing.assert_close(tm(x), model(x), rtol=0, atol=0)

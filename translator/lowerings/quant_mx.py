@@ -24,8 +24,8 @@ import torch
 
 from translator_kernels.gemm.mx import E8M0, MX_DTYPES
 
-from ..graph import dtype_of, shape_of
-from ..registry import Match
+from ..graph import aten, dtype_of, shape_of
+from ..registry import Match, Stage, rule
 
 
 def _rows_ok(rows, want: int) -> bool:
@@ -128,3 +128,40 @@ def mode_weights(arch: str, fmt: str, k: int):
     if k % 32:
         return None
     return _mx_weight, _mx_weight_scale
+
+
+# ---- a tensor-subclass weight (torchao's MXTensor, Float8Tensor): stays in PyTorch with this reason ----
+def _subclass_weight(node, ctx):
+    from torch.fx import Node
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    from ..graph import arg
+
+    w = arg(node, "weight")
+    if not (isinstance(w, Node) and w.op == "get_attr"):
+        return None
+    obj = ctx.gm
+    for part in w.target.split("."):
+        obj = getattr(obj, part, None)
+    return obj if is_traceable_wrapper_subclass(obj) else None
+
+
+def subclass_linear_supported(node, ctx):
+    """A linear whose weight is a tensor subclass (ctx.constant gives None for it: no plain data to preshuffle)."""
+    from ..registry import NO_MATCH
+
+    w = _subclass_weight(node, ctx)
+    if w is None:
+        return NO_MATCH
+    what = type(w).__name__
+    if hasattr(w, "scale") and getattr(getattr(w, "scale", None), "dtype", None) == E8M0:
+        return (f"weight is {what} (torchao MX, a tensor subclass): its dynamic MX activation quantization has no "
+                f"FlyDSL kernel yet, so the linear stays in PyTorch; write it as torch._scaled_mm with e8m0 scales, "
+                f"or use precision='fp8' with fp8_mode.FP8_WEIGHTS = 'mxfp8'")
+    return f"weight is a tensor subclass ({what}): its data cannot be prepared at translate time"
+
+
+@rule(Stage.CANONICAL, aten.linear.default, family="gemm", supported=subclass_linear_supported, priority=20,
+      doc="a linear whose weight is a tensor subclass (torchao MXTensor / Float8Tensor) stays in PyTorch, with why")
+def lower_subclass_linear(node, ctx):
+    raise AssertionError("subclass_linear_supported never accepts")  # only reasons
