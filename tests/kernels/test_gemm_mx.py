@@ -106,7 +106,7 @@ def test_gemm_mx_is_the_dequantized_matmul():
     _assert_within_sum_tol(out, want, aq, sa, wq, sw, torch.float32)
     assert (out - a @ w.t()).norm() / (a @ w.t()).norm() < 0.1  # e4m3's 3 mantissa bits
     one = torch.full_like(sw.view(torch.uint8), 127).view(mx.E8M0)
-    assert not torch.allclose(out, mx.ref_gemm_mx(aq, sa, wq, one, out_dtype=torch.float32), rtol=0.1)
+    assert (out - mx.ref_gemm_mx(aq, sa, wq, one, out_dtype=torch.float32)).norm() > 0.5 * out.norm()
 
 
 def test_quantize_mx_is_the_ocp_rule():
@@ -114,8 +114,9 @@ def test_quantize_mx_is_the_ocp_rule():
     q, s = mx.quantize_mx(x)
     # amax 448 = 1.75 * 2^8: shared exponent 8 - 8 = 0; all-zero group: 2^-127; 1e-3 ~ 2^-10: 2^-18
     assert s.view(torch.uint8).tolist() == [[127], [0], [127 - 18]]
-    assert q[0, 0].item() == 448.0 and q[2, 0].float().item() == pytest.approx(1e-3 * 2 ** 18, rel=0.07)
-    torch.testing.assert_close(mx.dequantize_mx(q, s), x, rtol=0.07, atol=0)
+    want = x.clone()
+    want[2, 0] = torch.tensor(1e-3 * 2 ** 18).to(torch.float8_e4m3fn).float() * 2 ** -18  # 262.1 -> e4m3's 256
+    assert torch.equal(mx.dequantize_mx(q, s), want) and want[2, 0] == 2 ** -10
 
 
 def test_gemm_mx_is_gfx950_only():
