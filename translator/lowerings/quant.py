@@ -19,9 +19,12 @@ Form matched (where it appears):
   dtype in the GEMM's load path (translator_kernels.gemm.w8), the scale per output channel in the
   epilogue. Eager rounds the linear to x's dtype before the scale; the kernel rounds once.
 
+- the same with float8_e8m0fnu scales (MX, gfx950): quant_mx.py's check and rewrite (the op's `w_scale` is then the
+  MX weight's uint8 scale bytes; the adapters below hand such calls to quant_mx).
+
 Stays in PyTorch, with the reason: fp8 formats the target's MFMA does not take (gfx942: e4m3fnuz /
 e5m2fnuz; gfx950: OCP e4m3fn / e5m2), an fp8 output (out_dtype None), scale_result, a weight computed
-at run time, block-wise scales (the 128 x 128 layout is not implemented), K not a multiple of 16.
+at run time, other block-wise scales (HF's 128 x 128 form is quant_block.py's), K not a multiple of 16.
 """
 
 from __future__ import annotations
