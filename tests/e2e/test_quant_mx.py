@@ -92,6 +92,7 @@ def test_scaled_mm_mx_lowers_to_the_mx_gemm(cpu_mx_scaled_mm):
     out = tm(x)
     assert sum(set(rec.counters.get("mfma_by_kind", {})) == {MFMA} for rec in tm.last_launches) == 2
     torch.testing.assert_close(out.float(), model(x).float(), **model_tol("bf16"))
+    assert all(torch.equal(tm(x), out) for _ in range(2))  # the recorded plan replays the same launches
 
 
 def test_scaled_mm_mx_stays_in_pytorch_with_a_reason(cpu_mx_scaled_mm):
