@@ -47,7 +47,7 @@ from .quant import scaled_mm_supported
 
 KEEP_BF16 = ("lm_head",)  # weight-name fragments that stay bf16 under precision="fp8"
 KEEP_OUTPUT_LAYERS = True  # a linear whose result is a model output stays bf16
-FP8_WEIGHTS = "channel"  # or "mxfp8": e4m3fn + e8m0 per 32 of K on gfx950 (quant_mx.py; gfx942 raises)
+FP8_WEIGHTS = "channel"  # or "mxfp8" / "mxfp4": e4m3fn / e2m1 + e8m0 per 32 of K, gfx950 (quant_mx.py)
 EPS = 1e-12
 
 

@@ -1,5 +1,5 @@
 """MX (OCP microscaling) GEMMs on gfx950: `torch._scaled_mm` with float8_e8m0fnu block scales, and the MX weights of
-precision="fp8" with fp8_format="mxfp8" (fp8_mode.py), both as `flydsl.gemm_fp8` with an MX weight
+precision="fp8" with fp8_mode.FP8_WEIGHTS = "mxfp8" / "mxfp4", both as `flydsl.gemm_fp8` with an MX weight
 (translator_kernels.gemm.mx: e8m0 scales per 32 of K in gfx950's scaled MFMA).
 
 The op is gemm_fp8's (quant.py): `w_scale` a uint8 tensor is the MX weight's preshuffled e8m0 scales
@@ -19,6 +19,8 @@ torch's CPU _scaled_mm has no MX path (eager raises there); tests compare with t
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -99,35 +101,38 @@ def ref_gemm_mx_op(a, w, n, k, a_scale, w_scale, bias, out_dtype):
 
 
 # ---- precision="fp8" with MXFP8 weights (fp8_mode.FP8_WEIGHTS = "mxfp8") ----
-def _mx_weight(w):
+def _mx_weight(fmt, w):
     from translator_kernels.gemm.mx import quantize_mx, shuffle_weight_mx
 
-    return shuffle_weight_mx(quantize_mx(w.detach())[0])
+    return shuffle_weight_mx(quantize_mx(w.detach(), _MODE_DTYPES[fmt])[0])
 
 
-def _mx_weight_scale(w):
+def _mx_weight_scale(fmt, w):
     from translator_kernels.gemm.mx import quantize_mx, shuffle_scale_mx
 
     n, k = w.shape
-    return shuffle_scale_mx(quantize_mx(w.detach())[1], n, k)
+    return shuffle_scale_mx(quantize_mx(w.detach(), _MODE_DTYPES[fmt])[1], n, k)
+
+
+_MODE_DTYPES = {"mxfp8": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}
 
 
 def mode_weights(arch: str, fmt: str, k: int):
-    """(weight, scale) builders of precision="fp8" for fp8_mode.FP8_WEIGHTS = `fmt` ("mxfp8": W quantized once
-    to e4m3fn with e8m0 scales per 32 of K; the activation stays per-token fp8 with its fp32 scale in the
-    epilogue, the MFMA's A scale the constant 2^0); None where K % 32 (that linear keeps per-channel weights).
+    """(weight, scale) builders of precision="fp8" for fp8_mode.FP8_WEIGHTS = `fmt` ("mxfp8" / "mxfp4": W quantized
+    once to e4m3fn / e2m1 with e8m0 scales per 32 of K; the activation stays per-token fp8 with its fp32 scale in
+    the epilogue, the MFMA's A scale the constant 2^0); None where K % 32 (that linear keeps per-channel weights).
     InputError for another format or an arch without the scaled MFMA."""
     from ..errors import InputError
 
-    if fmt != "mxfp8":
+    if fmt not in _MODE_DTYPES:
         raise InputError(f"fp8_mode.FP8_WEIGHTS = {fmt!r} is not a weight format: want 'channel' (per output "
-                         f"channel, both archs) or 'mxfp8' (gfx950)")
+                         f"channel, both archs), 'mxfp8' or 'mxfp4' (gfx950)")
     if not arch.startswith("gfx950"):
-        raise InputError(f"MXFP8 weights (fp8_mode.FP8_WEIGHTS = 'mxfp8') need gfx950's scaled MFMA; {arch} has "
+        raise InputError(f"MX weights (fp8_mode.FP8_WEIGHTS = {fmt!r}) need gfx950's scaled MFMA; {arch} has "
                          f"none: set FP8_WEIGHTS = 'channel' (per-channel fp8) for {arch}")
     if k % 32:
         return None
-    return _mx_weight, _mx_weight_scale
+    return functools.partial(_mx_weight, fmt), functools.partial(_mx_weight_scale, fmt)
 
 
 # ---- a tensor-subclass weight (torchao's MXTensor, Float8Tensor): stays in PyTorch with this reason ----
