@@ -68,14 +68,13 @@ def test_mxfp8_weights_are_gfx950_only(monkeypatch):
 
 def test_mlp_mxfp4_weights(monkeypatch):
     """FP8_WEIGHTS = "mxfp4": e2m1 weights (2 codes a byte) with e8m0 scales per 32, the fp8 x fp4 scaled MFMA. The
-    kernels equal the reference backend's torch math of the same quantized graph; 4-bit weights are judged by the fp8
-    rule, which this all-GEMM MLP fails (0.21 RMS rel err: per-GEMM e2m1 error, no residual to dilute it)."""
+    kernels equal the reference backend's torch math of the same quantized graph. (The fp8 accuracy rule judges
+    4-bit weights too: this all-GEMM MLP fails it, 0.21 RMS rel err; docs/fp8.md has the numbers.)"""
     from translator.tolerances import model_tol
 
     monkeypatch.setattr(fp8_mode, "FP8_WEIGHTS", "mxfp4")
     model, x = Mlp().eval(), torch.randn(2, 7, 256)
-    tm = translate(model, (x,), arch="gfx950", backend="flysim", precision="fp8")
-    assert not tm.report.verification.passed and "RMS rel err" in tm.report.verification.message
+    tm = translate(model, (x,), arch="gfx950", backend="flysim", precision="fp8", verify=False)
     gemms = _mx_gemms(tm)
     assert len(gemms) == 2 and all(n.args[1].meta["val"].dtype == torch.uint8 and  # packed codes: K_pad / 2 bytes
                                    n.args[1].meta["val"].shape[1] == -(-n.args[3] // 128) * 64 for n in gemms)
