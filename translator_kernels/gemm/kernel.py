@@ -175,10 +175,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             or (a_scale == "block" and not block) or (block and not fmts)):
         raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
                                f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
-    mx = w_scale == "mx"  # e8m0 scales per 32 K values in the MFMA (gfx950; mxscale.py), A's too with a_scale "mx"
-    if (a_scale == "mx" and not mx) or (mx and (not fmts or not arch.startswith("gfx950"))) or (w_fp4 and not mx):
-        raise KernelInputError(f"gemm: MX scales (a_scale {a_scale!r} / w_scale {w_scale!r}) need 'mx' W scales, "
-                               f"8-bit float operands and gfx950's scaled MFMA (arch {arch})")
+    mx = mxs.checked(a_scale, w_scale, fmts, w_fp4, arch)  # e8m0 scales per 32 of K in the MFMA (mxscale.py)
     block = block or mx  # the scales ride with the W registers
     a_ep, w_ep = ("" if a_scale in ("block", "mx") else a_scale), ("" if block else w_scale)  # the epilogue's part
     if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or gate is not None or w_layout != "shuffled"):
@@ -408,9 +405,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
-            if const_expr(mx):
-                return regs + bs.load(kt, bk, k_tail)
-            return regs + (bs.load(kt, bk) if block or w_int4 else [])  # scales ride with the W registers
+            return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
             """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
@@ -423,10 +418,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 elems.append(rocdl.raw_ptr_buffer_load(_INT_T[esz](), rw, _raw(voff), _raw(soff), 0))
             return vector.bitcast(_v4i32(), vector.from_elements(T.vec(kp, _INT_T[esz]()), elems))
 
-        a_lane_dw = lane * 4 + wk * (cpb * 64)  # this wave's K blocks of the A stage
-        h_chunks = 4  # chunk distance of a lane's two A reads of a block (fp32 geometry: chunks q, q + 4)
-        if const_expr(mx):  # chunks 2q, 2q + 1: one scale group (mxscale.py)
-            a_lane_dw, h_chunks = (mxs.a_lane_chunk(q) * 16 + l16) * 4 + wk * (cpb * 64), 1
+        # a lane's A reads of a block: chunks q, q + 4 (fp32 geometry), for MX 2q, 2q + 1; this wave's K blocks
+        a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
+        a_lane_dw = a_lane_dw + wk * (cpb * 64)
 
         def compute(accs, w_regs, stage):
             accs = list(accs)
@@ -448,12 +442,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        if const_expr(mx):
-                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph], bs.pick(scl, kb, mr, nr))
-                        elif const_expr(block):
+                        if const_expr(block and not mx):
                             accs[i] = bs.apply(accs[i], mfma_block(zero4, ops, w_regs[wb:wb + lph]), scl, kb, mr, nr)
-                        else:
-                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
+                        else:  # MX: the lane's scale bytes go to the MFMA (mxscale.py)
+                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph],
+                                                 bs.pick(scl, kb, mr, nr) if mx else None)
             return accs
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False):

@@ -35,10 +35,22 @@ GROUP = 32  # K values per e8m0 scale
 ONE = 127  # e8m0 of 2^0
 
 
-def a_lane_chunk(q):
-    """The first of the two A chunks a lane (row l16, group q) reads from a block: its 32 values are K
-    32 q .. 32 q + 31 (chunks 2q, 2q + 1; the plain kernel's are q and q + 4)."""
-    return 2 * q
+def checked(a_scale: str, w_scale: str, fmts, w_fp4: bool, arch: str) -> bool:
+    """kernel.py's MX switch (w_scale "mx"), after checking what it needs: 'mx' W scales for 'mx' A scales or
+    fp4 W, 8-bit float A, gfx950's scaled MFMA."""
+    from translator_kernels.errors import KernelInputError
+
+    mx = w_scale == "mx"
+    if (a_scale == "mx" and not mx) or (mx and (not fmts or not arch.startswith("gfx950"))) or (w_fp4 and not mx):
+        raise KernelInputError(f"gemm: MX scales (a_scale {a_scale!r} / w_scale {w_scale!r}) need 'mx' W scales, "
+                               f"8-bit float operands and gfx950's scaled MFMA (arch {arch}); fp4 W needs them")
+    return mx
+
+
+def a_lane(l16, q):
+    """(LDS dword offset of a lane's first A chunk in a block, chunk distance to its second): its 32 values are K
+    32 q .. 32 q + 31, chunks 2q and 2q + 1 (the plain kernel's are q and q + 4, offset lane * 4, distance 4)."""
+    return (2 * q * 16 + l16) * 4, 1
 
 
 class MxScales:
