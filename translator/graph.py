@@ -29,6 +29,7 @@ from typing import Any
 
 import networkx as nx
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch._guards import detect_fake_mode
 
 from .state import is_lazy, materialize, placeholder, prepared
@@ -361,6 +362,8 @@ class LowerCtx:
             if is_lazy(obj):  # a pass reads a prepared copy left unmade (state.settle): make that one
                 materialize(self.gm, node.target)
                 return self.constant(node)
+            if is_traceable_wrapper_subclass(obj):  # torchao's MXTensor / Float8Tensor: no plain data to prepare
+                return None
             return obj if isinstance(obj, torch.Tensor) else None
         return None
 

@@ -436,3 +436,33 @@ def build_buffer_atomic_fadd(nbytes):
         buf_fadd_kernel(X, Idx, Acc).launch(grid=(1, 1, 1), block=(2 * WAVE, 1, 1), stream=stream)
 
     return buffer_fadd
+
+
+def build_scaled_mfma_regs(m, fmt_a, fmt_b, dw_a, dw_b, opsel_a=0, opsel_b=0):
+    """One gfx950 ``mfma.scale.f32.{16x16x128,32x32x64}.f8f6f4`` on raw registers: lane l takes
+    dwords A[l*dw_a:(l+1)*dw_a] (vector<dw_a x i32>), the same of B, scale words SA[l], SB[l],
+    C[l*acc:(l+1)*acc] (acc = 4 or 16 floats), and writes D likewise. ``fmt_a`` / ``fmt_b`` are
+    the cbsz / blgp format codes (0 fp8 e4m3, 1 bf8 e5m2, 2 fp6 e2m3, 3 fp6 e3m2, 4 fp4 e2m1)."""
+    from flydsl._mlir import ir
+    from flydsl.expr.typing import Vector as Vec
+
+    acc = 4 if m == 16 else 16
+    mfma = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4 if m == 16 else fx.rocdl.mfma_scale_f32_32x32x64_f8f6f4
+
+    @flyc.kernel(known_block_size=[WAVE, 1, 1])
+    def scaled_mfma_kernel(A: fx.Tensor, B: fx.Tensor, SA: fx.Tensor, SB: fx.Tensor, C: fx.Tensor, D: fx.Tensor):
+        lane = fx.Int32(gpu.thread_idx.x)
+        a = Vec.from_elements([A[lane * dw_a + i] for i in range(dw_a)], fx.Int32)
+        b = Vec.from_elements([B[lane * dw_b + i] for i in range(dw_b)], fx.Int32)
+        c = Vec.from_elements([C[lane * acc + i] for i in range(acc)], fx.Float32)
+        res = ir.VectorType.get([acc], ir.F32Type.get())
+        d = Vec(mfma(res, [a, b, c, fmt_a, fmt_b, opsel_a, fx.Int32(SA[lane]), opsel_b, fx.Int32(SB[lane])]))
+        for i in fx.range_constexpr(acc):
+            D[lane * acc + i] = d[i]
+
+    @flyc.jit
+    def scaled_mfma(A: fx.Tensor, B: fx.Tensor, SA: fx.Tensor, SB: fx.Tensor, C: fx.Tensor, D: fx.Tensor,
+                    stream: fx.Stream = fx.Stream(None)):
+        scaled_mfma_kernel(A, B, SA, SB, C, D).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return scaled_mfma

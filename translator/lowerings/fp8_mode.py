@@ -42,10 +42,12 @@ from ..graph import ASSERT, CASTS, aten, arg, captured_name, dtype_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .gemm import _emit_gemm
+from . import quant_mx
 from .quant import scaled_mm_supported
 
 KEEP_BF16 = ("lm_head",)  # weight-name fragments that stay bf16 under precision="fp8"
 KEEP_OUTPUT_LAYERS = True  # a linear whose result is a model output stays bf16
+FP8_WEIGHTS = "channel"  # or "mxfp8" / "mxfp4": e4m3fn / e2m1 + e8m0 per 32 of K, gfx950 (quant_mx.py)
 EPS = 1e-12
 
 
@@ -211,6 +213,8 @@ def lower_linear_fp8(node, ctx, m):
     n, k = m.w.shape
     wq = functools.partial(fp8_weight, ctx.arch)
     ws = functools.partial(fp8_weight_scale, ctx.arch)
+    if FP8_WEIGHTS != "channel":  # MX weights (quant_mx.py): None where K % 32
+        wq, ws = quant_mx.mode_weights(ctx.arch, FP8_WEIGHTS, k) or (wq, ws)
     w_node = ctx.add_constant(wq(m.w), "w8", node, derive=wq, sources=(m.w,))
     s_node = ctx.add_constant(ws(m.w), "w8scale", node, derive=ws, sources=(m.w,))
     done = ctx.__dict__.setdefault("_fp8_quantized", {})  # x -> (q, s): q, k, v (gate, up) share one launch

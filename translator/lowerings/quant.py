@@ -19,9 +19,12 @@ Form matched (where it appears):
   dtype in the GEMM's load path (translator_kernels.gemm.w8), the scale per output channel in the
   epilogue. Eager rounds the linear to x's dtype before the scale; the kernel rounds once.
 
+- the same with float8_e8m0fnu scales (MX, gfx950): quant_mx.py's check and rewrite (the op's `w_scale` is then the
+  MX weight's uint8 scale bytes; the adapters below hand such calls to quant_mx).
+
 Stays in PyTorch, with the reason: fp8 formats the target's MFMA does not take (gfx942: e4m3fnuz /
 e5m2fnuz; gfx950: OCP e4m3fn / e5m2), an fp8 output (out_dtype None), scale_result, a weight computed
-at run time, block-wise scales (the 128 x 128 layout is not implemented), K not a multiple of 16.
+at run time, other block-wise scales (HF's 128 x 128 form is quant_block.py's), K not a multiple of 16.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from translator_kernels.gemm.fp8 import (FP8_DTYPES, fp8_dtype, quantize_fp8, re
 from ..graph import aten, arg, dtype_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
+from . import quant_mx
 from .gemm import _sources, _weight_nk
 
 _OUT = NAMED_DTYPES  # the op's out_dtype: "bf16" / "f16" / "f32"
@@ -57,6 +61,8 @@ def _(a, w, n, k, a_scale, w_scale, bias, out_dtype):
 
 
 def ref_gemm_fp8_op(a, w, n, k, a_scale, w_scale, bias, out_dtype):
+    if w_scale is not None and w_scale.dtype == torch.uint8:  # an MX weight (quant_mx.py)
+        return quant_mx.ref_gemm_mx_op(a, w, n, k, a_scale, w_scale, bias, _OUT[out_dtype])
     wq = unshuffle_weight_fp8(w, n, k)
     return ref_gemm_fp8(a, wq, _flat(a_scale), _flat(w_scale), bias=bias, out_dtype=_OUT[out_dtype])
 
@@ -68,6 +74,8 @@ def _flat(s):
 def kernel_gemm_fp8(a, w, n, k, a_scale, w_scale, bias, out_dtype):
     from translator_kernels.gemm.fp8 import gemm_fp8 as run
 
+    if w_scale is not None and w_scale.dtype == torch.uint8:  # an MX weight (quant_mx.py)
+        return quant_mx.kernel_gemm_mx(a, w, n, k, a_scale, w_scale, bias, _OUT[out_dtype])
     return run(a, w, n, k, a_scale=_flat(a_scale), w_scale=_flat(w_scale), bias=bias, out_dtype=_OUT[out_dtype])
 
 
@@ -120,6 +128,8 @@ def scaled_mm_supported(node, ctx):
     w = _weight_nk(m2, ctx)
     if w is None:
         return "right operand is not a parameter (no translate-time preshuffle)"
+    if quant_mx.is_mx_scale(sa) or quant_mx.is_mx_scale(sb):  # e8m0 block scales (MX)
+        return quant_mx.mx_scaled_mm_check(ctx, x, m2, w, sa, sb, bias, _OUT_NAME[out_dt])
     r = _fp8_reason(dtype_of(x), ctx.arch, "input") or _fp8_reason(w.dtype, ctx.arch, "weight")
     if r:
         return r
@@ -137,6 +147,8 @@ def scaled_mm_supported(node, ctx):
 @rule(Stage.CANONICAL, aten._scaled_mm.default, family="gemm_fp8", supported=scaled_mm_supported,
       doc="torch._scaled_mm(x_fp8, W_fp8.t(), scale_a, scale_b) with a parameter weight")
 def lower_scaled_mm(node, ctx, m):
+    if getattr(m, "mx", False):
+        return quant_mx.lower_mx(node, ctx, m)
     n, k = m.w.shape
     w_node = ctx.add_constant(shuffle_weight_fp8(m.w), "w8", node, derive=shuffle_weight_fp8, sources=(m.w,))
     return ctx.replace(node, "gemm_fp8", "scaled_mm", (m.x, w_node, n, k, m.sa, m.sb, m.bias, m.out),

@@ -60,7 +60,7 @@ from flydsl.expr.typing import T
 from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, splitk as sk
+from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
@@ -165,22 +165,25 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     "block" (128 x 128, blockscale.py) inside the K loop. w_int8 (w8.py) / w_int4 = G (w4.py): weight-only int8 /
     group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw)."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
-    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in fmts)):
+    w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
+    if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
         raise KernelInputError(f"gemm: dtype {dtype} not in {sorted(_ELEM)} or fp8 / bf8 (A x W: 'fp8xbf8')")
     if out_dtype not in _ELEM:
         raise KernelInputError(f"gemm: out_dtype {out_dtype} not in {sorted(_ELEM)}")
     block = w_scale == "block"  # 128 x 128 block scales applied in the K loop (blockscale.py)
-    if (a_scale not in ("", "tensor", "row", "block") or w_scale not in ("", "tensor", "col", "block")
+    if (a_scale not in ("", "tensor", "row", "block", "mx") or w_scale not in ("", "tensor", "col", "block", "mx")
             or (a_scale == "block" and not block) or (block and not fmts)):
         raise KernelInputError(f"gemm: a_scale {a_scale!r} / w_scale {w_scale!r}: want ''|'tensor'|'row'|'block' / "
                                f"''|'tensor'|'col'|'block' ('block' A needs 'block' W and 8-bit float operands)")
-    a_ep, w_ep = ("" if a_scale == "block" else a_scale), ("" if block else w_scale)  # the epilogue's part
+    mx = mxs.checked(a_scale, w_scale, fmts, w_fp4, arch)  # e8m0 scales per 32 of K in the MFMA (mxscale.py)
+    block = block or mx  # the scales ride with the W registers
+    a_ep, w_ep = ("" if a_scale in ("block", "mx") else a_scale), ("" if block else w_scale)  # the epilogue's part
     if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or gate is not None or w_layout != "shuffled"):
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
                                "preshuffled weight, no gate")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
-    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else esz, 1)  # W bytes per element: wsz / wdiv (w8.py, w4.py)
+    wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else 2 if w_fp4 else esz, 1)  # W bytes per element: wsz / wdiv
     if w_int4 and (fmts or dtype == "f32" or w_int4 not in w4.GROUPS):
         raise KernelInputError(f"gemm: int4 weights take bf16 / fp16 activations and a group in {w4.GROUPS}")
     if w_int8 and fmts:
@@ -231,10 +234,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     class Smem:
         a: fx.Array[fx.Int32, 2 * stage_dw, 16]
 
-    def mfma_block(acc, a_regs, b_regs):
-        """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks."""
+    def mfma_block(acc, a_regs, b_regs, scales=None):
+        """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks (scales: MX, mxscale.py)."""
         if const_expr(fmts is not None):
-            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch)
+            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch, scales)
         if dtype == "f32":
             for h in range_constexpr(lph):
                 af = vector.bitcast(_v4f32(), a_regs[h])
@@ -260,7 +263,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         return acc
 
     mpb = mfma_per_block(dtype, arch)
-    n_scl = ((4 * m_rep if a_scale == "block" else 0) + n_rep) * k_blk if block else 2 * n_rep * k_blk if w_int4 else 0
+    n_scl = ((m_rep if mx else 4 * m_rep) if a_scale in ("block", "mx") else 0) * k_blk + n_rep * k_blk if block \
+        else 2 * n_rep * k_blk if w_int4 else 0
     hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
 
     def schedule_step(prefetching: bool):
@@ -368,7 +372,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz // wdiv
             w_voff.append(ok.select(off, fx.Int32(OOB)))
         bs = None
-        if const_expr(block):  # per-lane offsets of sa [M, KB] / sw [NB, KB] (blockscale.py)
+        if const_expr(mx):  # per-lane offsets of the e8m0 bytes (mxscale.py)
+            bs = mxs.MxScales(rsrc(Sa, m * (k * 4 // mxs.GROUP)), rsrc(Sw, nb_total * kb_total * 64),
+                              a_scale == "mx", k, m, a_row0, l16, q, lane, nb0, nb_total, m_rep, n_rep, k_blk, wk)
+        elif const_expr(block):  # per-lane offsets of sa [M, KB] / sw [NB, KB] (blockscale.py)
             kbt = bsc.kblocks(k)
             bs = bsc.BlockScales(rsrc(Sa, m * (kbt * 4)), rsrc(Sw, -(-n // bsc.BLOCK) * kbt * 4),
                                  a_scale == "block", k, m, n, a_row0, q, by * bn + wcol + l16, m_rep, n_rep, k_blk, wk)
@@ -393,12 +400,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                 voff = (kk < k).select(voff, fx.Int32(OOB))
                         else:
                             voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz // wdiv
-                        if const_expr(w_int8 or w_int4):  # kp bytes / nibbles: converted where they are used (compute)
-                            ty = T.i32 if w_int4 else w8_load_type(kp)
+                        if const_expr(w_int8 or w_int4 or w_fp4):  # kp bytes / nibbles: converted where used (compute)
+                            ty = T.i32 if w_int4 else T.vec(2, T.i32) if w_fp4 else w8_load_type(kp)
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
-            return regs + (bs.load(kt, bk) if block or w_int4 else [])  # scales ride with the W registers
+            return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
             """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
@@ -411,7 +418,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 elems.append(rocdl.raw_ptr_buffer_load(_INT_T[esz](), rw, _raw(voff), _raw(soff), 0))
             return vector.bitcast(_v4i32(), vector.from_elements(T.vec(kp, _INT_T[esz]()), elems))
 
-        a_lane_dw = lane * 4 + wk * (cpb * 64)  # this wave's K blocks of the A stage
+        # a lane's A reads of a block: chunks q, q + 4 (fp32 geometry), for MX 2q, 2q + 1; this wave's K blocks
+        a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
+        a_lane_dw = a_lane_dw + wk * (cpb * 64)
 
         def compute(accs, w_regs, stage):
             accs = list(accs)
@@ -422,21 +431,22 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(w_int4):  # q * s + b of the lane's group, rounded once to the activation dtype
                 w_regs = [w4.w4_to_chunk(w_regs[i], *bs.pick(scl, i % k_blk, i // k_blk), dtype)
                           for i in range(len(w_regs))]
-            if const_expr(block):  # each block into a zero accumulator, then acc + partial * (sa * sw)
+            if const_expr(block and not mx):  # each block into a zero accumulator, then acc + partial * (sa * sw)
                 zero4 = _raw(fx.Vector.filled(4, 0.0, fx.Float32))
             for kb in range_constexpr(k_blk):
                 for mr in range_constexpr(m_rep):
                     ops = []
                     for h in range_constexpr(lph):
-                        dw = stage * stage_dw + (((mr * k_blk * kw + kb) * cpb + h * 4) * 16) * 4 + a_lane_dw
+                        dw = stage * stage_dw + (((mr * k_blk * kw + kb) * cpb + h * h_chunks) * 16) * 4 + a_lane_dw
                         ops.append(fx.ptr_load(fx.add_offset(lds.a.ptr, _raw(dw)), _v4i32()))
                     for nr in range_constexpr(n_rep):
                         wb = (nr * k_blk + kb) * lph
                         i = mr * n_rep + nr
-                        if const_expr(block):
+                        if const_expr(block and not mx):
                             accs[i] = bs.apply(accs[i], mfma_block(zero4, ops, w_regs[wb:wb + lph]), scl, kb, mr, nr)
-                        else:
-                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph])
+                        else:  # MX: the lane's scale bytes go to the MFMA (mxscale.py)
+                            accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph],
+                                                 bs.pick(scl, kb, mr, nr) if mx else None)
             return accs
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False):

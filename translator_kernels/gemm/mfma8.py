@@ -14,7 +14,7 @@ fp32 summation order):
   - gfx950 (OCP e4m3fn / e5m2): v_mfma_scale_f32_16x16x128_f8f6f4 with the operand formats in
     cbsz / blgp and constant-zero scales (LLVM then selects the unscaled v_mfma_f32_16x16x128_f8f6f4):
     the two chunks concatenated are the lane's 32 values; one per block, at twice gfx942's K per
-    instruction. The MX formats would pass e8m0 scales here instead of the zeros.
+    instruction. The MX formats (mxscale.py) pass the lane's e8m0 scales here instead of the zeros.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from flydsl.expr.typing import T
 from translator_kernels.gemm.common import _raw, _v4f32
 
 FORMATS = ("fp8", "bf8")  # e4m3 / e5m2 (fnuz on gfx942, OCP on gfx950)
-_FMT_CODE = {"fp8": 0, "bf8": 1}  # the f8f6f4 MFMA's matrix_format codes
+_FMT_CODE = {"fp8": 0, "bf8": 1, "fp4": 4}  # the f8f6f4 MFMA's matrix_format codes (fp4: MX weights only, mx.py)
 
 
 def mfma8_per_block(arch: str) -> int:
@@ -35,14 +35,15 @@ def mfma8_per_block(arch: str) -> int:
     return 1 if arch.startswith("gfx950") else 4
 
 
-def mfma8_block(acc, a_regs, b_regs, a_fmt: str, w_fmt: str, arch: str):
-    """acc += one block; a_regs / b_regs: the lane's two vector<4xi32> chunks (kernel.py's lph = 2)."""
+def mfma8_block(acc, a_regs, b_regs, a_fmt: str, w_fmt: str, arch: str, scales=None):
+    """acc += one block; a_regs / b_regs: the lane's two vector<4xi32> chunks (kernel.py's lph = 2).
+    scales (gfx950, MX: mxscale.py): the lane's (A, W) e8m0 scale registers (byte 0), else constant zeros."""
     if arch.startswith("gfx950"):
         av = vector.shuffle(a_regs[0], a_regs[1], list(range(8)))
-        bv = vector.shuffle(b_regs[0], b_regs[1], list(range(8)))
-        zero = _raw(fx.Int32(0))
+        bv = vector.shuffle(b_regs[0], b_regs[1], list(range(4 if w_fmt == "fp4" else 8)))  # fp4: 2 x 8 bytes
+        sa, sb = scales or (_raw(fx.Int32(0)), _raw(fx.Int32(0)))
         return rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-            _v4f32(), [av, bv, acc, _FMT_CODE[a_fmt], _FMT_CODE[w_fmt], 0, zero, 0, zero])
+            _v4f32(), [av, bv, acc, _FMT_CODE[a_fmt], _FMT_CODE[w_fmt], 0, sa, 0, sb])
     op = rocdl.mfma_f32_16x16x32_fp8_fp8
     if (a_fmt, w_fmt) != ("fp8", "fp8"):  # flydsl wraps fp8_fp8 only; the others come from the dialect
         from flydsl._mlir.dialects import rocdl as _d

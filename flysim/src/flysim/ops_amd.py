@@ -359,22 +359,63 @@ def _call_intrinsic(d, o):
 
 _MFMA_RE = re.compile(r"rocdl\.mfma\.(?:scale\.)?(f32|i32)\.(\d+)x(\d+)x(\d+)\.?([a-z0-9.]*?)(\.1k)?$")
 _FP8 = {"gfx942": (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz), "gfx950": (torch.float8_e4m3fn, torch.float8_e5m2)}
-_F8F6F4 = {0: 0, 1: 1}
-_FORMATS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp6_e2m3": 2, "fp6_e3m2": 3, "fp4_e2m1": 4}  # cbsz/blgp format code -> (fp8, bf8) index
+_FORMATS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp6_e2m3": 2, "fp6_e3m2": 3, "fp4_e2m1": 4}  # cbsz / blgp format codes
+_F8F6F4_BYTES = {0: 32, 1: 32, 2: 24, 3: 24, 4: 16}  # register bytes of one lane's 32 values
+
+
+def _minifloat_table(ebits, mbits, bias):
+    """Values of every code of a sign / ebits / mbits float without inf or NaN (OCP MX fp6, fp4)."""
+    codes = torch.arange(1 << (1 + ebits + mbits))
+    e = (codes >> mbits) & ((1 << ebits) - 1)
+    m = (codes & ((1 << mbits) - 1)).double()
+    mag = torch.where(e == 0, m / (1 << mbits) * 2.0 ** (1 - bias), (1 + m / (1 << mbits)) * torch.exp2(e.double() - bias))
+    return torch.where(codes >> (ebits + mbits) == 1, -mag, mag)
+
+
+_MINIFLOAT = {2: _minifloat_table(2, 3, 1), 3: _minifloat_table(3, 2, 3), 4: _minifloat_table(2, 1, 1)}
+
+
+def _f8f6f4_codes(b, fmt):
+    """Bytes [N, n] of one lane's register -> its 32 codes [N, 32], value v at bits [w*v, w*(v+1))
+    of the little-endian register stream (fp4: low nibble first; fp6: 4 values per 3 bytes)."""
+    b = b.to(torch.int64)
+    if fmt == 4:
+        return torch.stack([b & 0xF, b >> 4], dim=2).reshape(b.shape[0], -1)
+    g = b.reshape(b.shape[0], -1, 3)
+    b0, b1, b2 = g[..., 0], g[..., 1], g[..., 2]
+    return torch.stack([b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2],
+                       dim=2).reshape(b.shape[0], -1)
+
+
+def _f8f6f4_operand(x, arch, N, fmt):
+    """A scaled-MFMA operand register (vector<8|6|4xi32>) in format ``fmt`` -> float64 [N, 32].
+    Only the format's leading bytes are read (fp6: 6 VGPRs, fp4: 4), as the hardware does."""
+    b = x.contiguous().view(torch.uint8).reshape(N, -1)
+    need = _F8F6F4_BYTES[fmt]
+    if b.shape[1] < need:
+        raise UnsupportedOpError(f"f8f6f4 format {fmt} needs {need // 4} dwords per lane, got {b.shape[1] // 4}")
+    b = b[:, :need]
+    if fmt < 2:
+        return b.contiguous().view(_FP8[arch][fmt]).to(torch.float64)
+    return _MINIFLOAT[fmt].to(b.device)[_f8f6f4_codes(b, fmt)]
+
+
+def _e8m0(v, N, opsel):
+    """Per-lane E8M0 scale (the byte ``opsel`` of the i32 operand) -> float64 2**(e - 127); 255 is NaN."""
+    e = (v.to(torch.int64).expand(N) >> (8 * opsel)) & 0xFF
+    return torch.where(e == 255, torch.full_like(e, float("nan"), dtype=torch.float64), torch.exp2(e.double() - 127))
 
 
 def _operand(x, kind, arch, N, fmt=None):
-    """Per-lane MFMA operand -> float tensor [N, KPT]."""
+    """Per-lane MFMA operand -> float tensor [N, KPT] (``fmt``: a scaled MFMA's f8f6f4 format code)."""
     if x.dim() == 0 or (x.dim() == 1 and x.shape[0] != N):
         x = x.expand(N, *x.shape)
     x = x.reshape(N, -1) if x.dim() > 1 else x.reshape(N, 1)
-    if "fp8" in kind or "bf8" in kind or fmt is not None:
+    if fmt is not None:
+        return _f8f6f4_operand(x, arch, N, fmt)
+    if "fp8" in kind or "bf8" in kind:
         b = x.contiguous().view(torch.uint8)
-        if fmt is not None:
-            dt = _FP8[arch][_F8F6F4[fmt]]
-        else:
-            dt = _FP8[arch][0 if kind.startswith("fp8") else 1]
-        return b.view(dt).to(torch.float32)
+        return b.view(_FP8[arch][0 if kind.startswith("fp8") else 1]).to(torch.float32)
     if kind.startswith("bf16"):
         return x.contiguous().view(torch.bfloat16).to(torch.float32) if x.dtype != torch.bfloat16 else x.float()
     if kind.startswith("f16"):
@@ -442,6 +483,8 @@ def _mfma(d, o):
     # Scale operands that are the constant 0 make LLVM select the unscaled
     # v_mfma_*_f8f6f4 (FlyDSL's fp8 GEMM relies on it); other values are E8M0
     # exponents with bias 127, one per lane's 32 K-values (byte chosen by opsel).
+    # Scaled kinds: products and sum in float64 (exact for the fp4 / fp6 / fp8 codes and
+    # scales of normal range), C added, rounded to f32 once.
     unscaled = scaled and all(_is_const_zero(v) for v in list(o.operands)[3:])
 
     def f(ex):
@@ -451,27 +494,25 @@ def _mfma(d, o):
         fa = fb = None
         if scaled:
             fa, fb = attrs.get("cbsz", 0), attrs.get("blgp", 0)
-            if fa not in _F8F6F4 or fb not in _F8F6F4:
-                raise UnsupportedOpError(f"{o.name}: only fp8/bf8 operand formats are simulated (cbsz={fa}, blgp={fb})")
+            if fa not in _F8F6F4_BYTES or fb not in _F8F6F4_BYTES:
+                raise UnsupportedOpError(f"{o.name}: operand format code cbsz={fa} / blgp={fb} is not one of 0..4")
         a = _operand(R[ins[0]], ka, ex.arch, Nl, fa)
         b = _operand(R[ins[1]], kb, ex.arch, Nl, fb)
         if a.shape[1] != KPT or b.shape[1] != KPT:
             raise UnsupportedOpError(f"{o.name}: expected {KPT} values per lane, got {a.shape[1]} (multi-block MFMA?)")
         if scaled and not unscaled:
             ia, ib = (3, 4) if len(ins) == 5 else (4, 6)
-            sa = (R[ins[ia]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselA", 0))) & 0xFF
-            sb = (R[ins[ib]].to(torch.int64).expand(Nl) >> (8 * attrs.get("opselB", 0))) & 0xFF
-            a = a * torch.exp2(sa.float() - 127).unsqueeze(1)
-            b = b * torch.exp2(sb.float() - 127).unsqueeze(1)
+            a = a * _e8m0(R[ins[ia]], Nl, attrs.get("opselA", 0)).unsqueeze(1)
+            b = b * _e8m0(R[ins[ib]], Nl, attrs.get("opselB", 0)).unsqueeze(1)
         c = R[ins[2]]
         c = c.expand(Nl, *c.shape) if c.dim() <= 1 and (c.dim() == 0 or c.shape[0] != Nl) else c
         A = a.reshape(W, GK, MN, KPT).permute(0, 2, 1, 3).reshape(W, MN, K)
         B = b.reshape(W, GK, MN, KPT).permute(0, 1, 3, 2).reshape(W, K, MN)
-        cdt = torch.float64 if acc == "i32" else torch.float32
+        cdt = torch.float64 if acc == "i32" or scaled else torch.float32
         C = c.to(cdt).reshape(W, GM, N_, V1, 4).permute(0, 3, 1, 4, 2).reshape(W, M, N_)
         D = torch.baddbmm(C, A.to(cdt), B.to(cdt))
         dv = D.reshape(W, V1, GM, 4, N_).permute(0, 2, 4, 1, 3).reshape(Nl, V1 * 4)
-        R[out] = dv.to(torch.int32) if acc == "i32" else dv
+        R[out] = dv.to(torch.int32) if acc == "i32" else dv.to(torch.float32)
         ex.mfma[short] = ex.mfma.get(short, 0) + _waves_executing(ex, W)
 
     return f
