@@ -71,6 +71,7 @@ ORACLES = {
     "fp8_block_linear": lambda: _fp8_block_oracle(),
     "gemm_w4": lambda: _w4_oracle(),
     "gemm_fp8_gated": lambda: _fp8_gated_oracle(),
+    "fp8_static_linear": lambda: _fp8_block_oracle(static=torch.tensor(0.01)),
 }
 
 
@@ -118,12 +119,13 @@ def _w4_oracle():
     return Fn(f), (_r(5, 64),)
 
 
-def _fp8_block_oracle():
-    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math."""
+def _fp8_block_oracle(static=None):
+    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math; `static`:
+    a fixed activation scale (activation_scheme='static')."""
     from translator_kernels.gemm.fp8 import quantize_fp8_blocks
 
     w8, ws = quantize_fp8_blocks(_r(160, 256), torch.float8_e4m3fn, (128, 128))
-    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, None)), (_r(5, 256),)
+    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, static)), (_r(5, 256),)
 
 
 def _fp8_oracle(dt=torch.float8_e4m3fnuz):
