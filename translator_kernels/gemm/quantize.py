@@ -5,8 +5,9 @@
 (FMAX: the format's largest finite value; the cast rounds to nearest even; fp32 division, so the
 kernel equals fp8.quantize_fp8(x, dtype, dim=-1) bit for bit). A standalone launch before
 gemm_fp8 where no producer writes fp8 itself: a row norm does (rows/norm.py, `quant=`, with the same
-scale / pack / store pieces: rows/quant.py); a GEMM epilogue or an elementwise kernel does not yet
-(docs/fp8.md).
+scale / pack / store pieces: rows/quant.py), and an elementwise region joins this kernel as its prologue
+(`quantize_program`); a GEMM epilogue does not (docs/fp8.md). `quantize_static`: the same kernel with a fixed
+scale read from the device (a static activation scale, fp8_static.py).
 
 One wave per row: each lane loads 16-byte chunks (8 bf16 / fp16 or 4 fp32 values), keeps them in
 registers, takes the row's |max| with a butterfly over the wave, then divides, clamps and converts
