@@ -194,13 +194,19 @@ def _cell(c):
             f"{c['mfma']:.3g} / {c['mfma_total']} |")
 
 
-def print_decode_rows(rs):
-    print("## fp8 GEMM decode rows: ours at the chosen tile and split-K vs FlyDSL's fp8 preshuffle GEMM at the same "
-          "tile (static ISA; MODEL = tiles.model_estimate, not a measurement)\n")
+def _header(title, cols, groups):
+    """Print a table's title and header: `cols` plain columns, then _cell's 5 columns per name in `groups`."""
     hd = "VGPR+AGPR | spills | waves/SIMD | per K step VALU / VMEM | MFMA per K step / static in kernel"
-    print(f"| shape | arch | tile (BK in fp8 values) | split | kw | MODEL us | MODEL HBM fraction | ours: {hd} | "
-          f"FlyDSL: {hd} | ours, 128x128 block scales: {hd} |")
-    print("|" + "---|" * 22)
+    print(title + "\n")
+    print("| " + " | ".join(cols + [f"{g}: {hd}" for g in groups]) + " |")
+    print("|" + "---|" * (len(cols) + 5 * len(groups)))
+
+
+def print_decode_rows(rs):
+    _header("## fp8 GEMM decode rows: ours at the chosen tile and split-K vs FlyDSL's fp8 preshuffle GEMM at the same "
+            "tile (static ISA; MODEL = tiles.model_estimate, not a measurement)",
+            ["shape", "arch", "tile (BK in fp8 values)", "split", "kw", "MODEL us", "MODEL HBM fraction"],
+            ["ours", "FlyDSL", "ours, 128x128 block scales"])
     for r in rs:
         e = r["est"]
         tile = "x".join(map(str, r["tile"])) + ("" if r["chosen"] else " (equal-tile row, not chosen)")
@@ -241,12 +247,9 @@ def gated_rows(archs=("gfx942", "gfx950"), ms=(1, 16, 2048), n=14336, k=4096):
 
 
 def print_gated_rows(rs):
-    print("## fp8 gated GEMM (gate + up, silu(g) * u in the epilogue) vs the plain fp8 GEMM over the same weight at "
-          "the same tile (static ISA)\n")
-    hd = "VGPR+AGPR | spills | waves/SIMD | per K step VALU / VMEM | MFMA per K step / static in kernel"
-    print(f"| shape | arch | tile (BK in fp8 values) | MODEL us: gated / two fp8 GEMMs | gated: {hd} | "
-          f"plain [2N, K]: {hd} |")
-    print("|" + "---|" * 14)
+    _header("## fp8 gated GEMM (gate + up, silu(g) * u in the epilogue) vs the plain fp8 GEMM over the same weight at "
+            "the same tile (static ISA)", ["shape", "arch", "tile (BK in fp8 values)", "MODEL us: gated / two fp8 GEMMs"],
+            ["gated", "plain [2N, K]"])
     for r in rs:
         print(f"| {r['shape']} | {r['arch']} | {'x'.join(map(str, r['tile']))} | {r['t_gated'] * 1e6:.1f} / "
               f"{r['t_two'] * 1e6:.1f} | {_cell(r['gated'])} {_cell(r['plain'])}")
