@@ -245,3 +245,22 @@ def test_gated_mlp_fp8_follows_the_keep_rule(monkeypatch):
     c = tm.report.counters
     assert not c.get("gated_mlp_fp8") and c.get("linear_fp8") == 2 and c.get("linear_fp8_kept_bf16") == 1
     assert tm.report.verification.passed, tm.report.verification.message
+
+
+def test_seeded_gated_scale_bug_fails_the_layer_rule(monkeypatch):
+    """The gemm_fp8_gated adapter with the weight scales applied twice: the full report's layer rule fails on the
+    gated GEMM (the residual around the MLP hides part of it from the output rule)."""
+    fam = FAMILIES["gemm_fp8_gated"]
+    good = fam.kernel
+
+    def buggy(a, w, n, k, a_scale, w_scale, bias, gate, out_dtype):
+        return good(a, w, n, k, a_scale, w_scale * w_scale, bias, gate, out_dtype)
+
+    monkeypatch.setitem(FAMILIES, "gemm_fp8_gated", dataclasses.replace(fam, kernel=buggy))
+    torch.manual_seed(0)
+    model, x = _NormMLP().eval(), torch.randn(2, 8, 64)
+    tm = translate(model, (x,), arch="gfx942", backend="flysim", precision="fp8", verify=False)
+    rep = fp8_report(model, tm, (x,))
+    assert not rep.passed and "layer rule" in rep.message, rep.table()
+    bad = [fam for _, fam, _, e in rep.layers if e > A.LAYER_REL_RMS_MAX]
+    assert bad and "gemm_fp8_gated" in bad, rep.table()  # (down_proj, reading its output, is wrong too)
