@@ -158,6 +158,7 @@ def test_fp8_report_passes_without_a_bug():
     rep = fp8_report(model, tm, inputs)
     assert rep.passed, rep.message + "\n" + rep.table()
     assert all(e <= A.LAYER_REL_RMS_MAX for _, fam, _, e in rep.layers if fam in A.FP8_GEMMS)
+    assert any(fam == "gemm_fp8_gated" for _, fam, _, _ in rep.layers)  # paired with its captured mul
 
 
 def _mlp():
