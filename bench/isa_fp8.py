@@ -240,7 +240,8 @@ def gated_rows(archs=("gfx942", "gfx950"), ms=(1, 16, 2048), n=14336, k=4096):
             # MODEL: the arranged [2n, k] GEMM at the gated tile (its C counted whole: an upper bound) against
             # the two fp8 GEMMs of before, each at the chooser's tile
             t_gated = model_estimate(m, 2 * n, k // 4, "f32", arch, cfg)["kernel_t"]
-            t_two = 2 * model_estimate(m, n, k // 4, "f32", arch, choose_fp8_config(m_bucket(m), n, k, arch))["kernel_t"]
+            two = choose_fp8_config(m_bucket(m), n, k, arch)
+            t_two = 2 * model_estimate(m, n, k // 4, "f32", arch, two)["kernel_t"]
             out.append(dict(shape=f"Llama-3-8B gate+up M={m}", arch=arch, tile=tile, t_gated=t_gated, t_two=t_two,
                             **cache[arch, tile]))
     return out
@@ -248,7 +249,8 @@ def gated_rows(archs=("gfx942", "gfx950"), ms=(1, 16, 2048), n=14336, k=4096):
 
 def print_gated_rows(rs):
     _header("## fp8 gated GEMM (gate + up, silu(g) * u in the epilogue) vs the plain fp8 GEMM over the same weight at "
-            "the same tile (static ISA)", ["shape", "arch", "tile (BK in fp8 values)", "MODEL us: gated / two fp8 GEMMs"],
+            "the same tile (static ISA)",
+            ["shape", "arch", "tile (BK in fp8 values)", "MODEL us: gated / two fp8 GEMMs"],
             ["gated", "plain [2N, K]"])
     for r in rs:
         print(f"| {r['shape']} | {r['arch']} | {'x'.join(map(str, r['tile']))} | {r['t_gated'] * 1e6:.1f} / "
