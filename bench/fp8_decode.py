@@ -4,7 +4,8 @@ MODEL rows (arithmetic on the published Llama-3-8B shapes, no GPU): the weight b
 reads (every linear of 32 layers once; the LM head kept bf16 by fp8_mode's rule; embedding rows and
 the KV cache excluded), and the activation bytes around the per-token quantizations of one layer
 (what the norm / elementwise producer writes and the quantize reads and writes) before and after the
-producers write fp8 themselves (translator/lowerings/norm_fp8.py, quantize_fold.py).
+producers write fp8 themselves (translator/lowerings/norm_fp8.py, quantize_fold.py), and the MLP's
+intermediate with gate and up as two fp8 GEMMs or as one fp8 gated GEMM (translator/lowerings/gated_fp8.py).
 
 With `--flysim` (slower, ~1 min): the same activation traffic MEASURED by flysim's counters (global
 bytes read + written) for one decode token (M = 1) of the Llama-3-8B norm (N = 4096) and the
@@ -55,6 +56,14 @@ def activation_bytes(fused: bool) -> dict:
         standalone = not fused or name.startswith("attention")
         out[name] = (2 * k + 2 * k + k + 4) if standalone else (k + 4)
     return out
+
+
+def mlp_bytes(gated: bool) -> tuple[int, int]:
+    """MODEL (launches, activation bytes) of one token between the MLP's fp8 input and down_proj's: gate and up
+    as two fp8 GEMMs writing g and u (bf16), silu(g) * u inside down's quantize kernel (reads g, u, writes q + s);
+    or the fp8 gated GEMM (gated_fp8.py) writing h = silu(g) * u, down's quantize reading h and writing q + s."""
+    k = INTER
+    return (2, 2 * k + 2 * k + k + 4) if gated else (3, 2 * (2 * k) + 2 * (2 * k) + k + 4)
 
 
 def _flysim_bytes():
@@ -133,6 +142,14 @@ def main(argv=None):
     print(f"| per layer | {sum(before.values())} | {sum(after.values())} |")
     print(f"| x {LAYERS} layers (MB) | {LAYERS * sum(before.values()) / 1e6:.2f} | "
           f"{LAYERS * sum(after.values()) / 1e6:.2f} |")
+    print("\n## the MLP between gate/up and down's fp8 input, one token and layer (MODEL: launches, bytes of g, u, "
+          "h, q and s)\n")
+    print("| gate / up as | launches | activation bytes |")
+    print("|---|---|---|")
+    for name, gated in (("two fp8 GEMMs + silu*up in down's quantize", False), ("one fp8 gated GEMM + down's quantize",
+                                                                                 True)):
+        launches, nbytes = mlp_bytes(gated)
+        print(f"| {name} | {launches} | {nbytes} |")
     if args.flysim:
         print("\n## the same, MEASURED by flysim (gfx942, M = 1 token, global bytes read + written)\n")
         print("| producer -> fp8 | unfused launches | unfused bytes | fused launches | fused bytes |")

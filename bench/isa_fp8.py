@@ -11,7 +11,11 @@ measurement) beside the seed's measured 1347 TFLOPS for FlyDSL's kernel on MI350
 Decode rows (`--decode`): M = 1 and 16 at Llama-3-8B's projections, our kernel at the tile WITH its split-K
 and kw that choose_fp8_config picks (one compile per distinct (arch, N, K, tile): M = 1 and 16 share it when
 the tile is the same, M being a runtime argument), with tiles.model_estimate's MODEL time and fraction of the
-HBM limit; FlyDSL's preshuffle GEMM has no split-K, so only split-1 tiles get an upstream compile.
+HBM limit; FlyDSL's preshuffle GEMM has no split-K, so only split-1 tiles get an upstream compile. The
+block-scaled kernel (128 x 128 scales in the K loop) at the same tile, split-K and kw beside them.
+
+Gated rows (`--gated`): Llama-3-8B's gate + up as the fp8 gated GEMM at M = 1, 16, 2048, beside the plain fp8
+GEMM over the same [2N, K] weight at the same tile.
 
 Tiles are given in fp8 values (BK = 128 values = 32 of our kernel's 4-byte units).
 """
@@ -23,7 +27,7 @@ import sys
 
 import torch
 
-from translator_kernels.gemm.quant_isa import FP8_BLOCK_GEMM
+from translator_kernels.gemm.quant_isa import FP8_BLOCK_GEMM, FP8_GATED_GEMM
 from translator_kernels.measure.fp8_isa import FP8_GEMM
 
 SEED_TFLOPS = 1347  # ../shared/reference/seeds: FlyDSL preshuffle GEMM, fp8 4096^3, measured on MI350X
@@ -173,7 +177,8 @@ def decode_rows(archs=("gfx942", "gfx950"), flydsl=None):
         key = (arch, n, k, tile, cfg.split, cfg.kw)
         if key not in cache:
             k_steps = padded_shape_fp8(n, k)[1] // tile[2] // cfg.split
-            cache[key] = {"ours": _isa_cells(FP8_GEMM, (n, k, *tile, cfg.split, cfg.kw), arch, tile, k_steps)}
+            cache[key] = {"ours": _isa_cells(FP8_GEMM, (n, k, *tile, cfg.split, cfg.kw), arch, tile, k_steps),
+                          "block": _isa_cells(FP8_BLOCK_GEMM, (n, k, *tile, cfg.split, cfg.kw), arch, tile, k_steps)}
             why = upstream_reason(cfg) or (None if flydsl else "FLYDSL_SRC not set")
             cache[key]["flydsl"] = dict(error=why) if why else _isa_cells(ENTRIES["flydsl"], (n, k, *tile), arch,
                                                                           tile, k // tile[2])
@@ -189,24 +194,69 @@ def _cell(c):
             f"{c['mfma']:.3g} / {c['mfma_total']} |")
 
 
-def print_decode_rows(rs):
-    print("## fp8 GEMM decode rows: ours at the chosen tile and split-K vs FlyDSL's fp8 preshuffle GEMM at the same "
-          "tile (static ISA; MODEL = tiles.model_estimate, not a measurement)\n")
+def _header(title, cols, groups):
+    """Print a table's title and header: `cols` plain columns, then _cell's 5 columns per name in `groups`."""
     hd = "VGPR+AGPR | spills | waves/SIMD | per K step VALU / VMEM | MFMA per K step / static in kernel"
-    print(f"| shape | arch | tile (BK in fp8 values) | split | kw | MODEL us | MODEL HBM fraction | ours: {hd} | "
-          f"FlyDSL: {hd} |")
-    print("|" + "---|" * 17)
+    print(title + "\n")
+    print("| " + " | ".join(cols + [f"{g}: {hd}" for g in groups]) + " |")
+    print("|" + "---|" * (len(cols) + 5 * len(groups)))
+
+
+def print_decode_rows(rs):
+    _header("## fp8 GEMM decode rows: ours at the chosen tile and split-K vs FlyDSL's fp8 preshuffle GEMM at the same "
+            "tile (static ISA; MODEL = tiles.model_estimate, not a measurement)",
+            ["shape", "arch", "tile (BK in fp8 values)", "split", "kw", "MODEL us", "MODEL HBM fraction"],
+            ["ours", "FlyDSL", "ours, 128x128 block scales"])
     for r in rs:
         e = r["est"]
         tile = "x".join(map(str, r["tile"])) + ("" if r["chosen"] else " (equal-tile row, not chosen)")
         print(f"| {r['shape']} | {r['arch']} | {tile} | {r['cfg'].split} | {r['cfg'].kw} | "
               f"{e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] / e['kernel_t']:.2f} | {_cell(r['ours'])} "
-              f"{_cell(r['flydsl'])}")
+              f"{_cell(r['flydsl'])} {_cell(r['block'])}")
     print("\nMODEL HBM fraction: the compulsory bytes (A, W, C once) at the HBM peak over the MODEL kernel time. "
           "M = 1 and 16 share one compile where their tile is the same (M is a runtime argument). (u): the compiler "
           "unrolled the K loop; the counts are the whole kernel's (prologue and split-K reduction included) over "
           "the K tiles one workgroup runs. Static in kernel: MFMA instructions in the ISA, a looped kernel's peeled "
           "iterations included.\n")
+
+
+def gated_rows(archs=("gfx942", "gfx950"), ms=(1, 16, 2048), n=14336, k=4096):
+    """Llama-3-8B's gate + up as the fp8 gated GEMM (fp8_gated.py, silu(g) * u of n columns) at its chooser's tile,
+    beside the plain fp8 GEMM over the same [2n, k] weight at the same tile (split 1, kw 1): the gated epilogue's
+    cost in registers and instructions."""
+    from translator_kernels.gemm.fp8 import choose_fp8_config, padded_shape_fp8
+    from translator_kernels.gemm.fp8_gated import choose_gated_fp8_config
+    from translator_kernels.gemm.tiles import m_bucket, model_estimate
+
+    cache, out = {}, []
+    for arch in archs:
+        for m in ms:
+            cfg = choose_gated_fp8_config(m, n, k, arch)
+            tile = (cfg.bm, cfg.bn, cfg.bk * 4)
+            if (arch, tile) not in cache:
+                steps = padded_shape_fp8(n, k)[1] // tile[2]
+                cache[arch, tile] = dict(gated=_isa_cells(FP8_GATED_GEMM, (n, k, *tile), arch, tile, steps),
+                                         plain=_isa_cells(FP8_GEMM, (2 * n, k, *tile, 1, 1), arch, tile, steps))
+            # MODEL: the arranged [2n, k] GEMM at the gated tile (its C counted whole: an upper bound) against
+            # the two fp8 GEMMs of before, each at the chooser's tile
+            t_gated = model_estimate(m, 2 * n, k // 4, "f32", arch, cfg)["kernel_t"]
+            two = choose_fp8_config(m_bucket(m), n, k, arch)
+            t_two = 2 * model_estimate(m, n, k // 4, "f32", arch, two)["kernel_t"]
+            out.append(dict(shape=f"Llama-3-8B gate+up M={m}", arch=arch, tile=tile, t_gated=t_gated, t_two=t_two,
+                            **cache[arch, tile]))
+    return out
+
+
+def print_gated_rows(rs):
+    _header("## fp8 gated GEMM (gate + up, silu(g) * u in the epilogue) vs the plain fp8 GEMM over the same weight at "
+            "the same tile (static ISA)",
+            ["shape", "arch", "tile (BK in fp8 values)", "MODEL us: gated / two fp8 GEMMs"],
+            ["gated", "plain [2N, K]"])
+    for r in rs:
+        print(f"| {r['shape']} | {r['arch']} | {'x'.join(map(str, r['tile']))} | {r['t_gated'] * 1e6:.1f} / "
+              f"{r['t_two'] * 1e6:.1f} | {_cell(r['gated'])} {_cell(r['plain'])}")
+    print("\nMODEL = tiles.model_estimate (not a measurement): the gated GEMM as the arranged [2N, K] GEMM (its C "
+          "counted whole, an upper bound), the two GEMMs of before each at the fp8 chooser's tile.\n")
 
 
 def print_rows(rs):
@@ -241,8 +291,12 @@ def main(argv=None) -> int:
     p.add_argument("--all-shapes", action="store_true", help="add the Llama-3-8B prefill shapes")
     p.add_argument("--decode", action="store_true",
                    help="only the Llama-3-8B decode rows (M = 1, 16; split-K tiles)")
+    p.add_argument("--gated", action="store_true", help="only the fp8 gated GEMM rows (Llama-3-8B gate + up)")
     a = p.parse_args(argv)
     archs = tuple(a.arch or ("gfx942", "gfx950"))
+    if a.gated:
+        print_gated_rows(gated_rows(archs))
+        return 0
     if a.decode:
         print_decode_rows(decode_rows(archs))
         return 0

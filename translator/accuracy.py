@@ -38,6 +38,7 @@ LAYER_REL_RMS_MAX = 0.15
 FP8_RULE = (f"every output: RMS(err) / RMS(eager) <= {REL_RMS_MAX:g}; logits: top-1 agreement >= {TOP1_MIN:g} and "
             f"mean KL(eager || fp8) <= {KL_MAX:g} nats; no NaN / inf where eager is finite")
 LAYER_RULE = f"every fp8 GEMM's value: RMS(err) / RMS(captured) <= {LAYER_REL_RMS_MAX:g}"
+FP8_GEMMS = ("gemm_fp8", "gemm_fp8_gated")  # the families the layer rule judges (precision="fp8" emits these)
 
 
 @dataclass

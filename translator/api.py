@@ -280,9 +280,9 @@ def fp8_report(model, tm, inputs):
         eager = model(*inputs)
         got = tm(*inputs)
     rep = accuracy.accuracy(eager, got)
-    ref = capture(model, inputs, None).gm
+    ref = capture(model, inputs, "auto" if tm.report.dynamic_dims else None).gm  # tm's node names (anchors)
     layers = accuracy.layer_errors(ref, tm.gm, pytree.tree_leaves(inputs), lambda: runtime.use_backend(tm.backend, tm.arch))
-    bad = [(r.node, r.rel_rms) for r in layers if r.family == "gemm_fp8" and r.rel_rms > accuracy.LAYER_REL_RMS_MAX]
+    bad = [(r.node, r.rel_rms) for r in layers if r.family in accuracy.FP8_GEMMS and r.rel_rms > accuracy.LAYER_REL_RMS_MAX]
     rep.layers = [(r.node, r.family, r.name, r.rel_rms) for r in sorted(layers, key=lambda r: -r.rel_rms)]
     if bad:
         rep.passed = False

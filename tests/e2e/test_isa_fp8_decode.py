@@ -37,3 +37,29 @@ def test_split_k_decode_entry_compiles(arch):
     assert "error" not in c, c
     assert c["spills"] == 0 and c["waves"] >= 4
     assert c["mfma"] == 1 and c["mfma_total"] == 14  # gfx950: one 16x16x128 MFMA per 16x16x128 block, / 4 waves
+
+
+def test_block_scaled_decode_entry_compiles():
+    """The 128 x 128 block-scaled kernel at the same chooser's tile (gfx950 down, M = 16: 16x16x512, split 2, kw 4):
+    it compiles with no spills, one MFMA per K step per wave as the epilogue-scaled kernel, and its scales cost
+    VALU (sa x sw, the fma per partial) where the epilogue-scaled K loop has none."""
+    tile = (16, 16, 512)
+    plain = isa_fp8._isa_cells(isa_fp8.FP8_GEMM, (4096, 14336, *tile, 2, 4), "gfx950", tile, 14)
+    block = isa_fp8._isa_cells(isa_fp8.FP8_BLOCK_GEMM, (4096, 14336, *tile, 2, 4), "gfx950", tile, 14)
+    assert "error" not in block, block
+    assert block["spills"] == 0 and block["mfma"] == plain["mfma"] == 1
+    assert block["valu"] > plain["valu"]
+
+
+def test_gated_fp8_entry_compiles():
+    """The fp8 gated GEMM at its decode tile (Llama-3-8B gate + up, gfx942: 16x128x512): no spills, the plain fp8
+    GEMM's MFMAs per K step over the same [2N, K] weight, a few more registers for the pairs."""
+    from translator_kernels.gemm.fp8_gated import choose_gated_fp8_config
+
+    cfg = choose_gated_fp8_config(1, 14336, 4096, "gfx942")
+    tile = (cfg.bm, cfg.bn, cfg.bk * 4)
+    assert tile == (16, 128, 512) and cfg.split == 1 and cfg.kw == 1
+    gated = isa_fp8._isa_cells(isa_fp8.FP8_GATED_GEMM, (14336, 4096, *tile), "gfx942", tile, 8)
+    plain = isa_fp8._isa_cells(isa_fp8.FP8_GEMM, (28672, 4096, *tile, 1, 1), "gfx942", tile, 8)
+    assert "error" not in gated, gated
+    assert gated["spills"] == 0 and gated["mfma"] == plain["mfma"] and gated["vgpr"] <= plain["vgpr"] + 16

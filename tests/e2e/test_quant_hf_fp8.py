@@ -86,24 +86,106 @@ def test_hf_finegrained_fp8_llama_runs_block_scaled_kernels(arch, hub_kernel):
     torch.testing.assert_close(tm(*inputs).logits.float(), want.float(), **model_tol("bf16"))
 
 
-@pytest.mark.parametrize("block,scheme,why", [((64, 64), "dynamic", "only 128 x 128 block scales"),
-                                              pytest.param((128, 128), "static", "activation_scheme='static'",
-                                                           marks=pytest.mark.slow)])
-def test_hf_fp8_other_configs_stay_in_pytorch(block, scheme, why, hub_kernel, monkeypatch):
-    """Other block sizes and a static activation scale: HF's own fp8_linear runs (here the hub slot's math), with
-    the reason on the node."""
-    def matmul_any(x, w, s, block_size, out_dtype, activation_scale=None):
-        if activation_scale is not None:  # static: one activation scale, the block-scaled weight
-            xs = activation_scale.float()
-            xq = (x.float() / xs).clamp(-448.0, 448.0).to(E4M3).float() * xs
-            wd = w.float() * s.float().repeat_interleave(block_size[0], 0).repeat_interleave(block_size[1], 1)
-            return (xq @ wd.t()).to(out_dtype)
-        return _matmul_2d(x, w, s, block_size, out_dtype)
+def _matmul_any(x, w, s, block_size, out_dtype, activation_scale=None):
+    """The hub slot for the other configurations: a static activation scale (x / sa rounded to e4m3fn, clamped
+    at 448, times the dequantized weight: the static FP8Linear math of transformers' earlier in-tree kernel), the
+    dynamic 128 x 128 form (_matmul_2d), and for a per-tensor weight with dynamic activations a per-token stand-in
+    (the hub kernel's own rule there is not re-typed: the translator leaves that form in PyTorch)."""
+    if block_size is None:
+        wd = w.float() * s.float().reshape(())
+    else:
+        wd = w.float() * s.float().repeat_interleave(block_size[0], 0).repeat_interleave(block_size[1], 1)
+    if activation_scale is not None:
+        xs = activation_scale.float()
+        xq = (x.float() / xs).clamp(-448.0, 448.0).to(E4M3).float() * xs
+        return (xq @ wd.t()).to(out_dtype)
+    if block_size is None:
+        xs = (x.float().abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
+        return (((x.float() / xs).clamp(-448.0, 448.0).to(E4M3).float() * xs) @ wd.t()).to(out_dtype)
+    return _matmul_2d(x, w, s, block_size, out_dtype)
 
-    monkeypatch.setattr(hf, "_FINEGRAINED_FP8", hf.FineGrainedFP8(matmul_any, None, None))
+
+@pytest.fixture
+def hub_kernel_any(monkeypatch):
+    monkeypatch.setattr(hf, "_FINEGRAINED_FP8", hf.FineGrainedFP8(_matmul_any, None, None))
+    monkeypatch.setattr(hf, "is_deepgemm_loadable", lambda: False)
+
+
+def _static_fp8_linear(d_in, d_out, block, scale, seed):
+    """transformers' own FP8Linear with activation_scheme='static', its weight quantized by Fp8Quantize."""
+    qcfg = T.FineGrainedFP8Config(weight_block_size=block, activation_scheme="static")
+    lin = hf.FP8Linear(d_in, d_out, block_size=block, activation_scheme="static")
+    dense = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(seed)) / d_in ** 0.5
+    out = hf.Fp8Quantize(types.SimpleNamespace(quantization_config=qcfg))._quantize_one("w.weight", dense)
+    lin.weight = torch.nn.Parameter(out["w.weight"], requires_grad=False)
+    lin.weight_scale_inv = torch.nn.Parameter(out["w.weight_scale_inv"], requires_grad=False)
+    lin.activation_scale = torch.nn.Parameter(torch.tensor(scale))
+    return lin
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_hf_fp8_static_linears(arch, hub_kernel_any):
+    """Two static FP8Linears (128 x 128 block weight scales, then one per-tensor weight scale) around a GELU, in
+    bf16: both become flydsl.fp8_static_linear, 2 launches each, and the translation equals eager."""
+    class Two(T.PreTrainedModel):  # an HF model (adapters/hf.py captures its fp8 linears), no attention
+        config_class = T.PretrainedConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.a = _static_fp8_linear(256, 128, (128, 128), 0.01, 0)
+            self.b = _static_fp8_linear(128, 48, None, 0.004, 1)
+
+        def forward(self, x, return_dict=True):
+            return self.b(torch.nn.functional.gelu(self.a(x)))
+
+    model = Two(T.PretrainedConfig(attn_implementation="eager")).eval()
+    x = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    tm = translate(model, (x,), arch=arch, backend="flysim")
+    assert tm.report.counters.get("hf_fp8_static") == 2, tm.report.counters
+    assert tm.report.verification.passed, tm.report.verification.message
+    tm(x)
+    calls = [c for c in tm.last_calls if c.family == "fp8_static_linear"]
+    assert len(calls) == 2 and all(len(c.launches) == 2 for c in calls)
+    with torch.no_grad():
+        torch.testing.assert_close(tm(x).float(), model(x).float(), **model_tol("bf16"))
+
+
+@pytest.mark.slow  # ~60 s each; test_hf_fp8_static_linears covers both weight-scale forms on both archs
+@pytest.mark.parametrize("block,arch", [((128, 128), "gfx942"), (None, "gfx950")], ids=["block-128", "per-tensor"])
+def test_hf_fp8_static_activation_scale(block, arch, hub_kernel_any):
+    """activation_scheme='static' (FP8Linear.activation_scale): every fp8 linear becomes flydsl.fp8_static_linear,
+    2 launches each (the static-scale quantize, the fp8 GEMM); the translation equals eager (the static math)."""
+    model, inputs, n_fp8 = fp8_llama(block, "static", hidden=128)
+    assert n_fp8 == (5 if block else 7)  # 128 x 128 blocks: k / v (N = 64) are not whole blocks, HF keeps them bf16
+    tm = translate(model, inputs, arch=arch, backend="flysim")
+    assert tm.report.counters.get("hf_fp8_static") == n_fp8, tm.report.counters
+    assert tm.report.verification.passed, tm.report.verification.message
+    tm(*inputs)
+    calls = [c for c in tm.last_calls if c.family == "fp8_static_linear"]
+    assert len(calls) == n_fp8 and all(len(c.launches) == 2 for c in calls)
+    fp8 = [r for r in tm.last_launches if FP8_MFMA & set(r.counters["mfma_by_kind"])]
+    assert len(fp8) == n_fp8
+    with torch.no_grad():
+        want = model(*inputs).logits
+    torch.testing.assert_close(tm(*inputs).logits.float(), want.float(), **model_tol("bf16"))
+    # the scale is read on the device at each call: a new calibration value is used as it is
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, hf.FP8Linear):
+                mod.activation_scale.mul_(2)
+        want = model(*inputs).logits
+    torch.testing.assert_close(tm(*inputs).logits.float(), want.float(), **model_tol("bf16"))
+
+
+@pytest.mark.parametrize("block,scheme,why", [((64, 64), "dynamic", "only 128 x 128 block scales"),
+                                              pytest.param(None, "dynamic", "one weight scale per tensor with dynamic",
+                                                           marks=pytest.mark.slow)])
+def test_hf_fp8_other_configs_stay_in_pytorch(block, scheme, why, hub_kernel_any):
+    """Other block sizes and a per-tensor weight scale with dynamic activations: HF's own fp8_linear runs (here the
+    hub slot's math), with the reason on the node."""
     model, inputs, _ = fp8_llama(block, scheme, hidden=128)
     tm = translate(model, inputs, arch="gfx950", backend="flysim")
-    assert not tm.report.counters.get("hf_fp8_block")
+    assert not tm.report.counters.get("hf_fp8_block") and not tm.report.counters.get("hf_fp8_static")
     reasons = " ".join(str(r.detail) for r in tm.report.rows)
     assert why in reasons, reasons
     assert tm.report.verification.passed, tm.report.verification.message

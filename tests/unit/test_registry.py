@@ -70,6 +70,8 @@ ORACLES = {
     "gemm_w8": lambda: _w8_oracle(),
     "fp8_block_linear": lambda: _fp8_block_oracle(),
     "gemm_w4": lambda: _w4_oracle(),
+    "gemm_fp8_gated": lambda: _fp8_gated_oracle(),
+    "fp8_static_linear": lambda: _fp8_block_oracle(static=torch.tensor(0.01)),
 }
 
 
@@ -117,12 +119,13 @@ def _w4_oracle():
     return Fn(f), (_r(5, 64),)
 
 
-def _fp8_block_oracle():
-    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math."""
+def _fp8_block_oracle(static=None):
+    """HF's fine-grained fp8 linear as captured (translator/adapters/hf_quant.py), with its torch math; `static`:
+    a fixed activation scale (activation_scheme='static')."""
     from translator_kernels.gemm.fp8 import quantize_fp8_blocks
 
     w8, ws = quantize_fp8_blocks(_r(160, 256), torch.float8_e4m3fn, (128, 128))
-    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, None)), (_r(5, 256),)
+    return Fn(lambda m, x: torch.ops.flydsl_hf.fp8_linear(x, w8, ws, [128, 128], None, static)), (_r(5, 256),)
 
 
 def _fp8_oracle(dt=torch.float8_e4m3fnuz):
@@ -146,6 +149,20 @@ def _fp8_dynamic_oracle(norm=None, residual=False, dt=torch.float8_e4m3fnuz):
         y = torch._scaled_mm(q, w8.t(), scale_a=s, scale_b=ws, out_dtype=torch.float32)
         return (h, y) if r else y
     return Fn(f, *([norm] if norm is not None else [])), (_r(5, 48), *([_r(5, 48, seed=1)] if residual else []))
+
+
+def _fp8_gated_oracle():
+    """A SwiGLU pair under precision="fp8" (lowerings/gated_fp8.py) on +-powers of two: every row's |max| is a power
+    of two, so the per-token and per-channel fp8 quantization is exact and only the bf16 output rounds."""
+    g = torch.Generator().manual_seed(0)
+
+    def pow2(*shape):
+        return torch.randint(-3, 3, shape, generator=g).float().exp2() * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
+    gate, up = nn.Linear(48, 24, bias=False), nn.Linear(48, 24, bias=False)
+    with torch.no_grad():
+        gate.weight.copy_(pow2(24, 48))
+        up.weight.copy_(pow2(24, 48))
+    return Fn(lambda m, x: F.silu(m[0](x)) * m[1](x), gate, up), (pow2(5, 48),), {"precision": "fp8"}
 
 
 def _fp8_prologue_oracle():
@@ -184,13 +201,13 @@ def test_every_family_has_an_oracle():
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
 def test_kernel_matches_plain_torch_on_flysim(name, dtype):
     fam = FAMILIES[name]
-    model, inputs = ORACLES[name]()
+    model, inputs, *how = ORACLES[name]()  # how: translate's keywords where the family needs them (precision)
     model, inputs = model.eval().to(dtype), tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     with torch.no_grad():  # the oracle: eager fp32 on the same (rounded) weights and inputs
         want = copy.deepcopy(model).float()(*(x.float() if x.is_floating_point() else x for x in inputs))
     atol, rtol = op_tolerance(dtype, fam)
     for backend in ("reference", "flysim"):
-        tm = translator.translate(model, inputs, backend=backend, verify=False, dynamic_shapes=None)
+        tm = translator.translate(model, inputs, backend=backend, verify=False, dynamic_shapes=None, **dict(*how))
         with torch.no_grad():
             got = tm(*inputs)
         calls = [c for c in tm.last_calls if c.family == name]

@@ -25,8 +25,8 @@ Forms:
   Activation quantization is one quantize_fp8 per distinct input (linears reading the same x, such as
   q / k / v or gate / up, share it); in fuse_consumers the kernel that produces x takes it over where it
   can: a norm writes fp8 + scale itself (norm_fp8.py), an elementwise region joins the quantize kernel
-  (quantize_fold.py). Gated MLPs are not merged into the bf16 gated GEMM under fp8: gate and up are fp8
-  linears and silu(g) * u the quantize kernel's prologue.
+  (quantize_fold.py). A gated MLP's gate and up run as one fp8 gated GEMM (gated_fp8.py) unless this rule
+  keeps one of them bf16; then both are linears here and silu(g) * u the quantize kernel's prologue.
 """
 
 from __future__ import annotations
@@ -203,6 +203,16 @@ def fp8_weight_scale(arch, w):
     return quantize_fp8(w.detach(), fp8_dtype(arch), dim=-1)[1].reshape(-1)
 
 
+def quantized_input(ctx, x, before):
+    """(q, s) of x quantized per token (flydsl.quantize_fp8), one per distinct x: linears reading the same x
+    (q / k / v) share one launch."""
+    done = ctx.__dict__.setdefault("_fp8_quantized", {})
+    if x not in done:
+        _, done[x] = ctx.emit("quantize_fp8", (ctx.cast_in(x, before), _fmt(fp8_dtype(ctx.arch))),
+                              lowering="quantize_fp8", sources=[], anchor=x, before=before)
+    return done[x]
+
+
 @rule(Stage.CANONICAL, aten.linear.default, family="gemm_fp8", supported=linear_fp8_supported, priority=10,
       doc="precision='fp8': linear with a parameter weight -> per-token quantize + fp8 GEMM (LM head stays bf16)")
 def lower_linear_fp8(node, ctx, m):
@@ -217,9 +227,5 @@ def lower_linear_fp8(node, ctx, m):
         wq, ws = quant_mx.mode_weights(ctx.arch, FP8_WEIGHTS, k) or (wq, ws)
     w_node = ctx.add_constant(wq(m.w), "w8", node, derive=wq, sources=(m.w,))
     s_node = ctx.add_constant(ws(m.w), "w8scale", node, derive=ws, sources=(m.w,))
-    done = ctx.__dict__.setdefault("_fp8_quantized", {})  # x -> (q, s): q, k, v (gate, up) share one launch
-    if m.x not in done:
-        _, done[m.x] = ctx.emit("quantize_fp8", (ctx.cast_in(m.x, node), _fmt(fp8_dtype(ctx.arch))),
-                                lowering="quantize_fp8", sources=[], anchor=m.x, before=node)
-    q, s = done[m.x]
+    q, s = quantized_input(ctx, m.x, node)
     return ctx.replace(node, "gemm_fp8", "linear_fp8", (q, w_node, n, k, s, s_node, m.bias, "bf16"), [node])

@@ -113,8 +113,15 @@ def _match(node, ctx):
 
 
 def gated_mlp_supported(node, ctx):
+    if ctx.precision == "fp8":  # fp8: the fp8 gated GEMM (lowerings.gated_fp8)
+        return NO_MATCH
+    return gated_match(node, ctx)
+
+
+def gated_match(node, ctx):
+    """The gated MLP rooted at mul `node` (a Match), a reason, or NO_MATCH (any precision)."""
     m = _match(node, ctx)
-    if m is None or ctx.precision == "fp8":  # fp8: gate and up are fp8 linears (lowerings.fp8_mode)
+    if m is None:
         return NO_MATCH
     _, _, gl, ul = m
     x, wg, bg = _linear(gl, ctx)

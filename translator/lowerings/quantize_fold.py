@@ -1,7 +1,8 @@
 """An elementwise kernel that feeds an fp8 GEMM joins the per-token quantize: `flydsl.quantize_fp8_program`.
 
 The fp8 linear after an elementwise region reads ``q, s = flydsl.quantize_fp8(fused_elementwise(...))``.
-In a Llama MLP under precision="fp8" (gate and up are fp8 GEMMs there, not the bf16 gated GEMM)::
+In a Llama MLP under precision="fp8" whose gate and up stay two fp8 GEMMs (gated_fp8.GATED = False, or one of them
+kept bf16; by default they are one fp8 gated GEMM, and here only a cast of its output joins the quantize)::
 
     h = F.silu(self.gate_proj(x)) * self.up_proj(x)     # a fused_elementwise region
     y = self.down_proj(h)                               # quantize_fp8(h) + gemm_fp8
@@ -10,13 +11,14 @@ A CONSUMER rule folds the region into the quantize as its prologue, as fold.py d
 the quantize kernel (translator_kernels.gemm.quantize.quantize_program) loads the region's inputs,
 runs its per-element program, rounds the value to the dtype the region would have stored, and
 quantizes the row. One launch where there were two; h never goes to memory. Bit-exact to the two
-kernels (the same device functions, the same rounding).
+kernels (the same device functions, the same rounding). In an fp32 model the region is the bf16 -> fp32 -> bf16
+round trip of a bf16 producer's output (the attention's, the fp8 gated GEMM's): the quantize reads that output.
 
 Taken: a region with one output, read only by this quantize, whose inputs (at most 4, fp32 / bf16 /
 fp16) all have the output's shape (no broadcast operand). A norm before the quantize goes to the norm
 (norm_fp8.py) first. Not done: a GEMM epilogue writing fp8 (o_proj's input is the attention output,
-whose producer is the attention kernel; down_proj's would be the gated GEMM's epilogue where the gated
-MLP runs as one GEMM).
+whose producer is the attention kernel; down_proj's is the fp8 gated GEMM, whose epilogue cannot see a row's
+|max| across its N tiles).
 """
 
 from __future__ import annotations

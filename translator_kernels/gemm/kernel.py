@@ -178,9 +178,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     mx = mxs.checked(a_scale, w_scale, fmts, w_fp4, arch)  # e8m0 scales per 32 of K in the MFMA (mxscale.py)
     block = block or mx  # the scales ride with the W registers
     a_ep, w_ep = ("" if a_scale in ("block", "mx") else a_scale), ("" if block else w_scale)  # the epilogue's part
-    if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or gate is not None or w_layout != "shuffled"):
+    if (fmts or a_scale or w_scale or w_int8 or w_int4) and (wm != 1 or w_layout != "shuffled" or (
+            gate is not None and (block or w_int8 or w_int4))):  # gated: epilogue scales (fp8_gated.py)
         raise KernelInputError("gemm: 8-bit float operands and epilogue scales run the 4-wave tile with a "
-                               "preshuffled weight, no gate")
+                               "preshuffled weight; a gate takes per-tensor / row / column scales only")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
     wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else 2 if w_fp4 else esz, 1)  # W bytes per element: wsz / wdiv
@@ -494,6 +495,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 rbg = rsrc(Bias, p_bytes if grouped else n_pad * 4)
             if const_expr(has_residual):
                 rrg = rsrc(Res, c_bytes)
+            # scales (fp8_gated.py): Sw arranged like W ([2 * N16]: the gate's, then the up's), sa per row
+            rsw = rsrc(Sw, (n_pad if w_ep == "col" else 1) * 4) if w_ep else None
+            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, by * bn + wcol + l16, a_row0, q, m, n_pad, m_rep, n_rep)
             for j in range_constexpr(n_rep // 2):
                 colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
                 col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
@@ -502,6 +507,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 for mr in range_constexpr(m_rep):
                     gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
                     uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
+                    if const_expr(w_ep != ""):  # scale * acc * sw[col] * sa[row], as store_c
+                        gv = gv * fx.Vector.filled(4, sw_v[2 * j], fx.Float32)
+                        uv = uv * fx.Vector.filled(4, sw_v[2 * j + 1], fx.Float32)
+                    if const_expr(a_ep != ""):
+                        sav = fx.Vector.from_elements(sa_v[mr], fx.Float32)
+                        gv, uv = gv * sav, uv * sav
                     if const_expr(has_bias):
                         bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base) * 4), zero))
                         buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base + 16) * 4), zero))

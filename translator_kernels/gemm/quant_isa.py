@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import torch
 
-FP8_BLOCK_GEMM = "translator_kernels.gemm.quant_isa:compile_fp8_block"  # (n, k, bm, bn, bk)
+FP8_BLOCK_GEMM = "translator_kernels.gemm.quant_isa:compile_fp8_block"  # (n, k, bm, bn, bk[, split, kw])
+FP8_GATED_GEMM = "translator_kernels.gemm.quant_isa:compile_fp8_gated"  # (n, k, bm, bn, bk): n output columns
 W4_GEMM = "translator_kernels.gemm.quant_isa:compile_w4"  # (n, k, bm, bn, bk, group)
 
 
-def compile_fp8_block(n, k, bm, bn, bk):
-    """fp8 x fp8 with 128 x 128 block scales in the K loop (sa per token and K block), bf16 out."""
+def compile_fp8_block(n, k, bm, bn, bk, split=1, kw=1):
+    """fp8 x fp8 with 128 x 128 block scales in the K loop (sa per token and K block), bf16 out; split > 1 / kw = 4:
+    the decode tiles (split-K workspace and counters sized as splitk.splitk_workspace does)."""
     from translator_kernels.gemm.blockscale import BLOCK
     from translator_kernels.gemm.fp8 import padded_shape_fp8
     from translator_kernels.gemm.kernel import build_gemm
@@ -21,12 +23,33 @@ def compile_fp8_block(n, k, bm, bn, bk):
     n_pad, k_pad = padded_shape_fp8(n, k)
     m = 2 * bm + 1
     launch = build_gemm.__wrapped__(n, k // 4, n_pad, k_pad // 4, "fp8", "bf16", current_arch(), bm, bn, bk // 4, None,
-                                    False, False, 1, "shuffled", None, 1, True, 1, a_scale="block", w_scale="block")
+                                    False, False, split, "shuffled", None, kw, True, 1, a_scale="block",
+                                    w_scale="block")
     a, w = torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(n_pad, k_pad // 4, dtype=torch.int32)
     c, z = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(4)
+    tiles = -(-m // bm) * -(-n_pad // bn) if split > 1 else 0
+    p, cnt = torch.zeros(max(4, tiles * split * bm * bn)), torch.zeros(max(4, tiles * (4 // kw)), dtype=torch.int32)
     kb = -(-k // BLOCK)
+    launch(c, a, w, z, c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * 4, w.numel() * 4, c.numel() * 2, p.numel() * 4,
+           cnt.numel() * 4, torch.zeros(m, kb), torch.zeros(-(-n // BLOCK), kb))
+
+
+def compile_fp8_gated(n, k, bm, bn, bk):
+    """The fp8 gated GEMM (fp8_gated.py: silu(g) * u of n output columns, per-token x per-channel scales, bf16 out)
+    at one tile of the arranged [2 * N16, K] weight."""
+    from translator_kernels.gemm.fp8 import padded_shape_fp8
+    from translator_kernels.gemm.gated import gated_shape
+    from translator_kernels.gemm.kernel import build_gemm
+    from translator_kernels.launch import arch as current_arch
+
+    n2, k_pad = gated_shape(n, k)[0], padded_shape_fp8(n, k)[1]
+    m = 2 * bm + 1
+    launch = build_gemm.__wrapped__(n, k // 4, n2, k_pad // 4, "fp8", "bf16", current_arch(), bm, bn, bk // 4, None,
+                                    False, False, 1, "shuffled", "silu", 1, True, 1, a_scale="row", w_scale="col")
+    a, w = torch.zeros(m, k // 4, dtype=torch.int32), torch.zeros(n2, k_pad // 4, dtype=torch.int32)
+    c, z = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(4)
     launch(c, a, w, z, c, z, torch.zeros(4, dtype=torch.int32), m, 1, 0, 0, 0, 1.0, a.numel() * 4, w.numel() * 4,
-           c.numel() * 2, 16, 16, torch.zeros(m, kb), torch.zeros(-(-n // BLOCK), kb))
+           c.numel() * 2, 16, 16, torch.zeros(m), torch.zeros(n2))
 
 
 def compile_w4(n, k, bm, bn, bk, group=128):

@@ -5,8 +5,9 @@
 (FMAX: the format's largest finite value; the cast rounds to nearest even; fp32 division, so the
 kernel equals fp8.quantize_fp8(x, dtype, dim=-1) bit for bit). A standalone launch before
 gemm_fp8 where no producer writes fp8 itself: a row norm does (rows/norm.py, `quant=`, with the same
-scale / pack / store pieces: rows/quant.py); a GEMM epilogue or an elementwise kernel does not yet
-(docs/fp8.md).
+scale / pack / store pieces: rows/quant.py), and an elementwise region joins this kernel as its prologue
+(`quantize_program`); a GEMM epilogue does not (docs/fp8.md). `quantize_static`: the same kernel with a fixed
+scale read from the device (a static activation scale, fp8_static.py).
 
 One wave per row: each lane loads 16-byte chunks (8 bf16 / fp16 or 4 fp32 values), keeps them in
 registers, takes the row's |max| with a butterfly over the wave, then divides, clamps and converts
@@ -16,6 +17,8 @@ and stores 8 (or 4) bytes per chunk. Lane 0 stores the scale. Rows up to MAX_CHU
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -42,10 +45,12 @@ _IN = {"f32": (4, lambda: T.f32), "bf16": (2, lambda: T.bf16), "f16": (2, lambda
 
 @kl.builder
 def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, program: str | None = None,
-                        more: tuple = (), fmax: float | None = None):
+                        more: tuple = (), fmax: float | None = None, static: float = 0.0):
     """launch(Q, S, X, m, x_bytes, q_bytes, *Xs): m rows of K values -> Q (fp8 bytes, viewed as int32), S
     fp32. program: a per-element program (translator_kernels.program) of X and the inputs of dtypes `more`
-    (each [m, K] contiguous, x_bytes long per value of X's size), one float output: the values quantized."""
+    (each [m, K] contiguous, x_bytes long per value of X's size), one float output: the values quantized.
+    static (a power of two, nonzero): S is read, not written: every row's scale is S[0] * static (a fixed
+    activation scale, fp8_static.py; no |max| reduction)."""
     dts = (in_dtype, *more)
     if any(d not in _IN for d in dts) or fmt not in ("fp8", "bf8") or k % 16:
         raise KernelInputError(f"quantize_rows: dtypes {dts} / format {fmt} / K={k} (want f32/bf16/f16, "
@@ -88,13 +93,18 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, program: str
                 if const_expr(out_dt != "f32"):
                     v = em.cast(v, out_dt)  # the value the elementwise kernel would store, rounded to its dtype
             vals.append(v)
-            amax = fx.max(amax, rq.lane_absmax(v, vec))
-        scale = rq.row_scale(wave_allreduce(amax, "max"), fmax)
+            if const_expr(not static):
+                amax = fx.max(amax, rq.lane_absmax(v, vec))
+        if const_expr(static):
+            scale = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rq.rsrc(S, 4), zero, zero, 0)) * fx.Float32(static)
+        else:
+            scale = rq.row_scale(wave_allreduce(amax, "max"), fmax)
         for c in range_constexpr(nc):
             col = (lane + c * 64) * vec
             words = rq.pack([vals[c][i] for i in range(vec)], scale, fmax, cvt)
             rq.store_words(rqb, words, row * k + col, col < k)
-        rq.store_scale(S, m, row, scale, lane == 0)
+        if const_expr(not static):
+            rq.store_scale(S, m, row, scale, lane == 0)
 
     @flyc.jit
     def launch(Q: fx.Tensor, S: fx.Tensor, X: fx.Tensor, m: fx.Int32, x_bytes: fx.Int32, q_bytes: fx.Int32,
@@ -105,17 +115,21 @@ def build_quantize_rows(k: int, in_dtype: str, fmt: str, arch: str, program: str
     return launch
 
 
+def _rows(op, x, fmt):
+    """(arch, K, leading dims, x as [M, K] contiguous, M, the empty fp8 q[M, K]) of an activation x[..., K]."""
+    if x.dtype not in FLOAT_NAMES:
+        raise KernelInputError(f"{op}: x dtype {x.dtype} is not float32 / bfloat16 / float16")
+    arch = kl.arch()
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    return arch, k, tuple(x.shape[:-1]), x2, x2.shape[0], torch.empty(x2.shape, dtype=fp8_dtype(arch, fmt),
+                                                                      device=x.device)
+
+
 @kr.replayed
 def quantize_rows(x, fmt: str = "fp8", fmax: float | None = None):
     """x[..., K] (fp32 / bf16 / fp16) -> (q[..., K] in the target arch's 8-bit format, s[..., 1] fp32)."""
-    if x.dtype not in FLOAT_NAMES:
-        raise KernelInputError(f"quantize_rows: x dtype {x.dtype} is not float32 / bfloat16 / float16")
-    arch = kl.arch()
-    k = x.shape[-1]
-    lead = tuple(x.shape[:-1])
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
-    q = torch.empty((m, k), dtype=fp8_dtype(arch, fmt), device=x.device)
+    arch, k, lead, x2, m, q = _rows("quantize_rows", x, fmt)
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch, fmax=fmax)
@@ -149,3 +163,21 @@ def quantize_program(inputs, program: str, fmt: str = "fp8"):
         kl.call(launcher, q.view(torch.int32), s, pad[0], m, xs[0].numel() * xs[0].element_size(), q.numel(),
                 *pad[1:])
     return q.reshape(lead + (k,)), s.reshape(lead + (1,))
+
+
+@kr.replayed
+def quantize_static(x, scale, fmt: str = "fp8", fmax: float | None = None, mul: float = 1.0):
+    """x[..., K] (fp32 / bf16 / fp16) -> q[..., K] = fp8(clamp(x / (scale * mul), -FMAX, FMAX)) with a fixed
+    activation scale (one fp32 value on the device, never read on the host; mul a power of two: gfx942's
+    e4m3fn-as-fnuz halves, fp8_static.py). One launch, one wave per row, no |max| reduction."""
+    if not isinstance(scale, torch.Tensor) or scale.numel() != 1 or scale.dtype != torch.float32:
+        raise KernelInputError(f"quantize_static: the scale must be one fp32 value, got "
+                               f"{getattr(scale, 'shape', type(scale))} {getattr(scale, 'dtype', '')}")
+    if mul <= 0 or math.frexp(mul)[0] != 0.5:
+        raise KernelInputError(f"quantize_static: mul {mul} is not a power of two (it must scale exactly)")
+    arch, k, lead, x2, m, q = _rows("quantize_static", x, fmt)
+    if m:
+        launcher = build_quantize_rows(k, FLOAT_NAMES[x.dtype], fmt, arch, fmax=fmax, static=float(mul))
+        kl.call(launcher, q.view(torch.int32), scale.reshape(1).contiguous(), x2, m, x2.numel() * x2.element_size(),
+                q.numel(), x2, x2, x2)
+    return q.reshape(lead + (k,))
