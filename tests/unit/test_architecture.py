@@ -329,6 +329,10 @@ TESTS_OF_BENCH = {
     "test_hf_families.py": "bench.hf_coverage's measure and audit are the HF coverage harness under test",
     "test_generation_bench.py": "runs python -m bench.generate end to end and checks its MODEL table and what it prints",
     "test_isa_fp8_decode.py": "bench.isa_fp8's decode rows: the chooser's split-K tiles and the upstream reasons it prints",
+    "test_bench_calibration_print.py": "runs python -m bench.calibration and checks that it prints every point",
+    "test_bench_report_only.py": "bench.report --only reruns one section of BENCHMARKS.md and keeps the others",
+    "test_decode_model_limits.py": "bench.generate's decode MODEL rows against both HBM limits (issue 23)",
+    "test_readme_sections.py": "the README's bench commands: each module exists and takes the flags shown",
 }
 
 

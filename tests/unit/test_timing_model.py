@@ -187,20 +187,6 @@ def test_every_validation_point_within_25_percent(rows):
     assert not bad, bad
 
 
-def test_bench_calibration_prints_every_point_with_its_role_and_ratio(capsys):
-    from bench import calibration as bench_cal
-
-    assert bench_cal.main([]) == 0
-    out = capsys.readouterr().out
-    lines = [ln for ln in out.splitlines() if ln.startswith("| ") and ("| fit |" in ln or "| validation |" in ln)]
-    rows = cal.evaluate(cal.load_features())
-    assert len([ln for ln in lines if "| gfx942" not in ln]) >= len(rows)
-    for r in rows:
-        cell = f"| {r['ratio']:.2f} | {r['role']} |"
-        assert any(r["shape"] in ln and cell in ln for ln in lines), (r["kernel"], r["shape"], cell)
-    assert timing.CALIBRATION.split(" (bench")[0] in out
-
-
 def test_a_graph_replayed_launch_pays_the_measured_gap_not_the_fitted_floor():
     f = timing.KernelFeatures("k", waves_per_simd=8, waves_per_wg=4, inflight_bytes=2048)
     g = GPUS["gfx950"]
