@@ -191,7 +191,13 @@ class LDS:
         self.nwg = nwg
         self.mem = torch.zeros(nwg * self.size, dtype=torch.uint8, device=device) if size else None
         self.check = check_races and size > 0
-        self.waits = self.check and check_waits
+        # check_waits: True, "vmcnt", "lgkmcnt" (or a tuple of them): the counters to check
+        kinds = ("vmcnt", "lgkmcnt") if check_waits is True else (check_waits,) if isinstance(check_waits, str) \
+            else tuple(check_waits or ())
+        if set(kinds) - {"vmcnt", "lgkmcnt"}:
+            raise ValueError(f"check_waits: True, False, 'vmcnt' or 'lgkmcnt', not {check_waits!r}")
+        self.waits = self.check and "vmcnt" in kinds
+        self.lgkm = self.check and "lgkmcnt" in kinds
         self.bytes_read = 0
         self.bytes_written = 0
         self.bank_conflicts = 0
@@ -212,6 +218,15 @@ class LDS:
             self.dma_wave = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
             self.dma_seq = torch.zeros(nwg * self.size, dtype=torch.int64, device=device)
             self.dma_loc = torch.zeros_like(self.writer)
+        if self.lgkm:
+            # s_waitcnt lgkmcnt: per wave, LDS instructions issued, those a wait retired, and those
+            # retired when it last arrived at a barrier; per byte, the wave and number of the
+            # store that wrote it (-1: none, or LDS DMA, which vmcnt tracks)
+            self.lgkm_issued = torch.zeros(nwg * waves_per_wg, dtype=torch.int64, device=device)
+            self.lgkm_retired = torch.zeros_like(self.lgkm_issued)
+            self.lgkm_fenced = torch.zeros_like(self.lgkm_issued)
+            self.st_wave = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
+            self.st_seq = torch.zeros(nwg * self.size, dtype=torch.int64, device=device)
         self.locs = []
 
     def _lanes(self, ex, ptr, nbytes, what, loc=None):
@@ -266,17 +281,61 @@ class LDS:
             w = self._waves(ex)
             self.vm_retired[w] = torch.maximum(self.vm_retired[w], self.vm_issued[w] - vmcnt)
 
+    def lgkm_issue(self, ex, retire=False):
+        """An LDS instruction of the active waves (lgkmcnt counts it). ``retire``: a load, whose
+        result the compiler waits for before its use: counted as retired with every earlier one
+        (in-order LDS; lenient where the use comes only after a barrier)."""
+        w = self._waves(ex)
+        self.lgkm_issued[w] += 1
+        if retire:
+            self.lgkm_retired[w] = self.lgkm_issued[w]
+
+    def lgkm_wait(self, ex, lgkmcnt=0):
+        """s_waitcnt lgkmcnt(n): all but the last n LDS instructions of each active wave are done."""
+        if self.lgkm:
+            w = self._waves(ex)
+            self.lgkm_retired[w] = torch.maximum(self.lgkm_retired[w], self.lgkm_issued[w] - lgkmcnt)
+
+    def lgkm_fence(self, ex, fenced):
+        """The active waves arrive at a barrier: a fenced one (gpu.barrier: its release fence
+        waits for every LDS access) or a bare s_barrier, which orders only the LDS stores that
+        an s_waitcnt lgkmcnt already retired (gfx942 / gfx950 insert no wait before it)."""
+        if self.lgkm:
+            w = self._waves(ex)
+            self.lgkm_fenced[w] = self.lgkm_issued[w] if fenced else self.lgkm_retired[w]
+
+    def _unordered(self, idx, w, by_wave, seq, done):
+        """The first byte read by wave w that another wave (``by_wave``) wrote with its access
+        number ``seq`` past ``done`` of that wave: (position, byte, where, writer) or None."""
+        pw = by_wave[idx]
+        other = (pw >= 0) & (pw != w)
+        if not bool(other.any()):
+            return None
+        late = other & (seq[idx] > done[pw.clamp(min=0).long()])
+        if not bool(late.any()):
+            return None
+        j, b, where = self._first(late, idx)
+        return j, b, where, int(pw[j])
+
+    def _check_lgkm(self, idx, w, loc):
+        """A read of bytes that another wave stored before a barrier without retiring the store
+        (s_waitcnt lgkmcnt) first: the barrier does not order it."""
+        hit = self._unordered(idx, w, self.st_wave, self.st_seq, self.lgkm_fenced)
+        if hit:
+            j, b, where, p = hit
+            raise LDSRaceError(
+                f"LDS race (missing s_waitcnt lgkmcnt): wave {int(w[j])} reads {where} that wave {p} stored at "
+                f"{self.locs[int(self.wloc[b])]} before an s_barrier without waiting for the store; this read at "
+                f"{loc}. A bare s_barrier (rocdl.s.barrier, inline asm) orders only completed LDS accesses: "
+                f"put s_waitcnt lgkmcnt(0) before it, or use gpu.barrier (LDS instruction {int(self.st_seq[b])} of "
+                f"wave {p}; {int(self.lgkm_fenced[p])} retired at its last barrier).")
+
     def _check_dma(self, idx, w, loc):
         """A read of bytes that another wave's LDS DMA may not have written yet (no vmcnt wait by
         that wave retired it). The reading wave's own DMA is covered: the compiler waits for it."""
-        pw = self.dma_wave[idx]
-        other = (pw >= 0) & (pw != w)
-        if not bool(other.any()):
-            return
-        late = other & (self.dma_seq[idx] > self.vm_retired[pw.clamp(min=0).long()])
-        if bool(late.any()):
-            j, b, where = self._first(late, idx)
-            p = int(pw[j])
+        hit = self._unordered(idx, w, self.dma_wave, self.dma_seq, self.vm_retired)
+        if hit:
+            j, b, where, p = hit
             raise LDSRaceError(
                 f"LDS race (missing s_waitcnt vmcnt): wave {int(w[j])} reads {where} that a buffer load to LDS by "
                 f"wave {p} at {self.locs[int(self.dma_loc[b])]} may not have written yet; this read at {loc}. Wave {p} "
@@ -302,7 +361,9 @@ class LDS:
         if not write:
             if self.waits:
                 self._check_dma(idx, w, loc)
-            self._read(idx, w, lid, loc)
+            self._read(idx, w, lid, loc)  # same barrier interval: the plain race first
+            if self.lgkm:
+                self._check_lgkm(idx, w, loc)
             return
         if new is not None:
             self._same_op_writes(idx, w, new, loc)
@@ -388,6 +449,9 @@ class LDS:
         self.writer[idx] = w
         self.wloc[idx] = lid
         self.written[idx] = True
+        if self.lgkm:
+            self.st_wave[idx] = -1 if dma else w
+            self.st_seq[idx] = self.lgkm_issued[w.long()]
         if dma and self.waits:
             self.dma_wave[idx] = w
             self.dma_seq[idx] = self.vm_issued[w.long()]
@@ -428,6 +492,8 @@ class LDS:
         nbytes = esize * count
         lanes, off = self._lanes(ex, ptr, nbytes, "load", loc)
         if self.check:
+            if self.lgkm:
+                self.lgkm_issue(ex, retire=True)
             self._track(ex, lanes, off, nbytes, False, loc)
         self._conflicts(ex, lanes, off, nbytes)
         vals = _gather(self.mem, off, esize, count, None)
@@ -445,6 +511,8 @@ class LDS:
         if self.check:
             mine = vals if lanes is None else vals[lanes]
             new = mine.contiguous().view(torch.uint8).reshape(-1)
+            if self.lgkm and not dma:
+                self.lgkm_issue(ex)
             self._track(ex, lanes, off, nbytes, True, loc, dma, new)
         self._conflicts(ex, lanes, off, nbytes)
         _scatter(self.mem, off, esize, count, vals if lanes is None else vals[lanes])
