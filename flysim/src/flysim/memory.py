@@ -49,14 +49,25 @@ def _typed(u8, esize):
     return u8[:n].view(INT_OF[esize])
 
 
+def _aligned(off, n):
+    """Every offset is a multiple of n (a bit test for powers of two: cheaper than %)."""
+    if n & (n - 1) == 0:
+        return not bool((off & (n - 1)).any())
+    return bool((off % n == 0).all())
+
+
+def _div(off, n):
+    return off >> (n.bit_length() - 1) if n & (n - 1) == 0 else off // n
+
+
 def _rows(u8, off, esize, count):
     """u8 viewed as rows of ``count`` esize-byte elements, and each lane's row, when every
     access is one whole aligned row (the common vector access); else None."""
     nb = esize * count
-    if esize not in INT_OF or not bool((off % nb == 0).all()):
+    if esize not in INT_OF or not _aligned(off, nb):
         return None
     base = _typed(u8, esize)
-    return base[: base.numel() // count * count].view(-1, count), off // nb
+    return base[: base.numel() // count * count].view(-1, count), _div(off, nb)
 
 
 def _gather(u8, off, esize, count, mask):
@@ -64,9 +75,9 @@ def _gather(u8, off, esize, count, mask):
     rows = _rows(u8, off, esize, count)
     if rows is not None:
         return rows[0].index_select(0, rows[1])
-    if esize in INT_OF and bool(((off % esize) == 0).all()):
+    if esize in INT_OF and _aligned(off, esize):
         base = _typed(u8, esize)
-        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        idx = _div(off, esize).unsqueeze(1) + torch.arange(count, device=off.device)
         return base[idx]
     nb = esize * count
     idx = off.unsqueeze(1) + torch.arange(nb, device=off.device)
@@ -80,9 +91,9 @@ def _scatter(u8, off, esize, count, vals):
         base, r = rows
         base.index_copy_(0, r, vals if vals.dtype == base.dtype else vals.view(base.dtype))
         return
-    if esize in INT_OF and bool(((off % esize) == 0).all()):
+    if esize in INT_OF and _aligned(off, esize):
         base = _typed(u8, esize)
-        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        idx = _div(off, esize).unsqueeze(1) + torch.arange(count, device=off.device)
         base[idx] = vals if vals.dtype == base.dtype else vals.view(base.dtype)
         return
     nb = esize * count
@@ -139,7 +150,7 @@ class GlobalMemory:
     def _single(self, addr, nbytes, mask):
         """The region holding every active lane's access, or None (then take the per-lane path)."""
         if mask is None:
-            lo, hi = int(addr.min()), int(addr.max())
+            lo, hi = (int(v) for v in torch.aminmax(addr))
         else:
             if not bool(mask.any()):
                 return None
@@ -473,7 +484,7 @@ class LDS:
     def _conflicts(self, ex, lanes, off, nbytes):
         ndw = max(1, nbytes // 4)
         group = 128 // (1 << (max(4, nbytes) - 1).bit_length())  # 12-byte accesses phase like 16-byte ones
-        dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
+        dw = (off >> 2).unsqueeze(1) + torch.arange(ndw, device=off.device)
         if lanes is None:
             full = dw
         else:  # only the waves that have an active lane
@@ -484,7 +495,7 @@ class LDS:
         x = full.reshape(-1, group * ndw).sort(1).values
         keep = x >= 0
         keep[:, 1:] &= x[:, 1:] != x[:, :-1]  # distinct dwords only: a broadcast is free
-        bank = torch.where(keep, x % 32, torch.full_like(x, 32))
+        bank = torch.where(keep, x & 31, torch.full_like(x, 32))
         cnt = torch.zeros(x.shape[0], 33, dtype=torch.int64, device=x.device).scatter_add_(1, bank, torch.ones_like(bank))
         self.bank_conflicts += int((cnt[:, :32].amax(1) - 1).clamp(min=0).sum())
 
