@@ -367,7 +367,7 @@ class LDS:
         the same value, so it counts as a read (a wave changing the byte later still races)."""
         waves = ex.wave if lanes is None else ex.wave[lanes]
         idx = (off.unsqueeze(1) + torch.arange(nbytes, device=off.device)).reshape(-1)
-        w = waves.unsqueeze(1).expand(-1, nbytes).reshape(-1).to(torch.int32)
+        w = waves.to(torch.int32).unsqueeze(1).expand(-1, nbytes).reshape(-1)
         lid = self._loc_id(loc)
         if not write:
             if self.waits:
@@ -398,14 +398,14 @@ class LDS:
         if bool(clash.any()):
             j, b, where = self._first(clash, idx)
             self._race("read after write", int(w[j]), int(self.writer[b]), where, int(self.wloc[b]), loc)
-        if not bool(self.written[idx].all()) and loc not in self._warned:
+        if loc not in self._warned and not bool(self.written[idx].all()):
             self._warned.add(loc)
             self.warnings.append(f"read of never-written LDS at {loc}")
         self._note_reader(idx, w, lid)
 
     def _note_reader(self, idx, w, lid):
         prev_r = self.reader[idx]
-        self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
+        self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, -2)
         self.rloc[idx] = lid
 
     def _silent(self, idx, w, lid, loc):
