@@ -127,3 +127,40 @@ def build_buffer_atomics(elem, nbytes, threads=2 * WAVE):
                                                                    stream=stream)
 
     return buffer_atomics
+
+
+def build_lds_exchange(sync):
+    """Two waves: each lane stores X[t] to LDS slot t, the waves synchronize by ``sync``, and each
+    lane reads the other wave's slot (t + 64) % 128 into Out[t]. ``sync``: "gpu" (gpu.barrier,
+    fenced), "wait" (rocdl s_waitcnt lgkmcnt(0) then a bare rocdl.s.barrier), "bare" (the bare
+    barrier alone: the seeded missing wait), "asm_wait" / "asm_bare" (the same in inline asm)."""
+    from flydsl._mlir.dialects import llvm
+    from flydsl.expr import rocdl
+
+    @fx.struct
+    class Smem:
+        buf: fx.Array[fx.Int32, 128, 16]
+
+    def asm(text):
+        llvm.InlineAsmOp(None, [], text, "", has_side_effects=True)
+
+    @flyc.kernel(known_block_size=[128, 1, 1])
+    def lds_exchange_kernel(X: fx.Tensor, Out: fx.Tensor):
+        tid = fx.Int32(gpu.thread_idx.x)
+        buf = fx.SharedAllocator().allocate(Smem).peek().buf.view(fx.make_layout(128, 1))
+        fx.memref_store(X[tid], buf, tid)
+        if sync == "gpu":
+            gpu.barrier()
+        elif sync in ("wait", "bare"):
+            if sync == "wait":
+                rocdl.s_waitcnt(0xC07F)  # lgkmcnt(0) only (vmcnt 63, expcnt 7)
+            rocdl.s_barrier()
+        else:
+            asm(("s_waitcnt lgkmcnt(0)\n\t" if sync == "asm_wait" else "") + "s_barrier")
+        Out[tid] = fx.memref_load(buf, (tid + 64) % 128)
+
+    @flyc.jit
+    def lds_exchange(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        lds_exchange_kernel(X, Out).launch(grid=(1, 1, 1), block=(128, 1, 1), stream=stream)
+
+    return lds_exchange

@@ -57,6 +57,21 @@ def test_gemm_a16w16_gfx950_reads_lds_dma_of_the_lagging_group_before_its_wait(u
             gemm_a16w16(a, b, layout="nt")
 
 
+def test_gemm_a16w16_gfx950_epilogue_reads_lds_stored_before_a_bare_barrier(upstream):
+    """check_waits="lgkmcnt": the HTI epilogue stores half tile (0, 1) to LDS (line 1119), runs
+    MFMAs, then `wait_vmcnt_and_barrier(0)` (s_waitcnt vmcnt(0), lgkmcnt left at its maximum, and a
+    bare s_barrier), and other waves read that half tile (line 1137): the stores are not retired
+    before the barrier. LDS requests of different waves may be reordered (LLVM AMDGPUUsage,
+    GFX942 memory model), so only the short LDS queue makes this work on hardware."""
+    from kernels.gemm.gemm_a16w16_gfx950 import gemm_a16w16
+
+    a = torch.randn(256, 128, dtype=torch.bfloat16)
+    b = torch.randn(256, 128, dtype=torch.bfloat16).t()
+    with pytest.raises(flysim.LDSRaceError, match=r"missing s_waitcnt lgkmcnt.*gemm_a16w16_gfx950.py:959"):
+        with flysim.simulate("gfx950", check_waits="lgkmcnt"):
+            gemm_a16w16(a, b, layout="nt")
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attn_gfx950_dualwave_stagger(upstream, causal):
     """Dual-wave flash attention with its default stagger (group B's extra s_barrier)."""
@@ -65,7 +80,7 @@ def test_flash_attn_gfx950_dualwave_stagger(upstream, causal):
     torch.manual_seed(0)
     b, s, h, d = 1, 256, 2, 128
     q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16) for _ in range(3))
-    with flysim.simulate("gfx950") as sim:
+    with flysim.simulate("gfx950", check_waits="lgkmcnt") as sim:  # its bare barriers follow lgkmcnt(0)
         out = flydsl_flash_attn_func(q, k, v, causal=causal)
     assert any(r.counters["wave_split"] for r in sim.launches)
     ref = torch.nn.functional.scaled_dot_product_attention(

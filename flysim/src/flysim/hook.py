@@ -103,9 +103,11 @@ def simulate(arch="gfx942", *, device=None, check_races=True, strict_oob=True, c
     ``device``: where lane tensors live (default: the arguments' device).
     ``check_races``: detect LDS races between waves. ``strict_oob``: raise on a
     raw-pointer access outside every argument tensor (else count and warn).
-    ``check_waits``: also report an LDS read of bytes that another wave's buffer load to LDS
-    (LDS DMA) may not have written yet, because no ``s_waitcnt vmcnt`` of that wave retired it
-    before the barrier (needs check_races).
+    ``check_waits``: also report an LDS read of bytes that another wave may not have written
+    yet (needs check_races): ``"vmcnt"``, bytes of its buffer load to LDS (LDS DMA) that no
+    ``s_waitcnt vmcnt`` of that wave retired before the barrier; ``"lgkmcnt"``, bytes of its
+    LDS store that it did not retire (``s_waitcnt lgkmcnt``) before a bare ``s_barrier``
+    (gpu.barrier has the fence); ``True``: both.
     ``count_regions``: count, per scf.if and scf.for of a kernel, the waves that run each side
     (scf.if: then / else) or each iteration (scf.for), into the ``region_waves`` counter.
     """

@@ -49,14 +49,25 @@ def _typed(u8, esize):
     return u8[:n].view(INT_OF[esize])
 
 
+def _aligned(off, n):
+    """Every offset is a multiple of n (a bit test for powers of two: cheaper than %)."""
+    if n & (n - 1) == 0:
+        return not bool((off & (n - 1)).any())
+    return bool((off % n == 0).all())
+
+
+def _div(off, n):
+    return off >> (n.bit_length() - 1) if n & (n - 1) == 0 else off // n
+
+
 def _rows(u8, off, esize, count):
     """u8 viewed as rows of ``count`` esize-byte elements, and each lane's row, when every
     access is one whole aligned row (the common vector access); else None."""
     nb = esize * count
-    if esize not in INT_OF or not bool((off % nb == 0).all()):
+    if esize not in INT_OF or not _aligned(off, nb):
         return None
     base = _typed(u8, esize)
-    return base[: base.numel() // count * count].view(-1, count), off // nb
+    return base[: base.numel() // count * count].view(-1, count), _div(off, nb)
 
 
 def _gather(u8, off, esize, count, mask):
@@ -64,9 +75,9 @@ def _gather(u8, off, esize, count, mask):
     rows = _rows(u8, off, esize, count)
     if rows is not None:
         return rows[0].index_select(0, rows[1])
-    if esize in INT_OF and bool(((off % esize) == 0).all()):
+    if esize in INT_OF and _aligned(off, esize):
         base = _typed(u8, esize)
-        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        idx = _div(off, esize).unsqueeze(1) + torch.arange(count, device=off.device)
         return base[idx]
     nb = esize * count
     idx = off.unsqueeze(1) + torch.arange(nb, device=off.device)
@@ -80,9 +91,9 @@ def _scatter(u8, off, esize, count, vals):
         base, r = rows
         base.index_copy_(0, r, vals if vals.dtype == base.dtype else vals.view(base.dtype))
         return
-    if esize in INT_OF and bool(((off % esize) == 0).all()):
+    if esize in INT_OF and _aligned(off, esize):
         base = _typed(u8, esize)
-        idx = (off // esize).unsqueeze(1) + torch.arange(count, device=off.device)
+        idx = _div(off, esize).unsqueeze(1) + torch.arange(count, device=off.device)
         base[idx] = vals if vals.dtype == base.dtype else vals.view(base.dtype)
         return
     nb = esize * count
@@ -139,7 +150,7 @@ class GlobalMemory:
     def _single(self, addr, nbytes, mask):
         """The region holding every active lane's access, or None (then take the per-lane path)."""
         if mask is None:
-            lo, hi = int(addr.min()), int(addr.max())
+            lo, hi = (int(v) for v in torch.aminmax(addr))
         else:
             if not bool(mask.any()):
                 return None
@@ -191,7 +202,13 @@ class LDS:
         self.nwg = nwg
         self.mem = torch.zeros(nwg * self.size, dtype=torch.uint8, device=device) if size else None
         self.check = check_races and size > 0
-        self.waits = self.check and check_waits
+        # check_waits: True, "vmcnt", "lgkmcnt" (or a tuple of them): the counters to check
+        kinds = ("vmcnt", "lgkmcnt") if check_waits is True else (check_waits,) if isinstance(check_waits, str) \
+            else tuple(check_waits or ())
+        if set(kinds) - {"vmcnt", "lgkmcnt"}:
+            raise ValueError(f"check_waits: True, False, 'vmcnt' or 'lgkmcnt', not {check_waits!r}")
+        self.waits = self.check and "vmcnt" in kinds
+        self.lgkm = self.check and "lgkmcnt" in kinds
         self.bytes_read = 0
         self.bytes_written = 0
         self.bank_conflicts = 0
@@ -212,6 +229,15 @@ class LDS:
             self.dma_wave = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
             self.dma_seq = torch.zeros(nwg * self.size, dtype=torch.int64, device=device)
             self.dma_loc = torch.zeros_like(self.writer)
+        if self.lgkm:
+            # s_waitcnt lgkmcnt: per wave, LDS instructions issued, those a wait retired, and those
+            # retired when it last arrived at a barrier; per byte, the wave and number of the
+            # store that wrote it (-1: none, or LDS DMA, which vmcnt tracks)
+            self.lgkm_issued = torch.zeros(nwg * waves_per_wg, dtype=torch.int64, device=device)
+            self.lgkm_retired = torch.zeros_like(self.lgkm_issued)
+            self.lgkm_fenced = torch.zeros_like(self.lgkm_issued)
+            self.st_wave = torch.full((nwg * self.size,), -1, dtype=torch.int32, device=device)
+            self.st_seq = torch.zeros(nwg * self.size, dtype=torch.int64, device=device)
         self.locs = []
 
     def _lanes(self, ex, ptr, nbytes, what, loc=None):
@@ -266,17 +292,61 @@ class LDS:
             w = self._waves(ex)
             self.vm_retired[w] = torch.maximum(self.vm_retired[w], self.vm_issued[w] - vmcnt)
 
+    def lgkm_issue(self, ex, retire=False):
+        """An LDS instruction of the active waves (lgkmcnt counts it). ``retire``: a load, whose
+        result the compiler waits for before its use: counted as retired with every earlier one
+        (in-order LDS; lenient where the use comes only after a barrier)."""
+        w = self._waves(ex)
+        self.lgkm_issued[w] += 1
+        if retire:
+            self.lgkm_retired[w] = self.lgkm_issued[w]
+
+    def lgkm_wait(self, ex, lgkmcnt=0):
+        """s_waitcnt lgkmcnt(n): all but the last n LDS instructions of each active wave are done."""
+        if self.lgkm:
+            w = self._waves(ex)
+            self.lgkm_retired[w] = torch.maximum(self.lgkm_retired[w], self.lgkm_issued[w] - lgkmcnt)
+
+    def lgkm_fence(self, ex, fenced):
+        """The active waves arrive at a barrier: a fenced one (gpu.barrier: its release fence
+        waits for every LDS access) or a bare s_barrier, which orders only the LDS stores that
+        an s_waitcnt lgkmcnt already retired (gfx942 / gfx950 insert no wait before it)."""
+        if self.lgkm:
+            w = self._waves(ex)
+            self.lgkm_fenced[w] = self.lgkm_issued[w] if fenced else self.lgkm_retired[w]
+
+    def _unordered(self, idx, w, by_wave, seq, done):
+        """The first byte read by wave w that another wave (``by_wave``) wrote with its access
+        number ``seq`` past ``done`` of that wave: (position, byte, where, writer) or None."""
+        pw = by_wave[idx]
+        other = (pw >= 0) & (pw != w)
+        if not bool(other.any()):
+            return None
+        late = other & (seq[idx] > done[pw.clamp(min=0).long()])
+        if not bool(late.any()):
+            return None
+        j, b, where = self._first(late, idx)
+        return j, b, where, int(pw[j])
+
+    def _check_lgkm(self, idx, w, loc):
+        """A read of bytes that another wave stored before a barrier without retiring the store
+        (s_waitcnt lgkmcnt) first: the barrier does not order it."""
+        hit = self._unordered(idx, w, self.st_wave, self.st_seq, self.lgkm_fenced)
+        if hit:
+            j, b, where, p = hit
+            raise LDSRaceError(
+                f"LDS race (missing s_waitcnt lgkmcnt): wave {int(w[j])} reads {where} that wave {p} stored at "
+                f"{self.locs[int(self.wloc[b])]} before an s_barrier without waiting for the store; this read at "
+                f"{loc}. A bare s_barrier (rocdl.s.barrier, inline asm) orders only completed LDS accesses: "
+                f"put s_waitcnt lgkmcnt(0) before it, or use gpu.barrier (LDS instruction {int(self.st_seq[b])} of "
+                f"wave {p}; {int(self.lgkm_fenced[p])} retired at its last barrier).")
+
     def _check_dma(self, idx, w, loc):
         """A read of bytes that another wave's LDS DMA may not have written yet (no vmcnt wait by
         that wave retired it). The reading wave's own DMA is covered: the compiler waits for it."""
-        pw = self.dma_wave[idx]
-        other = (pw >= 0) & (pw != w)
-        if not bool(other.any()):
-            return
-        late = other & (self.dma_seq[idx] > self.vm_retired[pw.clamp(min=0).long()])
-        if bool(late.any()):
-            j, b, where = self._first(late, idx)
-            p = int(pw[j])
+        hit = self._unordered(idx, w, self.dma_wave, self.dma_seq, self.vm_retired)
+        if hit:
+            j, b, where, p = hit
             raise LDSRaceError(
                 f"LDS race (missing s_waitcnt vmcnt): wave {int(w[j])} reads {where} that a buffer load to LDS by "
                 f"wave {p} at {self.locs[int(self.dma_loc[b])]} may not have written yet; this read at {loc}. Wave {p} "
@@ -297,12 +367,14 @@ class LDS:
         the same value, so it counts as a read (a wave changing the byte later still races)."""
         waves = ex.wave if lanes is None else ex.wave[lanes]
         idx = (off.unsqueeze(1) + torch.arange(nbytes, device=off.device)).reshape(-1)
-        w = waves.unsqueeze(1).expand(-1, nbytes).reshape(-1).to(torch.int32)
+        w = waves.to(torch.int32).unsqueeze(1).expand(-1, nbytes).reshape(-1)
         lid = self._loc_id(loc)
         if not write:
             if self.waits:
                 self._check_dma(idx, w, loc)
-            self._read(idx, w, lid, loc)
+            self._read(idx, w, lid, loc)  # same barrier interval: the plain race first
+            if self.lgkm:
+                self._check_lgkm(idx, w, loc)
             return
         if new is not None:
             self._same_op_writes(idx, w, new, loc)
@@ -326,14 +398,14 @@ class LDS:
         if bool(clash.any()):
             j, b, where = self._first(clash, idx)
             self._race("read after write", int(w[j]), int(self.writer[b]), where, int(self.wloc[b]), loc)
-        if not bool(self.written[idx].all()) and loc not in self._warned:
+        if loc not in self._warned and not bool(self.written[idx].all()):
             self._warned.add(loc)
             self.warnings.append(f"read of never-written LDS at {loc}")
         self._note_reader(idx, w, lid)
 
     def _note_reader(self, idx, w, lid):
         prev_r = self.reader[idx]
-        self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, torch.full_like(w, -2))
+        self.reader[idx] = torch.where((prev_r == -1) | (prev_r == w), w, -2)
         self.rloc[idx] = lid
 
     def _silent(self, idx, w, lid, loc):
@@ -388,6 +460,9 @@ class LDS:
         self.writer[idx] = w
         self.wloc[idx] = lid
         self.written[idx] = True
+        if self.lgkm:
+            self.st_wave[idx] = -1 if dma else w
+            self.st_seq[idx] = self.lgkm_issued[w.long()]
         if dma and self.waits:
             self.dma_wave[idx] = w
             self.dma_seq[idx] = self.vm_issued[w.long()]
@@ -409,7 +484,7 @@ class LDS:
     def _conflicts(self, ex, lanes, off, nbytes):
         ndw = max(1, nbytes // 4)
         group = 128 // (1 << (max(4, nbytes) - 1).bit_length())  # 12-byte accesses phase like 16-byte ones
-        dw = (off // 4).unsqueeze(1) + torch.arange(ndw, device=off.device)
+        dw = (off >> 2).unsqueeze(1) + torch.arange(ndw, device=off.device)
         if lanes is None:
             full = dw
         else:  # only the waves that have an active lane
@@ -420,7 +495,7 @@ class LDS:
         x = full.reshape(-1, group * ndw).sort(1).values
         keep = x >= 0
         keep[:, 1:] &= x[:, 1:] != x[:, :-1]  # distinct dwords only: a broadcast is free
-        bank = torch.where(keep, x % 32, torch.full_like(x, 32))
+        bank = torch.where(keep, x & 31, torch.full_like(x, 32))
         cnt = torch.zeros(x.shape[0], 33, dtype=torch.int64, device=x.device).scatter_add_(1, bank, torch.ones_like(bank))
         self.bank_conflicts += int((cnt[:, :32].amax(1) - 1).clamp(min=0).sum())
 
@@ -428,6 +503,8 @@ class LDS:
         nbytes = esize * count
         lanes, off = self._lanes(ex, ptr, nbytes, "load", loc)
         if self.check:
+            if self.lgkm:
+                self.lgkm_issue(ex, retire=True)
             self._track(ex, lanes, off, nbytes, False, loc)
         self._conflicts(ex, lanes, off, nbytes)
         vals = _gather(self.mem, off, esize, count, None)
@@ -445,6 +522,8 @@ class LDS:
         if self.check:
             mine = vals if lanes is None else vals[lanes]
             new = mine.contiguous().view(torch.uint8).reshape(-1)
+            if self.lgkm and not dma:
+                self.lgkm_issue(ex)
             self._track(ex, lanes, off, nbytes, True, loc, dma, new)
         self._conflicts(ex, lanes, off, nbytes)
         _scatter(self.mem, off, esize, count, vals if lanes is None else vals[lanes])

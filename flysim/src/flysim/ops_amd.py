@@ -79,8 +79,10 @@ def _lane_id(d, o):
 def _barrier(d, o):
     if d.depth > 1:
         d.nested_barrier = True
+    fenced = o.name != "rocdl.s.barrier"  # gpu.barrier / rocdl.barrier: fence + s_barrier
 
     def f(ex):
+        ex.lds.lgkm_fence(ex, fenced)
         arrive(ex)
 
     return f
@@ -102,16 +104,25 @@ def vmcnt_of(bitfield: int) -> int:
     return (bitfield & 0xF) | ((bitfield >> 10) & 0x30)
 
 
+def lgkmcnt_of(bitfield: int) -> int:
+    """The lgkmcnt of a gfx9 s_waitcnt immediate: bits [11:8]."""
+    return (bitfield >> 8) & 0xF
+
+
 @op("rocdl.s.waitcnt", "rocdl.wait.asyncmark")
 def _waitcnt(d, o):
     """s_waitcnt vmcnt(n) retires all but the last n VMEM loads of each active wave (LDS DMA
-    reads by other waves check it: memory.LDS); wait_asyncmark drains every one (lenient)."""
+    reads by other waves check it: memory.LDS), lgkmcnt(n) all but the last n LDS accesses;
+    wait_asyncmark drains every VMEM load (lenient)."""
     from flydsl._mlir import ir
 
-    n = vmcnt_of(int(ir.IntegerAttr(o.attributes["bitfield"]).value)) if o.name == "rocdl.s.waitcnt" else 0
+    bits = int(ir.IntegerAttr(o.attributes["bitfield"]).value) if o.name == "rocdl.s.waitcnt" else None
+    n = 0 if bits is None else vmcnt_of(bits)
 
     def f(ex):
         ex.lds.vm_wait(ex, n)
+        if bits is not None:
+            ex.lds.lgkm_wait(ex, lgkmcnt_of(bits))
 
     return f
 
@@ -345,7 +356,9 @@ def _call_intrinsic(d, o):
         return f
     if name == "llvm.amdgcn.s.waitcnt":
         def f(ex):
-            ex.lds.vm_wait(ex, vmcnt_of(int(ex.R[ins[0]])))
+            bits = int(ex.R[ins[0]])
+            ex.lds.vm_wait(ex, vmcnt_of(bits))
+            ex.lds.lgkm_wait(ex, lgkmcnt_of(bits))
 
         return f
     if name in ("llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.setprio"):

@@ -77,11 +77,13 @@ def _step(ins, loc_name):
     m = re.match(r"([a-z0-9_]+)\s*(.*)", ins)
     mn, rest = m.group(1), m.group(2)
     vm = re.search(r"vmcnt\((\d+)\)", rest)
-    if mn == "s_waitcnt" and vm:
-        n = int(vm.group(1))
-
+    lgkm = re.search(r"lgkmcnt\((\d+)\)", rest)
+    if mn == "s_waitcnt" and (vm or lgkm):
         def f(ex, env):
-            ex.lds.vm_wait(ex, n)
+            if vm:
+                ex.lds.vm_wait(ex, int(vm.group(1)))
+            if lgkm:
+                ex.lds.lgkm_wait(ex, int(lgkm.group(1)))
         return f
     if mn.startswith(_NOP):
         return None
@@ -146,6 +148,7 @@ def _step(ins, loc_name):
         return f
     if mn == "s_barrier":
         def f(ex, env):
+            ex.lds.lgkm_fence(ex, False)
             arrive(ex, "s_barrier")
         f.barrier = True
         return f

@@ -74,12 +74,33 @@ def _update(kind, old, x, bits):
     raise UnsupportedOpError(f"flysim does not implement llvm.atomicrmw {kind}")
 
 
-def serialize(kind, addr, x, read, write, bits):
+def _sum_only(kind, addr, x, read, write):
+    """add / sub whose old values nobody reads: per address, the updates summed in lane order
+    (float64 / int64: index_add_ over a dense window of the addresses, no sort), added once.
+    False when the addresses are too sparse for the window."""
+    lo, hi = int(addr.min()), int(addr.max())
+    if hi - lo >= 8 * addr.numel() + (1 << 16):
+        return False
+    wide = torch.float64 if x.dtype.is_floating_point else torch.int64
+    rel = addr - lo
+    acc = torch.zeros(hi - lo + 1, dtype=wide, device=x.device).index_add_(0, rel, x.to(wide) * _SUMS[kind])
+    hit = torch.zeros(hi - lo + 1, dtype=torch.bool, device=x.device)
+    hit[rel] = True
+    pos = hit.nonzero().squeeze(1)
+    uniq = pos + lo
+    write(uniq, (read(uniq).to(wide) + acc[pos]).to(x.dtype))
+    return True
+
+
+def serialize(kind, addr, x, read, write, bits, need_old=True):
     """Apply the updates ``x`` [n] at element addresses ``addr`` [n] in index order.
 
     ``read(uniq)`` returns the current values at distinct addresses, ``write(uniq, vals)``
-    stores them. Returns each update's old value [n].
+    stores them. Returns each update's old value [n] (None when not ``need_old`` and the sum
+    took the no-sort path).
     """
+    if not need_old and kind in _SUMS and addr.numel() and _sum_only(kind, addr, x, read, write):
+        return None
     order = torch.argsort(addr, stable=True)
     a, xs = addr[order], x[order]
     uniq, inv, counts = torch.unique_consecutive(a, return_inverse=True, return_counts=True)
@@ -106,6 +127,14 @@ def serialize(kind, addr, x, read, write, bits):
     out = torch.empty_like(old)
     out[order] = old
     return out
+
+
+def _has_uses(o):
+    """Whether a result of the op is read (an atomic whose old value nobody reads can skip it)."""
+    try:
+        return any(True for r in o.results for _ in r.uses)
+    except AttributeError:  # bindings without use lists: assume used
+        return True
 
 
 def _bits_of(v, es):
@@ -139,6 +168,7 @@ def _atomicrmw(d, o):
     es = ti.nbytes // cnt
     if kind not in _SUMS:
         _update(kind, torch.zeros(1, dtype=ti.dtype), torch.zeros(1, dtype=ti.dtype), 8 * es)  # unknown kind: fail at decode
+    used = _has_uses(o)
 
     def f(ex):
         N = ex.N
@@ -170,11 +200,14 @@ def _atomicrmw(d, o):
                 ex.mem.store(a, _bits_of(vals, es).unsqueeze(1), es, 1, None, a.numel())
         x = val if lanes is None else val[lanes]
         addr = (base.unsqueeze(1) + torch.arange(cnt, device=base.device) * es).reshape(-1)
-        old = serialize(kind, addr, x.reshape(-1), read, write, 8 * es).reshape(-1, cnt)
+        old = serialize(kind, addr, x.reshape(-1), read, write, 8 * es, used)
         if counted is ex.mem:  # the byte counters count every lane's update, read and written
             counted.bytes_read, counted.bytes_written = nr, nw
         counted.bytes_read += addr.numel() * es
         counted.bytes_written += addr.numel() * es
+        if old is None:
+            return
+        old = old.reshape(-1, cnt)
         res = old if lanes is None else torch.zeros(N, cnt, dtype=old.dtype, device=old.device).index_copy_(0, lanes, old)
         ex.R[out] = res.reshape(N, *ti.vshape) if ti.vshape else res.reshape(N)
 
@@ -202,6 +235,7 @@ def _buffer_atomic(d, o):
     cmp = ins[1] if kind == "cmpswap" else None
     v, rs, voff, soff = (ins[0],) + tuple(ins[2:5] if cmp is not None else ins[1:4])
     outs = d.outs(o)
+    used = bool(outs) and _has_uses(o)
     ti = tinfo(str(o.operands[0].type))
     cnt = 1
     for n in ti.vshape:
@@ -229,9 +263,10 @@ def _buffer_atomic(d, o):
         def write(a, vals):
             ex.mem.store(a, _bits_of(vals, es).unsqueeze(1), es, 1, None, a.numel())
 
-        old = serialize(kind, addr, x, read, write, 8 * es).reshape(-1, cnt)
+        old = serialize(kind, addr, x, read, write, 8 * es, used)
         ex.mem.bytes_read, ex.mem.bytes_written = nr + addr.numel() * es, nw + addr.numel() * es
-        if outs:
+        if old is not None:
+            old = old.reshape(-1, cnt)
             res = torch.zeros(N, cnt, dtype=ti.dtype, device=old.device).index_copy_(0, lanes, old.to(ti.dtype))
             ex.R[outs[0]] = res.reshape(N, *ti.vshape) if ti.vshape else res.reshape(N)
 

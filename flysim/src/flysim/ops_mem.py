@@ -200,7 +200,9 @@ def _buffer_offsets(ex, voff, soff, imm):
 
     The access reads base + soffset + voffset + imm; only voffset + imm is compared with
     num_records (LLVM's AMDGPU buffer intrinsics: soffset is "excluded from bounds checking")."""
-    checked = (ex.R[voff].to(torch.int64) & 0xFFFFFFFF) + imm
+    checked = ex.R[voff].to(torch.int64) & 0xFFFFFFFF
+    if imm:
+        checked = checked + imm
     return checked.expand(ex.N), ex.R[soff].to(torch.int64) & 0xFFFFFFFF
 
 
