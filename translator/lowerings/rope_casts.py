@@ -128,17 +128,16 @@ def _rebuild(ctx, chain, base, before):
 
 
 def rope_casts_supported(node, ctx):
-    ropes = [r for r in node.graph.nodes if r.target is ROPE and any(_foldable(r))]
-    if node not in ropes or ctx.denied(ropes):
+    folds = {r: f for r in node.graph.nodes if r.target is ROPE and any(f := _foldable(r))}
+    if node not in folds or ctx.denied(list(folds)):
         return NO_MATCH
-    return Match(ropes=ropes)
+    return Match(folds=folds)
 
 
 @rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_casts_supported, priority=2,
       doc="x.float() before and .type_as(x) after a rotation -> flydsl.rope reads x and rounds to the cast's dtype")
 def fuse_rope_casts(node, ctx, m):
-    for r in m.ropes:
-        fin, fout = _foldable(r)
+    for r, (fin, fout) in m.folds.items():
         if fin is not None:
             src, nodes, chain = fin
             x = _rebuild(ctx, chain, src, r)
