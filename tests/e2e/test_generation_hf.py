@@ -196,3 +196,51 @@ def test_flysim_static_cache_generation_32_tokens(family, dynamic):
     assert len(launches) == n and all(any("attention_fwd" in k for k in ks) for ks in launches), launches
     _assert_two_translated_graphs(n)
     _assert_same_caches(cache, eager_cache, PROMPT + n - 1)
+
+
+def _own_loop(model, fwd, n, max_cache_len):
+    """A decode loop of one's own (no generate): forward gets the StaticCache and no attention mask, so the
+    compiled graph computes HF's causal mask from the positions itself."""
+    ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    cache = transformers.StaticCache(config=model.config, max_cache_len=max_cache_len)
+    out, x = [], ids
+    with torch.no_grad():
+        for _ in range(n):
+            x = fwd(input_ids=x, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            out.append(int(x))
+    return out
+
+
+def _decode_attention(rec):
+    atts = [nd for nd in rec.translated[-1].gm.graph.nodes if nd.target is torch.ops.flydsl.attention.default]
+    assert atts, rec.translated[-1].gm.code
+    return atts
+
+
+def _causal_offset_run(family, backend):
+    """With no mask passed, the decode graph builds HF's mask from the cache positions (Mistral's with its
+    sliding-window terms and offset, from the cache's int): the attention takes the positions (q_pos) and no
+    mask tensor, one decode translation for every step. HF's generate passes a 4-D mask it built outside
+    the compiled forward (a graph input): that one stays a tensor (docs/state.md)."""
+    n = 5
+    model = _model(family)
+    want = _own_loop(model, model.forward, n, PROMPT + n)
+    fwd = torch.compile(model.forward, backend="flydsl", options={"backend": backend})
+    assert _own_loop(model, fwd, n, PROMPT + n) == want
+    recs = compile_backend.reports()
+    assert [len(r.translated) for r in recs] == [1, 1], compile_backend.summary()  # prefill, decode
+    assert [r.calls_translated for r in recs] == [1, n - 1] and not any(r.calls_pytorch for r in recs)
+    for a in _decode_attention(recs[1]):
+        assert a.args[3] is None and a.args[9] is not None, a.format_node()  # no mask; q_pos
+    return recs
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_compiled_decode_takes_the_causal_offset_where_the_graph_computes_the_mask(family):
+    _causal_offset_run(family, "reference")
+
+
+@pytest.mark.slow
+def test_compiled_decode_with_the_causal_offset_launches_attention_on_flysim():
+    recs = _causal_offset_run("llama", "flysim")
+    assert any("attention_fwd" in ln.kernel for ln in recs[1].translated[-1].last_launches)

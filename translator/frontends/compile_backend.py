@@ -399,7 +399,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     def split(args):
         return ([a for a, k in zip(args, kinds) if k == "user"] + through.tensors(args),
                 tuple(a if k == "scalar" else float(a) for i, (a, k) in enumerate(zip(args, kinds))
-                      if k in ("scalar", "float") and i not in through.inputs))
+                      if k in ("scalar", "float") and i not in through.inputs) + through.key(args))
 
     def rebind(args):
         """The user replaced a state buffer object: the translations write the new one."""

@@ -15,8 +15,11 @@ the new value dynamo writes back to the cache object. Every decode step had a ne
 translation each step, and past 8 steps PyTorch (12 tokens: 8 translated, 3 in PyTorch).
 
 `PassThrough` finds such inputs: an int placeholder whose every use is either Python int arithmetic
-(`operator.*`, `torch.sym_*`) ending, transitively, in graph outputs, or tensor arithmetic that reads
-it as a scalar operand. The second is HF's forward called without position_ids (a custom loop,
+(`operator.*`, `torch.sym_*`), or tensor arithmetic that reads it as a scalar operand. Int arithmetic
+ending in graph outputs is recomputed per call; a value of it that a tensor op reads (HF's
+sliding-window mask offset `max(length - window + 1, 0)`, then `arange(S_max) + offset`) is baked
+into the translation, which is keyed on that value instead of the input's (0 until the window is
+full: one translation, and the mask stays provably causal, attention_cache.py). The second is HF's forward called without position_ids (a custom loop,
 `model(ids, cache=cache)`): `position_ids = arange(S) + cache.get_seq_length()`, the layer's int.
 The translation is keyed without such an int: its tensor uses read a 0-d int64 tensor made from the
 call's value (an input of the translation: the positions are computed on the device at each call),
@@ -88,25 +91,21 @@ class PassThrough:
                     and all(a in pure if isinstance(a, torch.fx.Node) else _is_int(a) for a in n.args)):
                 pure.add(n)
         out = next(n for n in gm.graph.nodes if n.op == "output")
-
-        def only_feeds_outputs(n) -> bool:
-            return all(u is out or (u in pure and only_feeds_outputs(u)) for u in n.users)
-
         self._index = {ph: i for i, ph in enumerate(phs)}
-        through, operands = [], {}
-        for i, ph in enumerate(phs):
-            if ph not in pure or not ph.users:
-                continue
-            ints = [u for u in ph.users if not _scalar_operand(u, ph)]
-            if all(u is out or (u in pure and only_feeds_outputs(u)) for u in ints):
-                through.append(i)
-                if len(ints) < len(ph.users):
-                    operands[i] = [u for u in ph.users if u not in ints]
-        self.inputs = frozenset(through)
-        # per input read by tensor arithmetic: those nodes, and the device of the tensor each reads it with
+        # per int input read by tensor arithmetic: those nodes (they read a 0-d tensor instead)
+        operands = {i: us for i, ph in enumerate(phs) if ph in pure
+                    and (us := [u for u in ph.users if _scalar_operand(u, ph)])}
+        # a value of int arithmetic read by anything else (a slice bound, a view size, `arange + offset`): the
+        # translation bakes it and is keyed on it, computed from each call's ints
+        frontier = [n for n in gm.graph.nodes if n in pure and any(
+            u is not out and u not in pure and not (n.op == "placeholder" and u in operands.get(self._index[n], ()))
+            for u in n.users)]
+        self.inputs = frozenset(i for i, ph in enumerate(phs) if ph in pure and ph.users and ph not in frontier)
         self.operands = operands
         self._devices = {i: next(_example(a).device for a in us[0].args if isinstance(_example(a), torch.Tensor))
                          for i, us in operands.items()}
+        # the key: the frontier values that a pass-through input feeds (the others are keyed as inputs)
+        self._keys = [n for n in frontier if n.op != "placeholder" and self._reads_inputs(n)]
         results = out.args[0]
         self._flat = isinstance(results, (tuple, list))
         outs = list(results) if self._flat else [results]
@@ -121,6 +120,12 @@ class PassThrough:
 
     def __bool__(self) -> bool:
         return bool(self.inputs)
+
+    def key(self, args) -> tuple:
+        """The values of int arithmetic over pass-through inputs that the translation bakes, for this call
+        (Mistral's sliding-window kv offset, `max(length - window + 1, 0)`: 0 until the window is full)."""
+        memo: dict = {}
+        return tuple(self._eval(n, args, memo) for n in self._keys)
 
     def graph(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         """gm, or a copy whose tensor arithmetic reads each such int as a 0-d int64 tensor, one more
