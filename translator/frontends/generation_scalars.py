@@ -22,7 +22,8 @@ into the translation, which is keyed on that value instead of the input's (0 unt
 full: one translation, and the mask stays provably causal, attention_cache.py). The second is HF's forward called without position_ids (a custom loop,
 `model(ids, cache=cache)`): `position_ids = arange(S) + cache.get_seq_length()`, the layer's int.
 The translation is keyed without such an int: its tensor uses read a 0-d int64 tensor made from the
-call's value (an input of the translation: the positions are computed on the device at each call),
+call's value (an input of the translation: the positions are computed on the device at each call; on a
+GPU that is one small host-to-device copy per step, as eager's `arange + int` has),
 and the graph outputs made of int arithmetic are recomputed from the call's ints (the value baked
 into the translation is replaced). An int that reaches any other tensor op (a slice bound, a view
 size, `arange`'s end) stays a key, as before.
