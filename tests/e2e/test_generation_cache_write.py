@@ -90,3 +90,43 @@ def test_compile_writes_the_users_buffer_with_the_scatter_kernel():
     recs = compile_backend.reports()
     assert sum(r.calls_translated for r in recs) == 3 and not any(r.calls_pytorch for r in recs)
     assert all("scatter" in _kernels(r.translated[-1].last_launches) for r in recs)
+
+
+class _Fresh(torch.nn.Module):
+    """A cache made in forward and written by index_copy_ (HF's StaticCache when the prefill graph
+    allocates it): functionalization makes the write out of place; the cache is an output."""
+
+    def __init__(self, also_read: bool = False):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8, bias=False)
+        self.also_read = also_read
+
+    def forward(self, x, pos):
+        k = self.proj(x).view(1, x.shape[1], 2, 4).transpose(1, 2)
+        cache = torch.zeros(1, 2, 16, 4)
+        before = cache.sum() if self.also_read else None  # read before the write: not fresh for it
+        cache.index_copy_(2, pos, k)
+        out = cache.sum(2) * 1
+        return (cache, out) if before is None else (cache, out + before)
+
+
+@pytest.mark.parametrize("also_read", [False, True])
+def test_a_write_into_a_fresh_allocation_is_in_place(also_read):
+    """index_copy(zeros(...), ...): the scatter kernel writes the zeros the graph allocated (no clone of
+    the cache), a fresh one each call (two calls' caches are two storages); with another reader of the
+    allocation the functional form stays as it was."""
+    torch.manual_seed(0)
+    m = _Fresh(also_read).eval()
+    x, pos = torch.randn(1, 3, 8), torch.tensor([2, 5, 9])
+    want = m(x, pos)
+    tm = translator.translate(m, (x, pos), backend="flysim")
+    assert tm.report.verification.passed
+    fresh = [r for r in tm.report.rows if r.op == "aten.index_copy_"]
+    got1, got2 = tm(x, pos), tm(x, pos)
+    for got in (got1, got2):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    assert got1[0].data_ptr() != got2[0].data_ptr()  # each call its own cache
+    in_kernel = fresh and all(r.where == "flydsl-kernel" and "cache_write" in r.detail for r in fresh)
+    assert bool(in_kernel) == (not also_read), [(r.op, r.where, r.detail) for r in tm.report.rows]
+    assert ("scatter" in _kernels(tm.last_launches)) == (not also_read)

@@ -8,9 +8,14 @@ user's cache where it is. Expected: eager's greedy tokens, one prefill graph and
 dynamic=True (where dynamo passes the models' float attributes, eps and scaling, as 0-d tensors the
 graph `.item()`s: before the backend baked them, export failed and every call ran in PyTorch); the
 StaticCache the caller passes holds eager's keys and values afterwards. On flysim every step launched
-FlyDSL kernels (slow: Llama and Qwen2, 32 tokens, both dynamic modes; Mistral recompiles every decode
-step under dynamo, an expected failure with its reason). The dynamic cache
+FlyDSL kernels (slow: Llama, Qwen2 and Mistral, 32 tokens, both dynamic modes). The dynamic cache
 (grown by `cat`) is checked for correctness only.
+
+Mistral's sliding-window cache layer carries a Python int (`cumulative_length_int`) from step to step:
+dynamo passes it to the decode graph (dynamic=True / None), where it only feeds the new value dynamo
+writes back, so it is no translation key (before: a translation per step, past 8 in PyTorch). Under
+dynamic=False dynamo specializes it and recompiles each step: the one-int workaround users are told
+(`torch.compiler.config.dynamic_sources`, docs/state.md) is what these tests apply.
 """
 
 from __future__ import annotations
@@ -65,12 +70,21 @@ def _static_cache(model, n):
     return transformers.StaticCache(config=model.config, max_cache_len=PROMPT + n)
 
 
+SLIDING_INT = r".*\.cumulative_length_int"  # transformers' sliding-window cache layer's step counter
+
+
+def _sliding_int_dynamic(family, dynamic):
+    """Under dynamic=False, Mistral's cache int marked dynamic: the workaround of docs/state.md."""
+    return torch.compiler.config.patch(dynamic_sources=SLIDING_INT if family == "mistral" and dynamic is False else "")
+
+
 def _compiled_generation(family, backend, n, layers=1, cache="static", dynamic=None):
     model = _model(family, layers)
     ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     want = _generate(model, ids, n, cache)
     model.forward = torch.compile(model.forward, backend="flydsl", dynamic=dynamic, options={"backend": backend})
-    got = _generate(model, ids, n, cache)
+    with _sliding_int_dynamic(family, dynamic):
+        got = _generate(model, ids, n, cache)
     return got, want
 
 
@@ -94,10 +108,30 @@ def _assert_same_caches(got, want, upto):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_static_cache_generation_matches_eager(family):
-    n = 5
+    # Mistral: more decode steps than MAX_VARIANTS, each with a new value of its cache's int
+    n = compile_backend.MAX_VARIANTS + 3 if family == "mistral" else 5
     got, want = _compiled_generation(family, "reference", n)
     assert got == want
     _assert_two_translated_graphs(n)
+    if family == "mistral":  # one decode translation served every step
+        assert [len(r.translated) for r in compile_backend.reports()] == [1, 1], compile_backend.summary()
+
+
+def test_mistral_under_dynamic_false_with_its_int_marked_dynamic():
+    """dynamic=False specializes the cache's int (a recompile per step, past dynamo's limit eager PyTorch);
+    with that one int in torch.compiler.config.dynamic_sources: two graphs, every call translated, and the
+    cache's int written back as eager's."""
+    n = compile_backend.MAX_VARIANTS + 3
+    model = _model("mistral")
+    ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    eager_cache, cache = _static_cache(model, n), _static_cache(model, n)
+    want = _generate(model, ids, n, eager_cache)
+    model.forward = torch.compile(model.forward, backend="flydsl", dynamic=False, options={"backend": "reference"})
+    with _sliding_int_dynamic("mistral", False):
+        assert _generate(model, ids, n, cache) == want
+    _assert_two_translated_graphs(n)
+    assert cache.layers[0].cumulative_length_int == eager_cache.layers[0].cumulative_length_int == PROMPT + n - 1
+    _assert_same_caches(cache, eager_cache, PROMPT + n - 1)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -138,7 +172,8 @@ def _flysim_generation(n, family="llama", dynamic=None, users_cache=False):
         return out
 
     model.forward = forward
-    got = _generate(model, ids, n, caches[0] if caches else "static")
+    with _sliding_int_dynamic(family, dynamic):
+        got = _generate(model, ids, n, caches[0] if caches else "static")
     return got, want, launches, caches
 
 
@@ -149,18 +184,9 @@ def test_flysim_static_cache_generation_launches_kernels_every_step():
     assert len(launches) == 3 and all(launches), launches
 
 
-_MISTRAL_RECOMPILES = pytest.mark.xfail(strict=True, reason=(
-    "transformers 5.24's sliding-window static cache layer keeps cumulative_length_int, a Python int that dynamo "
-    "guards on (`is_full = current_length >= self.max_cache_len`): each decode step recompiles, and past dynamo's "
-    "recompile limit (8) the steps run in eager PyTorch (eager's tokens, no FlyDSL launch; recorded as "
-    "dynamo_fallback), with dynamic=False and True. With the default dynamic=None dynamo passes the int to one "
-    "decode graph, but the backend keys a translation on each int's value: past 8 (MAX_VARIANTS) the calls run in "
-    "PyTorch (12 tokens: 8 translated, 3 in PyTorch). translate_for_generation serves Mistral on FlyDSL kernels"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
-@pytest.mark.parametrize("family", ["llama", "qwen2", pytest.param("mistral", marks=_MISTRAL_RECOMPILES)])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_flysim_static_cache_generation_32_tokens(family, dynamic):
     """32 tokens with the caller's StaticCache: eager's tokens and cache, FlyDSL attention on every step,
     two graphs (prefill, decode)."""
@@ -170,3 +196,51 @@ def test_flysim_static_cache_generation_32_tokens(family, dynamic):
     assert len(launches) == n and all(any("attention_fwd" in k for k in ks) for ks in launches), launches
     _assert_two_translated_graphs(n)
     _assert_same_caches(cache, eager_cache, PROMPT + n - 1)
+
+
+def _own_loop(model, fwd, n, max_cache_len):
+    """A decode loop of one's own (no generate): forward gets the StaticCache and no attention mask, so the
+    compiled graph computes HF's causal mask from the positions itself."""
+    ids = torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    cache = transformers.StaticCache(config=model.config, max_cache_len=max_cache_len)
+    out, x = [], ids
+    with torch.no_grad():
+        for _ in range(n):
+            x = fwd(input_ids=x, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            out.append(int(x))
+    return out
+
+
+def _decode_attention(rec):
+    atts = [nd for nd in rec.translated[-1].gm.graph.nodes if nd.target is torch.ops.flydsl.attention.default]
+    assert atts, rec.translated[-1].gm.code
+    return atts
+
+
+def _causal_offset_run(family, backend):
+    """With no mask passed, the decode graph builds HF's mask from the cache positions (Mistral's with its
+    sliding-window terms and offset, from the cache's int): the attention takes the positions (q_pos) and no
+    mask tensor, one decode translation for every step. HF's generate passes a 4-D mask it built outside
+    the compiled forward (a graph input): that one stays a tensor (docs/state.md)."""
+    n = 5
+    model = _model(family)
+    want = _own_loop(model, model.forward, n, PROMPT + n)
+    fwd = torch.compile(model.forward, backend="flydsl", options={"backend": backend})
+    assert _own_loop(model, fwd, n, PROMPT + n) == want
+    recs = compile_backend.reports()
+    assert [len(r.translated) for r in recs] == [1, 1], compile_backend.summary()  # prefill, decode
+    assert [r.calls_translated for r in recs] == [1, n - 1] and not any(r.calls_pytorch for r in recs)
+    for a in _decode_attention(recs[1]):
+        assert a.args[3] is None and a.args[9] is not None, a.format_node()  # no mask; q_pos
+    return recs
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_compiled_decode_takes_the_causal_offset_where_the_graph_computes_the_mask(family):
+    _causal_offset_run(family, "reference")
+
+
+@pytest.mark.slow
+def test_compiled_decode_with_the_causal_offset_launches_attention_on_flysim():
+    recs = _causal_offset_run("llama", "flysim")
+    assert any("attention_fwd" in ln.kernel for ln in recs[1].translated[-1].last_launches)

@@ -5,9 +5,11 @@ rope_cache.py, the kernel translator_kernels/layout/rope_cache.py), in generatio
   translated on flysim: eager's greedy tokens, the translated module's caches hold eager's values,
   every decode step launches the fused kernel once per layer and no scatter kernel.
 - HF Llama with a StaticCache under torch.compile (rotate-half, `index_copy_` into the caller's
-  cache tensors): eager's tokens; each graph rotates q and k in one launch per layer, and the decode
-  graph's launch writes both caches (dynamo's prefill graph writes them with a functional
-  `index_copy`, a graph output: no in-place write to fuse).
+  cache tensors): eager's tokens; each graph rotates q and k in one launch per layer, and that launch
+  writes both caches: in the decode graph the caller's cache tensors (graph inputs), in dynamo's
+  prefill graph the caches it allocates (`torch.zeros` in the compiled region, then a functional
+  `index_copy` that cache_write.py makes in place: before, a clone of each cache and a scatter in
+  PyTorch). Two generate calls get two caches.
 """
 
 from __future__ import annotations
@@ -67,21 +69,24 @@ def test_hf_static_cache_graphs_write_both_caches_from_the_rope_kernel():
     model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
     ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
 
-    def gen():
+    def gen(**cache):
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
-                                 cache_implementation="static")
+                                 **(cache or {"cache_implementation": "static"}))
         return out[0, 6:].tolist()
 
     want = gen()
     model.forward = torch.compile(model.forward, backend="flydsl", options={"backend": "reference"})
-    assert gen() == want
+    caches = [transformers.StaticCache(config=cfg, max_cache_len=9) for _ in range(2)]
+    assert [gen(cache=c) for c in caches] == [want, want]
+    assert caches[0].layers[0].keys.data_ptr() != caches[1].layers[0].keys.data_ptr()  # each prefill its own
     recs = compile_backend.reports()
     assert len(recs) == 2, compile_backend.summary()  # prefill, decode
-    for i, r in enumerate(recs):
+    for r in recs:
         gm = r.translated[-1].gm
         ropes = [n for n in gm.graph.nodes if n.target is torch.ops.flydsl.rope.default]
         assert len(ropes) == 1 and all(len(n.args[0]) == 2 for n in ropes)  # q and k: one launch (1 layer)
-        if i == 1:  # decode: index_copy_ into the caller's cache tensors, both in the rope launch
-            assert all(n.args[4] is not None and n.args[7] is not None for n in ropes), [n.format_node() for n in ropes]
-            assert not any(n.target is torch.ops.flydsl.cache_write.default and n.args[3] == 2 for n in gm.graph.nodes)
+        # both caches written by the rope launch: prefill's fresh ones, decode's the caller's (graph inputs)
+        assert all(n.args[4] is not None and n.args[7] is not None for n in ropes), [n.format_node() for n in ropes]
+        assert not any(n.target is torch.ops.flydsl.cache_write.default and n.args[3] == 2 for n in gm.graph.nodes)
+        assert not any(n.target is torch.ops.aten.index_copy.default for n in gm.graph.nodes), gm.code

@@ -109,6 +109,30 @@ def test_hf_static_cache_form_rotate_half_k_into_the_cache():
     assert torch.equal(kc.cpu(), want_k) and torch.equal(vc.cpu(), want_v)
 
 
+def test_bf16_out_dtype_and_a_bf16_cache_round_the_fp32_math_once():
+    """out_dtype (rope_casts.py: a bf16 model's x.float() ... .type_as(x)): q returned in bf16, k stored in
+    the bf16 cache, each the fp32 rotation of the bf16 inputs rounded once, as eager's cast of it."""
+    b, s, hq, hk, d, smax = 1, 2, 4, 2, 8, 6
+    qkv, q, k, _ = _qkv(b, s, hq, hk, d, seed=3, dtype=torch.bfloat16)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    ang = torch.randn(b, 1, s, d // 2)
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()  # fp32 tables
+    pos = torch.tensor([1, 2])
+    want_k = torch.zeros(b, hk, smax, d, dtype=torch.bfloat16)
+    want_k.index_copy_(2, pos, _half_ref(k.float(), cos, sin).to(torch.bfloat16))
+    with executors.current().run("gfx950") as ex:
+        kc = ex.put(torch.zeros(b, hk, smax, d, dtype=torch.bfloat16))
+        x = ex.put(qkv)
+        qq = x[..., :hq * d].view(b, s, hq, d).transpose(1, 2)
+        kk = x[..., hq * d:(hq + hk) * d].view(b, s, hk, d).transpose(1, 2)
+        outs = rope_cache([qq, kk], [ex.put(cos)] * 2, [ex.put(sin)] * 2, False, kc, [3, 2, 1, 0], ids=ex.put(pos),
+                          dim=2, out_dtype=torch.bfloat16)
+    assert _launches(ex) == ["rope_cache"]
+    want_q = _half_ref(q.float(), cos, sin).to(torch.bfloat16)
+    assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0].cpu(), want_q)
+    assert torch.equal(kc.cpu(), want_k)
+
+
 def test_position_out_of_range_raises_and_bad_input_is_refused():
     b, s, hk, d = 1, 1, 2, 4
     k = torch.randn(b, s, hk, d // 2, 2)
@@ -121,6 +145,6 @@ def test_position_out_of_range_raises_and_bad_input_is_refused():
     assert float(kc.cpu().abs().sum()) == 0
     with pytest.raises(KernelInputError, match="interleaved pairs need x"):
         rope_cache([torch.randn(2, 3)], [torch.ones(2)], [torch.ones(2)], True)
-    with pytest.raises(KernelInputError, match="cast first"):
-        rope_cache([k], [cos], [sin], True, torch.zeros(b, hk, 4, d, dtype=torch.bfloat16), [3, 1, 2, 0],
+    with pytest.raises(KernelInputError, match="k cache must be float32"):
+        rope_cache([k], [cos], [sin], True, torch.zeros(b, hk, 4, d, dtype=torch.int32), [3, 1, 2, 0],
                    ids=torch.tensor([0]))

@@ -136,6 +136,21 @@ def test_interleaved_rope_with_stack_is_one_kernel_on_flysim():
     assert fly == 1 and not rest, (fly, [n.format_node() for n in rest])
 
 
+def test_bf16_rope_reads_and_writes_bf16_in_its_one_launch_on_flysim():
+    """gpt-fast's x.float() before and .type_as(x) after the rotation of a bf16 tensor: no cast kernel
+    left (rope_casts.py); the kernel reads bf16, computes in fp32 and rounds once: eager's values exactly."""
+    f = torch.stack([torch.cos(torch.arange(32.0)).view(8, 4), torch.sin(torch.arange(32.0)).view(8, 4)], -1)
+    x = r(1, 8, 2, 8).to(torch.bfloat16)
+    m = Fn(lambda m, x, f: gptfast_rope(x, f))
+    tm = _check(m, (x, f), backend="flysim", rope_stack=1, rope_casts=2)
+    fly, rest = _counts(tm)
+    assert fly == 1 and not rest, (fly, [n.format_node() for n in rest])
+    with torch.no_grad():
+        got = tm(x, f)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, m(x, f))
+    assert [c.family for c in tm.last_calls] == ["rope"] and tm.last_calls[0].launches
+
+
 class ComplexRope(nn.Module):
     """Meta's llama RoPE: complex multiply by a precomputed polar table (a buffer)."""
 
@@ -185,13 +200,17 @@ def _gptfast(layers):
                                    torch.arange(8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("make", [_hf_llama, _gptfast], ids=["hf_llama", "gpt_fast"])
-def test_a_llama_layer_is_eight_launches(make):
+def test_a_llama_layer_is_eight_launches(make, dtype):
     """RMSNorm, QKV GEMM, RoPE q + k (+ the K / V cache writes), attention, O projection, RMSNorm,
-    gated MLP, down projection: 8 (before the fused RoPE / cache kernel: 9 + 2 cache writes)."""
+    gated MLP, down projection: 8 (before the fused RoPE / cache kernel: 9 + 2 cache writes). A bf16
+    model too: gpt-fast's casts to fp32 and back around each rotation are folded into the RoPE launch
+    (before: 13, four cast kernels and q and k in two launches)."""
     per = []
     for layers in (1, 2):
         m, x = make(layers)
+        m = m.to(dtype)
         tm = translator.translate(m, x, backend="reference", dynamic_shapes=None)
         assert tm.report.verification.passed, tm.report.verification.message
         per.append(_counts(tm))
@@ -203,4 +222,5 @@ def test_a_llama_layer_is_eight_launches(make):
     assert len(ropes) == 2 and all(len(n.args[0]) == 2 for n in ropes)  # q and k: one launch per layer
     assert all((n.args[4] is not None) == (make is _gptfast) for n in ropes)  # the k cache written by it
     assert tm.report.counters.get("rope_cache_write" if make is _gptfast else "rope_qk") == 2
+    assert tm.report.counters.get("rope_casts", 0) == (8 if make is _gptfast and dtype == torch.bfloat16 else 0)
     assert len(r2) == len(r1), f"PyTorch compute ops added per layer: {[n.format_node() for n in r2]}"

@@ -39,7 +39,8 @@ input kind it does not serve) runs as dynamo gave it, and the reason is recorded
 breaks simply give several graphs. A graph is translated on its first call, with the real
 inputs and outside dynamo's tracing context (whose shape guards, written against dynamo's
 sources, would otherwise leak into torch.export). Calls with shapes that the translation specialized are
-translated again for the new shapes (a few per graph, like dynamo's recompiles).
+translated again for the new shapes (a few per graph, like dynamo's recompiles). An int that only passes
+through (a cache's step counter: bumped and returned, or added to a tensor) is no key (generation_scalars.py).
 
 Never in silence: each GraphRecord counts the calls that ran through a translation and those
 that ran in PyTorch (with the reason), and notes dynamo's compile id, recompile reason (a guard
@@ -63,6 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, ShapeError, TranslatorError
+from .generation_scalars import PassThrough, int_guard_hint
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class _DynamoLimit(logging.Handler):
             args = record.args if isinstance(record.args, tuple) else ()
             limit = f"{args[0]} ({args[1]})" if len(args) > 1 else "recompile limit"
             why = f"; last reason: {_first(args[3])}" if len(args) > 3 else ""
+            hint = int_guard_hint(args[3]) if len(args) > 3 else None
+            why += f" ({hint})" if hint else ""
             fn = f" {args[2]}" if len(args) > 2 else ""
             text = (f"dynamo hit its {limit} for{fn}: later calls that match none of its compiled graphs run in "
                     f"eager PyTorch, not through the translation (and are not counted here){why}")
@@ -364,6 +368,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     _RECORDS.append(rec)
     example_inputs = [_concrete(x) for x in example_inputs]
     kinds = _kinds(gm, example_inputs)
+    through = PassThrough(gm, example_inputs)  # ints that only pass through: no key (generation_scalars.py)
     held = {i: x for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "state"}  # the user's own buffers
     for t in held.values():
         state.share(t)
@@ -392,8 +397,9 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         return gm(*(frozen[i] if i in frozen else a for i, a in enumerate(args)))
 
     def split(args):
-        return ([a for a, k in zip(args, kinds) if k == "user"],
-                tuple(a if k == "scalar" else float(a) for a, k in zip(args, kinds) if k in ("scalar", "float")))
+        return ([a for a, k in zip(args, kinds) if k == "user"] + through.tensors(args),
+                tuple(a if k == "scalar" else float(a) for i, (a, k) in enumerate(zip(args, kinds))
+                      if k in ("scalar", "float") and i not in through.inputs) + through.key(args))
 
     def rebind(args):
         """The user replaced a state buffer object: the translations write the new one."""
@@ -414,7 +420,9 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             rec.fallback_reason = f"more than {MAX_VARIANTS} input signatures: the rest run in PyTorch"
             return None
         user, ints = split(args)
-        tm = translate(_Frozen(gm, args, kinds, ws.frozen), tuple(user), name=rec.name, **opts)
+        frozen = _Frozen(through.graph(gm), [*args, *through.tensors(args)], kinds + ["user"] * len(through.operands),
+                         ws.frozen)
+        tm = translate(frozen, tuple(user), name=rec.name, **opts)
         ws.variants.append((ints, tm))
         rec.translated.append(tm)
         log.info("%s", tm.report.headline())
@@ -441,7 +449,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             except ShapeError:  # a dim the capture specialized
                 continue
             rec.calls_translated += 1
-            return out
+            return through.patch(out, args)
         try:
             tm = translate_for([_concrete(a) for a in args], ws)
         except TranslatorError as e:
@@ -453,7 +461,7 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             return as_given(args, ws)
         out = tm(*user)
         rec.calls_translated += 1
-        return out
+        return through.patch(out, args)
 
     run.record = rec
     return run

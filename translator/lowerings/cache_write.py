@@ -5,7 +5,15 @@ Forms matched (where they appear):
   KVCache.update, the static caches written by hand in most fast-generation references;
 - ``keys.index_copy_(2, cache_position, k)`` (``aten.index_copy_``): HF's StaticCache;
 - ``cache[:, :, a:b].copy_(k)`` / ``buf.copy_(x)`` (``aten.copy_`` left after functionalize: its
-  destination is state or a view of it), recurrent state written in place.
+  destination is state or a view of it), recurrent state written in place;
+- ``index_copy(zeros(...), 2, pos, k)``, functional, on a tensor the graph has just allocated and
+  reads nowhere else: dynamo's prefill graph of HF's StaticCache, where the cache is made in the
+  compiled region (`lazy_initialization`: `self.keys = torch.zeros(...)`, then `index_copy_`, which
+  functionalization made out of place; the result is a graph output that dynamo hands to the cache
+  object, the storage every later decode graph writes). Nothing else can see the allocation, so
+  writing it in place is the same value, with no clone of the whole cache: the allocation stays (a
+  fresh zeros per call, never folded: the write marks it written, translator.aliases), the write is
+  `flydsl.cache_write` into it, which the RoPE rule takes into its launch (rope_cache.py).
 
 What the state contract (docs/state.md) asks: the storage the graph writes is the one the user's
 buffer (torch.compile) or the translated module's one copy (translate) holds. So the node writes
@@ -27,7 +35,7 @@ from typing import Optional
 import torch
 
 from ..graph import arg, dtype_of, shape_of, val
-from ..registry import Match, OpFamily, Stage, register_family, rule
+from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .layout import LAYOUT_DTYPES, _ids_reason, one_index
 
@@ -116,6 +124,25 @@ def lower_index_copy_(node, ctx):
     dst = arg(node, "self")
     dim = int(arg(node, "dim")) % max(len(shape_of(dst)), 1)
     return _in_place(node, ctx, dst, arg(node, "source"), arg(node, "index"), dim, "index_copy_")
+
+
+FRESH = (aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default, aten.full.default,
+         aten.new_full.default, aten.full_like.default)
+
+
+def index_copy_fresh_supported(node, ctx):
+    base = arg(node, "self")
+    if not (isinstance(base, torch.fx.Node) and base.op == "call_function" and base.target in FRESH):
+        return NO_MATCH  # a functional write into a tensor something else holds: its own value, left as it is
+    if len(base.users) != 1:
+        return NO_MATCH
+    return index_copy_supported(node, ctx)
+
+
+@rule(Stage.CANONICAL, aten.index_copy.default, family="cache_write", supported=index_copy_fresh_supported,
+      doc="index_copy(zeros(..), dim, pos, k) on a fresh allocation read nowhere else: written into it in place")
+def lower_index_copy_fresh(node, ctx):
+    return lower_index_copy_(node, ctx)
 
 
 def copy_supported(node, ctx):

@@ -65,34 +65,38 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 @torch.library.custom_op("flydsl::rope", mutates_args=("kc", "vc"))
 def rope(xs: list[torch.Tensor], coss: list[torch.Tensor], sins: list[torch.Tensor], pairs: bool,
          kc: Optional[torch.Tensor], k_order: Optional[list[int]], v: Optional[torch.Tensor],
-         vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int) -> list[torch.Tensor]:
-    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+         vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int,
+         out_dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
+    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype)
 
 
-def _rotated(x, cos, sin, pairs):
-    """(shape, dtype) of one rotation's result."""
+def _rotated(x, cos, sin, pairs, out_dtype=None):
+    """(shape, dtype) of one rotation's result: out_dtype, else the promoted type of x, cos and sin
+    (rope_casts.py folds a cast of the result into the op as out_dtype)."""
     c, s = (cos.unsqueeze(-1), sin.unsqueeze(-1)) if pairs else (cos, sin)
-    return torch.broadcast_shapes(x.shape, c.shape, s.shape), torch.promote_types(torch.promote_types(
+    return torch.broadcast_shapes(x.shape, c.shape, s.shape), out_dtype or torch.promote_types(torch.promote_types(
         x.dtype, cos.dtype), sin.dtype)
 
 
 @rope.register_fake
-def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
     n = len(xs) - (kc is not None)
     outs = []
     for i in range(n):
-        shape, dt = _rotated(xs[i], coss[i], sins[i], pairs)
+        shape, dt = _rotated(xs[i], coss[i], sins[i], pairs, out_dtype)
         outs.append(xs[i].new_empty(shape, dtype=dt))
     return outs
 
 
-def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
     """The rotations in fp32 (rotate-half over x's last dim, or pairs x [..., P, 2] with cos / sin per
-    pair), cast once; the last into kc at ids along dim when kc is given (its region's strides over
-    the rotated tensor follow k_order, innermost first); v into vc likewise."""
+    pair), cast once (the returned ones to out_dtype when given); the last into kc at ids along dim when kc
+    is given, rounded to kc's dtype (its region's strides over the rotated tensor follow k_order,
+    innermost first); v into vc likewise."""
     outs = []
-    for x, c, s in zip(xs, coss, sins):
-        _, dt = _rotated(x, c, s, pairs)
+    for i, (x, c, s) in enumerate(zip(xs, coss, sins)):
+        cached = kc is not None and i == len(xs) - 1  # stored in kc: rounded to kc's dtype
+        _, dt = _rotated(x, c, s, pairs, kc.dtype if cached else out_dtype)
         x, c, s = x.float(), c.float(), s.float()
         if pairs:
             c, s = c.unsqueeze(-1), s.unsqueeze(-1)
@@ -115,10 +119,10 @@ def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
     return outs
 
 
-def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
     from translator_kernels.layout.rope_cache import rope_cache
 
-    return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+    return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=out_dtype)
 
 
 register_family(OpFamily(

@@ -158,12 +158,18 @@ def _crosses(members, writes) -> bool:
     return False
 
 
+def _dtypes_agree(a, b) -> bool:
+    """Two rotations' out_dtypes may share a launch: equal, or one unset (it may be the cached one)."""
+    return a == b or a is None or b is None
+
+
 def rope_cache_supported(node, ctx):
     if not _single(node) or ctx.denied([node]):
         return NO_MATCH
     pairs, root = arg(node, "pairs"), _root(arg(node, "xs")[0])
     partner = next((r for r in node.graph.nodes if r is not node and _single(r) and position(r) > position(node)
-                    and arg(r, "pairs") == pairs and _root(arg(r, "xs")[0]) is root), None)
+                    and arg(r, "pairs") == pairs and _root(arg(r, "xs")[0]) is root
+                    and _dtypes_agree(arg(r, "out_dtype"), arg(node, "out_dtype"))), None)
     ropes = [node] + ([partner] if partner is not None else [])
     k_write = chain = order = None
     for r in ropes[::-1]:
@@ -179,6 +185,11 @@ def rope_cache_supported(node, ctx):
             k_write, chain = w, ch
             ropes = [x for x in ropes if x is not r] + [r]  # the one written into the cache goes last
             break
+    # one out_dtype (rope_casts.py) for the rotations returned; the one stored in the cache is rounded to
+    # the cache's dtype (its result's dtype: checked above)
+    kept = ropes[:-1] if k_write is not None else ropes
+    if len({arg(r, "out_dtype") for r in kept}) > 1:
+        ropes, k_write, chain, order = [node], None, None, None
     v_write = None  # a write of a view of the same tensor (v), at k's positions and dim where k is written
     for u in node.graph.nodes:
         if u.target is not WRITE or u is k_write or _root(arg(u, "values")) is not root:
@@ -212,7 +223,8 @@ def fuse_rope_cache(node, ctx, m):
     w = kw or vw
     args = (xs, coss, sins, arg(node, "pairs"), arg(kw, "dst") if kw else None, m.order,
             arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
-            arg(w, "ids") if w else None, arg(w, "dim") if w else 0)
+            arg(w, "ids") if w else None, arg(w, "dim") if w else 0,
+            next((arg(r, "out_dtype") for r in ropes[:len(ropes) - (kw is not None)] if arg(r, "out_dtype")), None))
     kept = ropes[:-1] if kw is not None else ropes
     lowering = "rope_cache_write" if w is not None else "rope_qk"
     new = ctx.emit("rope", args, lowering=lowering, sources=[],

@@ -20,8 +20,11 @@ whose workgroups are split into sections:
                    a strided view of the QKV output, the destination the cache, in place.
 
 Math in fp32 (x, cos, sin loaded in their dtype), one rounding to the output's dtype: in fp32 it is
-eager's own sequence (a product, a product, a sum) and bit-exact. One thread per element of a rope
-section (the partner is loaded again by its own thread; decode moves a few KB), one per vector of
+eager's own sequence (a product, a product, a sum) and bit-exact. The output's dtype may be narrower
+than the inputs' (out_dtype): gpt-fast's `x.float()` ... `.type_as(x)` around a bf16 model's rotation
+is this kernel reading bf16 x and storing bf16, the fp32 math in between (translator/lowerings/
+rope_casts.py); a rotation stored into the cache is rounded to the cache's dtype. One thread per
+element of a rope section (the partner is loaded again by its own thread; decode moves a few KB), one per vector of
 the copy section. A position out of range stores nothing and raises the flag word; on CPU tensors
 (flysim) the host raises IndexError, as the scatter kernel does. Everything is static: the builder
 is memoized per `Fused` and arch.
@@ -223,15 +226,15 @@ def _extent(t) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
 
 
-def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None) -> RopeSec:
+def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None) -> RopeSec:
     x, cos, sin = _expand(op, x, cos, sin, pairs)
-    out = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    if out_dtype is not None and out_dtype not in FLOATS:
+        raise KernelInputError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    out = out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
     dts = tuple(DTYPE_NAMES[d] for d in (x.dtype, cos.dtype, sin.dtype, out))
     base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts)
     if dst is None:
         return RopeSec(**base)
-    if dst.dtype != out:
-        raise KernelInputError(f"{op}: the rotated k is {out} but the cache is {dst.dtype}; cast first")
     if dst.device != x.device:
         raise KernelInputError(f"{op}: the cache is on {dst.device}, k on {x.device}")
     dmap, region, _ = _geometry_index(dst, dim, ids)
@@ -247,18 +250,23 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None) -> 
     return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
 
 
-def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim):
+def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
     op = "rope_cache"
     if not 1 <= len(xs) <= 2 or len(coss) != len(xs) or len(sins) != len(xs):
         raise KernelInputError(f"{op}: one or two tensors to rotate, each with its cos and sin; got "
                                f"{len(xs)} / {len(coss)} / {len(sins)}")
+    if kc is not None and kc.dtype not in FLOATS:
+        raise KernelInputError(f"{op}: the k cache must be float32, bfloat16 or float16 (the rotation is rounded "
+                               f"to its dtype), got {kc.dtype}")
     if (kc is not None or vc is not None) and ids is None:
         raise KernelInputError(f"{op}: a cache write needs the positions (ids)")
     if ids is not None and (ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1):
         raise KernelInputError(f"{op}: positions must be a 1-D int32 or int64 tensor, got {ids.dtype} "
                                f"{tuple(ids.shape)}")
     secs = [_rope_sec(op, xs[i], coss[i], sins[i], pairs, *((kc, dim, ids, k_order) if kc is not None and
-                                                          i == len(xs) - 1 else ())) for i in range(len(xs))]
+                                                          i == len(xs) - 1 else (None, 0, None, None)),
+                      out_dtype=kc.dtype if kc is not None and i == len(xs) - 1 else out_dtype)
+            for i in range(len(xs))]
     sc = None
     if vc is not None:
         sc, _ = scatter_map(vc, v, dim, ids, op)
@@ -276,9 +284,12 @@ def _flat(t, itype=None):
 
 
 @kr.replayed
-def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2):
+def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2,
+               out_dtype=None):
     """Rotate each x of `xs` by its cos / sin (rotate-half over x's last dim, or interleaved pairs:
-    x [..., D/2, 2] and cos / sin per pair [..., D/2]); returns the rotated tensors, contiguous, except
+    x [..., D/2, 2] and cos / sin per pair [..., D/2]), in fp32, rounded once: to out_dtype (default: the
+    promoted type of x, cos and sin), the one stored in kc to kc's dtype; returns the rotated tensors,
+    contiguous, except
     the last when `kc` is given: that one is stored into kc at `ids` along `dim` (R's flat index o is
     the written region's element whose strides over R follow `k_order`, the region dims innermost
     first). v, when given, is stored into vc at ids along dim. One launch; the caches in place."""
@@ -288,14 +299,14 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
     try:
         geo = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)  # noqa: E731
         key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids)), len(xs), bool(pairs),
-               None if k_order is None else tuple(k_order), dim, arch)
+               None if k_order is None else tuple(k_order), dim, out_dtype, arch)
     except AttributeError:
         raise KernelInputError("rope_cache: expected tensors") from None
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
-        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim)
+        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype)
     f, launcher = hit
     dev = xs[0].device
     dummy = _DUMMY.get(dev)
