@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 WORKER = Path(__file__).with_name("moe_ep_worker.py")
 
@@ -19,8 +20,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(backend: str, world: int, mode: str = "translate") -> list[str]:
-    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port()), mode],
+def _ranks(backend: str, world: int, mode: str = "translate", *form) -> list[str]:
+    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port()), mode, *form],
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-3000:]
     return sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
@@ -44,3 +45,68 @@ def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
         assert head == f"rank {r} ok moe_topk=1 moe_experts_loop=1", line
         assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
         assert float(diff) < 1e-4, line
+
+
+# HF models split by transformers' own expert parallel (moe_ep_worker.hf_expert_parallel): DTensor Shard(0) experts,
+# HF's masking of off-rank routes, an all_reduce. ~2 min each on 2 shared cores: slow; the one-rank test below covers
+# the rewrite (localize + the sentinel-masked grouped-mm form) by default
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,world,mode,family", [
+    ("flysim", 2, "translate", "mixtral"),
+    ("reference", 2, "compile", "qwen3_moe"),
+    ("flysim", 2, "compile", "mixtral"),
+    ("reference", 4, "translate", "olmoe"),
+])
+def test_hf_expert_parallel_ranks(backend, world, mode, family):
+    lines = _ranks(backend, world, mode, "hf", family)
+    assert len(lines) == world, lines
+    for r, line in enumerate(lines):
+        head, left, diff, whole = line.split(" | ")
+        assert head == f"rank {r} ok moe_topk=1 moe_experts=1", line  # HF's grouped-mm experts: one moe_experts
+        assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
+        assert float(diff) < 1e-4 and float(whole) < 1e-4, line  # its eager, and the unsharded model
+
+
+@pytest.fixture
+def one_rank():
+    import tempfile
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_hf_expert_parallel_one_rank():
+    """transformers' expert parallel on a 1-rank group: the same graph form as W ranks (DTensor experts, the
+    off-rank mask, sentinel-masked grouped-mm, all_reduce) -> moe_topk + moe_experts, only the collective left."""
+    sys.path.insert(0, str(WORKER.parent))
+    from moe_ep_worker import hf_expert_parallel
+
+    from translator import translate
+
+    m, ids, whole = hf_expert_parallel("mixtral", 0, 1)
+    tm = translate(m, (ids,), backend="reference")
+    c = tm.report.counters
+    assert c.get("moe_topk") == 1 and c.get("moe_experts") == 1, c
+    assert tm.report.verification.passed, tm.report.verification.message
+    left = {r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"}
+    assert left == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, left
+    assert any("HF expert parallel" in n for n in tm.report.capture_notes), tm.report.capture_notes
+    assert type(m.model.layers[0].mlp.experts.gate_up_proj).__name__ == "DTensor"  # the user's model keeps its DTensors
+    with torch.no_grad():
+        torch.testing.assert_close(tm(ids).logits, whole, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_hf_expert_parallel_other_implementations_name_the_fix():
+    sys.path.insert(0, str(WORKER.parent))
+    from moe_ep_worker import hf_expert_parallel
+
+    from translator import InputError, translate
+
+    m, ids, _ = hf_expert_parallel("mixtral", 0, 1, "all_to_all")
+    with pytest.raises(InputError, match='ep_implementation="all_reduce"'):
+        translate(m, (ids,), backend="reference")
