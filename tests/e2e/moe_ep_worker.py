@@ -12,7 +12,7 @@ would): DTensor expert weights, HF's masking of off-rank routes and an all_reduc
 (translator/distributed.py); under torch.compile the localized copy is compiled. Its line also gives the max
 difference to the unsharded model's output.
 
-    python tests/e2e/moe_ep_worker.py BACKEND WORLD PORT [translate|compile] [hand|hf] [FAMILY]
+    python tests/e2e/moe_ep_worker.py BACKEND WORLD PORT [translate|compile] [hand|hf] [FAMILY] [EP IMPLEMENTATION]
 prints one line per rank: "rank R ok COUNTERS | PYTORCH OPS | MAX ABS DIFF [| DIFF TO UNSHARDED]"."""
 
 import os
@@ -75,7 +75,7 @@ def hf_expert_parallel(family, rank, world, implementation="all_reduce"):
     return m, ids, whole
 
 
-def run(rank, world, backend, port, mode="translate", form="hand", family="mixtral"):
+def run(rank, world, backend, port, mode="translate", form="hand", family="mixtral", implementation="all_reduce"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -84,7 +84,14 @@ def run(rank, world, backend, port, mode="translate", form="hand", family="mixtr
 
         whole = None
         if form == "hf":
-            m, x, whole = hf_expert_parallel(family, rank, world)
+            m, x, whole = hf_expert_parallel(family, rank, world, implementation)
+            if implementation != "all_reduce":  # refused before capture, naming the form that is taken
+                try:
+                    translate(m, (x,), backend=backend)
+                except Exception as e:  # noqa: BLE001 — the line reports what was raised
+                    sys.stdout.write(f"rank {rank} refused: {type(e).__name__}: {' '.join(str(e).split())}\n")
+                    sys.stdout.flush()
+                    return
         else:
             m = ExpertParallelMoE(rank, world).eval()
             torch.manual_seed(1)
@@ -100,6 +107,8 @@ def run(rank, world, backend, port, mode="translate", form="hand", family="mixtr
             tm, got = _compiled(localize(m)[0] if form == "hf" else m, x, backend)
         got = getattr(got, "logits", got)
         assert tm.report.verification.passed, tm.report.verification.message
+        if form == "hf":  # the localized copy was translated: the user's model keeps its DTensor experts
+            assert type(m.model.layers[0].mlp.experts.gate_up_proj).__name__ == "DTensor"
         left = sorted({r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"})
         diff = (got - want).abs().max().item()
         c = tm.report.counters
@@ -117,4 +126,4 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     backend, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    mp.spawn(run, args=(world, backend, port, *sys.argv[4:7]), nprocs=world)
+    mp.spawn(run, args=(world, backend, port, *sys.argv[4:8]), nprocs=world)
