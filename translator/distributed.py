@@ -73,7 +73,7 @@ def _style_hooks(mod):
     found = []
     for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
         for key, fn in list(hooks.items()):
-            cells = dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), fn.__closure__ or ()))
+            cells = _cells(fn)
             part = next((c.cell_contents for n, c in cells.items() if n in ("input_fn", "output_fn")), None)
             qual = getattr(getattr(part, "func", None), "__qualname__", "").split(".")
             if "device_mesh" in cells and len(qual) == 2 and qual[1] in ("_prepare_input_fn", "_prepare_output_fn"):
@@ -121,8 +121,7 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
             plan[name] = "hf_ep"
             continue
         if getattr(mod, "_is_expert_parallel", False):
-            fw = mod.__dict__.get("forward")
-            cells = dict(zip(getattr(getattr(fw, "__code__", None), "co_freevars", ()), getattr(fw, "__closure__", None) or ()))
+            cells = _cells(mod.__dict__.get("forward"))
             impl = type(cells["implementation"].cell_contents).__name__ if "implementation" in cells else "none"
             raise InputError(f"{name}: transformers expert parallel with the {impl} implementation over "
                              f"{getattr(getattr(mod, 'gate_up_proj', None), 'device_mesh', 'its mesh')}: translate() "
@@ -167,10 +166,9 @@ def _hf_all_reduce_ep(mod):
     replaces the module's forward by a closure over the implementation, which holds the mesh."""
     from torch.distributed.tensor import Shard
 
-    fw = mod.__dict__.get("forward")
-    if not getattr(mod, "_is_expert_parallel", False) or fw is None:
+    cells = _cells(mod.__dict__.get("forward"))
+    if not getattr(mod, "_is_expert_parallel", False):
         return None
-    cells = dict(zip(getattr(getattr(fw, "__code__", None), "co_freevars", ()), fw.__closure__ or ()))
     impl = cells["implementation"].cell_contents if "implementation" in cells else None
     if type(impl).__name__ == "AutoEP":
         impl = getattr(impl, "all_reduce", None)
@@ -179,6 +177,11 @@ def _hf_all_reduce_ep(mod):
         return None
     own = [p for p in mod.parameters(recurse=False) if _is_dtensor(p)]
     return impl if own and all(tuple(p.placements) == (Shard(0),) for p in own) else None
+
+
+def _cells(fn) -> dict:
+    """The closure of function `fn` by free variable name ({} for anything else)."""
+    return dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), getattr(fn, "__closure__", None) or ()))
 
 
 def _localize_hf_ep(mod, impl) -> None:

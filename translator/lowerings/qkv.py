@@ -17,7 +17,8 @@ graph reads them, x is read once and there is one launch instead of three. A sli
 are not those of a separate linear's output (its rows are Nq + Nk + Nv apart); the
 `fix_strides` pass re-checks what reads them (a ``view(B, S, H, D)`` of a column slice stays
 a view). Siblings past a collective's issue are not merged (the merged GEMM would run before the issue:
-tests/e2e/test_generation_tp.py, test_an_overlapped_collective_stays_overlapped). Counters: `qkv` (merged GEMMs), `qkv_merged_linears` (the linears they replaced).
+tests/e2e/test_generation_tp.py, test_an_overlapped_collective_stays_overlapped). Counters: `qkv` (merged
+GEMMs), `qkv_merged_linears` (the linears they replaced).
 """
 
 from __future__ import annotations

@@ -153,9 +153,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     program or None) maps the up value first: act(g) * up(u) (gpt-oss: clamp, then + 1).
 
     grouped (translator_kernels/moe/grouped.py): the int32 `Cnt` holds each M tile's expert, W is
-    [experts, ...] with w_bs elements per expert. A bias is stacked per expert ([E, N] fp32, [E, N_pad]
-    arranged when gated), its size in bytes passed as p_bytes (P is free). With split > 1 the tile map
-    travels in `Res` instead (m / BM int32; no bias, no residual) and P / Cnt are split-K's.
+    [experts, ...] with w_bs elements per expert; a bias stacked per expert ([E, N] fp32, [E, N_pad] gated), its
+    bytes in p_bytes (P free). split > 1: the tile map is in `Res` (m / BM int32; no bias / residual), P / Cnt split-K's.
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
