@@ -35,8 +35,8 @@ from bench.isa_moe import parse_archs
 from translator_kernels.arch import GPUS
 from translator_kernels.gemm.gated import gated_shape
 from translator_kernels.gemm.preshuffle import padded_shape
-from translator_kernels.gemm.tiles import arch_key, model_features
-from translator_kernels.moe.grouped import capacity, grouped_config
+from translator_kernels.gemm.tiles import arch_key, model_features, partial_bytes
+from translator_kernels.moe.grouped import capacity, grouped_config, grouped_split
 from translator_kernels.timing import CALIBRATION, Launch, features, gemm_hbm_bytes, launch_time
 
 MODELS = {"Mixtral-8x7B": dict(e=8, k=2, h=4096, i=14336), "Qwen3-30B-A3B": dict(e=128, k=8, h=2048, i=768)}
@@ -83,11 +83,12 @@ def grouped_time(rows: list[int], cap: int, n: int, k: int, gated: bool, cfg, ar
     n_pad, k_pad = gated_shape(n, k) if gated else padded_shape(n, k)
     feat = model_features(cfg, "bf16", arch)
     m_tiles = sum(-(-r // cfg.bm) for r in rows) if real else cap // cfg.bm
-    grid = m_tiles * -(-n_pad // cfg.bn)
+    grid = m_tiles * -(-n_pad // cfg.bn) * cfg.split
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = sum(gemm_hbm_bytes(r, n_pad, k_pad, ESZ, ESZ, ESZ, cfg.bm, cfg.bn, slots, g.llc_bytes) for r in rows)
+    hbm += sum(partial_bytes(m_tiles * cfg.bm, n, k, cfg))  # split-K's fp32 partials (written, read back)
     flops = 2.0 * sum(rows) * n * k
-    return launch_time(feat, Launch(grid, k_pad // cfg.bk, hbm, flops), arch)["t"]
+    return launch_time(feat, Launch(grid, k_pad // (cfg.bk * cfg.split), hbm, flops), arch)["t"]
 
 
 def layer(name: str, phase: str, arch: str, align_feat) -> dict:
@@ -98,6 +99,8 @@ def layer(name: str, phase: str, arch: str, align_feat) -> dict:
     dn = grouped_config(-(-t * k // e), h, i, torch.bfloat16, gated=False)
     dn = type(dn)(up.bm, dn.bn, dn.bk)
     cap = capacity(t * k, e, up.bm)
+    dn1 = dn
+    dn = grouped_split(cap // up.bm, h, i, dn, arch)  # what moe_experts runs (split-K where the grid is small)
     pairs = t * k
     out = {
         "gating": memory_floor(t * e * 4 + pairs * 12, arch),
@@ -108,10 +111,12 @@ def layer(name: str, phase: str, arch: str, align_feat) -> dict:
         "unpermute": memory_floor(pairs * (h * ESZ + 8) + t * h * ESZ, arch),
     }
     real = grouped_time(rows, cap, i, h, True, up, arch, True) + grouped_time(rows, cap, h, i, False, dn, arch, True)
+    down_unsplit = grouped_time(rows, cap, h, i, False, dn1, arch, real=False)
     weights = n_exp * 3 * h * i * ESZ
     g = GPUS[arch]
     before = g.timing["launch_s"] + 2 * pairs * g.timing["mem_latency_s"]
-    return dict(model=name, phase=phase, arch=arch, align_before=before, experts=n_exp, tile=f"{up.bm}x{up.bn}/{dn.bn}", cap=cap,
+    return dict(model=name, phase=phase, arch=arch, align_before=before, experts=n_exp, tile=f"{up.bm}x{up.bn}/{dn.bn}" + (f" split {dn.split}" if dn.split > 1 else ""), cap=cap,
+                down_unsplit=down_unsplit,
                 parts=out, total=sum(out.values()), gemm_real=real, weight_floor=weights / GPUS[arch].hbm_bytes_per_s)
 
 
@@ -133,13 +138,13 @@ def markdown(rs) -> str:
     gpu = {"gfx942": "MI300X", "gfx950": "MI355X"}
     keys = list(rs[0]["parts"])
     lines = [f"| GPU | model | phase | experts reached | tile BMxBN (up/down) | {' | '.join(keys)} | total | "
-             "GEMMs with real grid | weights at peak HBM | align before |", "|" + "---|" * (len(keys) + 9)]
+             "GEMMs with real grid | weights at peak HBM | align before | down unsplit |", "|" + "---|" * (len(keys) + 10)]
     for r in rs:
         us = " | ".join(f"{1e6 * r['parts'][k]:.1f}" for k in keys)
         gemm = r["parts"]["gate/up"] + r["parts"]["down"]
         lines.append(f"| {gpu[r['arch']]} | {r['model']} | {r['phase']} | {r['experts']:.1f} | {r['tile']} | {us} | "
                      f"**{1e6 * r['total']:.1f}** | {1e6 * r['gemm_real']:.1f} (vs {1e6 * gemm:.1f}) | "
-                     f"{1e6 * r['weight_floor']:.1f} | {1e6 * r['align_before']:.0f} |")
+                     f"{1e6 * r['weight_floor']:.1f} | {1e6 * r['align_before']:.0f} | {1e6 * r['down_unsplit']:.1f} |")
     return "\n".join(lines)
 
 

@@ -20,6 +20,13 @@ refused by `check_no_dtensor` with the cause and the fix. Under torch.compile dy
 the graph it hands over reads DTensor parameters (no modules, no hooks left to read), which translate()
 captures with torch.export again: the graph runs in PyTorch and its record carries this reason, which
 names the step that works: `torch.compile(localize(model)[0], backend="flydsl")`.
+
+transformers' own expert parallel (`apply_expert_parallelism`, from_pretrained with DistributedConfig(ep_size=W,
+ep_implementation="all_reduce")): the experts modules hold DTensor Shard(0) weights and a forward closing over
+AllReduceEP, whose all_reduce is in place inside an autograd Function. `localize` gives the copy the local
+shards and `_ExpertParallelSum` (AllReduceEP's routing mask, the class forward, a functional all_reduce); the
+MoE pattern takes the sentinel-masked grouped-mm form that follows (docs/moe.md). Other EP implementations
+(tokens exchanged by all_to_all) are refused, naming ep_implementation="all_reduce".
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ def _style_hooks(mod):
     found = []
     for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
         for key, fn in list(hooks.items()):
-            cells = dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), fn.__closure__ or ()))
+            cells = _cells(fn)
             part = next((c.cell_contents for n, c in cells.items() if n in ("input_fn", "output_fn")), None)
             qual = getattr(getattr(part, "func", None), "__qualname__", "").split(".")
             if "device_mesh" in cells and len(qual) == 2 and qual[1] in ("_prepare_input_fn", "_prepare_output_fn"):
@@ -110,6 +117,17 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
         own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if _is_dtensor(t)]
         if not hooks and not own:
             continue
+        if _hf_all_reduce_ep(mod) is not None:
+            plan[name] = "hf_ep"
+            continue
+        if getattr(mod, "_is_expert_parallel", False):
+            cells = _cells(mod.__dict__.get("forward"))
+            impl = type(cells["implementation"].cell_contents).__name__ if "implementation" in cells else "none"
+            raise InputError(f"{name}: transformers expert parallel with the {impl} implementation over "
+                             f"{getattr(getattr(mod, 'gate_up_proj', None), 'device_mesh', 'its mesh')}: translate() "
+                             f"takes HF's all-reduce form (each rank runs its experts on the whole batch, an all_reduce "
+                             f"sums them). Fix: DistributedConfig(..., ep_implementation=\"all_reduce\") with ep_size == "
+                             f"tp_size, on a 1-D mesh")
         kind = _local_style(hooks)
         if kind is None or type(mod) is not torch.nn.Linear or hooks[0][3].ndim != 1:
             check_no_dtensor(model)  # raises, naming the parameter and the fix
@@ -117,6 +135,9 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
     local = copy.deepcopy(model)
     for name, kind in plan.items():
         mod = local.get_submodule(name)
+        if kind == "hf_ep":
+            _localize_hf_ep(mod, _hf_all_reduce_ep(model.get_submodule(name)))
+            continue
         mesh = _style_hooks(mod)[0][3]
         for hooks, key, _, _ in _style_hooks(mod):
             del hooks[key]
@@ -127,9 +148,68 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
             mod.bias = None
             mod.register_forward_hook(_RowwiseSum(mesh.get_group(), bias))
     check_no_dtensor(local)
-    return local, [f"DTensor tensor parallel ({len(plan)} ColwiseParallel / RowwiseParallel linears): translated as "
-                   "this rank's local shards with a functional all_reduce after each RowwiseParallel linear (what "
-                   "the styles compute)"]
+    n_ep = sum(k == "hf_ep" for k in plan.values())
+    notes = [f"DTensor tensor parallel ({len(plan) - n_ep} ColwiseParallel / RowwiseParallel linears): translated as "
+             "this rank's local shards with a functional all_reduce after each RowwiseParallel linear (what "
+             "the styles compute)"] if len(plan) > n_ep else []
+    if n_ep:
+        notes.append(f"HF expert parallel ({n_ep} experts modules, ep_implementation all_reduce): translated as this "
+                     "rank's experts (local shards) on the routes to them, the others masked, and a functional "
+                     "all_reduce of the experts' output (what HF's AllReduceEP computes)")
+    return local, notes
+
+
+def _hf_all_reduce_ep(mod):
+    """HF's expert-parallel implementation on experts module `mod` when it is transformers' AllReduceEP (or AutoEP
+    running it) over a 1-D mesh with the experts' parameters Shard(0), else None. transformers'
+    `apply_expert_parallelism` (from_pretrained with DistributedConfig(ep_size=W, ep_implementation="all_reduce"))
+    replaces the module's forward by a closure over the implementation, which holds the mesh."""
+    from torch.distributed.tensor import Shard
+
+    cells = _cells(mod.__dict__.get("forward"))
+    if not getattr(mod, "_is_expert_parallel", False):
+        return None
+    impl = cells["implementation"].cell_contents if "implementation" in cells else None
+    if type(impl).__name__ == "AutoEP":
+        impl = getattr(impl, "all_reduce", None)
+    if type(impl).__name__ != "AllReduceEP" or not type(impl).__module__.startswith("transformers.") or \
+            impl.ep_mesh.ndim != 1 or impl.num_local_experts != getattr(mod, "num_experts", None):
+        return None
+    own = [p for p in mod.parameters(recurse=False) if _is_dtensor(p)]
+    return impl if own and all(tuple(p.placements) == (Shard(0),) for p in own) else None
+
+
+def _cells(fn) -> dict:
+    """The closure of function `fn` by free variable name ({} for anything else)."""
+    return dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), getattr(fn, "__closure__", None) or ()))
+
+
+def _localize_hf_ep(mod, impl) -> None:
+    """The experts module `mod` (a copy) holds its local experts as plain parameters and runs HF's class forward
+    (its experts implementation, e.g. grouped_mm) inside _ExpertParallelSum, which routes, masks and sums as
+    AllReduceEP does, with a functional all_reduce."""
+    for pname, p in list(mod.named_parameters(recurse=False)):
+        if _is_dtensor(p):
+            setattr(mod, pname, torch.nn.Parameter(p.to_local().detach().clone(), requires_grad=False))
+    del mod.forward  # HF's ep_forward closure (over the user's module): the class forward again
+    mod.forward = _ExpertParallelSum(mod, impl.ep_mesh.get_local_rank(), impl.ep_mesh.get_group())
+
+
+class _ExpertParallelSum:
+    """HF AllReduceEP's forward, traceable: global expert ids -> local ids (other ranks' experts get the sentinel
+    id num_experts and weight 0), the experts' own forward, the outputs summed over the group."""
+
+    def __init__(self, mod, rank: int, group):
+        self.forward, self.rank, self.group = type(mod).forward.__get__(mod), rank, group
+
+    def __call__(self, hidden_states, top_k_index, top_k_weights):
+        from torch.distributed import _functional_collectives as funcol
+
+        n = self.forward.__self__.num_experts
+        off_rank = (top_k_index // n) != self.rank
+        local_index = torch.where(off_rank, n, top_k_index % n)
+        out = self.forward(hidden_states, local_index, top_k_weights.masked_fill(off_rank, 0.0))
+        return funcol.all_reduce(out, "sum", self.group).to(hidden_states.dtype)
 
 
 class _RowwiseSum:

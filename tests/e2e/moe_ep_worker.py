@@ -4,8 +4,16 @@ hand-written loop over its experts; the ranks' partial outputs meet in a functio
 Each rank translates its own graph (the loop becomes moe_experts with first_expert = its first
 expert; the collective stays in the graph, on the process group) and verifies against its eager.
 
-    python tests/e2e/moe_ep_worker.py BACKEND WORLD PORT
-prints one line per rank: "rank R ok COUNTERS | PYTORCH OPS | MAX ABS DIFF"."""
+FORM "hf": a tiny HF MoE model (FAMILY: mixtral, qwen3_moe, olmoe; test_moe._hf) split by transformers' own
+expert parallel (`apply_expert_parallelism` with the config's `base_model_ep_plan` and ep_implementation
+"all_reduce", what from_pretrained(..., distributed_config=DistributedConfig(tp_size=W, tp_plan={}, ep_size=W,
+ep_implementation="all_reduce")) applies; the shards are copied in from the unsharded weights, as the loader
+would): DTensor expert weights, HF's masking of off-rank routes and an all_reduce. translate() localizes it
+(translator/distributed.py); under torch.compile the localized copy is compiled. Its line also gives the max
+difference to the unsharded model's output.
+
+    python tests/e2e/moe_ep_worker.py BACKEND WORLD PORT [translate|compile] [hand|hf] [FAMILY] [EP IMPLEMENTATION]
+prints one line per rank: "rank R ok COUNTERS | PYTORCH OPS | MAX ABS DIFF [| DIFF TO UNSHARDED]"."""
 
 import os
 import sys
@@ -44,30 +52,71 @@ def _compiled(m, x, backend):
     return recs[0].translated[0], out
 
 
-def run(rank, world, backend, port, mode="translate"):
+def hf_expert_parallel(family, rank, world, implementation="all_reduce"):
+    """(the rank's HF model under transformers' expert parallel, input ids, the unsharded model's logits)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    from test_moe import _hf
+
+    m, ids = _hf(family)
+    with torch.no_grad():
+        whole = m(ids).logits
+    full = {n: p.detach().clone() for n, p in m.named_parameters()}
+    layers = range(m.config.num_hidden_layers)
+    plan = {f"model.{k.replace('*', str(i))}": v for k, v in m.config.base_model_ep_plan.items() for i in layers}
+    mesh = init_device_mesh("cpu", (world,))
+    apply_expert_parallelism(m, mesh, mesh, plan, implementation)
+    with torch.no_grad():  # what from_pretrained's loader writes into each rank's Shard(0) experts
+        for n, p in m.named_parameters():
+            if hasattr(p, "to_local"):
+                local = p.to_local()
+                local.copy_(full[n][rank * local.shape[0]:(rank + 1) * local.shape[0]])
+    return m, ids, whole
+
+
+def run(rank, world, backend, port, mode="translate", form="hand", family="mixtral", implementation="all_reduce"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         from translator import translate
+        from translator.distributed import localize
 
-        m = ExpertParallelMoE(rank, world).eval()
-        torch.manual_seed(1)
-        x = torch.randn(2, 5, 64)
+        whole = None
+        if form == "hf":
+            m, x, whole = hf_expert_parallel(family, rank, world, implementation)
+            if implementation != "all_reduce":  # refused before capture, naming the form that is taken
+                try:
+                    translate(m, (x,), backend=backend)
+                except Exception as e:  # noqa: BLE001 — the line reports what was raised
+                    sys.stdout.write(f"rank {rank} refused: {type(e).__name__}: {' '.join(str(e).split())}\n")
+                    sys.stdout.flush()
+                    return
+        else:
+            m = ExpertParallelMoE(rank, world).eval()
+            torch.manual_seed(1)
+            x = torch.randn(2, 5, 64)
         with torch.no_grad():
             want = m(x)
+            want = getattr(want, "logits", want)
         if mode == "translate":
             tm = translate(m, (x,), backend=backend)
             with torch.no_grad():
                 got = tm(x)
         else:
-            tm, got = _compiled(m, x, backend)
+            tm, got = _compiled(localize(m)[0] if form == "hf" else m, x, backend)
+        got = getattr(got, "logits", got)
         assert tm.report.verification.passed, tm.report.verification.message
+        if form == "hf":  # the localized copy was translated: the user's model keeps its DTensor experts
+            assert type(m.model.layers[0].mlp.experts.gate_up_proj).__name__ == "DTensor"
         left = sorted({r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"})
         diff = (got - want).abs().max().item()
         c = tm.report.counters
+        experts = "moe_experts_loop" if form == "hand" else "moe_experts"
+        tail = "" if whole is None else f" | {(got - whole).abs().max().item():.3g}"
         # one write per line: the ranks' prints went to one pipe interleaved ("...8.2e-08rank 0 ok ...")
-        sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} moe_experts_loop={c.get('moe_experts_loop')} "
-                         f"| {','.join(left)} | {diff:.3g}\n")
+        sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} {experts}={c.get(experts)} "
+                         f"| {','.join(left)} | {diff:.3g}{tail}\n")
         sys.stdout.flush()
     finally:
         dist.destroy_process_group()
@@ -77,4 +126,4 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     backend, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    mp.spawn(run, args=(world, backend, port, *sys.argv[4:5]), nprocs=world)
+    mp.spawn(run, args=(world, backend, port, *sys.argv[4:8]), nprocs=world)

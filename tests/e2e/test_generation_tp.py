@@ -101,6 +101,15 @@ class Overlapped(nn.Module):
         return torch.ops._c10d_functional.wait_tensor(h) + g
 
 
+class OverlappedSibling(Overlapped):
+    """b reads a's input: the sibling-linear merge (lowerings/qkv.py) must not pull b's GEMM before the issue."""
+
+    def forward(self, x, y):
+        h = torch.ops._c10d_functional.all_reduce(self.a(x), "sum", "0")
+        g = torch.relu(self.b(x)) + y
+        return torch.ops._c10d_functional.wait_tensor(h) + g
+
+
 @pytest.fixture
 def one_rank():
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
@@ -110,9 +119,10 @@ def one_rank():
 
 @pytest.mark.usefixtures("one_rank", "fresh_dynamo")
 @pytest.mark.parametrize("mode", ["translate", "compile"])
-def test_an_overlapped_collective_stays_overlapped(mode):
+@pytest.mark.parametrize("cls", [Overlapped, OverlappedSibling])
+def test_an_overlapped_collective_stays_overlapped(mode, cls):
     torch.manual_seed(0)
-    m = Overlapped().eval()
+    m = cls().eval()
     x, y = torch.randn(4, 64), torch.randn(4, 64)
     if mode == "translate":
         tm = translator.translate(m, (x, y), backend="reference")

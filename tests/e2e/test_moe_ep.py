@@ -19,8 +19,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(backend: str, world: int, mode: str = "translate") -> list[str]:
-    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port()), mode],
+def _ranks(backend: str, world: int, mode: str = "translate", *form) -> list[str]:
+    p = subprocess.run([sys.executable, str(WORKER), backend, str(world), str(_free_port()), mode, *form],
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-3000:]
     return sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
@@ -44,3 +44,40 @@ def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
         assert head == f"rank {r} ok moe_topk=1 moe_experts_loop=1", line
         assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
         assert float(diff) < 1e-4, line
+
+
+# HF models split by transformers' own expert parallel (moe_ep_worker.hf_expert_parallel): DTensor Shard(0) experts,
+# HF's masking of off-rank routes, an all_reduce. ~2 min each on 2 shared cores: slow; the one-rank test below covers
+# the rewrite (localize + the sentinel-masked grouped-mm form) by default
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,world,mode,family", [
+    ("flysim", 2, "translate", "mixtral"),
+    ("reference", 2, "compile", "qwen3_moe"),
+    ("flysim", 2, "compile", "mixtral"),
+    ("reference", 4, "translate", "olmoe"),
+])
+def test_hf_expert_parallel_ranks(backend, world, mode, family):
+    lines = _ranks(backend, world, mode, "hf", family)
+    assert len(lines) == world, lines
+    for r, line in enumerate(lines):
+        head, left, diff, whole = line.split(" | ")
+        assert head == f"rank {r} ok moe_topk=1 moe_experts=1", line  # HF's grouped-mm experts: one moe_experts
+        assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
+        assert float(diff) < 1e-4 and float(whole) < 1e-4, line  # its eager, and the unsharded model
+
+
+def test_hf_expert_parallel_one_rank():
+    """transformers' expert parallel on a 1-rank group (a subprocess: a process group made and destroyed in the
+    pytest process left later forked ranks of test_dtensor hanging): the same graph form as W ranks (DTensor
+    experts, the off-rank mask, sentinel-masked grouped-mm, all_reduce) -> moe_topk + moe_experts, only the
+    collective left; the user's model keeps its DTensors."""
+    (line,) = _ranks("reference", 1, "translate", "hf", "mixtral")
+    head, left, diff, whole = line.split(" | ")
+    assert head == "rank 0 ok moe_topk=1 moe_experts=1", line
+    assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
+    assert float(diff) < 1e-4 and float(whole) < 1e-4, line
+
+
+def test_hf_expert_parallel_other_implementations_name_the_fix():
+    (line,) = _ranks("reference", 1, "translate", "hf", "mixtral", "all_to_all")
+    assert line.startswith("rank 0 refused: InputError") and 'ep_implementation="all_reduce"' in line, line

@@ -135,9 +135,12 @@ def summary() -> str:
 
 
 def reset() -> None:
+    """Start the records over. Dynamo's graph-break counters are process-wide and outlive both this and
+    torch._dynamo.reset(): they are taken as seen, so the next compile reports only its own breaks."""
     _RECORDS.clear()
     _WARNED.clear()
     _BREAKS_SEEN.clear()
+    _BREAKS_SEEN.update(_dynamo_context()[1])
 
 
 class _DynamoLimit(logging.Handler):

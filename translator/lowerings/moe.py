@@ -304,15 +304,49 @@ def unpermuted_sum(node):
     return weighted, perm, [node, view, idx, inv, weighted, _src(inv), arg(inv, "values")]
 
 
+def _unmask(n, masks: list):
+    """The tensor under HF's expert-parallel sentinel mask, `n` = masked_fill(t, (sorted_ids >= E).unsqueeze(-1), 0):
+    t (n and the mask go to `masks`); else n itself."""
+    if not _is(n, aten.masked_fill.Scalar, aten.masked_fill_.Scalar) or arg(n, "value") != 0:
+        return n
+    mask = arg(n, "mask")
+    ge = _src(mask) if _is(mask, aten.unsqueeze.default) and arg(mask, "dim") in (-1, 1) else None
+    if not _is(ge, aten.ge.Scalar) or _item(_src(ge), 0) is None:
+        return n
+    masks.append(n)
+    return _src(n)
+
+
+def _sentinel_ok(masks, srt, e):
+    """The masks found are one mask, on the sorted ids of `srt`, at E (the local expert count): HF's expert-parallel
+    experts (`_is_expert_parallel`), whose off-rank routes carry the id E and weight 0. Returns the mask's nodes and
+    the in-place clamp of the sorted ids (dead once the experts are one op), or None."""
+    if not masks:
+        return []
+    mask = {arg(m, "mask") for m in masks}
+    if len(mask) != 1:
+        return None
+    (mask,) = mask
+    ge = _src(mask)
+    ids_sorted = _src(ge)
+    if _item(ids_sorted, 0) is not srt or arg(ge, "other") != e:
+        return None
+    clamps = [u for u in ids_sorted.users if _is(u, aten.clamp_.default, aten.clamp.default) and not u.users]
+    return masks + [mask, ge] + clamps
+
+
 def _match_grouped(node, ctx):
     """The HF grouped-mm experts ending at sum `node` (see the module docstring), or None."""
     u = unpermuted_sum(node)
     if u is None:
         return None
     weighted, perm, seen = u
+    masks = []
     for down, scale in _pair(weighted):
+        down = _unmask(down, masks)
         if _gmm(down) is not None and _is(scale, aten.unsqueeze.default):
             break
+        masks.clear()
     else:
         return None
     wsel = _src(scale)
@@ -336,11 +370,11 @@ def _match_grouped(node, ctx):
         return None
     if not _is(chunk, aten.chunk.default) or arg(chunk, "chunks") != 2 or arg(chunk, "dim") not in (-1, 1):
         return None
-    up = _src(chunk)
+    up = _unmask(_src(chunk), masks)
     if _gmm(up) is None or _gmm(up)[2] is not offs:
         return None
     u_in, u_w, _ = _gmm(up)
-    pu, xs = _param_t(u_w, ctx), _skip_to(u_in)
+    pu, xs = _param_t(u_w, ctx), _unmask(_skip_to(u_in), masks)
     fd = _one_index(xs)
     if pu is None or not _is(fd, aten.floor_divide.default) or _src(fd) is not perm:
         return None
@@ -348,8 +382,11 @@ def _match_grouped(node, ctx):
     ids_flat = _src(srt) if _is(srt, aten.sort.default) else None
     if not _is(ids_flat, aten.view.default, aten.reshape.default):
         return None
+    sentinel = _sentinel_ok(masks, srt, pu[0].shape[0])
+    if sentinel is None:
+        return None
     x, ids, weights, k = _src(xs), _src(ids_flat), _src(wflat), arg(fd, "other")
-    seen += [act, g, g_get, u_get, chunk, up, xs, fd, perm, srt, ids_flat, offs] + pd[1] + pu[1]
+    seen += [act, g, g_get, u_get, chunk, up, xs, fd, perm, srt, ids_flat, offs] + pd[1] + pu[1] + sentinel
     seen += [n for n in (d_in, u_in) if n not in (act, xs)]
     return dict(x=x, ids=ids, weights=weights, k=k, gate=gate_name, gate_up=pu[0], down=pd[0], seen=seen)
 

@@ -16,7 +16,9 @@ sibling's uses read its column slice of that output, a view: the outputs are wri
 graph reads them, x is read once and there is one launch instead of three. A slice's strides
 are not those of a separate linear's output (its rows are Nq + Nk + Nv apart); the
 `fix_strides` pass re-checks what reads them (a ``view(B, S, H, D)`` of a column slice stays
-a view). Counters: `qkv` (merged GEMMs), `qkv_merged_linears` (the linears they replaced).
+a view). Siblings past a collective's issue are not merged (the merged GEMM would run before the issue:
+tests/e2e/test_generation_tp.py, test_an_overlapped_collective_stays_overlapped). Counters: `qkv` (merged
+GEMMs), `qkv_merged_linears` (the linears they replaced).
 """
 
 from __future__ import annotations
@@ -47,7 +49,23 @@ def _siblings(node, ctx) -> list:
             continue
         out.append(u)
     out.sort(key=lambda n: n._sort_key)
+    out = out[:_before_a_collective(out)]
     return out if len(out) >= 2 and out[0] is node and not ctx.denied(out) else []
+
+
+def _before_a_collective(sibs) -> int:
+    """How many of `sibs` (graph order) come before the first collective issued after sibs[0]: the merged GEMM
+    runs where sibs[0] was, so a sibling past an issue would be pulled before it (the issue then waits for its
+    GEMM, and compute the model overlapped with the collective no longer is)."""
+    n, i = sibs[0].next, 1
+    while i < len(sibs):
+        if n is sibs[i]:
+            i += 1
+        elif n.op == "call_function" and getattr(n.target, "namespace", None) in ("_c10d_functional", "c10d") \
+                and "wait" not in str(n.target):
+            break
+        n = n.next
+    return i
 
 
 def qkv_supported(node, ctx):

@@ -153,8 +153,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     program or None) maps the up value first: act(g) * up(u) (gpt-oss: clamp, then + 1).
 
     grouped (translator_kernels/moe/grouped.py): the int32 `Cnt` holds each M tile's expert, W is
-    [experts, ...] with w_bs elements per expert; needs split 1 (Cnt is then free). A bias is stacked
-    per expert ([E, N] fp32, [E, N_pad] arranged when gated), its size in bytes passed as p_bytes (P is free).
+    [experts, ...] with w_bs elements per expert; a bias stacked per expert ([E, N] fp32, [E, N_pad] gated), its
+    bytes in p_bytes (P free). split > 1: the tile map is in `Res` (m / BM int32; no bias / residual), P / Cnt split-K's.
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
@@ -212,8 +212,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         gate, up = canonical_epilogue(gate), canonical_epilogue(up)  # validates
         if bn % 128 or split != 1 or w_layout != "shuffled" or kw != 1:
             raise KernelInputError(f"gemm: a gated tile needs BN % 128 == 0 and no split / plain W / kw (got BN={bn})")
-    if split < 1 or (k_pad // bk) % split or (grouped and split != 1):
+    if split < 1 or (k_pad // bk) % split:
         raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
+    if grouped and split > 1 and (has_bias or has_residual):  # Res carries the tile map, P is the workspace
+        raise KernelInputError("gemm: a grouped split-K GEMM takes no bias or residual")
     nk = k_pad // bk // split  # K tiles per workgroup
     n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
@@ -356,7 +358,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         w_base = bz * w_bs
         b_base = 0  # the bias row: the tile's expert's with `grouped` (stacked [E, N] or [E, N_pad] gated)
         if const_expr(grouped):  # the M tile's expert (moe): W of that expert
-            expert = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc(Cnt, cnt_bytes), _raw(bx * 4), zero))
+            tmap = rsrc(Res, m // bm * 4) if split > 1 else rsrc(Cnt, cnt_bytes)  # split-K: Cnt holds tickets
+            expert = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, tmap, _raw(bx * 4), zero))
             w_base = expert * w_bs
             b_base = expert * (n_pad if gate is not None else n)
         w_voff = []

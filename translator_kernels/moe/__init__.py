@@ -24,7 +24,7 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.gated import gated_weight, unarrange_gated
 from translator_kernels.gemm.kernel import apply_epilogue_torch, canonical_epilogue
 from translator_kernels.gemm.preshuffle import shuffle_weight_batched, unshuffle_weight
-from translator_kernels.moe.grouped import capacity, grouped_config, grouped_gemm
+from translator_kernels.moe.grouped import capacity, grouped_config, grouped_gemm, grouped_split
 from translator_kernels.moe.permute import build_moe_align, build_moe_gather, build_moe_unpermute
 from translator_kernels.moe.routing import MAX_EXPERTS, build_topk_gating
 
@@ -170,6 +170,8 @@ def moe_experts(x, weights, ids, w13, w2, inter: int, gate: str = "silu", *, res
     cfg_up = grouped_config(-(-t * k // e), inter, h, x.dtype, gated=True)
     cfg_dn = grouped_config(-(-t * k // e), h, inter, x.dtype, gated=False)
     cfg_dn = type(cfg_dn)(cfg_up.bm, cfg_dn.bn, cfg_dn.bk)  # one row tile: both GEMMs read the same tile map
+    if b2 is None:  # decode's down projection: split-K where its grid is small (grouped.grouped_split)
+        cfg_dn = grouped_split(capacity(t * k, e, cfg_up.bm) // cfg_up.bm, h, inter, cfg_dn, kl.arch())
     src, tiles, pos = moe_align(ids, e, cfg_up.bm, first_expert)
     xs = moe_gather(x, src)
     hid = grouped_gemm(xs, w13, tiles, inter, h, cfg_up, gate=gate, up=up, bias=b13)
@@ -214,5 +216,5 @@ def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None,
     return out.to(out_dtype or x.dtype)
 
 
-__all__ = ["capacity", "grouped_config", "grouped_gemm", "moe_align", "moe_experts", "moe_gather", "moe_unpermute",
+__all__ = ["capacity", "grouped_config", "grouped_gemm", "grouped_split", "moe_align", "moe_experts", "moe_gather", "moe_unpermute",
            "gpt_oss_programs", "prepare_experts", "prepare_gpt_oss_experts", "ref_moe_experts", "ref_topk_gating", "topk_gating"]

@@ -8,8 +8,15 @@ SwiGLU epilogue for the gate/up projection. The only difference is where a workg
 the tile's expert, one int32 load per workgroup, times the per-expert stride.
 
 The grid covers the worst-case row count `cap` (T·k + min(E, T·k)·(BM - 1), a multiple of BM):
-tiles past the real total hold rows of zeros and cost their MFMAs (decode: a few tiles). No split-K
-(its ticket array is where the tile map travels) and no 8-wave tile.
+tiles past the real total hold rows of zeros and cost their MFMAs (decode: a few tiles). No 8-wave tile.
+
+Split-K (the plain epilogue only: the down projection): the dense kernel's in-launch split-K
+(gemm/splitk.py: fp32 partials in P, a ticket per tile region in Cnt, the last split of a tile adds them
+in split order), with the tile map moved from Cnt to the residual slot (a grouped split-K GEMM takes no
+bias or residual). `grouped_split` picks it when the grid (row tiles x column tiles) fills under a third of
+the CUs: decode's down projection (Mixtral-8x7B at T = 1: 2 x 32 = 64 workgroups on 304 CUs, 224 K tiles
+each) gets the largest of 8, 4, 2 that keeps the grid within the CU count, divides the K tiles and leaves
+each split at least 8 of them.
 
 Tile choice (`grouped_config`): BM from the mean rows per expert (T·k / E) like the dense
 heuristic's M buckets, capped at 128; BN 128 (64 for N < 128), BK 64 (32 for fp32 or a K_pad that
@@ -21,11 +28,13 @@ from __future__ import annotations
 import torch
 
 from translator_kernels import launch as kl
+from translator_kernels import replay as kr
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.gated import gated_shape
 from translator_kernels.gemm.kernel import build_gemm, canonical_epilogue
 from translator_kernels.gemm.preshuffle import kpack_for, padded_shape
+from translator_kernels.gemm.splitk import give_back, splitk_workspace
 from translator_kernels.gemm.tiles import GemmConfig
 
 _INT32_MAX = 2**31 - 64
@@ -38,6 +47,19 @@ def grouped_config(rows_per_expert: int, n: int, k: int, dtype, gated: bool) -> 
     bk = 32 if FLOAT_NAMES.get(dtype, dtype) == "f32" or k_pad % 64 else 64
     bn = 128 if gated or n >= 128 else 64
     return GemmConfig(bm, bn, bk)
+
+
+def grouped_split(m_tiles: int, n: int, k: int, cfg: GemmConfig, arch: str) -> GemmConfig:
+    """cfg with the split-K factor for a plain (ungated) grouped GEMM of `m_tiles` row tiles (module notes)."""
+    from translator_kernels.arch import GPUS
+
+    cus = GPUS[arch].cus if arch in GPUS else 256
+    n_pad, k_pad = padded_shape(n, k)
+    grid, k_tiles = m_tiles * -(-n_pad // cfg.bn), k_pad // cfg.bk
+    if 3 * grid > cus:
+        return cfg
+    split = next((s for s in (8, 4, 2) if grid * s <= cus and k_tiles % s == 0 and k_tiles // s >= 8), 1)
+    return GemmConfig(cfg.bm, cfg.bn, cfg.bk, split)
 
 
 def capacity(pairs: int, experts: int, bm: int) -> int:
@@ -80,12 +102,20 @@ def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=Non
             raise KernelInputError(f"{op}: {name} {tuple(t.shape)} exceeds 2 GiB (32-bit buffer offsets)")
     if cap == 0:
         return out
+    if cfg.split > 1 and (gate or bias is not None):
+        raise KernelInputError(f"{op}: split-K (split={cfg.split}) takes the plain epilogue: no gate, no bias")
     a, w = a.contiguous(), w.contiguous()  # a strided view of a prepared weight is read as given
     launcher = build_gemm(n, k, n_pad, k_pad, dt, FLOAT_NAMES[out_dtype], kl.arch(), cfg.bm, cfg.bn, cfg.bk,
-                          None, bias is not None, False, 1, "shuffled", gate, 1, grouped=True, up=up)
+                          None, bias is not None, False, cfg.split, "shuffled", gate, 1, grouped=True, up=up)
     tile_expert = tile_expert.to(torch.int32).contiguous()
+    sizes = (a.numel() * a.element_size(), w.numel() * w.element_size(), out.numel() * out.element_size())
+    if cfg.split > 1:  # the tile map in the residual slot; P and Cnt are split-K's (gemm/splitk.py)
+        p_ws, cnt = splitk_workspace(a.device, (cap // cfg.bm) * -(-n_pad // cfg.bn), cfg)
+        kl.call(launcher, out, a, w, p_ws, tile_expert, p_ws, cnt, cap, 1, cap * k, n_pad * k_pad, cap * n, 1.0,
+                *sizes, p_ws.numel() * 4, cnt.numel() * 4)
+        kr.replay_effect(give_back, cnt)  # the launch returned: its counters are zero again
+        return out
     b = tile_expert if bias is None else bias.contiguous()  # p_bytes carries the bias size (P is unused)
     kl.call(launcher, out, a, w, b, out, tile_expert, tile_expert, cap, 1, cap * k, n_pad * k_pad,
-            cap * n, 1.0, a.numel() * a.element_size(), w.numel() * w.element_size(),
-            out.numel() * out.element_size(), b.numel() * 4, tile_expert.numel() * 4)
+            cap * n, 1.0, *sizes, b.numel() * 4, tile_expert.numel() * 4)
     return out
