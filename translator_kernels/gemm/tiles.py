@@ -251,15 +251,16 @@ def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                     continue
                 nkt = k_pad // bk
                 for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                    cfg = GemmConfig(bm, bn, bk, s, kw)
-                    if not config_fits(cfg, dt, arch):
-                        cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
+                    for head in (0, 32) if kw == 1 and bk > 32 else (0,):  # a short first tile (kernel.py `head`)
+                        cfg = GemmConfig(bm, bn, bk, s, kw, head=head)
+                        if not config_fits(cfg, dt, arch):
+                            cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
     if not cands:
         return GemmConfig(max(16, mb), 64, 32)
     full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
     best_t = min(e["t"] for e, _ in full)
     # within 2 % of the best: fewer splits (less partial traffic), then the smaller BK (less LDS)
-    return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk))[1]
+    return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk, c[1].head))[1]
 
 
 def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):

@@ -2,8 +2,8 @@
 
 Issue 29 item 3 asks for at least 0.8 of the achievable HBM bandwidth for every M <= 256 at N = K = 4096
 under the MODEL (translator_kernels.timing through tiles.model_estimate). The kernel as built (kernel.py:
-one K tile of W in flight, one workgroup per output tile x split) reaches it up to M = 128 on gfx942 and up
-to M = 64 on gfx950. Two structural changes were proposed to close the rest (docs/timing-model.md):
+one K tile of W in flight, one workgroup per output tile x split, a short first K tile: `head`) reaches it
+up to M = 128 on both archs. Two more structural changes were proposed (docs/timing-model.md):
 
 - **persistent**: G workgroups walk the output tiles (x split) round-robin and load each later tile's first
   K tile under the previous tile's last K step, so a workgroup pays one prologue, not one per tile;
@@ -12,7 +12,7 @@ to M = 64 on gfx950. Two structural changes were proposed to close the rest (doc
   W tiles before the loop.
 
 `best(m, n, k, dtype, arch, variant)` searches every legal tile of the family (BM 16-128, BN 16-256, BK 32-512,
-kw 1 / 4, split 1-16; for persistent also G = 1, 2, 3, 4 or 8 workgroups per CU, up to the resident slots)
+kw 1 / 4, split 1-16, head 0 / 32; for persistent also G = 1, 2, 3, 4 or 8 workgroups per CU, up to the resident slots)
 under the MODEL with the variant's features priced honestly: the first tile of each workgroup is still a
 prologue (every resident workgroup loads it at once), the extra register sets cost occupancy, the extra W
 tiles are prologue bytes. "prologue free" prices no prologue at all: a bound that no kernel of this family
@@ -42,9 +42,10 @@ def candidates(n: int, k: int, dtype: str, arch: str, prefetch: int = 1):
                         continue
                     nkt = k_pad // bk
                     for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                        c = GemmConfig(bm, bn, bk, sp, kw)
-                        if not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
-                            yield c
+                        for head in (0, 32) if kw == 1 and bk > 32 else (0,):
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
+                            if not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
+                                yield c
 
 
 def _estimates(m, n, k, dtype, arch, variant):
