@@ -12,13 +12,11 @@ import torch
 import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels import gemm as G
-from translator_kernels.arch import ARCHS, GPUS
+from translator_kernels.arch import ARCHS, GPUS, NAMED_DTYPES as DT
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import tiles, variants
 from translator_kernels.gemm.kernel import build_gemm
 from translator_kernels.gemm.preshuffle import shuffle_weight
-
-DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 def _case(m, n, k, dtype, seed=0):
