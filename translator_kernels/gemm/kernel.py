@@ -366,7 +366,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         def load_w(kt, k_tail=False, first=False, nblk=k_blk):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0. `first` / nblk: as
             load_a (K blocks from nblk on are not loaded: placeholders that compute never reads)."""
-            per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # W bytes per K element of a tile
+            per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # bytes a K element adds to a tile's offset
             soff = kt * (bk * per_k) - lead * per_k if lead and not first else kt * (bk * per_k)
             regs = []
             for nr in range_constexpr(n_rep):

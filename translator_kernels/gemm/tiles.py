@@ -23,13 +23,16 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
   - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
     wins; within 2 % of it, fewer splits, then the smaller BK.
 
-Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
-(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 32,
-64 or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
-does, or when one that leaves CUs idle is modeled MID_MARGIN faster); within 2 % of the least time
-the large tile, then fewer splits, then the smaller BK. The
+Mid M (65 <= M <= 2048: batched decode, chunked prefill) ranks the same way: the large tiles
+(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 16..128,
+BK up to 512, with and without a short first K tile (`head` = 32: kernel.py; the prologue every resident
+workgroup loads at once shrinks BK / head times), all by `model_estimate`, among those whose grid gives
+every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster);
+within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
-validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
+validation error) faster; margins compare kernel times (the harness's launch floor left out). Above
+M = 256 the 16-row, small-N and split > 8 candidates are skipped (none wins there; each evaluation is
+linear in the grid). Decode ranks head 0 / 32 too. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
 path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
 (and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
 32 workgroups on 256-304 CUs.
