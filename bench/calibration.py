@@ -111,7 +111,7 @@ def refresh(points=POINTS, everything: bool = True) -> dict:
 # ---- decode and mid-M GEMM tables (issue 29 item 3) ---------------------------------------------
 LLAMA3_8B = {"N=K=4096 (attn out)": (4096, 4096), "qkv": (6144, 4096), "gate+up": (28672, 4096),
              "down": (4096, 14336)}
-TABLE_M = (1, 16, 64, 128, 256, 512, 1024)
+TABLE_M = (1, 16, 64, 128, 256, 512, 1024, 2048)
 
 
 def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype="bf16") -> None:
@@ -149,7 +149,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 key = (arch, n, k, c)
                 if key not in isa:
                     try:
-                        spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm)
+                        spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm, head=c.head)
                         isa[key] = features(main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch)), arch)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a table entry
                         isa[key] = str(e).splitlines()[-1][:80]
@@ -165,12 +165,31 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
                             else "-")
                 print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
-                      f"{' 8 waves' if c.wm > 1 else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
+                      f"{' 8 waves' if c.wm > 1 else ''}{f' head {c.head}' if c.head else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
                       f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
                       f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
                       f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {(e2['t'] - launch) * 1e6:.1f} | "
                       f"{e['bound']} |", flush=True)
+    print()
+    variant_table(archs)
+
+
+def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, k=4096, dtype="bf16") -> None:
+    """The best tile of each kernel variant (translator_kernels.gemm.variants: priced, not built) under the MODEL."""
+    from translator_kernels.gemm.variants import VARIANTS, best
+
+    print(f"### Kernel variants at N = K = {n} (MODEL; the best legal tile of each; of achievable HBM)\n")
+    print("| arch | M | " + " | ".join(VARIANTS) + " |")
+    print("|" + "---|" * (2 + len(VARIANTS)))
+    for arch in archs:
+        for m in ms:
+            cells = []
+            for v in VARIANTS:
+                e, c = best(m, n, k, dtype, arch, v)
+                g = f", {e['grid']} WGs" if v.startswith("persistent") else ""
+                cells.append(f"{e['of_achievable']:.2f} ({c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{g})")
+            print(f"| {arch} | {m} | " + " | ".join(cells) + " |", flush=True)
     print()
 
 

@@ -24,7 +24,7 @@ from translator_kernels.gemm.gated import gated_shape
 from translator_kernels.gemm.splitk import give_back, splitk_workspace
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
-from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, large_estimate, m_bucket,
+from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, gated_config, large_estimate, m_bucket,
                                            register_config, stream_estimate)
 
 _DT = FLOAT_NAMES
@@ -87,7 +87,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
         if gate or w_layout == "kn":  # kernel.py's 4-wave layout only
             cfg = four_wave(cfg)
         if gate:  # column pairs live in one wave: 2 x 16 columns per wave at least, no split
-            cfg = GemmConfig(cfg.bm, max(cfg.bn, 128), cfg.bk)
+            cfg = gated_config(cfg, a3.dtype, arch)
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a3.device)
     has_bias, has_res = bias is not None, residual is not None
     bias_t = bias if has_bias else _no_bias(a3.device)
@@ -100,8 +100,10 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     if cfg.split > 1:  # partial sums in P, tickets in Cnt; the last split of a tile adds them up (splitk.py)
         p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
     sa_mode, sa, sw_mode, sw = scales or ("", None, "", None)
+    head = cfg.head if w_layout == "shuffled" and "block" not in (sa_mode, sw_mode) and not w_int4 else 0
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
+                          **({"head": head} if head else {}),
                           **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
                           **({"w_int8": True} if w_int8 else {}), **({"w_int4": w_int4} if w_int4 else {}))
     extra = ((bias_t if sa is None else sa), (bias_t if sw is None else sw)) if scales else ()

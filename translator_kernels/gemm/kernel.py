@@ -57,45 +57,19 @@ from flydsl._mlir.dialects import scf, vector
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from translator_kernels import device_math as em
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
-from translator_kernels.program import epilogue, evaluate, parse
+from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
 
 _ELEM = {  # name -> (bytes, DSL type)
     "f32": (4, fx.Float32),
     "bf16": (2, fx.BFloat16),
     "f16": (2, fx.Float16),
 }
-
-
-# ---- the epilogue program: a one-input per-element program (translator_kernels.program) ----
-
-
-def canonical_epilogue(program) -> str | None:
-    """The epilogue's canonical program text (None for none): what gemm nodes carry and caches key on.
-    Accepts a Program, its JSON, or a chain spelling such as "gelu" or "mul(0.5);sigmoid"."""
-    return epilogue(program)
-
-
-def apply_epilogue_torch(y, program):
-    """The program on an fp32 tensor (the reference)."""
-    if not program:
-        return y
-    prog = parse(canonical_epilogue(program))
-    return evaluate(prog, [y])[prog.out[0][0]]
-
-
-def apply_epilogue_device(v, program, width: int = 4):
-    """The program on a lane's fp32 fx.Vector of `width` accumulators while the kernel traces."""
-    if not program:
-        return v
-    prog = parse(canonical_epilogue(program))
-    return em.run(prog, [v], width)[prog.out[0][0]]
 
 
 def mfma_per_block(dtype: str, arch: str) -> int:
@@ -117,7 +91,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0, up=None):
+               w_int4: int = 0, up=None, head: int = 0):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -163,7 +137,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     a_scale "" | "tensor" | "row" | "block", w_scale "" | "tensor" | "col" | "block": fp32 Sa, Sw (the launcher
     takes them after cnt_bytes); per tensor / row / column in the epilogue (y = scale * acc * sw[col] * sa[row]);
     "block" (128 x 128, blockscale.py) inside the K loop. w_int8 (w8.py) / w_int4 = G (w4.py): weight-only int8 /
-    group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw)."""
+    group-wise int4 W, converted to the activation dtype in the load path (int4: s, b per group in Sa, Sw).
+
+    head > 0 (a short first tile, kw = 1, preshuffled W without block / int4 scales): the workgroup's first K
+    tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
+    whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
+    K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed)."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
     w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
@@ -217,6 +196,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     if grouped and split > 1 and (has_bias or has_residual):  # Res carries the tile map, P is the workspace
         raise KernelInputError("gemm: a grouped split-K GEMM takes no bias or residual")
     nk = k_pad // bk // split  # K tiles per workgroup
+    if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
+        raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
+                               f"int4 scales and head % 32 == 0, 0 < head < BK={bk}")
+    nsteps, lead = nk + (1 if head else 0), (bk - head if head else 0)  # K steps; K shift of the later tiles
     n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
     a_loads = -(-a_chunks // THREADS)
@@ -328,14 +311,18 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             a_voff.append(ok.select((a_base + row * k + kc * kp) * esz, fx.Int32(OOB)))
             a_kk.append(kc * kp)
 
-        def load_a(kt, k_tail=False):
-            """A tile kt -> registers; k_tail: this tile crosses K (chunks with k >= K read 0)."""
-            soff = kt * (bk * esz)
+        def load_a(kt, k_tail=False, first=False, nblk=k_blk):
+            """A tile kt -> registers; k_tail: this tile crosses K (chunks with k >= K read 0). With `head`, tiles
+            after the first start `lead` elements early; only the first nblk K blocks are loaded (the rest read 0)."""
+            shift = 0 if first else lead
+            soff = kt * (bk * esz) - shift * esz if shift else kt * (bk * esz)
             regs = []
             for i in range_constexpr(a_loads):
                 voff = a_voff[i]
                 if const_expr(k_tail):
-                    voff = (kt * bk + a_kk[i] < k).select(voff, fx.Int32(OOB))
+                    voff = ((kt * bk - shift if shift else kt * bk) + a_kk[i] < k).select(voff, fx.Int32(OOB))
+                if const_expr(nblk < k_blk):
+                    voff = (a_kk[i] < nblk * 32).select(voff, fx.Int32(OOB))
                 regs.append(gload(ra, voff, soff))
             return regs
 
@@ -387,13 +374,18 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
                                 by * bn + wcol + l16, n_rep, k_blk, wk)
 
-        def load_w(kt, k_tail=False):
-            """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0."""
-            soff = kt * (bk * {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv)
+        def load_w(kt, k_tail=False, first=False, nblk=k_blk):
+            """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0. `first` / nblk: as
+            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads)."""
+            per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # bytes a K element adds to a tile's offset
+            soff = kt * (bk * per_k) - lead * per_k if lead and not first else kt * (bk * per_k)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
                     for h in range_constexpr(lph):
+                        if const_expr(kb >= nblk):
+                            regs.append(None)
+                            continue
                         if const_expr(w_layout == "kn"):  # a lane's chunk: kp elements down column n
                             regs.append(load_kn_chunk(w_voff[nr], kt, kb, h, soff, k_tail))
                             continue
@@ -409,6 +401,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
+            regs = [r if r is not None else regs[0] for r in regs]
             return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
 
         def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
@@ -426,7 +419,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
         a_lane_dw = a_lane_dw + wk * (cpb * 64)
 
-        def compute(accs, w_regs, stage):
+        def compute(accs, w_regs, stage, nblk=k_blk):
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
@@ -437,7 +430,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                           for i in range(len(w_regs))]
             if const_expr(block and not mx):  # each block into a zero accumulator, then acc + partial * (sa * sw)
                 zero4 = _raw(fx.Vector.filled(4, 0.0, fx.Float32))
-            for kb in range_constexpr(k_blk):
+            for kb in range_constexpr(nblk):
                 for mr in range_constexpr(m_rep):
                     ops = []
                     for h in range_constexpr(lph):
@@ -453,15 +446,16 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                                  bs.pick(scl, kb, mr, nr) if mx else None)
             return accs
 
-        def step(accs, w_cur, stage, nxt=None, k_tail=False):
+        def step(accs, w_cur, stage, nxt=None, k_tail=False, nblk=k_blk, nxt_blk=k_blk):
             """One K tile: MFMAs on LDS stage `stage` with W regs `w_cur`; when `nxt` (a tile index)
             is given, its A and W loads are in flight meanwhile and A lands in the other stage.
+            nblk / nxt_blk: the K blocks of this / the next tile (fewer in `head`'s partial tiles).
             Returns (accs, W regs of nxt)."""
             w_next = None
             if const_expr(nxt is not None):
-                a_next = load_a(nxt, k_tail)
-                w_next = load_w(nxt, k_tail)
-            accs = compute(accs, w_cur, stage)
+                a_next = load_a(nxt, k_tail, nblk=nxt_blk)
+                w_next = load_w(nxt, k_tail, nblk=nxt_blk)
+            accs = compute(accs, w_cur, stage, nblk)
             if const_expr(nxt is not None):
                 store_a(a_next, 1 - stage)
             schedule_step(nxt is not None)
@@ -470,27 +464,35 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             return accs, w_next
 
         # ---- prologue: tile 0 -> LDS stage 0 and W regs ----
-        k_tail = k % bk != 0  # only the last tile crosses K (K_pad - K < 32 <= BK)
+        k_tail = k % bk != 0  # only the last tile crosses K (K_pad - K < 32 <= BK, and <= BK - head)
+
+        def blocks(s):  # K blocks of step s: `head`'s first and last tiles are partial
+            return head // 32 if head and s == 0 else lead // 32 if head and s == nsteps - 1 else k_blk
+
         accs = [_raw(fx.Vector.filled(4, 0.0, fx.Float32)) for _ in range(m_rep * n_rep)]
-        store_a(load_a(kt0, k_tail and nk == 1), 0)
-        w_cur = load_w(kt0, k_tail and nk == 1)
+        store_a(load_a(kt0, k_tail and nsteps == 1, True, blocks(0)), 0)
+        w_cur = load_w(kt0, k_tail and nsteps == 1, True, blocks(0))
         gpu.barrier()
         n_acc = len(accs)
+        p0 = 1 if head else 0  # the partial first step runs before the loop
+        if const_expr(p0):
+            accs, w_cur = step(accs, w_cur, 0, kt0 + 1, k_tail and nsteps == 2, blocks(0), blocks(1))
         # ---- main loop, two tiles per iteration so both LDS stages and both W register sets are
-        # fixed (no stage arithmetic, no register copies); it never loads the K-tail tile ----
-        pairs = max(0, (nk - 1 - int(k_tail)) // 2)
+        # fixed (no stage arithmetic, no register copies); it never loads the K-tail (or partial last) tile ----
+        pairs = max(0, (nsteps - 1 - int(k_tail or head > 0) - p0) // 2)
         if const_expr(pairs > 0):
             for it, st in range(fx.Index(0), fx.Index(pairs), fx.Index(1), init=accs + w_cur):
-                kt = kt0 + fx.Int32(it) * 2
-                accs1, w1 = step(st[:n_acc], st[n_acc:], 0, kt + 1)
-                accs2, w2 = step(accs1, w1, 1, kt + 2)
+                kt = kt0 + fx.Int32(it) * 2 + p0 if p0 else kt0 + fx.Int32(it) * 2
+                accs1, w1 = step(st[:n_acc], st[n_acc:], p0, kt + 1)
+                accs2, w2 = step(accs1, w1, 1 - p0, kt + 2)
                 res = yield [_raw(v) for v in accs2] + [_raw(v) for v in w2]
             accs = list(res[:n_acc])
             w_cur = list(res[n_acc:])
         # ---- peeled steps: the rest of the tiles, the K-tail load among them ----
-        for s in range_constexpr(2 * pairs, nk):
-            nxt = kt0 + (s + 1) if s + 1 < nk else None
-            accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nk - 1)
+        for s in range_constexpr(p0 + 2 * pairs, nsteps):
+            nxt = kt0 + (s + 1) if s + 1 < nsteps else None
+            accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nsteps - 1, blocks(s),
+                               blocks(s + 1) if s + 1 < nsteps else k_blk)
 
         def store_gated(accs):  # gated MLP: lane pairs (gate, up) -> act(g) * u
             c_base = bz * c_bs

@@ -23,13 +23,16 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
   - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
     wins; within 2 % of it, fewer splits, then the smaller BK.
 
-Mid M (65 <= M <= 1024: batched decode, chunked prefill) ranks the same way: the large tiles
-(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 32,
-64 or 128, all by `model_estimate`, among those whose grid gives every CU a workgroup (all when none
-does, or when one that leaves CUs idle is modeled MID_MARGIN faster); within 2 % of the least time
-the large tile, then fewer splits, then the smaller BK. The
+Mid M (65 <= M <= 2048: batched decode, chunked prefill) ranks the same way: the large tiles
+(128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 16..128,
+BK up to 512, with and without a short first K tile (`head` = 32: kernel.py; the prologue every resident
+workgroup loads at once shrinks BK / head times), all by `model_estimate`, among those whose grid gives
+every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster);
+within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
-validation error) faster. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
+validation error) faster; margins compare kernel times (the harness's launch floor left out). Above
+M = 256 the 16-row, small-N and split > 8 candidates are skipped (none wins there; each evaluation is
+linear in the grid). Decode ranks head 0 / 32 too. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
 path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
 (and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
 32 workgroups on 256-304 CUs.
@@ -98,7 +101,7 @@ CLOCK_HZ = {a: g.clock_hz for a, g in GPUS.items()}  # boost clocks
 MATRIX_FLOPS_PER_CLK = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # dense, per CU
 L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibrated on hardware
 WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
-MID_M = 1024  # buckets up to this take `_mid` (split-K / small-N candidates beside the large tiles)
+MID_M = 2048  # buckets up to this take `_mid` (split-K / small-N candidates beside the large tiles)
 MID_MARGIN = 0.12  # `_mid` leaves the large tile only for a modeled gain above the model's median error
 
 
@@ -110,6 +113,7 @@ class GemmConfig:
     split: int = 1  # split-K factor across workgroups (splitk.py); divides K_pad / BK
     kw: int = 1  # waves splitting each K tile inside a workgroup (1: the 4 waves split BN; 4: they split BK)
     wm: int = 1  # waves along M: 2 = gfx950's 8-wave workgroup (wide.py: 2 x 4 waves, A and W in LDS by DMA)
+    head: int = 0  # K elements of each workgroup's first tile (0: a whole BK; kernel.build_gemm's `head`)
 
 
 _OVERRIDES: dict[tuple, GemmConfig] = {}
@@ -130,9 +134,10 @@ def _esize(dtype: str) -> int:
     return 4 if dtype == "f32" else 2
 
 
-def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
+def vgpr_estimate(cfg: GemmConfig, dtype: str, prefetch: int = 1) -> int:
     """Accumulators + 2 W register sets + A staging + ~3 live A operands + addresses (the scheduled
-    loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140). The 8-wave
+    loop keeps A operands two ahead; compiled 128x128x64 bf16: 134, estimate 140); a kernel keeping
+    `prefetch` K tiles in flight holds prefetch + 1 W sets and `prefetch` A staging sets. The 8-wave
     tile, an upper bound: accumulators + every A and W operand of one K step + addresses
     (estimate 248; compiled 256x256x64 bf16 with the full epilogue: 220)."""
     if cfg.wm > 1:
@@ -141,7 +146,8 @@ def vgpr_estimate(cfg: GemmConfig, dtype: str) -> int:
     m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn * cfg.kw // 64, cfg.bk // 32 // cfg.kw
     lph = 2 if dtype == "f32" else 1
     a_loads = -(-(cfg.bm * cfg.bk * _esize(dtype) // 16) // THREADS)
-    return m_rep * n_rep * 4 + 2 * n_rep * k_blk * lph * 4 + a_loads * 4 + min(m_rep, 3) * lph * 4 + 16
+    return (m_rep * n_rep * 4 + (prefetch + 1) * n_rep * k_blk * lph * 4 + prefetch * a_loads * 4
+            + min(m_rep, 3) * lph * 4 + 16)
 
 
 def lds_bytes(cfg: GemmConfig, dtype: str) -> int:
@@ -149,9 +155,9 @@ def lds_bytes(cfg: GemmConfig, dtype: str) -> int:
     return 2 * (cfg.bm + (cfg.bn if cfg.wm > 1 else 0)) * cfg.bk * _esize(dtype)
 
 
-def workgroups_per_cu(cfg: GemmConfig, dtype: str, arch: str) -> int:
+def workgroups_per_cu(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1) -> int:
     """Estimated resident workgroups per CU (one wave per SIMD each, two for wm = 2), by VGPRs and LDS."""
-    by_vgpr = VGPR_FILE // (cfg.wm * -(-vgpr_estimate(cfg, dtype) // 8) * 8)
+    by_vgpr = VGPR_FILE // (cfg.wm * -(-vgpr_estimate(cfg, dtype, prefetch) // 8) * 8)
     return max(1, min(8, by_vgpr, LDS_BYTES[arch_key(arch)] // lds_bytes(cfg, dtype)))
 
 
@@ -163,6 +169,8 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return _wide_fits(cfg, dtype, arch)
     if cfg.kw not in (1, 4):
         return "kw (waves splitting K) must be 1 or 4"
+    if cfg.head and (cfg.kw != 1 or cfg.head % 32 or not 0 < cfg.head < cfg.bk):
+        return f"a short first tile (head={cfg.head}) needs kw 1, head % 32 == 0 and 0 < head < BK"
     if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
         return (f"BM must be a multiple of 16, BN of {64 // cfg.kw}, BK of {32 * cfg.kw} (kw={cfg.kw}), "
                 f"split >= 1")
@@ -246,20 +254,22 @@ def _skinny(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                     continue
                 nkt = k_pad // bk
                 for s in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                    cfg = GemmConfig(bm, bn, bk, s, kw)
-                    if not config_fits(cfg, dt, arch):
-                        cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
+                    for head in (0, 32) if kw == 1 and bk > 32 else (0,):  # a short first tile (kernel.py `head`)
+                        cfg = GemmConfig(bm, bn, bk, s, kw, head=head)
+                        if not config_fits(cfg, dt, arch):
+                            cands.append((model_estimate(mb, n, k, dt, arch, cfg), cfg))
     if not cands:
         return GemmConfig(max(16, mb), 64, 32)
     full = [c for c in cands if c[0]["grid"] >= GRID_PER_CU * CUS[arch_key(arch)]] or cands
     best_t = min(e["t"] for e, _ in full)
     # within 2 % of the best: fewer splits (less partial traffic), then the smaller BK (less LDS)
-    return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk))[1]
+    return min((c for c in full if c[0]["t"] <= best_t * 1.02), key=lambda c: (c[1].split, c[1].bk, c[1].head))[1]
 
 
 def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
-    """timing.KernelFeatures of our GEMM at `cfg`, estimated from the config (module docstring);
-    `prefetch` > 1 models a kernel that keeps that many K tiles of W in flight (ours keeps one)."""
+    """timing.KernelFeatures of our GEMM at `cfg`, estimated from the config (module docstring).
+    `prefetch` > 1 prices a kernel variant (not built) that keeps that many K tiles in flight: its W
+    bytes in flight, its extra register sets (occupancy) and the extra W tiles its prologue loads."""
     from translator_kernels.timing import KernelFeatures
 
     a = arch_key(arch)
@@ -271,17 +281,24 @@ def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
     a_tile = cfg.bm * cfg.bk * esz  # A through LDS: written once, read by every wave (its K share for kw = 4)
     lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw) / (
         g.lds_read_bytes_per_clk / g.simds)
-    per_simd = workgroups_per_cu(cfg, dtype, a) * waves // g.simds
-    # outside the K loop: the first A and W tiles, loaded while every resident workgroup is in the same
-    # phase (the output's stores are posted: no wave waits for them); one memory round trip per K tile
-    edge = (cfg.bm + cfg.bn) * cfg.bk * esz
+    per_simd = workgroups_per_cu(cfg, dtype, a, prefetch) * waves // g.simds
+    # outside the K loop: the first A tile and the first `prefetch` W tiles (`head` K elements for a short
+    # first tile), loaded while every resident workgroup is in the same phase (the output's stores are
+    # posted: no wave waits for them); one memory round trip per K tile
+    edge = (cfg.bm + cfg.bn) * (cfg.head or cfg.bk) * esz + (prefetch - 1) * cfg.bn * cfg.bk * esz
     return KernelFeatures("gemm (estimated)", max(1, per_simd), waves, prefetch * cfg.bn * cfg.bk * esz // waves,
                           round(matrix), 16 * 4, round(lds), flops, True, 0, 0, prefetch,
                           loop_trips=1, straight_trips=1, straight_bytes=edge // waves)
 
 
-def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1) -> dict:
-    """The timing MODEL of one GEMM launch at `cfg` (translator_kernels.timing; module docstring)."""
+def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1,
+                   persistent: int = 0, prologue: bool = True) -> dict:
+    """The timing MODEL of one GEMM launch at `cfg` (translator_kernels.timing; module docstring).
+
+    persistent = G > 0 prices a persistent variant (variants.py; not built): G workgroups walk the
+    output tiles (x split) round-robin, each loading its first tile in its prologue and every later
+    tile's first K tile under the previous tile's last K step (one prologue per workgroup, not per tile).
+    prologue=False prices no prologue loads at all (a bound no kernel reaches; variants.py)."""
     from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time
 
     a = arch_key(arch)
@@ -289,17 +306,25 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     esz = _esize(dtype)
     n_pad, k_pad = padded_shape(n, k)
     feat = model_features(cfg, dtype, a, prefetch)
-    grid = -(-m // cfg.bm) * -(-n_pad // cfg.bn) * cfg.split
+    if not prologue:
+        feat = dataclasses.replace(feat, straight_bytes=0)
+    units = -(-m // cfg.bm) * -(-n_pad // cfg.bn) * cfg.split
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = gemm_hbm_bytes(m, n_pad, k_pad, esz, esz, esz, cfg.bm, cfg.bn, slots, g.llc_bytes)
     pw, pr = partial_bytes(m, n, k, cfg)
-    r = launch_time(feat, Launch(grid, k_pad // (cfg.bk * cfg.split), hbm + pw + pr, 2.0 * m * n * k), a)
+    nk = k_pad // (cfg.bk * cfg.split) + (1 if cfg.head else 0)  # a short first tile: one more (partial) K step
+    grid, iters = units, nk
+    if persistent:
+        grid = min(units, persistent)
+        iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
+    r = launch_time(feat, Launch(grid, iters, hbm + pw + pr, 2.0 * m * n * k), a)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
     # the floors against the kernel's own time: the launch floor of the measuring harness left out
     kernel_t = r["t"] - g.timing["launch_s"]
-    return dict(r, grid=grid, bytes=hbm + pw + pr, hbm_floor=t_hbm, flop_floor=t_flop, kernel_t=kernel_t,
-                floor_fraction=max(t_hbm, t_flop) / kernel_t, inflight_wave=feat.inflight_bytes)
+    return dict(r, grid=grid, units=units, bytes=hbm + pw + pr, hbm_floor=t_hbm, flop_floor=t_flop,
+                kernel_t=kernel_t, floor_fraction=max(t_hbm, t_flop) / kernel_t,
+                of_achievable=t_hbm / g.timing["hbm_efficiency"] / kernel_t, inflight_wave=feat.inflight_bytes)
 
 
 def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
@@ -307,31 +332,35 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
-    for bm in (32, 64, 128):
-        for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64))):
+    small = mb <= 256  # 16-row and small-N (kw = 4) tiles, splits above 8: for small M only (each costs a
+    # model evaluation linear in the grid; none of them wins above M = 256 at the table's shapes)
+    for bm in (16, 32, 64) if small else (32, 64, 128):
+        for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64))) if small else ((1, (64, 128, 256)),):
             for bn in bns:
-                for bk in (64, 128, 256):
+                for bk in (64, 128, 256, 512):
                     if k_pad % bk or bk % (32 * kw):
                         continue
                     nkt = k_pad // bk
-                    for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                        c = GemmConfig(bm, bn, bk, sp, kw)
-                        # the gated epilogue widens BN to 128 with one K wave and no split: keep that legal
-                        if not config_fits(c, dt, arch) and not config_fits(GemmConfig(bm, max(bn, 128), bk), dt, arch):
-                            cands.append(c)
+                    for sp in (d for d in range(1, min(nkt, MAX_SPLIT if small else 8) + 1) if nkt % d == 0):
+                        for head in ((0, 32) if kw == 1 else (0,)):  # a short first tile (kernel.py `head`)
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
+                            if not config_fits(c, dt, arch):
+                                cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
     # a grid that gives every CU a workgroup, unless one that leaves CUs idle is modeled at least MID_MARGIN
-    # faster (M = 128 at N = K = 4096 on gfx942: 64 x 64 x 256 kw4 split 2, 256 workgroups on 304 CUs)
-    every = [(e["t"], c) for e, c in est]
-    scored = [(e["t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
+    # faster (M = 128 at N = K = 4096 on gfx942: 64 x 64 x 256 kw4 split 2, 256 workgroups on 304 CUs).
+    # Margins compare kernel times: the measuring harness's launch floor (the same for every candidate)
+    # would dilute them (gfx942 M = 128: 13.2 vs 15.9 us is 17 % faster, 23.2 vs 25.9 us with the floor 10 %)
+    every = [(e["kernel_t"], c) for e, c in est]
+    scored = [(e["kernel_t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
     if min(every, key=lambda tc: tc[0])[0] < min(t for t, _ in scored) * (1 - MID_MARGIN):
         scored = every
     best = min(t for t, _ in scored)
-    if best > est[0][0]["t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
+    if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
     # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK
     return min((sc for sc in scored if sc[0] <= best * 1.02),
-               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk))[1]
+               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head))[1]
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:
@@ -403,6 +432,15 @@ def four_wave(cfg: GemmConfig) -> GemmConfig:
     """The 4-wave tile standing in for the 8-wave one where a call needs kernel.py's layout (the
     gated epilogue, bmm's in-place [K, N] operand): 128 x 256, same BK."""
     return GemmConfig(128, 256, cfg.bk) if cfg.wm > 1 else cfg
+
+
+def gated_config(cfg: GemmConfig, dtype, arch: str) -> GemmConfig:
+    """The gated epilogue's tile for a chosen `cfg`: a gate / up column pair lives in one wave (BN >= 128,
+    kw 1, no split, no short first tile); BK halves until the wider tile's registers fit."""
+    g = GemmConfig(cfg.bm, max(cfg.bn, 128), cfg.bk)
+    while config_fits(g, _DT.get(dtype, dtype), arch) and g.bk > 32:
+        g = dataclasses.replace(g, bk=g.bk // 2)
+    return g
 
 
 def register_config(m_bucket: int, n: int, k: int, dtype, arch: str, cfg: GemmConfig) -> None:

@@ -1,0 +1,87 @@
+"""Kernel variants of the GEMM that are priced by the timing MODEL but not built: which one would lift mid M?
+
+Issue 29 item 3 asks for at least 0.8 of the achievable HBM bandwidth for every M <= 256 at N = K = 4096
+under the MODEL (translator_kernels.timing through tiles.model_estimate). The kernel as built (kernel.py:
+one K tile of W in flight, one workgroup per output tile x split, a short first K tile: `head`) reaches it
+up to M = 128 on both archs. Two more structural changes were proposed (docs/timing-model.md):
+
+- **persistent**: G workgroups walk the output tiles (x split) round-robin and load each later tile's first
+  K tile under the previous tile's last K step, so a workgroup pays one prologue, not one per tile;
+- **prefetch 2**: two K tiles of W (and A) in flight per workgroup: half the exposed latency per K step, at
+  the price of a third W register set and a second A staging set (occupancy) and a prologue that loads two
+  W tiles before the loop.
+
+`best(m, n, k, dtype, arch, variant)` searches every legal tile of the family (BM 16-128, BN 16-256, BK 32-512,
+kw 1 / 4, split 1-16, head 0 / 32; for persistent also G = 1, 2, 3, 4 or 8 workgroups per CU, up to the resident slots)
+under the MODEL with the variant's features priced honestly: the first tile of each workgroup is still a
+prologue (every resident workgroup loads it at once), the extra register sets cost occupancy, the extra W
+tiles are prologue bytes. "prologue free" prices no prologue at all: a bound that no kernel of this family
+reaches (each workgroup has to load its first tile before its first MFMA), kept to show what the prologue
+costs. `python -m bench.calibration --gemm-tables` prints the table; docs/timing-model.md keeps it.
+"""
+
+from __future__ import annotations
+
+from translator_kernels.arch import GPUS
+from translator_kernels.gemm.preshuffle import padded_shape
+from translator_kernels.gemm.tiles import (MAX_SPLIT, MAX_VGPR_EST, GemmConfig, arch_key, config_fits, model_estimate,
+                                           vgpr_estimate, workgroups_per_cu)
+
+VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "prologue free (bound)")
+_PER_CU = (1, 2, 3, 4, 8)  # persistent grids: workgroups per CU
+
+
+def candidates(n: int, k: int, dtype: str, arch: str, prefetch: int = 1):
+    """Every legal 4-wave tile of the family for (N, K) whose registers hold `prefetch` + 1 W sets."""
+    k_pad = padded_shape(n, k)[1]
+    for bm in (16, 32, 64, 128):
+        for kw, bns in ((1, (64, 128, 256)), (4, (16, 32, 64, 128))):
+            for bn in bns:
+                for bk in (32, 64, 128, 256, 512):
+                    if k_pad % bk or bk % (32 * kw):
+                        continue
+                    nkt = k_pad // bk
+                    for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
+                        for head in (0, 32) if kw == 1 and bk > 32 else (0,):
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
+                            if not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
+                                yield c
+
+
+def _estimates(m, n, k, dtype, arch, variant):
+    a = arch_key(arch)
+    pf = 2 if "prefetch 2" in variant else 1
+    free = variant.startswith("prologue free")
+    for c in candidates(n, k, dtype, a, pf):
+        if variant.startswith("persistent"):
+            slots = GPUS[a].cus * workgroups_per_cu(c, dtype, a, pf)
+            for g in sorted({min(slots, GPUS[a].cus * p) for p in _PER_CU}):
+                yield model_estimate(m, n, k, dtype, a, c, pf, persistent=g), c
+        else:
+            yield model_estimate(m, n, k, dtype, a, c, pf, prologue=not free), c
+
+
+def best(m: int, n: int, k: int, dtype: str, arch: str, variant: str = "as built") -> tuple[dict, GemmConfig]:
+    """(model_estimate's dict, config) of the tile with the least MODEL kernel time under `variant`."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} not in {VARIANTS}")
+    return min(_estimates(m, n, k, dtype, arch, variant), key=lambda ec: ec[0]["kernel_t"])
+
+
+def prologue_bytes(isa_text: str, arch: str) -> int:
+    """Bytes one wave loads before its first `s_waitcnt vmcnt` (the compiled prologue: what the MODEL's
+    estimated features charge as the first tiles; masked lanes count at the instruction's full width).
+    timing.features' `straight_bytes` counts every load outside the hot loop, the peeled last K steps and the
+    split-K partial reads included."""
+    from translator_kernels.isa import parse_isa
+    from translator_kernels.timing import _INSTR, _body_lines, _vmem_bytes
+
+    stats = max(parse_isa(isa_text, arch), key=lambda s: s.instructions)
+    total = 0
+    for ln in _body_lines(isa_text, stats.kernel):
+        m = _INSTR.match(ln.split(";")[0])
+        if m and m.group(1).startswith("s_waitcnt") and "vmcnt" in m.group(2):
+            break
+        if m:
+            total += _vmem_bytes(m.group(1), m.group(2))
+    return total
