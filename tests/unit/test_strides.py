@@ -131,8 +131,6 @@ def _translate_and_check(name, backend):
 
 # forms whose FlyDSL op returns another layout than eager, and why that is kept (docs/strides.md)
 KNOWN_MISMATCH = {
-    # the generated kernel writes its outputs contiguous; eager's add follows a transposed input
-    "elementwise_transposed": {"stride_mismatch_fused_elementwise": 1},
     # the kernel normalizes (sample, group) rows of contiguous memory; a channels-last input is copied
     "group_norm_channels_last": {"stride_mismatch_group_norm": 1},
 }

@@ -33,6 +33,7 @@ from ..graph import aten, arg, operand, val
 from ..registry import OpFamily, RegionRule, register_family, register_region
 from ..runtime.ops import dispatch
 
+from translator_kernels.codegen.order import output_order, restore_order  # noqa: E402
 from translator_kernels.program import DTYPES, OPS, TORCH, Program, parse, ref_program  # noqa: E402
 
 
@@ -44,13 +45,21 @@ def fused_elementwise(inputs: list[torch.Tensor], program: str) -> list[torch.Te
 @fused_elementwise.register_fake
 def _(inputs, program):
     prog = parse(program)
-    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
-    return [inputs[0].new_empty(shape, dtype=TORCH[dt]) for _, dt in prog.out]
+    shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+    order = output_order(inputs, shape)  # eager's layout (stride contract): the kernel writes it
+    if order is None:
+        return [inputs[0].new_empty(shape, dtype=TORCH[dt]) for _, dt in prog.out]
+    return restore_order([inputs[0].new_empty([shape[d] for d in order], dtype=TORCH[dt]) for _, dt in prog.out], order)
 
 
 def ref_fused_elementwise(inputs, program):
-    """The program interpreted with the op table's torch references (fp32 math)."""
-    return ref_program(inputs, program)
+    """The program interpreted with the op table's torch references (fp32 math), its outputs laid
+    out as the kernel's (eager's pointwise layout)."""
+    outs = ref_program(inputs, program)
+    order = output_order(inputs, tuple(outs[0].shape)) if outs else None
+    if order is None:
+        return outs
+    return restore_order([o.permute(order).contiguous() for o in outs], order)
 
 
 def kernel_fused_elementwise(inputs, program):

@@ -11,6 +11,13 @@ coalesced shape, dtypes, VEC, arch).
 
 Entry point: `fused_elementwise(inputs, program) -> list of outputs`, all outputs of the
 broadcast shape of the inputs.
+
+Output layout (the stride contract, docs/strides.md): each output has the strides eager's pointwise
+op (TensorIterator) or `_to_copy` (preserve_format) gives for these inputs: contiguous when every
+input is, else the dim order `output_order` computes from the inputs' strides (a transposed input
+gives a transposed output). The kernel itself only writes flat contiguous outputs: the call views
+its inputs in that order (`permute`, no copy), runs the program on the permuted problem, and returns
+the outputs viewed back, so a `view` that was valid in eager stays valid.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
 from translator_kernels.errors import KernelInputError
+from translator_kernels.codegen.order import in_order, output_order, restore_order
 from translator_kernels.codegen.host import current_arch, load_launch, note_use, write_source
 from translator_kernels.codegen.source import body, convert
 from translator_kernels.program import DTYPES, KIND, TORCH, Geometry, Program, as_program, geometry as make_geometry
@@ -179,8 +187,8 @@ class _Layout:
     """What a call needs once its inputs' layout is known: validated shape, output dtypes, and
     per (base-address alignment, arch) the launcher and kernel name. Keyed by `_layout_key`."""
 
-    def __init__(self, prog, shape, numel):
-        self.prog, self.text, self.shape, self.numel = prog, prog.text(), shape, numel
+    def __init__(self, prog, shape, numel, order):
+        self.prog, self.text, self.shape, self.numel, self.order = prog, prog.text(), shape, numel, order
         self.out_dtypes = [TORCH[dt] for _, dt in prog.out]
         self.launches: dict = {}  # (addresses mod 16, arch) -> (launcher, kernel name)
 
@@ -230,18 +238,22 @@ def fused_elementwise(inputs, program) -> list[torch.Tensor]:
     lay = _LAYOUTS.get(key) if key is not None else None
     if lay is None:
         prog, _, _, _, p = prepare(inputs, program)  # validates: a bad input raises here, never cached
-        lay = _Layout(prog, tuple(torch.broadcast_shapes(*[t.shape for t in inputs])), p.numel if p else 0)
+        shape = tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+        order = output_order(inputs, shape)
+        lay = _Layout(prog, tuple(shape[d] for d in order) if order else shape, p.numel if p else 0, order)
         if key is not None:
             if len(_LAYOUTS) >= MAX_LAYOUTS:  # a long-running process seeing ever new shapes
                 _LAYOUTS.clear()
             _LAYOUTS[key] = lay
+    if lay.order:
+        inputs = in_order(inputs, lay.order)
     dev = inputs[0].device
     outs = [torch.empty(lay.shape, dtype=dt, device=dev) for dt in lay.out_dtypes]
     if lay.numel == 0:
-        return outs
+        return restore_order(outs, lay.order) if lay.order else outs
     flat_in, strides = flat_inputs(inputs)
     flat_out = [o.view(-1).view(torch.uint8) if o.dtype == torch.bool else o.view(-1) for o in outs]
     launch, name = _launch_for(lay, inputs, flat_in, flat_out, strides)
     note_use(name)
     kl.call(launch, *flat_in, *flat_out)
-    return outs
+    return restore_order(outs, lay.order) if lay.order else outs
