@@ -32,6 +32,9 @@ def _check_fp8_experts(tm, counter, layers=1):
     fp8 = [r for r in launches if FP8_MFMA & set(r.counters.get("mfma_by_kind", {}))]
     assert len(fp8) == 2 * layers  # both expert GEMMs, fp8 MFMAs only
     assert all(set(r.counters["mfma_by_kind"]) <= FP8_MFMA for r in fp8)
+    left = [(r.op, r.detail) for r in tm.report.rows if not r.layout and r.where == "pytorch"
+            and "by design" not in r.detail]
+    assert left == [], f"left in PyTorch: {left}"
 
 
 @pytest.mark.parametrize("family,arch", [("mixtral", "gfx942"), pytest.param("qwen3_moe", "gfx950",
