@@ -64,3 +64,21 @@ def test_experts_fp8_rows_cannot_take_stay_bf16():
     assert c.get("moe_experts_fp8_kept_bf16") == 1 and c.get("moe_experts_loop") == 1 and not c.get(
         "moe_experts_fp8_loop"), c
     assert any("not multiples of 16" in why for why in tm.gm.meta["fp8_kept_bf16"].values())
+
+
+def test_fp8_experts_follow_a_parameter_update():
+    """The four prepared constants (W13, S13, W2, S2) are rebuilt from the experts' parameters when one changes
+    after translation (state.prepared): the output follows eager within the fp8 rule, and moves."""
+    torch.manual_seed(0)
+    m = HandMoE().eval()
+    x = torch.randn(2, 5, 64)
+    tm = translate(m, (x,), backend="reference", precision="fp8", verify=False)
+    assert tm.report.counters.get("moe_experts_fp8_loop") == 1
+    with torch.no_grad():
+        before = tm(x)
+        for e in m.experts:
+            e.w2.weight.mul_(-2.0)  # in place: every expert's output doubles and flips
+        after = tm(x)
+        rep = A.accuracy(m(x), after)
+    assert rep.passed, rep.message
+    assert float((after + 2 * before).norm() / before.norm()) < 0.1
