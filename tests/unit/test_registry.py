@@ -71,6 +71,7 @@ ORACLES = {
     "fp8_block_linear": lambda: _fp8_block_oracle(),
     "gemm_w4": lambda: _w4_oracle(),
     "gemm_fp8_gated": lambda: _fp8_gated_oracle(),
+    "moe_experts_fp8": lambda: _moe_fp8_oracle(),
     "fp8_static_linear": lambda: _fp8_block_oracle(static=torch.tensor(0.01)),
 }
 
@@ -163,6 +164,22 @@ def _fp8_gated_oracle():
         gate.weight.copy_(pow2(24, 48))
         up.weight.copy_(pow2(24, 48))
     return Fn(lambda m, x: F.silu(m[0](x)) * m[1](x), gate, up), (pow2(5, 48),), {"precision": "fp8"}
+
+
+def _moe_fp8_oracle():
+    """_moe_loop under precision="fp8" (lowerings/moe_fp8.py) with +-power-of-two experts and inputs: the first
+    quantization is exact; the hidden activation's per-token fp8 rounding is the family's tolerance."""
+    g = torch.Generator().manual_seed(0)
+
+    def pow2(*shape):
+        return torch.randint(-3, 3, shape, generator=g).float().exp2() * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
+    router = nn.Linear(32, 4, bias=False)
+    experts = [nn.Linear(32, 48, bias=False) for _ in range(8)] + [nn.Linear(48, 32, bias=False) for _ in range(4)]
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(4, 32, generator=g) * 4)  # far from ties: bf16 routing picks eager's experts
+        for lin in experts:  # outputs of order 1
+            lin.weight.copy_(pow2(*lin.weight.shape) / (8 if lin.in_features == 32 else 64))
+    return Fn(_moe_loop, router, *experts), (pow2(6, 32),), {"precision": "fp8"}
 
 
 def _fp8_prologue_oracle():

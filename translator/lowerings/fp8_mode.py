@@ -20,8 +20,12 @@ Forms:
     * its output is a model output (through views / casts): the LM head or classifier, whose logits
       decide top-1 (KEEP_OUTPUT_LAYERS = False turns this off);
     * its weight's name contains one of KEEP_BF16 (default: "lm_head");
+    * its output is an MoE router's logits (read by flydsl.moe_topk, through views / casts): a near tie between
+      two experts' scores flips with fp8 rounding and sends the token to another expert (KEEP_ROUTER = False
+      turns this off; the router is [E, H], a small share of the layer);
     * K is not a multiple of 16 (16-byte rows of fp8).
-  Users override by setting translator.lowerings.fp8_mode.KEEP_BF16 / KEEP_OUTPUT_LAYERS before translate.
+  Users override by setting translator.lowerings.fp8_mode.KEEP_BF16 / KEEP_OUTPUT_LAYERS / KEEP_ROUTER before
+  translate.
   Activation quantization is one quantize_fp8 per distinct input (linears reading the same x, such as
   q / k / v or gate / up, share it); in fuse_consumers the kernel that produces x takes it over where it
   can: a norm writes fp8 + scale itself (norm_fp8.py), an elementwise region joins the quantize kernel
@@ -47,6 +51,7 @@ from .quant import scaled_mm_supported
 
 KEEP_BF16 = ("lm_head",)  # weight-name fragments that stay bf16 under precision="fp8"
 KEEP_OUTPUT_LAYERS = True  # a linear whose result is a model output stays bf16
+KEEP_ROUTER = True  # a linear whose result is an MoE router's logits (flydsl.moe_topk reads it) stays bf16
 FP8_WEIGHTS = "channel"  # or "mxfp8" / "mxfp4": e4m3fn / e2m1 + e8m0 per 32 of K, gfx950 (quant_mx.py)
 EPS = 1e-12
 
@@ -169,6 +174,14 @@ def _is_model_output(node, depth=4) -> bool:
     return False
 
 
+def _is_router(node, depth=4) -> bool:
+    for u in node.users:
+        if u.op == "call_function" and (u.target is torch.ops.flydsl.moe_topk.default or (
+                depth and u.target in _PASS_THROUGH and _is_router(u, depth - 1))):
+            return True
+    return False
+
+
 def keep_bf16_reason(node, w_node, k) -> str | None:
     """Why this linear stays bf16 under precision="fp8" (the module docstring's rule), or None."""
     name = str(w_node.target) if isinstance(w_node, Node) else ""
@@ -177,6 +190,8 @@ def keep_bf16_reason(node, w_node, k) -> str | None:
         return f"weight name contains {hit!r} (fp8_mode.KEEP_BF16)"
     if KEEP_OUTPUT_LAYERS and _is_model_output(node):
         return "its result is a model output (LM head / classifier; fp8_mode.KEEP_OUTPUT_LAYERS)"
+    if KEEP_ROUTER and _is_router(node):
+        return "its result is an MoE router's logits: top-k picks the experts (fp8_mode.KEEP_ROUTER)"
     if k % 16:
         return f"K={k} is not a multiple of 16"
     return None

@@ -27,7 +27,8 @@ Guards: gate_up_proj [E, 2I, H] and down_proj [E, H, I] are parameters of the ac
 k and E fit the kernels (E <= 256), H and I are multiples of 8 (16-byte rows).
 
 The experts loop written by hand (`torch.where(top_idx == e)`, `x[tok]`, `index_add_`) and dense
-dispatch are in moe_loops.py. Counters: `moe_topk`, `moe_experts`.
+dispatch are in moe_loops.py; under precision="fp8" every form's experts go to moe_fp8.py. Counters: `moe_topk`,
+`moe_experts`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..graph import arg, aten, dtype_of, erased, getitem_of, shape_of
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .gated_mlp import _gate_name
+from . import moe_fp8
 from .gemm import cast_weight
 
 def _grouped_mm_ops() -> tuple:
@@ -439,11 +441,19 @@ def _w2(dtype, dn):
 @rule(Stage.PATTERN, aten.sum.dim_IntList, family="moe_experts", supported=moe_experts_supported,
       doc="HF grouped-mm experts (sort, grouped_mm x2, gate, weighted sum) -> moe_experts")
 def lower_moe_experts(node, ctx, m):
+    inter = m.down.shape[2]
+    new = None
+    if ctx.precision == "fp8":  # fp8 experts (moe_fp8.py); None where they stay bf16
+        new = moe_fp8.emit_experts_fp8(ctx, node, m.x, m.weights, m.ids, (moe_fp8.given, (m.gate_up,)),
+                                       (moe_fp8.given, (m.down,)), inter, m.gate, 0, "moe_experts_fp8", m.seen)
+    if new is not None:
+        node.replace_all_uses_with(ctx.cast(new, dtype_of(node), node))
+        _erase_dead(ctx, m.seen)
+        return new
     dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     w13 = ctx.add_constant(_w13(dt, m.gate_up), "moe_w13", node, derive=lambda p: _w13(dt, p), sources=(m.gate_up,))
     w2 = ctx.add_constant(_w2(dt, m.down), "moe_w2", node, derive=lambda p: _w2(dt, p), sources=(m.down,))
     x = ctx.cast_in(m.x, node)
-    inter = m.down.shape[2]
     new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, inter, m.gate, None, 0), lowering="moe_experts",
                    sources=m.seen, anchor=node, before=node)
     node.replace_all_uses_with(ctx.cast(new, dtype_of(node), node))

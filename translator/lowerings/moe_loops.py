@@ -26,6 +26,7 @@ import torch
 
 from ..graph import arg, aten, dtype_of, shape_of
 from ..registry import NO_MATCH, Match, Stage, rule
+from . import moe_fp8
 from .gated_mlp import _match as _gated_mlp
 from .moe import _erase_dead, _experts_reason, _is, _item, _one_index, _pair, _skip_to, _src, _w13, _w2
 
@@ -171,11 +172,19 @@ def _stack_down(*ws):
           "(tok, slot = where(ids == e)), or out = out + (w * (ids == e)).sum(-1, keepdim=True) * expert_e(x) "
           "-> moe_experts")
 def lower_moe_loop(node, ctx, m):
-    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     flat = [w for ws in m.experts for w in ws]
+    downs = tuple(ws[2] for ws in m.experts)
+    if ctx.precision == "fp8":  # fp8 experts (moe_fp8.py); None where they stay bf16
+        new = moe_fp8.emit_experts_fp8(ctx, m.last, m.x, m.weights, m.ids, (_stack_gate_up, flat),
+                                       (_stack_down, downs), m.experts[0][0].shape[0], m.gate, m.first,
+                                       "moe_experts_fp8_" + m.form, m.seen)
+        if new is not None:
+            m.last.replace_all_uses_with(ctx.cast(new, dtype_of(m.last), m.last))
+            _erase_dead(ctx, m.seen)
+            return new
+    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     w13 = ctx.add_constant(_w13(dt, _stack_gate_up(*flat)), "moe_w13", m.last,
                            derive=lambda *p: _w13(dt, _stack_gate_up(*p)), sources=tuple(flat))
-    downs = tuple(ws[2] for ws in m.experts)
     w2 = ctx.add_constant(_w2(dt, _stack_down(*downs)), "moe_w2", m.last,
                           derive=lambda *p: _w2(dt, _stack_down(*p)), sources=downs)
     x = ctx.cast_in(m.x, m.last)

@@ -128,7 +128,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
     grouped (translator_kernels/moe/grouped.py): the int32 `Cnt` holds each M tile's expert, W is
     [experts, ...] with w_bs elements per expert; a bias stacked per expert ([E, N] fp32, [E, N_pad] gated), its
-    bytes in p_bytes (P free). split > 1: the tile map is in `Res` (m / BM int32; no bias / residual), P / Cnt split-K's.
+    bytes in p_bytes (P free); a "col" w_scale stacked per expert the same way (Sw [E, N] / [E, N_pad]). split > 1: the tile map is in `Res` (m / BM int32; no bias / residual), P / Cnt split-K's.
 
     wm = 2: gfx950's 8-wave tile (wide.py: 2 x 4 waves, A and W into LDS by DMA), bf16/f16, no
     split / gate / kw; its errors say what it takes.
@@ -501,9 +501,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rrg = rsrc(Res, c_bytes)
             # scales (fp8_gated.py): Sw arranged like W ([2 * N16]: the gate's, then the up's), sa per row
-            rsw = rsrc(Sw, (n_pad if w_ep == "col" else 1) * 4) if w_ep else None
+            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N_pad], the tile's expert's row (moe/grouped_fp8.py)
+            rsw = rsrc(Sw, (n_pad + s0 if w_ep == "col" else 1) * 4) if w_ep else None
             rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, by * bn + wcol + l16, a_row0, q, m, n_pad, m_rep, n_rep)
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, by * bn + wcol + l16 + s0, a_row0, q, m, n_pad + s0,
+                                         m_rep, n_rep)
             for j in range_constexpr(n_rep // 2):
                 colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
                 col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
@@ -541,9 +543,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             if const_expr(has_residual):
                 rr = rsrc(Res, c_bytes)
             col0 = by * bn + wcol + l16
-            rsw = rsrc(Sw, (n if w_ep == "col" else 1) * 4) if w_ep else None
+            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N], the tile's expert's row (moe/grouped_fp8.py)
+            rsw = rsrc(Sw, (n + s0 if w_ep == "col" else 1) * 4) if w_ep else None
             rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0, a_row0, q, m, n, m_rep, n_rep)
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_row0, q, m, n + s0, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)

@@ -12,6 +12,7 @@ One MoE layer's experts (`moe_experts`) are five launches:
 Weights are prepared once (`prepare_experts`): HF's concatenated gate_up_proj [E, 2I, H] becomes E
 gated arrangements (translator_kernels.gemm.gated) stacked, down_proj [E, H, I] E preshuffled
 matrices stacked. The `ref_*` functions are the references (plain torch, never reported as kernels).
+fp8 experts (per-expert fp8 weights and column scales, per-token fp8 rows): grouped_fp8.py.
 """
 
 from __future__ import annotations
