@@ -55,7 +55,7 @@ def _fake(fam, args):
 
 # arguments that are weights the translator prepares (preshuffled, always made contiguous)
 PREPARED = {"gemm": {1}, "gemm_gated": {1}, "gemm_fp8": {1}, "fp8_block_linear": {1}, "fp8_static_linear": {1},
-            "gemm_fp8_gated": {1}}
+            "gemm_fp8_gated": {1}, "moe_experts_fp8": {3, 4, 5, 6}}
 
 
 def _samples(name):
