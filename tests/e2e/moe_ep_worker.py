@@ -13,7 +13,9 @@ would): DTensor expert weights, HF's masking of off-rank routes and an all_reduc
 difference to the unsharded model's output.
 
     python tests/e2e/moe_ep_worker.py BACKEND WORLD PORT [translate|compile] [hand|hf] [FAMILY] [EP IMPLEMENTATION]
-prints one line per rank: "rank R ok COUNTERS | PYTORCH OPS | MAX ABS DIFF [| DIFF TO UNSHARDED]"."""
+prints one line per rank: "rank R ok COUNTERS | PYTORCH OPS | LAUNCHES | MAX ABS DIFF [| DIFF TO UNSHARDED]",
+LAUNCHES being FAMILY:N for each op family that launched kernels on the rank's last call (flysim's recorded
+launches; "-" on the reference backend)."""
 
 import os
 import sys
@@ -113,10 +115,18 @@ def run(rank, world, backend, port, mode="translate", form="hand", family="mixtr
         diff = (got - want).abs().max().item()
         c = tm.report.counters
         experts = "moe_experts_loop" if form == "hand" else "moe_experts"
+        launched = {}
+        for call in tm.last_calls:
+            if call.launches:
+                launched[call.family] = launched.get(call.family, 0) + len(call.launches)
+        if backend == "flysim":  # every FlyDSL op's row comes from a recorded launch on this rank
+            assert not [r.node for r in tm.report.rows if r.where in ("flydsl-reference", "flydsl-op")], \
+                [(r.node, r.where) for r in tm.report.rows]
+        kernels = ",".join(f"{f}:{n}" for f, n in sorted(launched.items())) or "-"
         tail = "" if whole is None else f" | {(got - whole).abs().max().item():.3g}"
         # one write per line: the ranks' prints went to one pipe interleaved ("...8.2e-08rank 0 ok ...")
         sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} {experts}={c.get(experts)} "
-                         f"| {','.join(left)} | {diff:.3g}{tail}\n")
+                         f"| {','.join(left)} | {kernels} | {diff:.3g}{tail}\n")
         sys.stdout.flush()
     finally:
         dist.destroy_process_group()

@@ -26,11 +26,20 @@ def _ranks(backend: str, world: int, mode: str = "translate", *form) -> list[str
     return sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
 
 
+def _launched(kernels: str, backend: str) -> None:
+    """The rank's recorded launches: on flysim its routing and its experts each launched FlyDSL kernels."""
+    if backend == "reference":
+        assert kernels == "-", kernels
+        return
+    counts = {f: int(n) for f, n in (item.split(":") for item in kernels.split(","))}
+    assert counts.get("moe_topk", 0) >= 1 and counts.get("moe_experts", 0) >= 1, kernels
+
+
 # 1.5 min each on 2 shared cores on flysim / 4 ranks: slow; test_moe.py's test_a_ranks_share_of_the_experts (one process) and
 # tests/kernels/test_moe_kernels.py's test_expert_parallel_shares_add_up cover the pattern and the kernels by default
 @pytest.mark.parametrize("backend,world,mode", [
     pytest.param("flysim", 2, "translate", marks=pytest.mark.slow),
-    pytest.param("reference", 4, "translate", marks=pytest.mark.slow),
+    pytest.param("flysim", 4, "translate", marks=pytest.mark.slow),
     ("reference", 2, "compile"),  # torch.compile(backend="flydsl"), one graph per rank (~20 s)
     pytest.param("flysim", 2, "compile", marks=pytest.mark.slow),
 ])
@@ -38,12 +47,13 @@ def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
     lines = _ranks(backend, world, mode)
     assert len(lines) == world, lines
     for r, line in enumerate(lines):
-        head, left, diff = line.split(" | ")
+        head, left, kernels, diff = line.split(" | ")
         # the loop over this rank's experts is one moe_experts (first_expert = its first expert); only the
         # collective stays in PyTorch, on the process group
         assert head == f"rank {r} ok moe_topk=1 moe_experts_loop=1", line
         assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
         assert float(diff) < 1e-4, line
+        _launched(kernels, backend)
 
 
 # HF models split by transformers' own expert parallel (moe_ep_worker.hf_expert_parallel): DTensor Shard(0) experts,
@@ -54,16 +64,17 @@ def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
     ("flysim", 2, "translate", "mixtral"),
     ("reference", 2, "compile", "qwen3_moe"),
     ("flysim", 2, "compile", "mixtral"),
-    ("reference", 4, "translate", "olmoe"),
+    ("flysim", 4, "translate", "olmoe"),
 ])
 def test_hf_expert_parallel_ranks(backend, world, mode, family):
     lines = _ranks(backend, world, mode, "hf", family)
     assert len(lines) == world, lines
     for r, line in enumerate(lines):
-        head, left, diff, whole = line.split(" | ")
+        head, left, kernels, diff, whole = line.split(" | ")
         assert head == f"rank {r} ok moe_topk=1 moe_experts=1", line  # HF's grouped-mm experts: one moe_experts
         assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
         assert float(diff) < 1e-4 and float(whole) < 1e-4, line  # its eager, and the unsharded model
+        _launched(kernels, backend)
 
 
 def test_hf_expert_parallel_one_rank():
@@ -72,7 +83,8 @@ def test_hf_expert_parallel_one_rank():
     experts, the off-rank mask, sentinel-masked grouped-mm, all_reduce) -> moe_topk + moe_experts, only the
     collective left; the user's model keeps its DTensors."""
     (line,) = _ranks("reference", 1, "translate", "hf", "mixtral")
-    head, left, diff, whole = line.split(" | ")
+    head, left, kernels, diff, whole = line.split(" | ")
+    _launched(kernels, "reference")
     assert head == "rank 0 ok moe_topk=1 moe_experts=1", line
     assert set(left.split(",")) == {"_c10d_functional.all_reduce", "_c10d_functional.wait_tensor"}, line
     assert float(diff) < 1e-4 and float(whole) < 1e-4, line
