@@ -75,7 +75,8 @@ def _rank(rank, store, backend, whole, mode, world):
         dist.destroy_process_group()
 
 
-# 2 ranks on the reference backend take ~15 s each mode; flysim and 4 ranks are slow (the same code paths)
+# 2 ranks on the reference backend take ~15 s each mode; flysim is slow (the same code paths; 4 ranks on flysim:
+# 27 s translate, 34 s compile on 2 shared cores)
 @pytest.mark.parametrize("mode,backend,world", [
     ("translate", "reference", 2), ("compile", "reference", 2),
     pytest.param("translate", "flysim", 2, marks=pytest.mark.slow),

@@ -42,6 +42,7 @@ def _launched(kernels: str, backend: str) -> None:
     pytest.param("flysim", 4, "translate", marks=pytest.mark.slow),
     ("reference", 2, "compile"),  # torch.compile(backend="flydsl"), one graph per rank (~20 s)
     pytest.param("flysim", 2, "compile", marks=pytest.mark.slow),
+    pytest.param("flysim", 4, "compile", marks=pytest.mark.slow),
 ])
 def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
     lines = _ranks(backend, world, mode)
@@ -65,6 +66,7 @@ def test_expert_parallel_ranks_translate_and_verify(backend, world, mode):
     ("reference", 2, "compile", "qwen3_moe"),
     ("flysim", 2, "compile", "mixtral"),
     ("flysim", 4, "translate", "olmoe"),
+    ("flysim", 4, "compile", "olmoe"),
 ])
 def test_hf_expert_parallel_ranks(backend, world, mode, family):
     lines = _ranks(backend, world, mode, "hf", family)
