@@ -31,6 +31,7 @@ def _launched(kernels: str, backend: str) -> None:
     if backend == "reference":
         assert kernels == "-", kernels
         return
+    assert kernels != "-", "no FlyDSL kernel launch recorded on this rank"
     counts = {f: int(n) for f, n in (item.split(":") for item in kernels.split(","))}
     assert counts.get("moe_topk", 0) >= 1 and counts.get("moe_experts", 0) >= 1, kernels
 
