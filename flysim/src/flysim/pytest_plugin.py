@@ -292,6 +292,8 @@ def _cap_launches(max_lanes):
             raise OverCap(f"launch of {kernel.name} has {lanes} lanes (grid {grid}, block {block}) > cap {max_lanes}")
         with torch._C.DisableTorchFunction():  # flysim's own tensor ops skip the CUDA-to-CPU mode
             host = rest[2]
+            if getattr(host, "n_args", None) is None:  # OutOfBoundsError names arguments, not these
+                host.n_args = len(host.tensors)
             host.tensors = list(host.tensors) + device_memory()  # after the arguments: they match first
             return real(kernel, program, grid, block, *rest)
 
