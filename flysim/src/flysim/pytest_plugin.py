@@ -21,7 +21,7 @@ What it changes, for the whole session:
     ``get_trace_perf``), those are replaced on the module object at collection (the checkout's
     files are never edited): warm-up runs nothing, the timed loop runs the kernel once on the
     caller's own arguments, the memory probe launches nothing (and reports no room for rotated
-    copies of the arguments), the measured time is 0. A ``run_perftest`` call costs one launch.
+    copies of the arguments), the measured time is 1 us (tests divide by it). A ``run_perftest`` call costs one launch.
 Selection: ``--flysim-per-file N`` keeps, per test file, the N tests whose parameter ids have
 the smallest product of numbers (a proxy for the smallest shapes; ties keep file order);
 tests that time GPU code (a ``benchmark`` marker or "bench" in the name) are left out, since
@@ -252,7 +252,7 @@ def _no_memory_probe(func, *args, **kwargs):
 
 
 _TIMED = {"run_iters": lambda num_iters, func, *a, **k: None, "run_iters_rotate": _once_rotate,
-          "device_memory_profiling": _no_memory_probe, "get_trace_perf": lambda prof, num_iters: 0.0}
+          "device_memory_profiling": _no_memory_probe, "get_trace_perf": lambda prof, num_iters: 1.0}  # 1 us: tests divide by it
 
 
 def shrink_timed_regions(modules=None):
@@ -262,11 +262,12 @@ def shrink_timed_regions(modules=None):
 
     changed = []
     for name, mod in list((modules or sys.modules).items()):
-        if mod is None or getattr(mod, "_flysim_timed", False) or not callable(getattr(mod, "run_iters_rotate", None)):
+        d = getattr(mod, "__dict__", None)  # the namespace itself: no module __getattr__ runs
+        if not isinstance(d, dict) or d.get("_flysim_timed") or not callable(d.get("run_iters_rotate")):
             continue
         for attr, stub in _TIMED.items():
-            fn = getattr(mod, attr, None)
-            if callable(fn) and getattr(fn, "__module__", None) == mod.__name__:
+            fn = d.get(attr)
+            if callable(fn) and getattr(fn, "__module__", None) == d.get("__name__"):
                 setattr(mod, attr, stub)
         mod._flysim_timed = True
         changed.append(name)

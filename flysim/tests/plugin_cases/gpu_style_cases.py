@@ -69,5 +69,5 @@ def test_timed_double_passes():
     x = torch.randn(1000, device="cuda")
     y = torch.zeros_like(x)
     _, us = run_perftest(DOUBLE, x, y, 1000, num_iters=20, num_warmup=3)
-    assert us == 0.0
+    assert us == 1.0
     torch.testing.assert_close(y, 2 * x)
