@@ -259,10 +259,11 @@ class SimulatedFunction:
             if fill is not None:
                 fill(args[i], s)
             raw.append(ctypes.string_at(ctypes.addressof(s), ctypes.sizeof(s)))
-        tensors = _collect_tensors(args) + list(sim.extra_tensors)
+        own = _collect_tensors(args)
+        tensors = own + list(sim.extra_tensors)
         device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
         program = program_for(self.artifact, sim.arch, device)
-        records = program.run_host(raw, tensors, sim)
+        records = program.run_host(raw, tensors, sim, n_args=len(own))
         sim.launches.extend(records)
         if records:
             _LAST[0] = records[-1]

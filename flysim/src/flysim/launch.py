@@ -113,9 +113,10 @@ class Program:
         self.info.lds_globals[o.attributes["sym_name"].value] = (off, ti.nbytes)
         self.info.lds_size = off + ti.nbytes
 
-    def run_host(self, raw, tensors, sim):
+    def run_host(self, raw, tensors, sim, n_args=None):
         device = sim.device or (tensors[0].device if tensors else torch.device("cpu"))
         ex = Exec(self.entry, self.host_nregs, device)
+        ex.n_args = n_args  # tensors[:n_args] are the call's arguments, the rest registered memory
         ex.counting = False
         ex.sim, ex.program, ex.tensors, ex.records = sim, self, tensors, []
         for slot, ti, blob in zip(self.host_args, self.host_arg_types, raw):
@@ -209,7 +210,7 @@ def launch(kernel, program, grid, block, dyn_lds, args, host, loc):
     saved = _snapshot(host.tensors) if kernel.nested_barrier else None
 
     def fresh():
-        return (GlobalMemory(host.tensors, device, strict=sim.strict_oob),
+        return (GlobalMemory(host.tensors, device, strict=sim.strict_oob, n_args=getattr(host, "n_args", None)),
                 LDS(nwg, program.info.lds_size + dyn_lds, device, check_races=sim.check_races, waves_per_wg=bp // WAVE,
                     check_waits=getattr(sim, "check_waits", False)))
 

@@ -102,10 +102,12 @@ def _scatter(u8, off, esize, count, vals):
 
 
 class GlobalMemory:
-    def __init__(self, tensors, device, strict=True):
+    def __init__(self, tensors, device, strict=True, n_args=None):
         self.regions = []
+        self.labels = []  # per region, for OutOfBoundsError: "argument i (dtype shape, bytes at address)"
         seen = set()
-        for t in tensors:
+        n_args = len(tensors) if n_args is None else n_args
+        for i, t in enumerate(tensors):
             if t.numel() == 0:
                 continue
             es = t.element_size()
@@ -116,6 +118,8 @@ class GlobalMemory:
             seen.add(key)
             st = t.untyped_storage()
             self.regions.append((t.data_ptr(), t.data_ptr() + span, _bytes_view(st, t.device), st.data_ptr()))
+            what = f"argument {i} ({str(t.dtype).replace('torch.', '')} {tuple(t.shape)}" if i < n_args else "live tensor ("
+            self.labels.append((i < n_args, f"{what}, {span} bytes at {t.data_ptr():#x})"))
         self.strict = strict
         self.bytes_read = 0
         self.bytes_written = 0
@@ -137,15 +141,28 @@ class GlobalMemory:
         if bool(left.any()):
             bad = left.nonzero()[0].item()
             a = int(addr[bad])
-            near = ", ".join(f"[{lo:#x}, {hi:#x})" for lo, hi, _u, _b in self.regions)
-            msg = (f"{what} of {nbytes} bytes at address {a:#x} (lane {bad}) is outside every argument tensor "
-                   f"({near}); {int(left.sum())} lanes affected")
+            msg = f"{what} of {nbytes} bytes at address {a:#x} (lane {bad}) is outside every argument tensor"
             if self.strict:
-                raise OutOfBoundsError(msg)
+                regions = [(lo, hi, lab) for (lo, hi, _u, _b), (_a, lab) in zip(self.regions, self.labels)]
+                raise OutOfBoundsError(msg, regions=regions, nearest=self._nearest(a, nbytes), lanes=int(left.sum()))
             self.warnings.append(msg)
             if leftover is not None:
                 leftover.append(left)
         return out
+
+    def _nearest(self, a, nbytes):
+        """The argument tensor an out-of-bounds access most likely derives from (the one starting
+        closest below it), and how far past its end the access reaches."""
+        cands = [(r[0], r[1], lab) for r, (is_arg, lab) in zip(self.regions, self.labels) if is_arg]
+        cands = cands or [(r[0], r[1], lab) for r, (_x, lab) in zip(self.regions, self.labels)]
+        below = [c for c in cands if c[0] <= a]
+        if below:
+            lo, hi, lab = max(below, key=lambda c: c[0])
+            return f"it ends {a + nbytes - hi} bytes past the end of {lab}"
+        if cands:
+            lo, hi, lab = min(cands, key=lambda c: c[0])
+            return f"it starts {lo - a} bytes before {lab}"
+        return ""
 
     def _single(self, addr, nbytes, mask):
         """The region holding every active lane's access, or None (then take the per-lane path)."""

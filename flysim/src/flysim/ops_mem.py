@@ -253,6 +253,7 @@ def _buf_load(d, o):
             raw = ex.mem.load(base + off, ti.dtype, es, cnt, lane_ok, N)
         ex.R[out] = _from_bits(raw, ti, N)
 
+    f.rsrc = rs  # OutOfBoundsError names its num_records
     return f
 
 
@@ -282,6 +283,7 @@ def _buf_store(d, o):
         else:
             ex.mem.store(base + off, bits, es, cnt, lane_ok, N)
 
+    f.rsrc = rs  # OutOfBoundsError names its num_records
     return f
 
 
@@ -321,6 +323,7 @@ def _buf_load_lds(d, o):
         ex.lds.vm_issue(ex)
         ex.lds.store(ex, dst, raw, es, cnt, f.loc, dma=True)
 
+    f.rsrc = rs  # OutOfBoundsError names its num_records
     return f
 
 

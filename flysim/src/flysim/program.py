@@ -16,7 +16,7 @@ from collections import Counter
 
 import torch
 
-from .errors import SimulationError, UnsupportedOpError
+from .errors import OutOfBoundsError, SimulationError, UnsupportedOpError
 from .types import tinfo, zeros_of
 
 OPS = {}
@@ -127,9 +127,11 @@ class Exec:
                 f(self)
         except SimulationError as e:
             if e.loc is None:
-                e.loc = f.loc
-                e.kernel = e.kernel or self.kernel
-                e.args = (f"{e.args[0]} (kernel {e.kernel}, at {e.loc})",)
+                rs = getattr(f, "rsrc", None)  # a buffer op: its descriptor's num_records
+                if rs is not None and isinstance(e, OutOfBoundsError):
+                    nrec = self.R[rs][1]
+                    e.num_records = int(nrec.reshape(-1)[0]) if torch.is_tensor(nrec) else int(nrec)
+                e.place(self.kernel, f.opname, f.loc)
             raise
         except Exception as e:  # a torch error inside an op: name the op and the line
             raise SimulationError(f"{f.opname} failed: {type(e).__name__}: {e}", kernel=self.kernel, loc=f.loc) from e

@@ -8,6 +8,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import math as fmath
 from flydsl.runtime.device import get_rocm_arch
+from timing_common import run_perftest  # imported at collection, as FlyDSL's tests import tests.test_common
 
 if not torch.cuda.is_available():
     pytest.skip("CUDA/ROCm not available", allow_module_level=True)
@@ -38,7 +39,7 @@ def _run(launcher, n, ref):
     torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
 
 
-DOUBLE = build_unary(lambda v: v + v)  # one compile for the three tests that use it
+DOUBLE = build_unary(lambda v: v + v)  # one compile for the four tests that use it
 
 
 def test_double_passes():
@@ -60,3 +61,13 @@ def test_large_launch_over_cap():
 def test_wmma_needs_rdna4():
     if not ARCH.startswith("gfx12"):
         pytest.skip(f"WMMA test requires RDNA4 (gfx12xx), got {ARCH}")
+
+
+def test_timed_double_passes():
+    """A perftest-style timed region (timing_common.run_perftest: probe, 3 warm-ups, 20 launches
+    under torch.profiler): the plugin makes it one launch, on the test's own output tensor."""
+    x = torch.randn(1000, device="cuda")
+    y = torch.zeros_like(x)
+    _, us = run_perftest(DOUBLE, x, y, 1000, num_iters=20, num_warmup=3)
+    assert us == 1.0
+    torch.testing.assert_close(y, 2 * x)
