@@ -98,9 +98,10 @@ def test_hf_llama_fp8_keeps_lm_head_and_passes_the_rule():
     # 4 of those 8 quantizations are written by the norm before q/k/v or gate/up (layer 0's input norm reads
     # the embedding; the other three add the residual first): 2 standalone quantize launches per layer
     assert c.get("norm_fp8") == 1 and c.get("add_norm_fp8") == 3 and not _quantize_of_a_norm(tm)
-    tm(*inputs)  # the other 4 take in the elementwise kernel before them (casts of this fp32 model)
+    tm(*inputs)  # the other 4 (attention out, the gated output) are quantize launches of their own: the
+    # casts of this fp32 model that took them in as a prologue are round trips the cast pass removes
     assert _launches(tm, "norm_fp8") + _launches(tm, "add_norm_fp8") == 4
-    assert _launches(tm, "quantize_fp8_program") == 2 * 2 and _launches(tm, "quantize_fp8") == 0
+    assert _launches(tm, "quantize_fp8_program") == 0 and _launches(tm, "quantize_fp8") == 2 * 2
     assert _launches(tm, "gemm_fp8_gated") == 2 and _launches(tm, "gemm_fp8") == 2 * 5
     rep = fp8_report(model, tm, inputs)
     assert rep.passed, rep.table()
