@@ -35,6 +35,11 @@ class Arch:
     mfma: dict = field(default_factory=dict)  # input type -> the (M, N, K) shapes at the full rate above
     lds_write_bytes_per_clk: int = 128  # per CU
     l2_bytes: int = 4 * 1024 * 1024  # per XCD
+    # L2 read bandwidth per XCD: 16 channels x 128 bytes per clock (CDNA3 white paper; CDNA4 keeps the 4 MB,
+    # 16-channel L2). A data-sheet figure, not measured and not in the timing MODEL's calibration: bench.generate
+    # prices the A-row re-reads of an RMSNorm folded into a GEMM with it
+    l2_read_bytes_per_clk: int = 16 * 128
+    xcds: int = 8  # accelerator complex dies, one L2 each (MI300X: 8 x 38 CUs, MI355X: 8 x 32)
     simds: int = 4  # per CU
     vgpr_file: int = 512  # unified VGPR + AGPR entries per lane of a SIMD
     sgpr_file: int = 800  # SGPRs per SIMD

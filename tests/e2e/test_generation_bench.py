@@ -4,6 +4,7 @@ at or under that limit for every row, and the command runs end to end on the tin
 
 import pytest
 
+from bench import decode_model as M
 from bench import generate as G
 from translator_kernels.arch import GPUS
 
@@ -27,22 +28,23 @@ def test_model_rows_read_the_arch_table():
 def test_bench_generate_runs(capsys):
     assert G.main(["--tiny", "--repeat", "3"]) == 0
     out = capsys.readouterr().out
-    assert "MODEL (not measured)" in out and "| translated (rocm path, recorded) |" in out
+    assert "MODEL (not measured)" in out and out.count("| translated (rocm path, recorded) |") == 2
+    assert "| tiny HF Llama (transformers " in out and "| combine_in_launch |" in out
 
 
 @pytest.fixture
 def no_rope_compile(monkeypatch):
     """The fused RoPE launch at its bandwidth floor (as without a toolchain): no ISA compile in these tests;
     test_fused_rope_launch_is_priced_from_its_compiled_isa compiles it."""
-    monkeypatch.setattr(G, "_ROPE_FEATURES", {a: "skipped: no compile in this test" for a in GPUS})
+    monkeypatch.setattr(M, "compiled_features", lambda *a, **k: "skipped: no compile in this test")
 
 
 def test_fused_rope_launch_is_priced_from_its_compiled_isa(monkeypatch):
     from translator_kernels.timing import KernelFeatures
 
-    monkeypatch.setattr(G, "_ROPE_FEATURES", {})
-    r = G._rope_cache_launch(1, G.LLAMA3_8B, 2048, "gfx950")
-    feat = G._ROPE_FEATURES["gfx950"]
+    monkeypatch.setattr(M, "_FEATURES", {})
+    r = M._rope_cache_launch(1, G.LLAMA3_8B, 2048, "gfx950")
+    (feat,) = M._FEATURES[("rope_cache", "gfx950")].values()
     assert isinstance(feat, KernelFeatures), feat  # compiled (COMPILE_ONLY child), not the floor
     assert r["how"] == "MODEL (features of our compiled kernel)" and not feat.has_loop
     assert r["t"] > GPUS["gfx950"].timing["launch_s"] and r["kernel_t"] > 0
