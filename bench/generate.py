@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="gfx942", choices=["gfx942", "gfx950"])
     p.add_argument("--repeat", type=int, default=50, help="decode steps timed per run")
-    p.add_argument("--runs", type=int, default=1, help="runs of each measurement; the least over all is printed")
+    p.add_argument("--runs", type=int, default=3, help="runs of each measurement; the least over all is printed")
     p.add_argument("--tiny", action="store_true", help="the test-sized decoder (1 layer, dim 64)")
     p.add_argument("--no-hf", action="store_true", help="leave out tiny HF Llama")
     p.add_argument("--no-model", action="store_true", help="leave out the MODEL tables (they compile ~8 kernels)")
