@@ -24,11 +24,13 @@ def test_only_reruns_one_section_and_keeps_the_rest(tmp_path, monkeypatch):
     assert "## `python -m bench.kernels` (not run)" in text
 
 
-@pytest.mark.parametrize("env_src, want", [(None, "$FLYDSL_SRC set (the sections rerun by --only: not given)."),
-                                           ("/src", "$FLYDSL_SRC set.")])
-def test_only_keeps_the_headers_flydsl_source_note(tmp_path, monkeypatch, env_src, want):
+@pytest.mark.parametrize("env_src, cmd, want", [
+    (None, "python -m bench.rocm", "$FLYDSL_SRC set."),
+    (None, "python -m bench.kernels", "$FLYDSL_SRC set (the sections rerun by --only: not given)."),
+    ("/src", "python -m bench.kernels", "$FLYDSL_SRC set.")])
+def test_only_keeps_the_headers_flydsl_source_note(tmp_path, monkeypatch, env_src, cmd, want):
     """The kept sections were made with $FLYDSL_SRC set: --only without it does not rewrite the note to
-    'not given' (it says what the rerun sections had beside it)."""
+    'not given'; a rerun section that reads the source says what it had beside it."""
     page = tmp_path / "B.md"
     page.write_text("# Benchmarks\n\nGenerated on a day; machine: m. FlyDSL source for the side-by-side: $FLYDSL_SRC "
                     "set.\nRows labelled MODEL ...\n\n## `python -m bench.rocm` (exit 0, 1 s)\n\nold\n")
@@ -42,7 +44,7 @@ def test_only_keeps_the_headers_flydsl_source_note(tmp_path, monkeypatch, env_sr
         monkeypatch.setenv("FLYDSL_SRC", env_src)
     else:
         monkeypatch.delenv("FLYDSL_SRC", raising=False)
-    assert report.main(["--out", str(page), "--only", "python -m bench.rocm"]) == 0
+    assert report.main(["--out", str(page), "--only", cmd]) == 0
     head = page.read_text().split("\n## ", 1)[0]
     assert "FlyDSL source for the side-by-side: " + want in head
 
