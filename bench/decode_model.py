@@ -259,6 +259,9 @@ def _attention_launches(batch: int, shape: LlmShape, context: int, arch: str, in
     # loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
     tiles = [max(1, math.ceil(min(chunk, context - i * chunk) / block_n)) for i in range(nsplit)]
     iters = tuple(t - 1 for _ in range(b * h) for t in tiles)
+    if max(tiles) < 2:  # the peeled tile prefetches the next K / V tile only if there is one (fwd.py): the static
+        # count of loads outside the hot loop holds that tile, which a one-tile slice never loads
+        fwd = replace(fwd, straight_bytes=max(0, fwd.straight_bytes - 2 * block_n * d * e))
     extra = g.timing["l2_latency_s"] if in_launch and nsplit > 1 else 0.0
     nbytes = kv + q_io + (2 if in_launch else 1) * partials
     out = [_priced(name, fwd, Launch(b * h * nsplit, iters, nbytes), arch,
