@@ -375,16 +375,17 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
     eff = t0["hbm_efficiency"]
     print(f"\nMODEL (not measured): our kernels' time per decode step of {LLAMA3_8B.name} (bf16; one token per "
           "sequence), translator_kernels.timing; calibration: " + CALIBRATION)
-    print(f"gfx942 has no measured point: it takes gfx950's fitted constants (an extrapolation). Launch list: "
-          f"{'+'.join(variants) or 'as built'}. Three prices per step: 'alone' = T_LAUNCH ({t0['launch_s'] * 1e6:.0f} us, "
-          "one kernel replayed alone, what the calibration's measurements time) per launch + the kernels; 'graph' = "
-          f"GRAPH_LAUNCH ({t0['graph_launch_s'] * 1e6:.1f} us, measured back to back in one HIP graph on MI350X, an upper "
-          "bound of the gap) per launch + the kernels: the step replayed as one graph; 'kernels' = no gap (a lower "
+    print("gfx942 has no measured point: it takes gfx950's fitted constants (an extrapolation). Launch list: "
+          f"{'+'.join(variants) or 'as built'}. Three prices per step: 'alone' = T_LAUNCH "
+          f"({t0['launch_s'] * 1e6:.0f} us, one kernel replayed alone, what the calibration's measurements time) per "
+          f"launch + the kernels; 'graph' = GRAPH_LAUNCH ({t0['graph_launch_s'] * 1e6:.1f} us, measured back to back "
+          "in one HIP graph on MI350X, an upper bound of the gap) per launch + the kernels: the step replayed as one "
+          "graph; 'kernels' = no gap (a lower "
           "bound). Three limits (weights + KV bytes over a bandwidth): 'achievable' = the MODEL's fitted achievable "
-          f"bandwidth ({eff:.2f} x the vendor peak, HBM_EFFICIENCY: no kernel streams above it in the validated MODEL; "
-          "the reading of issue 29's '0.8 of HBM'), the headline; 'vendor' = the vendor's peak (the goal is out of "
-          f"reach of this MODEL there: perfect kernels give {eff:.2f}); 'streaming' = {STREAM_MEASURED:.2f} of the peak "
-          "(the seed's vec_add). fraction = limit / MODEL. Issue 23's goal: >= "
+          f"bandwidth ({eff:.2f} x the vendor peak, HBM_EFFICIENCY: no kernel streams above it in the validated "
+          "MODEL; the reading of issue 29's '0.8 of HBM'), the headline; 'vendor' = the vendor's peak (the goal is "
+          f"out of reach of this MODEL there: perfect kernels give {eff:.2f}); 'streaming' = {STREAM_MEASURED:.2f} "
+          "of the peak (the seed's vec_add). fraction = limit / MODEL. Issue 23's goal: >= "
           f"{GOAL_FRACTION} of the achievable limit at batch 1, judged on 'graph' (goal column). RMSNorm runs on "
           "upstream's cached features, GEMMs on features estimated from their tile; RoPE + cache writes, decode "
           "attention, its split-KV combine and the embedding gather on the features of our kernels compiled for the "
@@ -406,8 +407,9 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
         print("\nMODEL, launch-list variants (kernels being built this session, priced before they land; "
               "`python -m bench.generate --variant NAME` makes one the headline): fused_norm = RMSNorm folded into "
               "the QKV and gate + up GEMMs (2 launches a layer fewer; each workgroup re-reads its A rows over the "
-              "full K from L2: those bytes at the L2s' data-sheet read bandwidth + one L2 round trip); combine_in_launch = the split-KV "
-              "combine inside the attention launch (its partials' bytes + one L2 round trip; no combine launch).")
+              "full K from L2: those bytes at the L2s' data-sheet read bandwidth + one L2 round trip); "
+              "combine_in_launch = the split-KV combine inside the attention launch (its partials' bytes + one L2 "
+              "round trip; no combine launch).")
         print("| GPU | batch | context | launch list | launches | MODEL us: alone / graph / kernels | "
               "of achievable: alone / graph / kernels | goal (batch 1, graph) | of vendor (graph) |")
         print("|---|---|---|---|---|---|---|---|---|")
