@@ -223,3 +223,98 @@ class _RowwiseSum:
 
         out = funcol.all_reduce(out, "sum", self.group)
         return out if self.bias is None else out + self.bias
+
+
+def is_subclass(x) -> bool:
+    """x is a tensor subclass that AOT autograd flattens into plain tensors (DTensor)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(x)
+
+
+def desugared(gm, example_inputs, rec, make_runner):
+    """dynamo's graph `gm` over DTensor inputs, run through AOT autograd (inference, as inductor does): its
+    subclass flattening hands `inference` the graph over the local shards, DTensor's redistributions in it as
+    functional collectives, and unwraps / rewraps the DTensors at each call. `make_runner(graph, real inputs,
+    weight input indices)` serves that graph on its first call (AOT's static inputs: the parameters and
+    buffers, frozen). When AOT autograd cannot take the graph, it runs as dynamo gave it, the reason on `rec`."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import TracingContext
+
+    def inference(fgm, _fake_inputs):
+        meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+        weights = set(getattr(meta, "static_input_indices", None) or ())
+        rec.desugared, rec.sdpa_restored = True, restore_sdpa(fgm)
+        runner = None
+
+        def run(*args):
+            nonlocal runner
+            if runner is None:  # translated on the first call, with the real local shards
+                runner = make_runner(fgm, list(args), weights)
+            return runner(*args)
+
+        return run
+
+    try:
+        with torch.no_grad():  # an inference graph (the translation serves no backward)
+            return aot_autograd(fw_compiler=inference, inference_compiler=inference,
+                                keep_inference_input_mutations=True)(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 — dynamo's graph still runs, in PyTorch, and says why
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        rec.fallback_reason = (f"InputError: AOT autograd could not flatten this graph's DTensor inputs into local "
+                               f"shards ({type(e).__name__}: {first}); it runs in PyTorch. Fix: compile "
+                               f"`translator.distributed.localize(model)[0]` (ColwiseParallel / RowwiseParallel "
+                               f"linears on a 1-D mesh)")
+
+        def as_given(*args):
+            rec.calls_pytorch += 1
+            return gm(*args)
+
+        return as_given
+
+
+# AOT autograd lowers F.scaled_dot_product_attention to the backend op the device picks; its output 0 is SDPA's
+_SDPA_FORMS = {  # op name -> positions of (dropout_p, is_causal) in its args, and its attn_mask argument
+    "_scaled_dot_product_flash_attention_for_cpu": (3, 4, "attn_mask"),
+    "_scaled_dot_product_flash_attention": (3, 4, None),
+    "_scaled_dot_product_efficient_attention": (5, 6, 3),
+}
+
+
+def restore_sdpa(gm) -> int:
+    """aten.scaled_dot_product_attention again in place of the device-specific op AOT autograd traced it to
+    (`_scaled_dot_product_flash_attention_for_cpu` on CPU, flash / efficient on a GPU) where only the attention
+    output (item 0) is read: the attention lowering takes SDPA. Returns how many were restored."""
+    import operator
+
+    aten = torch.ops.aten
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        name = getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
+        form = _SDPA_FORMS.get(name)
+        if n.op != "call_function" or form is None or n.target._overloadname != "default":
+            continue  # (flash's "quantized" overload takes fp8 descales: not SDPA's math)
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in n.users):
+            continue
+        schema = n.target._schema.arguments
+        args = {a.name: (n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value))
+                for i, a in enumerate(schema)}
+        drop, causal, mask = form
+        if args.get("return_debug_mask"):
+            continue
+        kwargs = {"attn_mask": args[schema[mask].name] if isinstance(mask, int) else args.get(mask) if mask else None,
+                  "dropout_p": args[schema[drop].name], "is_causal": args[schema[causal].name],
+                  "scale": args.get("scale")}
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(aten.scaled_dot_product_attention.default, tuple(n.args[:3]), kwargs)
+        new.meta = {k: v for k, v in n.meta.items() if k != "val"}
+        if "val" in n.meta:
+            new.meta["val"] = n.meta["val"][0]
+        for u in list(n.users):
+            u.replace_all_uses_with(new)
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done
