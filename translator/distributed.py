@@ -32,6 +32,7 @@ MoE pattern takes the sentinel-masked grouped-mm form that follows (docs/moe.md)
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 
@@ -61,8 +62,10 @@ def check_no_dtensor(model: torch.nn.Module, inputs=()) -> None:
             f"{found[0]} (and {len(found) - 1} more) is a DTensor {placements} (torch.distributed.tensor."
             f"parallel.parallelize_module): torch.export cannot capture DTensor in this torch (its parallel styles' "
             f"DTensor.from_local hooks are not graphable), so the rank's graph cannot be translated. Fix: "
-            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears; under "
-            f"torch.compile, compile `translator.distributed.localize(model)[0]` instead of the model")
+            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears (default "
+            f"layouts, 1-D mesh); for any other DTensor use, compile the model instead: torch.compile(model, "
+            f"backend='flydsl') takes DTensor as it is (AOT autograd flattens it into this rank's local shards, "
+            f"DTensor's redistributions as functional collectives)")
 
 
 def _style_hooks(mod):
@@ -232,12 +235,13 @@ def is_subclass(x) -> bool:
     return isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(x)
 
 
-def desugared(gm, example_inputs, rec, make_runner):
+def desugared(gm, example_inputs, rec, make_runner, strict: bool = False):
     """dynamo's graph `gm` over DTensor inputs, run through AOT autograd (inference, as inductor does): its
     subclass flattening hands `inference` the graph over the local shards, DTensor's redistributions in it as
     functional collectives, and unwraps / rewraps the DTensors at each call. `make_runner(graph, real inputs,
     weight input indices)` serves that graph on its first call (AOT's static inputs: the parameters and
-    buffers, frozen). When AOT autograd cannot take the graph, it runs as dynamo gave it, the reason on `rec`."""
+    buffers, frozen). When AOT autograd cannot take the graph, it runs as dynamo gave it, the reason on `rec`
+    (strict: that InputError is raised)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._guards import TracingContext
 
@@ -265,6 +269,10 @@ def desugared(gm, example_inputs, rec, make_runner):
                                f"shards ({type(e).__name__}: {first}); it runs in PyTorch. Fix: compile "
                                f"`translator.distributed.localize(model)[0]` (ColwiseParallel / RowwiseParallel "
                                f"linears on a 1-D mesh)")
+        if strict:
+            raise InputError(rec.fallback_reason.removeprefix("InputError: ")) from e
+        warnings.warn(f"flydsl backend: {rec.name} runs in PyTorch as dynamo captured it: {rec.fallback_reason}",
+                      stacklevel=3)
 
         def as_given(*args):
             rec.calls_pytorch += 1

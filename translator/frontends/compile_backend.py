@@ -278,6 +278,7 @@ class _Frozen(torch.nn.Module):
             else:
                 self._slots.append(("user", n_user))
                 n_user += 1
+        self.eval()  # dynamo traced the model's mode into the graph: no flag of this wrapper changes it
 
     def forward(self, *user):
         args = [user[v] if kind == "user" else getattr(self, v) if kind == "const" else v for kind, v in self._slots]
@@ -379,7 +380,8 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
                       graph_breaks=[_break_text(b) for b in new_breaks])
     _RECORDS.append(rec)
     if any(is_subclass(x) for x in example_inputs):  # DTensor parameters: translate the graph over local shards
-        return desugared(gm, example_inputs, rec, lambda fgm, args, weights: _runner(rec, fgm, args, opts, weights))
+        return desugared(gm, example_inputs, rec, lambda fgm, args, weights: _runner(rec, fgm, args, opts, weights),
+                         strict=bool(opts.get("strict")))
     return _runner(rec, gm, example_inputs, opts)
 
 
