@@ -16,10 +16,22 @@ all_reduce after each row-sharded linear (its replicated bias added after the su
 from their hooks: distribute_module's lambdas close over the mesh and a partial of the style's
 `_prepare_input_fn(input_layouts, desired_input_layouts)` / `_prepare_output_fn(output_layouts,
 use_local_output)`. Any other DTensor (another style or layout, a 2-D mesh, distribute_tensor by hand) is
-refused by `check_no_dtensor` with the cause and the fix. Under torch.compile dynamo does trace DTensor, but
-the graph it hands over reads DTensor parameters (no modules, no hooks left to read), which translate()
-captures with torch.export again: the graph runs in PyTorch and its record carries this reason, which
-names the step that works: `torch.compile(localize(model)[0], backend="flydsl")`.
+refused by `check_no_dtensor` with the cause and the fix, which names torch.compile.
+
+Under torch.compile(model, backend="flydsl") any DTensor model is taken as it is (`desugared`, as inductor
+does): dynamo's graph reads DTensor parameters (no modules or hooks left to read), so the backend runs it
+through AOT autograd (inference), whose subclass flattening traces DTensor's dispatch: the graph it hands over
+is over this rank's local shards (and the unused device meshes), DTensor's redistributions in it as functional
+collectives (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, each with its wait_tensor where DTensor
+put it), the parameters among AOT's static inputs (frozen, as for any compiled graph). AOT's runtime wrapper
+unwraps the DTensor inputs and rewraps DTensor outputs at each call. Two things differ from dynamo's own graph:
+nn.Linear arrives as t + mm / addmm (the GEMM rules take them), and F.scaled_dot_product_attention as the op the
+device picked (`_scaled_dot_product_flash_attention_for_cpu` here), which `restore_sdpa` turns back into aten
+SDPA for the attention lowering. A RowwiseParallel bias shows up as bias / world_size added on each rank before
+the all_reduce (what DTensor computes), folded once per shape. Tested: the tutorial's Llama block with
+SequenceParallel norms (all_gather / reduce_scatter), ColwiseParallel / RowwiseParallel blocks, and transformers'
+own TP styles (`apply_tensor_parallelism` with the config's base_model_tp_plan) on a tiny Llama; not tested: a
+2-D mesh (needs 4 ranks: none of the tests builds one).
 
 transformers' own expert parallel (`apply_expert_parallelism`, from_pretrained with DistributedConfig(ep_size=W,
 ep_implementation="all_reduce")): the experts modules hold DTensor Shard(0) weights and a forward closing over

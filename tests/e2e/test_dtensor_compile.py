@@ -198,3 +198,56 @@ def test_restore_sdpa(op):
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [aten.scaled_dot_product_attention.default]
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     torch.testing.assert_close(gm(q, k, v), want)
+
+
+def _hf_rank(rank, store, backend, world):
+    """A tiny HF Llama sharded by transformers' own TP styles with the config's base_model_tp_plan (what
+    from_pretrained(tp_plan="auto") applies; from_pretrained needs a checkpoint, so it is applied here by
+    `apply_tensor_parallelism` with the plan the model resolves), then compiled as it is."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    compile_backend.reset()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+                          attn_implementation="sdpa")
+        whole = LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(0, cfg.vocab_size, (1, 8))
+        with torch.no_grad():
+            want = whole(ids).logits
+        m = copy.deepcopy(whole)
+        plan, _, _ = m._resolve_parallel_plans(DistributedConfig(tp_size=world))
+        assert plan["model.layers.0.self_attn.q_proj"] == "colwise" and plan["model.layers.0.mlp.down_proj"] == "rowwise"
+        apply_tensor_parallelism(m, init_device_mesh("cpu", (world,)), plan)
+        with torch.no_grad():
+            eager = m(ids).logits
+        torch.testing.assert_close(eager, want, **model_tol())
+        with pytest.raises(translator.InputError, match=r"torch\.compile\(model, backend='flydsl'\)"):
+            translator.translate(m, (ids,), backend="reference")
+        with torch.no_grad():
+            got = torch.compile(m, backend="flydsl", options={"backend": backend})(ids).logits
+        torch.testing.assert_close(got, eager, **model_tol())
+        torch.testing.assert_close(got, want, **model_tol())
+        (rec,) = compile_backend.reports()
+        assert rec.desugared and rec.calls_translated == 1 and rec.calls_pytorch == 0, compile_backend.summary()
+        tm = rec.translated[0]
+        assert tm.report.verification.passed, tm.report.verification.message
+        gemms = [r for r in tm.report.rows if r.where.startswith("flydsl") and r.detail.startswith("flydsl.gemm")]
+        assert len(gemms) >= 8, [(r.node, r.where, r.detail) for r in tm.report.rows]  # q k v o gate up down lm_head
+        assert {r.detail for r in tm.report.rows if "c10d" in r.op} == {f"kept in PyTorch by design: {COLLECTIVE_WHY}"}
+        assert tm.report.rank_summary()["collective_ops"] > 0
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_hf_llama_tp_plan(tmp_path):
+    pytest.importorskip("transformers.distributed.tensor_parallel")
+    mp.start_processes(_hf_rank, args=(str(tmp_path / "store"), "reference", 2), nprocs=2, start_method="fork")

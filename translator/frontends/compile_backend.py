@@ -42,6 +42,11 @@ sources, would otherwise leak into torch.export). Calls with shapes that the tra
 translated again for the new shapes (a few per graph, like dynamo's recompiles). An int that only passes
 through (a cache's step counter: bumped and returned, or added to a tensor) is no key (generation_scalars.py).
 
+DTensor (tensor parallel with `parallelize_module`, or transformers' TP plans): a graph whose inputs are
+tensor subclasses goes through AOT autograd's subclass flattening first (translator/distributed.py
+`desugared`), and the graph over the rank's local shards, its collectives functional, is what is translated;
+its parameters come as AOT's static inputs (frozen here) and its device meshes as inputs no node reads.
+
 Never in silence: each GraphRecord counts the calls that ran through a translation and those
 that ran in PyTorch (with the reason), and notes dynamo's compile id, recompile reason (a guard
 that failed) and the graph breaks dynamo counted while compiling it. When dynamo stops compiling
