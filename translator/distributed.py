@@ -261,6 +261,7 @@ def desugared(gm, example_inputs, rec, make_runner, strict: bool = False):
         meta = getattr(TracingContext.try_get(), "fw_metadata", None)
         weights = set(getattr(meta, "static_input_indices", None) or ())
         rec.desugared, rec.sdpa_restored = True, restore_sdpa(fgm)
+        drop_same_layout_copies(fgm)
         runner = None
 
         def run(*args):
@@ -333,6 +334,28 @@ def restore_sdpa(gm) -> int:
         for u in list(n.users):
             u.replace_all_uses_with(new)
             gm.graph.erase_node(u)
+        gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done
+
+
+def drop_same_layout_copies(gm) -> int:
+    """`aten.copy(dst, src)` whose src has dst's shape, strides, dtype and device is src: functionalization
+    writes an in-place collective on a local output (transformers' RowwiseParallel: `dist.all_reduce(out)`) as
+    all_reduce, wait_tensor, then this copy back into `out`'s layout, a copy that moves bytes and computes
+    nothing. Returns how many were dropped."""
+    aten = torch.ops.aten
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not aten.copy.default or len(n.args) != 2 or n.kwargs:
+            continue
+        dst, src = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in n.args)
+        if not (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)) or \
+                (dst.shape, dst.stride(), dst.dtype, dst.device) != (src.shape, src.stride(), src.dtype, src.device):
+            continue
+        n.replace_all_uses_with(n.args[1])
         gm.graph.erase_node(n)
         n_done += 1
     if n_done:

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import translator
-from translator.distributed import restore_sdpa
+from translator.distributed import drop_same_layout_copies, restore_sdpa
 from translator.frontends import compile_backend
 from translator.lowerings.by_design import COLLECTIVE_WHY
 from translator.tolerances import model_tol
@@ -243,6 +243,8 @@ def _hf_rank(rank, store, backend, world):
         assert len(gemms) >= 8, [(r.node, r.where, r.detail) for r in tm.report.rows]  # q k v o gate up down lm_head
         assert {r.detail for r in tm.report.rows if "c10d" in r.op} == {f"kept in PyTorch by design: {COLLECTIVE_WHY}"}
         assert tm.report.rank_summary()["collective_ops"] > 0
+        # HF's RowwiseParallel all_reduces in place: functionalized, a copy back into the same layout, dropped
+        assert not [n for n in tm.gm.graph.nodes if n.target is torch.ops.aten.copy.default], tm.gm.code
     finally:
         dist.destroy_process_group()
 
@@ -251,3 +253,24 @@ def _hf_rank(rank, store, backend, world):
 def test_hf_llama_tp_plan(tmp_path):
     pytest.importorskip("transformers.distributed.tensor_parallel")
     mp.start_processes(_hf_rank, args=(str(tmp_path / "store"), "reference", 2), nprocs=2, start_method="fork")
+
+
+def test_drop_same_layout_copies():
+    """Functionalization's copy back into an equal layout is its source; into another layout it stays."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    same = g.call_function(torch.ops.aten.copy.default, (a, b))
+    other = g.call_function(torch.ops.aten.copy.default, (g.call_function(torch.ops.aten.t.default, (a,)), b))
+    g.output((same, other))
+    with FakeTensorMode():
+        fa, fb = torch.empty(4, 4), torch.empty(4, 4)
+        a.meta["val"], b.meta["val"] = fa, fb
+        other.args[0].meta["val"] = fa.t()
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    assert drop_same_layout_copies(gm) == 1
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    got_same, got_other = gm(x, y)
+    assert got_same is y and got_other.stride() == (1, 4)
+    torch.testing.assert_close(got_other, y)
