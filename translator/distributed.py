@@ -59,7 +59,7 @@ DTENSOR_FIX = (
     "process group")
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
     mod = sys.modules.get("torch.distributed.tensor")  # a model holding DTensors has imported it
     return mod is not None and isinstance(t, mod.DTensor)
 
@@ -67,7 +67,7 @@ def _is_dtensor(t) -> bool:
 def check_no_dtensor(model: torch.nn.Module, inputs=()) -> None:
     """InputError naming the fix when a parameter, buffer or input is a DTensor (parallelize_module)."""
     named = [*model.named_parameters(), *model.named_buffers(), *((f"input {i}", x) for i, x in enumerate(inputs))]
-    found = [n for n, t in named if _is_dtensor(t)]
+    found = [n for n, t in named if is_dtensor(t)]
     if found:
         placements = getattr(dict(named)[found[0]], "placements", "")
         raise InputError(
@@ -124,12 +124,12 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
     import copy
 
     if not isinstance(model, torch.nn.Module) or "torch.distributed.tensor" not in sys.modules or not any(
-            _is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
+            is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
         return model, []
     plan = {}
     for name, mod in model.named_modules():
         hooks = _style_hooks(mod)
-        own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if _is_dtensor(t)]
+        own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if is_dtensor(t)]
         if not hooks and not own:
             continue
         if _hf_all_reduce_ep(mod) is not None:
@@ -190,7 +190,7 @@ def _hf_all_reduce_ep(mod):
     if type(impl).__name__ != "AllReduceEP" or not type(impl).__module__.startswith("transformers.") or \
             impl.ep_mesh.ndim != 1 or impl.num_local_experts != getattr(mod, "num_experts", None):
         return None
-    own = [p for p in mod.parameters(recurse=False) if _is_dtensor(p)]
+    own = [p for p in mod.parameters(recurse=False) if is_dtensor(p)]
     return impl if own and all(tuple(p.placements) == (Shard(0),) for p in own) else None
 
 
@@ -204,7 +204,7 @@ def _localize_hf_ep(mod, impl) -> None:
     (its experts implementation, e.g. grouped_mm) inside _ExpertParallelSum, which routes, masks and sums as
     AllReduceEP does, with a functional all_reduce."""
     for pname, p in list(mod.named_parameters(recurse=False)):
-        if _is_dtensor(p):
+        if is_dtensor(p):
             setattr(mod, pname, torch.nn.Parameter(p.to_local().detach().clone(), requires_grad=False))
     del mod.forward  # HF's ep_forward closure (over the user's module): the class forward again
     mod.forward = _ExpertParallelSum(mod, impl.ep_mesh.get_local_rank(), impl.ep_mesh.get_group())
@@ -238,13 +238,6 @@ class _RowwiseSum:
 
         out = funcol.all_reduce(out, "sum", self.group)
         return out if self.bias is None else out + self.bias
-
-
-def is_subclass(x) -> bool:
-    """x is a tensor subclass that AOT autograd flattens into plain tensors (DTensor)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    return isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(x)
 
 
 def desugared(gm, example_inputs, rec, make_runner, strict: bool = False):

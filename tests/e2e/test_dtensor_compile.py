@@ -133,6 +133,8 @@ def _rank(rank, store, backend, world):
             torch.testing.assert_close(g, w[:, shard], **model_tol())
         tm = rec.translated[0]
         assert tm.report.verification.passed, tm.report.verification.message
+        assert not [n for n in tm.report.capture_notes if "training mode" in n], tm.report.capture_notes
+        assert "local shards" in compile_backend.summary()
         colls = [str(n.target).split(".")[1] for n in tm.gm.graph.nodes if "c10d" in str(n.target)]
         assert colls == ["all_gather_into_tensor", "wait_tensor", "reduce_scatter_tensor", "wait_tensor"] * 2, colls
         kept = {r.detail for r in tm.report.rows if "c10d" in r.op}
@@ -243,6 +245,8 @@ def _hf_rank(rank, store, backend, world):
         assert len(gemms) >= 8, [(r.node, r.where, r.detail) for r in tm.report.rows]  # q k v o gate up down lm_head
         assert {r.detail for r in tm.report.rows if "c10d" in r.op} == {f"kept in PyTorch by design: {COLLECTIVE_WHY}"}
         assert tm.report.rank_summary()["collective_ops"] > 0
+        if backend == "flysim":
+            assert "gemm" in {c.family for c in tm.last_calls if c.launches}, f"rank {rank}"
         # HF's RowwiseParallel all_reduces in place: functionalized, a copy back into the same layout, dropped
         assert not [n for n in tm.gm.graph.nodes if n.target is torch.ops.aten.copy.default], tm.gm.code
     finally:
@@ -250,9 +254,10 @@ def _hf_rank(rank, store, backend, world):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-def test_hf_llama_tp_plan(tmp_path):
+@pytest.mark.parametrize("backend", ["reference", pytest.param("flysim", marks=pytest.mark.slow)])
+def test_hf_llama_tp_plan(tmp_path, backend):
     pytest.importorskip("transformers.distributed.tensor_parallel")
-    mp.start_processes(_hf_rank, args=(str(tmp_path / "store"), "reference", 2), nprocs=2, start_method="fork")
+    mp.start_processes(_hf_rank, args=(str(tmp_path / "store"), backend, 2), nprocs=2, start_method="fork")
 
 
 def test_drop_same_layout_copies():

@@ -42,10 +42,11 @@ sources, would otherwise leak into torch.export). Calls with shapes that the tra
 translated again for the new shapes (a few per graph, like dynamo's recompiles). An int that only passes
 through (a cache's step counter: bumped and returned, or added to a tensor) is no key (generation_scalars.py).
 
-DTensor (tensor parallel with `parallelize_module`, or transformers' TP plans): a graph whose inputs are
-tensor subclasses goes through AOT autograd's subclass flattening first (translator/distributed.py
-`desugared`), and the graph over the rank's local shards, its collectives functional, is what is translated;
-its parameters come as AOT's static inputs (frozen here) and its device meshes as inputs no node reads.
+DTensor (tensor parallel with `parallelize_module`, or transformers' TP plans): a graph with DTensor inputs
+goes through AOT autograd's subclass flattening first (translator/distributed.py `desugared`), and the graph
+over the rank's local shards, its collectives functional, is what is translated; its parameters come as AOT's
+static inputs (frozen here) and its device meshes as inputs no node reads. Other tensor subclasses (torchao's
+quantized weights) go to translate() as they are.
 
 Never in silence: each GraphRecord counts the calls that ran through a translation and those
 that ran in PyTorch (with the reason), and notes dynamo's compile id, recompile reason (a guard
@@ -69,7 +70,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, ShapeError, TranslatorError
-from ..distributed import desugared, is_subclass
+from ..distributed import desugared, is_dtensor
 from .generation_scalars import PassThrough, int_guard_hint
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class GraphRecord:
             out += f" ({self.fallback_reason})"
         if self.weight_sets_reason:
             out += f" ({self.weight_sets_reason})"
+        if self.desugared:
+            out += "; DTensor: translated over this rank's local shards (AOT autograd's flattening)"
         if self.recompile_reason:
             out += f"; recompiled because {self.recompile_reason}"
         if self.graph_breaks:
@@ -384,7 +387,9 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
                       graph_breaks=[_break_text(b) for b in new_breaks])
     _RECORDS.append(rec)
-    if any(is_subclass(x) for x in example_inputs):  # DTensor parameters: translate the graph over local shards
+    # DTensor parameters: translate the graph over the local shards (other tensor subclasses, torchao's
+    # quantized weights, go to translate() as they are: its quantization rules read them)
+    if any(is_dtensor(x) for x in example_inputs):
         return desugared(gm, example_inputs, rec, lambda fgm, args, weights: _runner(rec, fgm, args, opts, weights),
                          strict=bool(opts.get("strict")))
     return _runner(rec, gm, example_inputs, opts)
