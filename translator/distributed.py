@@ -316,9 +316,12 @@ def restore_sdpa(gm) -> int:
         drop, causal, mask = form
         if args.get("return_debug_mask"):
             continue
+        q, k = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in n.args[:2])
+        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+            continue
         kwargs = {"attn_mask": args[schema[mask].name] if isinstance(mask, int) else args.get(mask) if mask else None,
                   "dropout_p": args[schema[drop].name], "is_causal": args[schema[causal].name],
-                  "scale": args.get("scale")}
+                  "scale": args.get("scale"), "enable_gqa": q.shape[-3] != k.shape[-3]}  # the device ops take GQA as is
         with gm.graph.inserting_before(n):
             new = gm.graph.call_function(aten.scaled_dot_product_attention.default, tuple(n.args[:3]), kwargs)
         new.meta = {k: v for k, v in n.meta.items() if k != "val"}

@@ -186,19 +186,26 @@ def test_dtensor_under_torch_compile(tmp_path, world):
 
 
 @pytest.mark.parametrize("op", ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention"])
-def test_restore_sdpa(op):
-    """The device SDPA op AOT autograd traces F.scaled_dot_product_attention to is SDPA again (item 0 read only)."""
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_restore_sdpa(op, kv_heads):
+    """The device SDPA op AOT autograd traces F.scaled_dot_product_attention to is SDPA again (item 0 read only),
+    grouped-query attention included (the device ops take fewer K / V heads as they are; HF's sdpa passes
+    enable_gqa: an OLMoE rank's graph, 4 query heads and 2 kv heads, failed its eager run without it)."""
     aten = torch.ops.aten
-    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    q, k, v = torch.randn(1, 4, 5, 8), torch.randn(1, kv_heads, 5, 8), torch.randn(1, kv_heads, 5, 8)
     g = torch.fx.Graph()
     qkv = [g.placeholder(n) for n in "qkv"]
+    for node, t in zip(qkv, (q, k, v)):
+        node.meta["val"] = t
     args = (*qkv, 0.0, True) if "cpu" in op else (*qkv, None, False, 0.0, True)
     node = g.call_function(getattr(aten, op).default, args, {"scale": 0.5})
     g.output(g.call_function(operator.getitem, (node, 0)))
     gm = torch.fx.GraphModule(nn.Module(), g)
     assert restore_sdpa(gm) == 1
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [aten.scaled_dot_product_attention.default]
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5, enable_gqa=kv_heads != 4)
+    if "cpu" in op:  # the op itself, where it runs here
+        torch.testing.assert_close(getattr(aten, op)(q, k, v, 0.0, True, scale=0.5)[0], want)
     torch.testing.assert_close(gm(q, k, v), want)
 
 
