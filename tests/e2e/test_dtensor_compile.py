@@ -9,7 +9,11 @@ local shards: DTensor's redistributions are functional all_gather / reduce_scatt
 group by design. Each rank's translation verifies against its eager; the compiled output equals the rank's eager
 (the DTensor model) and its sequence shard of the unsharded model's; on flysim the GEMMs are launches. The same
 model under translate() is refused (localize takes ColwiseParallel / RowwiseParallel with default layouts only),
-the error naming torch.compile; a graph AOT autograd cannot take runs in PyTorch with its reason."""
+the error naming torch.compile; a graph AOT autograd cannot take runs in PyTorch with its reason.
+
+Also: a tiny HF Llama sharded by transformers' own TP styles with its config's base_model_tp_plan
+(`test_hf_llama_tp_plan`, reference by default, flysim -m slow), and the two graph fix-ups the flattened graph
+gets (`restore_sdpa`, `drop_same_layout_copies`)."""
 
 from __future__ import annotations
 
