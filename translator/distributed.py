@@ -16,10 +16,22 @@ all_reduce after each row-sharded linear (its replicated bias added after the su
 from their hooks: distribute_module's lambdas close over the mesh and a partial of the style's
 `_prepare_input_fn(input_layouts, desired_input_layouts)` / `_prepare_output_fn(output_layouts,
 use_local_output)`. Any other DTensor (another style or layout, a 2-D mesh, distribute_tensor by hand) is
-refused by `check_no_dtensor` with the cause and the fix. Under torch.compile dynamo does trace DTensor, but
-the graph it hands over reads DTensor parameters (no modules, no hooks left to read), which translate()
-captures with torch.export again: the graph runs in PyTorch and its record carries this reason, which
-names the step that works: `torch.compile(localize(model)[0], backend="flydsl")`.
+refused by `check_no_dtensor` with the cause and the fix, which names torch.compile.
+
+Under torch.compile(model, backend="flydsl") any DTensor model is taken as it is (`desugared`, as inductor
+does): dynamo's graph reads DTensor parameters (no modules or hooks left to read), so the backend runs it
+through AOT autograd (inference), whose subclass flattening traces DTensor's dispatch: the graph it hands over
+is over this rank's local shards (and the unused device meshes), DTensor's redistributions in it as functional
+collectives (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, each with its wait_tensor where DTensor
+put it), the parameters among AOT's static inputs (frozen, as for any compiled graph). AOT's runtime wrapper
+unwraps the DTensor inputs and rewraps DTensor outputs at each call. Two things differ from dynamo's own graph:
+nn.Linear arrives as t + mm / addmm (the GEMM rules take them), and F.scaled_dot_product_attention as the op the
+device picked (`_scaled_dot_product_flash_attention_for_cpu` here), which `restore_sdpa` turns back into aten
+SDPA for the attention lowering. A RowwiseParallel bias shows up as bias / world_size added on each rank before
+the all_reduce (what DTensor computes), folded once per shape. Tested: the tutorial's Llama block with
+SequenceParallel norms (all_gather / reduce_scatter), ColwiseParallel / RowwiseParallel blocks, and transformers'
+own TP styles (`apply_tensor_parallelism` with the config's base_model_tp_plan) on a tiny Llama; not tested: a
+2-D mesh (needs 4 ranks: none of the tests builds one).
 
 transformers' own expert parallel (`apply_expert_parallelism`, from_pretrained with DistributedConfig(ep_size=W,
 ep_implementation="all_reduce")): the experts modules hold DTensor Shard(0) weights and a forward closing over
@@ -32,6 +44,7 @@ MoE pattern takes the sentinel-masked grouped-mm form that follows (docs/moe.md)
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 
@@ -46,7 +59,7 @@ DTENSOR_FIX = (
     "process group")
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
     mod = sys.modules.get("torch.distributed.tensor")  # a model holding DTensors has imported it
     return mod is not None and isinstance(t, mod.DTensor)
 
@@ -54,15 +67,17 @@ def _is_dtensor(t) -> bool:
 def check_no_dtensor(model: torch.nn.Module, inputs=()) -> None:
     """InputError naming the fix when a parameter, buffer or input is a DTensor (parallelize_module)."""
     named = [*model.named_parameters(), *model.named_buffers(), *((f"input {i}", x) for i, x in enumerate(inputs))]
-    found = [n for n, t in named if _is_dtensor(t)]
+    found = [n for n, t in named if is_dtensor(t)]
     if found:
         placements = getattr(dict(named)[found[0]], "placements", "")
         raise InputError(
             f"{found[0]} (and {len(found) - 1} more) is a DTensor {placements} (torch.distributed.tensor."
             f"parallel.parallelize_module): torch.export cannot capture DTensor in this torch (its parallel styles' "
             f"DTensor.from_local hooks are not graphable), so the rank's graph cannot be translated. Fix: "
-            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears; under "
-            f"torch.compile, compile `translator.distributed.localize(model)[0]` instead of the model")
+            f"{DTENSOR_FIX}. translate() does this itself for ColwiseParallel / RowwiseParallel linears (default "
+            f"layouts, 1-D mesh); for any other DTensor use, compile the model instead: torch.compile(model, "
+            f"backend='flydsl') takes DTensor as it is (AOT autograd flattens it into this rank's local shards, "
+            f"DTensor's redistributions as functional collectives)")
 
 
 def _style_hooks(mod):
@@ -109,12 +124,12 @@ def localize(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
     import copy
 
     if not isinstance(model, torch.nn.Module) or "torch.distributed.tensor" not in sys.modules or not any(
-            _is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
+            is_dtensor(t) for t in (*model.parameters(), *model.buffers())):
         return model, []
     plan = {}
     for name, mod in model.named_modules():
         hooks = _style_hooks(mod)
-        own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if _is_dtensor(t)]
+        own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)) if is_dtensor(t)]
         if not hooks and not own:
             continue
         if _hf_all_reduce_ep(mod) is not None:
@@ -175,7 +190,7 @@ def _hf_all_reduce_ep(mod):
     if type(impl).__name__ != "AllReduceEP" or not type(impl).__module__.startswith("transformers.") or \
             impl.ep_mesh.ndim != 1 or impl.num_local_experts != getattr(mod, "num_experts", None):
         return None
-    own = [p for p in mod.parameters(recurse=False) if _is_dtensor(p)]
+    own = [p for p in mod.parameters(recurse=False) if is_dtensor(p)]
     return impl if own and all(tuple(p.placements) == (Shard(0),) for p in own) else None
 
 
@@ -189,7 +204,7 @@ def _localize_hf_ep(mod, impl) -> None:
     (its experts implementation, e.g. grouped_mm) inside _ExpertParallelSum, which routes, masks and sums as
     AllReduceEP does, with a functional all_reduce."""
     for pname, p in list(mod.named_parameters(recurse=False)):
-        if _is_dtensor(p):
+        if is_dtensor(p):
             setattr(mod, pname, torch.nn.Parameter(p.to_local().detach().clone(), requires_grad=False))
     del mod.forward  # HF's ep_forward closure (over the user's module): the class forward again
     mod.forward = _ExpertParallelSum(mod, impl.ep_mesh.get_local_rank(), impl.ep_mesh.get_group())
@@ -223,3 +238,122 @@ class _RowwiseSum:
 
         out = funcol.all_reduce(out, "sum", self.group)
         return out if self.bias is None else out + self.bias
+
+
+def desugared(gm, example_inputs, rec, make_runner, strict: bool = False):
+    """dynamo's graph `gm` over DTensor inputs, run through AOT autograd (inference, as inductor does): its
+    subclass flattening hands `inference` the graph over the local shards, DTensor's redistributions in it as
+    functional collectives, and unwraps / rewraps the DTensors at each call. `make_runner(graph, real inputs,
+    weight input indices)` serves that graph on its first call (AOT's static inputs: the parameters and
+    buffers, frozen). When AOT autograd cannot take the graph, it runs as dynamo gave it, the reason on `rec`
+    (strict: that InputError is raised)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import TracingContext
+
+    def inference(fgm, _fake_inputs):
+        meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+        weights = set(getattr(meta, "static_input_indices", None) or ())
+        rec.desugared, rec.sdpa_restored = True, restore_sdpa(fgm)
+        drop_same_layout_copies(fgm)
+        runner = None
+
+        def run(*args):
+            nonlocal runner
+            if runner is None:  # translated on the first call, with the real local shards
+                runner = make_runner(fgm, list(args), weights)
+            return runner(*args)
+
+        return run
+
+    try:
+        with torch.no_grad():  # an inference graph (the translation serves no backward)
+            return aot_autograd(fw_compiler=inference, inference_compiler=inference,
+                                keep_inference_input_mutations=True)(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 — dynamo's graph still runs, in PyTorch, and says why
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        rec.fallback_reason = (f"InputError: AOT autograd could not flatten this graph's DTensor inputs into local "
+                               f"shards ({type(e).__name__}: {first}); it runs in PyTorch. Fix: compile "
+                               f"`translator.distributed.localize(model)[0]` (ColwiseParallel / RowwiseParallel "
+                               f"linears on a 1-D mesh)")
+        if strict:
+            raise InputError(rec.fallback_reason.removeprefix("InputError: ")) from e
+        warnings.warn(f"flydsl backend: {rec.name} runs in PyTorch as dynamo captured it: {rec.fallback_reason}",
+                      stacklevel=3)
+
+        def as_given(*args):
+            rec.calls_pytorch += 1
+            return gm(*args)
+
+        return as_given
+
+
+# AOT autograd lowers F.scaled_dot_product_attention to the backend op the device picks; its output 0 is SDPA's
+_SDPA_FORMS = {  # op name -> positions of (dropout_p, is_causal) in its args, and its attn_mask argument
+    "_scaled_dot_product_flash_attention_for_cpu": (3, 4, "attn_mask"),
+    "_scaled_dot_product_flash_attention": (3, 4, None),
+    "_scaled_dot_product_efficient_attention": (5, 6, 3),
+}
+
+
+def restore_sdpa(gm) -> int:
+    """aten.scaled_dot_product_attention again in place of the device-specific op AOT autograd traced it to
+    (`_scaled_dot_product_flash_attention_for_cpu` on CPU, flash / efficient on a GPU) where only the attention
+    output (item 0) is read: the attention lowering takes SDPA. Returns how many were restored."""
+    import operator
+
+    aten = torch.ops.aten
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        name = getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
+        form = _SDPA_FORMS.get(name)
+        if n.op != "call_function" or form is None or n.target._overloadname != "default":
+            continue  # (flash's "quantized" overload takes fp8 descales: not SDPA's math)
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in n.users):
+            continue
+        schema = n.target._schema.arguments
+        args = {a.name: (n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value))
+                for i, a in enumerate(schema)}
+        drop, causal, mask = form
+        if args.get("return_debug_mask"):
+            continue
+        q, k = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in n.args[:2])
+        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+            continue
+        kwargs = {"attn_mask": args[schema[mask].name] if isinstance(mask, int) else args.get(mask) if mask else None,
+                  "dropout_p": args[schema[drop].name], "is_causal": args[schema[causal].name],
+                  "scale": args.get("scale"), "enable_gqa": q.shape[-3] != k.shape[-3]}  # the device ops take GQA as is
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(aten.scaled_dot_product_attention.default, tuple(n.args[:3]), kwargs)
+        new.meta = {k: v for k, v in n.meta.items() if k != "val"}
+        if "val" in n.meta:
+            new.meta["val"] = n.meta["val"][0]
+        for u in list(n.users):
+            u.replace_all_uses_with(new)
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done
+
+
+def drop_same_layout_copies(gm) -> int:
+    """`aten.copy(dst, src)` whose src has dst's shape, strides, dtype and device is src: functionalization
+    writes an in-place collective on a local output (transformers' RowwiseParallel: `dist.all_reduce(out)`) as
+    all_reduce, wait_tensor, then this copy back into `out`'s layout, a copy that moves bytes and computes
+    nothing. Returns how many were dropped."""
+    aten = torch.ops.aten
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not aten.copy.default or len(n.args) != 2 or n.kwargs:
+            continue
+        dst, src = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in n.args)
+        if not (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)) or \
+                (dst.shape, dst.stride(), dst.dtype, dst.device) != (src.shape, src.stride(), src.dtype, src.device):
+            continue
+        n.replace_all_uses_with(n.args[1])
+        gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done

@@ -42,6 +42,12 @@ sources, would otherwise leak into torch.export). Calls with shapes that the tra
 translated again for the new shapes (a few per graph, like dynamo's recompiles). An int that only passes
 through (a cache's step counter: bumped and returned, or added to a tensor) is no key (generation_scalars.py).
 
+DTensor (tensor parallel with `parallelize_module`, or transformers' TP plans): a graph with DTensor inputs
+goes through AOT autograd's subclass flattening first (translator/distributed.py `desugared`), and the graph
+over the rank's local shards, its collectives functional, is what is translated; its parameters come as AOT's
+static inputs (frozen here) and its device meshes as inputs no node reads. Other tensor subclasses (torchao's
+quantized weights) go to translate() as they are.
+
 Never in silence: each GraphRecord counts the calls that ran through a translation and those
 that ran in PyTorch (with the reason), and notes dynamo's compile id, recompile reason (a guard
 that failed) and the graph breaks dynamo counted while compiling it. When dynamo stops compiling
@@ -64,6 +70,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, ShapeError, TranslatorError
+from ..distributed import desugared, is_dtensor
 from .generation_scalars import PassThrough, int_guard_hint
 
 log = logging.getLogger(__name__)
@@ -94,6 +101,8 @@ class GraphRecord:
     state: list = field(default_factory=list)  # the dynamo inputs written in place: the user's own buffers
     dynamo_fallback: str | None = None  # dynamo stopped compiling this function: later calls may run eager
     weight_sets_reason: str | None = None  # calls with weights beyond MAX_WEIGHT_SETS ran in PyTorch
+    desugared: bool = False  # DTensor inputs: the graph translated is AOT autograd's over the local shards
+    sdpa_restored: int = 0  # in that graph, device SDPA ops given back as aten.scaled_dot_product_attention
 
     @property
     def report(self):
@@ -106,6 +115,8 @@ class GraphRecord:
             out += f" ({self.fallback_reason})"
         if self.weight_sets_reason:
             out += f" ({self.weight_sets_reason})"
+        if self.desugared:
+            out += "; DTensor: translated over this rank's local shards (AOT autograd's flattening)"
         if self.recompile_reason:
             out += f"; recompiled because {self.recompile_reason}"
         if self.graph_breaks:
@@ -270,15 +281,24 @@ class _Frozen(torch.nn.Module):
                 else:
                     self.register_buffer(name, frozen[i] if kind == "const" else x)
                 self._slots.append(("const", name))
-            elif kind in ("scalar", "float"):
-                self._slots.append(("int", x))
+            elif kind in ("scalar", "float", "unused"):
+                self._slots.append(("int", x if kind != "unused" else None))
             else:
                 self._slots.append(("user", n_user))
                 n_user += 1
+        self.eval()  # dynamo traced the model's mode into the graph: no flag of this wrapper changes it
 
     def forward(self, *user):
         args = [user[v] if kind == "user" else getattr(self, v) if kind == "const" else v for kind, v in self._slots]
         return self.graph_module(*args)
+
+
+def _unused(gm, i, x) -> bool:
+    """Input i is an object no node reads (the device mesh AOT autograd passes with a DTensor's local shard)."""
+    if isinstance(x, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return i < len(ph) and not ph[i].users
 
 
 def _item_only(gm, i, x) -> bool:
@@ -330,12 +350,13 @@ def _options(options) -> dict:
     return opts
 
 
-def _kinds(gm, example_inputs) -> list[str]:
+def _kinds(gm, example_inputs, weights: set[int] | None = None) -> list[str]:
     """Per dynamo input: scalar | float (a 0-d tensor only `.item()`ed: baked, keyed like a scalar) | const (a weight, frozen) | state (a module buffer the graph writes:
     the user's own tensor; every buffer when the writes cannot be found) | user (passed at each
     call: a tensor the caller passes, such as HF's StaticCache tensors, is written where it is).
     A written parameter is refused."""
-    kinds = ["scalar" if not isinstance(x, torch.Tensor) else "const" if _is_frozen(gm, i, x) else
+    kinds = [("unused" if _unused(gm, i, x) else "scalar") if not isinstance(x, torch.Tensor) else
+             "const" if (i in weights if weights is not None else _is_frozen(gm, i, x)) else
              "float" if _item_only(gm, i, x) else "user" for i, x in enumerate(example_inputs)]
     written = _written_inputs(gm, example_inputs)
     if written is None:  # unknown: no buffer is frozen (a write to a private copy would be lost)
@@ -353,9 +374,6 @@ def _kinds(gm, example_inputs) -> list[str]:
 
 def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **_):
     """The dynamo backend: returns a callable that runs the translated graph."""
-    from ..api import translate
-    from .. import state
-
     opts = _options(options)
     _watch_dynamo()
     # dynamo already generalizes shapes across calls (and passes sizes as ints); translate each
@@ -369,8 +387,22 @@ def flydsl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     rec = GraphRecord(name=f"graph{len(_RECORDS)}", compile_id=cid, recompile_reason=_first(reason) if reason else None,
                       graph_breaks=[_break_text(b) for b in new_breaks])
     _RECORDS.append(rec)
+    # DTensor parameters: translate the graph over the local shards (other tensor subclasses, torchao's
+    # quantized weights, go to translate() as they are: its quantization rules read them)
+    if any(is_dtensor(x) for x in example_inputs):
+        return desugared(gm, example_inputs, rec, lambda fgm, args, weights: _runner(rec, fgm, args, opts, weights),
+                         strict=bool(opts.get("strict")))
+    return _runner(rec, gm, example_inputs, opts)
+
+
+def _runner(rec: GraphRecord, gm, example_inputs, opts: dict, weights: set[int] | None = None):
+    """The callable that runs graph `gm` through its translations (`weights`: the inputs to freeze, when
+    dynamo's sources for them are gone)."""
+    from ..api import translate
+    from .. import state
+
     example_inputs = [_concrete(x) for x in example_inputs]
-    kinds = _kinds(gm, example_inputs)
+    kinds = _kinds(gm, example_inputs, weights)
     through = PassThrough(gm, example_inputs)  # ints that only pass through: no key (generation_scalars.py)
     held = {i: x for i, (x, k) in enumerate(zip(example_inputs, kinds)) if k == "state"}  # the user's own buffers
     for t in held.values():
