@@ -143,6 +143,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
     whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
     K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed)."""
+    if grouped:  # imported here: translator_kernels.moe imports this module
+        from translator_kernels.moe import tile_exit as tx
     fmts = dtype.split("x") if dtype not in _ELEM else None
     w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
@@ -346,7 +348,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         b_base = 0  # the bias row: the tile's expert's with `grouped` (stacked [E, N] or [E, N_pad] gated)
         if const_expr(grouped):  # the M tile's expert (moe): W of that expert
             tmap = rsrc(Res, m // bm * 4) if split > 1 else rsrc(Cnt, cnt_bytes)  # split-K: Cnt holds tickets
-            expert = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, tmap, _raw(bx * 4), zero))
+            expert = tx.uniform(rocdl.raw_ptr_buffer_load(T.i32, tmap, _raw(bx * 4), zero))
+            exit_gate = tx.begin(expert)  # a tile past the real rows (map -1) skips the rest (moe/tile_exit.py)
             w_base = expert * w_bs
             b_base = expert * (n_pad if gate is not None else n)
         w_voff = []
@@ -615,6 +618,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 scf.YieldOp([])
         else:
             finish(accs)
+        if const_expr(grouped):
+            tx.end(exit_gate)
 
     return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
 

@@ -65,10 +65,11 @@ def grouped_config_fp8(rows_per_expert: int, n: int, k: int, gated: bool) -> Gem
     return GemmConfig(cfg.bm, cfg.bn, 32)
 
 
-def expected_mfma_count_grouped_fp8(cap: int, n: int, k: int, arch: str, cfg: GemmConfig, gated: bool) -> int:
-    """Wave-level MFMA instructions of a grouped fp8 GEMM over `cap` rows (the grid covers every row tile)."""
+def expected_mfma_count_grouped_fp8(rows: int, n: int, k: int, arch: str, cfg: GemmConfig, gated: bool) -> int:
+    """Wave-level MFMA instructions of a grouped fp8 GEMM whose real tiles hold `rows` rows (a multiple of BM:
+    grouped.real_tiles x BM; the grid's tiles past them exit, tile_exit.py)."""
     n_pad, k_pad = (gated_shape if gated else padded_shape)(n, k // 4)
-    tiles = cap // cfg.bm * -(-n_pad // cfg.bn)
+    tiles = rows // cfg.bm * -(-n_pad // cfg.bn)
     return tiles * (cfg.bm // 16) * (cfg.bn // 16) * (k_pad * 4 // 128) * mfma_per_block("fp8", arch)
 
 

@@ -12,7 +12,8 @@ prefill).
   3. lane e walks the pairs again in order: its i-th pair gets slot offset_e + i
      (pos[p] = slot, src_row[slot] = t); its padding slots get src_row = -1;
   4. tile_expert[tile] = e for the tiles of [offset_e, offset_e + padded_e); the tiles past
-     `total` (the buffer is sized for the worst case) get expert 0 and rows of zeros.
+     `total` (the buffer is sized for the worst case) get -1 and rows of zeros: the grouped GEMM's
+     workgroups of those tiles exit before any load (tile_exit.py).
 So every BM tile of the permuted rows belongs to one expert, which is what the grouped GEMM needs
 (kernel.build_gemm `grouped`: the tile's expert picks the weight). The pairs of one expert stay in
 token order. Each lane still scans the T·k ids twice (from LDS): O(T·k) per lane; a multi-workgroup
@@ -35,6 +36,7 @@ from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
 from translator_kernels.gemm.common import OOB, _raw, _v4i32
+from translator_kernels.moe.tile_exit import PAST_TOTAL
 
 ALIGN_LANES = 256
 BLOCK = 256
@@ -126,7 +128,7 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int =
             row0 = fx.Int32(t_idx) * bm
             mine = live & (row0 >= off) & (row0 < off + padded)
             tail = (lane == 0) & (row0 >= total)
-            _st32(tail.select(fx.Int32(0), lane), r_tile, fx.Int32(t_idx), mine | tail)
+            _st32(tail.select(fx.Int32(PAST_TOTAL), lane), r_tile, fx.Int32(t_idx), mine | tail)
             _ = yield [st[0]]
         for i_idx, st in range(fx.Index(0), fx.Index((cap + (ALIGN_LANES - 1)) // ALIGN_LANES), fx.Index(1),
                                init=[fx.Int32(0)]):
