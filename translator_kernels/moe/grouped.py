@@ -72,8 +72,8 @@ def capacity(pairs: int, experts: int, bm: int) -> int:
 
 def real_tiles(ids, experts: int, bm: int, first: int = 0) -> int:
     """Row tiles that hold rows for expert ids [T, k] (each served expert's pairs padded to BM): the tiles whose
-    workgroups run; the rest of the grid's cap / BM exit at once (tile_exit.py). Host-side, for tests and the
-    MODEL (the launch path never reads ids on the host)."""
+    workgroups run; the rest of the grid's cap / BM exit at once (tile_exit.py). Host-side, for tests (the launch
+    path never reads ids on the host; bench.moe_model counts the same from its per-expert rows)."""
     local = ids.reshape(-1).long().cpu() - first
     counts = torch.bincount(local[(local >= 0) & (local < experts)], minlength=experts)
     return int((-(-counts // bm)).sum())
