@@ -143,8 +143,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
     whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
     K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed)."""
-    if grouped:  # imported here: translator_kernels.moe imports this module
-        from translator_kernels.moe import tile_exit as tx
     fmts = dtype.split("x") if dtype not in _ELEM else None
     w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
@@ -197,6 +195,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
     if grouped and split > 1 and (has_bias or has_residual):  # Res carries the tile map, P is the workspace
         raise KernelInputError("gemm: a grouped split-K GEMM takes no bias or residual")
+    if grouped:  # tiles past the real rows exit (moe/tile_exit.py; imported here: moe imports this module)
+        from translator_kernels.moe import tile_exit as tx
     nk = k_pad // bk // split  # K tiles per workgroup
     if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
         raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
