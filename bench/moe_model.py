@@ -20,7 +20,8 @@ launch (translator_kernels/moe), each priced by the timing MODEL (translator_ker
                   read per id, priced at the timing MODEL's loop floor (a memory latency per iteration);
                   the ids are L2 hits on hardware, so that column overstates it by the L2 / HBM latency
                   ratio, but it stays serial in T·k.
-  gating, gather, un-permute   launch floor + bytes at the fitted HBM efficiency (row kernels, memory-bound).
+  gating, gather, un-permute   launch floor + bytes at the fitted HBM efficiency (row kernels, memory-bound);
+                  the gather writes the rows of the real tiles only (permute.py: src_row -2 past the total).
 
 Routing is taken as uniform: a decode batch of B tokens reaches E·(1 - (1 - k/E)^B) experts (expected),
 each with B·k / that many rows; the prefill's T·k pairs spread evenly over all E experts.
@@ -110,10 +111,11 @@ def layer(name: str, phase: str, arch: str, align_feat) -> dict:
     dn1 = dn
     dn = grouped_split(cap // up.bm, h, i, dn, arch)  # what moe_experts runs (split-K where the grid is small)
     pairs = t * k
+    real_rows = sum(-(-r // up.bm) for r in rows) * up.bm
     out = {
         "gating": memory_floor(t * e * 4 + pairs * 12, arch),
         "align": align_time(align_feat, pairs, arch),
-        "gather": memory_floor(t * h * ESZ + cap * (h * ESZ + 4), arch),
+        "gather": memory_floor(t * h * ESZ + cap * 4 + real_rows * h * ESZ, arch),  # no row past the real total
         "gate/up": grouped_time(rows, cap, i, h, True, up, arch),
         "down": grouped_time(rows, cap, h, i, False, dn, arch),
         "unpermute": memory_floor(pairs * (h * ESZ + 8) + t * h * ESZ, arch),

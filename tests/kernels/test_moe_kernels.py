@@ -58,7 +58,7 @@ def test_group_limited_routing():
 @pytest.mark.parametrize("t,k,e,bm", [(37, 3, 6, 16), (150, 2, 5, 32)])  # 111 pairs: one chunk; 300: two
 def test_align_is_a_stable_counting_sort(t, k, e, bm):
     """Every pair gets one slot; an expert's slots are contiguous, in token order, padded to BM; every
-    BM tile belongs to one expert; padding and tail slots read row -1. More than 256 pairs: the ids
+    BM tile belongs to one expert; padding slots read row -1, slots past the real total -2. More than 256 pairs: the ids
     are staged through LDS in chunks of 256, the order holds across chunks."""
     g = torch.Generator().manual_seed(3)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
@@ -76,7 +76,8 @@ def test_align_is_a_stable_counting_sort(t, k, e, bm):
         mine = (flat == x).nonzero().flatten()
         assert torch.equal(pos[mine].long(), torch.arange(off, off + len(mine)))
         off += -(-len(mine) // bm) * bm
-    assert (src[off:] == -1).all() and (tiles[off // bm:] == -1).all()  # tail tiles: -1, their GEMM workgroups exit
+    assert (src[off:] == -2).all() and (tiles[off // bm:] == -1).all()  # the tail: no gather, the GEMM tiles exit
+    assert int((src == -1).sum()) == off - t * k  # the padding of the experts' last tiles
     assert int((src >= 0).sum()) == t * k
     with executors.current().run("gfx942") as ex:  # a rank holding experts 2, 3: the others' pairs get pos -1
         src2, _, pos2 = (x.cpu() for x in M.moe_align(ex.put(ids), 2, bm, first_expert=2))

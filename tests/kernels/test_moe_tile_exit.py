@@ -160,3 +160,22 @@ def test_moe_experts_split_k_decode_with_tail_tiles():
         assert _mfma(up) == expected_mfma_count(32, gated_shape(inter, h)[0], h, torch.bfloat16, "gfx942",
                                                 GemmConfig(16, 128, 64))
         assert _mfma(down) == expected_mfma_count(32, h, inter, torch.bfloat16, "gfx942", GemmConfig(16, 64, 64, 2))
+
+
+def test_gather_writes_no_row_past_the_real_total():
+    """The align kernel marks the slots past the real total src_row -2: the gather writes the real rows (tokens and
+    zero padding) and nothing past them (flysim: bytes written = real rows x row bytes)."""
+    g = torch.Generator().manual_seed(15)
+    t, k, e, h, bm = 12, 2, 6, 64, 16
+    x = torch.randn(t, h, generator=g).bfloat16()
+    ids = torch.tensor([[1, 4]] * 7 + [[4, 1]] * 5)
+    with executors.current().run("gfx942") as ex:
+        src, tiles, _ = M.moe_align(ex.put(ids), e, bm)
+        xs = M.moe_gather(ex.put(x), src).cpu()
+    src = src.cpu()
+    real = M.real_tiles(ids, e, bm) * bm
+    assert real < src.shape[0] and (src[real:] == -2).all()
+    assert torch.equal(xs[:real][src[:real] >= 0], x[src[:real][src[:real] >= 0].long()])
+    assert not xs[:real][src[:real] == -1].any()  # the padding rows are zeros
+    if ex.counts:
+        assert ex.launches[1].counters["global_bytes_written"] == real * h * 2

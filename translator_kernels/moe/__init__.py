@@ -80,7 +80,8 @@ def moe_align(ids, num_experts: int, bm: int, first_expert: int = 0):
 
 
 def moe_gather(x, src_row):
-    """xs [cap, H]: xs[s] = x[src_row[s]], zero rows where src_row[s] < 0."""
+    """xs [cap, H]: xs[s] = x[src_row[s]], zero rows where src_row[s] = -1 (padding); rows past the real total
+    (src_row -2) are left unwritten: no GEMM tile reads them (tile_exit.py)."""
     cap, h = src_row.shape[0], x.shape[1]
     xs = torch.empty((cap, h), dtype=x.dtype, device=x.device)
     row_bytes = h * x.element_size()
