@@ -14,8 +14,9 @@ inside it are reached by all the workgroup's waves or by none.
 
 Split-K (gemm/splitk.py): the skip depends only on the M tile, so every split of a tail tile skips,
 none draws a ticket, and the tile's counters stay zero for the next launch (the launch still leaves its
-counter array all zero). The output rows of a tail tile are not written: nothing reads them (the
-un-permute reads only the slots of real pairs; the next GEMM skips the same tiles).
+counter array all zero). The output rows of a tail tile are not written (nor are the gathered rows, permute.py):
+nothing uses them (the un-permute reads only the slots of real pairs; the next GEMM skips the same tiles; the
+fp8 path's per-token quantize runs over them, row by row, and its rows there go unread too).
 """
 
 from __future__ import annotations
