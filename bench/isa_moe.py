@@ -1,7 +1,8 @@
 """ISA statistics of the MoE grouped GEMM against the dense GEMM at equal tiles (COMPILE_ONLY, no GPU).
 
 Both are translator_kernels/gemm/kernel.py's kernel; the grouped one (`grouped=True`) reads its M tile's
-expert (one int32 load per workgroup) and offsets W by expert x stride. The table shows what that
+expert (one int32 load per workgroup, made uniform), exits where it is -1 (a tile past the real rows,
+moe/tile_exit.py) and offsets W by expert x stride. The table shows what that
 costs in registers, instructions and occupancy, for the gate/up projection (gated SwiGLU epilogue) and
 the down projection at Mixtral-8x7B's expert shapes (H = 4096, I = 14336), bf16.
 

@@ -5,10 +5,13 @@ bf16, decode at batch 1 and 16 and a 2k-token prefill: the five launches of `moe
 launch (translator_kernels/moe), each priced by the timing MODEL (translator_kernels.timing, read-only):
 
   grouped GEMMs   tiles.model_features at the tile `grouped_config` picks + timing.launch_time; grid =
-                  the kernel's (cap / BM row tiles, the worst case, moe/grouped.py), iterations K_pad / BK,
-                  HBM bytes = per routed expert, timing.gemm_hbm_bytes of its rows. Column "real grid":
-                  the same with only the tiles that hold rows (what item "grid sized from the real row
-                  count" would save).
+                  the real row tiles (those that hold rows: the kernel's other workgroups, up to cap / BM
+                  row tiles, exit after one tile-map read, moe/tile_exit.py; where the launch has more
+                  workgroups than slots, each round of those is charged one memory latency), iterations
+                  K_pad / BK, HBM bytes = per routed
+                  expert, timing.gemm_hbm_bytes of its rows. Column "full grid": the same launch before the
+                  early exit, every cap / BM row tile running its K loop (its HBM bytes as above: the tail
+                  tiles read expert 0's weights, which the model counts only once, with expert 0's own tiles).
   moe_align       one workgroup; per pass (two) and per chunk of 256 ids one global load (a memory latency,
                   the model's) and a barrier, then every lane scans the chunk in LDS: T·k iterations per
                   pass, each max(its issue cycles from the compiled ISA's loop (timing.features),
@@ -17,7 +20,8 @@ launch (translator_kernels/moe), each priced by the timing MODEL (translator_ker
                   read per id, priced at the timing MODEL's loop floor (a memory latency per iteration);
                   the ids are L2 hits on hardware, so that column overstates it by the L2 / HBM latency
                   ratio, but it stays serial in T·k.
-  gating, gather, un-permute   launch floor + bytes at the fitted HBM efficiency (row kernels, memory-bound).
+  gating, gather, un-permute   launch floor + bytes at the fitted HBM efficiency (row kernels, memory-bound);
+                  the gather writes the rows of the real tiles only (permute.py: src_row -2 past the total).
 
 Routing is taken as uniform: a decode batch of B tokens reaches E·(1 - (1 - k/E)^B) experts (expected),
 each with B·k / that many rows; the prefill's T·k pairs spread evenly over all E experts.
@@ -78,17 +82,22 @@ def align_time(feat, pairs: int, arch: str) -> float:
     return g.timing["launch_s"] + 2 * (chunks * g.timing["mem_latency_s"] + pairs * per_id)
 
 
-def grouped_time(rows: list[int], cap: int, n: int, k: int, gated: bool, cfg, arch: str, real: bool) -> float:
+def grouped_time(rows: list[int], cap: int, n: int, k: int, gated: bool, cfg, arch: str, early_exit: bool = True) -> float:
+    """MODEL seconds of one grouped GEMM over experts holding `rows` rows each (module docstring)."""
     g = GPUS[arch]
     n_pad, k_pad = gated_shape(n, k) if gated else padded_shape(n, k)
     feat = model_features(cfg, "bf16", arch)
-    m_tiles = sum(-(-r // cfg.bm) for r in rows) if real else cap // cfg.bm
-    grid = m_tiles * -(-n_pad // cfg.bn) * cfg.split
+    m_tiles = sum(-(-r // cfg.bm) for r in rows) if early_exit else cap // cfg.bm
+    per_row_tile = -(-n_pad // cfg.bn) * cfg.split
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = sum(gemm_hbm_bytes(r, n_pad, k_pad, ESZ, ESZ, ESZ, cfg.bm, cfg.bn, slots, g.llc_bytes) for r in rows)
     hbm += sum(partial_bytes(m_tiles * cfg.bm, n, k, cfg))  # split-K's fp32 partials (written, read back)
     flops = 2.0 * sum(rows) * n * k
-    return launch_time(feat, Launch(grid, k_pad // (cfg.bk * cfg.split), hbm, flops), arch)["t"]
+    t = launch_time(feat, Launch(m_tiles * per_row_tile, k_pad // (cfg.bk * cfg.split), hbm, flops), arch)["t"]
+    exiting = (cap // cfg.bm - m_tiles) * per_row_tile  # one tile-map read each, then gone
+    if (m_tiles * per_row_tile + exiting) <= slots:  # they take slots the real tiles leave free
+        return t
+    return t + math.ceil(exiting / slots) * g.timing["mem_latency_s"]
 
 
 def layer(name: str, phase: str, arch: str, align_feat) -> dict:
@@ -102,22 +111,23 @@ def layer(name: str, phase: str, arch: str, align_feat) -> dict:
     dn1 = dn
     dn = grouped_split(cap // up.bm, h, i, dn, arch)  # what moe_experts runs (split-K where the grid is small)
     pairs = t * k
+    real_rows = sum(-(-r // up.bm) for r in rows) * up.bm
     out = {
         "gating": memory_floor(t * e * 4 + pairs * 12, arch),
         "align": align_time(align_feat, pairs, arch),
-        "gather": memory_floor(t * h * ESZ + cap * (h * ESZ + 4), arch),
-        "gate/up": grouped_time(rows, cap, i, h, True, up, arch, real=False),
-        "down": grouped_time(rows, cap, h, i, False, dn, arch, real=False),
+        "gather": memory_floor(t * h * ESZ + cap * 4 + real_rows * h * ESZ, arch),  # no row past the real total
+        "gate/up": grouped_time(rows, cap, i, h, True, up, arch),
+        "down": grouped_time(rows, cap, h, i, False, dn, arch),
         "unpermute": memory_floor(pairs * (h * ESZ + 8) + t * h * ESZ, arch),
     }
-    real = grouped_time(rows, cap, i, h, True, up, arch, True) + grouped_time(rows, cap, h, i, False, dn, arch, True)
-    down_unsplit = grouped_time(rows, cap, h, i, False, dn1, arch, real=False)
+    full = grouped_time(rows, cap, i, h, True, up, arch, False) + grouped_time(rows, cap, h, i, False, dn, arch, False)
+    down_unsplit = grouped_time(rows, cap, h, i, False, dn1, arch)
     weights = n_exp * 3 * h * i * ESZ
     g = GPUS[arch]
     before = g.timing["launch_s"] + 2 * pairs * g.timing["mem_latency_s"]
     return dict(model=name, phase=phase, arch=arch, align_before=before, experts=n_exp, tile=f"{up.bm}x{up.bn}/{dn.bn}" + (f" split {dn.split}" if dn.split > 1 else ""), cap=cap,
                 down_unsplit=down_unsplit,
-                parts=out, total=sum(out.values()), gemm_real=real, weight_floor=weights / GPUS[arch].hbm_bytes_per_s)
+                parts=out, total=sum(out.values()), gemm_full=full, tiles=(sum(-(-r // up.bm) for r in rows), cap // up.bm), weight_floor=weights / GPUS[arch].hbm_bytes_per_s)
 
 
 def rows(archs=("gfx942", "gfx950")) -> list[dict]:
@@ -137,13 +147,15 @@ def rows(archs=("gfx942", "gfx950")) -> list[dict]:
 def markdown(rs) -> str:
     gpu = {"gfx942": "MI300X", "gfx950": "MI355X"}
     keys = list(rs[0]["parts"])
-    lines = [f"| GPU | model | phase | experts reached | tile BMxBN (up/down) | {' | '.join(keys)} | total | "
-             "GEMMs with real grid | weights at peak HBM | align before | down unsplit |", "|" + "---|" * (len(keys) + 10)]
+    lines = [f"| GPU | model | phase | experts reached | tile BMxBN (up/down) | row tiles run / launched | "
+             f"{' | '.join(keys)} | total | GEMMs, full grid (before the exit) | weights at peak HBM | align before | "
+             "down unsplit |", "|" + "---|" * (len(keys) + 11)]
     for r in rs:
         us = " | ".join(f"{1e6 * r['parts'][k]:.1f}" for k in keys)
         gemm = r["parts"]["gate/up"] + r["parts"]["down"]
-        lines.append(f"| {gpu[r['arch']]} | {r['model']} | {r['phase']} | {r['experts']:.1f} | {r['tile']} | {us} | "
-                     f"**{1e6 * r['total']:.1f}** | {1e6 * r['gemm_real']:.1f} (vs {1e6 * gemm:.1f}) | "
+        lines.append(f"| {gpu[r['arch']]} | {r['model']} | {r['phase']} | {r['experts']:.1f} | {r['tile']} | "
+                     f"{r['tiles'][0]} / {r['tiles'][1]} | {us} | "
+                     f"**{1e6 * r['total']:.1f}** | {1e6 * r['gemm_full']:.1f} (vs {1e6 * gemm:.1f}) | "
                      f"{1e6 * r['weight_floor']:.1f} | {1e6 * r['align_before']:.0f} | {1e6 * r['down_unsplit']:.1f} |")
     return "\n".join(lines)
 

@@ -58,7 +58,7 @@ def test_group_limited_routing():
 @pytest.mark.parametrize("t,k,e,bm", [(37, 3, 6, 16), (150, 2, 5, 32)])  # 111 pairs: one chunk; 300: two
 def test_align_is_a_stable_counting_sort(t, k, e, bm):
     """Every pair gets one slot; an expert's slots are contiguous, in token order, padded to BM; every
-    BM tile belongs to one expert; padding and tail slots read row -1. More than 256 pairs: the ids
+    BM tile belongs to one expert; padding slots read row -1, slots past the real total -2. More than 256 pairs: the ids
     are staged through LDS in chunks of 256, the order holds across chunks."""
     g = torch.Generator().manual_seed(3)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
@@ -76,7 +76,8 @@ def test_align_is_a_stable_counting_sort(t, k, e, bm):
         mine = (flat == x).nonzero().flatten()
         assert torch.equal(pos[mine].long(), torch.arange(off, off + len(mine)))
         off += -(-len(mine) // bm) * bm
-    assert (src[off:] == -1).all() and (tiles[off // bm:] == 0).all()
+    assert (src[off:] == -2).all() and (tiles[off // bm:] == -1).all()  # the tail: no gather, the GEMM tiles exit
+    assert int((src == -1).sum()) == off - t * k  # the padding of the experts' last tiles
     assert int((src >= 0).sum()) == t * k
     with executors.current().run("gfx942") as ex:  # a rank holding experts 2, 3: the others' pairs get pos -1
         src2, _, pos2 = (x.cpu() for x in M.moe_align(ex.put(ids), 2, bm, first_expert=2))
@@ -88,7 +89,7 @@ def test_align_is_a_stable_counting_sort(t, k, e, bm):
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
 def test_moe_experts_five_launches(arch, dt):
     """The whole expert path on flysim: align, gather, the gated grouped GEMM, the down grouped GEMM and
-    the un-permute (with a residual); MFMA counts are the grouped grid's; numerics vs per-token torch."""
+    the un-permute (with a residual); MFMA counts are the real tiles' (the tail tile exits); numerics vs per-token torch."""
     g = torch.Generator().manual_seed(4)
     t, h, inter, e, k = 9, 64, 40, 4, 2  # I = 40: a column tail in both GEMMs
     x = torch.randn(t, h, generator=g).to(dt)
@@ -112,10 +113,11 @@ def test_moe_experts_five_launches(arch, dt):
         from translator_kernels.gemm import expected_mfma_count
 
         cfg = M.grouped_config(-(-t * k // e), inter, h, dt, gated=True)
-        cap = M.capacity(t * k, e, cfg.bm)
+        real = M.real_tiles(ids, e, cfg.bm) * cfg.bm  # the tiles past them exit (moe/tile_exit.py)
+        assert real < M.capacity(t * k, e, cfg.bm)
         up, down = ex.launches[2], ex.launches[3]
         assert sum(up.counters["mfma_by_kind"].values()) == expected_mfma_count(
-            cap, gated_shape(inter, h)[0], h, dt, arch, cfg)
+            real, gated_shape(inter, h)[0], h, dt, arch, cfg)
         assert sum(down.counters["mfma_by_kind"].values()) > 0
 
 

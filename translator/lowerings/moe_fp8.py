@@ -9,9 +9,12 @@ Weights: every expert's gate, up and down rows quantized once at translate time 
 e4m3 (fnuz on gfx942, OCP on gfx950), as fp8_mode quantizes a linear; arranged and stacked by
 grouped_fp8.prepare_experts_fp8 (four constants: W13, S13, W2, S2), rebuilt when a parameter changes.
 
+gpt-oss's experts (moe_gpt_oss.py) take the same path with their extras: the interleaved columns de-interleaved
+before quantization, the fp32 biases added after the scales in both grouped GEMMs, the clamped SwiGLU's up program in
+the gated epilogue (`emit_gpt_oss_fp8`, counter ``moe_experts_fp8_gpt_oss``).
+
 Kept bf16 (the experts then run as under precision="bf16"; counter ``moe_experts_fp8_kept_bf16``, the reason in
-gm.meta["fp8_kept_bf16"] beside fp8_mode's linears): H or I not a multiple of 16 (16-byte fp8 rows), and the
-gpt-oss experts (biases and the clamped up program: the fp8 grouped GEMM takes neither yet).
+gm.meta["fp8_kept_bf16"] beside fp8_mode's linears): H or I not a multiple of 16 (16-byte fp8 rows).
 Counter: ``moe_experts_fp8`` (``moe_experts_fp8_loop`` / ``_dense`` for moe_loops' forms).
 """
 
@@ -32,12 +35,14 @@ from ..runtime.ops import dispatch
 @torch.library.custom_op("flydsl::moe_experts_fp8", mutates_args=())
 def moe_experts_fp8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
                     w2: torch.Tensor, s2: torch.Tensor, inter: int, gate: str, residual: Optional[torch.Tensor],
-                    first_expert: int) -> torch.Tensor:
-    return dispatch("moe_experts_fp8", x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert)
+                    first_expert: int, up: Optional[str] = None, b13: Optional[torch.Tensor] = None,
+                    b2: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return dispatch("moe_experts_fp8", x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert, up, b13,
+                    b2)
 
 
 @moe_experts_fp8.register_fake
-def _(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert):
+def _(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert, up=None, b13=None, b2=None):
     return x.new_empty(x.shape)
 
 
@@ -48,16 +53,18 @@ def _rows(x, weights, ids, residual):
             None if residual is None else residual.reshape(-1, h))
 
 
-def ref_moe_experts_fp8_op(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert):
+def ref_moe_experts_fp8_op(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert, up=None, b13=None,
+                           b2=None):
     x2, w, i, r = _rows(x, weights, ids, residual)
     return K8.ref_moe_experts_fp8(x2, w, i, w13, s13, w2, s2, inter, gate, r, out_dtype=x.dtype,
-                                  first_expert=first_expert).reshape(x.shape)
+                                  first_expert=first_expert, up=up, b13=b13, b2=b2).reshape(x.shape)
 
 
-def kernel_moe_experts_fp8(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert):
+def kernel_moe_experts_fp8(x, weights, ids, w13, s13, w2, s2, inter, gate, residual, first_expert, up=None, b13=None,
+                           b2=None):
     x2, w, i, r = _rows(x, weights, ids, residual)
     return K8.moe_experts_fp8(x2, w, i, w13, s13, w2, s2, inter, gate, residual=r, out_dtype=x.dtype,
-                              first_expert=first_expert).reshape(x.shape)
+                              first_expert=first_expert, up=up, b13=b13, b2=b2).reshape(x.shape)
 
 
 def _sample(dt):
@@ -93,15 +100,20 @@ def given(p):
     return p
 
 
-def emit_experts_fp8(ctx, at, x, weights, ids, gate_up, down, inter, gate, first, lowering, seen):
-    """The fp8 experts before node `at`, or None where they stay bf16 (the reason recorded). gate_up / down:
-    (stack, parameters): stack(*parameters) is HF's [E, 2I, H] / [E, H, I] (moe_loops stacks per-expert linears)."""
-    (stack_gu, gu), (stack_dn, dn) = gate_up, down
-    h = stack_dn(*dn).shape[1]
+def _kept_bf16(ctx, at, h, inter) -> bool:
+    """Whether experts of H -> I -> H before node `at` stay bf16 (then the reason is recorded)."""
     why = keep_bf16_reason(h, inter)
     if why is not None:
         ctx.count("moe_experts_fp8_kept_bf16")
         ctx.gm.meta.setdefault("fp8_kept_bf16", {})[captured_name(at)] = why
+    return why is not None
+
+
+def emit_experts_fp8(ctx, at, x, weights, ids, gate_up, down, inter, gate, first, lowering, seen):
+    """The fp8 experts before node `at`, or None where they stay bf16 (the reason recorded). gate_up / down:
+    (stack, parameters): stack(*parameters) is HF's [E, 2I, H] / [E, H, I] (moe_loops stacks per-expert linears)."""
+    (stack_gu, gu), (stack_dn, dn) = gate_up, down
+    if _kept_bf16(ctx, at, stack_dn(*dn).shape[1], inter):
         return None
     arch, n = ctx.arch, len(gu)
 
@@ -113,3 +125,20 @@ def emit_experts_fp8(ctx, at, x, weights, ids, gate_up, down, inter, gate, first
               for j, (t, name) in enumerate(zip(prepared, ("moe_w13_8", "moe_s13", "moe_w2_8", "moe_s2")))]
     return ctx.emit("moe_experts_fp8", (ctx.cast_in(x, at), weights, ids, *consts, inter, gate, None, first),
                     lowering=lowering, sources=seen, anchor=at, before=at)
+
+
+def emit_gpt_oss_fp8(ctx, at, x, weights, ids, params, inter, gate, up, seen):
+    """gpt-oss's experts (moe_gpt_oss.py) in fp8 before node `at`, or None where they stay bf16. params: HF's
+    gate_up_proj [E, H, 2I], its bias, down_proj [E, I, H], its bias (grouped_fp8.prepare_gpt_oss_experts_fp8)."""
+    if _kept_bf16(ctx, at, params[2].shape[2], inter):
+        return None
+    arch = ctx.arch
+
+    def part(j):
+        return lambda *p: K8.prepare_gpt_oss_experts_fp8(*p, arch)[j]
+
+    names = ("moe_w13_8", "moe_s13", "moe_w2_8", "moe_s2", "moe_b13", "moe_b2")
+    w13, s13, w2, s2, b13, b2 = (ctx.add_constant(t, name, at, derive=part(j), sources=params) for j, (t, name) in
+                                 enumerate(zip(K8.prepare_gpt_oss_experts_fp8(*params, arch), names)))
+    return ctx.emit("moe_experts_fp8", (ctx.cast_in(x, at), weights, ids, w13, s13, w2, s2, inter, gate, None, 0, up,
+                                        b13, b2), lowering="moe_experts_fp8_gpt_oss", sources=seen, anchor=at, before=at)

@@ -14,7 +14,8 @@ forward (transformers `grouped_mm_experts_forward`) then reads, matched at the f
 The weights are used as stored (x @ W, no transpose). -> `moe_experts(x, weights, ids, W13, W2, I,
 gate, ..., up, b13, b2)` with the gate / up programs of `moe.gpt_oss_programs(alpha, L)` and the
 weights and biases de-interleaved and arranged once (`moe.prepare_gpt_oss_experts`), rebuilt if a
-parameter changes. Counter: `moe_experts_gpt_oss`. The module's own loop forward (no
+parameter changes. Counter: `moe_experts_gpt_oss` (under precision="fp8": `moe_experts_fp8_gpt_oss`, the
+fp8 experts of moe_fp8.py with the same biases and programs). The module's own loop forward (no
 experts_implementation: `one_hot`, `where`, `index_add_`) is not matched.
 """
 
@@ -24,6 +25,7 @@ from translator_kernels import moe as K
 
 from ..graph import arg, aten, dtype_of, shape_of
 from ..registry import NO_MATCH, Match, Stage, rule
+from . import moe_fp8
 from .moe import _erase_dead, _gmm, _is, _item, _one_index, _pair, _skip_to, _src, experts_fit, unpermuted_sum
 
 ADDS = (aten.add.Tensor, aten.add_.Tensor)
@@ -150,15 +152,18 @@ def moe_gpt_oss_supported(node, ctx):
 @rule(Stage.PATTERN, aten.sum.dim_IntList, family="moe_experts", supported=moe_gpt_oss_supported,
       doc="HF gpt-oss grouped-mm experts (biases, x @ W, interleaved gate/up, clamped SwiGLU) -> moe_experts")
 def lower_moe_experts_gpt_oss(node, ctx, m):
-    dt = None if ctx.precision == "fp32" else ctx.compute_dtype
     srcs = (m.gate_up, m.gate_up_bias, m.down, m.down_bias)
-    w13, b13, w2, b2 = (ctx.add_constant(_prepared(i, dt)(*srcs), name, node, derive=_prepared(i, dt), sources=srcs)
-                        for i, name in enumerate(("moe_w13", "moe_b13", "moe_w2", "moe_b2")))
     gate, up = K.gpt_oss_programs(m.alpha, m.limit)
-    x = ctx.cast_in(m.x, node)
     inter = m.down.shape[1]
-    new = ctx.emit("moe_experts", (x, m.weights, m.ids, w13, w2, inter, gate, None, 0, up, b13, b2),
-                   lowering="moe_experts_gpt_oss", sources=m.seen, anchor=node, before=node)
+    new = None
+    if ctx.precision == "fp8":  # fp8 experts (moe_fp8.py); None where they stay bf16
+        new = moe_fp8.emit_gpt_oss_fp8(ctx, node, m.x, m.weights, m.ids, srcs, inter, gate, up, m.seen)
+    if new is None:
+        dt = None if ctx.precision == "fp32" else ctx.compute_dtype
+        w13, b13, w2, b2 = (ctx.add_constant(_prepared(i, dt)(*srcs), name, node, derive=_prepared(i, dt), sources=srcs)
+                            for i, name in enumerate(("moe_w13", "moe_b13", "moe_w2", "moe_b2")))
+        new = ctx.emit("moe_experts", (ctx.cast_in(m.x, node), m.weights, m.ids, w13, w2, inter, gate, None, 0, up, b13,
+                                       b2), lowering="moe_experts_gpt_oss", sources=m.seen, anchor=node, before=node)
     node.replace_all_uses_with(ctx.cast(new, dtype_of(node), node))
     _erase_dead(ctx, m.seen)
     return new

@@ -195,6 +195,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         raise KernelInputError(f"gemm: split {split} does not divide the {k_pad // bk} K tiles of K_pad={k_pad}, BK={bk}")
     if grouped and split > 1 and (has_bias or has_residual):  # Res carries the tile map, P is the workspace
         raise KernelInputError("gemm: a grouped split-K GEMM takes no bias or residual")
+    if grouped:  # tiles past the real rows exit (moe/tile_exit.py; imported here: moe imports this module)
+        from translator_kernels.moe import tile_exit as tx
     nk = k_pad // bk // split  # K tiles per workgroup
     if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
         raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
@@ -346,7 +348,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         b_base = 0  # the bias row: the tile's expert's with `grouped` (stacked [E, N] or [E, N_pad] gated)
         if const_expr(grouped):  # the M tile's expert (moe): W of that expert
             tmap = rsrc(Res, m // bm * 4) if split > 1 else rsrc(Cnt, cnt_bytes)  # split-K: Cnt holds tickets
-            expert = fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, tmap, _raw(bx * 4), zero))
+            expert = tx.uniform(rocdl.raw_ptr_buffer_load(T.i32, tmap, _raw(bx * 4), zero))
+            exit_gate = tx.begin(expert)  # a tile past the real rows (map -1) skips the rest (moe/tile_exit.py)
             w_base = expert * w_bs
             b_base = expert * (n_pad if gate is not None else n)
         w_voff = []
@@ -615,6 +618,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                 scf.YieldOp([])
         else:
             finish(accs)
+        if const_expr(grouped):
+            tx.end(exit_gate)
 
     return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
 

@@ -25,7 +25,7 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.gated import gated_weight, unarrange_gated
 from translator_kernels.gemm.kernel import apply_epilogue_torch, canonical_epilogue
 from translator_kernels.gemm.preshuffle import shuffle_weight_batched, unshuffle_weight
-from translator_kernels.moe.grouped import capacity, grouped_config, grouped_gemm, grouped_split
+from translator_kernels.moe.grouped import capacity, grouped_config, grouped_gemm, grouped_split, real_tiles
 from translator_kernels.moe.permute import build_moe_align, build_moe_gather, build_moe_unpermute
 from translator_kernels.moe.routing import MAX_EXPERTS, build_topk_gating
 
@@ -80,7 +80,8 @@ def moe_align(ids, num_experts: int, bm: int, first_expert: int = 0):
 
 
 def moe_gather(x, src_row):
-    """xs [cap, H]: xs[s] = x[src_row[s]], zero rows where src_row[s] < 0."""
+    """xs [cap, H]: xs[s] = x[src_row[s]], zero rows where src_row[s] = -1 (padding); rows past the real total
+    (src_row -2) are left unwritten: no GEMM tile reads them (tile_exit.py)."""
     cap, h = src_row.shape[0], x.shape[1]
     xs = torch.empty((cap, h), dtype=x.dtype, device=x.device)
     row_bytes = h * x.element_size()
@@ -218,4 +219,4 @@ def ref_moe_experts(x, weights, ids, w13, w2, inter, gate="silu", residual=None,
 
 
 __all__ = ["capacity", "grouped_config", "grouped_gemm", "grouped_split", "moe_align", "moe_experts", "moe_gather", "moe_unpermute",
-           "gpt_oss_programs", "prepare_experts", "prepare_gpt_oss_experts", "ref_moe_experts", "ref_topk_gating", "topk_gating"]
+           "gpt_oss_programs", "prepare_experts", "prepare_gpt_oss_experts", "real_tiles", "ref_moe_experts", "ref_topk_gating", "topk_gating"]

@@ -7,8 +7,10 @@ weight layout (one preshuffled [N_pad, K_pad] matrix per expert, stacked), same 
 SwiGLU epilogue for the gate/up projection. The only difference is where a workgroup's W starts:
 the tile's expert, one int32 load per workgroup, times the per-expert stride.
 
-The grid covers the worst-case row count `cap` (T·k + min(E, T·k)·(BM - 1), a multiple of BM):
-tiles past the real total hold rows of zeros and cost their MFMAs (decode: a few tiles). No 8-wave tile.
+The grid covers the worst-case row count `cap` (T·k + min(E, T·k)·(BM - 1), a multiple of BM), a size the
+host knows without reading the routing. The tiles past the real total (tile map -1, written by the align
+kernel on the device) exit before their first load (tile_exit.py): no A or W bytes, no MFMA, no store.
+`real_tiles` counts the ones that run. No 8-wave tile.
 
 Split-K (the plain epilogue only: the down projection): the dense kernel's in-launch split-K
 (gemm/splitk.py: fp32 partials in P, a ticket per tile region in Cnt, the last split of a tile adds them
@@ -66,6 +68,15 @@ def capacity(pairs: int, experts: int, bm: int) -> int:
     """Rows of the permuted buffer: every pair, plus each non-empty expert's padding to BM."""
     c = pairs + min(experts, pairs) * (bm - 1)
     return -(-c // bm) * bm
+
+
+def real_tiles(ids, experts: int, bm: int, first: int = 0) -> int:
+    """Row tiles that hold rows for expert ids [T, k] (each served expert's pairs padded to BM): the tiles whose
+    workgroups run; the rest of the grid's cap / BM exit at once (tile_exit.py). Host-side, for tests (the launch
+    path never reads ids on the host; bench.moe_model counts the same from its per-expert rows)."""
+    local = ids.reshape(-1).long().cpu() - first
+    counts = torch.bincount(local[(local >= 0) & (local < experts)], minlength=experts)
+    return int((-(-counts // bm)).sum())
 
 
 def grouped_gemm(a, w, tile_expert, n: int, k: int, cfg: GemmConfig, *, gate=None, up=None, bias=None,

@@ -12,13 +12,16 @@ prefill).
   3. lane e walks the pairs again in order: its i-th pair gets slot offset_e + i
      (pos[p] = slot, src_row[slot] = t); its padding slots get src_row = -1;
   4. tile_expert[tile] = e for the tiles of [offset_e, offset_e + padded_e); the tiles past
-     `total` (the buffer is sized for the worst case) get expert 0 and rows of zeros.
+     `total` (the buffer is sized for the worst case) get -1, their slots src_row = -2 (TAIL_ROW): the
+     gather writes nothing there and the grouped GEMM's workgroups of those tiles exit before any load
+     (tile_exit.py).
 So every BM tile of the permuted rows belongs to one expert, which is what the grouped GEMM needs
 (kernel.build_gemm `grouped`: the tile's expert picks the weight). The pairs of one expert stay in
 token order. Each lane still scans the T·k ids twice (from LDS): O(T·k) per lane; a multi-workgroup
 histogram is the next step for long prefill.
 
-`build_moe_gather`: xs[slot, :] = x[src_row[slot], :], zeros where src_row < 0; moves bits, one
+`build_moe_gather`: xs[slot, :] = x[src_row[slot], :], zeros where src_row = -1 (an expert's padding), nothing
+where src_row = -2 (a slot past the real total: the grouped GEMM's tile of it exits, tile_exit.py); moves bits, one
 thread per 16-byte (or 4- / 2-byte, as the row length allows) piece.
 
 `build_moe_unpermute`: out[t, c] = sum_j w[t, j] · y[pos[t·k + j], c] (+ residual[t, c]), the k terms
@@ -35,8 +38,10 @@ from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
 from translator_kernels.gemm.common import OOB, _raw, _v4i32
+from translator_kernels.moe.tile_exit import PAST_TOTAL
 
 ALIGN_LANES = 256
+TAIL_ROW = -2  # src_row of a slot past the real padded total (an expert's padding slot holds -1)
 BLOCK = 256
 _ELEM = {"f32": fx.Float32, "bf16": fx.BFloat16, "f16": fx.Float16}
 
@@ -126,12 +131,12 @@ def build_moe_align(e: int, k: int, bm: int, words: int, arch: str, first: int =
             row0 = fx.Int32(t_idx) * bm
             mine = live & (row0 >= off) & (row0 < off + padded)
             tail = (lane == 0) & (row0 >= total)
-            _st32(tail.select(fx.Int32(0), lane), r_tile, fx.Int32(t_idx), mine | tail)
+            _st32(tail.select(fx.Int32(PAST_TOTAL), lane), r_tile, fx.Int32(t_idx), mine | tail)
             _ = yield [st[0]]
         for i_idx, st in range(fx.Index(0), fx.Index((cap + (ALIGN_LANES - 1)) // ALIGN_LANES), fx.Index(1),
                                init=[fx.Int32(0)]):
             s = fx.Int32(i_idx) * ALIGN_LANES + lane
-            _st32(-1, r_src, s, (s >= total) & (s < cap))
+            _st32(TAIL_ROW, r_src, s, (s >= total) & (s < cap))
             _ = yield [st[0]]
 
     @flyc.jit
@@ -148,7 +153,8 @@ _PIECE = {16: _v4i32, 4: lambda: T.i32, 2: lambda: T.i16}
 
 @kl.builder
 def build_moe_gather(row_bytes: int, piece: int, arch: str):
-    """Launcher `launch(X, SrcRow, Xs, cap, x_bytes)`: Xs[s] = X[SrcRow[s]] (zeros where SrcRow[s] < 0),
+    """Launcher `launch(X, SrcRow, Xs, cap, x_bytes)`: Xs[s] = X[SrcRow[s]] (zeros where SrcRow[s] = -1, not
+    written where it is TAIL_ROW),
     rows of `row_bytes` moved in `piece`-byte pieces. arch keys the cache."""
     ppr = row_bytes // piece  # pieces per row
 
@@ -164,7 +170,7 @@ def build_moe_gather(row_bytes: int, piece: int, arch: str):
         # a padding slot (src < 0) reads past the descriptor: the hardware returns zeros
         x_off = ok.select(src * row_bytes + col * piece, fx.Int32(OOB))
         x = rocdl.raw_ptr_buffer_load(_PIECE[piece](), _rsrc(X, x_bytes), _raw(x_off), zero)
-        out_off = live.select(slot * row_bytes + col * piece, fx.Int32(OOB))
+        out_off = (live & (src != TAIL_ROW)).select(slot * row_bytes + col * piece, fx.Int32(OOB))
         rocdl.raw_ptr_buffer_store(_raw(x), _rsrc(Xs, cap * row_bytes), _raw(out_off), zero)
 
     @flyc.jit
