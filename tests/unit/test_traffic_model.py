@@ -36,7 +36,7 @@ def test_attention_model_equals_flysim(dt, sq, sk, d, arch, causal):
 
     m = traffic.measure_attention(dt, sq, sk, d, arch, causal)
     split = split_geometry(1, 1, sq, sk, d, dt, arch)[0] > 1
-    assert len(m["kernels"]) == 1 + split and "attention_fwd" in m["kernels"][0], m["kernels"]
+    assert len(m["kernels"]) == 1 and "attention_fwd" in m["kernels"][0], m["kernels"]  # split KV combines in the launch
     assert m["moved"] == traffic_model.attention_bytes(dt, sq, sk, d, arch, causal)
 
 
