@@ -136,7 +136,8 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
     if nsplit == 1:
         return heads * (q + kv + sq * d * e)
     partials = nsplit * sq * (dp + 2) * 4
-    # the last slice's merge, in the same launch; + per wave a ticket (an int32 atomic: 4 B read, 4 written)
-    # of each slice and the last one's counter reset
-    combine = sq * (nsplit * 64 * 4 * (3 + -(-d // 64)) + d * e) + nq * (cfg["threads"] // 64) * (8 * nsplit + 4)
+    # the last slice's merge, in the same launch (slices read 4 at a time: a step past nsplit re-reads the
+    # last one); + per wave a ticket (an int32 atomic: 4 B read, 4 written) of each slice and the counter reset
+    merged = -(-nsplit // 4) * 4
+    combine = sq * (merged * 64 * 4 * (3 + -(-d // 64)) + d * e) + nq * (cfg["threads"] // 64) * (8 * nsplit + 4)
     return heads * (q + kv + partials + combine)

@@ -175,7 +175,7 @@ def test_a_fault_after_the_tickets_stays_in_its_call(monkeypatch, when):
 def test_decode_isa_is_one_kernel_without_spills(arch):
     """Llama-3-8B decode (H 32, KV heads 8, D 128, bf16, an 8k cache read up to q_pos) compiles to the
     one forward kernel, merge included (COMPILE_ONLY child, no GPU), with no spills and the VGPRs of
-    2 waves per SIMD (measured: 186 on gfx942, 194 on gfx950; 184 / 192 before the merge)."""
+    2 waves per SIMD (measured: 184 on gfx942, 192 on gfx950, as before the merge)."""
     from translator_kernels.isa import TensorSpec, compile_isa
 
     q, kv = TensorSpec((1, 32, 1, 128), "bfloat16"), TensorSpec((1, 8, 8192, 128), "bfloat16")

@@ -105,6 +105,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     VC = chunk_elems(math.gcd(VN, DV), eb)
     WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
     MERGE_COLS = -(-DV // 64)             # head-dim columns per lane in the split-KV merge
+    MERGE_UNROLL = 4                      # slices per merge step: their loads are in flight together
     OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
@@ -614,25 +615,42 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             n_rows = (left < 16 * RG).select(left, fx.Int32(16 * RG))
             cols = [lane + 64 * j for j in range_constexpr(MERGE_COLS)]
             cols_c = [(c < DV).select(c, 0) for c in cols]
+            ml_ty = ir.VectorType.get([2], ir.F32Type.get())
+            n_steps = (nsplit + (MERGE_UNROLL - 1)) // MERGE_UNROLL
+
+            def slices(t_idx):
+                """The MERGE_UNROLL slices of step t (past nsplit: the last one again, weight 0 below),
+                whose loads are all issued before any is used."""
+                s0 = fx.Int32(t_idx) * MERGE_UNROLL
+                return [(s0 + j < nsplit, (s0 + j < nsplit).select(s0 + j, nsplit - 1))
+                        for j in range_constexpr(MERGE_UNROLL)]
+
             for r_idx in range(fx.Index(0), fx.Index(n_rows), fx.Index(1)):
                 row = row0 + fx.Int32(r_idx)
-                for s_idx, st in range(fx.Index(0), fx.Index(nsplit), fx.Index(1), init=[neg_inf]):
-                    m_s = fx.Float32(fx.ptr_load(ml_ptr + fx.Int64(((first + fx.Int32(s_idx)) * sq + row) * 2),
-                                                 result_type=fx.Float32))
-                    res = yield [fx.arith.maximumf(st[0], m_s)]
+                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1), init=[neg_inf]):
+                    m_s = [fx.Float32(fx.ptr_load(ml_ptr + fx.Int64(((first + sc) * sq + row) * 2), result_type=fx.Float32))
+                           for _, sc in slices(t_idx)]
+                    mx = st[0]
+                    for j in range_constexpr(MERGE_UNROLL):  # a repeated slice leaves the max as it is
+                        mx = fx.arith.maximumf(mx, m_s[j])
+                    res = yield [mx]
                 m_all = res[0] if isinstance(res, (list, tuple)) else res  # one carried value comes back bare
                 if const_expr(sinks):
                     m_all = fx.arith.maximumf(m_all, sink2)
                 m_use = (m_all == neg_inf).select(zero_f, m_all)
-                for s_idx, st in range(fx.Index(0), fx.Index(nsplit), fx.Index(1),
+                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1),
                                        init=[zero_f] + [zero_f for _ in range_constexpr(MERGE_COLS)]):
-                    prow = (first + fx.Int32(s_idx)) * sq + row
-                    ml = fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ir.VectorType.get([2], ir.F32Type.get())))
-                    w = fx.math.exp2(ml[0] - m_use, fastmath=AFN)
-                    acc = [st[1 + j] + w * fx.Float32(fx.ptr_load(w_ptr + fx.Int64(prow * D + cols_c[j]),
-                                                                  result_type=fx.Float32))
-                           for j in range_constexpr(MERGE_COLS)]
-                    res = yield [st[0] + w * ml[1]] + acc
+                    loads = []
+                    for ok, sc in slices(t_idx):
+                        prow = (first + sc) * sq + row
+                        loads.append((ok, fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ml_ty)),
+                                      [fx.Float32(fx.ptr_load(w_ptr + fx.Int64(prow * D + cols_c[j]), result_type=fx.Float32))
+                                       for j in range_constexpr(MERGE_COLS)]))
+                    tot = [st[j] for j in range_constexpr(1 + MERGE_COLS)]
+                    for ok, ml, o_s in loads:  # in slice order
+                        w = ok.select(fx.math.exp2(ml[0] - m_use, fastmath=AFN), zero_f)
+                        tot = [tot[0] + w * ml[1]] + [tot[1 + j] + w * o_s[j] for j in range_constexpr(MERGE_COLS)]
+                    res = yield tot
                 l_all = res[0]
                 if const_expr(sinks):
                     l_all = l_all + fx.math.exp2(sink2 - m_use, fastmath=AFN)
