@@ -111,8 +111,9 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
     * without LDS (one wave) every lane reads its K / V rows with the key clamped to Sk - 1:
       each step moves BLOCK_N whole padded rows of K and of V;
     * the output rows below Sq (real head dim) are written once; a split KV launch writes fp32
-      partials (padded head dim, plus m and l per row) that the combine kernel reads back with
-      all 64 lanes of a row's workgroup: m twice, l and one fp32 per lane per column chunk.
+      partials (padded head dim, plus m and l per row) that the last slice of each wave's rows reads
+      back in the same launch with all 64 lanes of the wave: m twice, l and one fp32 per lane per
+      column chunk; each wave of each slice takes a ticket (int32 atomic) and the last resets it.
     """
     from translator_kernels.attention import attention_config, split_geometry
     from translator_kernels.attention.tiles import padded_head_dim
@@ -135,5 +136,8 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
     if nsplit == 1:
         return heads * (q + kv + sq * d * e)
     partials = nsplit * sq * (dp + 2) * 4
-    combine = sq * (nsplit * 64 * 4 * (3 + -(-d // 64)) + d * e)
+    # the last slice's merge, in the same launch (slices read 4 at a time: a step past nsplit re-reads the
+    # last one); + per wave a ticket (an int32 atomic: 4 B read, 4 written) of each slice and the counter reset
+    merged = -(-nsplit // 4) * 4
+    combine = sq * (merged * 64 * 4 * (3 + -(-d // 64)) + d * e) + nq * (cfg["threads"] // 64) * (8 * nsplit + 4)
     return heads * (q + kv + partials + combine)

@@ -65,8 +65,7 @@ def test_decode_reads_the_cache_up_to_the_position(arch, dtype, pos_dtype, S_max
     pos = torch.tensor([cur], dtype=pos_dtype)
     with _run(arch) as ex:
         out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
-    nsplit, _ = split_geometry(1, 4, 1, S_max, 64, dtype, arch)
-    assert _names(ex.launches) == ["attention_fwd_kernel"] + (["attention_combine_kernel"] if nsplit > 1 else [])
+    assert _names(ex.launches) == ["attention_fwd_kernel"]  # split or not: the combine is inside the launch
     assert out.isfinite().all()
     atol, rtol = op_tolerance(dt, "attention")
     torch.testing.assert_close(out.float(), ref(q, k[:, :, :cur + 1], v[:, :, :cur + 1]), atol=atol, rtol=rtol)
@@ -75,9 +74,10 @@ def test_decode_reads_the_cache_up_to_the_position(arch, dtype, pos_dtype, S_max
 @pytest.mark.flysim_only("reads flysim's counted global bytes")
 def test_long_decode_splits_and_reads_only_the_written_keys():
     """S_max 1024, current length 300: split KV applies (slices past the length are empty), and the
-    kernel reads the written keys' tiles, not the cache: flysim counts 245,760 bytes against
-    589,824 for the same call over all 1024 keys (184,320 for a cache cut to 300 keys; the rest is
-    the empty slices' Q and position reads)."""
+    kernel reads the written keys' tiles, not the cache: flysim counts 278,656 bytes read against
+    622,720 for the same call over all 1024 keys (184,320 for a cache cut to 300 keys; the rest is
+    the empty slices' Q and position reads, and in both calls 32,896 of the last slice's read-back
+    of the 16 slices' partials and the tickets: the merge runs inside this one launch)."""
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 2, 1, 64, generator=g).to(torch.bfloat16)
     k, v = _cache(1, 1, 1024, 64, 300, torch.bfloat16, g)
@@ -85,7 +85,7 @@ def test_long_decode_splits_and_reads_only_the_written_keys():
     with _run("gfx942") as ex:
         out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(pos)).cpu()
     sim = list(ex.launches)
-    assert _names(sim) == ["attention_fwd_kernel", "attention_combine_kernel"]
+    assert _names(sim) == ["attention_fwd_kernel"] and split_geometry(1, 2, 1, 1024, 64, "bf16", "gfx942")[0] > 1
     atol, rtol = op_tolerance(torch.bfloat16, "attention")
     torch.testing.assert_close(out.float(), ref(q, k[:, :, :300], v[:, :, :300]), atol=atol, rtol=rtol)
     with _run("gfx942") as ex:
@@ -134,9 +134,7 @@ def test_sinks_join_the_denominator(arch, dtype, Sq, causal, splits):
     sinks = torch.tensor([-2.0, 0.5, 3.0, 40.0])  # the last dwarfs every score: its head's output ~ 0
     with _run(arch) as ex:
         out = attention(ex.put(q), ex.put(k), ex.put(v), causal=causal, sinks=ex.put(sinks), num_splits=splits).cpu()
-    assert _names(ex.launches)[0] == "attention_fwd_kernel"
-    if splits:
-        assert _names(ex.launches) == ["attention_fwd_kernel", "attention_combine_kernel"]
+    assert _names(ex.launches) == ["attention_fwd_kernel"]  # split KV (splits=4): combined in the launch
     atol, rtol = op_tolerance(dt, "attention")
     torch.testing.assert_close(out.float(), ref(q, k, v, sinks=sinks, causal=causal), atol=atol, rtol=rtol)
 

@@ -14,8 +14,11 @@ aligned is_causal. Any Sq, Sk >= 1.
 Decode (flash-decoding): when the grid of (query blocks, heads, batch) would cover fewer than
 twice the CUs (304 on MI300X, 256 on MI355X) and the query fits one wave (Sq <= 16), the keys
 are split into slices of whole KV tiles, one workgroup each, so that the grid reaches 2x the
-CUs where Sk allows; the forward kernel writes fp32 partial results and combine.py merges them
-in slice order (deterministic). `num_splits` forces a split count (tests, benchmarks).
+CUs where Sk allows; each slice writes fp32 partial results and the last slice of a (batch, head,
+query block, wave) to finish merges them in slice order, inside the same launch (fwd.py; one
+launch, deterministic, no host read: capturable). Its ticket counters come from gemm/splitk.py's
+per-stream pool, owned by the launch until it returned (a launch that raised drops them).
+`num_splits` forces a split count (tests, benchmarks).
 
 `out_order` lays O out in memory in that dim order (outermost first; the head dim stays
 innermost): (0, 2, 1, 3) writes [B, Sq, H, D] memory, the layout eager SDPA returns for a query
@@ -50,11 +53,11 @@ import torch
 
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
-from translator_kernels.attention.combine import make_combine_kernel
 from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
                                               padded_head_dim)
 from translator_kernels.arch import FLOAT_NAMES, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
+from translator_kernels.gemm.splitk import give_back, take_counters
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
 _DTYPES = FLOAT_NAMES
@@ -94,12 +97,6 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
         raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
                                  head_scale, split, row_groups, pos_causal, sinks)
-
-
-@kl.builder
-def build_combine(arch: str, dtype: str, head_dim: int, sinks: bool = False):
-    """The split-KV combine launcher (arch keys the cache)."""
-    return make_combine_kernel(dtype, head_dim, padded_head_dim(head_dim), sinks)
 
 
 def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
@@ -297,14 +294,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     if nsplit > 1:
         w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
         wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
+        # one ticket counter per (batch, head, query block, wave), this launch's own (fwd.py)
+        cnt = kr.replay_value(take_counters, q.device, B * H * nq * nw)
     else:
-        w = wml = _placeholder(q.device)
+        w = wml = cnt = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
                              rg, has_pos, has_sinks)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
-    args = (q, k, v, out, mflat, hs, w, wml, pos, sink_t, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
+    args = (q, k, v, out, mflat, hs, w, wml, pos, sink_t, cnt, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, p_s, nq * nsplit, H, B)
     kl.call(launch, *args)
-    if nsplit > 1:
-        kl.call(build_combine(arch, dtype, D, has_sinks), w, wml, out, sink_t, Sq, H, nsplit, *out.stride()[:3], B)
+    if nsplit > 1:  # the launch returned: its counters are zero again (a launch that raised drops them)
+        kr.replay_effect(give_back, cnt)
     return out if out.dtype == out_dtype else out.to(out_dtype)

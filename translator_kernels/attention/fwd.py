@@ -48,8 +48,13 @@ Vector work per score (the hot loop; translator_kernels.hotloop prices it):
 
 Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
 padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
-Split KV (flash-decoding): `split` runs one workgroup per (query block, KV slice) and writes
-fp32 partials for combine.py.
+Split KV (flash-decoding): `split` runs one workgroup per (query block, KV slice); each wave
+writes its rows' fp32 partials (m, l in log2 units, unnormalized O), then lane 0 takes a ticket
+(atomic add, acq_rel, agent scope: gemm/splitk.py's) on the int32 counter of its (batch, head,
+query block, wave) region. The wave that draws nsplit - 1 arrived last: it zeroes the counter
+(a completed launch leaves them all zero: no clearing launch) and merges its rows' slices in
+slice order 0..nsplit-1 from W / WML, lanes over the head dim (merge_rows). Who merges depends
+on scheduling; what is added and in which order does not: the bits are the same run to run.
 
 Rows whose keys are all masked end with l == 0 and are written as 0, as torch SDPA does.
 Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k <= q.
@@ -69,6 +74,7 @@ from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2
 from translator_kernels.attention import mma, softmax
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
 from translator_kernels.device_math import tanh
+from translator_kernels.gemm.splitk import ticket
 
 
 def gpu_barrier():
@@ -84,7 +90,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     device, element stride p_s; a decode step on a static cache passes its cache positions), and
     the key loop ends at the block's largest position + 1 (the cache is read up to the current
     length, never past it). sinks: one learned logit per head (SK[h], natural units) joins every
-    row's softmax denominator (gpt-oss); split KV adds it in combine.py instead."""
+    row's softmax denominator (gpt-oss); split KV adds it once, in the merge."""
     RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -98,6 +104,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
     VC = chunk_elems(math.gcd(VN, DV), eb)
     WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
+    MERGE_COLS = -(-DV // 64)             # head-dim columns per lane in the split-KV merge
+    MERGE_UNROLL = 4                      # slices per merge step: their loads are in flight together
     OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
@@ -141,7 +149,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     @flyc.kernel(known_block_size=[THREADS, 1, 1])
     def attention_fwd_kernel(
         Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
-        W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor,
+        W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor, CNT: fx.Tensor,
         sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
         nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
         q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
@@ -596,11 +604,79 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         out = fx.Vector.from_elements(vals, fx.Float32) if WC > 1 else fx.Float32(vals[0])
                         fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
 
+        def merge_rows():
+            """The last arriver's merge of this wave's rows below Sq, one row at a time,
+            lanes over the head dim: M = max_s m_s, w_s = exp2(m_s - M), out = sum_s w_s O_s /
+            (sum_s w_s l_s [+ exp2(sink - M)]), the slices read back from W / WML in slice order."""
+            first = (b * nh + h) * nsplit
+            row0 = qblk * BLOCK_M + wave * (16 * RG)
+            left = sq - row0
+            left = (left < zero_i).select(zero_i, left)
+            n_rows = (left < 16 * RG).select(left, fx.Int32(16 * RG))
+            cols = [lane + 64 * j for j in range_constexpr(MERGE_COLS)]
+            cols_c = [(c < DV).select(c, 0) for c in cols]
+            ml_ty = ir.VectorType.get([2], ir.F32Type.get())
+            n_steps = (nsplit + (MERGE_UNROLL - 1)) // MERGE_UNROLL
+
+            def slices(t_idx):
+                """The MERGE_UNROLL slices of step t (past nsplit: the last one again, weight 0 below),
+                whose loads are all issued before any is used."""
+                s0 = fx.Int32(t_idx) * MERGE_UNROLL
+                return [(s0 + j < nsplit, (s0 + j < nsplit).select(s0 + j, nsplit - 1))
+                        for j in range_constexpr(MERGE_UNROLL)]
+
+            for r_idx in range(fx.Index(0), fx.Index(n_rows), fx.Index(1)):
+                row = row0 + fx.Int32(r_idx)
+                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1), init=[neg_inf]):
+                    m_s = [fx.Float32(fx.ptr_load(ml_ptr + fx.Int64(((first + sc) * sq + row) * 2), result_type=fx.Float32))
+                           for _, sc in slices(t_idx)]
+                    mx = st[0]
+                    for j in range_constexpr(MERGE_UNROLL):  # a repeated slice leaves the max as it is
+                        mx = fx.arith.maximumf(mx, m_s[j])
+                    res = yield [mx]
+                m_all = res[0] if isinstance(res, (list, tuple)) else res  # one carried value comes back bare
+                if const_expr(sinks):
+                    m_all = fx.arith.maximumf(m_all, sink2)
+                m_use = (m_all == neg_inf).select(zero_f, m_all)
+                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1),
+                                       init=[zero_f] + [zero_f for _ in range_constexpr(MERGE_COLS)]):
+                    loads = []
+                    for ok, sc in slices(t_idx):
+                        prow = (first + sc) * sq + row
+                        loads.append((ok, fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ml_ty)),
+                                      [fx.Float32(fx.ptr_load(w_ptr + fx.Int64(prow * D + cols_c[j]), result_type=fx.Float32))
+                                       for j in range_constexpr(MERGE_COLS)]))
+                    tot = [st[j] for j in range_constexpr(1 + MERGE_COLS)]
+                    for ok, ml, o_s in loads:  # in slice order
+                        w = ok.select(fx.math.exp2(ml[0] - m_use, fastmath=AFN), zero_f)
+                        tot = [tot[0] + w * ml[1]] + [tot[1 + j] + w * o_s[j] for j in range_constexpr(MERGE_COLS)]
+                    res = yield tot
+                l_all = res[0]
+                if const_expr(sinks):
+                    l_all = l_all + fx.math.exp2(sink2 - m_use, fastmath=AFN)
+                inv = (l_all == zero_f).select(zero_f, fx.Float32(1.0) / l_all)
+                for j in range_constexpr(MERGE_COLS):
+                    if cols[j] < DV:
+                        out = fx.Float32(res[1 + j] * inv)
+                        if const_expr(not is_f32):
+                            out = out.to(Elem)
+                        fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + cols[j]))
+
+        def combine_splits():
+            """In-launch split-KV combine (docs/attention.md): after its partial stores each wave takes a ticket
+            of its (batch, head, query block, wave) region; the one that draws nsplit - 1 arrived last:
+            it resets the counter (zero for the next launch) and merges the slices of its rows."""
+            region = ((b * nh + h) * nq + qblk) * num_waves + wave
+            if ticket(CNT, region, lane) == nsplit - 1:
+                if lane == 0:
+                    fx.ptr_store(fx.Int32(0), fx.get_iter(fx.rocdl.make_buffer_tensor(CNT)) + fx.Int64(region))
+                merge_rows()
+
         # ---- epilogue, per row group: O[row, (4g+i)*VN + dt] = acc_dt[i] / l ----
         if const_expr(split):
             w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
             ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
-        if const_expr(sinks and not split):  # this head's sink logit in log2 units
+        if const_expr(sinks):  # this head's sink logit in log2 units
             sk_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(SK))
             sink2 = fx.Float32(fx.ptr_load(sk_ptr + fx.Int64(h), result_type=fx.Float32)) * LOG2E
         for u in range_constexpr(RG):
@@ -623,10 +699,12 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 store_output(rows[u], o_fin, a / den)
             else:
                 store_output(rows[u], o_fin, (l_tot == zero_f).select(zero_f, fx.Float32(1.0) / l_tot))
+        if const_expr(split):
+            combine_splits()
 
     @flyc.jit
     def launch(Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
-               W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor,
+               W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor, CNT: fx.Tensor,
                sq: fx.Int32, sk: fx.Int32, group: fx.Int32, c_qk: fx.Float32, cap: fx.Float32,
                nq: fx.Int32, chunk: fx.Int32, nh: fx.Int32, nsplit: fx.Int32,
                q_sb: fx.Int32, q_sh: fx.Int32, q_ss: fx.Int32,
@@ -636,7 +714,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                m_sb: fx.Int32, m_sh: fx.Int32, m_sq: fx.Int32, m_sk: fx.Int32, p_s: fx.Int32,
                grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
-        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, P, SK, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+        attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, P, SK, CNT, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
                              v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk, p_s).launch(
             grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
 
