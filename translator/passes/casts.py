@@ -138,18 +138,51 @@ def _round_trip(ctx, c, st) -> int:
     if inner is None:
         return 0
     x, wide = inner
-    if dtype_of(x) != narrow or wide not in EXACT.get(narrow, ()) or _layout(x)[1] != _layout(b)[1]:
+    if dtype_of(x) != narrow or wide not in EXACT.get(narrow, ()):
         return 0
+    readers = list(c.users)
+    if _layout(x)[1] != _layout(b)[1] and not all(_flydsl(u) for u in readers):
+        return 0  # a strided source: only FlyDSL readers (checked below) may read it in place
     if not st.free((c,), (x, b, *views)):
         return 0
     cur, made = x, []
-    for v in reversed(views):
-        cur = ctx.insert(v.target, cur, *v.args[1:], before=c, **v.kwargs)
-        made.append(cur)
-    if _layout(cur) != _layout(c):
-        for m in reversed(made):
-            c.graph.erase_node(m)
-        return 0
+    try:
+        for v in reversed(views):
+            cur = ctx.insert(v.target, cur, *v.args[1:], before=c, **v.kwargs)
+            made.append(cur)
+    except RuntimeError:  # a view the strided source cannot take (it would need a copy)
+        return _undo(made, 0)
+    if _layout(cur) == _layout(c):
+        c.replace_all_uses_with(cur)
+        ctx.count("cast_round_trip")
+        return 1
+    if not all(_flydsl(u) for u in readers):
+        return _undo(made, 0)
+    before = [_layouts(val(u)) for u in readers]
     c.replace_all_uses_with(cur)
-    ctx.count("cast_round_trip")
+    for u in readers:
+        ctx.infer(u)
+    if [_layouts(val(u)) for u in readers] != before:  # a reader's result would change its layout
+        cur.replace_all_uses_with(c)
+        for u in readers:
+            ctx.infer(u)
+        return _undo(made, 0)
+    ctx.count("cast_round_trip_strided")
     return 1
+
+
+def _flydsl(n) -> bool:
+    return n.op == "call_function" and getattr(n.target, "namespace", None) == "flydsl"
+
+
+def _layouts(v) -> tuple:
+    """Shapes and strides of a value or of each tensor of a list / tuple of them."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_layouts(t) for t in v)
+    return (tuple(str(d) for d in v.shape), tuple(str(s) for s in v.stride())) if isinstance(v, torch.Tensor) else ()
+
+
+def _undo(made, result):
+    for m in reversed(made):
+        m.graph.erase_node(m)
+    return result
