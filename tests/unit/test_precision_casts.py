@@ -5,6 +5,8 @@ them can take them (docs/precision.md).
   V's column slice of the merged QKV output, widened and narrowed back around the heads split, is
   read by the attention in place (passes/casts.py, counter `cast_round_trip_strided`); the final
   norm's `alias` between its two casts no longer keeps them (a view, like the others).
+- A GEMM whose bf16 output is widened to fp32 by a cast kernel (the LM head's logits) stores fp32
+  itself, rounded to bf16 first (passes/store_casts.py, counter `gemm_out_cast`).
 - The outputs are bit-identical to the translation without the cast passes (every fold is exact).
 - Where a reader would see the new strides (a PyTorch op, or a FlyDSL op whose result would change
   its layout), the casts stay.
@@ -58,12 +60,14 @@ def test_a_layer_under_bf16_precision_is_eight_launches(family):
         tm = translator.translate(m, x, backend="reference", precision="bf16", dynamic_shapes=None)
         assert tm.report.verification.passed, tm.report.verification.message
         assert tm.report.counters.get("cast_round_trip_strided") == layers, tm.report.counters
+        assert tm.report.counters.get("gemm_out_cast") == 1, tm.report.counters  # the LM head
         per.append(_fly(tm))
     assert per[1] - per[0] == 8, f"{per[1] - per[0]} FlyDSL launches per layer"
     casts = [n for n in tm.gm.graph.nodes if n.target is torch.ops.flydsl.fused_elementwise.default
              and {op for op, *_ in parse(n.args[1]).ops} == {"cast"}]
-    # what is left is the model's own edges: the embedding's fp32 output to bf16 and the logits back to fp32
-    assert len(casts) == 2, [n.args[1] for n in casts]
+    # what is left: the embedding's fp32 output to bf16 (the table stays the user's fp32 parameter)
+    assert len(casts) == 1 and casts[0].args[0][0].target is torch.ops.flydsl.embedding.default, casts
+    assert per[0] == 13  # embedding, its cast, 8, the last residual add, the final norm, the LM head
 
 
 def test_hf_llama_bits_equal_the_unfused_translation(unfused):
@@ -105,10 +109,12 @@ def test_the_attention_reads_the_strided_slices_on_flysim(unfused):
     tm = translator.translate(m, x, backend="flysim", precision="bf16", dynamic_shapes=None)
     assert tm.report.verification.passed, tm.report.verification.message
     assert tm.report.counters.get("cast_round_trip_strided") == 3, tm.report.counters  # q, k and v
+    assert tm.report.counters.get("gemm_out_cast") == 1, tm.report.counters  # the output projection
     with torch.no_grad():
         got = tm(*x)
     fams = [c.family for c in tm.last_calls if c.launches]
-    assert fams[fams.index("gemm") + 1] == "attention", fams  # no cast kernel between them
+    assert fams == ["fused_elementwise", "gemm", "attention", "gemm"], fams  # x to bf16, then no cast kernel
+    assert got.dtype == torch.float32
     unfused()
     ref = translator.translate(m, x, backend="flysim", precision="bf16", dynamic_shapes=None)
     with torch.no_grad():

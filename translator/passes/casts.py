@@ -47,7 +47,7 @@ EXACT = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.f
          torch.float32: (torch.float64,)}
 
 # views whose result depends on their input's shape and strides only, never on its dtype or values
-VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.transpose.int,
+VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default, aten.transpose.int,
          aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
          aten.slice.Tensor, aten.select.int, aten.expand.default, aten.t.default, aten.unflatten.int,
          aten.flatten.using_ints}

@@ -1,0 +1,83 @@
+"""A GEMM's output widened to fp32 by the precision mode: the GEMM stores fp32 itself, no cast kernel.
+
+Under precision="bf16" / "fp16" on an fp32 model every lowering casts its output back to the model's
+fp32 (`LowerCtx.replace`). Where nothing lowered reads it next (the LM head's logits, the model's
+output; gpt-fast's QKV projection, split in fp32 before RoPE and the fp32 KV cache), the cast stays
+after passes/casts.py, and partition makes it a generated kernel of one op:
+
+    y = flydsl.gemm(x16, W16, ...)                          y = flydsl.gemm(x16, W16, ...,
+    z = flydsl.fused_elementwise([y], cast f32)      ->         activation=act; cast bf16,
+                                                                 out_dtype=fp32)
+
+The GEMM accumulates in fp32. Storing the accumulator as it is would be more accurate than the
+graph and differ from it; this fold keeps the precision mode's semantics instead: the epilogue
+rounds to the compute dtype (a `cast` step of its per-element program, after any activation) and
+stores that value widened to fp32, exactly what the cast kernel read and wrote, bit for bit
+(docs/precision.md says why: the translation with and without the fold agree, so a mismatch
+never depends on which folds fired). The store writes twice the bytes of the bf16 output; the
+cast kernel read those and wrote the fp32 copy on top, so traffic goes down as well as a launch.
+
+Refused where the rounding would move: a residual (the kernel adds it after the program, in fp32:
+eager rounds the sum once, the fold would round before the add). The region must be the GEMM's only
+reader and compute the one cast alone; its output keeps the GEMM's layout (both are the dense
+[..., n] of the GEMM: checked). Counter `gemm_out_cast`.
+
+A pass after the consumer folds, not a consumer rule: a cast that a later fold takes (the residual
+add a norm takes with its precision casts, norm_residual.py) must still be there for it; what is
+left by then is a cast kernel that nothing else removes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from translator_kernels.program import DTYPES, Program, epilogue, parse, then
+
+from ..graph import arg, dtype_of, getitem_of, set_args, val
+
+NARROW = (torch.bfloat16, torch.float16)
+
+
+def _layout(v) -> tuple:
+    return tuple(v.shape), tuple(v.stride())
+
+
+def _widening(g):
+    """The one getitem of the region that alone reads gemm `g` and only widens its value to fp32."""
+    fe = torch.ops.flydsl.fused_elementwise.default
+    if len(g.users) != 1:
+        return None
+    f = next(iter(g.users))
+    if f.target is not fe or list(arg(f, "inputs")) != [g]:
+        return None
+    prog = parse(arg(f, "program"))
+    if prog.n != 1 or len(prog.out) != 1 or prog.out[0] != (len(prog.ops), "f32") \
+            or prog.ops not in ((), (("cast", (0,), ("f32",)),)):
+        return None
+    outs = list(f.users)
+    if len(outs) != 1 or getitem_of(outs[0]) is None or _layout(val(outs[0])) != _layout(val(g)):
+        return None
+    return outs[0]
+
+
+def gemm_out_casts(ctx) -> int:
+    gemm = getattr(torch.ops.flydsl, "gemm", None)
+    count = 0
+    for g in list(ctx.gm.graph.nodes):
+        if gemm is None or g.target is not gemm.default or dtype_of(g) not in NARROW \
+                or arg(g, "residual") is not None or arg(g, "out_dtype") is not None:
+            continue
+        out = _widening(g)
+        if out is None:
+            continue
+        f = getitem_of(out)[0]
+        rnd = Program(1, (("cast", (0,), (DTYPES[dtype_of(g)],)),), ((1, "f32"),))
+        act = arg(g, "activation")
+        set_args(g, activation=epilogue(then(parse(act), rnd) if act else rnd), out_dtype=torch.float32)
+        ctx.infer(g)
+        out.replace_all_uses_with(g)
+        ctx.absorb(g, [f])
+        ctx.erase_unused([out, f])
+        ctx.count("gemm_out_cast")
+        count += 1
+    return count
