@@ -22,7 +22,12 @@ eager rounds the sum once, the fold would round before the add). The region must
 reader and compute the one cast alone; its output keeps the GEMM's layout (both are the dense
 [..., n] of the GEMM: checked). Counter `gemm_out_cast`.
 
-A pass after the consumer folds, not a consumer rule: a cast that a later fold takes (the residual
+The same for a gather: the embedding of an fp32 table (the user's parameter) narrowed to bf16 for the
+first norm and the residual stream is stored in bf16 by the gather (`out_dtype`: each row converted
+in registers as `.to()` rounds, bit for bit), counter `embedding_out_cast`. The table stays fp32:
+no bf16 copy of it is made.
+
+Both are passes after the consumer folds, not consumer rules: a cast that a later fold takes (the residual
 add a norm takes with its precision casts, norm_residual.py) must still be there for it; what is
 left by then is a cast kernel that nothing else removes.
 """
@@ -42,17 +47,18 @@ def _layout(v) -> tuple:
     return tuple(v.shape), tuple(v.stride())
 
 
-def _widening(g):
-    """The one getitem of the region that alone reads gemm `g` and only widens its value to fp32."""
+def _cast_region(g, to: str, readers):
+    """The one getitem of the region that alone (beside `readers`, checks that read no value) reads
+    `g` and only casts its value to `to`, keeping g's layout; else None."""
     fe = torch.ops.flydsl.fused_elementwise.default
-    if len(g.users) != 1:
+    if len(readers) != 1:
         return None
-    f = next(iter(g.users))
+    f = readers[0]
     if f.target is not fe or list(arg(f, "inputs")) != [g]:
         return None
     prog = parse(arg(f, "program"))
-    if prog.n != 1 or len(prog.out) != 1 or prog.out[0] != (len(prog.ops), "f32") \
-            or prog.ops not in ((), (("cast", (0,), ("f32",)),)):
+    if prog.n != 1 or len(prog.out) != 1 or prog.out[0] != (len(prog.ops), to) \
+            or prog.ops not in ((), (("cast", (0,), (to,)),)):
         return None
     outs = list(f.users)
     if len(outs) != 1 or getitem_of(outs[0]) is None or _layout(val(outs[0])) != _layout(val(g)):
@@ -67,7 +73,7 @@ def gemm_out_casts(ctx) -> int:
         if gemm is None or g.target is not gemm.default or dtype_of(g) not in NARROW \
                 or arg(g, "residual") is not None or arg(g, "out_dtype") is not None:
             continue
-        out = _widening(g)
+        out = _cast_region(g, "f32", list(g.users))
         if out is None:
             continue
         f = getitem_of(out)[0]
@@ -79,5 +85,29 @@ def gemm_out_casts(ctx) -> int:
         ctx.absorb(g, [f])
         ctx.erase_unused([out, f])
         ctx.count("gemm_out_cast")
+        count += 1
+    return count
+
+
+def embedding_out_casts(ctx) -> int:
+    emb = getattr(torch.ops.flydsl, "embedding", None)
+    count = 0
+    for e in list(ctx.gm.graph.nodes):
+        if emb is None or e.target is not emb.default or arg(e, "out_dtype") is not None:
+            continue
+        checks = [u for u in e.users if u.target is torch.ops.aten._assert_tensor_metadata.default]
+        out = _cast_region(e, "bf16", [u for u in e.users if u not in checks]) \
+            or _cast_region(e, "f16", [u for u in e.users if u not in checks])
+        if out is None or dtype_of(e) == dtype_of(out):
+            continue
+        f = getitem_of(out)[0]
+        set_args(e, out_dtype=dtype_of(out))
+        ctx.infer(e)
+        out.replace_all_uses_with(e)
+        for c in checks:  # they assert the dtype of the fp32 rows, which no longer exist
+            ctx.gm.graph.erase_node(c)
+        ctx.absorb(e, [f])
+        ctx.erase_unused([out, f])
+        ctx.count("embedding_out_cast")
         count += 1
     return count
