@@ -20,8 +20,11 @@ at values, so the views move onto `x` and both casts go. A cast of a value to a 
 cast to before (the norm-residual fold casts the residual's fp32 input again) reads the first cast.
 
 Where the result would differ from eager other than in values, the casts stay:
-- layout: each cast makes a fresh tensor; the rewrite is made only where `x` has the widened copy's
-  strides and the views on `x` end with the strides of the narrowed result (the stride contract);
+- layout: each cast makes a fresh tensor; the rewrite is made where the views on `x` end with the
+  strides of the narrowed result (the stride contract), or else where every reader of the result is
+  a FlyDSL op whose own result keeps its layout when re-inferred on the new strides (V's column slice
+  of the merged QKV output, its copy dense, read by the attention in place: counter
+  `cast_round_trip_strided`); a PyTorch reader or a view of it keeps the casts;
 - storage: the rewrite makes the result share `x`'s storage, so no op of the graph may write `x`,
   the copy or the result in place (translator.aliases), and the result must not reach the graph's
   outputs (a returned tensor that shares the user's input or another output would surprise).
@@ -29,7 +32,7 @@ Where the result would differ from eager other than in values, the casts stay:
 It runs twice: before partition (aten casts from the lowerings) and after the consumer folds (a
 norm's residual fold casts inputs that partition has made single-cast kernels by then: such a kernel
 counts as the cast it computes). Counter: `cast_round_trip` per pair removed, `cast_repeated` per
-repeated cast.
+repeated cast. `aten.alias` counts as a view (HF's full slice before the LM head is captured as one).
 """
 
 from __future__ import annotations
