@@ -54,6 +54,7 @@ VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, ate
          aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
          aten.slice.Tensor, aten.select.int, aten.expand.default, aten.t.default, aten.unflatten.int,
          aten.flatten.using_ints}
+SPLITS = {aten.split.Tensor, aten.split_with_sizes.default}
 
 
 def _layout(node) -> tuple:
@@ -134,7 +135,7 @@ def _round_trip(ctx, c, st) -> int:
         return 0
     b, narrow = hit
     views = []
-    while isinstance(b, torch.fx.Node) and b.op == "call_function" and b.target in VIEWS:
+    while isinstance(b, torch.fx.Node) and b.op == "call_function" and (b.target in VIEWS or _split_part(b)):
         views.append(b)
         b = b.args[0]
     inner = cast_of(b)
@@ -172,6 +173,14 @@ def _round_trip(ctx, c, st) -> int:
         return _undo(made, 0)
     ctx.count("cast_round_trip_strided")
     return 1
+
+
+def _split_part(n) -> bool:
+    """`n` is one part of a split (GPT-2's `c_attn(x).split(d, 2)`): a view, walked as the split node and
+    its getitem (the rebuilt chain splits the narrow tensor again, a view as well)."""
+    if n.target is operator.getitem:
+        return isinstance(n.args[0], torch.fx.Node) and n.args[0].target in SPLITS
+    return n.target in SPLITS
 
 
 def _flydsl(n) -> bool:
