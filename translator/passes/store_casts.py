@@ -27,7 +27,14 @@ first norm and the residual stream is stored in bf16 by the gather (`out_dtype`:
 in registers as `.to()` rounds, bit for bit), counter `embedding_out_cast`. The table stays fp32:
 no bf16 copy of it is made.
 
-Both are passes after the consumer folds, not consumer rules: a cast that a later fold takes (the residual
+And for a generated elementwise kernel: its fp32 output read, through views only, by a cast kernel
+to bf16 (GPT-2's `gelu(fc(x))` viewed back to [-1, 4d] before the projection: a view between the two
+regions keeps partition from putting them in one) is stored in bf16 by the kernel that computes it
+(the program's output dtype: the store rounds as the cast does), the views rebuilt on it. Counter
+`region_out_cast`. The layout must come out the same (the fp32 output and the views keep their
+strides, so the narrow views' strides must be the cast's).
+
+All are passes after the consumer folds, not consumer rules: a cast that a later fold takes (the residual
 add a norm takes with its precision casts, norm_residual.py) must still be there for it; what is
 left by then is a cast kernel that nothing else removes.
 """
@@ -39,12 +46,13 @@ import torch
 from translator_kernels.program import DTYPES, Program, epilogue, parse, then
 
 from ..graph import arg, dtype_of, getitem_of, set_args, val
+from .casts import VIEWS
 
 NARROW = (torch.bfloat16, torch.float16)
 
 
 def _layout(v) -> tuple:
-    return tuple(v.shape), tuple(v.stride())
+    return tuple(str(d) for d in v.shape), tuple(str(d) for d in v.stride())
 
 
 def _cast_region(g, to: str, readers):
@@ -110,4 +118,60 @@ def embedding_out_casts(ctx) -> int:
         ctx.erase_unused([out, f])
         ctx.count("embedding_out_cast")
         count += 1
+    return count
+
+
+def _narrowing(o):
+    """(view chain, cast kernel's getitem, dtype name) when fp32 value `o` is read only through views,
+    each the only reader of the one before, by one kernel casting it alone to bf16 / fp16."""
+    chain, n = [], o
+    while len(n.users) == 1:
+        u = next(iter(n.users))
+        if u.op == "call_function" and u.target in VIEWS and u.args[0] is n:
+            chain.append(u)
+            n = u
+            continue
+        for to in ("bf16", "f16"):
+            out = _cast_region(n, to, [u])
+            if out is not None:
+                return chain, out, to
+        return None
+    return None
+
+
+def region_out_casts(ctx) -> int:
+    fe = torch.ops.flydsl.fused_elementwise.default
+    count = 0
+    for f in list(ctx.gm.graph.nodes):
+        if f.target is not fe:
+            continue
+        for o in list(f.users):
+            part = getitem_of(o)
+            if part is None or dtype_of(o) != torch.float32:
+                continue
+            hit = _narrowing(o)
+            if hit is None:
+                continue
+            chain, out, to = hit
+            prog = parse(arg(f, "program"))
+            j = part[1]
+            old_prog, old_vals = arg(f, "program"), [val(v) for v in (o, *chain)]
+            outs = tuple((v, to if k == j else dt) for k, (v, dt) in enumerate(prog.out))
+            set_args(f, program=Program(prog.n, prog.ops, outs).text())
+            ctx.infer(f)
+            o.meta["val"] = val(f)[j]
+            for v in chain:
+                ctx.infer(v)
+            if _layout(val(chain[-1] if chain else o)) != _layout(val(out)):  # the cast's strides differ
+                set_args(f, program=old_prog)
+                ctx.infer(f)
+                for v, old in zip((o, *chain), old_vals):
+                    v.meta["val"] = old
+                continue
+            c = getitem_of(out)[0]
+            out.replace_all_uses_with(chain[-1] if chain else o)
+            ctx.absorb(f, [c])
+            ctx.erase_unused([out, c])
+            ctx.count("region_out_cast")
+            count += 1
     return count
