@@ -43,7 +43,7 @@ def gemm(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.
 
 @gemm.register_fake
 def _(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
-    return a.new_empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype)  # out_dtype: gemm_casts.py
+    return a.new_empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype)  # out_dtype: passes/store_casts.py
 
 
 @torch.library.custom_op("flydsl::bmm", mutates_args=())
