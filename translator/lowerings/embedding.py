@@ -11,6 +11,8 @@ synchronization (flysim on CPU); the kernel never reads outside the table.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..graph import aten, arg, dtype_of, dtype_reason, shape_of
@@ -19,23 +21,24 @@ from ..runtime.ops import dispatch
 
 
 @torch.library.custom_op("flydsl::embedding", mutates_args=())
-def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return dispatch("embedding", weight, ids)
+def embedding(weight: torch.Tensor, ids: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return dispatch("embedding", weight, ids, out_dtype)
 
 
 @embedding.register_fake
-def _(weight, ids):
-    return weight.new_empty((*ids.shape, weight.shape[1]))
+def _(weight, ids, out_dtype=None):
+    return weight.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype or weight.dtype)  # passes/store_casts.py
 
 
-def ref_embedding(weight, ids):
-    return torch.nn.functional.embedding(ids, weight)
+def ref_embedding(weight, ids, out_dtype=None):
+    y = torch.nn.functional.embedding(ids, weight)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
-def kernel_embedding(weight, ids):
+def kernel_embedding(weight, ids, out_dtype=None):
     from translator_kernels.gather import embedding as run
 
-    return run(weight, ids)
+    return run(weight, ids, out_dtype=out_dtype)
 
 
 register_family(OpFamily(

@@ -36,13 +36,14 @@ from ..state import natural
 # ---- the ops ------------------------------------------------------------------------------
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
 def gemm(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
-         activation: Optional[str], residual: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale)
+         activation: Optional[str], residual: Optional[torch.Tensor], scale: float,
+         out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale, out_dtype)
 
 
 @gemm.register_fake
-def _(a, w, n, k, bias, activation, residual, scale):
-    return a.new_empty((*a.shape[:-1], n))
+def _(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
+    return a.new_empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype)  # out_dtype: passes/store_casts.py
 
 
 @torch.library.custom_op("flydsl::bmm", mutates_args=())
@@ -61,7 +62,7 @@ def _(a, b):
 WIDEN_BYTES = 8 << 20
 
 
-def ref_gemm(a, w, n, k, bias, activation, residual, scale):
+def ref_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
     wt = natural(w)  # a lazy prepared weight (state.settle): W itself, no copy to undo
     wt = unshuffle_weight(w, n, k) if wt is None else wt
     x, rows = a.float(), max(1, WIDEN_BYTES // (4 * k))
@@ -77,20 +78,20 @@ def ref_gemm(a, w, n, k, bias, activation, residual, scale):
     y = apply_epilogue_torch(y, activation)
     if residual is not None:
         y = y + residual.float()
-    return y.to(a.dtype)
+    return y.to(out_dtype or a.dtype)
 
 
 def ref_bmm(a, b):
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
-def kernel_gemm(a, w, n, k, bias, activation, residual, scale):
+def kernel_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
     from translator_kernels.gemm import gemm as run
 
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n) if residual is not None else None
-    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale)
+    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale, out_dtype=out_dtype)
     return y.reshape(*lead, n)
 
 

@@ -21,6 +21,7 @@ from .fuse_consumers import fuse_consumers
 from .match import match_stage
 from .normalize import normalize
 from .partition import fuse_regions
+from .store_casts import embedding_out_casts, gemm_out_casts, region_out_casts
 from .strides import fix_strides, record_strides
 
 PIPELINE = [
@@ -36,6 +37,9 @@ PIPELINE = [
     ("partition", fuse_regions),  # elementwise regions -> generated kernels
     ("fuse_consumers", fuse_consumers),  # prologues, epilogues, residual adds into FlyDSL nodes
     ("cast_round_trips_folded", cast_round_trips),  # the same for the casts the folds added (norm residual)
+    ("gemm_out_casts", gemm_out_casts),  # a cast kernel widening a gemm's output: the gemm stores fp32
+    ("embedding_out_casts", embedding_out_casts),  # an embedding narrowed by a cast kernel: the gather stores bf16
+    ("region_out_casts", region_out_casts),  # the same for a generated kernel's output read through views
     ("fix_strides", fix_strides),  # consumers of a FlyDSL op's layout fixed (view -> reshape, ...)
     ("fold_shapes", fold_shapes),  # what depends only on shapes and constants: once per input shape, cached
     ("cleanup", cleanup),

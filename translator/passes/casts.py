@@ -20,8 +20,11 @@ at values, so the views move onto `x` and both casts go. A cast of a value to a 
 cast to before (the norm-residual fold casts the residual's fp32 input again) reads the first cast.
 
 Where the result would differ from eager other than in values, the casts stay:
-- layout: each cast makes a fresh tensor; the rewrite is made only where `x` has the widened copy's
-  strides and the views on `x` end with the strides of the narrowed result (the stride contract);
+- layout: each cast makes a fresh tensor; the rewrite is made where the views on `x` end with the
+  strides of the narrowed result (the stride contract), or else where every reader of the result is
+  a FlyDSL op whose own result keeps its layout when re-inferred on the new strides (V's column slice
+  of the merged QKV output, its copy dense, read by the attention in place: counter
+  `cast_round_trip_strided`); a PyTorch reader or a view of it keeps the casts;
 - storage: the rewrite makes the result share `x`'s storage, so no op of the graph may write `x`,
   the copy or the result in place (translator.aliases), and the result must not reach the graph's
   outputs (a returned tensor that shares the user's input or another output would surprise).
@@ -29,7 +32,7 @@ Where the result would differ from eager other than in values, the casts stay:
 It runs twice: before partition (aten casts from the lowerings) and after the consumer folds (a
 norm's residual fold casts inputs that partition has made single-cast kernels by then: such a kernel
 counts as the cast it computes). Counter: `cast_round_trip` per pair removed, `cast_repeated` per
-repeated cast.
+repeated cast. `aten.alias` counts as a view (HF's full slice before the LM head is captured as one).
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ EXACT = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.f
          torch.float32: (torch.float64,)}
 
 # views whose result depends on their input's shape and strides only, never on its dtype or values
-VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.transpose.int,
+VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default, aten.transpose.int,
          aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
          aten.slice.Tensor, aten.select.int, aten.expand.default, aten.t.default, aten.unflatten.int,
          aten.flatten.using_ints}
+SPLITS = {aten.split.Tensor, aten.split_with_sizes.default}
 
 
 def _layout(node) -> tuple:
@@ -131,25 +135,70 @@ def _round_trip(ctx, c, st) -> int:
         return 0
     b, narrow = hit
     views = []
-    while isinstance(b, torch.fx.Node) and b.op == "call_function" and b.target in VIEWS:
+    while isinstance(b, torch.fx.Node) and b.op == "call_function" and (b.target in VIEWS or _split_part(b)):
         views.append(b)
         b = b.args[0]
     inner = cast_of(b)
     if inner is None:
         return 0
     x, wide = inner
-    if dtype_of(x) != narrow or wide not in EXACT.get(narrow, ()) or _layout(x)[1] != _layout(b)[1]:
+    if dtype_of(x) != narrow or wide not in EXACT.get(narrow, ()):
         return 0
+    readers = list(c.users)
+    if _layout(x)[1] != _layout(b)[1] and not all(_flydsl(u) for u in readers):
+        return 0  # a strided source: only FlyDSL readers (checked below) may read it in place
     if not st.free((c,), (x, b, *views)):
         return 0
     cur, made = x, []
-    for v in reversed(views):
-        cur = ctx.insert(v.target, cur, *v.args[1:], before=c, **v.kwargs)
-        made.append(cur)
-    if _layout(cur) != _layout(c):
-        for m in reversed(made):
-            c.graph.erase_node(m)
-        return 0
+    try:
+        for v in reversed(views):
+            cur = ctx.insert(v.target, cur, *v.args[1:], before=c, **v.kwargs)
+            made.append(cur)
+    except RuntimeError:  # a view the strided source cannot take (it would need a copy)
+        return _undo(made, 0)
+    if _layout(cur) == _layout(c):
+        c.replace_all_uses_with(cur)
+        ctx.count("cast_round_trip")
+        return 1
+    if not all(_flydsl(u) for u in readers):
+        return _undo(made, 0)
+    before = [_layouts(val(u)) for u in readers]
     c.replace_all_uses_with(cur)
-    ctx.count("cast_round_trip")
+    try:
+        for u in readers:
+            ctx.infer(u)
+        kept = [_layouts(val(u)) for u in readers] == before
+    except RuntimeError:  # a reader's meta function refuses the strides
+        kept = False
+    if not kept:  # a reader's result would change its layout
+        cur.replace_all_uses_with(c)
+        for u in readers:
+            ctx.infer(u)
+        return _undo(made, 0)
+    ctx.count("cast_round_trip_strided")
     return 1
+
+
+def _split_part(n) -> bool:
+    """`n` is one part of a split (GPT-2's `c_attn(x).split(d, 2)`): a view, walked as the split node and
+    its getitem (the rebuilt chain splits the narrow tensor again, a view as well)."""
+    if n.target is operator.getitem:
+        return isinstance(n.args[0], torch.fx.Node) and n.args[0].target in SPLITS
+    return n.target in SPLITS
+
+
+def _flydsl(n) -> bool:
+    return n.op == "call_function" and getattr(n.target, "namespace", None) == "flydsl"
+
+
+def _layouts(v) -> tuple:
+    """Shapes and strides of a value or of each tensor of a list / tuple of them."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_layouts(t) for t in v)
+    return (tuple(str(d) for d in v.shape), tuple(str(s) for s in v.stride())) if isinstance(v, torch.Tensor) else ()
+
+
+def _undo(made, result):
+    for m in reversed(made):
+        m.graph.erase_node(m)
+    return result

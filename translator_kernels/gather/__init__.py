@@ -19,6 +19,7 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.expr import const_expr
 
 from translator_kernels import launch as kl
 from translator_kernels.arch import FLOAT_NAMES
@@ -52,12 +53,16 @@ def _word(t, idx):
 
 
 @kl.builder
-def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str):
+def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str, odt: str | None = None):
     """Launcher `launch(ids32, weight, out, flag, n_vecs)`: rows of length `d`, a table of `vocab`
-    rows, ids given as `words` 32-bit words each (1: int32, 2: int64). arch keys the cache."""
+    rows, ids given as `words` 32-bit words each (1: int32, 2: int64). arch keys the cache. odt: the
+    output's dtype when it is not the table's (each loaded vector converted in registers, rounded to
+    nearest even as torch's `.to()`)."""
     VPR = d // vec  # vectors per row
     ebits = _BITS[dt]
     edt = _ELEM[dt]
+    odt = odt or dt
+    obits, oedt = _BITS[odt], _ELEM[odt]
 
     @flyc.kernel
     def embedding_kernel(Ids: fx.Tensor, W: fx.Tensor, Out: fx.Tensor, Flag: fx.Tensor, NV: fx.Int32):
@@ -74,8 +79,11 @@ def build_embedding(d: int, vocab: int, dt: str, vec: int, words: int, arch: str
         atom = fx.make_copy_atom(_COPY[vec * ebits](), ebits)
         x = rc.load_vec(atom, vec, edt, rc.row_view(W, src, vec), col)
         x = fx.Vector.filled(vec, ok, fx.Boolean).select(x, fx.Vector.filled(vec, 0.0, edt))
+        if const_expr(odt != dt):
+            x = x.to(oedt)
         if live:
-            rc.store_vec(atom, vec, edt, x, rc.row_view(Out, row, vec), col)
+            oatom = fx.make_copy_atom(_COPY[vec * obits](), obits)
+            rc.store_vec(oatom, vec, oedt, x, rc.row_view(Out, row, vec), col)
             if ~ok:
                 one = fx.make_rmem_tensor(1, fx.Int32)
                 fx.memref_store_vec(fx.Vector.filled(1, 1, fx.Int32), one)
@@ -99,8 +107,9 @@ def _check_ids(flag, flat, vocab):
 
 
 @kr.replayed
-def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D]."""
+def embedding(weight: torch.Tensor, ids: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """weight[V, D] float32/bfloat16/float16, ids int32/int64 of any shape -> [*ids.shape, D] in
+    out_dtype (default: the table's; another float dtype: each row converted as torch's `.to()`)."""
     op = "embedding"
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise KernelInputError(f"{op}: weight must be a 2-D tensor [vocab, dim], got "
@@ -115,7 +124,9 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if vocab >= 2**31 or weight.numel() * weight.element_size() >= rc.MAX_BUFFER_BYTES:
         raise KernelInputError(f"{op}: a table of {tuple(weight.shape)} {weight.dtype} spans >= 2 GiB "
                          "(32-bit buffer offsets); split the vocabulary")
-    out = torch.empty((*ids.shape, d), dtype=weight.dtype, device=weight.device)
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise KernelInputError(f"{op}: out_dtype {out_dtype} is not supported; use float32, bfloat16 or float16")
+    out = torch.empty((*ids.shape, d), dtype=out_dtype or weight.dtype, device=weight.device)
     n = ids.numel()
     if n == 0 or d == 0:
         return out
@@ -125,7 +136,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     words = 2 if flat.dtype == torch.int64 else 1
     ids32 = flat.view(torch.int32)  # int64: (low, high) word pairs, no copy
     flag = torch.zeros(1, dtype=torch.int32, device=weight.device)
-    launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch())
+    launcher = build_embedding(d, vocab, dt, vec, words, rc.current_arch(), DTYPES[out.dtype])
     kl.call(launcher, ids32, weight.contiguous(), out.view(n, d), flag, n * (d // vec))
     if flag.device.type == "cpu":  # a host read: a per-call replay repeats it (replay_effect)
         kr.replay_effect(_check_ids, flag, flat, vocab)
