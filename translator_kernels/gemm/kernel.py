@@ -60,7 +60,8 @@ from flydsl.expr.typing import T
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, splitk as sk
-from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
 from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
@@ -70,16 +71,6 @@ _ELEM = {  # name -> (bytes, DSL type)
     "bf16": (2, fx.BFloat16),
     "f16": (2, fx.Float16),
 }
-
-
-def mfma_per_block(dtype: str, arch: str) -> int:
-    """MFMA instructions per 16x16x32 (M x N x K) block (K in the kernel's elements: for fp8 / bf8, 4-byte
-    units of 4 values, mfma8.py)."""
-    if dtype.split("x")[0] in _F8:
-        return mfma8_per_block(arch)
-    if dtype == "f32":
-        return 8
-    return 1 if arch.startswith("gfx950") else 2
 
 
 def _i32(v):
@@ -182,7 +173,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
     if bm % 16 or bn % 16 or bk % 32 or k_pad % bk or k % kp:
         raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
-    is950 = arch.startswith("gfx950")
     if kw not in (1, WAVES) or bn % (16 * WAVES // kw) or bk % (32 * kw):
         raise KernelInputError(f"gemm: kw={kw} needs kw in (1, {WAVES}), BN % {16 * WAVES // kw} == 0, "
                                f"BK % {32 * kw} == 0 (got BN={bn}, BK={bk})")
@@ -220,33 +210,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     class Smem:
         a: fx.Array[fx.Int32, 2 * stage_dw, 16]
 
-    def mfma_block(acc, a_regs, b_regs, scales=None):
-        """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks (scales: MX, mxscale.py)."""
-        if const_expr(fmts is not None):
-            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch, scales)
-        if dtype == "f32":
-            for h in range_constexpr(lph):
-                af = vector.bitcast(_v4f32(), a_regs[h])
-                bf = vector.bitcast(_v4f32(), b_regs[h])
-                for e in range_constexpr(4):
-                    a_s = vector.extract(af, [], [e])
-                    b_s = vector.extract(bf, [], [e])
-                    acc = rocdl.mfma_f32_16x16x4f32_(_v4f32(), a_s, b_s, acc, 0, 0, _none_blgp())
-            return acc
-        half_t = T.bf16 if dtype == "bf16" else T.f16
-        if is950:
-            av = vector.bitcast(T.vec(8, half_t), a_regs[0])
-            bv = vector.bitcast(T.vec(8, half_t), b_regs[0])
-            op = rocdl.mfma_f32_16x16x32_bf16 if dtype == "bf16" else rocdl.mfma_f32_16x16x32_f16
-            return op(_v4f32(), [av, bv, acc])
-        lane_t = T.i16 if dtype == "bf16" else T.f16
-        av = vector.bitcast(T.vec(8, lane_t), a_regs[0])
-        bv = vector.bitcast(T.vec(8, lane_t), b_regs[0])
-        op = rocdl.mfma_f32_16x16x16bf16_1k if dtype == "bf16" else rocdl.mfma_f32_16x16x16f16
-        for s in range_constexpr(2):
-            sel = [4 * s + i for i in range(4)]
-            acc = op(_v4f32(), [vector.shuffle(av, av, sel), vector.shuffle(bv, bv, sel), acc])
-        return acc
+    def mfma_block(acc, a_regs, b_regs, scales=None):  # acc += one 16x16x32 block (mfma16.py)
+        return _mfma_block(acc, a_regs, b_regs, dtype, fmts, arch, lph, scales)
 
     mpb = mfma_per_block(dtype, arch)
     n_scl = ((m_rep if mx else 4 * m_rep) if a_scale in ("block", "mx") else 0) * k_blk + n_rep * k_blk if block \
@@ -621,6 +586,3 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
 _INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
 
-
-def _none_blgp():
-    return ir.Attribute.parse("#rocdl<mfma_perm_b none>")
