@@ -36,12 +36,13 @@ from ..state import natural
 # ---- the ops ------------------------------------------------------------------------------
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
 def gemm(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
-         activation: Optional[str], residual: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale)
+         activation: Optional[str], residual: Optional[torch.Tensor], scale: float,
+         eps: Optional[float] = None) -> torch.Tensor:
+    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale, eps)
 
 
 @gemm.register_fake
-def _(a, w, n, k, bias, activation, residual, scale):
+def _(a, w, n, k, bias, activation, residual, scale, eps=None):
     return a.new_empty((*a.shape[:-1], n))
 
 
@@ -61,7 +62,12 @@ def _(a, b):
 WIDEN_BYTES = 8 << 20
 
 
-def ref_gemm(a, w, n, k, bias, activation, residual, scale):
+def rms_of(x, eps):
+    """rsqrt(mean(x²) + eps) per row of fp32 x: an RMSNorm folded into the GEMM (norm_gemm.py; γ is in W)."""
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def ref_gemm(a, w, n, k, bias, activation, residual, scale, eps=None):
     wt = natural(w)  # a lazy prepared weight (state.settle): W itself, no copy to undo
     wt = unshuffle_weight(w, n, k) if wt is None else wt
     x, rows = a.float(), max(1, WIDEN_BYTES // (4 * k))
@@ -72,6 +78,8 @@ def ref_gemm(a, w, n, k, bias, activation, residual, scale):
         for i in range(0, n, rows):
             y[..., i:i + rows] = x @ wt[i:i + rows].float().t()
     y = y * scale
+    if eps is not None:  # the kernel's order: scale, then the row's rstd (rownorm.py)
+        y = y * rms_of(x, eps)
     if bias is not None:
         y = y + bias.float()
     y = apply_epilogue_torch(y, activation)
@@ -84,13 +92,13 @@ def ref_bmm(a, b):
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
-def kernel_gemm(a, w, n, k, bias, activation, residual, scale):
+def kernel_gemm(a, w, n, k, bias, activation, residual, scale, eps=None):
     from translator_kernels.gemm import gemm as run
 
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n) if residual is not None else None
-    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale)
+    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale, rms_eps=eps)
     return y.reshape(*lead, n)
 
 
