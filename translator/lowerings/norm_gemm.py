@@ -19,10 +19,10 @@ the user's parameters untouched) and the norm's eps: the kernel computes rstd pe
 
 Where it pays (the decode bound `M_MAX`): every GEMM workgroup re-reads its rows of x over the full K (the
 split-K ones too), valid rows x K x element size each. With Llama-3-8B's decode tiles (16 x 16 x 128, split
-4: about 5 workgroups per CU for the QKV GEMM) that is 8 KiB per workgroup and row in bf16, and one
-dependent L2 round per 4 rows: at M = 1 about 40 KiB per CU and one L2 round (~0.4 us), at M = 4 160 KiB and
-one round, at M = 16 640 KiB and 4 rounds, more than the norm launch it saves (~3.8 us: the 1.7 us
-graph-replay gap and the row kernel). So the rule takes M <= 4 (the GEMM's M bucket 4: decode at batch
+2 on gfx942: 768 workgroups, about 2.5 per CU for the QKV GEMM) that is 8 KiB per workgroup and row in
+bf16, and one dependent L2 round per 2 rows: at M = 1 about 20 KiB per CU and one L2 round (~0.4 us), at
+M = 4 80 KiB and 2 rounds, at M = 16 320 KiB and 8 rounds (~3 us of latency alone), as much as the norm
+launch it saves (~3.8 us: the 1.7 us graph-replay gap and the row kernel). So the rule takes M <= 4 (the GEMM's M bucket 4: decode at batch
 1-4), where the MODEL's saving is clear; prefill and larger batches keep the norm kernel.
 
 Taken when: the norm's output is read by this GEMM only; one normalized dim of length K; x, the output and

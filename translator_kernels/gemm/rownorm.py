@@ -8,13 +8,13 @@
 kernel needs one number per A row, rstd, applied to the fp32 accumulator in the epilogue where
 the fp8 path applies its per-row scale sa[row] (kernel.py `build_gemm(..., rownorm=(eps, K))`).
 
-The prologue (`row_rstd`), before the first K tile is stored to LDS (tile 0's A and W loads are
-already in flight, so the two overlap):
+The prologue (`row_rstd`), after tile 0's A is in LDS stage 0 and while tile 0's W loads are in flight
+(the two overlap), before the barrier that starts the K loop:
   1. every workgroup reads its BM rows of A over the FULL K, also a split-K workgroup that owns
      one K slice (the slices' partial sums would otherwise need a second reduction across
-     workgroups). The rows go in groups of G (G x chunks-per-thread <= 8 16-byte loads in flight
-     per thread); a group whose first row is >= M is skipped (a uniform branch): a decode
-     workgroup (M = 1 in a 16-row tile) reads one row, not 16;
+     workgroups). The rows go in groups of G (G x chunks-per-thread <= IN_FLIGHT = 4 16-byte loads
+     per thread; K = 4096 bf16: 2 chunks per thread, G = 2); a group whose first row is >= M is skipped
+     (a uniform branch): a decode workgroup (M = 1 in a 16-row tile) reads one row, not 16;
   2. all 256 threads share a row: thread t reads the 16-byte chunks t, t + 256, ... of it (coalesced),
      widens them to fp32 and sums the squares; a butterfly over the wave's 64 lanes, then lane 0 of
      each wave writes its sum to LDS (the second A stage, free until the first K step ends): slot
@@ -26,9 +26,11 @@ already in flight, so the two overlap):
 
 Extra cost per workgroup (what the timing MODEL needs): the valid rows of its tile times K x the
 element size read once more (A sits in L2 on hardware: the norm's input was just written), one
-barrier, and the latency of ceil(rows / G) dependent rounds of loads before the first K step can
-store tile 0 (the tile-0 loads overlap the first round). Rows with M <= row get rstd from a zero
-sum (finite), and are never stored.
+barrier, and the latency of ceil(rows / G) dependent rounds of loads before the K loop starts (tile
+0's W loads overlap the first round). Registers (compiled, gfx942, K = 4096 bf16, M bucket 4 tiles):
+QKV 16x16x128 split 2 kw 4 32 -> 54 VGPRs, LM head 16x64x32 30 -> 56 (both still 8 waves per SIMD),
+gate + up 16x128x128 90 -> 106 (5 -> 4; its 224-workgroup grid keeps under one per CU anyway); no spills.
+Rows with M <= row get rstd from a zero sum (finite), and are never stored.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32
 
 MAX_LOADS = 16  # 16-byte loads per thread per row: K x element size <= 64 KiB (Llama-3-70B's 8192 bf16: 4)
-IN_FLIGHT = 8  # loads per thread issued before their sums are needed (row groups)
+IN_FLIGHT = 4  # 16-byte loads per thread issued before their sums are needed (row groups): 8 took the decode tiles
+# from 32 to 84 VGPRs (8 -> 5 waves per SIMD); 4 keeps the QKV and LM head tiles at 54 / 56 (8 waves)
 AFN = fx.arith.FastMathFlags.afn  # v_rsq_f32, as the row-norm kernels (rows/norm.py)
 
 
