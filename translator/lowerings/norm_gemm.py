@@ -22,8 +22,9 @@ split-K ones too), valid rows x K x element size each. With Llama-3-8B's decode 
 2 on gfx942: 768 workgroups, about 2.5 per CU for the QKV GEMM) that is 8 KiB per workgroup and row in
 bf16, and one dependent L2 round per 2 rows: at M = 1 about 20 KiB per CU and one L2 round (~0.4 us), at
 M = 4 80 KiB and 2 rounds, at M = 16 320 KiB and 8 rounds (~3 us of latency alone), as much as the norm
-launch it saves (~3.8 us: the 1.7 us graph-replay gap and the row kernel). So the rule takes M <= 4 (the GEMM's M bucket 4: decode at batch
-1-4), where the MODEL's saving is clear; prefill and larger batches keep the norm kernel.
+launch it saves (~3.8 us: the 1.7 us graph-replay gap and the row kernel). So the rule takes M <= 4 (the
+GEMM's M bucket 4: decode at batch 1-4), where the saving is clear; prefill and larger batches keep the norm
+kernel.
 
 Taken when: the norm's output is read by this GEMM only; one normalized dim of length K; x, the output and
 the weight of one dtype (fp32 / bf16 / f16: the model's own, precision="fp32"; the precision modes cast

@@ -38,7 +38,7 @@ kpack (the entry point pads A otherwise); A chunks with row >= M or k >= K, W ch
 N_pad, and C elements with row >= M or col >= N get a sentinel byte offset beyond the
 buffer descriptor's num_records, so the hardware returns 0 / drops the store.
 
-Epilogue, in this order: y = scale * acc (x sw, sa, rstd[row]: rownorm.py); y += bias[col]; y = program(y); y += residual[row, col];
+Epilogue, in this order: y = scale * acc; y += bias[col]; y = program(y); y += residual[row, col];
 C = y cast to the output dtype. `program` is a one-input per-element program of
 translator_kernels.program (the same program and op table as the generated elementwise, reduce
 and scan kernels): any op of the table with compile-time constants, e.g. the chain spellings
