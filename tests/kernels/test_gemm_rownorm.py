@@ -14,7 +14,7 @@ from translator_kernels import gemm as G
 from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.gated import gated_weight
-from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
 DT = {k: NAMED_DTYPES[k] for k in ("f32", "bf16")}
 EPS = 1e-5
@@ -95,3 +95,20 @@ def test_rownorm_errors_name_what_it_takes():
     a = torch.randn(2, 64)
     with pytest.raises(KernelInputError, match="rms_eps needs a in the weight's dtype"):
         G.gemm(a, shuffle_weight(torch.randn(32, 64).bfloat16()), 32, 64, rms_eps=EPS)
+
+
+@pytest.mark.parametrize("m,k,cfg", [(1, 512, CASES[0][4]), (5, 744, CASES[1][4])], ids=["m1-split4", "m5-one-tile"])
+def test_prologue_reads_its_rows_once_more(m, k, cfg):
+    """What the prologue costs in bytes (docs/llama-layer.md, the timing MODEL): every workgroup reads its rows of A
+    over the full K once more (its valid rows only: the groups past M are skipped), nothing else changes."""
+    n = 64
+    a, w, gamma, _ = _inputs("bf16", m, n, k)
+    ws = shuffle_weight(_folded(w, gamma))
+    with executors.current().run("gfx942") as ex:
+        if not ex.counts:
+            pytest.skip("byte counters exist on flysim only")
+        for eps in (None, EPS):
+            G.gemm(ex.put(a), ex.put(ws), n, k, rms_eps=eps, _config=cfg)
+    plain, folded = (rec.counters["global_bytes_read"] for rec in ex.launches)
+    workgroups_per_row_tile = -(-padded_shape(n, k)[0] // cfg.bn) * cfg.split
+    assert folded - plain == workgroups_per_row_tile * m * k * 2, (plain, folded)
