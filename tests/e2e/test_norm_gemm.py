@@ -75,3 +75,28 @@ def test_folded_weight_follows_the_parameters_and_leaves_them_alone():
         layer.post_attention_layernorm.weight.data.copy_(torch.linspace(0.5, 2.0, 128))  # unseen: refresh
         assert tm.refresh_weights() > 0
         torch.testing.assert_close(_out(tm(*x)), _out(m(*x)), **model_tol())
+
+
+@pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
+def test_compile_generation_folds_the_decode_graph_only():
+    """torch.compile(dynamic=False): the prefill graph (8 tokens) keeps its norms, the decode graph (1 token) folds
+    them; the greedy tokens are eager's and the user's cache holds what eager's does."""
+    from bundled_models import load_module  # tests/ is on sys.path (tests/conftest.py)
+    from translator.frontends import compile_backend
+
+    D = load_module("_static_cache_decoder", "_norm_gemm")
+    torch.manual_seed(0)
+    m = D.Model("reshape", D.TINY).eval()
+    prompt = torch.randint(0, D.TINY.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
+    D.reset_caches(m)
+    tokens = D.generate(m, prompt, 4)
+    caches = [c.clone() for c in D.caches(m)]
+    D.reset_caches(m)
+    cm = torch.compile(m, backend="flydsl", dynamic=False, options={"backend": "reference"})
+    assert D.generate(cm, prompt, 4) == tokens
+    for got, want in zip(D.caches(m), caches):
+        torch.testing.assert_close(got, want, **model_tol())
+    recs = compile_backend.reports()
+    assert [r.calls_translated for r in recs] == [1, 3]  # prefill, then the decode graph
+    folds = [r.translated[-1].report.counters.get("norm_gemm", 0) for r in recs]
+    assert folds == [0, 2 * D.TINY.n_layer + 1], folds
