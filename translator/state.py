@@ -108,6 +108,12 @@ def prepared(gm: torch.fx.GraphModule, name: str, derive, sources, natural=None)
     return entry
 
 
+def entry_of(gm: torch.fx.GraphModule, name: str) -> list | None:
+    """The prepared entry [name, derive, sources, stamp, natural] of gm's buffer `name`, or None."""
+    table = _PREPARED.get(gm)
+    return next((e for e in table.entries if e[0] == name), None) if table is not None else None
+
+
 def placeholder(entry: list) -> torch.Tensor:
     """A lazy prepared copy: a meta tensor of `derive(*sources)`'s shape, dtype and strides (derived on
     meta copies of the sources: nothing is computed), carrying its entry."""

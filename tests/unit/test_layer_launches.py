@@ -5,7 +5,8 @@ Each rewrite: the counter moved and the numerics match eager (reference backend 
 forms, flysim where a kernel is named); a form that is not the pattern is left alone. The layer
 count is measured from the translated graph of a tiny HF Llama and the gpt-fast-style model:
 FlyDSL nodes of 2 layers minus those of 1 (before these rewrites: 15 and 13; then 9 and 9 + 2 cache
-writes; with RoPE q, k and the cache writes in one kernel, lowerings/rope_cache.py: 8 and 8)."""
+writes; with RoPE q, k and the cache writes in one kernel, lowerings/rope_cache.py: 8 and 8; at decode, with
+both RMSNorms folded into the GEMMs that read them, lowerings/norm_gemm.py: 6 and 6)."""
 
 from __future__ import annotations
 
@@ -223,4 +224,21 @@ def test_a_llama_layer_is_eight_launches(make, dtype):
     assert all((n.args[4] is not None) == (make is _gptfast) for n in ropes)  # the k cache written by it
     assert tm.report.counters.get("rope_cache_write" if make is _gptfast else "rope_qk") == 2
     assert tm.report.counters.get("rope_casts", 0) == (8 if make is _gptfast and dtype == torch.bfloat16 else 0)
+    assert len(r2) == len(r1), f"PyTorch compute ops added per layer: {[n.format_node() for n in r2]}"
+
+
+@pytest.mark.parametrize("make", [_hf_llama, _gptfast], ids=["hf_llama", "gpt_fast"])
+def test_a_llama_layer_at_decode_is_six_launches(make):
+    """At one token (decode: M = 1 <= norm_gemm.M_MAX) both RMSNorms fold into the GEMMs that read them, the QKV
+    GEMM and the gated MLP GEMM (lowerings/norm_gemm.py): 8 -> 6. The prefill shape above (8 tokens) keeps them."""
+    per = []
+    for layers in (1, 2):
+        m, x = make(layers)
+        x = (x[0][:, :1],) + ((torch.tensor([3]),) if len(x) > 1 else ())
+        tm = translator.translate(m, x, backend="reference", dynamic_shapes=None)
+        assert tm.report.verification.passed, tm.report.verification.message
+        assert tm.report.counters.get("norm_gemm") == 2 * layers + 1  # + the final norm into the LM head
+        per.append(_counts(tm))
+    (f1, r1), (f2, r2) = per
+    assert f2 - f1 == 6, f"{f2 - f1} FlyDSL launches per layer"
     assert len(r2) == len(r1), f"PyTorch compute ops added per layer: {[n.format_node() for n in r2]}"

@@ -38,17 +38,20 @@ GATES = {aten.silu.default: "silu", aten.silu_.default: "silu"}
 
 
 @torch.library.custom_op("flydsl::gemm_gated", mutates_args=())
-def gemm_gated(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
-    return dispatch("gemm_gated", a, w, n, k, bias, gate)
+def gemm_gated(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor], gate: str,
+               eps: Optional[float] = None) -> torch.Tensor:
+    return dispatch("gemm_gated", a, w, n, k, bias, gate, eps)
 
 
 @gemm_gated.register_fake
-def _(a, w, n, k, bias, gate):
+def _(a, w, n, k, bias, gate, eps=None):
     return a.new_empty((*a.shape[:-1], n))
 
 
-def ref_gemm_gated(a, w, n, k, bias, gate):
+def ref_gemm_gated(a, w, n, k, bias, gate, eps=None):
     from translator_kernels.gemm.kernel import apply_epilogue_torch
+
+    from .gemm import rms_of
 
     wg, wu, bg, bu = unarrange_gated(w, bias, n, k)  # a lazy prepared w (state.settle): a meta tensor, no data
     nat = natural(w)  # ... and its gate and up weights come from the model's own
@@ -56,15 +59,17 @@ def ref_gemm_gated(a, w, n, k, bias, gate):
         wg, wu = nat
     x = a.float()
     g, u = x @ wg.float().t(), x @ wu.float().t()
+    if eps is not None:  # an RMSNorm folded in (norm_gemm.py)
+        g, u = g * rms_of(x, eps), u * rms_of(x, eps)
     if bias is not None:
         g, u = g + bg.float(), u + bu.float()
     return (apply_epilogue_torch(g, gate) * u).to(a.dtype)
 
 
-def kernel_gemm_gated(a, w, n, k, bias, gate):
+def kernel_gemm_gated(a, w, n, k, bias, gate, eps=None):
     from translator_kernels.gemm import gemm_gated as run
 
-    return run(a, w, n, k, gate, bias=bias)
+    return run(a, w, n, k, gate, bias=bias, rms_eps=eps)
 
 
 register_family(OpFamily(

@@ -37,12 +37,12 @@ from ..state import natural
 @torch.library.custom_op("flydsl::gemm", mutates_args=())
 def gemm(a: torch.Tensor, w: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
          activation: Optional[str], residual: Optional[torch.Tensor], scale: float,
-         out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale, out_dtype)
+         out_dtype: Optional[torch.dtype] = None, eps: Optional[float] = None) -> torch.Tensor:
+    return dispatch("gemm", a, w, n, k, bias, activation, residual, scale, out_dtype, eps)
 
 
 @gemm.register_fake
-def _(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
+def _(a, w, n, k, bias, activation, residual, scale, out_dtype=None, eps=None):
     return a.new_empty((*a.shape[:-1], n), dtype=out_dtype or a.dtype)  # out_dtype: passes/store_casts.py
 
 
@@ -62,7 +62,12 @@ def _(a, b):
 WIDEN_BYTES = 8 << 20
 
 
-def ref_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
+def rms_of(x, eps):
+    """rsqrt(mean(x²) + eps) per row of fp32 x: an RMSNorm folded into the GEMM (norm_gemm.py; γ is in W)."""
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def ref_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None, eps=None):
     wt = natural(w)  # a lazy prepared weight (state.settle): W itself, no copy to undo
     wt = unshuffle_weight(w, n, k) if wt is None else wt
     x, rows = a.float(), max(1, WIDEN_BYTES // (4 * k))
@@ -73,6 +78,8 @@ def ref_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
         for i in range(0, n, rows):
             y[..., i:i + rows] = x @ wt[i:i + rows].float().t()
     y = y * scale
+    if eps is not None:  # the kernel's order: scale, then the row's rstd (rownorm.py)
+        y = y * rms_of(x, eps)
     if bias is not None:
         y = y + bias.float()
     y = apply_epilogue_torch(y, activation)
@@ -85,13 +92,14 @@ def ref_bmm(a, b):
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
-def kernel_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None):
+def kernel_gemm(a, w, n, k, bias, activation, residual, scale, out_dtype=None, eps=None):
     from translator_kernels.gemm import gemm as run
 
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n) if residual is not None else None
-    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale, out_dtype=out_dtype)
+    y = run(a2, w, n, k, bias=bias, activation=activation, residual=r2, scale=scale, out_dtype=out_dtype,
+            rms_eps=eps)
     return y.reshape(*lead, n)
 
 

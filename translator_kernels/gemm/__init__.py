@@ -73,18 +73,19 @@ def _check_bytes(op, name, t):
 
 
 def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, out_dtype, cfg=None,
-            w_layout="shuffled", gate=None, dt=None, scales=None, w_int8=False, w_int4=0):
+            w_layout="shuffled", gate=None, dt=None, scales=None, w_int8=False, w_int4=0, rms_eps=None):
     """a3: [batch, m, k_eff] contiguous; ws: [batch or 1, N_pad, K_pad] preshuffled, or [batch or 1, N, K]
     (w_layout "nk") or [batch or 1, K, N] (w_layout "kn") row-major, K a multiple of kpack.
     fp8.py: dt "fp8" / "bf8" / "fp8xbf8" with a3, ws (and k) in int32 units of 4 values, cfg given;
-    scales = (a_scale mode, Sa, w_scale mode, Sw) applied in the epilogue (kernel.build_gemm)."""
+    scales = (a_scale mode, Sa, w_scale mode, Sw) applied in the epilogue (kernel.build_gemm).
+    rms_eps: each row's result times rsqrt(mean(a_row²) + rms_eps) over the k elements (gemm/rownorm.py)."""
     arch = kl.arch()  # looked up once per target, not per call
     dt = dt or _DT[a3.dtype]
     n_pad, k_pad = gated_shape(n, k) if gate else padded_shape(n, k)
     k_eff = a3.shape[-1]
     if cfg is None:
         cfg = choose_config(m_bucket(m), n_pad if gate else n, k, a3.dtype, arch)
-        if gate or w_layout == "kn":  # kernel.py's 4-wave layout only
+        if gate or w_layout == "kn" or rms_eps is not None:  # kernel.py's 4-wave layout only
             cfg = four_wave(cfg)
         if gate:  # column pairs live in one wave: 2 x 16 columns per wave at least, no split
             cfg = gated_config(cfg, a3.dtype, arch)
@@ -104,6 +105,7 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
                           **({"head": head} if head else {}),
+                          **({"rownorm": (float(rms_eps), k)} if rms_eps is not None else {}),
                           **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
                           **({"w_int8": True} if w_int8 else {}), **({"w_int4": w_int4} if w_int4 else {}))
     extra = ((bias_t if sa is None else sa), (bias_t if sw is None else sw)) if scales else ()
@@ -179,13 +181,15 @@ def _epilogue_args(op, bias, residual, lead, n, out_dtype):
 
 @kr.replayed
 def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scale=1.0, out_dtype=None,
-         _config=None):
+         rms_eps=None, _config=None):
     """act(scale * (a @ W.T) + bias) + residual with W[n, k] given preshuffled (shuffle_weight).
 
     activation: None, or a one-input program (a Program, its JSON, or a chain spelling such as "gelu"
     or "mul(2.0);sigmoid", see translator_kernels.program.chain) applied in fp32 after the bias and
     before the residual.
     a: [..., k] float32/bfloat16/float16 (fp32 a with a bf16/fp16 weight is cast: precision mode).
+    rms_eps (RMSNorm folded in, γ already in W: rownorm.py): row i of a @ W.T times rsqrt(mean(a[i]²) + rms_eps)
+    before scale, bias and the rest; a's dtype must be the weight's.
     Returns [..., n] in out_dtype (default: a's dtype)."""
     op = "gemm"
     activation = canonical_epilogue(activation)  # KernelInputError names an unknown / malformed step
@@ -196,8 +200,17 @@ def gemm(a, w_shuffled, n, k, *, bias=None, activation=None, residual=None, scal
     a2 = _prep_a(op, a.reshape(m, k), k, w_shuffled.dtype)
     bias, residual = _epilogue_args(op, bias, residual, lead, n, out_dtype)
     out = _launch(op, a2.unsqueeze(0), w_shuffled.unsqueeze(0), n, k, 1, m, bias=bias,
-                  activation=activation, residual=residual, scale=scale, out_dtype=out_dtype, cfg=_config)
+                  activation=activation, residual=residual, scale=scale, out_dtype=out_dtype, cfg=_config,
+                  rms_eps=_rms_eps(op, rms_eps, a, w_shuffled))
     return out.reshape(lead + (n,))
+
+
+def _rms_eps(op, eps, a, w):
+    """eps as given, after checking that the norm reads a as it is (no precision-mode cast first)."""
+    if eps is not None and a.dtype != w.dtype:
+        raise KernelInputError(f"{op}: rms_eps needs a in the weight's dtype ({a.dtype} vs {w.dtype}): the row norm "
+                               f"reads a as it is given")
+    return eps
 
 
 def _batch_view(bt, batch_shape, n, k):
@@ -223,9 +236,10 @@ def _in_place(t, batch_shape, rows, cols):
 
 
 @kr.replayed
-def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=None):
+def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, rms_eps=None, _config=None):
     """gate(a @ Wg.T + bg) * (a @ Wu.T + bu) in one GEMM; w_arranged = gated.gated_weight(Wg, Wu),
-    bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh")."""
+    bias (optional) = gated.gated_weight(bg, bu). gate: an epilogue program ("silu", "gelu_tanh").
+    rms_eps: both products of row i times rsqrt(mean(a[i]²) + rms_eps) (an RMSNorm folded in: gemm)."""
     op = "gemm_gated"
     gate = canonical_epilogue(gate)
     if not gate:
@@ -240,7 +254,8 @@ def gemm_gated(a, w_arranged, n, k, gate, *, bias=None, out_dtype=None, _config=
             raise KernelInputError(f"{op}: arranged bias has shape {tuple(bias.shape)}, expected ({gated_shape(n, k)[0]},)")
         bias = bias.to(torch.float32).contiguous()
     out = _launch(op, a2.unsqueeze(0), w_arranged.unsqueeze(0), n, k, 1, m, bias=bias, activation=None,
-                  residual=None, scale=1.0, out_dtype=out_dtype, cfg=_config, gate=gate)
+                  residual=None, scale=1.0, out_dtype=out_dtype, cfg=_config, gate=gate,
+                  rms_eps=_rms_eps(op, rms_eps, a, w_arranged))
     return out.reshape(lead + (n,))
 
 

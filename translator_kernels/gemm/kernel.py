@@ -59,8 +59,9 @@ from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
-from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, splitk as sk
-from translator_kernels.gemm.mfma8 import FORMATS as _F8, mfma8_block, mfma8_per_block, w8_load_type, w8_to_chunk
+from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, rownorm as rn, splitk as sk
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
 from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
@@ -72,16 +73,6 @@ _ELEM = {  # name -> (bytes, DSL type)
 }
 
 
-def mfma_per_block(dtype: str, arch: str) -> int:
-    """MFMA instructions per 16x16x32 (M x N x K) block (K in the kernel's elements: for fp8 / bf8, 4-byte
-    units of 4 values, mfma8.py)."""
-    if dtype.split("x")[0] in _F8:
-        return mfma8_per_block(arch)
-    if dtype == "f32":
-        return 8
-    return 1 if arch.startswith("gfx950") else 2
-
-
 def _i32(v):
     return fx.Int32(v)
 
@@ -91,7 +82,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0, up=None, head: int = 0):
+               w_int4: int = 0, up=None, head: int = 0, rownorm=None):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -142,7 +133,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     head > 0 (a short first tile, kw = 1, preshuffled W without block / int4 scales): the workgroup's first K
     tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
     whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
-    K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed)."""
+    K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed).
+
+    rownorm = (eps, K_norm) (rownorm.py: RMSNorm folded into the GEMM, γ in W): each workgroup computes
+    rstd = rsqrt(mean(A_row²) + eps) of its rows over the full K, and the epilogue multiplies row by it."""
     fmts = dtype.split("x") if dtype not in _ELEM else None
     w_fp4 = bool(fmts) and fmts[-1] == "fp4"  # MXFP4 weights, 2 codes a byte (mx.py; needs w_scale "mx")
     if fmts and (len(fmts) > 2 or any(f not in _F8 for f in (fmts[:-1] if w_fp4 and len(fmts) == 2 else fmts))):
@@ -163,6 +157,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                                "preshuffled weight; a gate takes per-tensor / row / column scales only")
     activation = canonical_epilogue(activation)  # validates
     esz = 4 if fmts else _ELEM[dtype][0]
+    rownorm = rn.checked(rownorm, fmts, w_layout, grouped, wm, k, esz)
     wsz, wdiv = (1, 2) if w_int4 else (1 if w_int8 else 2 if w_fp4 else esz, 1)  # W bytes per element: wsz / wdiv
     if w_int4 and (fmts or dtype == "f32" or w_int4 not in w4.GROUPS):
         raise KernelInputError(f"gemm: int4 weights take bf16 / fp16 activations and a group in {w4.GROUPS}")
@@ -182,7 +177,6 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     lph = cpb // 4  # 16-byte loads per lane per block (bf16: 1, f32: 2)
     if bm % 16 or bn % 16 or bk % 32 or k_pad % bk or k % kp:
         raise KernelInputError(f"gemm: bad tile {bm}x{bn}x{bk} for K={k} (K_pad={k_pad})")
-    is950 = arch.startswith("gfx950")
     if kw not in (1, WAVES) or bn % (16 * WAVES // kw) or bk % (32 * kw):
         raise KernelInputError(f"gemm: kw={kw} needs kw in (1, {WAVES}), BN % {16 * WAVES // kw} == 0, "
                                f"BK % {32 * kw} == 0 (got BN={bn}, BK={bk})")
@@ -222,33 +216,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     class Smem:
         a: fx.Array[fx.Int32, 2 * stage_dw, 16]
 
-    def mfma_block(acc, a_regs, b_regs, scales=None):
-        """acc += one 16x16x32 block; a_regs/b_regs: list of `lph` vector<4xi32> chunks (scales: MX, mxscale.py)."""
-        if const_expr(fmts is not None):
-            return mfma8_block(acc, a_regs, b_regs, fmts[0], fmts[-1], arch, scales)
-        if dtype == "f32":
-            for h in range_constexpr(lph):
-                af = vector.bitcast(_v4f32(), a_regs[h])
-                bf = vector.bitcast(_v4f32(), b_regs[h])
-                for e in range_constexpr(4):
-                    a_s = vector.extract(af, [], [e])
-                    b_s = vector.extract(bf, [], [e])
-                    acc = rocdl.mfma_f32_16x16x4f32_(_v4f32(), a_s, b_s, acc, 0, 0, _none_blgp())
-            return acc
-        half_t = T.bf16 if dtype == "bf16" else T.f16
-        if is950:
-            av = vector.bitcast(T.vec(8, half_t), a_regs[0])
-            bv = vector.bitcast(T.vec(8, half_t), b_regs[0])
-            op = rocdl.mfma_f32_16x16x32_bf16 if dtype == "bf16" else rocdl.mfma_f32_16x16x32_f16
-            return op(_v4f32(), [av, bv, acc])
-        lane_t = T.i16 if dtype == "bf16" else T.f16
-        av = vector.bitcast(T.vec(8, lane_t), a_regs[0])
-        bv = vector.bitcast(T.vec(8, lane_t), b_regs[0])
-        op = rocdl.mfma_f32_16x16x16bf16_1k if dtype == "bf16" else rocdl.mfma_f32_16x16x16f16
-        for s in range_constexpr(2):
-            sel = [4 * s + i for i in range(4)]
-            acc = op(_v4f32(), [vector.shuffle(av, av, sel), vector.shuffle(bv, bv, sel), acc])
-        return acc
+    def mfma_block(acc, a_regs, b_regs, scales=None):  # acc += one 16x16x32 block (mfma16.py)
+        return _mfma_block(acc, a_regs, b_regs, dtype, fmts, arch, lph, scales)
 
     mpb = mfma_per_block(dtype, arch)
     n_scl = ((m_rep if mx else 4 * m_rep) if a_scale in ("block", "mx") else 0) * k_blk + n_rep * k_blk if block \
@@ -475,6 +444,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         accs = [_raw(fx.Vector.filled(4, 0.0, fx.Float32)) for _ in range(m_rep * n_rep)]
         store_a(load_a(kt0, k_tail and nsteps == 1, True, blocks(0)), 0)
         w_cur = load_w(kt0, k_tail and nsteps == 1, True, blocks(0))
+        if const_expr(rownorm):  # rstd of the tile's rows over the full K, while tile 0's W is in flight
+            rn_v = rn.row_rstd(rownorm, ra, a_base, a_row0, m, k, dtype, bm, m_rep, tid, lane, wave, q, lds.a.ptr,
+                               stage_dw)
         gpu.barrier()
         n_acc = len(accs)
         p0 = 1 if head else 0  # the partial first step runs before the loop
@@ -523,6 +495,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     if const_expr(a_ep != ""):
                         sav = fx.Vector.from_elements(sa_v[mr], fx.Float32)
                         gv, uv = gv * sav, uv * sav
+                    if const_expr(rownorm):
+                        rnv = fx.Vector.from_elements(rn_v[mr], fx.Float32)
+                        gv, uv = gv * rnv, uv * rnv
                     if const_expr(has_bias):
                         bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base) * 4), zero))
                         buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base + 16) * 4), zero))
@@ -557,6 +532,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
                 if const_expr(a_ep != ""):
                     yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
+                if const_expr(rownorm):  # x rstd[row] (rownorm.py)
+                    yv = yv * fx.Vector.from_elements(rn_v[mr], fx.Float32)
                 return yv
 
             if const_expr(store_vec):
@@ -626,6 +603,3 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
 _INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
 
-
-def _none_blgp():
-    return ir.Attribute.parse("#rocdl<mfma_perm_b none>")
