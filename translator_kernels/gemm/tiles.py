@@ -312,12 +312,15 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = gemm_hbm_bytes(m, n_pad, k_pad, esz, esz, esz, cfg.bm, cfg.bn, slots, g.llc_bytes)
     pw, pr = partial_bytes(m, n, k, cfg)
-    nk = k_pad // (cfg.bk * cfg.split) + (1 if cfg.head else 0)  # a short first tile: one more (partial) K step
+    nk = k_pad // (cfg.bk * cfg.split)
+    if cfg.head:  # one more K step: the first holds head / BK of a tile's MFMAs and LDS work, the last the rest
+        nk = nk - 1 + sum(_partial_step(feat, f, units, a) for f in (cfg.head / cfg.bk, 1 - cfg.head / cfg.bk))
     grid, iters = units, nk
     if persistent:
         grid = min(units, persistent)
         iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
-    r = launch_time(feat, Launch(grid, iters, hbm + pw + pr, 2.0 * m * n * k), a)
+    r = launch_time(feat, Launch(grid, iters if isinstance(iters, tuple) else (iters,) * grid, hbm + pw + pr,
+                                 2.0 * m * n * k), a)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
     # the floors against the kernel's own time: the launch floor of the measuring harness left out
@@ -325,6 +328,21 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     return dict(r, grid=grid, units=units, bytes=hbm + pw + pr, hbm_floor=t_hbm, flop_floor=t_flop,
                 kernel_t=kernel_t, floor_fraction=max(t_hbm, t_flop) / kernel_t,
                 of_achievable=t_hbm / g.timing["hbm_efficiency"] / kernel_t, inflight_wave=feat.inflight_bytes)
+
+
+def _partial_step(feat, frac: float, grid: int, arch: str) -> float:
+    """The MODEL's time of a K step holding `frac` of a tile's MFMA and LDS work (`head`'s first and last steps:
+    their empty K blocks are neither loaded nor computed, kernel.py), in full steps: the same loop vector work,
+    memory round trip and latency floor. Read off timing.launch_time as the cost of one more iteration."""
+    from translator_kernels.timing import Launch, launch_time
+
+    def step(f):
+        return (launch_time(f, Launch(grid, 2, 0.0), arch)["t_issue"]
+                - launch_time(f, Launch(grid, 1, 0.0), arch)["t_issue"])
+
+    part = dataclasses.replace(feat, loop_matrix=round(feat.loop_matrix * frac), loop_lds=round(feat.loop_lds * frac),
+                               loop_flops=round(feat.loop_flops * frac))
+    return step(part) / step(feat)
 
 
 def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
@@ -358,9 +376,9 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     best = min(t for t, _ in scored)
     if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
-    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK
+    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK, then the least time
     return min((sc for sc in scored if sc[0] <= best * 1.02),
-               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head))[1]
+               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head, sc[0]))[1]
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:
