@@ -17,7 +17,7 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
     one K tile of W in flight (BN x BK bytes: the HBM bytes in flight; A, which every column
     tile re-reads, comes from L2 when it fits, L2_BYTES, and is not HBM traffic in flight); the
     GPU reaches min(HBM bandwidth, bytes in flight / HBM_LATENCY_S); split-K adds its fp32
-    partials (`partial_bytes`: S x the tile written, S - 1 read back, all counted at HBM).
+    partials (`partial_bytes`: S - 1 tiles written and read back, all counted at HBM).
     Counting A's bytes in flight (before issue 29) made tiles whose in-flight bytes were mostly A
     look as fast as ones streaming W, and gave 0.82-0.99 of HBM where W alone gives 0.24-0.75.
   - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
@@ -204,15 +204,15 @@ def _wide_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
 
 
 def partial_bytes(m: int, n: int, k: int, cfg: GemmConfig) -> tuple[int, int]:
-    """(written, read) bytes of split-K's fp32 partial tiles (splitk.py): every split stores its
-    lanes' accumulators (rows rounded up to 4 per lane), the last arriver reads the other splits."""
+    """(written, read) bytes of split-K's fp32 partial tiles (splitk.py): every split but the last arriver
+    stores its lanes' accumulators (rows rounded up to 4 per lane), the last arriver reads them back."""
     if cfg.split == 1:
         return 0, 0
     n_pad = padded_shape(n, k)[0]
     tiles_m = -(-m // cfg.bm)
     rows = min(tiles_m * cfg.bm, -(-m // 4) * 4)
     per_split = rows * (-(-n_pad // cfg.bn) * cfg.bn) * 4
-    return cfg.split * per_split, (cfg.split - 1) * per_split
+    return (cfg.split - 1) * per_split, (cfg.split - 1) * per_split
 
 
 def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig,
@@ -302,9 +302,8 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     output tiles (x split) round-robin, each loading its first tile in its prologue and every later
     tile's first K tile under the previous tile's last K step (one prologue per workgroup, not per tile).
     prologue=False prices no prologue loads at all (a bound no kernel reaches; variants.py).
-    partials: which split-K partial tiles reach HBM: "all" (splitk.py: every split stores, the last arriver
-    reads the others back), "last kept" (a variant, not built: the last arriver keeps its own in registers),
-    "free" (a bound: none). edit (KernelFeatures fields) and consts (timing constants) override the MODEL's
+    partials: "all" (splitk.py: every split but the last arriver stores its partial tile, which the last one
+    reads back) or "free" (a bound no kernel here reaches: no partial bytes; variants.py). edit (KernelFeatures fields) and consts (timing constants) override the MODEL's
     inputs: variants.model_terms prices each term by taking it away."""
     from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time
 
@@ -319,8 +318,8 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = gemm_hbm_bytes(m, n_pad, k_pad, esz, esz, esz, cfg.bm, cfg.bn, slots, g.llc_bytes)
     pw, pr = partial_bytes(m, n, k, cfg)
-    if partials != "all":
-        pw, pr = (pw - pw // cfg.split, pr) if partials == "last kept" else (0, 0)
+    if partials == "free":
+        pw = pr = 0
     nk = k_pad // (cfg.bk * cfg.split)
     if cfg.head:  # one more K step: the first holds head / BK of a tile's MFMAs and LDS work, the last the rest
         nk = nk - 1 + sum(_partial_step(feat, f, units, a, consts) for f in (cfg.head / cfg.bk, 1 - cfg.head / cfg.bk))

@@ -11,14 +11,10 @@ up to M = 128 on both archs. Two more structural changes were proposed (docs/tim
   the price of a third W register set and a second A staging set (occupancy) and a prologue that loads two
   W tiles before the loop.
 
-Two more price what split-K's fp32 partials cost (at mid M a 2-way split adds a third to the compulsory bytes):
+One more prices what split-K's fp32 partials cost (at M = 256 a 2-way split adds 8.4 MB to 37.7 MB compulsory):
 
-- **last kept**: the last arriver of a tile keeps its own partial in registers and stores none, so a split of
-  S writes S - 1 partial tiles, not S (splitk.py stores first and takes its ticket after, so any split may be
-  last; this one takes the ticket first, and the last waits for the others' stores to land: a spin on a
-  second counter, which is why it is priced, not built);
 - **partials free (bound)**: a K split whose partials cost no HBM bytes (an in-workgroup split that meets in
-  LDS would; at the tiles that need it, 2-8 K groups of 4 waves at 180-240 VGPRs, it does not fit a CU).
+  LDS would; at the tiles that need it, 4-8 K groups of 4 waves at ~236 VGPRs, it does not fit a CU).
 
 `model_terms(m, n, k, dtype, arch, cfg)` prices each term of one tile's MODEL time by taking it away (docs/
 timing-model.md's per-M table: which term stops each M).
@@ -39,7 +35,7 @@ from translator_kernels.gemm.preshuffle import padded_shape
 from translator_kernels.gemm.tiles import (MAX_SPLIT, MAX_VGPR_EST, GemmConfig, arch_key, config_fits, model_estimate,
                                            vgpr_estimate, workgroups_per_cu)
 
-VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "last kept", "prologue free (bound)",
+VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "prologue free (bound)",
             "partials free (bound)")
 _PER_CU = (1, 2, 3, 4, 8)  # persistent grids: workgroups per CU
 
@@ -65,7 +61,7 @@ def _estimates(m, n, k, dtype, arch, variant):
     a = arch_key(arch)
     pf = 2 if "prefetch 2" in variant else 1
     free = variant.startswith("prologue free")
-    partials = {"last kept": "last kept", "partials free (bound)": "free"}.get(variant, "all")
+    partials = "free" if variant == "partials free (bound)" else "all"
     for c in candidates(n, k, dtype, a, pf):
         if variant.startswith("persistent"):
             slots = GPUS[a].cus * workgroups_per_cu(c, dtype, a, pf)
