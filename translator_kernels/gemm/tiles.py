@@ -354,7 +354,7 @@ def _partial_step(feat, frac: float, grid: int, arch: str, consts: dict | None =
 
 
 def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
-    """65 <= M <= 1024: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
+    """65 <= M <= 2048: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
     gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
