@@ -2,6 +2,7 @@
 
     FLYDSL_SRC=/work/flydsl-src python -m bench.calibration [--refresh | --missing] [--fit]
     python -m bench.calibration --gemm-tables     (our GEMM: decode and mid-M tables, both archs)
+    python -m bench.calibration --gemm-terms      (its variant and MODEL-term tables alone, no compile)
 
 The measured points, their sources (FlyDSL's own upstream kernels timed on an MI350X by a public
 profiling study) and how the model is run on them: translator_kernels.measure.calibration's docstring.
@@ -173,6 +174,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                       f"{e['bound']} |", flush=True)
     print()
     variant_table(archs)
+    terms_table(archs)
 
 
 def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, k=4096, dtype="bf16") -> None:
@@ -193,6 +195,36 @@ def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, 
     print()
 
 
+def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=4096, k=4096, dtype="bf16") -> None:
+    """Which MODEL term stops each M (translator_kernels.gemm.variants.model_terms) at the chosen tile."""
+    from translator_kernels.gemm import choose_config, m_bucket
+    from translator_kernels.gemm.variants import model_terms
+
+    print(f"### What each MODEL term adds at N = K = {n} (chosen tile; us, launch floor left out)\n")
+    print("goal = the time issue 29 asks for: 0.8 of the achievable HBM bandwidth for M <= 256, else 1.5 x the better "
+          "of the HBM floor (at the achievable bandwidth) and the FLOP floor. t_issue = MFMA and the rest (the MFMAs, "
+          "the prologue's one latency, latency floors, rounds) + A's LDS traffic + loop vector work + exposed latency "
+          "of each K step + prologue bytes; each is what taking that term alone away saves from t_issue. "
+          "t_mem's partials: split-K's fp32 partial tiles. Gain = what the kernel time loses without the term.\n")
+    print("| arch | M | tile | kernel | goal | binds | t_mem (partials) | t_issue | MFMA and rest | LDS | vector | "
+          "exposed latency | prologue bytes | gain without partials / LDS / exposed latency / prologue |")
+    print("|" + "---|" * 14)
+    for arch in archs:
+        eff = GPUS[arch].timing["hbm_efficiency"]
+        for m in ms:
+            c = choose_config(m_bucket(m), n, k, dtype, arch)
+            r = model_terms(m, n, k, dtype, arch, c)
+            goal = r["hbm_floor"] / eff / 0.8 if m <= 256 else max(r["hbm_floor"] / eff, r["flop_floor"]) * 1.5
+            t, gw = r["terms"], r["gain_without"]
+            print(f"| {arch} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{f' head {c.head}' if c.head else ''} | "
+                  f"{r['kernel_t'] * 1e6:.2f} | {goal * 1e6:.2f} | {r['binds']} | {r['t_mem'] * 1e6:.2f} "
+                  f"({r['partial_t'] * 1e6:.2f}) | {r['t_issue'] * 1e6:.2f} | {r['mfma_and_rest'] * 1e6:.2f} | "
+                  f"{t['lds'] * 1e6:.2f} | {t['vector'] * 1e6:.2f} | {t['exposed_latency'] * 1e6:.2f} | "
+                  f"{t['prologue_bytes'] * 1e6:.2f} | {gw['partials'] * 1e6:.2f} / {gw['lds'] * 1e6:.2f} / "
+                  f"{gw['exposed_latency'] * 1e6:.2f} / {gw['prologue_bytes'] * 1e6:.2f} |", flush=True)
+    print()
+
+
 def _calibration() -> str:
     from translator_kernels.timing import CALIBRATION
 
@@ -207,7 +239,13 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-tables", action="store_true", help="print the decode / mid-M GEMM tables (compiles ours)")
     ap.add_argument("--flysim-bytes", action="store_true",
                     help="run the N = K = 4096 table tiles (M <= 256) under flysim and cache their bytes")
+    ap.add_argument("--gemm-terms", action="store_true",
+                    help="print the mid-M variant and MODEL-term tables only (no compile)")
     a = ap.parse_args(argv)
+    if a.gemm_terms:
+        variant_table()
+        terms_table()
+        return 0
     if a.flysim_bytes:
         from translator_kernels.measure.gemm_flysim import refresh as flysim_refresh
 

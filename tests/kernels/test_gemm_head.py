@@ -85,11 +85,11 @@ def test_model_charges_the_short_first_tile_and_one_more_step():
 @pytest.mark.parametrize("m", [128, 256])
 def test_mid_m_of_achievable_hbm(arch, m):
     """N = K = 4096 (MODEL, constants of the refit: 12 us launch floor, 0.63 streaming cap): M = 128 meets issue
-    29's 0.8 of the achievable HBM bandwidth on both archs (0.90 / 0.93; 0.71 / 0.74 before the short first
-    tile); M = 256 reaches 0.69 / 0.75, short of it (the best legal tile on gfx942 gives 0.695)."""
+    29's 0.8 of the achievable HBM bandwidth on both archs (0.94 / 0.94; 0.71 / 0.74 before the short first
+    tile); M = 256 reaches 0.74 / 0.75, short of it (test_gemm_terms: which term stops it)."""
     cfg = G.choose_config(m, 4096, 4096, "bf16", arch)
     e = tiles.model_estimate(m, 4096, 4096, "bf16", arch, cfg)
-    assert cfg.head and e["of_achievable"] >= (0.8 if m == 128 else 0.68), (cfg, e["of_achievable"])
+    assert cfg.head and e["of_achievable"] >= (0.8 if m == 128 else 0.73), (cfg, e["of_achievable"])
     assert tiles.config_fits(tiles.gated_config(cfg, "bf16", arch), "bf16", arch) is None
 
 

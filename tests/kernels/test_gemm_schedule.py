@@ -101,9 +101,9 @@ def test_split_k_matches_eager_and_is_deterministic(arch, cfg):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_k_result_does_not_depend_on_the_last_arriver(arch, monkeypatch):
     """flysim serializes the tickets in workgroup order, so split 3 draws the last one and adds the
-    partials. With every counter starting at 1, split 2 draws ticket split - 1 instead (split 3 has
-    stored its partial by then: flysim runs each instruction for all workgroups) and adds them: the
-    same bits. The counters this launch used end at 0 again; the others keep their 1."""
+    partials. With every counter starting at 1, split 2 draws ticket split - 1 instead (split 3 stores
+    its partial: its ticket is not split - 1) and adds them: the same bits. The counters this launch
+    used (a ticket and a done counter per region) end at 0 again; the others keep their 1."""
     from translator_kernels.gemm import splitk
 
     cfg = G.GemmConfig(16, 16, 128, split=4, kw=4)
@@ -114,7 +114,8 @@ def test_split_k_result_does_not_depend_on_the_last_arriver(arch, monkeypatch):
     other, _ = _run(arch, a, w, cfg, bias=b, residual=r, activation="silu", scale=0.5)
     assert torch.equal(out, other) and splitk._POOL[torch.device("cpu"), None][-1] is cnt  # given back
     regions = 5  # 1 row tile x 5 column tiles of 16 (N_pad = 80), one region per tile with kw = 4
-    assert int(cnt[:regions].abs().sum()) == 0 and bool((cnt[regions:] == 1).all())
+    used = 2 * regions  # a ticket and a done counter per region
+    assert int(cnt[:used].abs().sum()) == 0 and bool((cnt[used:] == 1).all())
 
 
 def test_split_k_batched_one_tile_per_split():

@@ -6,22 +6,26 @@ reach HBM bandwidth. Splitting K over `split` workgroups per output tile multipl
 A second (reduction) launch would cost a launch gap of about a third of the whole GEMM at these
 sizes, so the splits meet inside the GEMM launch:
 
-  1. every workgroup (x, y + s * N_tiles, z) sums its K_pad / BK / split K tiles and stores its
-     accumulators, as each lane holds them (one 16-byte store per 16x16 block, rows >= M
-     skipped), to slot s of its tile's region in the fp32 workspace P
-     ([region, split, accumulators, 64 lanes, 4]; a region is a tile, or a tile's wave with the
-     default layout where each wave owns its columns);
-  2. lane 0 takes a ticket: an atomic add (acq_rel, agent scope) on the region's int32 counter
-     in Cnt. The release makes the partial stores visible to the other workgroups first;
-  3. the workgroup that draws ticket split - 1 is the last of its region: it resets the counter
-     to 0 (a launch that completes leaves Cnt all zero, so no clearing launch is needed), adds the
-     slots in the fixed order 0, 1, ..., split - 1 (its own from registers, the same fp32 values
-     it stored) and runs the GEMM epilogue.
-The atomic only decides who adds; what is added, and in which order, is fixed by the code, so
-the result is bit-identical from run to run whichever workgroup finishes last. It differs from
-split = 1 only in fp32 rounding of K's partial sums (within the tolerance table). Cost: split x
-the tile bytes written, split - 1 read back (tiles.partial_bytes), which the tile heuristic
-weighs against the fuller grid.
+  1. every workgroup (x, y + s * N_tiles, z) sums its K_pad / BK / split K tiles; lane 0 takes a
+     ticket: an atomic add (acq_rel, agent scope) on its region's ticket counter Cnt[2 region] (a
+     region is a tile, or a tile's wave with the default layout where each wave owns its columns);
+  2. a workgroup whose ticket is not split - 1 stores its accumulators, as each lane holds them
+     (one 16-byte store per 16x16 block, rows >= M skipped), to slot s of its region in the fp32
+     workspace P ([region, split, accumulators, 64 lanes, 4]), then adds 1 to the region's done
+     counter Cnt[2 region + 1] (acq_rel: the release makes its stores visible first);
+  3. the workgroup that draws ticket split - 1 is the last of its region and stores nothing: it waits
+     until the done counter reaches split - 1 (acquire reads by lane 0), resets both counters to 0
+     (a launch that completes leaves Cnt all zero, so no clearing launch is needed), adds the slots
+     in the fixed order 0, 1, ..., split - 1 (its own from registers) and runs the GEMM epilogue.
+The wait cannot deadlock: it waits only for workgroups that already drew a ticket, so are running,
+and that reach their count without waiting on anything. Under flysim, which runs every workgroup of a
+launch in lockstep, the others' stores and counts come first in program order, so the last one's
+wait ends at its first read. The atomic only decides who adds; what is added, and in which order, is
+fixed by the code, so the result is bit-identical from run to run whichever workgroup draws the last
+ticket. It differs from split = 1 only in fp32 rounding of K's partial sums (within the tolerance
+table). Cost: split - 1 partial tiles written and read back (tiles.partial_bytes; storing first and
+taking the ticket after, as before issue 29, wrote split), which the tile heuristic weighs against the
+fuller grid.
 
 Who owns Cnt: the launch. A launch that stops between drawing tickets and the resets (a flysim
 error, a Ctrl-C, a device fault) leaves its counters non-zero, and any later launch that used them
@@ -77,12 +81,12 @@ def _rsrc(t, nbytes):
     return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(fx.get_iter(t), num_records_bytes=fx.Int64(nbytes)))
 
 
-def ticket(cnt, region, lane):
-    """Lane 0 adds 1 to cnt[region] (acq_rel, agent scope); every lane gets the old value."""
+def ticket(cnt, region, lane, add: int = 1):
+    """Lane 0 adds `add` to cnt[region] (acq_rel, agent scope); every lane gets the old value (add 0: an acquire read)."""
     ptr = fx.to_llvm_ptr(fx.add_offset(fx.get_iter(cnt), _raw(region)))
     if_op = scf.IfOp(_raw(lane == 0), [T.i32], has_else=True)
     with ir.InsertionPoint(if_op.then_block):
-        old = llvm.AtomicRMWOp(llvm.AtomicBinOp.add, ptr, _raw(fx.Int32(1)), llvm.AtomicOrdering.acq_rel,
+        old = llvm.AtomicRMWOp(llvm.AtomicBinOp.add, ptr, _raw(fx.Int32(add)), llvm.AtomicOrdering.acq_rel,
                                syncscope="agent", alignment=4).res
         scf.YieldOp([old])
     with ir.InsertionPoint(if_op.else_block):
@@ -90,9 +94,22 @@ def ticket(cnt, region, lane):
     return fx.Int32(rocdl.readlane(T.i32, if_op.results[0], 0))
 
 
+def _wait_for(cnt, idx, want, lane):
+    """Spin until cnt[idx] reaches `want` (acquire reads by lane 0; the wave follows lane 0)."""
+    w = scf.WhileOp([T.i32], [_raw(fx.Int32(0))])
+    before = w.before.blocks.append(T.i32)
+    with ir.InsertionPoint(before):
+        seen = ticket(cnt, idx, lane, add=0)
+        scf.ConditionOp(_raw(seen < want), [_raw(seen)])
+    after = w.after.blocks.append(T.i32)
+    with ir.InsertionPoint(after):
+        scf.YieldOp([after.arguments[0]])
+
+
 def reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split, rows_ok, n_rep, lane):
     """Steps 1-3 of the module docstring for one region; `store(accs)` is the GEMM epilogue.
-    rows_ok[mr]: whether the lane's first row of row block mr is < M (else its slot stays unwritten)."""
+    rows_ok[mr]: whether the lane's first row of row block mr is < M (else its slot stays unwritten).
+    Cnt[2 region] hands out the tickets, Cnt[2 region + 1] counts the partials stored."""
     n = len(accs)
     rp, rcnt = _rsrc(P, p_bytes), _rsrc(Cnt, cnt_bytes)
     zero = _raw(fx.Int32(0))
@@ -100,12 +117,20 @@ def reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split,
     def slot(s, i):
         return (((region * split + s) * n + i) * 64 + lane) * 16
 
-    for i in range_constexpr(n):
-        rocdl.raw_ptr_buffer_store(_raw(accs[i]), rp, _raw(rows_ok[i // n_rep].select(slot(s_idx, i), fx.Int32(OOB))),
-                                   zero)
-    last = scf.IfOp(_raw(ticket(Cnt, region, lane) == split - 1), has_else=False)
+    t = ticket(Cnt, 2 * region, lane)
+    # the others first, in program order: under flysim's lockstep run their stores precede the last one's wait
+    keep = scf.IfOp(_raw(t != split - 1), has_else=False)
+    with ir.InsertionPoint(keep.then_block):
+        for i in range_constexpr(n):
+            rocdl.raw_ptr_buffer_store(_raw(accs[i]), rp, _raw(rows_ok[i // n_rep].select(slot(s_idx, i), fx.Int32(OOB))),
+                                       zero)
+        ticket(Cnt, 2 * region + 1, lane)  # release: the stores above are visible before the count
+        scf.YieldOp([])
+    last = scf.IfOp(_raw(t == split - 1), has_else=False)
     with ir.InsertionPoint(last.then_block):
-        rocdl.raw_ptr_buffer_store(zero, rcnt, _raw((lane == 0).select(region * 4, fx.Int32(OOB))), zero)
+        _wait_for(Cnt, 2 * region + 1, split - 1, lane)
+        for c in range_constexpr(2):
+            rocdl.raw_ptr_buffer_store(zero, rcnt, _raw((lane == 0).select((2 * region + c) * 4, fx.Int32(OOB))), zero)
         tot = []
         for i in range_constexpr(n):
             acc = None
@@ -166,4 +191,4 @@ def splitk_workspace(device, tiles: int, cfg):
     counters (one per region) owned by this launch: pass Cnt to `give_back` once the launch call
     has returned, never after it raised (see the module notes)."""
     p = torch.empty(tiles * cfg.split * cfg.bm * cfg.bn, dtype=torch.float32, device=device)
-    return p, replay_value(take_counters, device, tiles * (WAVES // cfg.kw))
+    return p, replay_value(take_counters, device, 2 * tiles * (WAVES // cfg.kw))

@@ -17,7 +17,7 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
     one K tile of W in flight (BN x BK bytes: the HBM bytes in flight; A, which every column
     tile re-reads, comes from L2 when it fits, L2_BYTES, and is not HBM traffic in flight); the
     GPU reaches min(HBM bandwidth, bytes in flight / HBM_LATENCY_S); split-K adds its fp32
-    partials (`partial_bytes`: S x the tile written, S - 1 read back, all counted at HBM).
+    partials (`partial_bytes`: S - 1 tiles written and read back, all counted at HBM).
     Counting A's bytes in flight (before issue 29) made tiles whose in-flight bytes were mostly A
     look as fast as ones streaming W, and gave 0.82-0.99 of HBM where W alone gives 0.24-0.75.
   - Among the candidates whose grid covers GRID_PER_CU (2) x the CUs, the least modeled time
@@ -41,7 +41,9 @@ path: a smaller GEMM is a few microseconds, below every measured point the model
 calibration error is timing.CALIBRATION) on features estimated from the config (no compile): the
 MFMA cycles of one K tile per wave, A's LDS round trip, W's K tile per workgroup as the HBM bytes
 in flight, occupancy from `workgroups_per_cu`, the grid with its split-K factor, HBM bytes with
-L2 / last-level-cache reuse (timing.gemm_hbm_bytes) plus the split-K partials.
+L2 / last-level-cache reuse (timing.gemm_hbm_bytes) plus the split-K partials. A short first tile's
+two partial K steps are priced by their share of a tile's MFMA and LDS work (`_partial_step`: each
+still pays the loop's vector work, a round trip and the latency floor), not as two full steps.
 
 Large M (bucket > 64) is bound by the MFMAs; the tile trades A/W reuse against how evenly the
 workgroups fill the machine (wave quantization):
@@ -202,15 +204,15 @@ def _wide_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
 
 
 def partial_bytes(m: int, n: int, k: int, cfg: GemmConfig) -> tuple[int, int]:
-    """(written, read) bytes of split-K's fp32 partial tiles (splitk.py): every split stores its
-    lanes' accumulators (rows rounded up to 4 per lane), the last arriver reads the other splits."""
+    """(written, read) bytes of split-K's fp32 partial tiles (splitk.py): every split but the last arriver
+    stores its lanes' accumulators (rows rounded up to 4 per lane), the last arriver reads them back."""
     if cfg.split == 1:
         return 0, 0
     n_pad = padded_shape(n, k)[0]
     tiles_m = -(-m // cfg.bm)
     rows = min(tiles_m * cfg.bm, -(-m // 4) * 4)
     per_split = rows * (-(-n_pad // cfg.bn) * cfg.bn) * 4
-    return cfg.split * per_split, (cfg.split - 1) * per_split
+    return (cfg.split - 1) * per_split, (cfg.split - 1) * per_split
 
 
 def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig,
@@ -292,32 +294,41 @@ def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
 
 
 def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig, prefetch: int = 1,
-                   persistent: int = 0, prologue: bool = True) -> dict:
+                   persistent: int = 0, prologue: bool = True, partials: str = "all", edit: dict | None = None,
+                   consts: dict | None = None) -> dict:
     """The timing MODEL of one GEMM launch at `cfg` (translator_kernels.timing; module docstring).
 
     persistent = G > 0 prices a persistent variant (variants.py; not built): G workgroups walk the
     output tiles (x split) round-robin, each loading its first tile in its prologue and every later
     tile's first K tile under the previous tile's last K step (one prologue per workgroup, not per tile).
-    prologue=False prices no prologue loads at all (a bound no kernel reaches; variants.py)."""
+    prologue=False prices no prologue loads at all (a bound no kernel reaches; variants.py).
+    partials: "all" (splitk.py: every split but the last arriver stores its partial tile, which the last one
+    reads back) or "free" (a bound no kernel here reaches: no partial bytes; variants.py). edit (KernelFeatures fields) and consts (timing constants) override the MODEL's
+    inputs: variants.model_terms prices each term by taking it away."""
     from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time
 
     a = arch_key(arch)
     g = GPUS[a]
     esz = _esize(dtype)
     n_pad, k_pad = padded_shape(n, k)
-    feat = model_features(cfg, dtype, a, prefetch)
+    feat = dataclasses.replace(model_features(cfg, dtype, a, prefetch), **(edit or {}))
     if not prologue:
         feat = dataclasses.replace(feat, straight_bytes=0)
     units = -(-m // cfg.bm) * -(-n_pad // cfg.bn) * cfg.split
     slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
     hbm = gemm_hbm_bytes(m, n_pad, k_pad, esz, esz, esz, cfg.bm, cfg.bn, slots, g.llc_bytes)
     pw, pr = partial_bytes(m, n, k, cfg)
-    nk = k_pad // (cfg.bk * cfg.split) + (1 if cfg.head else 0)  # a short first tile: one more (partial) K step
+    if partials == "free":
+        pw = pr = 0
+    nk = k_pad // (cfg.bk * cfg.split)
+    if cfg.head:  # one more K step: the first holds head / BK of a tile's MFMAs and LDS work, the last the rest
+        nk = nk - 1 + sum(_partial_step(feat, f, units, a, consts) for f in (cfg.head / cfg.bk, 1 - cfg.head / cfg.bk))
     grid, iters = units, nk
     if persistent:
         grid = min(units, persistent)
         iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
-    r = launch_time(feat, Launch(grid, iters, hbm + pw + pr, 2.0 * m * n * k), a)
+    r = launch_time(feat, Launch(grid, iters if isinstance(iters, tuple) else (iters,) * grid, hbm + pw + pr,
+                                 2.0 * m * n * k), a, consts)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
     # the floors against the kernel's own time: the launch floor of the measuring harness left out
@@ -327,8 +338,23 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
                 of_achievable=t_hbm / g.timing["hbm_efficiency"] / kernel_t, inflight_wave=feat.inflight_bytes)
 
 
+def _partial_step(feat, frac: float, grid: int, arch: str, consts: dict | None = None) -> float:
+    """The MODEL's time of a K step holding `frac` of a tile's MFMA and LDS work (`head`'s first and last steps:
+    their empty K blocks are neither loaded nor computed, kernel.py), in full steps: the same loop vector work,
+    memory round trip and latency floor. Read off timing.launch_time as the cost of one more iteration."""
+    from translator_kernels.timing import Launch, launch_time
+
+    def step(f):
+        return (launch_time(f, Launch(grid, 2, 0.0), arch, consts)["t_issue"]
+                - launch_time(f, Launch(grid, 1, 0.0), arch, consts)["t_issue"])
+
+    part = dataclasses.replace(feat, loop_matrix=round(feat.loop_matrix * frac), loop_lds=round(feat.loop_lds * frac),
+                               loop_flops=round(feat.loop_flops * frac))
+    return step(part) / step(feat)
+
+
 def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
-    """65 <= M <= 1024: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
+    """65 <= M <= 2048: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
     gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
@@ -348,9 +374,10 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                                 cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
     # a grid that gives every CU a workgroup, unless one that leaves CUs idle is modeled at least MID_MARGIN
-    # faster (M = 128 at N = K = 4096 on gfx942: 64 x 64 x 256 kw4 split 2, 256 workgroups on 304 CUs).
-    # Margins compare kernel times: the measuring harness's launch floor (the same for every candidate)
-    # would dilute them (gfx942 M = 128: 13.2 vs 15.9 us is 17 % faster, 23.2 vs 25.9 us with the floor 10 %)
+    # faster (no M of the table's shapes takes one since the short first tile; before it, gfx942 M = 128 at
+    # N = K = 4096 took 64 x 64 x 256 kw4 split 2: 256 workgroups on 304 CUs).
+    # Margins compare kernel times: the measuring harness's launch floor (the same for every candidate) would
+    # dilute them (gfx950 M = 128 at N = K = 4096: 12 % of the 7.6 us kernel time is 5 % of 19.6 us with the floor)
     every = [(e["kernel_t"], c) for e, c in est]
     scored = [(e["kernel_t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
     if min(every, key=lambda tc: tc[0])[0] < min(t for t, _ in scored) * (1 - MID_MARGIN):
@@ -358,9 +385,9 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     best = min(t for t, _ in scored)
     if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
-    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK
+    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK, then the least time
     return min((sc for sc in scored if sc[0] <= best * 1.02),
-               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head))[1]
+               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head, sc[0]))[1]
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:

@@ -11,6 +11,14 @@ up to M = 128 on both archs. Two more structural changes were proposed (docs/tim
   the price of a third W register set and a second A staging set (occupancy) and a prologue that loads two
   W tiles before the loop.
 
+One more prices what split-K's fp32 partials cost (at M = 256 a 2-way split adds 8.4 MB to 37.7 MB compulsory):
+
+- **partials free (bound)**: a K split whose partials cost no HBM bytes (an in-workgroup split that meets in
+  LDS would; at the tiles that need it, 4-8 K groups of 4 waves at ~236 VGPRs, it does not fit a CU).
+
+`model_terms(m, n, k, dtype, arch, cfg)` prices each term of one tile's MODEL time by taking it away (docs/
+timing-model.md's per-M table: which term stops each M).
+
 `best(m, n, k, dtype, arch, variant)` searches every legal tile of the family (BM 16-128, BN 16-256, BK 32-512,
 kw 1 / 4, split 1-16, head 0 / 32; for persistent also G = 1, 2, 3, 4 or 8 workgroups per CU, up to the resident slots)
 under the MODEL with the variant's features priced honestly: the first tile of each workgroup is still a
@@ -27,7 +35,8 @@ from translator_kernels.gemm.preshuffle import padded_shape
 from translator_kernels.gemm.tiles import (MAX_SPLIT, MAX_VGPR_EST, GemmConfig, arch_key, config_fits, model_estimate,
                                            vgpr_estimate, workgroups_per_cu)
 
-VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "prologue free (bound)")
+VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "prologue free (bound)",
+            "partials free (bound)")
 _PER_CU = (1, 2, 3, 4, 8)  # persistent grids: workgroups per CU
 
 
@@ -52,13 +61,14 @@ def _estimates(m, n, k, dtype, arch, variant):
     a = arch_key(arch)
     pf = 2 if "prefetch 2" in variant else 1
     free = variant.startswith("prologue free")
+    partials = "free" if variant == "partials free (bound)" else "all"
     for c in candidates(n, k, dtype, a, pf):
         if variant.startswith("persistent"):
             slots = GPUS[a].cus * workgroups_per_cu(c, dtype, a, pf)
             for g in sorted({min(slots, GPUS[a].cus * p) for p in _PER_CU}):
                 yield model_estimate(m, n, k, dtype, a, c, pf, persistent=g), c
         else:
-            yield model_estimate(m, n, k, dtype, a, c, pf, prologue=not free), c
+            yield model_estimate(m, n, k, dtype, a, c, pf, prologue=not free, partials=partials), c
 
 
 def best(m: int, n: int, k: int, dtype: str, arch: str, variant: str = "as built") -> tuple[dict, GemmConfig]:
@@ -66,6 +76,30 @@ def best(m: int, n: int, k: int, dtype: str, arch: str, variant: str = "as built
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r} not in {VARIANTS}")
     return min(_estimates(m, n, k, dtype, arch, variant), key=lambda ec: ec[0]["kernel_t"])
+
+
+def model_terms(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig) -> dict:
+    """What each term of the MODEL adds to the kernel time of `cfg`: the time saved by taking that term alone
+    away (seconds; the launch floor left out). t_issue's terms: A's LDS traffic, the loop's vector work, the
+    exposed part of each K step's memory round trip (EXPOSED x MEM_LATENCY), the prologue's bytes at the CU's
+    share of the bandwidth; what is left of t_issue is the MFMAs with the prologue's one latency and the
+    rounds of workgroups (wave quantization). t_mem's: the split-K partials. `binds` names the larger of
+    t_mem and t_issue."""
+    e = model_estimate(m, n, k, dtype, arch, cfg)
+
+    def gain(**kw):
+        return e["kernel_t"] - model_estimate(m, n, k, dtype, arch, cfg, **kw)["kernel_t"]
+
+    def issue(**kw):
+        return e["t_issue"] - model_estimate(m, n, k, dtype, arch, cfg, **kw)["t_issue"]
+
+    terms = dict(lds=issue(edit=dict(loop_lds=0)), vector=issue(edit=dict(loop_vector=0)),
+                 exposed_latency=issue(consts=dict(exposed=0.0)), prologue_bytes=issue(prologue=False))
+    no_partials = model_estimate(m, n, k, dtype, arch, cfg, partials="free")
+    return dict(e, terms=terms, mfma_and_rest=e["t_issue"] - sum(terms.values()),
+                partial_t=e["t_mem"] - no_partials["t_mem"], binds="t_mem" if e["t_mem"] >= e["t_issue"] else "t_issue",
+                gain_without=dict(lds=gain(edit=dict(loop_lds=0)), exposed_latency=gain(consts=dict(exposed=0.0)),
+                                  prologue_bytes=gain(prologue=False), partials=gain(partials="free")))
 
 
 def prologue_bytes(isa_text: str, arch: str) -> int:

@@ -1,0 +1,70 @@
+"""The mid-M GEMM MODEL's terms (issue 29 item 3): how `head`'s partial K steps are priced, what split-K's partial
+tiles cost under each variant, and which term of the MODEL stops each M (variants.model_terms). Pure Python."""
+
+import pytest
+
+from translator_kernels import gemm as G
+from translator_kernels.arch import ARCHS
+from translator_kernels.gemm import tiles, variants
+from translator_kernels.timing import Launch, launch_time
+
+
+def test_head_steps_are_priced_by_their_share_of_the_tile():
+    """head's first and last K steps hold head / BK and (BK - head) / BK of a tile's MFMAs (the flysim test in
+    test_gemm_head counts them): each costs less than a full step and at least the latency floor and the loop's
+    vector work; before, the estimate charged nk + 1 full steps."""
+    cfg = G.GemmConfig(64, 256, 128, 1, head=32)
+    feat = tiles.model_features(cfg, "bf16", "gfx942")
+    grid = 2048 // 64 * 4096 // 256
+    parts = [tiles._partial_step(feat, f, grid, "gfx942") for f in (0.0, 0.25, 0.75, 1.0)]
+    assert 0 < parts[0] <= parts[1] <= parts[2] < parts[3] == pytest.approx(1.0)
+    e = tiles.model_estimate(2048, 4096, 4096, "bf16", "gfx942", cfg)
+    nk = 4096 // 128
+    full = [launch_time(feat, Launch(grid, n, e["bytes"]), "gfx942")["kernel_t"] for n in (nk, nk + 1)]
+    assert full[0] < e["kernel_t"] < full[1]
+
+
+def test_plain_tile_is_priced_as_before():
+    cfg = G.GemmConfig(32, 256, 128, 2)
+    e = tiles.model_estimate(512, 4096, 4096, "bf16", "gfx950", cfg)
+    feat = tiles.model_features(cfg, "bf16", "gfx950")
+    r = launch_time(feat, Launch(e["grid"], 4096 // 128 // 2, e["bytes"]), "gfx950")
+    assert e["kernel_t"] == pytest.approx(r["kernel_t"])
+
+
+def test_partials_are_charged_as_stored():
+    """split 4: the three splits that do not draw the last ticket store their partial tiles and the last one
+    reads them back (splitk.py); before issue 29's change every split stored (4 written, 3 read). "free": none."""
+    cfg = G.GemmConfig(64, 128, 256, 4)
+    w, r = tiles.partial_bytes(256, 4096, 4096, cfg)
+    assert w == r == 3 * 256 * 4096 * 4
+    b = {p: tiles.model_estimate(256, 4096, 4096, "bf16", "gfx950", cfg, partials=p)["bytes"] for p in ("all", "free")}
+    assert b["all"] - b["free"] == w + r
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_model_terms_name_what_stops_mid_m(arch):
+    """N = K = 4096: from M = 512 up the chosen tile is issue-bound, split-K's partials cost it nothing, and A's
+    LDS traffic (OVERLAP = 0: the MFMAs and the LDS reads do not overlap) is the largest term after the MFMAs;
+    at M = 256 on gfx942 the partials still add to t_mem, but t_issue binds."""
+    for m in (512, 2048):
+        cfg = G.choose_config(m, 4096, 4096, "bf16", arch)
+        r = variants.model_terms(m, 4096, 4096, "bf16", arch, cfg)
+        t = r["terms"]
+        assert r["binds"] == "t_issue" and r["gain_without"]["partials"] == 0
+        assert all(v >= 0 for v in t.values()) and r["mfma_and_rest"] > 0
+        assert r["mfma_and_rest"] + sum(t.values()) == pytest.approx(r["t_issue"])
+        assert r["mfma_and_rest"] >= r["flop_floor"] * 0.95
+        if m == 2048:
+            assert t["lds"] == max(t.values())
+    if arch == "gfx942":
+        r = variants.model_terms(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
+        assert r["partial_t"] > 0 and r["binds"] == "t_issue"
+
+
+def test_m256_with_one_partial_tile_fewer():
+    """gfx950 M = 256 (64x128x256 split 2 head 32): with the last arriver storing no partial tile, t_mem (9.15 us) no
+    longer binds; t_issue does (9.52 us): 0.79 of the achievable HBM bandwidth, short of issue 29's 0.8."""
+    cfg = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
+    r = variants.model_terms(256, 4096, 4096, "bf16", "gfx950", cfg)
+    assert cfg.split == 2 and r["binds"] == "t_issue" and 0.78 < r["of_achievable"] < 0.8
