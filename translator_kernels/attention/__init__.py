@@ -18,7 +18,9 @@ CUs where Sk allows; each slice writes fp32 partial results and the last slice o
 query block, wave) to finish merges them in slice order, inside the same launch (fwd.py; one
 launch, deterministic, no host read: capturable). Its ticket counters come from gemm/splitk.py's
 per-stream pool, owned by the launch until it returned (a launch that raised drops them).
-`num_splits` forces a split count (tests, benchmarks).
+`num_splits` forces a split count (tests, benchmarks). With GQA at Sq = 1 the H / Hkv query heads of
+a KV head are packed as the rows of one block (gqa.py): K / V are read once per KV head, and the
+split plan above is made for that virtual [B, Hkv, H / Hkv, D] problem.
 
 `out_order` lays O out in memory in that dim order (outermost first; the head dim stays
 innermost): (0, 2, 1, 3) writes [B, Sq, H, D] memory, the layout eager SDPA returns for a query
