@@ -131,3 +131,24 @@ def test_packed_decode_isa_has_no_spills(arch):
     assert meta["vgpr_spill"] == 0 and meta["sgpr_spill"] == 0, meta
     assert meta["vgpr"] <= 256 and got.kernels[0].occupancy[0] >= 2, meta
     assert "global_atomic_add" in got.kernels[0].ops  # the split-KV ticket
+
+
+@pytest.mark.parametrize("arch,dtype,mask_kind", [("gfx942", "bf16", "bool"), ("gfx950", "f32", "add")])
+def test_packed_decode_reads_the_mask_per_query_head(arch, dtype, mask_kind):
+    """A user mask goes through the packed strides: a per-head boolean keep-mask [B, H, 1, Sk] (every
+    head its own keys) and an additive [B, 1, 1, Sk] one broadcast over the heads, GQA 4, split KV."""
+    dt = NAMED_DTYPES[dtype]
+    B, H, Hkv, Sk, D = 2, 8, 2, 180, 64
+    q, k, v = _inputs(B, H, Hkv, Sk, D, dt, 3)
+    g = torch.Generator().manual_seed(4)
+    if mask_kind == "bool":
+        mask = torch.rand(B, H, 1, Sk, generator=g) < 0.5
+    else:
+        mask = torch.randn(B, 1, 1, Sk, generator=g).to(dt)
+    with _run(arch) as ex:
+        out = attention(ex.put(q), ex.put(k), ex.put(v), mask=ex.put(mask), num_splits=3).cpu()
+    assert [ln.kernel.rsplit("_", 1)[0] for ln in ex.launches] == ["attention_fwd_kernel"]
+    m = mask if mask.dtype == torch.bool else mask.float()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, enable_gqa=True)
+    atol, rtol = op_tolerance(dt, "attention")
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
