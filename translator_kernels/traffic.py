@@ -97,9 +97,10 @@ def model_bytes(family, dt, shape, arch="gfx942") -> int:
     raise ValueError(family)
 
 
-def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
+def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1, group=1) -> int:
     """Global bytes of one attention() call (no mask, no head scale) over `heads` = B x H query
-    heads, launch by launch as translator_kernels.attention tiles it (tile_geometry, split_geometry,
+    heads (`group` = H / Hkv: at decode the group's heads are the rows of one block, attention/gqa.py,
+    so the call is priced as heads / group heads of group * Sq rows), launch by launch as translator_kernels.attention tiles it (tile_geometry, split_geometry,
     fwd.kernel_config for this arch / causal / dtype / head dim):
 
     * each workgroup's waves load BLOCK_M query rows of the padded head dim (rows past Sq are
@@ -116,8 +117,11 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1) -> int:
       column chunk; each wave of each slice takes a ticket (int32 atomic) and the last resets it.
     """
     from translator_kernels.attention import attention_config, split_geometry
+    from translator_kernels.attention.gqa import pack_group
     from translator_kernels.attention.tiles import padded_head_dim
 
+    pk = pack_group(group, 1, sq, causal=causal, head_scale=None)
+    sq, heads = sq * pk, heads // pk
     e, dp = ESIZE[dt], padded_head_dim(d)
     cfg = attention_config(dt, d, sq, arch, causal)
     bm, bn = cfg["block_m"], cfg["block_n"]

@@ -20,6 +20,7 @@ import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS, NAMED_DTYPES
 from translator_kernels.attention import CUS, attention, attention_config, split_geometry
+from translator_kernels.attention.gqa import pack_group
 from translator_kernels.measure.attention_isa import rescale_counts
 
 DTYPES = {name: NAMED_DTYPES[name] for name in ("f32", "bf16", "f16")}
@@ -165,9 +166,10 @@ def test_split_kv_on_flysim(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, spl
     q, k, v, m = make_inputs(B, H, Hkv, Sq, Sk, D, dtype, mask)
     out, launches = _run(arch, attention, q, k, v, mask=m, causal=causal, num_splits=splits)
     (fwd,) = launches  # the slices combine inside the launch (no second kernel)
-    nsplit, _ = split_geometry(B, H, Sq, Sk, D, dtype, arch, splits)
+    pk = pack_group(H, Hkv, Sq, causal=causal, head_scale=None)  # decode GQA: a KV group's heads share a block
+    nsplit, _ = split_geometry(B, H // pk, Sq * pk, Sk, D, dtype, arch, splits)
     assert nsplit > 1 and fwd.kernel.startswith("attention_fwd")
-    assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H, B)
+    assert fwd.grid[0] % nsplit == 0 and fwd.grid[1:] == (H // pk, B)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), reference(q, k, v, m, causal), atol=atol, rtol=rtol)
 

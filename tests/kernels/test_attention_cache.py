@@ -74,10 +74,10 @@ def test_decode_reads_the_cache_up_to_the_position(arch, dtype, pos_dtype, S_max
 @pytest.mark.flysim_only("reads flysim's counted global bytes")
 def test_long_decode_splits_and_reads_only_the_written_keys():
     """S_max 1024, current length 300: split KV applies (slices past the length are empty), and the
-    kernel reads the written keys' tiles, not the cache: flysim counts 278,656 bytes read against
-    622,720 for the same call over all 1024 keys (184,320 for a cache cut to 300 keys; the rest is
-    the empty slices' Q and position reads, and in both calls 32,896 of the last slice's read-back
-    of the 16 slices' partials and the tickets: the merge runs inside this one launch)."""
+    kernel reads the written keys' tiles, not the cache: flysim counts 155,712 bytes read against
+    327,744 for the same call over all 1024 keys (the 2 query heads share one block, GQA packing:
+    K / V once; besides the keys' tiles, both calls read the slices' Q and positions and the last
+    slice's read-back of the partials and the tickets: the merge runs inside this one launch)."""
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 2, 1, 64, generator=g).to(torch.bfloat16)
     k, v = _cache(1, 1, 1024, 64, 300, torch.bfloat16, g)
@@ -92,7 +92,7 @@ def test_long_decode_splits_and_reads_only_the_written_keys():
         attention(ex.put(q), ex.put(k), ex.put(v))
     whole = list(ex.launches)
     got, every_key = (s[0].counters["global_bytes_read"] for s in (sim, whole))
-    assert got < 0.45 * every_key, (got, every_key)
+    assert got < 0.5 * every_key, (got, every_key)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])

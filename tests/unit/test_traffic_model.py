@@ -44,8 +44,8 @@ def test_bench_attention_measure_matches_model():
 
 
 def test_attention_model_counts_every_head():
-    """B x H query heads over fewer KV heads (GQA): K / V are read per query head, and the split
-    count follows the grid (B x H workgroups per query block)."""
+    """B x H query heads over fewer KV heads (GQA 2, decode): the group's heads share a block, so
+    K / V are read once per KV head, and the split count follows that grid (B x Hkv workgroups)."""
     m = traffic.measure_attention("bf16", 1, 200, 64, "gfx950", False, b=2, h=4, hkv=2)
     assert len(m["kernels"]) == 1  # split KV, merged inside the launch
-    assert m["moved"] == traffic_model.attention_bytes("bf16", 1, 200, 64, "gfx950", False, heads=8)
+    assert m["moved"] == traffic_model.attention_bytes("bf16", 1, 200, 64, "gfx950", False, heads=8, group=2)

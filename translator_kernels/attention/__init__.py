@@ -18,7 +18,9 @@ CUs where Sk allows; each slice writes fp32 partial results and the last slice o
 query block, wave) to finish merges them in slice order, inside the same launch (fwd.py; one
 launch, deterministic, no host read: capturable). Its ticket counters come from gemm/splitk.py's
 per-stream pool, owned by the launch until it returned (a launch that raised drops them).
-`num_splits` forces a split count (tests, benchmarks).
+`num_splits` forces a split count (tests, benchmarks). With GQA at Sq = 1 the H / Hkv query heads of
+a KV head are packed as the rows of one block (gqa.py): K / V are read once per KV head, and the
+split plan above is made for that virtual [B, Hkv, H / Hkv, D] problem.
 
 `out_order` lays O out in memory in that dim order (outermost first; the head dim stays
 innermost): (0, 2, 1, 3) writes [B, Sq, H, D] memory, the layout eager SDPA returns for a query
@@ -57,6 +59,7 @@ from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, ke
                                               padded_head_dim)
 from translator_kernels.arch import FLOAT_NAMES, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
+from translator_kernels.attention.gqa import pack_group, packed_strides
 from translator_kernels.gemm.splitk import give_back, take_counters
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 256
@@ -91,12 +94,13 @@ def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", c
 @kl.builder
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
-                    split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False):
+                    split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
+                    sink_rows: bool = False):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale, split, row_groups, pos_causal, sinks)
+                                 head_scale, split, row_groups, pos_causal, sinks, sink_rows)
 
 
 def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
@@ -288,21 +292,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
                   f"32-bit offsets (< 2 GiB per tensor); split the batch")
 
     arch = _arch()
-    nw, rg = tile_geometry(Sq, dtype, D)
-    nq = -(-Sq // kernel_config(dtype, D, nw, rg)["block_m"])
-    nsplit, chunk = split_geometry(B, H, Sq, Sk, D, dtype, arch, num_splits)
+    # decode GQA: the query heads of a KV group are the rows of one block (gqa.py), else pk = 1
+    pk = pack_group(H, Hkv, Sq, causal=bool(causal), head_scale=head_scale)
+    Hp, Sqp = H // pk, Sq * pk
+    nw, rg = tile_geometry(Sqp, dtype, D)
+    nq = -(-Sqp // kernel_config(dtype, D, nw, rg)["block_m"])
+    nsplit, chunk = split_geometry(B, Hp, Sqp, Sk, D, dtype, arch, num_splits)
     if nsplit > 1:
-        w = torch.empty((B, H, nsplit, Sq, padded_head_dim(D)), dtype=torch.float32, device=q.device)
-        wml = torch.empty((B, H, nsplit, Sq, 2), dtype=torch.float32, device=q.device)
+        w = torch.empty((B, Hp, nsplit, Sqp, padded_head_dim(D)), dtype=torch.float32, device=q.device)
+        wml = torch.empty((B, Hp, nsplit, Sqp, 2), dtype=torch.float32, device=q.device)
         # one ticket counter per (batch, head, query block, wave), this launch's own (fwd.py)
-        cnt = kr.replay_value(take_counters, q.device, B * H * nq * nw)
+        cnt = kr.replay_value(take_counters, q.device, B * Hp * nq * nw)
     else:
         w = wml = cnt = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
-                             rg, has_pos, has_sinks)
+                             rg, has_pos, has_sinks, has_sinks and pk > 1)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
-    args = (q, k, v, out, mflat, hs, w, wml, pos, sink_t, cnt, Sq, Sk, H // Hkv, scale * LOG2E, cap, nq, chunk, H, nsplit,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mstr, p_s, nq * nsplit, H, B)
+    qs, os_, ms = q.stride()[:3], out.stride()[:3], mstr
+    if pk > 1:
+        qs, os_, ms = packed_strides(qs, pk), packed_strides(os_, pk), packed_strides(mstr, pk)
+    args = (q, k, v, out, mflat, hs, w, wml, pos, sink_t, cnt, Sqp, Sk, H // Hkv // pk, scale * LOG2E, cap, nq, chunk,
+            Hp, nsplit, *qs, *k.stride()[:3], *v.stride()[:3], *os_, *ms, p_s, nq * nsplit, Hp, B)
     kl.call(launch, *args)
     if nsplit > 1:  # the launch returned: its counters are zero again (a launch that raised drops them)
         kr.replay_effect(give_back, cnt)

@@ -83,14 +83,16 @@ def gpu_barrier():
 
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
-                          split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False):
+                          split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
+                          sink_rows: bool = False):
     """Return the @flyc.jit launcher for one specialization (not cached here).
 
     pos_causal: key k is visible to query row i iff k <= P[i] (P: int32 positions read on the
     device, element stride p_s; a decode step on a static cache passes its cache positions), and
     the key loop ends at the block's largest position + 1 (the cache is read up to the current
     length, never past it). sinks: one learned logit per head (SK[h], natural units) joins every
-    row's softmax denominator (gpt-oss); split KV adds it once, in the merge."""
+    row's softmax denominator (gpt-oss); split KV adds it once, in the merge. sink_rows: the sink
+    of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads)."""
     RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -636,6 +638,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     res = yield [mx]
                 m_all = res[0] if isinstance(res, (list, tuple)) else res  # one carried value comes back bare
                 if const_expr(sinks):
+                    sink2 = sink_of(row)
                     m_all = fx.arith.maximumf(m_all, sink2)
                 m_use = (m_all == neg_inf).select(zero_f, m_all)
                 for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1),
@@ -676,9 +679,14 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(split):
             w_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(W))
             ml_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(WML))
-        if const_expr(sinks):  # this head's sink logit in log2 units
+        if const_expr(sinks):  # this head's (sink_rows: this row's) sink logit in log2 units
             sk_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(SK))
-            sink2 = fx.Float32(fx.ptr_load(sk_ptr + fx.Int64(h), result_type=fx.Float32)) * LOG2E
+
+            def sink_of(row):
+                at = h
+                if const_expr(sink_rows):
+                    at = h * sq + (row < sq).select(row, sq - 1)
+                return fx.Float32(fx.ptr_load(sk_ptr + fx.Int64(at), result_type=fx.Float32)) * LOG2E
         for u in range_constexpr(RG):
             l_part = results[RG + u]
             if const_expr(ONES_L):  # the ones MFMA summed the row over all lanes already
@@ -693,6 +701,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 # the sink joins the denominator: with M = max(m, sink), O / l becomes
                 # O a / (l a + exp2(sink - M)), a = exp2(m - M) (a row with no key: O = 0, output 0)
                 m_u = fx.Float32(results[u])
+                sink2 = sink_of(rows[u])
                 m_top = fx.arith.maximumf(m_u, sink2)
                 a = fx.math.exp2(m_u - m_top, fastmath=AFN)
                 den = l_tot * a + fx.math.exp2(sink2 - m_top, fastmath=AFN)
