@@ -33,8 +33,10 @@ the table):
   the partials written and read back (nsplit x (D + 2) fp32 per head), the tickets (an int32 atomic per slice,
   read and written, and the reset). Time: the compiled kernel's features count the ticket and one iteration of
   each of the merge's two passes (a max pass, then the weighted sum; MERGE_UNROLL slices per iteration) in the
-  straight-line code every workgroup is charged; the merger's other 2 x (ceil(nsplit / MERGE_UNROLL) - 1)
+  straight-line trips every workgroup is charged; the merger's other 2 x (ceil(nsplit / MERGE_UNROLL) - 1)
   iterations are dependent round trips at L2_LATENCY after the last slice, added once to the launch (its tail).
+  The merge's loads leave the prologue bytes (the unsplit compile's straight-line bytes are charged): only the
+  merger issues them, on partials just written, and their bytes are in the launch's.
 
 Launch lists: `AS_BUILT` names the variants that are built (the default list); `VARIANTS` the ones that can be
 priced (`--variant` in bench.generate; every list is printed as extra rows):
@@ -273,6 +275,9 @@ def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> d
     nbytes = attention_launch_bytes(b, shape, context, nsplit)
     fwd = _kernel(compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
                                     (1, h, shape.kv_heads, d, context, nsplit), arch), "attention_fwd")
+    whole = fwd if nsplit == 1 else _kernel(compiled_features("attention split=False", DECODE_ATTENTION,
+                                                              (1, h, shape.kv_heads, d, context, 1), arch),
+                                            "attention_fwd")
     name = f"decode attention (split {nsplit}, merge in the launch)" if nsplit > 1 else "decode attention"
     if isinstance(fwd, str):
         return _floor_launch(name, nbytes, arch, f"no compile: {fwd}")
@@ -280,6 +285,11 @@ def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> d
     # loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
     tiles = [max(1, math.ceil(min(chunk, context - i * chunk) / block_n)) for i in range(nsplit)]
     iters = tuple(t - 1 for _ in range(b * h) for t in tiles)
+    if not isinstance(whole, str) and whole.straight_bytes < fwd.straight_bytes:
+        # the merge's loads (the split compile's straight-line loads beyond the unsplit one's) are the merger's
+        # only, partials just written (their bytes are in `nbytes`, their trips below): not every workgroup's
+        # prologue, which the MODEL charges at HBM share
+        fwd = replace(fwd, straight_bytes=whole.straight_bytes)
     if max(tiles) < 2:  # the peeled tile prefetches the next K / V tile only if there is one (fwd.py): the static
         # count of loads outside the hot loop holds that tile, which a one-tile slice never loads
         fwd = replace(fwd, straight_bytes=max(0, fwd.straight_bytes - 2 * block_n * d * e))
