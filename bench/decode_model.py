@@ -16,29 +16,38 @@ Bytes: every weight but the embedding table read once per step (the table is rea
 every sequence's K and V up to its context; bf16.
 
 Our kernels' time (`decode_step_launches`, `model_rows`): per layer the launches of docs/llama-layer.md (RMSNorm,
-QKV GEMM, RoPE q + k with the K / V cache writes in one launch, decode attention, the split-KV combine where
-translator_kernels.attention.split_geometry splits, O projection, RMSNorm, gate + up GEMM, down GEMM) x 32, then
-the embedding gather, the final norm and the LM head, each timed by the calibrated MODEL
-(translator_kernels.timing; its CALIBRATION line is printed with the table):
+QKV GEMM, RoPE q + k with the K / V cache writes in one launch, decode attention with its split-KV combine inside
+the launch, O projection, RMSNorm, gate + up GEMM, down GEMM) x 32, then the embedding gather, the final norm and
+the LM head, each timed by the calibrated MODEL (translator_kernels.timing; its CALIBRATION line is printed with
+the table):
 - GEMMs at the tile tiles.choose_config picks for M = batch, tiles.model_estimate (features estimated from
   the tile, no compile);
 - RMSNorm on the cached features of upstream's kernel (translator_kernels/measure/calibration_isa.json);
-- RoPE + cache writes, decode attention, the combine and the embedding gather on the features of OUR kernels
-  compiled for the arch (translator_kernels.measure.decode_isa and rope_cache.DECODE_STEP, COMPILE_ONLY in a
-  child, once per arch and compile-time variant, ~5-20 s each; the instruction mix does not depend on batch
+- RoPE + cache writes, decode attention (its merge included) and the embedding gather on the features of OUR
+  kernels compiled for the arch (translator_kernels.measure.decode_isa and rope_cache.DECODE_STEP, COMPILE_ONLY
+  in a child, once per arch and compile-time variant, ~5-20 s each; the instruction mix does not depend on batch
   or context, the launch shape does). Where a compile fails (no toolchain) the launch falls back to a
   bandwidth floor (launch floor + bytes at the achievable bandwidth: optimistic), labelled in its row.
+- decode attention, split KV: one launch (translator_kernels/attention/fwd.py): each slice writes fp32 partials
+  and takes a ticket, the last arriver of a head merges. Bytes: K and V once per sequence, q in and O out,
+  the partials written and read back (nsplit x (D + 2) fp32 per head), the tickets (an int32 atomic per slice,
+  read and written, and the reset). Time: the compiled kernel's features count the ticket and one iteration of
+  each of the merge's two passes (a max pass, then the weighted sum; MERGE_UNROLL slices per iteration) in the
+  straight-line trips every workgroup is charged; the merger's other 2 x (ceil(nsplit / MERGE_UNROLL) - 1)
+  iterations are dependent round trips at L2_LATENCY after the last slice, added once to the launch (its tail).
+  The merge's loads leave the prologue bytes (the unsplit compile's straight-line bytes are charged): only the
+  merger issues them, on partials just written, and their bytes are in the launch's.
 
-Launch-list variants (`VARIANTS`, `--variant` in bench.generate; printed as extra rows): kernels other helpers
-build this session, priced before they land, so the default can be switched at merge:
-- `fused_norm`: RMSNorm folded into the GEMM that reads it (QKV, gate + up): the two RMSNorm launches per layer
-  go; each GEMM workgroup reads its A rows over the full K once more (the sum of squares) before its loop,
-  from L2 (A is a few rows): those bytes at the L2s' read bandwidth (arch.py's data-sheet figure, 16 x 128 B
-  per clock per XCD: not measured, not in the calibration) plus one dependent round trip at L2_LATENCY, added to
-  the GEMM's MODEL time (the re-read precedes the loop).
-- `combine_in_launch`: the split-KV combine inside the attention launch: the attention kernel's time with the
-  partials' read (and the output's write) added to its bytes, plus one L2 round trip (the last workgroup of a
-  head reads the others' partials); no combine launch, no combine kernel time.
+Launch lists: `AS_BUILT` names the variants that are built (the default list); `VARIANTS` the ones that can be
+priced (`--variant` in bench.generate; every list is printed as extra rows):
+- `fused_norm`: RMSNorm folded into the GEMM that reads it (QKV, gate + up, and the final norm into the LM
+  head: helper normfuse's translator_kernels/gemm/rownorm.py, its rule taking M <= NORM_FOLD_M_MAX = 4); at
+  batch <= 4 the 2 x 32 + 1 RMSNorm launches go; each GEMM workgroup reads its valid A rows over the full K once
+  more (the sum of squares) before its loop, from L2 (the norm's input was just written): those bytes at the
+  L2s' read bandwidth (arch.py's data-sheet figure, 16 x 128 B per clock per XCD: not measured, not in the
+  calibration), ceil(rows / 2) dependent rounds at L2_LATENCY (two rows per round, rownorm.py's groups) and
+  ROWNORM_VECTOR_CYCLES of vector work per round, added to the GEMM's MODEL time (the prologue precedes the
+  loop). Larger batches keep the norm launches (the rule does not fire there).
 Each step is priced three ways: 'alone' (T_LAUNCH, 12 us, per launch: one kernel replayed alone, what the
 calibration's measurements time), 'graph' (GRAPH_LAUNCH, 1.7 us: measured back to back in one HIP graph, an
 upper bound of the gap; a decode step captured as one graph) and 'kernels' (no gap, a lower bound). The goal's
@@ -51,10 +60,11 @@ import math
 from dataclasses import dataclass, replace
 
 GOAL_FRACTION = 0.8  # issue 23: a decode step at >= 0.8 of the HBM limit at batch 1 (MODEL)
-VARIANTS = ("fused_norm", "combine_in_launch")
-# the combine kernel's passes as compiled (gfx942 and gfx950, 2026-11-27): the max pass unrolled 8 slices per
-# iteration, the weighted sum (the hot loop timing.features picks) 4; each has a one-slice remainder loop
-COMBINE_UNROLL = (8, 4)
+VARIANTS = ("fused_norm",)  # launch-list variants the MODEL can price (module docstring)
+AS_BUILT = ()  # the variants that are built: the default launch list (normfuse's fold landed: ("fused_norm",))
+NORM_FOLD_M_MAX = 4  # normfuse's rule (translator/lowerings/norm_gemm.M_MAX) folds the norm at M <= 4 only
+ROWNORM_ROWS_PER_ROUND = 2  # rownorm.py: K = 4096 bf16 rows go two per dependent load round
+ROWNORM_VECTOR_CYCLES = 400  # rownorm.py's prologue, per wave and row group (docs/llama-layer.md, compiled)
 
 
 @dataclass(frozen=True)
@@ -175,21 +185,24 @@ def _priced(name: str, feat, launch, arch: str, how: str, extra_s: float = 0.0) 
 def _gemm_launch(name: str, m: int, n: int, k: int, arch: str, fused_norm: bool = False) -> dict:
     """Our GEMM at the tile the heuristic picks for M = batch (tiles.choose_config), timed by the MODEL on
     features estimated from that tile (tiles.model_estimate: no compile). fused_norm: RMSNorm folded in (module
-    docstring): each workgroup reads its A rows over the full K once more, plus one L2 round trip."""
+    docstring): each workgroup reads its valid A rows over the full K once more, in dependent rounds of
+    ROWNORM_ROWS_PER_ROUND rows at L2_LATENCY, with their vector work, before its loop."""
     from translator_kernels.arch import GPUS
     from translator_kernels.gemm.tiles import choose_config, m_bucket, model_estimate
 
+    g = GPUS[arch]
     c = choose_config(m_bucket(m), n, k, "bf16", arch)
     e = model_estimate(m, n, k, "bf16", arch, c)
     how = f"GEMM {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}, MODEL (estimated features)"
     kt = e["kernel_t"]
     if fused_norm:
-        g = GPUS[arch]
-        extra = e["units"] * min(m, c.bm) * k * 2  # every workgroup: its A rows over the full K, bf16
-        kt += extra / l2_bandwidth(arch) + g.timing["l2_latency_s"]
-        how += f" + RMSNorm folded in ({extra / 1e6:.1f} MB of A rows re-read from L2, one L2 trip)"
-    return dict(name=name + (" + RMSNorm" if fused_norm else ""), t=GPUS[arch].timing["launch_s"] + kt,
-                kernel_t=kt, how=how)
+        rows = min(m, c.bm)
+        extra = e["units"] * rows * k * 2  # every workgroup: its valid A rows over the full K, bf16
+        rounds = math.ceil(rows / ROWNORM_ROWS_PER_ROUND)
+        kt += extra / l2_bandwidth(arch) + rounds * (g.timing["l2_latency_s"] + ROWNORM_VECTOR_CYCLES / g.clock_hz)
+        how += (f" + RMSNorm folded in ({extra / 1e6:.1f} MB of A rows re-read from L2, {rounds} dependent L2 "
+                f"round{'s' if rounds > 1 else ''})")
+    return dict(name=name + (" + RMSNorm" if fused_norm else ""), t=g.timing["launch_s"] + kt, kernel_t=kt, how=how)
 
 
 def l2_bandwidth(arch: str) -> float:
@@ -228,13 +241,30 @@ def _rope_cache_launch(batch: int, shape: LlmShape, context: int, arch: str) -> 
     return _priced(name, feat, Launch(grid, 1, nbytes), arch, "MODEL (features of our compiled kernel)")
 
 
-def _attention_launches(batch: int, shape: LlmShape, context: int, arch: str, in_launch: bool = False) -> list:
-    """Decode attention on the cache (one query token per sequence, keys up to `context`) and, where
-    split_geometry splits, the split-KV combine: the MODEL on the features of our kernels compiled for `arch`
-    (translator_kernels.measure.decode_isa). `in_launch`: the combine inside the attention launch (module
-    docstring). A labelled bandwidth floor where the compile fails."""
+MERGE_UNROLL = 4  # slices per merge iteration (fwd.py's MERGE_UNROLL, local to its kernel builder)
+
+
+def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: int) -> int:
+    """HBM bytes of one layer's decode attention launch: K and V once per sequence and KV head (the query heads of
+    a group share them through L2), q in and O out, and under split KV the fp32 partials (O over the padded head
+    dim, m and l) written and read back by the merger, and the tickets (per head an int32 atomic per slice, 4 B
+    read and 4 written, and the reset)."""
+    from translator_kernels.attention import padded_head_dim
+
+    b, h, d, e = batch, shape.heads, shape.head_dim, shape.bytes_per_elem
+    nbytes = shape.kv_bytes(b, context) // shape.layers + 2 * b * h * d * e
+    if nsplit > 1:
+        nbytes += 2 * nsplit * b * h * (padded_head_dim(d) + 2) * 4 + b * h * (8 * nsplit + 4)
+    return nbytes
+
+
+def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> dict:
+    """Decode attention on the cache (one query token per sequence, keys up to `context`), its split-KV merge
+    inside the launch where split_geometry splits: the MODEL on the features of our kernel compiled for `arch`
+    (translator_kernels.measure.decode_isa), the merger's remaining iterations as a tail (module docstring).
+    A labelled bandwidth floor where the compile fails."""
     from translator_kernels.arch import GPUS
-    from translator_kernels.attention import attention_config, padded_head_dim, split_geometry
+    from translator_kernels.attention import attention_config, split_geometry
     from translator_kernels.measure.decode_isa import DECODE_ATTENTION
     from translator_kernels.timing import Launch
 
@@ -242,41 +272,32 @@ def _attention_launches(batch: int, shape: LlmShape, context: int, arch: str, in
     b, h, d, e = batch, shape.heads, shape.head_dim, shape.bytes_per_elem
     nsplit, chunk = split_geometry(b, h, 1, context, d, "bf16", arch)
     block_n = attention_config("bf16", d, 1, arch)["block_n"]
-    kv = shape.kv_bytes(b, context) // shape.layers  # K and V read once per sequence: the query heads of a KV
-    q_io = 2 * b * h * d * e                         # group share them through L2; q in, out
-    partials = nsplit * b * h * (padded_head_dim(d) + 2) * 4 if nsplit > 1 else 0  # fp32 O, m and l per slice
-    feats = compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
-                              (1, h, shape.kv_heads, d, context, nsplit), arch)
-    fwd, comb = _kernel(feats, "attention_fwd"), _kernel(feats, "attention_combine")
-    name = f"decode attention (split {nsplit})" + (", combine in the launch" if in_launch and nsplit > 1 else "")
-    if isinstance(fwd, str) or (nsplit > 1 and isinstance(comb, str)):
-        why = fwd if isinstance(fwd, str) else comb
-        out = [_floor_launch(name, kv + q_io + (2 if in_launch else 1) * partials, arch, f"no compile: {why}")]
-        if nsplit > 1 and not in_launch:
-            out.append(_floor_launch("split-KV combine", partials + b * h * d * e, arch, f"no compile: {why}"))
-        return out
+    nbytes = attention_launch_bytes(b, shape, context, nsplit)
+    fwd = _kernel(compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
+                                    (1, h, shape.kv_heads, d, context, nsplit), arch), "attention_fwd")
+    whole = fwd if nsplit == 1 else _kernel(compiled_features("attention split=False", DECODE_ATTENTION,
+                                                              (1, h, shape.kv_heads, d, context, 1), arch),
+                                            "attention_fwd")
+    name = f"decode attention (split {nsplit}, merge in the launch)" if nsplit > 1 else "decode attention"
+    if isinstance(fwd, str):
+        return _floor_launch(name, nbytes, arch, f"no compile: {fwd}")
     # one workgroup (one wave) per (slice, head, sequence); the first KV tile of a slice is peeled out of the hot
     # loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
     tiles = [max(1, math.ceil(min(chunk, context - i * chunk) / block_n)) for i in range(nsplit)]
     iters = tuple(t - 1 for _ in range(b * h) for t in tiles)
+    if not isinstance(whole, str) and whole.straight_bytes < fwd.straight_bytes:
+        # the merge's loads (the split compile's straight-line loads beyond the unsplit one's) are the merger's
+        # only, partials just written (their bytes are in `nbytes`, their trips below): not every workgroup's
+        # prologue, which the MODEL charges at HBM share
+        fwd = replace(fwd, straight_bytes=whole.straight_bytes)
     if max(tiles) < 2:  # the peeled tile prefetches the next K / V tile only if there is one (fwd.py): the static
         # count of loads outside the hot loop holds that tile, which a one-tile slice never loads
         fwd = replace(fwd, straight_bytes=max(0, fwd.straight_bytes - 2 * block_n * d * e))
-    extra = g.timing["l2_latency_s"] if in_launch and nsplit > 1 else 0.0
-    nbytes = kv + q_io + (2 if in_launch else 1) * partials
-    out = [_priced(name, fwd, Launch(b * h * nsplit, iters, nbytes), arch,
-                   "MODEL (features of our compiled kernel)" + (" + the partials' read, one L2 trip" if extra else ""),
-                   extra)]
-    if nsplit > 1 and not in_launch:
-        # one 64-lane workgroup per (head, sequence); the hot loop (the weighted sum) takes COMBINE_UNROLL[1]
-        # slices an iteration; the max pass's iterations are dependent round trips outside it, at L2_LATENCY
-        # (the partials were just written): timing.features counted one per loop body
-        u_max, u_sum = COMBINE_UNROLL
-        more = nsplit // u_max + nsplit % u_max + nsplit % u_sum - 2  # the passes' other trips
-        comb = replace(comb, straight_trips=comb.straight_trips + max(0, more))
-        out.append(_priced("split-KV combine", comb, Launch(b * h, max(1, nsplit // u_sum), partials + b * h * d * e),
-                           arch, "MODEL (features of our compiled kernel)"))
-    return out
+    # the merger's two passes run ceil(nsplit / MERGE_UNROLL) iterations each, one dependent round trip apiece;
+    # the features hold one of each (charged to every workgroup): the rest follow the last slice, once
+    tail = 2 * (math.ceil(nsplit / MERGE_UNROLL) - 1) if nsplit > 1 else 0
+    how = "MODEL (features of our compiled kernel)" + (f" + the merge's other {tail} L2 round trips" if tail else "")
+    return _priced(name, fwd, Launch(b * h * nsplit, iters, nbytes), arch, how, tail * g.timing["l2_latency_s"])
 
 
 def _gather_launch(batch: int, shape: LlmShape, arch: str) -> dict:
@@ -295,15 +316,16 @@ def _gather_launch(batch: int, shape: LlmShape, arch: str) -> dict:
 
 
 def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = LLAMA3_8B, fused_rope: bool = True,
-                         variants: tuple = ()) -> list[dict]:
+                         variants: tuple = AS_BUILT) -> list[dict]:
     """The launches of one decode step (one token per sequence) of `shape` on our kernels, each with its MODEL
     time and a count: per layer (x layers), then the embedding gather, the final norm and the LM head.
     fused_rope=False: the launch list before the fused RoPE + cache-write launch (RoPE q, RoPE k, two cache
-    writes: bandwidth floors). `variants`: names from VARIANTS (module docstring)."""
+    writes: bandwidth floors). `variants`: names from VARIANTS (module docstring); fused_norm folds the norms at
+    batch <= NORM_FOLD_M_MAX only, as normfuse's rule does."""
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ValueError(f"unknown decode-step variant(s) {sorted(unknown)}; choose from {VARIANTS}")
-    fuse = "fused_norm" in variants
+    fuse = "fused_norm" in variants and batch <= NORM_FOLD_M_MAX
     e = shape.bytes_per_elem
     h, d, q, kv = shape.hidden, shape.head_dim, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     rope_table = 2 * d * e  # cos and sin rows of this position
@@ -314,15 +336,15 @@ def decode_step_launches(arch: str, batch: int, context: int, shape: LlmShape = 
         _floor_launch("cache write V", 2 * batch * kv * e, arch)]
     layer = [] if fuse else [_norm_launch("RMSNorm (attention)", batch, h, arch)]
     layer += [_gemm_launch("QKV GEMM", batch, q + 2 * kv, h, arch, fuse), *rope,
-              *_attention_launches(batch, shape, context, arch, "combine_in_launch" in variants),
+              _attention_launch(batch, shape, context, arch),
               _gemm_launch("O projection (+ residual)", batch, h, q, arch)]
     layer += [] if fuse else [_norm_launch("RMSNorm (MLP)", batch, h, arch)]
     layer += [_gemm_launch("gated MLP GEMM (gate + up)", batch, 2 * shape.intermediate, h, arch, fuse),
               _gemm_launch("down projection (+ residual)", batch, h, shape.intermediate, arch)]
     step = [dict(r, count=shape.layers) for r in layer]
     step += [dict(_gather_launch(batch, shape, arch), count=1),
-             dict(_norm_launch("RMSNorm (final)", batch, h, arch), count=1),
-             dict(_gemm_launch("LM head", batch, shape.vocab, h, arch), count=1)]
+             *([] if fuse else [dict(_norm_launch("RMSNorm (final)", batch, h, arch), count=1)]),
+             dict(_gemm_launch("LM head", batch, shape.vocab, h, arch, fuse), count=1)]
     return step
 
 
@@ -335,7 +357,7 @@ def goal_verdict(r: dict) -> str:
 
 
 def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048, 8192), fused_rope: bool = True,
-               variants: tuple = ()) -> list[dict]:
+               variants: tuple = AS_BUILT) -> list[dict]:
     """hbm_limit_rows with our kernels' MODEL time per decode step beside the limits: alone (T_LAUNCH per
     launch), graph-replayed (GRAPH_LAUNCH per launch) and kernels only, and the fractions limit / MODEL."""
     from translator_kernels.arch import GPUS
@@ -348,7 +370,7 @@ def model_rows(shape: LlmShape = LLAMA3_8B, batches=(1, 16, 64), contexts=(2048,
         floors = sum(x["count"] for x in launches if x["how"].startswith("bandwidth floor"))
         n = sum(x["count"] for x in launches)
         tg = kt + n * GPUS[r["arch"]].timing["graph_launch_s"]  # graph-replayed: the measured per-launch upper bound
-        row = dict(r, variant="+".join(variants) or "as built", model_us=t * 1e6, graph_us=tg * 1e6,
+        row = dict(r, variant=list_label(variants), model_us=t * 1e6, graph_us=tg * 1e6,
                    kernels_us=kt * 1e6, launches=n, floors=floors)
         for lim, key in (("", "step_ms"), ("streaming_", "streaming_ms"), ("achievable_", "achievable_ms")):
             limit = r[key] * 1e-3
@@ -364,7 +386,8 @@ def _abc(r, prefix: str) -> str:
     return f"{r[prefix + 'fraction']:.2f} / {r[prefix + 'graph_fraction']:.2f} / {r[prefix + 'kernels_fraction']:.2f}"
 
 
-def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1, 8192), variants: tuple = ()) -> None:
+def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1, 8192),
+                     variants: tuple = AS_BUILT) -> None:
     """The MODEL table: the launch list `rows` were priced with (as built, or `variants`), the fractions of each
     limit, the goal's verdict per batch-1 row; `variant_rows`: the other launch lists, one row each; then the
     launches of one step (`breakdown`)."""
@@ -376,7 +399,7 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
     print(f"\nMODEL (not measured): our kernels' time per decode step of {LLAMA3_8B.name} (bf16; one token per "
           "sequence), translator_kernels.timing; calibration: " + CALIBRATION)
     print("gfx942 has no measured point: it takes gfx950's fitted constants (an extrapolation). Launch list: "
-          f"{'+'.join(variants) or 'as built'}. Three prices per step: 'alone' = T_LAUNCH "
+          f"{list_label(variants)}. Three prices per step: 'alone' = T_LAUNCH "
           f"({t0['launch_s'] * 1e6:.0f} us, one kernel replayed alone, what the calibration's measurements time) per "
           f"launch + the kernels; 'graph' = GRAPH_LAUNCH ({t0['graph_launch_s'] * 1e6:.1f} us, measured back to back "
           "in one HIP graph on MI350X, an upper bound of the gap) per launch + the kernels: the step replayed as one "
@@ -388,8 +411,8 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
           "of the peak (the seed's vec_add). fraction = limit / MODEL. Issue 23's goal: >= "
           f"{GOAL_FRACTION} of the achievable limit at batch 1, judged on 'graph' (goal column). RMSNorm runs on "
           "upstream's cached features, GEMMs on features estimated from their tile; RoPE + cache writes, decode "
-          "attention, its split-KV combine and the embedding gather on the features of our kernels compiled for the "
-          "arch; a row's 'floors' counts launches priced as bandwidth floors (no compile: optimistic). 'before' = "
+          "attention (its split-KV merge inside the launch) and the embedding gather on the features of our kernels "
+          "compiled for the arch; a row's 'floors' counts launches priced as bandwidth floors (no compile: optimistic). 'before' = "
           "the launch list with RoPE q, RoPE k and the K / V scatters apart (bandwidth floors).")
     print("| GPU | batch | context | limit us: achievable / vendor / streaming | MODEL us: alone / graph / kernels | "
           "**of achievable: alone / graph / kernels** | goal (batch 1, graph) | of vendor: alone / graph / kernels | "
@@ -404,12 +427,12 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
               f"{(str(b['launches']) + ', ' + format(b['achievable_graph_fraction'], '.2f')) if b else '-'} | "
               f"{r['floors']} |")
     if variant_rows:
-        print("\nMODEL, launch-list variants (kernels being built this session, priced before they land; "
-              "`python -m bench.generate --variant NAME` makes one the headline): fused_norm = RMSNorm folded into "
-              "the QKV and gate + up GEMMs (2 launches a layer fewer; each workgroup re-reads its A rows over the "
-              "full K from L2: those bytes at the L2s' data-sheet read bandwidth + one L2 round trip); "
-              "combine_in_launch = the split-KV combine inside the attention launch (its partials' bytes + one L2 "
-              "round trip; no combine launch).")
+        print("\nMODEL, launch lists (as built = AS_BUILT; the others: kernels being built this session, priced "
+              "before they land; `python -m bench.generate --variant NAME` makes one the headline): fused_norm = "
+              f"RMSNorm folded into the QKV and gate + up GEMMs and the final norm into the LM head at batch <= "
+              f"{NORM_FOLD_M_MAX} (normfuse's rule; 2 launches a layer + 1 fewer; each workgroup re-reads its valid "
+              "A rows over the full K from L2: those bytes at the L2s' data-sheet read bandwidth + one dependent L2 "
+              f"round per {ROWNORM_ROWS_PER_ROUND} rows); larger batches keep the norm launches.")
         print("| GPU | batch | context | launch list | launches | MODEL us: alone / graph / kernels | "
               "of achievable: alone / graph / kernels | goal (batch 1, graph) | of vendor (graph) |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -419,7 +442,7 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
                   f"{r['verdict']} | {r['graph_fraction']:.2f} |")
     arch, b, ctx = breakdown
     print(f"\nMODEL per launch, {GPUS[arch].gpu} ({arch}), batch {b}, context {ctx}, launch list "
-          f"{'+'.join(variants) or 'as built'}:")
+          f"{list_label(variants)}:")
     print("| launch | how | x | MODEL us each | kernel us each | MODEL us per step |")
     print("|---|---|---|---|---|---|")
     for x in decode_step_launches(arch, b, ctx, variants=variants):
@@ -427,12 +450,24 @@ def print_ours_table(rows, before=None, variant_rows=(), breakdown=("gfx942", 1,
               f"{x['t'] * x['count'] * 1e6:.0f} |")
 
 
+def list_label(variants: tuple) -> str:
+    """A launch list's name in the tables: 'as built' (AS_BUILT), else the variants it adds or leaves out."""
+    vs = tuple(v for v in VARIANTS if v in variants)
+    if set(vs) == set(AS_BUILT):
+        return "as built" + (f" ({'+'.join(vs)})" if vs else "")
+    added = [v for v in vs if v not in AS_BUILT]
+    dropped = [v for v in AS_BUILT if v not in vs]
+    return " ".join(["+".join(added)] * bool(added) + ["without " + "+".join(dropped)] * bool(dropped))
+
+
 def variant_lists() -> list[tuple]:
-    """Every launch list the variants table prints: as built, each variant alone, all of them."""
-    return [(), *((v,) for v in VARIANTS), VARIANTS]
+    """Every launch list the variants table prints: as built first, then every other subset of VARIANTS."""
+    subsets = [tuple(v for i, v in enumerate(VARIANTS) if n >> i & 1) for n in range(2 ** len(VARIANTS))]
+    built = tuple(v for v in VARIANTS if v in AS_BUILT)
+    return [built, *(vs for vs in subsets if vs != built)]
 
 
-def print_model(variants: tuple = (), batches=(1, 16, 64), contexts=(2048, 8192)) -> list[dict]:
+def print_model(variants: tuple = AS_BUILT, batches=(1, 16, 64), contexts=(2048, 8192)) -> list[dict]:
     """Everything bench.generate prints of the MODEL; returns the headline rows."""
     print_limit_table(hbm_limit_rows(batches=batches, contexts=contexts))
     rows = model_rows(batches=batches, contexts=contexts, variants=variants)

@@ -83,43 +83,107 @@ def test_printed_verdict_follows_the_numbers(capsys, rows):
 
 
 def test_variants_drop_the_launches_they_fuse(no_compile):
-    from translator_kernels.attention import split_geometry
-
+    """fused_norm folds the two norms of a layer and the final norm at batch <= NORM_FOLD_M_MAX (normfuse's rule),
+    and nothing at larger batches; the split-KV merge is inside the attention launch in every list."""
     s = M.LLAMA3_8B
     for arch in GPUS:
-        for b in (1, 64):
-            base = M.decode_step_launches(arch, b, 2048)
+        for b in (1, 16):
+            base = M.decode_step_launches(arch, b, 2048, variants=())
             n = sum(x["count"] for x in base)
-            split = split_geometry(b, s.heads, 1, 2048, s.head_dim, "bf16", arch)[0] > 1
+            assert n == 8 * s.layers + 3  # one attention launch a layer, split or not
+            assert sum(x["count"] for x in base if x["name"].startswith("decode attention")) == s.layers
             norm = M.decode_step_launches(arch, b, 2048, variants=("fused_norm",))
-            assert sum(x["count"] for x in norm) == n - 2 * s.layers
-            assert not any(x["name"].startswith("RMSNorm (attention") or x["name"] == "RMSNorm (MLP)" for x in norm)
-            # the folded GEMM costs more than the plain one (the A rows re-read from L2, one L2 trip)
-            qkv = {x["name"]: x["kernel_t"] for x in base + norm if x["name"].startswith("QKV GEMM")}
-            assert qkv["QKV GEMM + RMSNorm"] > qkv["QKV GEMM"]
-            comb = M.decode_step_launches(arch, b, 2048, variants=("combine_in_launch",))
-            assert sum(x["count"] for x in comb) == n - s.layers * split
-            assert not any(x["name"] == "split-KV combine" for x in comb)
+            if b > M.NORM_FOLD_M_MAX:
+                assert norm == base
+                continue
+            assert sum(x["count"] for x in norm) == n - 2 * s.layers - 1
+            assert not any(x["name"].startswith("RMSNorm") for x in norm)
+            # the folded GEMM costs more than the plain one (the A rows re-read from L2, the dependent rounds)
+            kt = {x["name"]: x["kernel_t"] for x in base + norm}
+            for g in ("QKV GEMM", "gated MLP GEMM (gate + up)", "LM head"):
+                assert kt[g + " + RMSNorm"] > kt[g]
     with pytest.raises(ValueError, match="unknown decode-step variant"):
         M.decode_step_launches("gfx942", 1, 2048, variants=("fused_everything",))
 
 
-def test_decode_attention_is_priced_on_our_compiled_kernels_not_a_floor(monkeypatch):
-    """gfx950, batch 1, context 2048 (16 slices): the forward kernel and the combine are compiled (COMPILE_ONLY
-    child) and priced by the MODEL; neither beats its bandwidth floor."""
+def test_fused_norm_rounds_follow_the_rows(no_compile):
+    """Each workgroup's prologue: its valid rows x K re-read from L2, ceil(rows / 2) dependent rounds: batch 4 pays
+    one round more than batch 1 (and twice the bytes) on the same tile."""
+    g = GPUS["gfx950"]
+    k, n = M.LLAMA3_8B.hidden, 6144
+    plain = {m: M._gemm_launch("QKV", m, n, k, "gfx950")["kernel_t"] for m in (1, 4)}
+    fused = {m: M._gemm_launch("QKV", m, n, k, "gfx950", fused_norm=True) for m in (1, 4)}
+    assert "1 dependent L2 round)" in fused[1]["how"] and "2 dependent L2 rounds)" in fused[4]["how"]
+    step = g.timing["l2_latency_s"] + M.ROWNORM_VECTOR_CYCLES / g.clock_hz
+    extra = {m: fused[m]["kernel_t"] - plain[m] for m in (1, 4)}
+    assert extra[1] > step and extra[4] - extra[1] > step
+
+
+def test_launch_lists_name_what_is_built(monkeypatch):
+    """AS_BUILT is the default launch list and the tables name every list against it: flipping it (one line, at
+    the merge of a variant's kernel) renames the rows and changes the default."""
+    assert M.variant_lists()[0] == M.AS_BUILT == ()
+    assert M.list_label(()) == "as built" and M.list_label(("fused_norm",)) == "fused_norm"
+    monkeypatch.setattr(M, "AS_BUILT", ("fused_norm",))
+    assert M.variant_lists() == [("fused_norm",), ()]
+    assert M.list_label(("fused_norm",)) == "as built (fused_norm)" and M.list_label(()) == "without fused_norm"
+
+
+def test_attention_launch_bytes_hold_the_in_launch_merge():
+    """One launch's bytes: K and V once per sequence, q in and O out, and under split KV the fp32 partials written
+    and read back and the tickets (splitkv's fwd.py): no separate combine, no second write of O."""
+    from translator_kernels.attention import padded_head_dim
+
+    s = M.LLAMA3_8B
+    b, h, d, e = 2, s.heads, s.head_dim, s.bytes_per_elem
+    kv = s.kv_bytes(b, 2048) // s.layers
+    assert M.attention_launch_bytes(b, s, 2048, 1) == kv + 2 * b * h * d * e
+    part = 16 * b * h * (padded_head_dim(d) + 2) * 4
+    assert M.attention_launch_bytes(b, s, 2048, 16) == kv + 2 * b * h * d * e + 2 * part + b * h * (8 * 16 + 4)
+
+
+def test_merge_unroll_is_the_kernels():
+    """MERGE_UNROLL mirrors fwd.py's constant (local to its kernel builder): the tail's trip count follows it."""
+    import inspect
+
+    from translator_kernels.attention import fwd
+
+    assert re.search(rf"\bMERGE_UNROLL = {M.MERGE_UNROLL}\b", inspect.getsource(fwd))
+
+
+def _compiled_attention(monkeypatch, nsplit: int, context: int = 2048, arch: str = "gfx950"):
+    monkeypatch.setattr(M, "compiled_features", COMPILED_FEATURES)
+    s = M.LLAMA3_8B
+    from translator_kernels.measure.decode_isa import DECODE_ATTENTION
+
+    return M.compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
+                               (1, s.heads, s.kv_heads, s.head_dim, context, nsplit), arch)
+
+
+def test_decode_attention_is_priced_on_our_compiled_kernel_not_a_floor(monkeypatch):
+    """gfx950, batch 1, context 2048 (16 slices): one compiled kernel, the forward with the merge inside it, priced
+    by the MODEL with the merge's remaining round trips as its tail; it does not beat its bandwidth floor. Against
+    the unsplit compile, the split kernel's features hold the merge: the ticket and one iteration of each merge
+    pass are three more dependent round trips outside the hot loop, and more straight-line loads (which the
+    price leaves to the merger: the unsplit prologue is charged); the hot loop (the KV tiles) is the same."""
     from translator_kernels.timing import KernelFeatures
 
     monkeypatch.setattr(M, "_FEATURES", {})
-    monkeypatch.setattr(M, "compiled_features", COMPILED_FEATURES)
-    att = M._attention_launches(1, M.LLAMA3_8B, 2048, "gfx950")
-    feats = M._FEATURES[("attention split=True", "gfx950")]
+    feats = _compiled_attention(monkeypatch, 16)
     assert not isinstance(feats, str), feats
-    assert {k.split("_kernel")[0] for k in feats} == {"attention_fwd", "attention_combine"}
-    assert all(isinstance(f, KernelFeatures) and f.has_loop for f in feats.values())
-    assert [x["name"] for x in att] == ["decode attention (split 16)", "split-KV combine"]
-    kv = M.LLAMA3_8B.kv_bytes(1, 2048) // M.LLAMA3_8B.layers
-    floor = M._floor_launch("floor", kv, "gfx950")["kernel_t"]
-    assert att[0]["how"] == att[1]["how"] == "MODEL (features of our compiled kernel)"
-    assert att[0]["kernel_t"] > floor and att[1]["kernel_t"] > 0
-    inl = M._attention_launches(1, M.LLAMA3_8B, 2048, "gfx950", in_launch=True)
-    assert len(inl) == 1 and att[0]["kernel_t"] < inl[0]["kernel_t"] < att[0]["kernel_t"] + att[1]["kernel_t"]
+    assert {k.split("_kernel")[0] for k in feats} == {"attention_fwd"}
+    (split,) = feats.values()
+    (whole,) = _compiled_attention(monkeypatch, 1).values()
+    assert isinstance(split, KernelFeatures) and split.has_loop
+    assert split.straight_trips == whole.straight_trips + 3
+    assert split.straight_bytes > whole.straight_bytes
+    assert (split.loop_matrix, split.loop_flops) == (whole.loop_matrix, whole.loop_flops)
+    att = M._attention_launch(1, M.LLAMA3_8B, 2048, "gfx950")
+    assert att["name"] == "decode attention (split 16, merge in the launch)"
+    assert att["how"] == "MODEL (features of our compiled kernel) + the merge's other 6 L2 round trips"
+    nbytes = M.attention_launch_bytes(1, M.LLAMA3_8B, 2048, 16)
+    assert att["kernel_t"] > M._floor_launch("floor", nbytes, "gfx950")["kernel_t"]
+    assert att["kernel_t"] > 6 * GPUS["gfx950"].timing["l2_latency_s"]
+    # the merge's loads out of every workgroup's prologue: cheaper than the split features as compiled
+    M._FEATURES[("attention split=False", "gfx950")] = feats
+    assert M._attention_launch(1, M.LLAMA3_8B, 2048, "gfx950")["kernel_t"] > att["kernel_t"]

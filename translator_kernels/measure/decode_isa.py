@@ -11,7 +11,8 @@ DECODE_ATTENTION = "translator_kernels.measure.decode_isa:compile_decode_attenti
 def compile_decode_attention(batch, heads, kv_heads, head_dim, context, num_splits):
     """The decode attention of one layer as the translated graph calls it: one query token per sequence
     against the static cache [B, Hkv, S_max, D] read in place up to its position (q_pos), O written as
-    [B, 1, H, D] for the output projection; `num_splits` > 1 also compiles the split-KV combine."""
+    [B, 1, H, D] for the output projection; `num_splits` > 1 compiles the split kernel, its merge inside it
+    (partials, tickets, the last slice's merge)."""
     import torch
 
     from translator_kernels.attention import attention

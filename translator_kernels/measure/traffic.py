@@ -85,7 +85,7 @@ def measure(family, dt, shape, arch="gfx942") -> dict:
     with flysim.simulate(arch=arch, check_races=False) as sim:
         run_ours(family, dt, args)
     recs = [r for r in sim.launches if "shuffle" not in r.kernel]
-    # attention may be two launches (split KV + combine); the others' last launch is the kernel
+    # attention: every launch (one, its split-KV merge inside); the others' last launch is the kernel
     moved = _moved(recs if family == "attention" else recs[-1:])
     return dict(family=family, dtype=dt, shape=tuple(shape), arch=arch, moved=moved,
                 model=model_bytes(family, dt, shape, arch), compulsory=compulsory_bytes(family, dt, shape),
