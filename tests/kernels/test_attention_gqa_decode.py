@@ -18,7 +18,8 @@ import translator_kernels.attention as attn_mod
 from translator.tolerances import op_tolerance
 from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.attention import attention, empty_in_order
-from translator_kernels.attention.gqa import decode_plan, pack_group
+from translator_kernels.attention.decode_plan import decode_plan
+from translator_kernels.attention.gqa import pack_group
 
 
 def _run(arch):
