@@ -132,6 +132,8 @@ def test_a_callers_tensor_is_written_where_it_is(how):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert torch.equal(n1, n) and torch.allclose(acc1, acc)
+    if how == "compile":
+        _assert_compiled_in_place(3)
 
 
 def test_compile_writes_the_users_counter_buffer():
@@ -145,10 +147,19 @@ def test_compile_writes_the_users_counter_buffer():
         torch.testing.assert_close(g, w)
     assert m.s is user
     torch.testing.assert_close(user, want_state)
+    _assert_compiled_in_place(3)
+
+
+def _assert_compiled_in_place(calls):
+    """Every call ran through a translation whose in-place writes are flydsl.elementwise_, nothing computed
+    in PyTorch."""
     from translator.frontends import compile_backend
 
-    (rep,) = compile_backend.reports()
-    assert not _compute_in_pytorch(rep.translations[0].report) if hasattr(rep, "translations") else True
+    recs = compile_backend.reports()
+    assert recs and sum(r.calls_translated for r in recs) == calls and not any(r.calls_pytorch for r in recs)
+    for tm in (tm for r in recs for tm in r.translated):
+        assert any(n.target is ELEMENTWISE_ for n in tm.gm.graph.nodes)
+        assert not _compute_in_pytorch(tm.report), _compute_in_pytorch(tm.report)
 
 
 def test_flysim_launches_the_in_place_kernels():
@@ -252,11 +263,7 @@ def test_hf_llama_static_cache_counters_under_compile():
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
     assert all(a is b for a, b in zip(_counters(step), user))
     assert [int(c) for c in user] == [16, 16]
-    from translator.frontends import compile_backend
-
-    for r in compile_backend.reports():
-        for rep in getattr(r, "reports", []):
-            assert not _compute_in_pytorch(rep)
+    _assert_compiled_in_place(9)
 
 
 class _CacheAndCounter(torch.nn.Module):

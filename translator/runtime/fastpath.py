@@ -57,7 +57,11 @@ def caller(name: str):
         def fn(*args):
             out = ops.dispatch(name, *args)
             for i in written:  # the custom op bumps a written tensor's version; a kernel's store does not
-                torch.autograd.graph.increment_version(args[i])  # (state.preserved restores what changed)
+                t = args[i]  # (state.preserved restores what changed); an optional one may be None
+                ts = [x for x in t if isinstance(x, torch.Tensor)] if isinstance(t, (list, tuple)) else \
+                    [t] if isinstance(t, torch.Tensor) else []
+                if ts:
+                    torch.autograd.graph.increment_version(ts)
             return out
 
         fn.__name__ = fn.__qualname__ = f"flydsl_{name}"
