@@ -18,6 +18,7 @@ import torch
 
 import translator
 from translator import state
+from translator.tolerances import model_tol
 from translator.lowerings import inplace  # noqa: F401  (registers flydsl.elementwise_)
 
 ELEMENTWISE_ = torch.ops.flydsl.elementwise_.default
@@ -86,7 +87,7 @@ def test_form_is_one_in_place_kernel_and_advances_like_eager(name):
     assert not _compute_in_pytorch(tm.report)
     with torch.no_grad():
         got = [tm(x) for _ in range(3)]
-    tol = dict(atol=1e-2, rtol=1.6e-2) if init.dtype == torch.bfloat16 else {}  # the output's bf16 add rounds once
+    tol = model_tol(torch.bfloat16) if init.dtype == torch.bfloat16 else {}  # the output's bf16 add rounds once
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **tol)
     (written,) = state.written_targets(tm.gm)
@@ -243,7 +244,7 @@ def test_hf_llama_static_cache_counters_are_in_place_kernels():
     with torch.no_grad():
         got = _decode(tm, ids, 8)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(g, w, **model_tol())
     counters = [state.tensor_at(tm.gm, t) for t in state.written_targets(tm.gm)
                 if state.tensor_at(tm.gm, t).dim() == 0 and state.tensor_at(tm.gm, t).dtype == torch.int64]
     assert sorted(int(c) for c in counters) == [16, 16]
@@ -260,7 +261,7 @@ def test_hf_llama_static_cache_counters_under_compile():
     with torch.no_grad():
         got = _decode(cm, ids, 8)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(g, w, **model_tol())
     assert all(a is b for a, b in zip(_counters(step), user))
     assert [int(c) for c in user] == [16, 16]
     _assert_compiled_in_place(9)

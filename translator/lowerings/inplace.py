@@ -102,7 +102,6 @@ FUNCTIONAL = {
     aten.clamp_max_.default: aten.clamp_max.default,
 }
 FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
-SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _dt(t) -> str:
@@ -143,7 +142,8 @@ def inplace_supported(node, ctx):
     if not d.is_contiguous():
         return (f"in-place {node.target._opname} on a strided view of state (strides {tuple(d.stride())}): the "
                 "in-place kernel writes its destination in flat order")
-    for a in _operands(node).values():
+    operands = _operands(node)
+    for a in operands.values():
         v = val(a) if isinstance(a, torch.fx.Node) else a
         if isinstance(v, torch.SymBool) or isinstance(a, torch.SymBool):
             return f"in-place {node.target._opname} with a symbolic bool operand"
@@ -156,13 +156,13 @@ def inplace_supported(node, ctx):
             return f"in-place {node.target._opname} with a {type(v).__name__} operand"
     if node.target in FUNCTIONAL and d.dtype in (torch.int32, torch.int64) and FUNCTIONAL[node.target] not in ew.INT_EXACT:
         return f"in-place {node.target._opname} on {_dt(d)} state would compute through fp32 (exact only below 2**24)"
-    return Match(dst=dst)
+    return Match(dst=dst, operands=operands)
 
 
-def _symbolic_as_tensors(ctx, node, dst) -> None:
+def _symbolic_as_tensors(ctx, node, dst, operands) -> None:
     """Each symbolic size operand of `node` replaced by a 0-d tensor of it (folded per input shape by
     fold_shapes: the kernel reads the size on the device, no host copy per call)."""
-    for name, a in _operands(node).items():
+    for name, a in operands.items():
         v = val(a) if isinstance(a, torch.fx.Node) else None
         if isinstance(a, torch.fx.Node) and not isinstance(v, torch.Tensor):
             dtype = torch.int64 if isinstance(v, (int, torch.SymInt)) else torch.float32
@@ -194,7 +194,7 @@ def _program(node, dst):
                        "kernel writing the tensor in place")
 def lower_inplace(node, ctx, m):
     dst = m.dst
-    _symbolic_as_tensors(ctx, node, dst)
+    _symbolic_as_tensors(ctx, node, dst, m.operands)
     prog, tensors = _program(node, dst)
     ctx.emit("elementwise_", (dst, list(tensors), prog.text()), lowering=f"inplace_{node.target._opname}",
              sources=[node], anchor=node, before=node)
