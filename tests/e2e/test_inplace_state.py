@@ -292,3 +292,20 @@ def test_flysim_verification_leaves_the_state_as_it_was():
     torch.testing.assert_close(tm(x, pos), eager(x, pos))
     assert {c.family for c in tm.last_calls if c.launches} >= {"cache_write", "elementwise_"}
     assert int(tm.gm.n) == 1 and torch.equal(tm.gm.cache, eager.cache)
+
+
+def test_the_kernel_entry_refuses_what_it_cannot_write_in_place():
+    """A strided destination or operands that would grow it: KernelInputError naming the problem, nothing written."""
+    from translator_kernels.codegen.inplace import elementwise_into
+    from translator_kernels.errors import KernelInputError
+    from translator_kernels.program import Program
+
+    add = Program(2, (("add", (0, 1), ()),), ((2, "f32"),)).text()
+    base = torch.zeros(4, 6)
+    with pytest.raises(KernelInputError, match="contiguous"):
+        elementwise_into(base[:, 1:3], [torch.ones(())], add)
+    with pytest.raises(KernelInputError, match="broadcast to"):
+        elementwise_into(torch.zeros(6), [torch.ones(4, 6)], add)
+    with pytest.raises(KernelInputError, match="dtype"):
+        elementwise_into(torch.zeros(6, dtype=torch.int64), [torch.ones(6)], add)
+    assert not base.any()
