@@ -309,3 +309,21 @@ def test_the_kernel_entry_refuses_what_it_cannot_write_in_place():
     with pytest.raises(KernelInputError, match="dtype"):
         elementwise_into(torch.zeros(6, dtype=torch.int64), [torch.ones(6)], add)
     assert not base.any()
+
+
+@pytest.mark.slow  # ~25 s on 2 cores; test_flysim_launches_the_in_place_kernels covers the launches in the default suite
+def test_flysim_hf_llama_counters_are_launches():
+    ids = torch.randint(0, HF_TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    eager = _hf_step()
+    with torch.no_grad():
+        want = _decode(eager, ids, 2)
+    tm = translator.translate(_hf_step(), (ids, torch.arange(8)), backend="flysim", verify=False)
+    with torch.no_grad():
+        got = _decode(tm, ids, 2)
+    calls = [c for c in tm.last_calls if c.family == "elementwise_"]
+    assert len(calls) == 2 and all(len(c.launches) == 1 for c in calls), calls
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **model_tol())
+    counters = [state.tensor_at(tm.gm, t) for t in state.written_targets(tm.gm)
+                if state.tensor_at(tm.gm, t).dim() == 0 and state.tensor_at(tm.gm, t).dtype == torch.int64]
+    assert sorted(int(c) for c in counters) == [10, 10] == sorted(int(c) for c in _counters(eager))
