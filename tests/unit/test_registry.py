@@ -56,6 +56,7 @@ ORACLES = {
                            (_r(5, 40),)),
     "layout": lambda: (Fn(lambda m, x: F.pad(x, (1, 2, -1, 1), value=0.5)), (_r(5, 6),)),
     "cache_write": lambda: (_Cache(), (_r(1, 2, 3, 4), torch.tensor([1, 4, 6]))),
+    "elementwise_": lambda: (_Ema(), (_r(3, 8),)),
     "rope": lambda: (Fn(lambda m, x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s),  # rotate-half
                      (_r(1, 2, 3, 8), _r(1, 1, 3, 8, seed=1), _r(1, 1, 3, 8, seed=2))),
     "moe_topk": lambda: (Fn(lambda m, x: (lambda v: v / v.sum(-1, keepdim=True))(
@@ -86,6 +87,18 @@ class _Cache(nn.Module):
     def forward(self, x, pos):
         self.cache[:, :, pos] = x
         return self.cache * 1
+
+
+class _Ema(nn.Module):
+    """Running statistics updated in place (mul_, add_ with alpha), then read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ema", torch.ones(3, 8))
+
+    def forward(self, x):
+        self.ema.mul_(0.9).add_(x, alpha=0.1)
+        return self.ema * 1
 
 
 def _moe_loop(m, x):

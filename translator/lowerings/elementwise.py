@@ -201,6 +201,9 @@ for _name, _op in OPS.items():  # every one-argument op of the program's table n
 for _name in ("relu_", "sigmoid_", "tanh_", "silu_", "hardtanh_"):  # in-place forms (nn.ReLU(inplace=True))
     TABLE[getattr(aten, _name).default] = _unary(_name[:-1])
 TABLE[aten.hardtanh_.default] = TABLE[aten.hardtanh.default]
+for _name in ("add_", "sub_", "mul_", "div_"):  # `y = a * b; y.add_(c)` on a temporary (state: inplace.py)
+    for _ov in ("Tensor", "Scalar"):
+        TABLE[getattr(getattr(aten, _name), _ov)] = TABLE[getattr(getattr(aten, _name[:-1]), _ov)]
 # issue 27 item 5: the small ops new model families write (Qwen3 / OLMoE norms, HF masks, aliases)
 TABLE[aten.square.default] = lambda b, n: (lambda x: b.op("mul", [x, x]))(b.arg(operand(n)))
 TABLE[aten.multiply.Tensor] = _binary("mul")  # torch.multiply: mul's alias, kept by name in the export
@@ -225,7 +228,8 @@ INT_EXACT = frozenset({
     aten.where.Scalar, aten.bitwise_not.default, aten.clamp.default, aten.clamp_min.default,
     aten.clamp_max.default, aten._to_copy.default, aten.to.dtype, aten.type_as.default,
     aten.dropout.default, aten.clone.default, aten.alias.default, aten.square.default, aten.multiply.Tensor,
-    aten.multiply.Scalar,
+    aten.multiply.Scalar, aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar, aten.mul_.Tensor,
+    aten.mul_.Scalar,
 } | {t for t, f in TABLE.items() if "bitwise" in str(t) or "__" in str(t)})
 
 ELEMENTWISE = frozenset(TABLE)

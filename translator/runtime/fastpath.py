@@ -51,8 +51,18 @@ def caller(name: str):
     """The plain function a fast graph's node calls for `torch.ops.flydsl.<name>`."""
     fn = _CALLERS.get(name)
     if fn is None:
+        schema = getattr(torch.ops.flydsl, name).default._schema
+        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
         def fn(*args):
-            return ops.dispatch(name, *args)
+            out = ops.dispatch(name, *args)
+            for i in written:  # the custom op bumps a written tensor's version; a kernel's store does not
+                t = args[i]  # (state.preserved restores what changed); an optional one may be None
+                ts = [x for x in t if isinstance(x, torch.Tensor)] if isinstance(t, (list, tuple)) else \
+                    [t] if isinstance(t, torch.Tensor) else []
+                if ts:
+                    torch.autograd.graph.increment_version(ts)
+            return out
 
         fn.__name__ = fn.__qualname__ = f"flydsl_{name}"
         _CALLERS[name] = fn
