@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 
 GOAL_FRACTION = 0.8  # issue 23: a decode step at >= 0.8 of the HBM limit at batch 1 (MODEL)
 VARIANTS = ("fused_norm",)  # launch-list variants the MODEL can price (module docstring)
-AS_BUILT = ()  # the variants that are built: the default launch list (normfuse's fold landed: ("fused_norm",))
+AS_BUILT = ("fused_norm",)  # the variants that are built: the default launch list (normfuse's fold landed)
 NORM_FOLD_M_MAX = 4  # normfuse's rule (translator/lowerings/norm_gemm.M_MAX) folds the norm at M <= 4 only
 ROWNORM_ROWS_PER_ROUND = 2  # rownorm.py: K = 4096 bf16 rows go two per dependent load round
 ROWNORM_VECTOR_CYCLES = 400  # rownorm.py's prologue, per wave and row group (docs/llama-layer.md, compiled)
@@ -244,7 +244,7 @@ def _rope_cache_launch(batch: int, shape: LlmShape, context: int, arch: str) -> 
 MERGE_UNROLL = 4  # slices per merge iteration (fwd.py's MERGE_UNROLL, local to its kernel builder)
 
 
-def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: int) -> int:
+def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: int, group: int = 1) -> int:
     """HBM bytes of one layer's decode attention launch: K and V once per sequence and KV head (the query heads of
     a group share them through L2), q in and O out, and under split KV the fp32 partials (O over the padded head
     dim, m and l) written and read back by the merger, and the tickets (per head an int32 atomic per slice, 4 B
@@ -253,8 +253,8 @@ def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: in
 
     b, h, d, e = batch, shape.heads, shape.head_dim, shape.bytes_per_elem
     nbytes = shape.kv_bytes(b, context) // shape.layers + 2 * b * h * d * e
-    if nsplit > 1:
-        nbytes += 2 * nsplit * b * h * (padded_head_dim(d) + 2) * 4 + b * h * (8 * nsplit + 4)
+    if nsplit > 1:  # partials per query head (a packed block holds its KV group's heads as rows); a ticket per block
+        nbytes += 2 * nsplit * b * h * (padded_head_dim(d) + 2) * 4 + b * (h // group) * (8 * nsplit + 4)
     return nbytes
 
 
@@ -264,15 +264,19 @@ def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> d
     (translator_kernels.measure.decode_isa), the merger's remaining iterations as a tail (module docstring).
     A labelled bandwidth floor where the compile fails."""
     from translator_kernels.arch import GPUS
-    from translator_kernels.attention import attention_config, split_geometry
+    from translator_kernels.attention import attention_config
+    from translator_kernels.attention.decode_plan import decode_plan
     from translator_kernels.measure.decode_isa import DECODE_ATTENTION
     from translator_kernels.timing import Launch
 
     g = GPUS[arch]
     b, h, d, e = batch, shape.heads, shape.head_dim, shape.bytes_per_elem
-    nsplit, chunk = split_geometry(b, h, 1, context, d, "bf16", arch)
-    block_n = attention_config("bf16", d, 1, arch)["block_n"]
-    nbytes = attention_launch_bytes(b, shape, context, nsplit)
+    # decode GQA packing (translator_kernels/attention/gqa.py): one block per (sequence, KV head, slice), the
+    # group's query heads its rows, K / V loaded once per KV head; the compile below takes the same path
+    plan = decode_plan(b, h, shape.kv_heads, context, d, "bf16", arch)
+    nsplit, chunk, hp = plan["nsplit"], plan["keys_per_slice"], plan["grid"][1]
+    block_n = attention_config("bf16", d, plan["rows_per_block"], arch)["block_n"]
+    nbytes = attention_launch_bytes(b, shape, context, nsplit, h // hp)
     fwd = _kernel(compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
                                     (1, h, shape.kv_heads, d, context, nsplit), arch), "attention_fwd")
     whole = fwd if nsplit == 1 else _kernel(compiled_features("attention split=False", DECODE_ATTENTION,
@@ -281,10 +285,10 @@ def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> d
     name = f"decode attention (split {nsplit}, merge in the launch)" if nsplit > 1 else "decode attention"
     if isinstance(fwd, str):
         return _floor_launch(name, nbytes, arch, f"no compile: {fwd}")
-    # one workgroup (one wave) per (slice, head, sequence); the first KV tile of a slice is peeled out of the hot
-    # loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
+    # one workgroup (one wave) per (slice, KV head, sequence); the first KV tile of a slice is peeled out of the
+    # hot loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
     tiles = [max(1, math.ceil(min(chunk, context - i * chunk) / block_n)) for i in range(nsplit)]
-    iters = tuple(t - 1 for _ in range(b * h) for t in tiles)
+    iters = tuple(t - 1 for _ in range(b * hp) for t in tiles)
     if not isinstance(whole, str) and whole.straight_bytes < fwd.straight_bytes:
         # the merge's loads (the split compile's straight-line loads beyond the unsplit one's) are the merger's
         # only, partials just written (their bytes are in `nbytes`, their trips below): not every workgroup's
@@ -297,7 +301,7 @@ def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> d
     # the features hold one of each (charged to every workgroup): the rest follow the last slice, once
     tail = 2 * (math.ceil(nsplit / MERGE_UNROLL) - 1) if nsplit > 1 else 0
     how = "MODEL (features of our compiled kernel)" + (f" + the merge's other {tail} L2 round trips" if tail else "")
-    return _priced(name, fwd, Launch(b * h * nsplit, iters, nbytes), arch, how, tail * g.timing["l2_latency_s"])
+    return _priced(name, fwd, Launch(b * hp * nsplit, iters, nbytes), arch, how, tail * g.timing["l2_latency_s"])
 
 
 def _gather_launch(batch: int, shape: LlmShape, arch: str) -> dict:

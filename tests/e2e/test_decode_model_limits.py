@@ -122,11 +122,12 @@ def test_fused_norm_rounds_follow_the_rows(no_compile):
 def test_launch_lists_name_what_is_built(monkeypatch):
     """AS_BUILT is the default launch list and the tables name every list against it: flipping it (one line, at
     the merge of a variant's kernel) renames the rows and changes the default."""
-    assert M.variant_lists()[0] == M.AS_BUILT == ()
-    assert M.list_label(()) == "as built" and M.list_label(("fused_norm",)) == "fused_norm"
-    monkeypatch.setattr(M, "AS_BUILT", ("fused_norm",))
+    assert M.variant_lists()[0] == M.AS_BUILT == ("fused_norm",)  # normfuse's fold is built (norm_gemm.py)
     assert M.variant_lists() == [("fused_norm",), ()]
     assert M.list_label(("fused_norm",)) == "as built (fused_norm)" and M.list_label(()) == "without fused_norm"
+    monkeypatch.setattr(M, "AS_BUILT", ())
+    assert M.variant_lists()[0] == ()
+    assert M.list_label(()) == "as built" and M.list_label(("fused_norm",)) == "fused_norm"
 
 
 def test_attention_launch_bytes_hold_the_in_launch_merge():
@@ -140,6 +141,9 @@ def test_attention_launch_bytes_hold_the_in_launch_merge():
     assert M.attention_launch_bytes(b, s, 2048, 1) == kv + 2 * b * h * d * e
     part = 16 * b * h * (padded_head_dim(d) + 2) * 4
     assert M.attention_launch_bytes(b, s, 2048, 16) == kv + 2 * b * h * d * e + 2 * part + b * h * (8 * 16 + 4)
+    # packed GQA decode (attention/gqa.py): the same partials per query head, one ticket per block (KV head)
+    g = h // s.kv_heads
+    assert M.attention_launch_bytes(b, s, 2048, 16, g) == kv + 2 * b * h * d * e + 2 * part + b * h // g * (8 * 16 + 4)
 
 
 def test_merge_unroll_is_the_kernels():
@@ -179,9 +183,10 @@ def test_decode_attention_is_priced_on_our_compiled_kernel_not_a_floor(monkeypat
     assert split.straight_bytes > whole.straight_bytes
     assert (split.loop_matrix, split.loop_flops) == (whole.loop_matrix, whole.loop_flops)
     att = M._attention_launch(1, M.LLAMA3_8B, 2048, "gfx950")
-    assert att["name"] == "decode attention (split 16, merge in the launch)"
-    assert att["how"] == "MODEL (features of our compiled kernel) + the merge's other 6 L2 round trips"
-    nbytes = M.attention_launch_bytes(1, M.LLAMA3_8B, 2048, 16)
+    # packed GQA decode: 8 KV heads x 32 slices (decode_plan), the merger's 2 x (32 / 4 - 1) other round trips
+    assert att["name"] == "decode attention (split 32, merge in the launch)"
+    assert att["how"] == "MODEL (features of our compiled kernel) + the merge's other 14 L2 round trips"
+    nbytes = M.attention_launch_bytes(1, M.LLAMA3_8B, 2048, 32, 4)
     assert att["kernel_t"] > M._floor_launch("floor", nbytes, "gfx950")["kernel_t"]
     assert att["kernel_t"] > 6 * GPUS["gfx950"].timing["l2_latency_s"]
     # the merge's loads out of every workgroup's prologue: cheaper than the split features as compiled
