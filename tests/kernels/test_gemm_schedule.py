@@ -243,7 +243,9 @@ def test_bmm_reads_att_at_v_in_place(arch, dt, monkeypatch):
         assert len(sim.launches) == 1
         tiles_n, tiles_m = -(-padded_shape(n, k)[0] // cfg.bn), -(-m // cfg.bm)
         tickets = tiles_n * tiles_m * (4 // cfg.kw) * cfg.split if cfg.split > 1 else 0  # 4-byte atomics
-        split_reads = partial_bytes(m, n, k, cfg)[1] + 4 * tickets
+        # each ticket's atomic, and the "done" counter (splitk.reduce_splits): the S - 1 others' release adds and
+        # the last arriver's acquire read, one 4-byte atomic per ticket as well
+        split_reads = partial_bytes(m, n, k, cfg)[1] + 2 * 4 * tickets
         assert sim.launches[0].counters["global_bytes_read"] == 6 * ((m * k * tiles_n + k * n * tiles_m) * esz
                                                                      + split_reads)
         assert sum(sim.launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(m, n, k, dt, arch, cfg,

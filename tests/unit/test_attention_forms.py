@@ -281,7 +281,7 @@ def test_kv_expansion_becomes_kv_head_indexing(how, hkv):
     assert not any(op in tm.code for op in ("repeat_interleave", "expand", "reshape"))
     (use,) = [u for u in uses if "attention" in kl.kernel_name(u.launcher)]
     assert use.args[1][0] == "tensor" and use.args[1][2][1] == hkv  # the kernel reads the Hkv-head K ...
-    assert use.args[12] == ("int", 4 // hkv)  # ... with group = H / Hkv (translator_kernels.attention's launch)
+    assert use.args[13] == ("int", 4 // hkv)  # ... with group = H / Hkv (the launch: after the split counters)
 
 
 # --- 6. in-place bias add (T5), also on a view of the scores ----------------------------------

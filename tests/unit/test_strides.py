@@ -55,7 +55,10 @@ def _fake(fam, args):
 
 # arguments that are weights the translator prepares (preshuffled, always made contiguous)
 PREPARED = {"gemm": {1}, "gemm_gated": {1}, "gemm_fp8": {1}, "fp8_block_linear": {1}, "fp8_static_linear": {1},
-            "gemm_fp8_gated": {1}, "moe_experts_fp8": {3, 4, 5, 6}}
+            "gemm_fp8_gated": {1}, "moe_experts_fp8": {3, 4, 5, 6},
+            # the written state: lowerings/inplace.py takes a contiguous destination only (a strided view of
+            # state stays in PyTorch with its reason), so the kernel never sees a permuted one
+            "elementwise_": {0}}
 
 
 def _samples(name):
