@@ -16,6 +16,7 @@ Experts, HF's grouped-mm form (transformers 5.x `grouped_mm_experts_forward`, th
     perm = sort(ids.reshape(-1)).indices;  xs = x[perm // k]
     offs = cumsum(histc(sorted ids))                                   (then dead)
     h = act(chunk(grouped_mm(xs, gate_up_proj.transpose(-2, -1), offs), 2, -1)[0]) * chunk(...)[1]
+                                                                       (split(I, -1) once AOT decomposed it)
     y = grouped_mm(h, down_proj.transpose(-2, -1), offs) * weights.reshape(-1)[perm].unsqueeze(-1)
     inv = empty_like(perm).index_put_([perm], arange(T·k));  out = y[inv].view(T, k, H).sum(1)
 
