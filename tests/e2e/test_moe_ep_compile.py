@@ -91,6 +91,25 @@ def test_hf_expert_parallel_model_compiled_directly(backend, family):
     _check(_ranks(backend, 2, family, "model"), 2, backend)
 
 
+@pytest.mark.parametrize("split,halves", [
+    (lambda t: t.chunk(2, -1), True),  # AOT autograd decomposes it: split(I, -1)
+    (lambda t: torch.split(t, [48, 48], -1), True),  # split_with_sizes
+    (lambda t: torch.split(t, 24, -1), False),  # four pieces
+    (lambda t: torch.split(t, [40, 56], -1), False),  # unequal
+    (lambda t: t.chunk(2, 0), False),  # the rows
+])
+def test_the_gate_up_halves_as_aot_writes_them(split, halves):
+    """The grouped-mm pattern's [S, 2I] -> gate, up split (moe.py `_halves`) on the aten graph a dispatch trace gives
+    (what AOT autograd hands over for a DTensor model): chunk(2, -1) arrives as split."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from translator.lowerings.moe import _halves
+
+    gm = make_fx(lambda t: split(t), tracing_mode="fake")(torch.randn(6, 96))
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "split" in str(n.target)]
+    assert _halves(node) is halves, node.format_node()
+
+
 def _moe_launches(tm) -> str:
     """'FAMILY=KERNEL,KERNEL ...' for the MoE ops of the translated graph, from the launches flysim recorded."""
     out = []
