@@ -37,7 +37,9 @@ transformers' own expert parallel (`apply_expert_parallelism`, from_pretrained w
 ep_implementation="all_reduce")): the experts modules hold DTensor Shard(0) weights and a forward closing over
 AllReduceEP, whose all_reduce is in place inside an autograd Function. `localize` gives the copy the local
 shards and `_ExpertParallelSum` (AllReduceEP's routing mask, the class forward, a functional all_reduce); the
-MoE pattern takes the sentinel-masked grouped-mm form that follows (docs/moe.md). Other EP implementations
+MoE pattern takes the sentinel-masked grouped-mm form that follows (docs/moe.md). Compiled directly (no
+`localize`), `desugared` hands over the same form with the in-place all_reduce functionalized and the experts'
+`chunk` as `split`; the MoE rules take it too (tests/e2e/test_moe_ep_compile.py). Other EP implementations
 (tokens exchanged by all_to_all) are refused, naming ep_implementation="all_reduce".
 """
 

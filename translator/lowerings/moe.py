@@ -16,6 +16,7 @@ Experts, HF's grouped-mm form (transformers 5.x `grouped_mm_experts_forward`, th
     perm = sort(ids.reshape(-1)).indices;  xs = x[perm // k]
     offs = cumsum(histc(sorted ids))                                   (then dead)
     h = act(chunk(grouped_mm(xs, gate_up_proj.transpose(-2, -1), offs), 2, -1)[0]) * chunk(...)[1]
+                                                                       (split(I, -1) once AOT decomposed it)
     y = grouped_mm(h, down_proj.transpose(-2, -1), offs) * weights.reshape(-1)[perm].unsqueeze(-1)
     inv = empty_like(perm).index_put_([perm], arange(T·k));  out = y[inv].view(T, k, H).sum(1)
 
@@ -337,6 +338,23 @@ def _sentinel_ok(masks, srt, e):
     return masks + [mask, ge] + clamps
 
 
+def _halves(n) -> bool:
+    """n splits a [S, 2I] tensor into its two halves along the last dim: `chunk(2, -1)` as written, or what AOT
+    autograd decomposes it to (`split(I, -1)`, `split_with_sizes([I, I], -1)`; a DTensor graph compiled
+    directly, translator/distributed.py `desugared`)."""
+    if not _is(n, aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default) or \
+            arg(n, "dim") not in (-1, 1):
+        return False
+    two_i = (shape_of(_src(n)) or (None,))[-1]
+    if n.target is aten.chunk.default:
+        return arg(n, "chunks") == 2
+    if not isinstance(two_i, int) or two_i % 2:
+        return False
+    if n.target is aten.split.Tensor:
+        return arg(n, "split_size") == two_i // 2
+    return list(arg(n, "split_sizes")) == [two_i // 2] * 2
+
+
 def _match_grouped(node, ctx):
     """The HF grouped-mm experts ending at sum `node` (see the module docstring), or None."""
     u = unpermuted_sum(node)
@@ -370,7 +388,7 @@ def _match_grouped(node, ctx):
             break
     else:
         return None
-    if not _is(chunk, aten.chunk.default) or arg(chunk, "chunks") != 2 or arg(chunk, "dim") not in (-1, 1):
+    if not _halves(chunk):
         return None
     up = _unmask(_src(chunk), masks)
     if _gmm(up) is None or _gmm(up)[2] is not offs:
