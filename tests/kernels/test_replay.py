@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import executors  # the session's executor (tests/executors.py)
+import translator.lowerings  # noqa: F401 - fills the registry: FAMILIES is read at collection
 from translator.registry import FAMILIES
 from translator.runtime.stub import rocm_recorded
 from translator_kernels import launch as kl
