@@ -25,9 +25,11 @@ is over this rank's local shards (and the unused device meshes), DTensor's redis
 collectives (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, each with its wait_tensor where DTensor
 put it), the parameters among AOT's static inputs (frozen, as for any compiled graph). AOT's runtime wrapper
 unwraps the DTensor inputs and rewraps DTensor outputs at each call. Two things differ from dynamo's own graph:
-nn.Linear arrives as t + mm / addmm (the GEMM rules take them), and F.scaled_dot_product_attention as the op the
-device picked (`_scaled_dot_product_flash_attention_for_cpu` here), which `restore_sdpa` turns back into aten
-SDPA for the attention lowering. A RowwiseParallel bias shows up as bias / world_size added on each rank before
+nn.Linear arrives decomposed, t + mm / addmm between views, each projection reading its own same-shape view of
+the input, which `restore_linear` turns back into aten.linear over the input itself (so the sibling merge of q /
+k / v and the gated MLP fire as on a localized copy: 8 FlyDSL calls a tutorial block instead of 12), and
+F.scaled_dot_product_attention as the op the device picked (`_scaled_dot_product_flash_attention_for_cpu` here),
+which `restore_sdpa` turns back into aten SDPA for the attention lowering. A RowwiseParallel bias shows up as bias / world_size added on each rank before
 the all_reduce (what DTensor computes), folded once per shape. Tested: the tutorial's Llama block with
 SequenceParallel norms (all_gather / reduce_scatter), ColwiseParallel / RowwiseParallel blocks, and transformers'
 own TP styles (`apply_tensor_parallelism` with the config's base_model_tp_plan) on a tiny Llama; not tested: a
@@ -256,6 +258,7 @@ def desugared(gm, example_inputs, rec, make_runner, strict: bool = False):
         meta = getattr(TracingContext.try_get(), "fw_metadata", None)
         weights = set(getattr(meta, "static_input_indices", None) or ())
         rec.desugared, rec.sdpa_restored = True, restore_sdpa(fgm)
+        rec.linears_restored = restore_linear(fgm, weights)
         drop_same_layout_copies(fgm)
         runner = None
 
@@ -333,6 +336,64 @@ def restore_sdpa(gm) -> int:
             u.replace_all_uses_with(new)
             gm.graph.erase_node(u)
         gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done
+
+
+_VIEWS = ("view", "_unsafe_view", "reshape")
+
+
+def _view_of(n):
+    """The input of a view / _unsafe_view / reshape node `n`, else None."""
+    name = getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
+    return n.args[0] if n.op == "call_function" and name in _VIEWS and isinstance(n.args[0], torch.fx.Node) else None
+
+
+def _dims(n) -> list[str] | None:
+    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return [str(d) for d in v.shape] if isinstance(v, torch.Tensor) else None
+
+
+def restore_linear(gm, weights=()) -> int:
+    """aten.linear again where AOT autograd decomposed nn.Linear: ``mm(x2, t(W))`` / ``addmm(b, x2, t(W))``
+    of a weight input W (placeholder index in `weights`, AOT's static inputs), and around it, for an input of
+    more than 2 dims, ``x2 = view(x, [M, K])`` and ``view / _unsafe_view(.., [*x.shape[:-1], N])`` (what
+    linear's own decomposition writes). Each projection's input also comes as its own same-shape ``view`` of x
+    (DTensor's to_local); those are x. Every GEMM rule (the sibling merge in lowerings/qkv.py, the gated MLP,
+    the fp8 forms, epilogues) matches aten.linear: one form, restored here once, instead of a second pattern
+    per rule. Returns how many linears were restored."""
+    aten = torch.ops.aten
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    wnodes = {phs[i] for i in weights if i < len(phs)}
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in (aten.mm.default, aten.addmm.default) or n.kwargs:
+            continue
+        bias, a, wt = (None, *n.args) if n.target is aten.mm.default else n.args[:3]
+        if n.target is aten.addmm.default and (len(n.args) > 3 or _dims(bias) is None or len(_dims(bias)) != 1):
+            continue  # beta / alpha given, or not a per-column bias
+        if not (isinstance(wt, torch.fx.Node) and wt.op == "call_function" and wt.target is aten.t.default
+                and wt.args[0] in wnodes and len(_dims(wt.args[0]) or ()) == 2):
+            continue
+        x, out, chain = a, n, [a]
+        x3, wd = _view_of(a), _dims(wt.args[0])
+        users = list(n.users)
+        if x3 is not None and len(users) == 1 and _view_of(users[0]) is n:
+            xd, od = _dims(x3), _dims(users[0])
+            if xd and od and len(xd) > 2 and xd[:-1] == od[:-1] and xd[-1] == wd[1] and od[-1] == wd[0]:
+                x, out = x3, users[0]
+        while _view_of(x) is not None and _dims(x) == _dims(_view_of(x)):  # a same-shape view is its input
+            chain.append(x)
+            x = _view_of(x)
+        with gm.graph.inserting_before(out):
+            new = gm.graph.call_function(aten.linear.default, (x, wt.args[0]) + ((bias,) if bias is not None else ()))
+        new.meta = dict(out.meta)
+        out.replace_all_uses_with(new)
+        for dead in dict.fromkeys((out, n, wt, *chain)):  # (a view chain read by nothing else)
+            if not dead.users and dead.op == "call_function" and dead is not x:
+                gm.graph.erase_node(dead)
         n_done += 1
     if n_done:
         gm.recompile()

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import translator
-from translator.distributed import drop_same_layout_copies, restore_sdpa
+from translator.distributed import drop_same_layout_copies, localize, restore_linear, restore_sdpa
 from translator.frontends import compile_backend
 from translator.lowerings.by_design import COLLECTIVE_WHY
 from translator.tolerances import model_tol
@@ -97,15 +97,19 @@ def tutorial_plan():
             "feed_forward.w3": ColwiseParallel()}
 
 
+def _join(rank, store, world):
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    compile_backend.reset()  # a forked rank starts with the parent's records
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
 def _rank(rank, store, backend, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
-    torch.set_num_threads(1)
-    torch._dynamo.reset()
-    compile_backend.reset()  # a forked rank starts with the parent's records
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    _join(rank, store, world)
     try:
         torch.manual_seed(0)
         whole = TransformerBlock().eval()
@@ -131,6 +135,7 @@ def _rank(rank, store, backend, world):
         assert rec.calls_translated == 2 and rec.calls_pytorch == 0 and len(rec.translated) == 1, \
             compile_backend.summary()
         assert rec.desugared and rec.sdpa_restored == 1, compile_backend.summary()
+        assert rec.linears_restored == 7, compile_backend.summary()  # AOT's t + mm: aten.linear again
         for g, e, w in zip(got, eager, wants):
             assert type(g) is torch.Tensor
             torch.testing.assert_close(g, e, **model_tol())
@@ -145,6 +150,9 @@ def _rank(rank, store, backend, world):
         assert kept == {f"kept in PyTorch by design: {COLLECTIVE_WHY}"}, kept
         fams = {r.detail.split()[0] for r in tm.report.rows if r.where.startswith("flydsl")}
         assert {"flydsl.gemm", "flydsl.attention", "flydsl.rms_norm"} <= fams, fams
+        c = tm.report.counters  # q, k, v in one GEMM and w1, w3 in one gated GEMM, as in a localized copy
+        assert (c["qkv"], c["qkv_merged_linears"], c["gated_mlp"]) == (1, 3, 1), dict(c)
+        assert [x.family for x in tm.last_calls].count("gemm") == 3, [x.family for x in tm.last_calls]
         s = tm.report.rank_summary()
         assert (s["rank"], s["world_size"], s["collective_ops"]) == (rank, world, 8), s
         assert 0 < s["collective_byte_share"] < 1, s
@@ -213,6 +221,82 @@ def test_restore_sdpa(op, kv_heads):
     torch.testing.assert_close(gm(q, k, v), want)
 
 
+def default_plan():
+    """ColwiseParallel q / k / v / w1 / w3 and RowwiseParallel o / w2 with their default layouts: what `localize`
+    takes, so the localized copy's launches can be compared with the compiled DTensor model's."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {**{f"attention.w{n}": ColwiseParallel() for n in "qkv"}, "attention.wo": RowwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel()}
+
+
+def _launch_rank(rank, store, backend, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    _join(rank, store, world)
+    try:
+        torch.manual_seed(0)
+        whole = TransformerBlock().eval()
+        x = torch.randn(BATCH, SEQ, DIM)
+        m = parallelize_module(copy.deepcopy(whole), init_device_mesh("cpu", (world,)), default_plan())
+        m.attention.n_heads //= world
+        with torch.no_grad():
+            want, eager = whole(x), m(x)
+            got = torch.compile(m, backend="flydsl", options={"backend": backend})(x)
+        torch.testing.assert_close(got, eager, **model_tol())
+        torch.testing.assert_close(got, want, **model_tol())
+        (rec,) = compile_backend.reports()
+        assert rec.desugared and rec.linears_restored == 7, compile_backend.summary()
+        tm = rec.translated[0]
+        local = translator.translate(localize(m)[0], (x,), backend=backend)
+        with torch.no_grad():
+            torch.testing.assert_close(local(x), want, **model_tol())
+        calls = [c.family for c in tm.last_calls]
+        assert calls == [c.family for c in local.last_calls], (calls, [c.family for c in local.last_calls])
+        assert calls.count("gemm") == 3 and calls.count("gemm_gated") == 1, calls  # qkv, o, down; gate+up
+        for t in (tm, local):
+            assert (t.report.counters["qkv_merged_linears"], t.report.counters["gated_mlp"]) == (3, 1)
+        if backend == "flysim":
+            launches = [len(c.launches) for c in tm.last_calls]
+            assert launches == [len(c.launches) for c in local.last_calls] and all(launches), launches
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["reference", pytest.param("flysim", marks=pytest.mark.slow)])
+def test_launches_equal_the_localized_copy(tmp_path, backend):
+    """The compiled DTensor model makes the launches of its localized copy: q / k / v in one GEMM, gate and up in
+    one gated GEMM (AOT autograd writes nn.Linear as t + mm, which `restore_linear` turns back into aten.linear;
+    before, 12 FlyDSL calls a layer against the localized copy's 8)."""
+    mp.start_processes(_launch_rank, args=(str(tmp_path / "store"), backend, 2), nprocs=2, start_method="fork")
+
+
+def test_restore_linear():
+    """AOT's decomposed nn.Linear (t + mm / addmm, between views for a 3-D input, and a same-shape view of the
+    input per projection) is aten.linear again, over the input itself: a product with a weight input only."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, wq, wk, b, y):
+        x = x.view(x.shape)  # DTensor's to_local leaves one such view per projection
+        return (F.linear(x.view(x.shape), wq), F.linear(x, wk, b), F.linear(x[0], wq),
+                F.linear(x.view(x.shape), y))  # y is an activation: stays mm
+
+    args = (torch.randn(2, 5, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(4), torch.randn(4, 8))
+    gm = make_fx(f)(*args)
+    aten = torch.ops.aten
+    assert [n.target for n in gm.graph.nodes].count(aten.t.default) == 4
+    assert restore_linear(gm, weights={1, 2, 3}) == 3
+    lin = [n for n in gm.graph.nodes if n.target is aten.linear.default]
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert [n.args[0] is x for n in lin] == [True, True, False], gm.code
+    assert len(lin[1].args) == 3 and sum(n.target is aten.mm.default for n in gm.graph.nodes) == 1, gm.code
+    for g, w in zip(gm(*args), f(*args)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 def _hf_rank(rank, store, backend, world):
     """A tiny HF Llama sharded by transformers' own TP styles with the config's base_model_tp_plan (what
     from_pretrained(tp_plan="auto") applies; from_pretrained needs a checkpoint, so it is applied here by
@@ -222,10 +306,7 @@ def _hf_rank(rank, store, backend, world):
     from transformers.distributed.configuration_utils import DistributedConfig
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    torch.set_num_threads(1)
-    torch._dynamo.reset()
-    compile_backend.reset()
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    _join(rank, store, world)
     try:
         torch.manual_seed(0)
         cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -103,6 +103,7 @@ class GraphRecord:
     weight_sets_reason: str | None = None  # calls with weights beyond MAX_WEIGHT_SETS ran in PyTorch
     desugared: bool = False  # DTensor inputs: the graph translated is AOT autograd's over the local shards
     sdpa_restored: int = 0  # in that graph, device SDPA ops given back as aten.scaled_dot_product_attention
+    linears_restored: int = 0  # ... and AOT's t + mm / addmm given back as aten.linear (restore_linear)
 
     @property
     def report(self):
