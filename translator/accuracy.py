@@ -46,9 +46,9 @@ KL_MAX = 0.05
 LOGITS_MIN_VOCAB = 1000
 LAYER_REL_RMS_MAX = 0.15
 TIE_MARGIN = 2 * math.sqrt(2) * REL_RMS_MAX  # a logits row is judged when eager's top-2 margin >= this x RMS
-FP8_RULE = (f"every output: RMS(err) / RMS(eager) <= {REL_RMS_MAX:g}; logits: top-1 agreement >= {TOP1_MIN:g} over the "
-            f"rows eager decides (top-1 / top-2 margin >= {TIE_MARGIN:.3f} x the row's RMS) and mean KL(eager || fp8) <= "
-            f"{KL_MAX:g} nats; no NaN / inf where eager is finite")
+FP8_RULE = (f"every output: RMS(err) / RMS(eager) <= {REL_RMS_MAX:g}; logits: top-1 agreement >= {TOP1_MIN:g} over "
+            f"the rows eager decides (top-1 / top-2 margin >= {TIE_MARGIN:.3f} x the row's RMS) and mean "
+            f"KL(eager || fp8) <= {KL_MAX:g} nats; no NaN / inf where eager is finite")
 LAYER_RULE = f"every fp8 GEMM's value: RMS(err) / RMS(captured) <= {LAYER_REL_RMS_MAX:g}"
 FP8_GEMMS = ("gemm_fp8", "gemm_fp8_gated")  # the families the layer rule judges (precision="fp8" emits these)
 

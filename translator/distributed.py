@@ -29,11 +29,11 @@ nn.Linear arrives decomposed, t + mm / addmm between views, each projection read
 the input, which `restore_linear` turns back into aten.linear over the input itself (so the sibling merge of q /
 k / v and the gated MLP fire as on a localized copy: 8 FlyDSL calls a tutorial block instead of 12), and
 F.scaled_dot_product_attention as the op the device picked (`_scaled_dot_product_flash_attention_for_cpu` here),
-which `restore_sdpa` turns back into aten SDPA for the attention lowering. A RowwiseParallel bias shows up as bias / world_size added on each rank before
-the all_reduce (what DTensor computes), folded once per shape. Tested: the tutorial's Llama block with
-SequenceParallel norms (all_gather / reduce_scatter), ColwiseParallel / RowwiseParallel blocks, and transformers'
-own TP styles (`apply_tensor_parallelism` with the config's base_model_tp_plan) on a tiny Llama; not tested: a
-2-D mesh (needs 4 ranks: none of the tests builds one).
+which `restore_sdpa` turns back into aten SDPA for the attention lowering. A RowwiseParallel bias shows up as
+bias / world_size added on each rank before the all_reduce (what DTensor computes), folded once per shape.
+Tested: the tutorial's Llama block with SequenceParallel norms (all_gather / reduce_scatter), ColwiseParallel /
+RowwiseParallel blocks, and transformers' own TP styles (`apply_tensor_parallelism` with the config's
+base_model_tp_plan) on a tiny Llama; not tested: a 2-D mesh (needs 4 ranks: none of the tests builds one).
 
 transformers' own expert parallel (`apply_expert_parallelism`, from_pretrained with DistributedConfig(ep_size=W,
 ep_implementation="all_reduce")): the experts modules hold DTensor Shard(0) weights and a forward closing over
