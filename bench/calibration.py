@@ -22,9 +22,9 @@ import os
 import sys
 
 from translator_kernels.arch import GPUS
-from translator_kernels.measure.calibration import (ARCH, CACHE, MI300X_POINTS, POINTS, attention_block_m,
-                                                    calibration_line, compile_key, error_summary, evaluate, fit,
-                                                    load_features)
+from translator_kernels.measure.calibration import (ARCH, CACHE, KNOWN_MISSES, MI300X_POINTS, POINTS,
+                                                    attention_block_m, calibration_line, compile_key, error_summary,
+                                                    evaluate, fit, load_features)
 
 
 # ---- upstream builds (run in translator_kernels.isa's compile child) -----------------------------
@@ -283,6 +283,10 @@ def main(argv=None) -> int:
               f"{r['waves_per_simd']:.1f} | {r['note']} |")
     s = error_summary(rows)
     print(f"\ncalibration: {calibration_line(rows)}; fit points max |error| {100 * s['max_fit']:.0f}%")
+    misses = [r for r in rows if r["role"] == "validation" and r["ratio"] and abs(r["ratio"] - 1) > 0.25]
+    for r in misses:
+        why = KNOWN_MISSES.get((r["kernel"], r["shape"]), "not explained (a new miss)")
+        print(f"validation miss: {r['kernel']} {r['shape']}: MODEL / measured {r['ratio']:.2f} ({why})")
     _print_mi300x(feats, consts)
     return 0
 

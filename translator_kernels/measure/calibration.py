@@ -12,7 +12,9 @@ the headline table of the study's README (the seed in shared/reference/seeds). T
 upstream's kernels compiled for gfx950 at the same shapes from $FLYDSL_SRC (a later checkout than
 the measured one: where its code path differs, the row says so), never on ours.
 
-At most half of the points (every other one of each kernel, `split`) fit the constants of
+Rows added later (mid-M and more decode shapes of the fp8 preshuffle GEMM, the same run) are validation
+points by name (a sixth element); of the rest every other one of each kernel fits (`split`), so at most
+half of the points fit the constants of
 translator_kernels.arch's `timing` (launch floor, achievable HBM share, memory latency, overlap of
 matrix / vector / LDS work, latency exposed per loop iteration) by a grid search on the RMS of
 log(model / measured); the other half validate. ISA features of the compiled kernels are cached
@@ -34,6 +36,7 @@ ARCH = "gfx950"
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration_isa.json")  # bench.calibration --refresh writes it
 LIB = "jhinpan/flydsl-kernel-profiling-lib benchmarks/examples/"
 SEED = "jhinpan/flydsl-kernel-profiling README (seed)"
+PGEMM = LIB + "preshuffle_gemm run 20260602-160241"
 
 # (kernel, params, measured us, source, note). Params are what the upstream builder takes.
 POINTS = [
@@ -83,7 +86,27 @@ POINTS = [
      LIB + "preshuffle_gemm run 20260602-160241", ""),
     ("gemm_bf16", dict(m=4096, n=5120, k=8192, bm=128, bn=128, bk=64), 448.0, SEED,
      "preshuffle v2 767 TFLOPS; tile not published: 128x128x64 assumed"),
+    # mid M and more decode shapes of the same fp8 preshuffle kernel (16x64x512, lds_stage 2), the same run and
+    # CSV (commit edde6c7): validation only (a sixth element names the role; the alternating split is for the
+    # rows above). The CSV's second M=16 N=7168 K=7168 row (20.96 us, its detail string says M=2048) is left out.
+    ("gemm_fp8", dict(m=128, n=7168, k=2048, bm=16, bn=64, bk=512), 28.76, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=256, n=7168, k=2048, bm=16, bn=64, bk=512), 30.20, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=128, n=2560, k=2560, bm=16, bn=64, bk=512), 19.88, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=2048, n=2560, k=2560, bm=16, bn=64, bk=512), 55.60, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=16, n=2560, k=2560, bm=16, bn=64, bk=512), 15.64, PGEMM, "", "validation"),
+    ("gemm_fp8", dict(m=33, n=1024, k=2048, bm=16, bn=64, bk=512), 14.60, PGEMM, "", "validation"),
+    ("gemm_fp8", dict(m=4096, n=8192, k=8192, bm=16, bn=64, bk=512), 989.25, PGEMM, "", "validation"),
 ]
+
+# The validation points the MODEL misses by more than 25 % (issue 29's goal is not met on them), and why
+# (docs/timing-model.md, "The mid-M points"): the two K = 2048 shapes compile with the K loop fully unrolled
+# (4 K tiles, no hot loop), so the MODEL prices them as straight-line code whose W loads (5 dependent trips)
+# wait the L2 latency and never take the CU's bandwidth share; M = 2048, K = 2560 (5 K steps per workgroup,
+# 5 rounds of workgroups) pays every round's prologue tiles at the CU's HBM share, although most of them are
+# A / W blocks other workgroups just read (0.77 without that term).
+KNOWN_MISSES = {("gemm_fp8", "m=128,n=7168,k=2048,bm=16,bn=64,bk=512"): "unrolled K: W trips priced as L2 trips",
+                ("gemm_fp8", "m=256,n=7168,k=2048,bm=16,bn=64,bk=512"): "unrolled K: W trips priced as L2 trips",
+                ("gemm_fp8", "m=2048,n=2560,k=2560,bm=16,bn=64,bk=512"): "every round's prologue at the HBM share"}
 
 
 # MI300X (gfx942): AMD's published Max-Achievable FLOPs, hipBLASLt at its MAF shapes (ROCm blog "Measuring
@@ -109,10 +132,13 @@ MI300X_POINTS = [
 ]
 
 def split(points):
-    """Every other point of each kernel fits, starting with its second; the rest validate (so at most
-    half of the points fit)."""
+    """A row's role: its sixth element where it names one (rows added as validation points), else every other
+    row of each kernel fits, starting with its second, the rest validate (so at most half of the points fit)."""
     seen, out = {}, []
     for p in points:
+        if len(p) > 5:
+            out.append(p[5])
+            continue
         i = seen.get(p[0], 0)
         seen[p[0]] = i + 1
         out.append("fit" if i % 2 == 1 else "validation")
@@ -172,7 +198,7 @@ def launch_of(kernel, p, feat: KernelFeatures, arch: str = ARCH) -> Launch:
 def evaluate(feats: dict, consts: dict | None = None, points=POINTS, arch: str = ARCH) -> list[dict]:
     rows = []
     roles = split(points) if arch == ARCH else ["validation"] * len(points)
-    for (kernel, params, meas, source, note), role in zip(points, roles):
+    for (kernel, params, meas, source, note, *_), role in zip(points, roles):
         f = feats.get(compile_key(kernel, params, arch))
         row = dict(kernel=kernel, shape=",".join(f"{k}={v}" for k, v in params.items()), measured_us=meas,
                    source=source, note=note, role=role)
