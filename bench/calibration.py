@@ -268,7 +268,8 @@ def main(argv=None) -> int:
     print(f"constants: launch {used['launch_s'] * 1e6:.1f} us, HBM {used['hbm_efficiency']:.2f} x "
           f"{GPUS[ARCH].hbm_bytes_per_s / 1e12:.1f} TB/s, memory latency {used['mem_latency_s'] * 1e6:.2f} us, "
           f"overlap {used['overlap']:.2f}, latency exposed per loop iteration {used.get('exposed', 0):.2f}, "
-          f"L2 latency (a later straight-line round trip) {used.get('l2_latency_s', 0) * 1e6:.2f} us; measured, not "
+          f"L2 latency (a later straight-line round trip) {used.get('l2_latency_s', 0) * 1e6:.2f} us, GEMM blocks other "
+          f"XCDs read again at {used.get('reread_efficiency', 1.0):.2f} x the HBM peak; measured, not "
           f"fitted: a launch replayed back to back in one graph {used.get('graph_launch_s', 0) * 1e6:.1f} us\n")
     print("| kernel | shape | measured us | source | MODEL us | MODEL / measured | role | bound | "
           "in flight / CU (KiB) | waves/SIMD | note |")
