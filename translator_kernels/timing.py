@@ -63,7 +63,7 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 17 MI350X points, validated on 25: max |error| 61%, median 10%; 24 of 25 within 25% "
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 61%, median 8%; 32 of 33 within 25% "
                "(bench.calibration)")
 
 
@@ -259,16 +259,19 @@ def _list_schedule(durations: list, slots: int) -> float:
 
 
 def xcd_reread_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, bm: int, bn: int, xcds: int,
-                     split: int = 1) -> float:
+                     split: int = 1, rows_first: bool = True) -> float:
     """Bytes of A and W that a tiled GEMM reads once more per extra XCD (each XCD has its own L2). Workgroups
-    go to the XCDs round-robin in launch order, and the launch order runs over the row tiles first (grid x =
-    M tiles, y = split x N tiles: upstream's preshuffle GEMM and ours), so the min(row tiles, XCDs) workgroups
+    go to the XCDs round-robin in launch order. When the launch order runs over the row tiles first (grid x =
+    M tiles, y = split x N tiles: upstream's preshuffle GEMM and ours), the min(row tiles, XCDs) workgroups
     sharing a W column block sit on that many XCDs, and an A row block is shared by the XCDs its column tiles
-    land on: min(column tiles, XCDs / gcd(row tiles, XCDs)) of them."""
-    gx, nt, ks = -(-m // bm), -(-n // bn), k / split
-    w = split * nt * (min(gx, xcds) - 1) * bn * ks * esize_w
-    a = split * gx * (min(nt, xcds // math.gcd(gx, xcds)) - 1) * bm * ks * esize_a
-    return w + a
+    land on: min(column tiles, XCDs / gcd(row tiles, XCDs)) of them. `rows_first=False`: the column tiles come
+    first (upstream's fp8_gemm_4w below its remap threshold), the roles swap."""
+    rows, cols, ks = -(-m // bm), -(-n // bn), k / split
+    if rows_first:
+        w_xcds, a_xcds = min(rows, xcds), min(cols, xcds // math.gcd(rows, xcds))
+    else:
+        w_xcds, a_xcds = min(rows, xcds // math.gcd(cols, xcds)), min(cols, xcds)
+    return split * (cols * (w_xcds - 1) * bn * ks * esize_w + rows * (a_xcds - 1) * bm * ks * esize_a)
 
 
 def gemm_hbm_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, esize_c: float, bm: int, bn: int,

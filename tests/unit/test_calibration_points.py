@@ -25,9 +25,10 @@ def test_rows_that_name_their_role_keep_it_and_the_rest_alternate():
               ("k", {}, 1.0, "s", ""), ("j", {}, 1.0, "s", "")]
     assert cal.split(points) == ["validation", "fit", "validation", "validation", "validation"]
     added = [r for r in cal.POINTS if len(r) > 5]
-    assert len(added) == 7 and [r[1]["m"] for r in added if r[5] == "fit"] == [256]  # the re-read rate's only fit
+    # the re-read rate's only fit point; the rest validate
+    assert len(added) == 15 and [(r[0], r[1]["m"]) for r in added if r[5] == "fit"] == [("gemm_fp8", 256)]
     mid_m = [r for r in added if 128 <= r[1]["m"] <= 2048]
-    assert len(mid_m) == 4 and all(r[0] == "gemm_fp8" for r in mid_m)
+    assert len(mid_m) == 8 and {r[0] for r in mid_m} == {"gemm_fp8", "gemm_fp8_4w"}
 
 
 def test_known_misses_are_validation_rows():
@@ -36,14 +37,14 @@ def test_known_misses_are_validation_rows():
     assert all(shapes.get(key) == "validation" for key in cal.KNOWN_MISSES), cal.KNOWN_MISSES
 
 
-def _brute_rereads(m, n, k, ea, ew, bm, bn, xcds, split):
-    """Enumerate the launch: workgroup (x, y) has linear id y * gx + x and lands on XCD id % xcds; every XCD
-    that holds a block reads it once."""
+def _brute_rereads(m, n, k, ea, ew, bm, bn, xcds, split, rows_first=True):
+    """Enumerate the launch: workgroup (row tile x, column tile y) has linear id y * gx + x (rows first) or
+    x * (split x column tiles) + y, and lands on XCD id % xcds; every XCD that holds a block reads it once."""
     gx, nt = -(-m // bm), -(-n // bn)
     w_on, a_on = {}, {}
     for y in range(split * nt):
         for x in range(gx):
-            xcd = (y * gx + x) % xcds
+            xcd = (y * gx + x if rows_first else x * split * nt + y) % xcds
             w_on.setdefault(y, set()).add(xcd)
             a_on.setdefault((x, y // nt), set()).add(xcd)
     ks = k / split
@@ -57,6 +58,9 @@ def test_xcd_rereads_match_the_enumerated_launch():
     for m, n, k, bm, bn, split in ((128, 7168, 2048, 16, 64, 1), (256, 4096, 4096, 64, 128, 2), (16, 4096, 4096, 16, 16, 4),
                                    (33, 1024, 2048, 16, 64, 1), (5120, 5120, 8320, 64, 256, 1), (96, 640, 512, 32, 64, 3)):
         assert xcd_reread_bytes(m, n, k, 1, 2, bm, bn, 8, split) == _brute_rereads(m, n, k, 1, 2, bm, bn, 8, split)
+        if split == 1:
+            assert (xcd_reread_bytes(m, n, k, 1, 2, bm, bn, 8, rows_first=False)
+                    == _brute_rereads(m, n, k, 1, 2, bm, bn, 8, 1, rows_first=False))
     # one row tile: no W again; its A row block (16 x 7168) goes to all 8 XCDs
     assert xcd_reread_bytes(16, 7168, 7168, 1, 1, 16, 64, 8) == 7 * 16 * 7168
 

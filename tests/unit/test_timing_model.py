@@ -225,4 +225,4 @@ def test_mi300x_points_are_modeled_and_kept_out_of_the_mi350x_split():
     rows = cal.evaluate(cal.load_features(), None, cal.MI300X_POINTS, "gfx942")
     assert [r["role"] for r in rows] == ["validation"] * len(cal.MI300X_POINTS)
     assert all(r["model_us"] and 0.75 <= r["ratio"] <= 1.3 for r in rows), rows
-    assert cal.error_summary(cal.evaluate(cal.load_features()))["n_val"] == 25
+    assert cal.error_summary(cal.evaluate(cal.load_features()))["n_val"] == 33
