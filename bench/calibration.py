@@ -3,6 +3,7 @@
     FLYDSL_SRC=/work/flydsl-src python -m bench.calibration [--refresh | --missing] [--fit]
     python -m bench.calibration --gemm-tables     (our GEMM: decode and mid-M tables, both archs)
     python -m bench.calibration --gemm-terms      (its variant and MODEL-term tables alone, no compile)
+    python -m bench.calibration --rereads         (our mid-M tiles with the XCD re-reads priced, no compile)
 
 The measured points, their sources (FlyDSL's own upstream kernels timed on an MI350X by a public
 profiling study) and how the model is run on them: translator_kernels.measure.calibration's docstring.
@@ -235,6 +236,35 @@ def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=40
     print()
 
 
+def reread_table(archs=("gfx942", "gfx950"), ms=(16, 64, 128, 256, 512, 1024, 2048), n=4096, k=4096,
+                 dtype="bf16") -> list[dict]:
+    """Our GEMM's chosen tiles at N = K = 4096 with the XCD re-reads the calibration prices (timing.xcd_reread_bytes
+    at REREAD_EFFICIENCY): what `tiles.model_estimate`, which does not pass them yet, would give with them."""
+    from translator_kernels.gemm import choose_config, m_bucket
+    from translator_kernels.gemm.tiles import model_estimate
+    from translator_kernels.timing import xcd_reread_bytes
+
+    print(f"### Our GEMM at N = K = {n} with the XCD re-reads (MODEL; kernel us, launch floor left out)\n")
+    print("| arch | M | chosen tile | row tiles | re-read MB | kernel us | with re-reads | of achievable | with re-reads |")
+    print("|" + "---|" * 9)
+    rows = []
+    for arch in archs:
+        g = GPUS[arch]
+        t = g.timing
+        for m in ms:
+            c = choose_config(m_bucket(m), n, k, dtype, arch)
+            e = model_estimate(m, n, k, dtype, arch, c)
+            rr = xcd_reread_bytes(m, n, k, 2, 2, c.bm, c.bn, g.xcds, c.split)
+            with_rr = max(e["t_mem"] + rr / (t["reread_efficiency"] * g.hbm_bytes_per_s), e["t_issue"])
+            ach = e["hbm_floor"] / t["hbm_efficiency"]
+            rows.append(dict(arch=arch, m=m, kernel_t=e["kernel_t"], with_rereads=with_rr, reread_bytes=rr))
+            print(f"| {arch} | {m} | {c.bm}x{c.bn}x{c.bk} s{c.split}{f' head {c.head}' if c.head else ''} | "
+                  f"{-(-m // c.bm)} | {rr / 1e6:.0f} | {e['kernel_t'] * 1e6:.2f} | {with_rr * 1e6:.2f} | "
+                  f"{ach / e['kernel_t']:.2f} | {ach / with_rr:.2f} |", flush=True)
+    print()
+    return rows
+
+
 def _calibration() -> str:
     from translator_kernels.timing import CALIBRATION
 
@@ -249,9 +279,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-tables", action="store_true", help="print the decode / mid-M GEMM tables (compiles ours)")
     ap.add_argument("--flysim-bytes", action="store_true",
                     help="run the N = K = 4096 table tiles (M <= 256) under flysim and cache their bytes")
+    ap.add_argument("--rereads", action="store_true",
+                    help="our GEMM's mid-M tiles with the XCD re-reads the calibration prices (no compile)")
     ap.add_argument("--gemm-terms", action="store_true",
                     help="print the mid-M variant and MODEL-term tables only (no compile)")
     a = ap.parse_args(argv)
+    if a.rereads:
+        reread_table()
+        return 0
     if a.gemm_terms:
         variant_table()
         terms_table()
