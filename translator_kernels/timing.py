@@ -38,10 +38,13 @@ measurements showed was missing, each term read from the compiled ISA or the lau
   the smallest kernel's own run). `launch_time` returns both (`t`, `t_graph`) and the kernel alone.
 
 L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache bytes, or compulsory
-bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`.
+bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`. Each XCD has its own L2, and
+workgroups go to the XCDs round-robin: a GEMM block that workgroups on several XCDs read is read once per
+XCD (`xcd_reread_bytes`), the extra reads served at REREAD_EFFICIENCY x the HBM peak and added to t_mem
+(`Launch.reread_bytes`; the calibration passes them; tiles.model_estimate does not yet).
 
-The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, and OVERLAP held at 0) are
-per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
+The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, REREAD_EFFICIENCY, and OVERLAP
+held at 0) are per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
 most half of the measured MI350X points and checked on the other half; that command prints every point
 and the calibration error, which every place that shows this model's time quotes (CALIBRATION below).
 gfx942 has no measured points here: it takes gfx950's fitted fractions and latency (stated beside
@@ -60,7 +63,7 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 16 MI350X points, validated on 19: max |error| 24%, median 12%; 19 of 19 within 25% "
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 61%, median 8%; 32 of 33 within 25% "
                "(bench.calibration)")
 
 
@@ -178,6 +181,9 @@ class Launch:
     iterations: tuple | int  # per workgroup (a tuple when they differ, e.g. causal attention)
     hbm_bytes: float
     flops: float = 0.0
+    # bytes other XCDs read again (a block one XCD's L2 already holds, needed by a workgroup on another XCD):
+    # served by the last-level cache at REREAD_EFFICIENCY x the vendor's HBM peak (`xcd_reread_bytes`)
+    reread_bytes: float = 0.0
 
 
 def iterations_for(flops_per_wg: float, feat: KernelFeatures) -> int:
@@ -201,7 +207,7 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     in_flight = resident_wg * feat.waves_per_wg * feat.inflight_bytes * cus
     bw = min(c["hbm_efficiency"] * g.hbm_bytes_per_s, in_flight / c["mem_latency_s"]) if in_flight else \
         c["hbm_efficiency"] * g.hbm_bytes_per_s
-    t_mem = launch.hbm_bytes / bw
+    t_mem = launch.hbm_bytes / bw + launch.reread_bytes / (c.get("reread_efficiency", 1.0) * g.hbm_bytes_per_s)
     # issue: one iteration of the w waves of a SIMD; then list-schedule the workgroups on the CUs
     if feat.has_loop:
         m, v, l_ = feat.loop_matrix, feat.loop_vector, feat.loop_lds
@@ -250,6 +256,22 @@ def _list_schedule(durations: list, slots: int) -> float:
         end = max(end, e)
         heapq.heappush(free, e)
     return end
+
+
+def xcd_reread_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, bm: int, bn: int, xcds: int,
+                     split: int = 1, rows_first: bool = True) -> float:
+    """Bytes of A and W that a tiled GEMM reads once more per extra XCD (each XCD has its own L2). Workgroups
+    go to the XCDs round-robin in launch order. When the launch order runs over the row tiles first (grid x =
+    M tiles, y = split x N tiles: upstream's preshuffle GEMM and ours), the min(row tiles, XCDs) workgroups
+    sharing a W column block sit on that many XCDs, and an A row block is shared by the XCDs its column tiles
+    land on: min(column tiles, XCDs / gcd(row tiles, XCDs)) of them. `rows_first=False`: the column tiles come
+    first (upstream's fp8_gemm_4w below its remap threshold), the roles swap."""
+    rows, cols, ks = -(-m // bm), -(-n // bn), k / split
+    if rows_first:
+        w_xcds, a_xcds = min(rows, xcds), min(cols, xcds // math.gcd(rows, xcds))
+    else:
+        w_xcds, a_xcds = min(rows, xcds // math.gcd(cols, xcds)), min(cols, xcds)
+    return split * (cols * (w_xcds - 1) * bn * ks * esize_w + rows * (a_xcds - 1) * bm * ks * esize_a)
 
 
 def gemm_hbm_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, esize_c: float, bm: int, bn: int,

@@ -17,3 +17,22 @@ def test_bench_calibration_prints_every_point_with_its_role_and_ratio(capsys):
         cell = f"| {r['ratio']:.2f} | {r['role']} |"
         assert any(r["shape"] in ln and cell in ln for ln in lines), (r["kernel"], r["shape"], cell)
     assert timing.CALIBRATION.split(" (bench")[0] in out
+
+
+def test_bench_calibration_rereads_prices_our_mid_m_tiles_with_the_xcd_rereads(capsys):
+    """`--rereads`: our chosen tiles at N = K = 4096 with the XCD re-reads the calibration validated. A decode tile
+    (one row tile) barely moves; a mid-M tile whose W column blocks sit on several XCDs slows down by their bytes."""
+    from bench import calibration as bench_cal
+    from translator_kernels.arch import GPUS
+
+    assert bench_cal.main(["--rereads"]) == 0
+    out = capsys.readouterr().out
+    assert "| arch | M | chosen tile | row tiles | re-read MB |" in out
+    rows = {(r["arch"], r["m"]): r for r in bench_cal.reread_table(ms=(16, 128))}
+    for arch in ("gfx942", "gfx950"):
+        g = GPUS[arch]
+        decode, mid = rows[(arch, 16)], rows[(arch, 128)]
+        assert decode["with_rereads"] <= 1.05 * decode["kernel_t"]
+        assert mid["reread_bytes"] > 0 and mid["with_rereads"] >= mid["reread_bytes"] / (
+            g.timing["reread_efficiency"] * g.hbm_bytes_per_s)
+        assert mid["with_rereads"] > mid["kernel_t"]

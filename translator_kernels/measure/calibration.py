@@ -12,7 +12,9 @@ the headline table of the study's README (the seed in shared/reference/seeds). T
 upstream's kernels compiled for gfx950 at the same shapes from $FLYDSL_SRC (a later checkout than
 the measured one: where its code path differs, the row says so), never on ours.
 
-At most half of the points (every other one of each kernel, `split`) fit the constants of
+Rows added later (mid-M and more decode shapes of the fp8 preshuffle GEMM, the same run) are validation
+points by name (a sixth element); of the rest every other one of each kernel fits (`split`), so at most
+half of the points fit the constants of
 translator_kernels.arch's `timing` (launch floor, achievable HBM share, memory latency, overlap of
 matrix / vector / LDS work, latency exposed per loop iteration) by a grid search on the RMS of
 log(model / measured); the other half validate. ISA features of the compiled kernels are cached
@@ -28,12 +30,15 @@ import os
 import statistics
 
 from translator_kernels.arch import GPUS
-from translator_kernels.timing import KernelFeatures, Launch, gemm_hbm_bytes, iterations_for, launch_time
+from translator_kernels.timing import (KernelFeatures, Launch, gemm_hbm_bytes, iterations_for, launch_time,
+                                       xcd_reread_bytes)
 
 ARCH = "gfx950"
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration_isa.json")  # bench.calibration --refresh writes it
 LIB = "jhinpan/flydsl-kernel-profiling-lib benchmarks/examples/"
 SEED = "jhinpan/flydsl-kernel-profiling README (seed)"
+PGEMM = LIB + "preshuffle_gemm run 20260602-160241"
+ROWSCALE = LIB + "fp8_gemm_rowscale run 20260602-160241"
 
 # (kernel, params, measured us, source, note). Params are what the upstream builder takes.
 POINTS = [
@@ -83,7 +88,36 @@ POINTS = [
      LIB + "preshuffle_gemm run 20260602-160241", ""),
     ("gemm_bf16", dict(m=4096, n=5120, k=8192, bm=128, bn=128, bk=64), 448.0, SEED,
      "preshuffle v2 767 TFLOPS; tile not published: 128x128x64 assumed"),
+    # mid M and more decode shapes of the same fp8 preshuffle kernel (16x64x512, lds_stage 2), the same run and
+    # CSV (commit edde6c7): validation only (a sixth element names the role; the alternating split is for the
+    # rows above). The CSV's second M=16 N=7168 K=7168 row (20.96 us, its detail string says M=2048) is left out.
+    ("gemm_fp8", dict(m=128, n=7168, k=2048, bm=16, bn=64, bk=512), 28.76, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=256, n=7168, k=2048, bm=16, bn=64, bk=512), 30.20, PGEMM,
+     "mid M; fits REREAD_EFFICIENCY (no other fit point sets it)", "fit"),
+    ("gemm_fp8", dict(m=128, n=2560, k=2560, bm=16, bn=64, bk=512), 19.88, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=2048, n=2560, k=2560, bm=16, bn=64, bk=512), 55.60, PGEMM, "mid M", "validation"),
+    ("gemm_fp8", dict(m=16, n=2560, k=2560, bm=16, bn=64, bk=512), 15.64, PGEMM, "", "validation"),
+    ("gemm_fp8", dict(m=33, n=1024, k=2048, bm=16, bn=64, bk=512), 14.60, PGEMM, "", "validation"),
+    ("gemm_fp8", dict(m=4096, n=8192, k=8192, bm=16, bn=64, bk=512), 989.25, PGEMM, "", "validation"),
+    # a second fp8 GEMM of upstream's (kernels/gemm/fp8_gemm_4wave.py, row scales, 4 waves): the study's
+    # fp8_gemm_rowscale CSV, the same run; validation only. Its launch runs over the column tiles first, the
+    # opposite order to the rows above (the re-read term's other case). Its rows on the XCD-remapped path (8192^2,
+    # 9728x8192) and the 8-wave variant are left out.
+    ("gemm_fp8_4w", dict(m=512, n=2112, k=7168, bm=64, bn=64), 38.32, ROWSCALE, "mid M", "validation"),
+    ("gemm_fp8_4w", dict(m=2048, n=7168, k=2048, bm=256, bn=256), 47.44, ROWSCALE, "mid M", "validation"),
+    ("gemm_fp8_4w", dict(m=256, n=7168, k=7168, bm=256, bn=256), 97.40, ROWSCALE, "mid M", "validation"),
+    ("gemm_fp8_4w", dict(m=128, n=2560, k=2560, bm=256, bn=256), 52.20, ROWSCALE, "mid M", "validation"),
+    ("gemm_fp8_4w", dict(m=4096, n=2560, k=2560, bm=256, bn=256), 54.60, ROWSCALE, "", "validation"),
+    ("gemm_fp8_4w", dict(m=4096, n=7168, k=7168, bm=256, bn=256), 206.64, ROWSCALE, "", "validation"),
+    ("gemm_fp8_4w", dict(m=16, n=5120, k=8320, bm=256, bn=256), 94.16, ROWSCALE, "", "validation"),
+    ("gemm_fp8_4w", dict(m=5120, n=5120, k=8320, bm=256, bn=256), 233.16, ROWSCALE, "", "validation"),
 ]
+
+# The validation points the MODEL misses by more than 25 % (issue 29's goal is not met on them), and why
+# (docs/timing-model.md, "Mid-M points"): M = 2048, K = 2560 (5 K steps per workgroup, 5 rounds of workgroups) pays
+# every round's first A / W tiles at the CU's share of the HBM bandwidth, although most of them are blocks other
+# workgroups of its XCD just read (0.77 without that term).
+KNOWN_MISSES = {("gemm_fp8", "m=2048,n=2560,k=2560,bm=16,bn=64,bk=512"): "every round's prologue at the HBM share"}
 
 
 # MI300X (gfx942): AMD's published Max-Achievable FLOPs, hipBLASLt at its MAF shapes (ROCm blog "Measuring
@@ -109,10 +143,13 @@ MI300X_POINTS = [
 ]
 
 def split(points):
-    """Every other point of each kernel fits, starting with its second; the rest validate (so at most
-    half of the points fit)."""
+    """A row's role: its sixth element where it names one (rows added as validation points), else every other
+    row of each kernel fits, starting with its second, the rest validate (so at most half of the points fit)."""
     seen, out = {}, []
     for p in points:
+        if len(p) > 5:
+            out.append(p[5])
+            continue
         i = seen.get(p[0], 0)
         seen[p[0]] = i + 1
         out.append("fit" if i % 2 == 1 else "validation")
@@ -128,7 +165,8 @@ def attention_block_m(p) -> int:
 def _key(kernel, params) -> str:
     if kernel == "attention":
         params = dict(params, block_m=attention_block_m(params))
-    runtime = ("m", "b", "n") if kernel == "vec_add" else ("m", "b", "s") if kernel == "attention" else ("m", "b")
+    runtime = (("m", "b", "n") if kernel in ("vec_add", "gemm_fp8_4w") else ("m", "b", "s") if kernel == "attention"
+               else ("m", "b"))
     return kernel + ":" + ",".join(f"{k}={v}" for k, v in sorted(params.items()) if k not in runtime)
 
 
@@ -159,20 +197,31 @@ def launch_of(kernel, p, feat: KernelFeatures, arch: str = ARCH) -> Launch:
         iters = tuple(iterations_for(f, feat) for _ in range(b * h) for f in per_q)
         flops = sum(per_q) * b * h
         return Launch(b * h * nq, iters, 4 * b * h * s * d * 2, flops)
+    if kernel == "gemm_fp8_4w":
+        # one-dimensional grid, column tiles first (the remap applies only from 4 x 256 workgroups on, with
+        # a workgroup count divisible by 8: no row here reaches it)
+        m, n, k, bm, bn = p["m"], p["n"], p["k"], p["bm"], p["bn"]
+        grid = -(-m // bm) * -(-n // bn)
+        assert grid < 1024 or grid % g.xcds, "the XCD remap path is not modeled"
+        slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
+        hbm = gemm_hbm_bytes(m, n, k, 1, 1, 2, bm, bn, slots, g.llc_bytes)
+        return Launch(grid, iterations_for(2 * bm * bn * k, feat), hbm, 2.0 * m * n * k,
+                      xcd_reread_bytes(m, n, k, 1, 1, bm, bn, g.xcds, rows_first=False))
     if kernel.startswith("gemm"):
         m, n, k, bm, bn = p["m"], p["n"], p["k"], p["bm"], p["bn"]
         e = 1 if kernel == "gemm_fp8" else 2
         grid = -(-m // bm) * -(-n // bn)
         slots = g.cus * max(1, feat.waves_per_simd * g.simds // feat.waves_per_wg)
         hbm = gemm_hbm_bytes(m, n, k, e, e, 2, bm, bn, slots, g.llc_bytes)
-        return Launch(grid, iterations_for(2 * bm * bn * k, feat), hbm, 2.0 * m * n * k)
+        return Launch(grid, iterations_for(2 * bm * bn * k, feat), hbm, 2.0 * m * n * k,
+                      xcd_reread_bytes(m, n, k, e, e, bm, bn, g.xcds))
     raise ValueError(kernel)
 
 
 def evaluate(feats: dict, consts: dict | None = None, points=POINTS, arch: str = ARCH) -> list[dict]:
     rows = []
     roles = split(points) if arch == ARCH else ["validation"] * len(points)
-    for (kernel, params, meas, source, note), role in zip(points, roles):
+    for (kernel, params, meas, source, note, *_), role in zip(points, roles):
         f = feats.get(compile_key(kernel, params, arch))
         row = dict(kernel=kernel, shape=",".join(f"{k}={v}" for k, v in params.items()), measured_us=meas,
                    source=source, note=note, role=role)
@@ -202,21 +251,33 @@ def calibration_line(rows) -> str:
             f"(bench.calibration)")
 
 
+def _score(feats, c, fit_pts) -> float:
+    errs = [math.log(r["ratio"]) ** 2 for r in evaluate(feats, c, fit_pts) if r["ratio"]]
+    return math.sqrt(sum(errs) / len(errs))
+
+
 def fit(feats: dict, points=POINTS) -> dict:
-    """Grid search of five constants on the fit points (RMS of log ratio). L2_LATENCY is set by the fit points
-    of RMSNorm's generic-scalar path (11-29 dependent round trips per workgroup): the only kernels with more
-    than a few straight-line trips."""
+    """Grid search of the constants on the fit points (RMS of log ratio), one block at a time until neither moves:
+    the five of the issue and latency terms on one grid, then REREAD_EFFICIENCY on its own (it moves only the
+    memory-bound GEMM rows with many row tiles; a joint grid would cost 5x). L2_LATENCY is set by the fit points of
+    RMSNorm's generic-scalar path (11-29 dependent round trips per workgroup): the only kernels with more than a few
+    straight-line trips. REREAD_EFFICIENCY by the one memory-bound GEMM fit point with many row tiles (fp8 M = 256,
+    N = 7168, K = 2048: W read again by 7 more XCDs)."""
     fit_pts = [p for p, role in zip(points, split(points)) if role == "fit"]
-    best = None
-    # OVERLAP stays 0: every earlier fit chose it (the measured kernels overlap no matrix with vector work)
-    grid = itertools.product((10e-6, 12e-6, 14e-6), (0.6, 0.63, 0.66), [x * 1e-7 for x in (7, 9, 11, 14, 18, 22)],
-                             (0.0, 0.15, 0.25, 0.35, 0.5, 0.75), [x * 1e-7 for x in (0, 1, 2, 3, 4, 5, 6)])
-    for t0, eta, lat, ex, l2 in grid:
-        c = dict(GPUS[ARCH].timing, launch_s=t0, hbm_efficiency=eta, mem_latency_s=lat, overlap=0.0, exposed=ex,
-                 l2_latency_s=l2)  # the measured constants (graph_launch_s) ride along unchanged
-        rows = evaluate(feats, c, fit_pts)
-        errs = [math.log(r["ratio"]) ** 2 for r in rows if r["ratio"]]
-        score = math.sqrt(sum(errs) / len(errs))
-        if best is None or score < best[0]:
-            best = (score, c)
-    return best[1]
+    # OVERLAP stays 0: every earlier fit chose it (the measured kernels overlap no matrix with vector work; the
+    # mid-M rows do not ask for more: OVERLAP 0.5 moves fp8 M = 2048, K = 2560 from 1.61 to 1.55 and the large
+    # tiles' rows 10 % further below their measured times)
+    grid = list(itertools.product((10e-6, 12e-6, 14e-6), (0.6, 0.63, 0.66), [x * 1e-7 for x in (7, 9, 11, 14, 18, 22)],
+                                  (0.0, 0.15, 0.25, 0.35, 0.5, 0.75), [x * 1e-7 for x in (0, 1, 2, 3, 4, 5, 6)]))
+    # the measured constants (graph_launch_s) ride along unchanged
+    best = dict(GPUS[ARCH].timing, overlap=0.0)
+    for _ in range(4):
+        before = dict(best)
+        rr = best.get("reread_efficiency", 1.0)
+        best = min((dict(best, launch_s=t0, hbm_efficiency=eta, mem_latency_s=lat, exposed=ex, l2_latency_s=l2)
+                    for t0, eta, lat, ex, l2 in grid), key=lambda c: _score(feats, c, fit_pts))
+        best = min((dict(best, reread_efficiency=r) for r in (0.63, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, rr)),
+                   key=lambda c: _score(feats, c, fit_pts))
+        if best == before:
+            break
+    return best
