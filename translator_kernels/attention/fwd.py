@@ -142,6 +142,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     CH_EXACT = TILE_CH % THREADS == 0
     # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
     SKIP_DEAD = causal and num_waves > 1
+    # a user mask, one wave (K / V read straight from global memory): the wave loads a tile's mask
+    # bytes first and skips its K / V loads and math when no row keeps any of its keys (a bool False,
+    # an additive -inf): a wave-uniform branch decided on the device, no host read
+    KEY_SKIP = mask_kind != MASK_NONE and not USE_LDS
 
     @fx.struct
     class KVStage:
@@ -408,9 +412,37 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        def score_tile(acc, kb, t, u, masked):
+        def mask_tile(kb):
+            """This lane's user-mask values of the tile at key kb, [u][t][i] (key kb + 16t + 4g + i of
+            row rows[u]; keys past Sk read key Sk - 1's), and whether any row of the wave keeps one
+            of its keys below Sk (ballot: wave-uniform). A key is dropped by a bool False or an
+            additive -inf only, the values whose weight is exactly 0 in SDPA and here; a finite fill
+            (finfo.min) keeps the tile, as SDPA gives a fully masked row uniform weights there."""
+            vals, keep = [], None
+            for u in range_constexpr(RG):
+                vu = []
+                for t in range_constexpr(N_TILES):
+                    vt = []
+                    for i in range_constexpr(4):
+                        kidx = kb + 16 * t + 4 * g + i
+                        kc = (kidx < sk).select(kidx, sk_last)
+                        moff = m_base + rows_c[u] * m_sq + kc * m_sk
+                        if const_expr(mask_kind == MASK_BOOL):
+                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                            ok = mv != fx.Uint8(0)
+                        else:
+                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                            ok = fx.Float32(mv) != neg_inf
+                        ok = ok & (kidx < sk)
+                        keep = ok if keep is None else keep | ok
+                        vt.append(mv)
+                    vu.append(vt)
+                vals.append(vu)
+            return vals, fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), keep)) != fx.Int64(0)
+
+        def score_tile(acc, kb, t, u, masked, mvals=None):
             """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
-            element i is key kb + 16t + 4g + i of row rows[u]."""
+            element i is key kb + 16t + 4g + i of row rows[u] (mvals: its mask values, mask_tile's)."""
             if const_expr(not masked and RAW_MAX):  # raw: the scale goes into exp2's fma
                 return [acc[i] for i in range_constexpr(4)]
             vals = []
@@ -431,10 +463,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     kc = (kidx < sk).select(kidx, sk_last)
                     moff = m_base + rows_c[u] * m_sq + kc * m_sk
                     if const_expr(mask_kind == MASK_BOOL):
-                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
                         ok = ok & (mv != fx.Uint8(0))
                     else:
-                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
                         sc = sc + fx.Float32(mv) * LOG2E
                 vals.append(ok.select(sc, neg_inf))
             return vals
@@ -460,7 +492,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nk, nv = gload_tile(kb + BLOCK_N)
                     nxt = nk + nv
 
-            def tile_math(o_acc):
+            def tile_math(o_acc, mvals=None):
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
                 s_tiles = [[] for _ in range_constexpr(RG)]
                 for t in range_constexpr(N_TILES):
@@ -476,7 +508,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                     acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
                                 else:
                                     acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
-                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
+                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked,
+                                                     None if mvals is None else mvals[u]))
 
                 # ---- online softmax, per row group (softmax.py) ----
                 raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
@@ -526,6 +559,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * RG)
                 if kb <= wave_last:
                     out = tile_math(o_acc)
+            elif const_expr(masked and KEY_SKIP):
+                # a tile the user mask drops for every row of the wave: no K / V loads, state kept
+                # (exact: its keys' weights are 0; a slice left empty stores m = -inf, l = 0, O = 0)
+                mvals, live = mask_tile(kb)
+                out = list(state[:2 * RG + RG * VN])
+                if live:
+                    out = tile_math(o_acc, mvals)
             else:
                 out = tile_math(o_acc)
             return out[:2 * RG + RG * VN] + nxt + out[2 * RG + RG * VN:]
