@@ -74,6 +74,7 @@ from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2
 from translator_kernels.attention import mma, softmax
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
 from translator_kernels.device_math import tanh
+from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.splitk import ticket
 
 
@@ -84,7 +85,7 @@ def gpu_barrier():
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
                           split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
-                          sink_rows: bool = False):
+                          sink_rows: bool = False, kv_dtype: str | None = None):
     """Return the @flyc.jit launcher for one specialization (not cached here).
 
     pos_causal: key k is visible to query row i iff k <= P[i] (P: int32 positions read on the
@@ -92,7 +93,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     the key loop ends at the block's largest position + 1 (the cache is read up to the current
     length, never past it). sinks: one learned logit per head (SK[h], natural units) joins every
     row's softmax denominator (gpt-oss); split KV adds it once, in the merge. sink_rows: the sink
-    of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads)."""
+    of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads).
+    kv_dtype "f32" with a 16-bit dtype: K / V are fp32 in memory (a cache kept fp32 under
+    precision="bf16") and each load is rounded to `dtype` in registers (round to nearest even, as
+    torch's cast); one wave only (the LDS tile copy moves 16-bit chunks)."""
     RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -126,6 +130,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     RAW_MAX = not softcap
     BPERM = arch.startswith("gfx950")  # row max exchange by ds_bpermute (lane_xor)
     Elem = FX_DTYPES[dtype]
+    KV32 = kv_dtype == "f32" and not is_f32  # fp32 K / V, rounded to Elem as they are loaded
+    if KV32 and cfg["use_lds"]:
+        raise KernelInputError(f"attention: fp32 K / V with {dtype} Q are read by the one-wave kernel only, "
+                               f"not {num_waves} waves; cast K / V to {dtype}")
     MElem = FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
     # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
@@ -226,15 +234,30 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return fx.Vector.from_elements([x], Elem)
             return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
 
-        def load_chunks(ptr, off, total, chunk, start=None, zero=True):
+        def load_vec_f32(ptr, off, n):
+            """n fp32 elements at off (KV32), in loads of at most 16 bytes, rounded to Elem."""
+            out = []
+            for c in range_constexpr(0, n, 4):
+                w = min(4, n - c)
+                if const_expr(w == 1):
+                    out.append(fx.Float32(fx.ptr_load(ptr + fx.Int64(off + c), result_type=fx.Float32)).to(Elem))
+                    continue
+                x = fx.Vector(fx.ptr_load(ptr + fx.Int64(off + c), result_type=ir.VectorType.get([w], ir.F32Type.get())))
+                xe = fx.Vector(x.to(Elem))
+                out.extend(xe[e] for e in range_constexpr(w))
+            return fx.Vector.from_elements(out, Elem)
+
+        def load_chunks(ptr, off, total, chunk, start=None, zero=True, kv=False):
             """`total` elements at off in `chunk`s; with `start` (the first element's column) the
-            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0."""
+            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0. kv:
+            a K / V operand (KV32: fp32 loads rounded to Elem)."""
+            load = load_vec_f32 if kv and KV32 else load_vec
             if const_expr(not PADDED or start is None):
-                return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+                return [load(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
             out = []
             for c in range_constexpr(total // chunk):
                 ok = start + c * chunk < DV
-                x = load_vec(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
+                x = load(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
                 if const_expr(zero):
                     x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, Elem))
                 out.append(x)
@@ -335,7 +358,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
             key = kb + 16 * t + r
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN)
+            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN, kv=True)
 
         def vt_operand(t, dt):
             """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
@@ -354,7 +377,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             key = kb + 16 * t + 4 * g + j
             key_c = (key < sk).select(key, sk_last)
             # padding columns only feed padding rows of Oᵀ, which are never stored
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False)
+            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False, kv=True)
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
