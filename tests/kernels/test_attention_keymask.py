@@ -70,12 +70,13 @@ def test_prefix_mask_matches_sdpa(dtype, B, H, Hkv, Sk, D, lens, splits):
 
 def test_mask_with_holes_and_additive_forms_match_sdpa():
     """Kept keys in a late tile only (the skip is per tile, not a prefix rule); -inf additive masks skip
-    like bool False; finfo.min keeps every tile and equals SDPA, a fully masked row included."""
+    like bool False; finfo.min keeps every tile and equals SDPA."""
     q, k, v = _inputs(2, 4, 2, 640, 64, torch.bfloat16, 3)
     keep = torch.zeros(2, 1, 1, 640, dtype=torch.bool)
     keep[0, ..., 3] = keep[0, ..., 500:517] = True
     keep[1, ..., 639] = True
-    for mask in (keep, torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))):
+    masks = [keep] + [torch.zeros(keep.shape).masked_fill(~keep, f) for f in (float("-inf"), torch.finfo(torch.float32).min)]
+    for mask in masks:
         for splits in (1, 4):
             out, _ = _run(q, k, v, mask, splits)
             _check(out, q, k, v, mask)
@@ -105,8 +106,11 @@ def test_prefix_mask_reads_only_kept_tiles(splits, Sk):
 @pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, float("-inf")])
 def test_fully_masked_rows_equal_sdpa(fill):
     """SDPA: a row whose additive mask is all -inf gives 0; all finfo.min gives uniform weights (the
-    mean of V): the -inf tiles are skipped, the finfo.min ones are not."""
+    mean of V): the -inf tiles are skipped, the finfo.min ones are not (and finfo.min times log2 e stays
+    finite in the kernel: it gave 0 before)."""
     q, k, v = _inputs(1, 2, 2, 200, 32, torch.float32, 5)
     mask = torch.full((1, 1, 1, 200), fill)
     out, _ = _run(q, k, v, mask, 2)
+    want = torch.zeros_like(q) if fill == float("-inf") else v.mean(2, keepdim=True)
+    torch.testing.assert_close(_sdpa(q, k, v, mask), want, atol=1e-6, rtol=1e-5)  # SDPA's behaviour, pinned
     _check(out, q, k, v, mask)

@@ -78,6 +78,9 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.splitk import ticket
 
 
+FLT_MAX = 3.4028234663852886e38
+
+
 def gpu_barrier():
     gpu.barrier()
 
@@ -490,7 +493,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         ok = ok & (mv != fx.Uint8(0))
                     else:
                         mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                        sc = sc + fx.Float32(mv) * LOG2E
+                        # finfo.min (HF's additive masks) times log2 e would overflow to -inf: kept finite
+                        # (-FLT_MAX) as SDPA's s + finfo.min is, so a row masked entirely with it gets
+                        # SDPA's uniform weights (an -inf row: 0); its weight beside any kept key is 0
+                        mf = fx.Float32(mv)
+                        sc = sc + (mf == neg_inf).select(neg_inf, fx.arith.maximumf(mf * LOG2E, fx.Float32(-FLT_MAX)))
                 vals.append(ok.select(sc, neg_inf))
             return vals
 
