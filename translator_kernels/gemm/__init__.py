@@ -102,9 +102,11 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
         p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
     sa_mode, sa, sw_mode, sw = scales or ("", None, "", None)
     head = cfg.head if w_layout == "shuffled" and "block" not in (sa_mode, sw_mode) and not w_int4 else 0
+    ring = cfg.ring and w_layout == "shuffled" and not (scales or w_int8 or w_int4 or gate or rms_eps is not None) \
+        and dt in ("bf16", "f16", "f32") and cfg.kw == 1  # the layouts kernel.py's `ring` takes
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
-                          **({"head": head} if head else {}),
+                          **({"head": head} if head else {}), **({"ring": True} if ring else {}),
                           **({"rownorm": (float(rms_eps), k)} if rms_eps is not None else {}),
                           **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
                           **({"w_int8": True} if w_int8 else {}), **({"w_int4": w_int4} if w_int4 else {}))

@@ -62,7 +62,7 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, rownorm as rn, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
-from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
+from translator_kernels.gemm.schedule import hot_loop_schedule, ring_vmem  # noqa: F401 (re-exported)
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
 
@@ -82,7 +82,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0, up=None, head: int = 0, rownorm=None):
+               w_int4: int = 0, up=None, head: int = 0, rownorm=None, ring: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -134,6 +134,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
     whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
     K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed).
+
+    ring (kw = 1, preshuffled bf16 / f16 / f32 W, no scales / gate / grouped): one W register set instead of two;
+    the next tile's W block kb is loaded right after the MFMAs of this tile's block kb (schedule.ring_vmem), into
+    the registers they freed. Every load still has a whole K step to land; the W registers halve (docs/gemm.md).
 
     rownorm = (eps, K_norm) (rownorm.py: RMSNorm folded into the GEMM, γ in W): each workgroup computes
     rstd = rsqrt(mean(A_row²) + eps) of its rows over the full K, and the epilogue multiplies row by it."""
@@ -195,6 +199,10 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
         raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
                                f"int4 scales and head % 32 == 0, 0 < head < BK={bk}")
+    if ring and (kw != 1 or w_layout != "shuffled" or fmts or block or w_int8 or w_int4 or gate is not None
+                 or grouped or rownorm):
+        raise KernelInputError("gemm: ring (one W register set) needs kw 1 and a preshuffled bf16 / f16 / f32 W "
+                               "without scales, gate, rownorm or expert groups")
     nsteps, lead = nk + (1 if head else 0), (bk - head if head else 0)  # K steps; K shift of the later tiles
     n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
@@ -222,7 +230,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     mpb = mfma_per_block(dtype, arch)
     n_scl = ((m_rep if mx else 4 * m_rep) if a_scale in ("block", "mx") else 0) * k_blk + n_rep * k_blk if block \
         else 2 * n_rep * k_blk if w_int4 else 0
-    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
+    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads,
+                              vmem_at=ring_vmem(k_blk, m_rep * n_rep * mpb, a_loads, n_rep * lph) if ring else None)
 
     def schedule_step(prefetching: bool):
         """Emit one K step's sched_group_barrier sequence (`hot_loop_schedule`); ends the region."""
@@ -346,16 +355,17 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
                                 by * bn + wcol + l16, n_rep, k_blk, wk)
 
-        def load_w(kt, k_tail=False, first=False, nblk=k_blk):
+        def load_w(kt, k_tail=False, first=False, nblk=k_blk, kbs=None):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0. `first` / nblk: as
-            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads)."""
+            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads). kbs (ring): load
+            only these K blocks, None in the other places."""
             per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # bytes a K element adds to a tile's offset
             soff = kt * (bk * per_k) - lead * per_k if lead and not first else kt * (bk * per_k)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
                     for h in range_constexpr(lph):
-                        if const_expr(kb >= nblk):
+                        if const_expr(kb >= nblk or (kbs is not None and kb not in kbs)):
                             regs.append(None)
                             continue
                         if const_expr(w_layout == "kn"):  # a lane's chunk: kp elements down column n
@@ -373,6 +383,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
+            if const_expr(kbs is not None):
+                return regs
             regs = [r if r is not None else regs[0] for r in regs]
             return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
 
@@ -391,7 +403,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
         a_lane_dw = a_lane_dw + wk * (cpb * 64)
 
-        def compute(accs, w_regs, stage, nblk=k_blk):
+        def compute(accs, w_regs, stage, nblk=k_blk, after=None):
+            """This tile's MFMAs, K block by K block; after(kb) runs once block kb's MFMAs are issued (ring)."""
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
@@ -416,7 +429,24 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         else:  # MX: the lane's scale bytes go to the MFMA (mxscale.py)
                             accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph],
                                                  bs.pick(scl, kb, mr, nr) if mx else None)
+                if const_expr(after is not None):
+                    after(kb)
             return accs
+
+        def compute_ring(accs, w_cur, stage, nblk, nxt, nxt_blk, k_tail):
+            """compute() with the next tile's W block kb loaded after this tile's block kb (ring): its registers."""
+            loaded = []  # (index, register) of the next tile's W
+
+            def load_block(kb):
+                if const_expr(kb < nxt_blk):
+                    loaded.extend((i, r) for i, r in enumerate(load_w(nxt, k_tail, nblk=nxt_blk, kbs=(kb,)))
+                                  if r is not None)
+
+            accs = compute(accs, w_cur, stage, nblk, load_block)
+            for kb in range_constexpr(nblk, k_blk):  # a partial tile: the blocks it does not compute
+                load_block(kb)
+            regs = dict(loaded)
+            return accs, [regs.get(i, loaded[0][1]) for i in range(len(w_cur))]
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False, nblk=k_blk, nxt_blk=k_blk):
             """One K tile: MFMAs on LDS stage `stage` with W regs `w_cur`; when `nxt` (a tile index)
@@ -426,8 +456,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             w_next = None
             if const_expr(nxt is not None):
                 a_next = load_a(nxt, k_tail, nblk=nxt_blk)
-                w_next = load_w(nxt, k_tail, nblk=nxt_blk)
-            accs = compute(accs, w_cur, stage, nblk)
+                if const_expr(not ring):
+                    w_next = load_w(nxt, k_tail, nblk=nxt_blk)
+            if const_expr(ring and nxt is not None):
+                accs, w_next = compute_ring(accs, w_cur, stage, nblk, nxt, nxt_blk, k_tail)
+            else:
+                accs = compute(accs, w_cur, stage, nblk)
             if const_expr(nxt is not None):
                 store_a(a_next, 1 - stage)
             schedule_step(nxt is not None)

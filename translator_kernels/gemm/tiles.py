@@ -116,6 +116,7 @@ class GemmConfig:
     kw: int = 1  # waves splitting each K tile inside a workgroup (1: the 4 waves split BN; 4: they split BK)
     wm: int = 1  # waves along M: 2 = gfx950's 8-wave workgroup (wide.py: 2 x 4 waves, A and W in LDS by DMA)
     head: int = 0  # K elements of each workgroup's first tile (0: a whole BK; kernel.build_gemm's `head`)
+    ring: bool = False  # one W register set, reloaded K block by K block (kernel.build_gemm's `ring`)
 
 
 _OVERRIDES: dict[tuple, GemmConfig] = {}
