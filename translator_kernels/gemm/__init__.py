@@ -25,7 +25,7 @@ from translator_kernels.gemm.splitk import give_back, splitk_workspace
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, gated_config, large_estimate, m_bucket,
-                                           register_config, stream_estimate)
+                                           register_config, stream_estimate, without_ring)
 
 _DT = FLOAT_NAMES
 _INT32_MAX = 2**31 - 64
@@ -104,6 +104,8 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     head = cfg.head if w_layout == "shuffled" and "block" not in (sa_mode, sw_mode) and not w_int4 else 0
     ring = cfg.ring and w_layout == "shuffled" and not (scales or w_int8 or w_int4 or gate or rms_eps is not None) \
         and dt in ("bf16", "f16", "f32") and cfg.kw == 1  # the layouts kernel.py's `ring` takes
+    if cfg.ring and not ring:  # two W register sets: a BK whose registers fit them
+        cfg = without_ring(cfg, "f32" if dt == "f32" else "bf16", arch)
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
                           **({"head": head} if head else {}), **({"ring": True} if ring else {}),

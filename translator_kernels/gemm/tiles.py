@@ -149,7 +149,10 @@ def vgpr_estimate(cfg: GemmConfig, dtype: str, prefetch: int = 1) -> int:
     m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn * cfg.kw // 64, cfg.bk // 32 // cfg.kw
     lph = 2 if dtype == "f32" else 1
     a_loads = -(-(cfg.bm * cfg.bk * _esize(dtype) // 16) // THREADS)
-    return (m_rep * n_rep * 4 + (prefetch + 1) * n_rep * k_blk * lph * 4 + prefetch * a_loads * 4
+    # a ring (kernel.py): one W set and the next tile's blocks landing in it, ~2 blocks more (compiled gfx942 bf16
+    # 32x128x256: 136, estimate 136; 32x256x256: 240, estimate 232)
+    w_regs = (prefetch * n_rep * k_blk + 2 * n_rep) if cfg.ring else (prefetch + 1) * n_rep * k_blk
+    return (m_rep * n_rep * 4 + w_regs * lph * 4 + prefetch * a_loads * 4
             + min(m_rep, 3) * lph * 4 + 16)
 
 
@@ -172,6 +175,8 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return _wide_fits(cfg, dtype, arch)
     if cfg.kw not in (1, 4):
         return "kw (waves splitting K) must be 1 or 4"
+    if cfg.ring and (cfg.kw != 1 or dtype not in ("bf16", "f16", "f32")):
+        return "a W register ring (ring=True) needs kw 1 and a bf16 / f16 / f32 operand"
     if cfg.head and (cfg.kw != 1 or cfg.head % 32 or not 0 < cfg.head < cfg.bk):
         return f"a short first tile (head={cfg.head}) needs kw 1, head % 32 == 0 and 0 < head < BK"
     if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
@@ -369,8 +374,8 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                         continue
                     nkt = k_pad // bk
                     for sp in (d for d in range(1, min(nkt, MAX_SPLIT if small else 8) + 1) if nkt % d == 0):
-                        for head in ((0, 32) if kw == 1 else (0,)):  # a short first tile (kernel.py `head`)
-                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
+                        for head, ring in head_ring(kw):  # a short first tile, a W register ring (kernel.py)
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head, ring=ring)
                             if not config_fits(c, dt, arch):
                                 cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
@@ -386,9 +391,25 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     best = min(t for t, _ in scored)
     if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
-    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK, then the least time
+    # within 2 %: the large tile first (no partials), then fewer splits, the smaller BK, no ring, the least time
     return min((sc for sc in scored if sc[0] <= best * 1.02),
-               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head, sc[0]))[1]
+               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head, sc[1].ring, sc[0]))[1]
+
+
+def head_ring(kw: int) -> tuple:
+    """(head, ring) pairs a mid-M candidate of this kw is ranked with."""
+    return ((0, False), (32, False), (0, True), (32, True)) if kw == 1 else ((0, False),)
+
+
+def without_ring(cfg: GemmConfig, dtype: str, arch: str) -> GemmConfig:
+    """`cfg` for a call kernel.py's ring does not take (scales, gate, rownorm, an in-place operand): two W sets,
+    BK halved until their registers fit (split still divides the K tiles; a short first tile stays under BK)."""
+    if not cfg.ring:
+        return cfg
+    c = dataclasses.replace(cfg, ring=False)
+    while config_fits(c, dtype, arch) and c.bk > 64:
+        c = dataclasses.replace(c, bk=c.bk // 2, head=c.head if c.head < c.bk // 2 else 0)
+    return c
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:
