@@ -156,3 +156,18 @@ def test_isa_ring_registers_and_lds_bytes_per_mfma():
     loads = [j for j, i in enumerate(ins2) if i.startswith("buffer_load")]
     mfmas_between = [sum(x.startswith("v_mfma") for x in ins2[a:b]) for a, b in zip(loads, loads[1:])]
     assert sum(g > 0 for g in mfmas_between) >= 8, mfmas_between  # the W blocks' loads spread over the step
+
+
+def test_isa_gfx950_m256_choice_holds_two_waves_per_simd():
+    """gfx950's M = 256 choice at N = K = 4096 (32x256x256 split 2 head 32 ring), full epilogue: 0 spills, no AGPRs,
+    2 waves per SIMD as the MODEL assumes (compiled 248 VGPRs; estimate 232). BK 512 rings are not ranked: gfx950
+    32x128x512 compiled to 288 registers (32 AGPRs, 1 wave per SIMD) where the estimate said 216."""
+    from translator_kernels.measure.gemm_isa import isa_stats
+
+    c = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
+    assert c.ring and c.bk <= 256
+    s = isa_stats(4096, 4096, "bf16", "gfx950", c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True,
+                  split=c.split, head=c.head, ring=c.ring)
+    assert s["vgpr_spill"] == s["sgpr_spill"] == s["agpr"] == 0 and s["waves_per_simd"] == 2
+    assert s["vgpr"] <= tiles.vgpr_estimate(c, "bf16") + 16
+    assert "BK <= 256" in tiles.config_fits(G.GemmConfig(32, 128, 512, ring=True), "bf16", "gfx950")

@@ -175,8 +175,9 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return _wide_fits(cfg, dtype, arch)
     if cfg.kw not in (1, 4):
         return "kw (waves splitting K) must be 1 or 4"
-    if cfg.ring and (cfg.kw != 1 or dtype not in ("bf16", "f16", "f32")):
-        return "a W register ring (ring=True) needs kw 1 and a bf16 / f16 / f32 operand"
+    if cfg.ring and (cfg.kw != 1 or dtype not in ("bf16", "f16", "f32") or cfg.bk > 256):
+        # BK 512 in a loop: gfx950 bf16 32x128x512 compiled to 288 registers (AGPRs, 1 wave per SIMD; estimate 216)
+        return "a W register ring (ring=True) needs kw 1, a bf16 / f16 / f32 operand and BK <= 256"
     if cfg.head and (cfg.kw != 1 or cfg.head % 32 or not 0 < cfg.head < cfg.bk):
         return f"a short first tile (head={cfg.head}) needs kw 1, head % 32 == 0 and 0 < head < BK"
     if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
