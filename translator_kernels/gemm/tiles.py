@@ -26,7 +26,8 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
 Mid M (65 <= M <= 2048: batched decode, chunked prefill) ranks the same way: the large tiles
 (128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 16..128,
 BK up to 512, with and without a short first K tile (`head` = 32: kernel.py; the prologue every resident
-workgroup loads at once shrinks BK / head times), all by `model_estimate`, among those whose grid gives
+workgroup loads at once shrinks BK / head times) and a W register ring (`ring`, BK <= 256: one W set instead
+of two, so twice the columns per wave fit and A's LDS bytes per MFMA halve), all by `model_estimate`, among those whose grid gives
 every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster);
 within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
