@@ -19,7 +19,7 @@ from translator_kernels.arch import ARCHS, NAMED_DTYPES as DT
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import tiles, variants
 from translator_kernels.gemm.kernel import build_gemm
-from translator_kernels.gemm.preshuffle import shuffle_weight
+from translator_kernels.gemm.preshuffle import padded_shape, shuffle_weight
 
 
 def _case(m, n, k, dtype, seed=1):
@@ -31,12 +31,12 @@ def _case(m, n, k, dtype, seed=1):
 
 @pytest.fixture
 def rings(monkeypatch):
-    """The `ring` argument of every kernel the GEMM entry points build in the test (recorded, then built)."""
+    """(ring, quad) of every kernel the GEMM entry points build in the test (recorded, then built)."""
     seen = []
     real = G.build_gemm
 
     def spy(*args, **kwargs):
-        seen.append(kwargs.get("ring", False))
+        seen.append((kwargs.get("ring", False), kwargs.get("quad", False)))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(G, "build_gemm", spy)
@@ -55,21 +55,29 @@ CASES = [  # (arch, dtype, M, N, K, config): M / N / K tails, split-K with a sho
     *(("bf16", a, 70, 200, 1000, G.GemmConfig(32, 64, 128, 2, head=32, ring=True)) for a in ARCHS),
     ("f16", "gfx950", 21, 300, 488, G.GemmConfig(16, 256, 128, 1, ring=True)),
     ("f32", "gfx942", 33, 80, 512, G.GemmConfig(16, 64, 128, 2, ring=True)),
+    # 2 x 2 waves: the second wave row of a 64-row tile past M, the ring, head, split; fp32 without the ring
+    ("bf16", "gfx942", 70, 200, 1000, G.GemmConfig(64, 64, 128, 2, head=32, ring=True, quad=True)),
+    ("f32", "gfx950", 45, 80, 512, G.GemmConfig(32, 64, 128, quad=True)),
 ]
 
 
 @pytest.mark.parametrize("dt,arch,m,n,k,cfg", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}x{c[3]}x{c[4]}" for c in CASES])
 def test_ring_is_bit_identical_to_two_w_sets(arch, dt, m, n, k, cfg, rings):
-    """One launch with the plain kernel's grid, MFMAs and bytes moved; torch's numerics; the plain kernel's bits."""
+    """One launch with the plain kernel's grid, MFMAs and bytes moved (2 x 2 waves: W and the bias read once more per
+    row tile, the second wave row's loads); torch's numerics; the plain kernel's bits."""
     a, w, b, r = _case(m, n, k, DT[dt])
     out, launches = _run(arch, a, w, b, r, cfg)
-    plain, plain_launches = _run(arch, a, w, b, r, dataclasses.replace(cfg, ring=False))
-    assert rings == [True, False]
+    plain, plain_launches = _run(arch, a, w, b, r, dataclasses.replace(cfg, ring=False, quad=False))
+    assert rings == [(cfg.ring, cfg.quad), (False, False)]
     assert len(launches) == 1 and launches[0].grid == plain_launches[0].grid
     if executors.current().counts:
         assert sum(launches[0].counters["mfma_by_kind"].values()) == G.expected_mfma_count(m, n, k, dt, arch, cfg)
-        for key in ("global_bytes_read", "global_bytes_written"):
-            assert launches[0].counters[key] == plain_launches[0].counters[key]
+        got, want = ({key: rec.counters[key] for key in ("global_bytes_read", "global_bytes_written")}
+                     for rec in (launches[0], plain_launches[0]))
+        if cfg.quad:  # both wave rows of a tile load its W columns and bias (4 lanes a column): no cache in flysim
+            n_pad, k_pad = padded_shape(n, k)
+            want["global_bytes_read"] += -(-m // cfg.bm) * (n_pad * k_pad * DT[dt].itemsize + n * 4 * 4)
+        assert got == want
     ref = torch.nn.functional.gelu(a.float() @ w.float().T + b) + r.float()
     torch.testing.assert_close(out.float(), ref.to(DT[dt]).float(), **op_tol(DT[dt], "gemm"))
     assert torch.equal(out, plain)
@@ -91,13 +99,14 @@ def test_ring_rules():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bmm_in_place_operand_drops_the_ring(arch, rings, monkeypatch):
-    """bmm's att @ v (B read in place, w_layout "kn") with a ring config chosen for its key: two W sets."""
-    monkeypatch.setitem(tiles._OVERRIDES, (32, 64, 256, "bf16", arch), G.GemmConfig(16, 64, 128, ring=True))
+    """bmm's att @ v (B read in place, w_layout "kn") with a ring / quad config chosen for its key: 4 x 1 waves, two
+    W sets."""
+    monkeypatch.setitem(tiles._OVERRIDES, (32, 64, 256, "bf16", arch), G.GemmConfig(32, 64, 128, ring=True, quad=True))
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(1, 20, 256, generator=g).bfloat16(), torch.randn(1, 256, 64, generator=g).bfloat16()
     with executors.current().run(arch) as ex:
         out = G.bmm(ex.put(a), ex.put(b))
-    assert len(ex.launches) == 1 and rings == [False]
+    assert len(ex.launches) == 1 and rings == [(False, False)]
     torch.testing.assert_close(out.cpu().float(), (a.float() @ b.float()).bfloat16().float(),
                                **op_tol(torch.bfloat16, "gemm"))
 

@@ -82,7 +82,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0, up=None, head: int = 0, rownorm=None, ring: bool = False):
+               w_int4: int = 0, up=None, head: int = 0, rownorm=None, ring: bool = False, quad: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -138,6 +138,9 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     ring (kw = 1, preshuffled bf16 / f16 / f32 W, no scales / gate / grouped): one W register set instead of two;
     the next tile's W block kb is loaded right after the MFMAs of this tile's block kb (schedule.ring_vmem), into
     the registers they freed. Every load still has a whole K step to land; the W registers halve (docs/gemm.md).
+
+    quad (the ring's operands, BM and BN multiples of 32): a 2 x 2 wave layout, wave w owns rows (w // 2) * BM / 2
+    and columns (w % 2) * BN / 2 of the tile (it reads half of A's rows from LDS; two waves load each W column).
 
     rownorm = (eps, K_norm) (rownorm.py: RMSNorm folded into the GEMM, γ in W): each workgroup computes
     rstd = rsqrt(mean(A_row²) + eps) of its rows over the full K, and the epilogue multiplies row by it."""
@@ -199,10 +202,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
         raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
                                f"int4 scales and head % 32 == 0, 0 < head < BK={bk}")
-    if ring and (kw != 1 or w_layout != "shuffled" or fmts or block or w_int8 or w_int4 or gate is not None
-                 or grouped or rownorm):
-        raise KernelInputError("gemm: ring (one W register set) needs kw 1 and a preshuffled bf16 / f16 / f32 W "
-                               "without scales, gate, rownorm or expert groups")
+    if (ring or quad) and (kw != 1 or w_layout != "shuffled" or fmts or block or w_int8 or w_int4 or gate is not None
+                           or grouped or rownorm or (quad and (bm % 32 or bn % 32))):
+        raise KernelInputError("gemm: ring (one W register set) / quad (2 x 2 waves) need kw 1 and a preshuffled bf16 / "
+                               "f16 / f32 W without scales, gate, rownorm or expert groups (quad: BM, BN % 32 == 0)")
+    if quad:
+        m_rep, n_rep = bm // 32, bn // 32
     nsteps, lead = nk + (1 if head else 0), (bk - head if head else 0)  # K steps; K shift of the later tiles
     n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
@@ -211,7 +216,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     stage_dw = bm * bk * esz // 4  # one LDS stage, in dwords
     nb_total = n_pad // 16
     kb_total = k_pad // 32
-    n_per_wave = bn * kw // WAVES
+    n_per_wave = bn // 2 if quad else bn * kw // WAVES
     n_acc = m_rep * n_rep
     # 16-byte C stores through LDS: N in whole pieces, every staging wave's region inside the A stages
     store_vec = (store_vec and gate is None and n % cstore.vec_of(osz) == 0
@@ -256,7 +261,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         wave = tid // 64
         l16 = lane % 16
         q = lane // 16
-        wcol = wave * n_per_wave if kw == 1 else 0  # this wave's first column in the tile
+        wcol = ((wave % 2) if quad else wave) * n_per_wave if kw == 1 else 0  # this wave's first column in the tile
         wk = wave * k_blk if kw > 1 else 0  # this wave's first 32-deep K block in the tile
 
         def rsrc(t, nbytes):
@@ -272,6 +277,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # ---- global offsets: the per-thread part once, here; each K tile adds a uniform
         # byte offset (an SGPR soffset), so the loop body does no per-lane address math. ----
         a_row0 = bx * bm
+        a_rowe = a_row0 + (wave // 2) * (bm // 2) if quad else a_row0  # this wave's first row (the epilogue's)
         a_base = bz * a_bs
 
         def a_chunk(i):
@@ -402,6 +408,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # a lane's A reads of a block: chunks q, q + 4 (fp32 geometry), for MX 2q, 2q + 1; this wave's K blocks
         a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
         a_lane_dw = a_lane_dw + wk * (cpb * 64)
+        if const_expr(quad):  # this wave's half of A's rows: m_rep 16-row blocks on
+            a_lane_dw = a_lane_dw + (wave // 2) * (m_rep * k_blk * cpb * 64)
 
         def compute(accs, w_regs, stage, nblk=k_blk, after=None):
             """This tile's MFMAs, K block by K block; after(kb) runs once block kb's MFMAs are issued (ring)."""
@@ -558,7 +566,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N], the tile's expert's row (moe/grouped_fp8.py)
             rsw = rsrc(Sw, (n + s0 if w_ep == "col" else 1) * 4) if w_ep else None
             rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_row0, q, m, n + s0, m_rep, n_rep)
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_rowe, q, m, n + s0, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
@@ -584,7 +592,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     return apply_epilogue_device(yv, activation)
 
                 cstore.store_rows_vec(y_of, lds.a.ptr, (wave if kw == 1 else 0) * cstore.region_dw(n_per_wave), lane,
-                                      m_rep, n_rep, n_per_wave, a_row0, by * bn + wcol, m, n, c_base, rc, rr, out_t,
+                                      m_rep, n_rep, n_per_wave, a_rowe, by * bn + wcol, m, n, c_base, rc, rr, out_t,
                                       osz)
                 return
             for nr in range_constexpr(n_rep):
@@ -599,7 +607,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
                     yv = apply_epilogue_device(yv, activation)
                     for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
+                        row = a_rowe + mr * 16 + q * 4 + i
                         ok = (row < m) & col_ok
                         c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
                         y = yv[i]
@@ -617,7 +625,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         def finish(accs):
             if const_expr(split > 1):  # partials, a ticket; the last split of the tile adds them and stores
                 region = ((bz * ((m + (bm - 1)) // bm) + bx) * n_tiles + by) * (WAVES // kw) + (wave if kw == 1 else 0)
-                rows_ok = [a_row0 + mr * 16 + q * 4 < m for mr in range(m_rep)]
+                rows_ok = [a_rowe + mr * 16 + q * 4 < m for mr in range(m_rep)]
                 sk.reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split, rows_ok, n_rep, lane)
             else:
                 store(accs)

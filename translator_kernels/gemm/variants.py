@@ -52,8 +52,8 @@ def candidates(n: int, k: int, dtype: str, arch: str, prefetch: int = 1):
                         continue
                     nkt = k_pad // bk
                     for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                        for head, ring in head_ring(kw):
-                            c = GemmConfig(bm, bn, bk, sp, kw, head=head if head < bk else 0, ring=ring)
+                        for head, ring, quad in head_ring(kw):
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head if head < bk else 0, ring=ring, quad=quad)
                             if head < bk and not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
                                 yield c
 

@@ -80,7 +80,8 @@ def compile_one(spec):
                                     spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
                                     "shuffled", None, kw, spec.get("store_vec", True), spec.get("wm", 1),
                                     **({"head": spec["head"]} if spec.get("head") else {}),
-                                    **({"ring": True} if spec.get("ring") else {}))
+                                    **({"ring": True} if spec.get("ring") else {}),
+                                    **({"quad": True} if spec.get("quad") else {}))
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
     p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
     launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
