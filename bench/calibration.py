@@ -151,7 +151,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 if key not in isa:
                     try:
                         spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm, head=c.head,
-                                    ring=c.ring)
+                                    ring=c.ring, quad=c.quad)
                         isa[key] = features(main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch)), arch)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a table entry
                         isa[key] = str(e).splitlines()[-1][:80]
@@ -178,9 +178,9 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
 
 
 def tile_label(c) -> str:
-    """A GemmConfig as the tables print it: BMxBNxBK kw split, then 8 waves / head / ring where set."""
+    """A GemmConfig as the tables print it: BMxBNxBK kw split, then 8 waves / head / ring / 2x2 where set."""
     return (f"{c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{' 8 waves' if c.wm > 1 else ''}"
-            f"{f' head {c.head}' if c.head else ''}{' ring' if c.ring else ''}")
+            f"{f' head {c.head}' if c.head else ''}{' ring' if c.ring else ''}{' 2x2' if c.quad else ''}")
 
 
 def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, k=4096, dtype="bf16") -> None:

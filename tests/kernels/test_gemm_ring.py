@@ -114,18 +114,32 @@ def test_bmm_in_place_operand_drops_the_ring(arch, rings, monkeypatch):
 # ---- the MODEL and the heuristic (pure Python) ---------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mid_m_takes_the_ring_where_the_model_ranks_it_first(arch):
-    """N = K = 4096: M = 256 and 512 take a 32x256x256 ring (64 columns per wave at BK 256: two W sets would need
-    ~360 VGPRs); of the achievable HBM bandwidth at M = 256: gfx942 0.74 -> 0.79, gfx950 0.79 -> 0.82 (issue 29's
-    0.8). The best tile without a ring is the search's own: the ring must beat it, not tie."""
+    """N = K = 4096: M = 256 and 512 take a ring (64 columns per wave at BK 256: two W sets would need ~360 VGPRs);
+    of the achievable HBM bandwidth at M = 256: gfx942 0.74 -> 0.82 (32x128x256 ring in 2 x 2 waves), gfx950 0.79
+    -> 0.82 (32x256x256 ring): issue 29's 0.8 on both. The best tile without either is the search's own: the
+    choice must beat it by 2 %, not tie."""
     for m in (256, 512):
         cfg = G.choose_config(m, 4096, 4096, "bf16", arch)
         e = tiles.model_estimate(m, 4096, 4096, "bf16", arch, cfg)
         plain = min((tiles.model_estimate(m, 4096, 4096, "bf16", arch, c) for c in variants.candidates(4096, 4096, "bf16", arch)
-                     if not c.ring), key=lambda x: x["kernel_t"])
+                     if not (c.ring or c.quad)), key=lambda x: x["kernel_t"])
         assert cfg.ring and e["kernel_t"] < plain["kernel_t"] * 0.98, (m, cfg)
         assert tiles.vgpr_estimate(cfg, "bf16") <= tiles.MAX_VGPR_EST
-    e = tiles.model_estimate(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
-    assert e["of_achievable"] >= (0.8 if arch == "gfx950" else 0.78)
+    cfg = G.choose_config(256, 4096, 4096, "bf16", arch)
+    assert tiles.model_estimate(256, 4096, 4096, "bf16", arch, cfg)["of_achievable"] >= 0.8
+    assert cfg.quad == (arch == "gfx942")
+
+
+def test_quad_is_taken_only_when_ahead_of_every_4x1_tile():
+    """2 x 2 waves read each W column twice per workgroup (flysim counts it; L1 / L2 on hardware, which the MODEL does
+    not price): within 2 % of a 4 x 1 tile the 4 x 1 tile wins (gfx942 M = 2048 stays at 64x256x128)."""
+    c = G.choose_config(2048, 4096, 4096, "bf16", "gfx942")
+    assert not c.quad and (c.bm, c.bn, c.bk) == (64, 256, 128)
+    quad = G.GemmConfig(32, 128, 256, 2, head=32, ring=True, quad=True)
+    four = dataclasses.replace(quad, quad=False)
+    f4, fq = (tiles.model_features(c, "bf16", "gfx942") for c in (four, quad))
+    assert fq.loop_lds < f4.loop_lds and fq.inflight_bytes == f4.inflight_bytes and fq.loop_flops == f4.loop_flops
+    assert "quad" in tiles.config_fits(G.GemmConfig(16, 128, 256, quad=True), "bf16", "gfx942")
 
 
 def test_ring_halves_the_w_registers_in_the_estimate():
@@ -167,16 +181,17 @@ def test_isa_ring_registers_and_lds_bytes_per_mfma():
     assert sum(g > 0 for g in mfmas_between) >= 8, mfmas_between  # the W blocks' loads spread over the step
 
 
-def test_isa_gfx950_m256_choice_holds_two_waves_per_simd():
-    """gfx950's M = 256 choice at N = K = 4096 (32x256x256 split 2 head 32 ring), full epilogue: 0 spills, no AGPRs,
-    2 waves per SIMD as the MODEL assumes (compiled 248 VGPRs; estimate 232). BK 512 rings are not ranked: gfx950
-    32x128x512 compiled to 288 registers (32 AGPRs, 1 wave per SIMD) where the estimate said 216."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_isa_m256_choice_holds_two_waves_per_simd(arch):
+    """The M = 256 choice at N = K = 4096, full epilogue: 0 spills, no AGPRs, 2 waves per SIMD as the MODEL assumes
+    (gfx942 32x128x256 ring quad: 218 VGPRs, estimate 212; gfx950 32x256x256 ring: 248, estimate 232). BK 512 rings
+    are not ranked: gfx950 32x128x512 compiled to 288 registers (32 AGPRs, 1 wave per SIMD), estimate 216."""
     from translator_kernels.measure.gemm_isa import isa_stats
 
-    c = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
+    c = G.choose_config(256, 4096, 4096, "bf16", arch)
     assert c.ring and c.bk <= 256
-    s = isa_stats(4096, 4096, "bf16", "gfx950", c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True,
-                  split=c.split, head=c.head, ring=c.ring)
+    s = isa_stats(4096, 4096, "bf16", arch, c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True,
+                  split=c.split, head=c.head, ring=c.ring, quad=c.quad)
     assert s["vgpr_spill"] == s["sgpr_spill"] == s["agpr"] == 0 and s["waves_per_simd"] == 2
     assert s["vgpr"] <= tiles.vgpr_estimate(c, "bf16") + 16
     assert "BK <= 256" in tiles.config_fits(G.GemmConfig(32, 128, 512, ring=True), "bf16", "gfx950")
