@@ -17,7 +17,7 @@ greedy tokens and the KV cache compared with eager's, through `translate_for_gen
 - Falcon with multi_query=True: the recipe sizes its cache from `num_key_value_heads` (absent: the
   query head count), the model writes one K/V head; refused naming the config field to set, and with
   it set, eager's tokens.
-flysim (slow): the same on FlyDSL kernels for Qwen3, Gemma2 and Phi3.
+flysim (slow): the same on FlyDSL kernels for Qwen3, Gemma2 (also its sliding layers, torch.compile) and Phi3.
 """
 
 from __future__ import annotations
@@ -178,6 +178,18 @@ def test_flysim_translate_for_generation_16_tokens(family):
 def test_flysim_compile_generation_16_tokens(family):
     n = 16
     got, want, cache, eager_cache = _compiled(family, n, backend="flysim")
+    assert got == want
+    _assert_all_translated(n)
+    _assert_same_cache(_kv(cache), _kv(eager_cache), PROMPT + n - 1)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_flysim_compile_serves_gemma2s_sliding_window_layers():
+    """Window 8 under 6 + 12 tokens on FlyDSL kernels: three graphs (prefill, decode before the sliding
+    layers' window is full, decode after), eager's tokens and cache."""
+    n = 12
+    got, want, cache, eager_cache = _compiled("gemma2", n, backend="flysim", window=8)
     assert got == want
     _assert_all_translated(n)
     _assert_same_cache(_kv(cache), _kv(eager_cache), PROMPT + n - 1)
