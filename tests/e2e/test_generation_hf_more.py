@@ -8,7 +8,7 @@ greedy tokens and the KV cache compared with eager's, through `translate_for_gen
   parallel residual): eager's tokens and cache on both paths.
 - Gemma2 (attention logit soft-capping: transformers runs it only with attn_implementation="eager",
   so the scores are an explicit matmul / tanh / softmax chain; final logit soft-capping), Gemma3
-  (q/k norm, sliding and full layers alternating): eager's tokens and cache on both paths; with a
+  (q/k norm, sliding and full layers alternating): eager's tokens and cache on both paths; with Gemma2's
   window shorter than the generation, torch.compile serves the hybrid cache, and translate_for_generation
   refuses (its recipe makes every layer a plain static one).
 - Phi3 (fused qkv_proj, fused gate_up_proj; RoPE written as `cat(rot, pass)`): tokens were right, but
