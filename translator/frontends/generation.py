@@ -104,7 +104,11 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
         if ids.dim() != 2 or ids.shape[0] != batch_size:
             raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
         step = StaticCacheStep(model, batch_size, max_cache_len)
-        tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
+        try:
+            tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
+        except InputError as e:
+            _refuse_cache_shape(model, step, e)
+            raise
     gen = copy.copy(model)  # shallow: the user's parameters and modules, the user's object untouched
     for d in ("_parameters", "_buffers", "_modules"):  # its own dicts: nothing set on gen reaches the user's model
         object.__setattr__(gen, d, dict(getattr(model, d)))
@@ -114,12 +118,36 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
     return gen
 
 
+def _refuse_cache_shape(model, step, err: InputError) -> None:
+    """The recipe sizes each layer's cache from the config (num_key_value_heads, else num_attention_heads;
+    head_dim, else hidden_size / heads). A model whose attention writes K/V of another shape fails its first
+    eager step inside `index_copy_`; say which config field to state (Falcon with multi_query=True writes one
+    shared K/V head and keeps its count in `num_kv_heads`, which the recipe does not read)."""
+    cause = err.__cause__
+    if not (isinstance(cause, RuntimeError) and "index_copy_" in str(cause)):
+        return
+    layers = step.step.static_cache.layers
+    shape = tuple(layers[0].keys.shape) if layers and getattr(layers[0], "keys", None) is not None else None
+    raise InputError(f"{type(model).__name__}: transformers' static-cache recipe (TorchExportableModuleWithStaticCache) "
+                     f"made each layer's KV cache {shape} ([batch, kv_heads, max_cache_len, head_dim]) from the config's "
+                     f"num_key_value_heads (else num_attention_heads) and head_dim, but the model writes K/V of another "
+                     f"shape ({cause}); set model.config.num_key_value_heads (and head_dim) to what the attention writes "
+                     "(Falcon with multi_query=True: 1), or use model.forward = torch.compile(model.forward, "
+                     "backend='flydsl') with generate(cache_implementation='static'), whose cache takes the model's own "
+                     "K/V shapes") from cause
+
+
 def cache_tensors(tm) -> list[torch.Tensor]:
-    """The KV cache tensors of a generation step's translation, in the graph's order (layer 0's keys,
-    its values, layer 1's ...): the [B, Hkv, max_cache_len, D] tensors its cache writes store into."""
+    """The KV cache tensors of a generation step's translation, in the capture's order (layer 0's keys,
+    its values, layer 1's ...): the [B, Hkv, max_cache_len, D] tensors its cache writes store into.
+
+    The order is that of their get_attr nodes (export lifts the cache tensors in the order the model
+    first touches them: keys, then values, layer by layer), not that of the writes: where RoPE fuses
+    the V write and K's write stays separate (Phi3's partial-rotary `cat`), V is written first."""
     from functools import reduce
 
     out = []
+    order = {n: i for i, n in enumerate(tm.gm.graph.nodes)}
     for n in tm.gm.graph.nodes:
         if n.op != "call_function":
             continue
@@ -133,9 +161,9 @@ def cache_tensors(tm) -> list[torch.Tensor]:
         for d in dests:
             if isinstance(d, torch.fx.Node) and d.op == "get_attr":
                 t = reduce(getattr, d.target.split("."), tm.gm)
-                if t.dim() == 4 and not any(t is o for o in out):
-                    out.append(t)
-    return out
+                if t.dim() == 4 and not any(t is o for _, o in out):
+                    out.append((order[d], t))
+    return [t for _, t in sorted(out, key=lambda p: p[0])]
 
 
 def _check_caches(tm, batch: int, max_len: int) -> None:
