@@ -53,3 +53,30 @@ def test_merge_geometry_and_trips():
     assert merge_geometry(40) == dict(cpl=4, lpr=12, rpp=5, slices=16)   # padded to 48: 60 lanes busy
     assert merge_trips(128, 4, 16) == 2 and merge_trips(128, 4, 8) == 1 and merge_trips(128, 8, 20) == 6
     assert merge_trips(64, 16, 16) == 4 and merge_trips(64, 0, 16) == 0
+
+
+@pytest.mark.parametrize("arch", ["gfx942", pytest.param("gfx950", marks=pytest.mark.slow)])
+def test_merge_loads_are_issued_together(arch):
+    """Llama-3-8B's split decode kernel (COMPILE_ONLY child): the merge's batch loop issues every load of its
+    8 slices (m and l, two 16-byte O loads each) before its first vmcnt wait, so a batch is one round trip;
+    no spills, 2 waves per SIMD (184 / 192 VGPRs, as with the one-row merge)."""
+    import re
+
+    from translator_kernels.hotloop import _kernel_lines, compile_isa_texts, find_loops, main_text
+    from translator_kernels.isa import parse_isa
+    from translator_kernels.measure.decode_isa import DECODE_ATTENTION
+
+    text = main_text(compile_isa_texts(DECODE_ATTENTION, (1, 32, 8, 128, 8192, 16), arch=arch))
+    stats = max(parse_isa(text, arch), key=lambda s: s.instructions)
+    assert stats.meta["vgpr_spill"] == 0 and stats.occupancy[0] >= 2, stats.meta
+    lines = _kernel_lines(text, stats.kernel)
+    g = merge_geometry(128)
+    batch = [lp for lp in find_loops(text, stats.kernel) if not lp.cycles(arch)["matrix_cycles"]]
+    inner = min(batch, key=lambda lp: lp.end - lp.start)
+    issued, first_wait = 0, None
+    for ln in lines[inner.start:inner.end + 1]:
+        s = ln.strip()
+        issued += bool(re.match(r"(buffer|global)_load", s))
+        if first_wait is None and s.startswith("s_waitcnt") and "vmcnt" in s:
+            first_wait = issued
+    assert issued == first_wait == g["slices"] * (1 + g["cpl"] // 4)
