@@ -143,6 +143,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
+    # one wave (decode): a tile's K and V loads all go before its first MFMA (one round trip a tile, not
+    # one per 16-key step; docs/attention.md "The slice count"), except fp32 at D > 128, where the held
+    # tile would leave 1 wave per SIMD
+    HOIST_KV = not USE_LDS and not (is_f32 and D > 128)
     # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
     SKIP_DEAD = causal and num_waves > 1
 
@@ -464,10 +468,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nxt = nk + nv
 
             def tile_math(o_acc):
+                # one wave (no LDS): every K and V load of the tile is issued before the first MFMA, so
+                # the tile waits one memory round trip, not one per 16-key step (HOIST_KV)
+                k_pre = v_pre = None
+                if const_expr(HOIST_KV):
+                    k_pre = [k_operand(kb, t) for t in range_constexpr(N_TILES)]
+                    v_pre = [[v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(N_TILES)]
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
                 s_tiles = [[] for _ in range_constexpr(RG)]
                 for t in range_constexpr(N_TILES):
-                    k_chunks = k_operand(kb, t)
+                    k_chunks = k_pre[t] if const_expr(HOIST_KV) else k_operand(kb, t)
                     for u in range_constexpr(RG):
                         acc = fx.Vector.filled(4, 0.0, fx.Float32)
                         if const_expr(QK32):
@@ -514,7 +524,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
                 o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
                                              vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
-                                             v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
+                                             v_rows=(lambda t: v_pre[t]) if HOIST_KV else (lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)]))
 
                 return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + (thr_new if raw else [])
 
