@@ -59,7 +59,7 @@ def test_merge_geometry_and_trips():
 def test_merge_loads_are_issued_together(arch):
     """Llama-3-8B's split decode kernel (COMPILE_ONLY child): the merge's batch loop issues every load of its
     8 slices (m and l, two 16-byte O loads each) before its first vmcnt wait, so a batch is one round trip;
-    no spills, 2 waves per SIMD (184 / 192 VGPRs, as with the one-row merge)."""
+    no spills, 2 waves per SIMD (186 / 196 VGPRs)."""
     import re
 
     from translator_kernels.hotloop import _kernel_lines, compile_isa_texts, find_loops, main_text

@@ -24,7 +24,8 @@ loads are issued before the current tile's math, and only if there is a next til
 load goes through its own buffer descriptors (base at the tile's first key, bounds at the end
 of key Sk - 1 of this head), so the per-thread offsets are loop-invariant and keys past Sk read
 as zero (no address VALU in the loop). One wave reads K and V straight from global memory with
-key indices clamped. Out-of-range keys are masked to -inf and out-of-range rows not stored.
+key indices clamped, every load of a tile issued before its first MFMA (HOIST_KV: one memory
+round trip a tile). Out-of-range keys are masked to -inf and out-of-range rows not stored.
 
 Vector work per score (the hot loop; translator_kernels.hotloop prices it):
   * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
@@ -53,8 +54,9 @@ writes its rows' fp32 partials (m, l in log2 units, unnormalized O), then lane 0
 (atomic add, acq_rel, agent scope: gemm/splitk.py's) on the int32 counter of its (batch, head,
 query block, wave) region. The wave that draws nsplit - 1 arrived last: it zeroes the counter
 (a completed launch leaves them all zero: no clearing launch) and merges its rows' slices in
-slice order 0..nsplit-1 from W / WML, lanes over the head dim (merge_rows). Who merges depends
-on scheduling; what is added and in which order does not: the bits are the same run to run.
+slice order 0..nsplit-1 from W / WML (merge_rows: lanes over rows and head-dim columns, the
+loads of a batch of slices in flight together, an online rescale). Who merges depends on
+scheduling; what is added and in which order does not: the bits are the same run to run.
 
 Rows whose keys are all masked end with l == 0 and are written as 0, as torch SDPA does.
 Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k <= q.
