@@ -31,12 +31,14 @@ the table):
 - decode attention, split KV: one launch (translator_kernels/attention/fwd.py): each slice writes fp32 partials
   and takes a ticket, the last arriver of a head merges. Bytes: K and V once per sequence, q in and O out,
   the partials written and read back (nsplit x (D + 2) fp32 per head), the tickets (an int32 atomic per slice,
-  read and written, and the reset). Time: the compiled kernel's features count the ticket and one iteration of
-  each of the merge's two passes (a max pass, then the weighted sum; MERGE_UNROLL slices per iteration) in the
-  straight-line trips every workgroup is charged; the merger's other 2 x (ceil(nsplit / MERGE_UNROLL) - 1)
-  iterations are dependent round trips at L2_LATENCY after the last slice, added once to the launch (its tail).
-  The merge's loads leave the prologue bytes (the unsplit compile's straight-line bytes are charged): only the
-  merger issues them, on partials just written, and their bytes are in the launch's.
+  read and written, and the reset). Slices: split_geometry's, the count the MODEL prices fastest
+  (attention/decode_plan.model_split). Time: attention/decode_plan.price, on decode_plan.decode_features (the
+  unmasked key loop is the hot loop; the masked one runs no tile at position context - 1 and is left out):
+  the compiled kernel's straight-line trips hold the ticket and one round of the merge (a batch of 8 or 16
+  slices whose loads are issued together, fwd.merge_rows); the merger's other merge_trips - 1 rounds follow
+  the last slice, once, each at L2_LATENCY plus the merge's vector work. The merge's loads leave the prologue
+  bytes (the unsplit compile's straight-line bytes are charged): only the merger issues them, on partials just
+  written, and their bytes are in the launch's.
 
 Launch lists: `AS_BUILT` names the variants that are built (the default list); `VARIANTS` the ones that can be
 priced (`--variant` in bench.generate; every list is printed as extra rows):
@@ -57,7 +59,7 @@ verdict is judged on 'graph' (the step as a GPU replays it), printed per batch-1
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 GOAL_FRACTION = 0.8  # issue 23: a decode step at >= 0.8 of the HBM limit at batch 1 (MODEL)
 VARIANTS = ("fused_norm",)  # launch-list variants the MODEL can price (module docstring)
@@ -138,16 +140,18 @@ def print_limit_table(rows) -> None:
 _FEATURES: dict = {}  # (what, arch) -> {kernel name: KernelFeatures}, or the compile error (a string)
 
 
-def compiled_features(what: str, entry: str, args: tuple, arch: str):
+def compiled_features(what: str, entry: str, args: tuple, arch: str, decode: bool = False):
     """timing.features of every kernel `entry(*args)` compiles for `arch`, by kernel name; once per (what, arch).
-    A string (the error) where it does not compile: the caller prices a labelled bandwidth floor."""
+    decode: attention/decode_plan.decode_features (the decode kernel's unmasked key loop hot, its masked one
+    left out). A string (the error) where it does not compile: the caller prices a labelled bandwidth floor."""
     key = (what, arch)
     if key not in _FEATURES:
+        from translator_kernels.attention.decode_plan import decode_features
         from translator_kernels.hotloop import compile_isa_texts
         from translator_kernels.timing import features
 
         try:
-            feats = [features(t, arch) for t in compile_isa_texts(entry, args, arch=arch)]
+            feats = [(decode_features if decode else features)(t, arch) for t in compile_isa_texts(entry, args, arch=arch)]
             _FEATURES[key] = {f.kernel: f for f in feats}
         except Exception as e:  # noqa: BLE001 - no toolchain: the floor, said so in the row
             _FEATURES[key] = f"{type(e).__name__}: {str(e)[:80]}"
@@ -241,9 +245,6 @@ def _rope_cache_launch(batch: int, shape: LlmShape, context: int, arch: str) -> 
     return _priced(name, feat, Launch(grid, 1, nbytes), arch, "MODEL (features of our compiled kernel)")
 
 
-MERGE_UNROLL = 4  # slices per merge iteration (fwd.py's MERGE_UNROLL, local to its kernel builder)
-
-
 def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: int, group: int = 1) -> int:
     """HBM bytes of one layer's decode attention launch: K and V once per sequence and KV head (the query heads of
     a group share them through L2), q in and O out, and under split KV the fp32 partials (O over the padded head
@@ -260,48 +261,32 @@ def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: in
 
 def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> dict:
     """Decode attention on the cache (one query token per sequence, keys up to `context`), its split-KV merge
-    inside the launch where split_geometry splits: the MODEL on the features of our kernel compiled for `arch`
-    (translator_kernels.measure.decode_isa), the merger's remaining iterations as a tail (module docstring).
-    A labelled bandwidth floor where the compile fails."""
+    inside the launch, at the slice count split_geometry chooses (the MODEL's fastest: decode_plan.model_split):
+    decode_plan.price on the features of our kernel compiled for `arch` (translator_kernels.measure.decode_isa;
+    decode_plan.decode_features: the unmasked key loop hot, the masked one left out), the merger's further
+    rounds as a tail. A labelled bandwidth floor where the compile fails."""
     from translator_kernels.arch import GPUS
-    from translator_kernels.attention import attention_config
-    from translator_kernels.attention.decode_plan import decode_plan
+    from translator_kernels.attention.decode_plan import decode_plan, price
     from translator_kernels.measure.decode_isa import DECODE_ATTENTION
-    from translator_kernels.timing import Launch
 
     g = GPUS[arch]
-    b, h, d, e = batch, shape.heads, shape.head_dim, shape.bytes_per_elem
+    b, h, d = batch, shape.heads, shape.head_dim
     # decode GQA packing (translator_kernels/attention/gqa.py): one block per (sequence, KV head, slice), the
     # group's query heads its rows, K / V loaded once per KV head; the compile below takes the same path
     plan = decode_plan(b, h, shape.kv_heads, context, d, "bf16", arch)
     nsplit, chunk, hp = plan["nsplit"], plan["keys_per_slice"], plan["grid"][1]
-    block_n = attention_config("bf16", d, plan["rows_per_block"], arch)["block_n"]
     nbytes = attention_launch_bytes(b, shape, context, nsplit, h // hp)
-    fwd = _kernel(compiled_features(f"attention split={nsplit > 1}", DECODE_ATTENTION,
-                                    (1, h, shape.kv_heads, d, context, nsplit), arch), "attention_fwd")
-    whole = fwd if nsplit == 1 else _kernel(compiled_features("attention split=False", DECODE_ATTENTION,
-                                                              (1, h, shape.kv_heads, d, context, 1), arch),
-                                            "attention_fwd")
+    whole, split = (_kernel(compiled_features(f"attention split={n > 1}", DECODE_ATTENTION,
+                                              (1, h, shape.kv_heads, d, context, n), arch, decode=True), "attention_fwd")
+                    for n in (1, 16))
     name = f"decode attention (split {nsplit}, merge in the launch)" if nsplit > 1 else "decode attention"
-    if isinstance(fwd, str):
-        return _floor_launch(name, nbytes, arch, f"no compile: {fwd}")
-    # one workgroup (one wave) per (slice, KV head, sequence); the first KV tile of a slice is peeled out of the
-    # hot loop (timing.features counts it in the straight-line code): the loop runs the slice's other tiles
-    tiles = [max(1, math.ceil(min(chunk, context - i * chunk) / block_n)) for i in range(nsplit)]
-    iters = tuple(t - 1 for _ in range(b * hp) for t in tiles)
-    if not isinstance(whole, str) and whole.straight_bytes < fwd.straight_bytes:
-        # the merge's loads (the split compile's straight-line loads beyond the unsplit one's) are the merger's
-        # only, partials just written (their bytes are in `nbytes`, their trips below): not every workgroup's
-        # prologue, which the MODEL charges at HBM share
-        fwd = replace(fwd, straight_bytes=whole.straight_bytes)
-    if max(tiles) < 2:  # the peeled tile prefetches the next K / V tile only if there is one (fwd.py): the static
-        # count of loads outside the hot loop holds that tile, which a one-tile slice never loads
-        fwd = replace(fwd, straight_bytes=max(0, fwd.straight_bytes - 2 * block_n * d * e))
-    # the merger's two passes run ceil(nsplit / MERGE_UNROLL) iterations each, one dependent round trip apiece;
-    # the features hold one of each (charged to every workgroup): the rest follow the last slice, once
-    tail = 2 * (math.ceil(nsplit / MERGE_UNROLL) - 1) if nsplit > 1 else 0
-    how = "MODEL (features of our compiled kernel)" + (f" + the merge's other {tail} L2 round trips" if tail else "")
-    return _priced(name, fwd, Launch(b * hp * nsplit, iters, nbytes), arch, how, tail * g.timing["l2_latency_s"])
+    if isinstance(whole, str) or isinstance(split, str):
+        return _floor_launch(name, nbytes, arch, f"no compile: {whole if isinstance(whole, str) else split}")
+    r = price(whole, split, b, hp, plan["rows_per_block"], context, d, "bf16", arch, nsplit, chunk, nbytes)
+    tail = r["merge_trips"] - 1
+    how = "MODEL (features of our compiled kernel)" + (f" + the merge's other {tail} round trip{'s' * (tail > 1)}"
+                                                        if tail > 0 else "")
+    return dict(name=name, t=g.timing["launch_s"] + r["kernel_t"], kernel_t=r["kernel_t"], how=how)
 
 
 def _gather_launch(batch: int, shape: LlmShape, arch: str) -> dict:

@@ -99,25 +99,31 @@ def _vmem_bytes(mnemonic: str, rest: str) -> int:
 _INSTR = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
 
 
-def features(isa_text: str, arch: str) -> KernelFeatures:
-    """The model's view of the main kernel of `isa_text` compiled for `arch`."""
+def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ()) -> KernelFeatures:
+    """The model's view of the main kernel of `isa_text` compiled for `arch`. By default the hot loop is
+    the one with the most matrix (then vector) cycles; `hot` names its header label instead, and the
+    loops whose headers are in `skip` run no iteration at the launch priced (their bodies are left out of
+    the straight-line code; decode attention's masked key loop, attention/decode_plan.py)."""
     stats = max(parse_isa(isa_text, arch), key=lambda s: s.instructions)
     waves, _ = stats.occupancy
     wpw = max(1, -(-(stats.meta.get("block") or 256) // 64))
     loops = find_loops(isa_text, stats.kernel)
-    hot = None
+    hot_loop = None
     if loops:
         priced = [(lp, lp.cycles(arch)) for lp in loops]
-        hot = max(priced, key=lambda pc: (pc[1]["matrix_cycles"], pc[1]["vector_cycles"]))
+        hot_loop = (next(pc for pc in priced if pc[0].header == hot) if hot else
+                    max(priced, key=lambda pc: (pc[1]["matrix_cycles"], pc[1]["vector_cycles"])))
+    hot = hot_loop
     lines = _body_lines(isa_text, stats.kernel)
     in_loop = set(range(hot[0].start, hot[0].end + 1)) if hot else set()
+    skipped = {i for lp in loops if lp.header in skip for i in range(lp.start, lp.end + 1)}
     s_vec = s_lds = s_bytes = 0
     first_wait_bytes, waited = 0, False
     loop_bytes = loop_flops = 0
     trips = {True: _Trips(), False: _Trips()}  # in the hot loop / outside it
     for i, ln in enumerate(lines):
         m = _INSTR.match(ln.split(";")[0])
-        if not m:
+        if not m or (i in skipped and i not in in_loop):
             continue
         mn, rest = m.group(1), m.group(2)
         c = classify(mn)

@@ -113,8 +113,8 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1, group=1
       each step moves BLOCK_N whole padded rows of K and of V;
     * the output rows below Sq (real head dim) are written once; a split KV launch writes fp32
       partials (padded head dim, plus m and l per row) that the last slice of each wave's rows reads
-      back in the same launch with all 64 lanes of the wave: m twice, l and one fp32 per lane per
-      column chunk; each wave of each slice takes a ticket (int32 atomic) and the last resets it.
+      back in the same launch (fwd.merge_rows: every lane loads its row's m and l and its 4 or 8 fp32
+      columns per slice slot); each wave of each slice takes a ticket (int32 atomic) and the last resets it.
     """
     from translator_kernels.attention import attention_config, split_geometry
     from translator_kernels.attention.gqa import pack_group
@@ -140,8 +140,13 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1, group=1
     if nsplit == 1:
         return heads * (q + kv + sq * d * e)
     partials = nsplit * sq * (dp + 2) * 4
-    # the last slice's merge, in the same launch (slices read 4 at a time: a step past nsplit re-reads the
-    # last one); + per wave a ticket (an int32 atomic: 4 B read, 4 written) of each slice and the counter reset
-    merged = -(-nsplit // 4) * 4
-    combine = sq * (merged * 64 * 4 * (3 + -(-d // 64)) + d * e) + nq * (cfg["threads"] // 64) * (8 * nsplit + 4)
+    # the last slice's merge, in the same launch (fwd.merge_rows): every lane of the merging wave loads, per
+    # pass of `rpp` rows and per slot of a batch of `per` slices (a slot past nsplit re-reads the last slice),
+    # its row's m, l and its `cpl` fp32 columns; + per wave a ticket (an int32 atomic: 4 B read, 4 written) of
+    # each slice and the counter reset
+    cpl = 8 if dp % 128 == 0 else 4
+    rpp, per, wave_rows = 64 // (dp // cpl), 64 // cpl, bm // (cfg["threads"] // 64)
+    passes = sum(-(-max(0, min(wave_rows, sq - r0)) // rpp) for r0 in range(0, nq * bm, wave_rows))
+    combine = (passes * -(-nsplit // per) * per * 64 * (8 + 4 * cpl) + sq * d * e
+               + nq * (cfg["threads"] // 64) * (8 * nsplit + 4))
     return heads * (q + kv + partials + combine)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol, op_tolerance
 from translator_kernels.arch import ARCHS, NAMED_DTYPES
-from translator_kernels.attention import CUS, attention, attention_config, split_geometry
+from translator_kernels.attention import attention, attention_config, split_geometry
 from translator_kernels.attention.gqa import pack_group
 from translator_kernels.measure.attention_isa import rescale_counts
 
@@ -150,10 +150,14 @@ def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("D", [64, 128])
-def test_decode_split_covers_twice_the_cus(arch, D):
-    """B=1, H=32, Sq=1, Sk=4096: the KV split makes the grid >= 2x the CUs (plan only, no launch)."""
+def test_decode_split_is_the_models_and_covers_every_key(arch, D):
+    """B=1, H=32, Sq=1, Sk=4096: the KV split is the timing MODEL's cheapest (decode_plan.model_split; the
+    grid rule, 2x the CUs, without features), its slices cover the keys (plan only, no launch)."""
+    from translator_kernels.attention.decode_plan import model_split
+
     nsplit, chunk = split_geometry(1, 32, 1, 4096, D, "bf16", arch)
-    assert 32 * nsplit >= 2 * CUS[arch] and nsplit * chunk >= 4096 > (nsplit - 1) * chunk
+    assert (nsplit, chunk) == model_split(1, 32, 1, 4096, D, "bf16", arch) and nsplit > 1
+    assert nsplit * chunk >= 4096 > (nsplit - 1) * chunk
 
 
 @pytest.mark.parametrize("arch,B,H,Hkv,Sq,Sk,D,dtype,causal,mask,splits", [

@@ -111,10 +111,11 @@ def test_prefill_causal_and_head_scale_keep_one_head_per_block():
 
 
 def test_llama3_decode_plan():
-    """Llama-3-8B (32 heads, 8 KV heads, D 128, bf16) batch 1 at 2k on MI355X: 8 KV heads x 32
-    slices of 64 keys; K / V bytes once per KV head, a quarter of the unpacked plan's."""
+    """Llama-3-8B (32 heads, 8 KV heads, D 128, bf16) batch 1 at 2k on MI355X: 8 KV heads x 16
+    slices of 128 keys (the MODEL's choice, test_attention_decode_split.py); K / V bytes once per KV
+    head, a quarter of the unpacked plan's."""
     p, u = decode_plan(1, 32, 8, 2048, 128, "bf16", "gfx950"), decode_plan(1, 32, 8, 2048, 128, "bf16", "gfx950", False)
-    assert p["grid"] == (32, 8, 1) and p["rows_per_block"] == 4
+    assert p["grid"] == (16, 8, 1) and p["rows_per_block"] == 4 and p["keys_per_slice"] == 128
     assert p["kv_bytes"] == 2 * 8 * 2048 * 128 * 2 and u["kv_bytes"] == 4 * p["kv_bytes"]
 
 

@@ -20,6 +20,7 @@ from translator.tolerances import op_tolerance
 from translator_kernels import replay
 from translator_kernels.arch import NAMED_DTYPES
 from translator_kernels.attention import attention, split_geometry
+from translator_kernels.attention.tiles import merge_trips
 from translator_kernels.gemm import splitk
 
 
@@ -169,6 +170,37 @@ def test_a_fault_after_the_tickets_stays_in_its_call(monkeypatch, when):
         assert all(not c.any() for c in splitk._POOL.get((torch.device("cpu"), None), []))
     finally:
         replay.clear_replays()
+
+
+@pytest.mark.flysim_only("reorders flysim's atomics")
+@pytest.mark.parametrize("dtype,D,splits,sinks", [
+    ("bf16", 128, 20, False),  # 8 packed rows: 2 passes of 4; 20 slices: batches of 8, 8 and 4 (+4 re-read)
+    ("f32", 64, 19, True),     # 2 passes of 4 rows, batches of 16 and 3; sinks added once, in the merge
+])
+def test_merge_batches_and_passes_match_sdpa(monkeypatch, dtype, D, splits, sinks):
+    """fwd.merge_rows with more slices than a batch and more rows than a pass (tiles.merge_geometry), against
+    SDPA, in one launch, the same bits whichever slice merges."""
+    dt = NAMED_DTYPES[dtype]
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, Sk, pos = 16, 2, 64 * splits, 64 * splits - 90   # the last slices are empty (past the position)
+    q = torch.randn(1, H, 1, D, generator=g).to(dt)
+    k = torch.randn(1, Hkv, Sk, D, generator=g).to(dt)
+    v = torch.randn(1, Hkv, Sk, D, generator=g).to(dt)
+    sink_t = torch.linspace(-1.0, 2.0, H) if sinks else None
+    q_pos = torch.tensor([pos])
+    assert merge_trips(D, H // Hkv, splits) >= 4
+    outs = []
+    for reverse in (False, True):
+        with monkeypatch.context() as mp:
+            if reverse:
+                _reversed_tickets(mp)
+            with _run("gfx950") as ex:
+                outs.append(attention(ex.put(q), ex.put(k), ex.put(v), num_splits=splits, q_pos=ex.put(q_pos),
+                                      sinks=None if sink_t is None else ex.put(sink_t)).cpu())
+            assert [ln.kernel.rsplit("_", 1)[0] for ln in ex.launches] == ["attention_fwd_kernel"]
+    assert torch.equal(outs[0], outs[1])  # the merge adds in slice order, whoever merges
+    atol, rtol = op_tolerance(dt, "attention")
+    torch.testing.assert_close(outs[0].float(), _sdpa(q, k, v, q_pos, sink_t), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", pytest.param("gfx950", marks=pytest.mark.slow)])

@@ -24,7 +24,8 @@ loads are issued before the current tile's math, and only if there is a next til
 load goes through its own buffer descriptors (base at the tile's first key, bounds at the end
 of key Sk - 1 of this head), so the per-thread offsets are loop-invariant and keys past Sk read
 as zero (no address VALU in the loop). One wave reads K and V straight from global memory with
-key indices clamped. Out-of-range keys are masked to -inf and out-of-range rows not stored.
+key indices clamped, every load of a tile issued before its first MFMA (HOIST_KV: one memory
+round trip a tile). Out-of-range keys are masked to -inf and out-of-range rows not stored.
 
 Vector work per score (the hot loop; translator_kernels.hotloop prices it):
   * tiles that need no mask (below Sk and below the block's first causal row, no user mask)
@@ -53,8 +54,9 @@ writes its rows' fp32 partials (m, l in log2 units, unnormalized O), then lane 0
 (atomic add, acq_rel, agent scope: gemm/splitk.py's) on the int32 counter of its (batch, head,
 query block, wave) region. The wave that draws nsplit - 1 arrived last: it zeroes the counter
 (a completed launch leaves them all zero: no clearing launch) and merges its rows' slices in
-slice order 0..nsplit-1 from W / WML, lanes over the head dim (merge_rows). Who merges depends
-on scheduling; what is added and in which order does not: the bits are the same run to run.
+slice order 0..nsplit-1 from W / WML (merge_rows: lanes over rows and head-dim columns, the
+loads of a batch of slices in flight together, an online rescale). Who merges depends on
+scheduling; what is added and in which order does not: the bits are the same run to run.
 
 Rows whose keys are all masked end with l == 0 and are written as 0, as torch SDPA does.
 Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k <= q.
@@ -70,7 +72,7 @@ from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
 from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
                                                 MASK_BOOL, MASK_NONE, chunk_elems, ir_elem, kernel_config,
-                                                padded_head_dim, v_transpose_read)
+                                                merge_geometry, padded_head_dim, v_transpose_read)
 from translator_kernels.attention import mma, softmax
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
 from translator_kernels.device_math import tanh
@@ -113,8 +115,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
     VC = chunk_elems(math.gcd(VN, DV), eb)
     WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
-    MERGE_COLS = -(-DV // 64)             # head-dim columns per lane in the split-KV merge
-    MERGE_UNROLL = 4                      # slices per merge step: their loads are in flight together
+    # split-KV merge (merge_rows): a lane takes MERGE_CPL fp32 columns of one row (one or two 16-byte loads
+    # per slice), MERGE_RPP rows per pass, MERGE_SLICES slices per batch (their loads in flight together)
+    MG = merge_geometry(D)
+    MERGE_CPL, MERGE_LPR, MERGE_RPP, MERGE_SLICES = MG["cpl"], MG["lpr"], MG["rpp"], MG["slices"]
+    MERGE_OC = chunk_elems(math.gcd(MERGE_CPL, DV), eb)  # output store chunk
     OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
     KSTEPS = D // 4 if is_f32 else D // 16
     # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
@@ -151,6 +156,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
     CH_ITERS = -(-TILE_CH // THREADS)
     CH_EXACT = TILE_CH % THREADS == 0
+    # one wave (decode): a tile's K and V loads all go before its first MFMA (one round trip a tile, not
+    # one per 16-key step; docs/attention.md "The slice count"), except fp32 at D > 128, where the held
+    # tile would leave 1 wave per SIMD
+    HOIST_KV = not USE_LDS and not (is_f32 and D > 128)
     # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
     SKIP_DEAD = causal and num_waves > 1
     # a user mask, one wave (K / V read straight from global memory): the wave loads a tile's mask
@@ -523,10 +532,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nxt = nk + nv
 
             def tile_math(o_acc, mvals=None):
+                # one wave (no LDS): every K and V load of the tile is issued before the first MFMA, so
+                # the tile waits one memory round trip, not one per 16-key step (HOIST_KV)
+                k_pre = v_pre = None
+                if const_expr(HOIST_KV):
+                    k_pre = [k_operand(kb, t) for t in range_constexpr(N_TILES)]
+                    v_pre = [[v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(N_TILES)]
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
                 s_tiles = [[] for _ in range_constexpr(RG)]
                 for t in range_constexpr(N_TILES):
-                    k_chunks = k_operand(kb, t)
+                    k_chunks = k_pre[t] if const_expr(HOIST_KV) else k_operand(kb, t)
                     for u in range_constexpr(RG):
                         acc = fx.Vector.filled(4, 0.0, fx.Float32)
                         if const_expr(QK32):
@@ -574,7 +589,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
                 o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
                                              vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
-                                             v_rows=lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)])
+                                             v_rows=(lambda t: v_pre[t]) if HOIST_KV else (lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)]))
 
                 return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + (thr_new if raw else [])
 
@@ -677,63 +692,69 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
 
         def merge_rows():
-            """The last arriver's merge of this wave's rows below Sq, one row at a time,
-            lanes over the head dim: M = max_s m_s, w_s = exp2(m_s - M), out = sum_s w_s O_s /
-            (sum_s w_s l_s [+ exp2(sink - M)]), the slices read back from W / WML in slice order."""
+            """The last arriver's merge of this wave's rows below Sq: lanes over (row, MERGE_CPL head-dim
+            columns), MERGE_RPP rows per pass; each pass folds the slices in batches of MERGE_SLICES whose
+            loads (m, l and this lane's O columns of every slice of the batch) are all issued before any is
+            used, so a batch costs one round trip, in slice order 0..nsplit-1 by an online rescale:
+            M' = max(M, m_s), L = L exp2(M - M') + l_s exp2(m_s - M'), O likewise; out = O / L (sinks:
+            O a / (L a + exp2(sink - max(M, sink))), a = exp2(M - max(M, sink))). A slot past nsplit
+            re-reads the last slice with weight 0 (a cache hit on a GPU)."""
             first = (b * nh + h) * nsplit
             row0 = qblk * BLOCK_M + wave * (16 * RG)
             left = sq - row0
             left = (left < zero_i).select(zero_i, left)
             n_rows = (left < 16 * RG).select(left, fx.Int32(16 * RG))
-            cols = [lane + 64 * j for j in range_constexpr(MERGE_COLS)]
-            cols_c = [(c < DV).select(c, 0) for c in cols]
+            rr = lane // MERGE_LPR
+            c0 = (lane % MERGE_LPR) * MERGE_CPL
             ml_ty = ir.VectorType.get([2], ir.F32Type.get())
-            n_steps = (nsplit + (MERGE_UNROLL - 1)) // MERGE_UNROLL
-
-            def slices(t_idx):
-                """The MERGE_UNROLL slices of step t (past nsplit: the last one again, weight 0 below),
-                whose loads are all issued before any is used."""
-                s0 = fx.Int32(t_idx) * MERGE_UNROLL
-                return [(s0 + j < nsplit, (s0 + j < nsplit).select(s0 + j, nsplit - 1))
-                        for j in range_constexpr(MERGE_UNROLL)]
-
-            for r_idx in range(fx.Index(0), fx.Index(n_rows), fx.Index(1)):
-                row = row0 + fx.Int32(r_idx)
-                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1), init=[neg_inf]):
-                    m_s = [fx.Float32(fx.ptr_load(ml_ptr + fx.Int64(((first + sc) * sq + row) * 2), result_type=fx.Float32))
-                           for _, sc in slices(t_idx)]
-                    mx = st[0]
-                    for j in range_constexpr(MERGE_UNROLL):  # a repeated slice leaves the max as it is
-                        mx = fx.arith.maximumf(mx, m_s[j])
-                    res = yield [mx]
-                m_all = res[0] if isinstance(res, (list, tuple)) else res  # one carried value comes back bare
+            o_ty = ir.VectorType.get([4], ir.F32Type.get())
+            n_pass = (n_rows + (MERGE_RPP - 1)) // MERGE_RPP
+            n_batch = (nsplit + (MERGE_SLICES - 1)) // MERGE_SLICES
+            for p_idx in range(fx.Index(0), fx.Index(n_pass), fx.Index(1)):
+                pr = fx.Int32(p_idx) * MERGE_RPP + rr
+                live = (rr < MERGE_RPP) & (pr < n_rows)
+                row = row0 + live.select(pr, zero_i)  # a lane without a row reads row0's (n_rows > 0 here)
+                for t_idx, st in range(fx.Index(0), fx.Index(n_batch), fx.Index(1),
+                                       init=[neg_inf, zero_f] + [zero_f for _ in range_constexpr(MERGE_CPL)]):
+                    s0 = fx.Int32(t_idx) * MERGE_SLICES
+                    loads = []
+                    for j in range_constexpr(MERGE_SLICES):
+                        ok = s0 + j < nsplit
+                        prow = (first + ok.select(s0 + j, nsplit - 1)) * sq + row
+                        loads.append((ok, fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ml_ty)),
+                                      [fx.Vector(fx.ptr_load(w_ptr + fx.Int64(prow * D + c0 + 4 * q), result_type=o_ty))
+                                       for q in range_constexpr(MERGE_CPL // 4)]))
+                    m_run, l_run = st[0], st[1]
+                    o_run = [st[2 + i] for i in range_constexpr(MERGE_CPL)]
+                    for ok, ml, o_s in loads:  # in slice order
+                        m_s = ok.select(ml[0], neg_inf)
+                        m_new = fx.arith.maximumf(m_run, m_s)
+                        m_u = (m_new == neg_inf).select(zero_f, m_new)
+                        a = fx.math.exp2(m_run - m_u, fastmath=AFN)
+                        w = fx.math.exp2(m_s - m_u, fastmath=AFN)
+                        l_run = l_run * a + ml[1] * w
+                        o_run = [o_run[i] * a + o_s[i // 4][i % 4] * w for i in range_constexpr(MERGE_CPL)]
+                        m_run = m_new
+                    res = yield [m_run, l_run] + o_run
+                m_all, l_all = res[0], res[1]
                 if const_expr(sinks):
                     sink2 = sink_of(row)
-                    m_all = fx.arith.maximumf(m_all, sink2)
-                m_use = (m_all == neg_inf).select(zero_f, m_all)
-                for t_idx, st in range(fx.Index(0), fx.Index(n_steps), fx.Index(1),
-                                       init=[zero_f] + [zero_f for _ in range_constexpr(MERGE_COLS)]):
-                    loads = []
-                    for ok, sc in slices(t_idx):
-                        prow = (first + sc) * sq + row
-                        loads.append((ok, fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ml_ty)),
-                                      [fx.Float32(fx.ptr_load(w_ptr + fx.Int64(prow * D + cols_c[j]), result_type=fx.Float32))
-                                       for j in range_constexpr(MERGE_COLS)]))
-                    tot = [st[j] for j in range_constexpr(1 + MERGE_COLS)]
-                    for ok, ml, o_s in loads:  # in slice order
-                        w = ok.select(fx.math.exp2(ml[0] - m_use, fastmath=AFN), zero_f)
-                        tot = [tot[0] + w * ml[1]] + [tot[1 + j] + w * o_s[j] for j in range_constexpr(MERGE_COLS)]
-                    res = yield tot
-                l_all = res[0]
-                if const_expr(sinks):
-                    l_all = l_all + fx.math.exp2(sink2 - m_use, fastmath=AFN)
-                inv = (l_all == zero_f).select(zero_f, fx.Float32(1.0) / l_all)
-                for j in range_constexpr(MERGE_COLS):
-                    if cols[j] < DV:
-                        out = fx.Float32(res[1 + j] * inv)
+                    m_top = fx.arith.maximumf(m_all, sink2)
+                    m_top = (m_top == neg_inf).select(zero_f, m_top)
+                    a = fx.math.exp2(m_all - m_top, fastmath=AFN)
+                    den = l_all * a + fx.math.exp2(sink2 - m_top, fastmath=AFN)
+                    inv = (den == zero_f).select(zero_f, a / den)
+                else:
+                    inv = (l_all == zero_f).select(zero_f, fx.Float32(1.0) / l_all)
+                if live:
+                    for oc in range_constexpr(MERGE_CPL // MERGE_OC):
+                        vals = [res[2 + oc * MERGE_OC + e] * inv for e in range_constexpr(MERGE_OC)]
+                        out = fx.Vector.from_elements(vals, fx.Float32) if MERGE_OC > 1 else fx.Float32(vals[0])
                         if const_expr(not is_f32):
                             out = out.to(Elem)
-                        fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + cols[j]))
+                        col = c0 + oc * MERGE_OC
+                        if col < DV:
+                            fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col))
 
         def combine_splits():
             """In-launch split-KV combine (docs/attention.md): after its partial stores each wave takes a ticket

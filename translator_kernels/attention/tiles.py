@@ -103,3 +103,19 @@ def kernel_config(dtype: str, head_dim: int, num_waves: int, row_groups: int = 1
     )
 
 
+
+
+def merge_geometry(head_dim: int) -> dict:
+    """The split-KV merge's lane plan (fwd.merge_rows), from the padded head dim D: a lane takes `cpl` fp32
+    columns of one row (8 = two 16-byte loads where D % 128 == 0, else 4), `rpp` = 64 / (D / cpl) rows per
+    pass, and folds `slices` = 64 / cpl slices per batch, whose loads ((2 + cpl) VGPRs each: 80 or 96 in
+    all) are issued together: one dependent round trip per (pass, batch)."""
+    d = padded_head_dim(head_dim)
+    cpl = 8 if d % 128 == 0 else 4
+    return dict(cpl=cpl, lpr=d // cpl, rpp=64 // (d // cpl), slices=64 // cpl)
+
+
+def merge_trips(head_dim: int, rows: int, nsplit: int) -> int:
+    """Dependent round trips of one wave's merge over `rows` rows (<= 16 per wave at decode) and nsplit slices."""
+    g = merge_geometry(head_dim)
+    return -(-max(0, rows) // g["rpp"]) * -(-nsplit // g["slices"])

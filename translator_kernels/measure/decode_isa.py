@@ -5,10 +5,12 @@ translator_kernels.isa's COMPILE_ONLY child (no GPU; nothing runs).
 
 from __future__ import annotations
 
+import json
+
 DECODE_ATTENTION = "translator_kernels.measure.decode_isa:compile_decode_attention"
 
 
-def compile_decode_attention(batch, heads, kv_heads, head_dim, context, num_splits):
+def compile_decode_attention(batch, heads, kv_heads, head_dim, context, num_splits, dtype="bf16"):
     """The decode attention of one layer as the translated graph calls it: one query token per sequence
     against the static cache [B, Hkv, S_max, D] read in place up to its position (q_pos), O written as
     [B, 1, H, D] for the output projection; `num_splits` > 1 compiles the split kernel, its merge inside it
@@ -17,8 +19,9 @@ def compile_decode_attention(batch, heads, kv_heads, head_dim, context, num_spli
 
     from translator_kernels.attention import attention
 
-    q = torch.zeros(batch, 1, heads, head_dim, dtype=torch.bfloat16).transpose(1, 2)
-    kc = torch.zeros(batch, kv_heads, context, head_dim, dtype=torch.bfloat16)
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    q = torch.zeros(batch, 1, heads, head_dim, dtype=tdt).transpose(1, 2)
+    kc = torch.zeros(batch, kv_heads, context, head_dim, dtype=tdt)
     pos = torch.full((1,), context - 1, dtype=torch.int64)
     attention(q, kc, torch.zeros_like(kc), q_pos=pos, out_order=(0, 2, 1, 3), num_splits=num_splits)
 
@@ -34,3 +37,34 @@ def compile_decode_gather(batch, hidden, vocab):
     from translator_kernels.gather import embedding
 
     embedding(torch.empty(vocab, hidden, dtype=torch.bfloat16), torch.zeros(batch, 1, dtype=torch.int64))
+
+
+# the decode kernels whose features attention/decode_plan.py's split choice reads (FEATURES_JSON): GQA 4
+# (Llama-3's 32 / 8 heads, packed), a 4096-key cache, each dtype and head dim here, split and not
+FEATURE_SHAPES = [(arch, dt, d) for arch in ("gfx942", "gfx950") for dt in ("bf16", "f16", "f32")
+                  for d in (32, 64, 128)]
+
+
+def attention_features(arch: str, dtype: str, head_dim: int) -> dict:
+    """{'whole', 'split'}: decode_plan.decode_features of the unsplit and split decode kernels (COMPILE_ONLY child)."""
+    from translator_kernels.attention.decode_plan import decode_features
+    from translator_kernels.hotloop import compile_isa_texts, main_text
+
+    out = {}
+    for name, n in (("whole", 1), ("split", 16)):
+        text = main_text(compile_isa_texts(DECODE_ATTENTION, (1, 32, 8, head_dim, 4096, n, dtype), arch=arch))
+        out[name] = decode_features(text, arch).to_dict()
+    return out
+
+
+def write_attention_features(shapes=None) -> dict:
+    """Compile every FEATURE_SHAPES kernel and write decode_plan.FEATURES_JSON (sorted keys: a stable diff)."""
+    from translator_kernels.attention.decode_plan import FEATURES_JSON, feature_key
+
+    table = {feature_key(*s): attention_features(*s) for s in (shapes or FEATURE_SHAPES)}
+    FEATURES_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return table
+
+
+if __name__ == "__main__":  # python -m translator_kernels.measure.decode_isa: regenerate FEATURES_JSON
+    write_attention_features()
