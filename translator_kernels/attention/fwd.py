@@ -158,8 +158,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     CH_EXACT = TILE_CH % THREADS == 0
     # one wave (decode): a tile's K and V loads all go before its first MFMA (one round trip a tile, not
     # one per 16-key step; docs/attention.md "The slice count"), except fp32 at D > 128, where the held
-    # tile would leave 1 wave per SIMD
-    HOIST_KV = not USE_LDS and not (is_f32 and D > 128)
+    # tile would leave 1 wave per SIMD, and fp32 K / V under a 16-bit dtype (KV32), whose loads
+    # land in fp32 registers before the rounding (D 128: 360 VGPRs + 104 AGPRs, spills; D 64: 1 wave)
+    HOIST_KV = not USE_LDS and not (is_f32 and D > 128) and not KV32
     # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
     SKIP_DEAD = causal and num_waves > 1
     # a user mask, one wave (K / V read straight from global memory): the wave loads a tile's mask
