@@ -41,7 +41,8 @@ L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache byt
 bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`. Each XCD has its own L2, and
 workgroups go to the XCDs round-robin: a GEMM block that workgroups on several XCDs read is read once per
 XCD (`xcd_reread_bytes`), the extra reads served at REREAD_EFFICIENCY x the HBM peak and added to t_mem
-(`Launch.reread_bytes`; the calibration passes them; tiles.model_estimate does not yet).
+(`Launch.reread_bytes`; the calibration passes them for upstream's orders, tiles.model_estimate for our
+GEMM's XCD-grouped order, gemm/xcd.py).
 
 The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, REREAD_EFFICIENCY, and OVERLAP
 held at 0) are per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
