@@ -161,7 +161,8 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 key = (arch, n, k, c)
                 if key not in isa:
                     try:
-                        spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm, head=c.head)
+                        spec = dict(_spec(n, k, dtype, arch, c.bm, c.bn, c.bk), split=c.split, kw=c.kw, wm=c.wm, head=c.head,
+                                    ring=c.ring, quad=c.quad)
                         isa[key] = features(main_text(compile_isa_texts(_ENTRY, (spec,), arch=arch)), arch)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a table entry
                         isa[key] = str(e).splitlines()[-1][:80]
@@ -176,8 +177,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 fp = (fly.get(f"{arch}:{m}:{n}:{k}") or load_flysim().get(f"{arch}:{m}:{n}:{k}")) if m <= 256 else None
                 fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
                             else "-")
-                print(f"| {arch} | {label} {n}x{k} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}"
-                      f"{' 8 waves' if c.wm > 1 else ''}{f' head {c.head}' if c.head else ''} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
+                print(f"| {arch} | {label} {n}x{k} | {m} | {tile_label(c)} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
                       f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
                       f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
@@ -186,6 +186,12 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
     print()
     variant_table(archs)
     terms_table(archs)
+
+
+def tile_label(c) -> str:
+    """A GemmConfig as the tables print it: BMxBNxBK kw split, then 8 waves / head / ring / 2x2 where set."""
+    return (f"{c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{' 8 waves' if c.wm > 1 else ''}"
+            f"{f' head {c.head}' if c.head else ''}{' ring' if c.ring else ''}{' 2x2' if c.quad else ''}")
 
 
 def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, k=4096, dtype="bf16") -> None:
@@ -201,7 +207,7 @@ def variant_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024), n=4096, 
             for v in VARIANTS:
                 e, c = best(m, n, k, dtype, arch, v)
                 g = f", {e['grid']} WGs" if v.startswith("persistent") else ""
-                cells.append(f"{e['of_achievable']:.2f} ({c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{g})")
+                cells.append(f"{e['of_achievable']:.2f} ({tile_label(c)}{g})")
             print(f"| {arch} | {m} | " + " | ".join(cells) + " |", flush=True)
     print()
 
@@ -227,7 +233,7 @@ def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=40
             r = model_terms(m, n, k, dtype, arch, c)
             goal = r["hbm_floor"] / eff / 0.8 if m <= 256 else max(r["hbm_floor"] / eff, r["flop_floor"]) * 1.5
             t, gw = r["terms"], r["gain_without"]
-            print(f"| {arch} | {m} | {c.bm}x{c.bn}x{c.bk} kw{c.kw} s{c.split}{f' head {c.head}' if c.head else ''} | "
+            print(f"| {arch} | {m} | {tile_label(c)} | "
                   f"{r['kernel_t'] * 1e6:.2f} | {goal * 1e6:.2f} | {r['binds']} | {r['t_mem'] * 1e6:.2f} "
                   f"({r['partial_t'] * 1e6:.2f}) | {r['t_issue'] * 1e6:.2f} | {r['mfma_and_rest'] * 1e6:.2f} | "
                   f"{t['lds'] * 1e6:.2f} | {t['vector'] * 1e6:.2f} | {t['exposed_latency'] * 1e6:.2f} | "

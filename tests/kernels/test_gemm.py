@@ -224,7 +224,7 @@ def test_isa_sweep_no_spills(arch, dt, mb):
 
     cfg = G.choose_config(mb, 4096, 4096, dt, arch)
     s = isa_stats(4096, 4096, dt, arch, cfg.bm, cfg.bn, cfg.bk, activation="gelu", bias=True, residual=True,
-                  split=cfg.split, kw=cfg.kw, wm=cfg.wm)
+                  split=cfg.split, kw=cfg.kw, wm=cfg.wm, head=cfg.head, ring=cfg.ring, quad=cfg.quad)
     assert s["vgpr_spill"] == 0 and s["sgpr_spill"] == 0
 
 

@@ -4,7 +4,7 @@ tiles cost under each variant, and which term of the MODEL stops each M (variant
 import pytest
 
 from translator_kernels import gemm as G
-from translator_kernels.arch import ARCHS, GPUS
+from translator_kernels.arch import ARCHS
 from translator_kernels.gemm import tiles, variants
 from translator_kernels.timing import Launch, launch_time
 
@@ -46,7 +46,7 @@ def test_partials_are_charged_as_stored():
 def test_model_terms_name_what_stops_mid_m(arch):
     """N = K = 4096: from M = 512 up the chosen tile is issue-bound, split-K's partials cost it nothing, and A's
     LDS traffic (OVERLAP = 0: the MFMAs and the LDS reads do not overlap) is the largest term after the MFMAs;
-    at M = 256 on gfx942 the partials still add to t_mem, but t_issue binds."""
+    at M = 256 the split-K partials bind (t_mem) since the W register ring."""
     for m in (512, 2048):
         cfg = G.choose_config(m, 4096, 4096, "bf16", arch)
         r = variants.model_terms(m, 4096, 4096, "bf16", arch, cfg)
@@ -57,16 +57,25 @@ def test_model_terms_name_what_stops_mid_m(arch):
         assert r["mfma_and_rest"] >= r["flop_floor"] * 0.95
         if m == 2048:
             assert t["lds"] == max(t.values())
-    if arch == "gfx942":
-        r = variants.model_terms(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
-        assert r["partial_t"] > 0 and r["binds"] == "t_issue"
+    # M = 256: the split-K partials and the XCD re-reads (gemm/xcd.py) put t_mem at or within 2 % of t_issue
+    r = variants.model_terms(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
+    assert r["partial_t"] > 0 and r["t_mem"] >= 0.98 * r["t_issue"]
 
 
 def test_m256_with_one_partial_tile_fewer():
-    """gfx950 M = 256 (64x128x256 split 2 head 32): with the last arriver storing no partial tile, t_issue (9.52 us)
-    would bind at 0.79 of the achievable HBM bandwidth; the 6 MB the XCD-grouped order still reads on a second
-    XCD (gemm/xcd.py, timing.xcd_reread_bytes) keep t_mem (10.03 us) binding: 0.75, short of issue 29's 0.8."""
+    """gfx950 M = 256: a W register ring (32x256x256 split 2 head 32 ring: kernel.py `ring`) brings t_issue to 8.57 us,
+    under t_mem (9.15 us with the last arriver storing no partial tile): 0.82 without the XCD re-reads. The XCD-grouped
+    order (gemm/xcd.py) still reads A on the 4 XCDs of each split (6 MB), t_mem 10.03 us: the ring and the plain
+    64x128x256 tile tie at 0.75, short of issue 29's 0.8, and the heuristic keeps the plain tile."""
+    from translator_kernels.arch import GPUS
+    from translator_kernels.gemm import tiles
+
+    ring = G.GemmConfig(32, 256, 256, split=2, head=32, ring=True)
+    free = tiles.model_estimate(256, 4096, 4096, "bf16", "gfx950", ring,
+                                consts=dict(GPUS["gfx950"].timing, reread_efficiency=1e30))
+    assert free["t_issue"] < free["t_mem"] and free["of_achievable"] >= 0.8
     cfg = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
     r = variants.model_terms(256, 4096, 4096, "bf16", "gfx950", cfg)
+    e = tiles.model_estimate(256, 4096, 4096, "bf16", "gfx950", ring)
     assert cfg.split == 2 and r["binds"] == "t_mem" and 0.74 < r["of_achievable"] < 0.76
-    assert 0.78 < r["hbm_floor"] / GPUS["gfx950"].timing["hbm_efficiency"] / r["t_issue"] < 0.8
+    assert e["kernel_t"] == pytest.approx(r["kernel_t"]) and e["t_issue"] < e["t_mem"]

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from translator_kernels.attention import empty_in_order
+from translator_kernels.attention import empty_in_order, kv_in_registers
 
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
@@ -55,7 +55,10 @@ def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, o
                   sinks=None):
     """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask (q_pos: key k kept for
     row i iff k <= q_pos[i]), softmax (sinks: one more logit per head in the denominator), · V;
-    laid out in `out_order` as the kernel writes it."""
+    laid out in `out_order` as the kernel writes it. fp32 K / V with a 16-bit q are rounded to q's
+    dtype first, as the kernel rounds them when it loads them."""
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if q_pos is not None:
         keep = torch.arange(k.shape[-2], device=k.device)[None, :] <= q_pos.reshape(-1, 1)
         keep = keep.expand(q.shape[-2], -1)
@@ -207,12 +210,35 @@ def lower_sdpa(node, ctx):
     return _emit_sdpa(node, ctx, arg(node, "attn_mask", None), None, [])
 
 
+_WRITES = (aten.index_put_.default, aten.index_copy_.default, aten.copy_.default)
+
+
+def _is_state(n) -> bool:
+    """n is a buffer or graph input (a KV cache), maybe as the result of an in-place write to it."""
+    while isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in _WRITES:
+        n = n.args[0]
+    return isinstance(n, torch.fx.Node) and n.op in ("get_attr", "placeholder")
+
+
+def _kv_uncast(ctx, q, k, v, causal) -> bool:
+    """Under precision bf16 / fp16, fp32 K / V state (cache buffers or inputs, maybe just written in
+    place) that the one-wave kernel reads as they are, rounding them in registers (kv_in_registers):
+    gpt-fast's fp32 cache buffers, whose casts were two launches of the whole [B, Hkv, S_max, D]
+    caches per layer and step. Static head counts and query length only."""
+    if ctx.precision == "fp32" or not dtype_of(k) == dtype_of(v) == dtype_of(q) == torch.float32:
+        return False
+    if not (_is_state(k) and _is_state(v)):  # a computed K (a GEMM's bf16 widened): its cast folds away
+        return False
+    (_, h, sq, _), (_, hkv, _, _) = shape_of(q), shape_of(k)
+    return is_static(h, sq, hkv) and kv_in_registers(int(h), int(hkv), int(sq), causal)
+
+
 def _emit_sdpa(node, ctx, mask, q_pos, absorbed):
     q, k, v = arg(node, "query"), arg(node, "key"), arg(node, "value")
     causal = bool(arg(node, "is_causal", False))
     scale = arg(node, "scale", None)
-    args = (ctx.cast_in(q, node), ctx.cast_in(k, node), ctx.cast_in(v, node), ctx.cast_in(mask, node), causal,
-            None if scale is None else float(scale))
+    kv = (k, v) if _kv_uncast(ctx, q, k, v, causal) else (ctx.cast_in(k, node), ctx.cast_in(v, node))
+    args = (ctx.cast_in(q, node), *kv, ctx.cast_in(mask, node), causal, None if scale is None else float(scale))
     order = dim_order(val(node))
     order = list(order) if order not in (None, (0, 1, 2, 3)) and order[-1] == 3 else None  # eager's O layout
     if order or q_pos is not None:

@@ -95,12 +95,12 @@ def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", c
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
                     split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
-                    sink_rows: bool = False):
+                    sink_rows: bool = False, kv_dtype: str | None = None):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale, split, row_groups, pos_causal, sinks, sink_rows)
+                                 head_scale, split, row_groups, pos_causal, sinks, sink_rows, kv_dtype)
 
 
 def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
@@ -116,6 +116,13 @@ def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, 
         num_splits = want
     per = max(1, tiles // max(1, int(num_splits)))
     return -(-tiles // per), per * cfg["block_n"]
+
+def kv_in_registers(H: int, Hkv: int, Sq: int, causal: bool = False, head_scale=None) -> bool:
+    """True where attention() takes fp32 K / V with a 16-bit q, rounding them as it loads them: the
+    one-wave kernel (decode: Sq x packed heads <= 16), K / V read from global memory, not LDS."""
+    pk = pack_group(H, Hkv, Sq, causal=causal, head_scale=head_scale)
+    return tile_geometry(Sq * pk, "bf16", 64)[0] == 1
+
 
 def head_dim_supported(d) -> bool:
     return isinstance(d, int) and MIN_HEAD_DIM <= d <= MAX_HEAD_DIM
@@ -244,8 +251,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             _fail(f"{name} must be a 4-D [B, heads, seq, head_dim] tensor, got "
                   f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if not (q.dtype == k.dtype == v.dtype):
-        _fail(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
+    kv32 = k.dtype == v.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16)
+    if not (q.dtype == k.dtype == v.dtype or kv32):
+        _fail(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype "
+              f"(or pass fp32 K / V with a 16-bit q at decode: kv_in_registers)")
     if q.dtype not in _DTYPES:
         _fail(f"dtype {q.dtype} not supported; use float32, bfloat16 or float16")
     if not (q.device == k.device == v.device):
@@ -273,6 +282,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
             _fail(f"precision={precision!r} applies to float32 inputs and must be 'bf16' or 'fp16'")
         cdt = _PRECISIONS[precision]
         q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+        kv32 = False
     out_order = _out_order(out_order)
     if B == 0 or H == 0 or Sq == 0:
         return empty_in_order((B, H, Sq, D), out_order, dtype=out_dtype, device=q.device)
@@ -296,6 +306,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     pk = pack_group(H, Hkv, Sq, causal=bool(causal), head_scale=head_scale)
     Hp, Sqp = H // pk, Sq * pk
     nw, rg = tile_geometry(Sqp, dtype, D)
+    if kv32 and nw > 1:
+        _fail(f"fp32 K / V with a {q.dtype} q are read in registers by the one-wave decode kernel only "
+              f"(Sq = {Sq} takes {nw} waves); cast K / V to {q.dtype}")
     nq = -(-Sqp // kernel_config(dtype, D, nw, rg)["block_m"])
     nsplit, chunk = split_geometry(B, Hp, Sqp, Sk, D, dtype, arch, num_splits)
     if nsplit > 1:
@@ -306,7 +319,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     else:
         w = wml = cnt = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
-                             rg, has_pos, has_sinks, has_sinks and pk > 1)
+                             rg, has_pos, has_sinks, has_sinks and pk > 1, "f32" if kv32 else None)
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
     qs, os_, ms = q.stride()[:3], out.stride()[:3], mstr
     if pk > 1:

@@ -74,7 +74,11 @@ from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2
 from translator_kernels.attention import mma, softmax
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
 from translator_kernels.device_math import tanh
+from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm.splitk import ticket
+
+
+FLT_MAX = 3.4028234663852886e38
 
 
 def gpu_barrier():
@@ -84,7 +88,7 @@ def gpu_barrier():
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
                           split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
-                          sink_rows: bool = False):
+                          sink_rows: bool = False, kv_dtype: str | None = None):
     """Return the @flyc.jit launcher for one specialization (not cached here).
 
     pos_causal: key k is visible to query row i iff k <= P[i] (P: int32 positions read on the
@@ -92,7 +96,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     the key loop ends at the block's largest position + 1 (the cache is read up to the current
     length, never past it). sinks: one learned logit per head (SK[h], natural units) joins every
     row's softmax denominator (gpt-oss); split KV adds it once, in the merge. sink_rows: the sink
-    of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads)."""
+    of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads).
+    kv_dtype "f32" with a 16-bit dtype: K / V are fp32 in memory (a cache kept fp32 under
+    precision="bf16") and each load is rounded to `dtype` in registers (round to nearest even, as
+    torch's cast); one wave only (the LDS tile copy moves 16-bit chunks)."""
     RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
     D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
     DV = head_dim                    # the real head dim
@@ -126,6 +133,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     RAW_MAX = not softcap
     BPERM = arch.startswith("gfx950")  # row max exchange by ds_bpermute (lane_xor)
     Elem = FX_DTYPES[dtype]
+    KV32 = kv_dtype == "f32" and not is_f32  # fp32 K / V, rounded to Elem as they are loaded
+    if KV32 and cfg["use_lds"]:
+        raise KernelInputError(f"attention: fp32 K / V with {dtype} Q are read by the one-wave kernel only, "
+                               f"not {num_waves} waves; cast K / V to {dtype}")
     MElem = FX_DTYPES.get(mask_dtype, fx.Float32)
     USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
     # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
@@ -142,6 +153,10 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     CH_EXACT = TILE_CH % THREADS == 0
     # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
     SKIP_DEAD = causal and num_waves > 1
+    # a user mask, one wave (K / V read straight from global memory): the wave loads a tile's mask
+    # bytes first and skips its K / V loads and math when no row keeps any of its keys (a bool False,
+    # an additive -inf): a wave-uniform branch decided on the device, no host read
+    KEY_SKIP = mask_kind != MASK_NONE and not USE_LDS
 
     @fx.struct
     class KVStage:
@@ -222,15 +237,30 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return fx.Vector.from_elements([x], Elem)
             return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
 
-        def load_chunks(ptr, off, total, chunk, start=None, zero=True):
+        def load_vec_f32(ptr, off, n):
+            """n fp32 elements at off (KV32), in loads of at most 16 bytes, rounded to Elem."""
+            out = []
+            for c in range_constexpr(0, n, 4):
+                w = min(4, n - c)
+                if const_expr(w == 1):
+                    out.append(fx.Float32(fx.ptr_load(ptr + fx.Int64(off + c), result_type=fx.Float32)).to(Elem))
+                    continue
+                x = fx.Vector(fx.ptr_load(ptr + fx.Int64(off + c), result_type=ir.VectorType.get([w], ir.F32Type.get())))
+                xe = fx.Vector(x.to(Elem))
+                out.extend(xe[e] for e in range_constexpr(w))
+            return fx.Vector.from_elements(out, Elem)
+
+        def load_chunks(ptr, off, total, chunk, start=None, zero=True, kv=False):
             """`total` elements at off in `chunk`s; with `start` (the first element's column) the
-            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0."""
+            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0. kv:
+            a K / V operand (KV32: fp32 loads rounded to Elem)."""
+            load = load_vec_f32 if kv and KV32 else load_vec
             if const_expr(not PADDED or start is None):
-                return [load_vec(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
+                return [load(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
             out = []
             for c in range_constexpr(total // chunk):
                 ok = start + c * chunk < DV
-                x = load_vec(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
+                x = load(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
                 if const_expr(zero):
                     x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, Elem))
                 out.append(x)
@@ -331,7 +361,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
             key = kb + 16 * t + r
             key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN)
+            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN, kv=True)
 
         def vt_operand(t, dt):
             """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
@@ -350,7 +380,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             key = kb + 16 * t + 4 * g + j
             key_c = (key < sk).select(key, sk_last)
             # padding columns only feed padding rows of Oᵀ, which are never stored
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False)
+            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False, kv=True)
 
         # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
         q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
@@ -408,9 +438,37 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        def score_tile(acc, kb, t, u, masked):
+        def mask_tile(kb):
+            """This lane's user-mask values of the tile at key kb, [u][t][i] (key kb + 16t + 4g + i of
+            row rows[u]; keys past Sk read key Sk - 1's), and whether any row of the wave keeps one
+            of its keys below Sk (ballot: wave-uniform). A key is dropped by a bool False or an
+            additive -inf only, the values whose weight is exactly 0 in SDPA and here; a finite fill
+            (finfo.min) keeps the tile, as SDPA gives a fully masked row uniform weights there."""
+            vals, keep = [], None
+            for u in range_constexpr(RG):
+                vu = []
+                for t in range_constexpr(N_TILES):
+                    vt = []
+                    for i in range_constexpr(4):
+                        kidx = kb + 16 * t + 4 * g + i
+                        kc = (kidx < sk).select(kidx, sk_last)
+                        moff = m_base + rows_c[u] * m_sq + kc * m_sk
+                        if const_expr(mask_kind == MASK_BOOL):
+                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                            ok = mv != fx.Uint8(0)
+                        else:
+                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                            ok = fx.Float32(mv) != neg_inf
+                        ok = ok & (kidx < sk)
+                        keep = ok if keep is None else keep | ok
+                        vt.append(mv)
+                    vu.append(vt)
+                vals.append(vu)
+            return vals, fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), keep)) != fx.Int64(0)
+
+        def score_tile(acc, kb, t, u, masked, mvals=None):
             """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
-            element i is key kb + 16t + 4g + i of row rows[u]."""
+            element i is key kb + 16t + 4g + i of row rows[u] (mvals: its mask values, mask_tile's)."""
             if const_expr(not masked and RAW_MAX):  # raw: the scale goes into exp2's fma
                 return [acc[i] for i in range_constexpr(4)]
             vals = []
@@ -431,11 +489,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     kc = (kidx < sk).select(kidx, sk_last)
                     moff = m_base + rows_c[u] * m_sq + kc * m_sk
                     if const_expr(mask_kind == MASK_BOOL):
-                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
+                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
                         ok = ok & (mv != fx.Uint8(0))
                     else:
-                        mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                        sc = sc + fx.Float32(mv) * LOG2E
+                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
+                        # finfo.min (HF's additive masks) times log2 e would overflow to -inf: kept finite
+                        # (-FLT_MAX) as SDPA's s + finfo.min is, so a row masked entirely with it gets
+                        # SDPA's uniform weights (an -inf row: 0); its weight beside any kept key is 0
+                        mf = fx.Float32(mv)
+                        sc = sc + (mf == neg_inf).select(neg_inf, fx.arith.maximumf(mf * LOG2E, fx.Float32(-FLT_MAX)))
                 vals.append(ok.select(sc, neg_inf))
             return vals
 
@@ -460,7 +522,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     nk, nv = gload_tile(kb + BLOCK_N)
                     nxt = nk + nv
 
-            def tile_math(o_acc):
+            def tile_math(o_acc, mvals=None):
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
                 s_tiles = [[] for _ in range_constexpr(RG)]
                 for t in range_constexpr(N_TILES):
@@ -476,7 +538,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                     acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
                                 else:
                                     acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
-                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked))
+                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked,
+                                                     None if mvals is None else mvals[u]))
 
                 # ---- online softmax, per row group (softmax.py) ----
                 raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
@@ -526,6 +589,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * RG)
                 if kb <= wave_last:
                     out = tile_math(o_acc)
+            elif const_expr(masked and KEY_SKIP):
+                # a tile the user mask drops for every row of the wave: no K / V loads, state kept
+                # (exact: its keys' weights are 0; a slice left empty stores m = -inf, l = 0, O = 0)
+                mvals, live = mask_tile(kb)
+                out = list(state[:2 * RG + RG * VN])
+                if live:
+                    out = tile_math(o_acc, mvals)
             else:
                 out = tile_math(o_acc)
             return out[:2 * RG + RG * VN] + nxt + out[2 * RG + RG * VN:]

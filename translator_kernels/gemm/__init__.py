@@ -25,7 +25,7 @@ from translator_kernels.gemm.splitk import give_back, splitk_workspace
 from translator_kernels.arch import FLOAT_NAMES
 from translator_kernels.gemm.preshuffle import K_TILE, N_TILE, kpack_for, padded_shape, shuffle_weight_batched
 from translator_kernels.gemm.tiles import (GemmConfig, choose_config, config_fits, four_wave, gated_config, large_estimate, m_bucket,
-                                           register_config, stream_estimate)
+                                           register_config, stream_estimate, without_ring)
 
 _DT = FLOAT_NAMES
 _INT32_MAX = 2**31 - 64
@@ -101,10 +101,15 @@ def _launch(op, a3, ws, n, k, batch, m, *, bias, activation, residual, scale, ou
     if cfg.split > 1:  # partial sums in P, tickets in Cnt; the last split of a tile adds them up (splitk.py)
         p_ws, cnt = splitk_workspace(a3.device, batch * -(-m // cfg.bm) * -(-n_pad // cfg.bn), cfg)
     sa_mode, sa, sw_mode, sw = scales or ("", None, "", None)
+    plain = w_layout == "shuffled" and not (scales or w_int8 or w_int4 or gate or rms_eps is not None) \
+        and dt in ("bf16", "f16", "f32") and cfg.kw == 1  # the calls kernel.py's `ring` / `quad` take
+    if (cfg.ring or cfg.quad) and not plain:  # 4 x 1 waves, two W register sets: a BK whose registers fit them
+        cfg = without_ring(cfg, "f32" if dt == "f32" else "bf16", arch)
     head = cfg.head if w_layout == "shuffled" and "block" not in (sa_mode, sw_mode) and not w_int4 else 0
     launcher = build_gemm(n, k_eff, n_pad, k_pad, dt, _DT[out_dtype], arch, cfg.bm, cfg.bn, cfg.bk,
                           activation, has_bias, has_res, cfg.split, w_layout, gate, cfg.kw, wm=cfg.wm,
-                          **({"head": head} if head else {}),
+                          **({"head": head} if head else {}), **({"ring": True} if cfg.ring else {}),
+                          **({"quad": True} if cfg.quad else {}),
                           **({"rownorm": (float(rms_eps), k)} if rms_eps is not None else {}),
                           **({"a_scale": sa_mode, "w_scale": sw_mode} if scales else {}),
                           **({"w_int8": True} if w_int8 else {}), **({"w_int4": w_int4} if w_int4 else {}))

@@ -62,7 +62,7 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, rownorm as rn, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
-from translator_kernels.gemm.schedule import hot_loop_schedule  # noqa: F401 (re-exported)
+from translator_kernels.gemm.schedule import hot_loop_schedule, ring_vmem  # noqa: F401 (re-exported)
 from translator_kernels.gemm.xcd import xcd_tile
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
@@ -83,7 +83,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                bm: int, bn: int, bk: int, activation, has_bias: bool, has_residual: bool, split: int = 1,
                w_layout: str = "shuffled", gate=None, kw: int = 1, store_vec: bool = True, wm: int = 1,
                grouped: bool = False, a_scale: str = "", w_scale: str = "", w_int8: bool = False,
-               w_int4: int = 0, up=None, head: int = 0, rownorm=None):
+               w_int4: int = 0, up=None, head: int = 0, rownorm=None, ring: bool = False, quad: bool = False):
     """Compile-time specialization of the GEMM; returns the @flyc.jit launcher
 
     launch(C, A, W, bias, residual, P, Cnt, m, batch, a_bstride, w_bstride, c_bstride, scale,
@@ -135,6 +135,13 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     tile holds `head` K elements and its last BK - head, so its prologue loads (BM + BN) x head instead of a
     whole tile (the fill the timing MODEL charges at the CU's share of the bandwidth, docs/gemm.md); one more
     K step, the same MFMAs (the empty K blocks of both partial tiles are neither loaded nor computed).
+
+    ring (kw = 1, preshuffled bf16 / f16 / f32 W, no scales / gate / grouped): one W register set instead of two;
+    the next tile's W block kb is loaded right after the MFMAs of this tile's block kb (schedule.ring_vmem), into
+    the registers they freed. Every load still has a whole K step to land; the W registers halve (docs/gemm.md).
+
+    quad (the ring's operands, BM and BN multiples of 32): a 2 x 2 wave layout, wave w owns rows (w // 2) * BM / 2
+    and columns (w % 2) * BN / 2 of the tile (it reads half of A's rows from LDS; two waves load each W column).
 
     rownorm = (eps, K_norm) (rownorm.py: RMSNorm folded into the GEMM, γ in W): each workgroup computes
     rstd = rsqrt(mean(A_row²) + eps) of its rows over the full K, and the epilogue multiplies row by it."""
@@ -196,6 +203,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     if head and (kw != 1 or w_layout != "shuffled" or block or w_int4 or head % 32 or not 0 < head < bk):
         raise KernelInputError(f"gemm: head={head} (a short first K tile) needs kw 1, a preshuffled W without block / "
                                f"int4 scales and head % 32 == 0, 0 < head < BK={bk}")
+    if (ring or quad) and (kw != 1 or w_layout != "shuffled" or fmts or block or w_int8 or w_int4 or gate is not None
+                           or grouped or rownorm or (quad and (bm % 32 or bn % 32))):
+        raise KernelInputError("gemm: ring (one W register set) / quad (2 x 2 waves) need kw 1 and a preshuffled bf16 / "
+                               "f16 / f32 W without scales, gate, rownorm or expert groups (quad: BM, BN % 32 == 0)")
+    if quad:
+        m_rep, n_rep = bm // 32, bn // 32
     nsteps, lead = nk + (1 if head else 0), (bk - head if head else 0)  # K steps; K shift of the later tiles
     n_tiles = -(-n_pad // bn)
     a_chunks = bm * bk // kp  # 16-byte chunks in one A tile
@@ -204,7 +217,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     stage_dw = bm * bk * esz // 4  # one LDS stage, in dwords
     nb_total = n_pad // 16
     kb_total = k_pad // 32
-    n_per_wave = bn * kw // WAVES
+    n_per_wave = bn // 2 if quad else bn * kw // WAVES
     n_acc = m_rep * n_rep
     # 16-byte C stores through LDS: N in whole pieces, every staging wave's region inside the A stages
     store_vec = (store_vec and gate is None and n % cstore.vec_of(osz) == 0
@@ -223,7 +236,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
     mpb = mfma_per_block(dtype, arch)
     n_scl = ((m_rep if mx else 4 * m_rep) if a_scale in ("block", "mx") else 0) * k_blk + n_rep * k_blk if block \
         else 2 * n_rep * k_blk if w_int4 else 0
-    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads)
+    hints = hot_loop_schedule(k_blk * m_rep, lph, n_rep * mpb, a_loads + n_rep * k_blk * lph + n_scl, a_loads,
+                              vmem_at=ring_vmem(k_blk, m_rep * n_rep * mpb, a_loads, n_rep * lph) if ring else None)
 
     def schedule_step(prefetching: bool):
         """Emit one K step's sched_group_barrier sequence (`hot_loop_schedule`); ends the region."""
@@ -249,7 +263,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         wave = tid // 64
         l16 = lane % 16
         q = lane // 16
-        wcol = wave * n_per_wave if kw == 1 else 0  # this wave's first column in the tile
+        wcol = ((wave % 2) if quad else wave) * n_per_wave if kw == 1 else 0  # this wave's first column in the tile
         wk = wave * k_blk if kw > 1 else 0  # this wave's first 32-deep K block in the tile
 
         def rsrc(t, nbytes):
@@ -265,6 +279,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # ---- global offsets: the per-thread part once, here; each K tile adds a uniform
         # byte offset (an SGPR soffset), so the loop body does no per-lane address math. ----
         a_row0 = bx * bm
+        a_rowe = a_row0 + (wave // 2) * (bm // 2) if quad else a_row0  # this wave's first row (the epilogue's)
         a_base = bz * a_bs
 
         def a_chunk(i):
@@ -348,16 +363,17 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
                                 by * bn + wcol + l16, n_rep, k_blk, wk)
 
-        def load_w(kt, k_tail=False, first=False, nblk=k_blk):
+        def load_w(kt, k_tail=False, first=False, nblk=k_blk, kbs=None):
             """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0. `first` / nblk: as
-            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads)."""
+            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads). kbs (ring): load
+            only these K blocks, None in the other places."""
             per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # bytes a K element adds to a tile's offset
             soff = kt * (bk * per_k) - lead * per_k if lead and not first else kt * (bk * per_k)
             regs = []
             for nr in range_constexpr(n_rep):
                 for kb in range_constexpr(k_blk):
                     for h in range_constexpr(lph):
-                        if const_expr(kb >= nblk):
+                        if const_expr(kb >= nblk or (kbs is not None and kb not in kbs)):
                             regs.append(None)
                             continue
                         if const_expr(w_layout == "kn"):  # a lane's chunk: kp elements down column n
@@ -375,6 +391,8 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                             regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
                             continue
                         regs.append(gload(rw, voff, soff))
+            if const_expr(kbs is not None):
+                return regs
             regs = [r if r is not None else regs[0] for r in regs]
             return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
 
@@ -392,8 +410,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         # a lane's A reads of a block: chunks q, q + 4 (fp32 geometry), for MX 2q, 2q + 1; this wave's K blocks
         a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
         a_lane_dw = a_lane_dw + wk * (cpb * 64)
+        if const_expr(quad):  # this wave's half of A's rows: m_rep 16-row blocks on
+            a_lane_dw = a_lane_dw + (wave // 2) * (m_rep * k_blk * cpb * 64)
 
-        def compute(accs, w_regs, stage, nblk=k_blk):
+        def compute(accs, w_regs, stage, nblk=k_blk, after=None):
+            """This tile's MFMAs, K block by K block; after(kb) runs once block kb's MFMAs are issued (ring)."""
             accs = list(accs)
             if const_expr(w_int8):
                 w_regs = [w8_to_chunk(r, kp, dtype) for r in w_regs]
@@ -418,7 +439,24 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         else:  # MX: the lane's scale bytes go to the MFMA (mxscale.py)
                             accs[i] = mfma_block(accs[i], ops, w_regs[wb:wb + lph],
                                                  bs.pick(scl, kb, mr, nr) if mx else None)
+                if const_expr(after is not None):
+                    after(kb)
             return accs
+
+        def compute_ring(accs, w_cur, stage, nblk, nxt, nxt_blk, k_tail):
+            """compute() with the next tile's W block kb loaded after this tile's block kb (ring): its registers."""
+            loaded = []  # (index, register) of the next tile's W
+
+            def load_block(kb):
+                if const_expr(kb < nxt_blk):
+                    loaded.extend((i, r) for i, r in enumerate(load_w(nxt, k_tail, nblk=nxt_blk, kbs=(kb,)))
+                                  if r is not None)
+
+            accs = compute(accs, w_cur, stage, nblk, load_block)
+            for kb in range_constexpr(nblk, k_blk):  # a partial tile: the blocks it does not compute
+                load_block(kb)
+            regs = dict(loaded)
+            return accs, [regs.get(i, loaded[0][1]) for i in range(len(w_cur))]
 
         def step(accs, w_cur, stage, nxt=None, k_tail=False, nblk=k_blk, nxt_blk=k_blk):
             """One K tile: MFMAs on LDS stage `stage` with W regs `w_cur`; when `nxt` (a tile index)
@@ -428,8 +466,12 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             w_next = None
             if const_expr(nxt is not None):
                 a_next = load_a(nxt, k_tail, nblk=nxt_blk)
-                w_next = load_w(nxt, k_tail, nblk=nxt_blk)
-            accs = compute(accs, w_cur, stage, nblk)
+                if const_expr(not ring):
+                    w_next = load_w(nxt, k_tail, nblk=nxt_blk)
+            if const_expr(ring and nxt is not None):
+                accs, w_next = compute_ring(accs, w_cur, stage, nblk, nxt, nxt_blk, k_tail)
+            else:
+                accs = compute(accs, w_cur, stage, nblk)
             if const_expr(nxt is not None):
                 store_a(a_next, 1 - stage)
             schedule_step(nxt is not None)
@@ -526,7 +568,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N], the tile's expert's row (moe/grouped_fp8.py)
             rsw = rsrc(Sw, (n + s0 if w_ep == "col" else 1) * 4) if w_ep else None
             rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_row0, q, m, n + s0, m_rep, n_rep)
+            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_rowe, q, m, n + s0, m_rep, n_rep)
 
             def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
                 yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
@@ -552,7 +594,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                     return apply_epilogue_device(yv, activation)
 
                 cstore.store_rows_vec(y_of, lds.a.ptr, (wave if kw == 1 else 0) * cstore.region_dw(n_per_wave), lane,
-                                      m_rep, n_rep, n_per_wave, a_row0, by * bn + wcol, m, n, c_base, rc, rr, out_t,
+                                      m_rep, n_rep, n_per_wave, a_rowe, by * bn + wcol, m, n, c_base, rc, rr, out_t,
                                       osz)
                 return
             for nr in range_constexpr(n_rep):
@@ -567,7 +609,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
                         yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
                     yv = apply_epilogue_device(yv, activation)
                     for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
+                        row = a_rowe + mr * 16 + q * 4 + i
                         ok = (row < m) & col_ok
                         c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
                         y = yv[i]
@@ -585,7 +627,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         def finish(accs):
             if const_expr(split > 1):  # partials, a ticket; the last split of the tile adds them and stores
                 region = ((bz * ((m + (bm - 1)) // bm) + bx) * n_tiles + by) * (WAVES // kw) + (wave if kw == 1 else 0)
-                rows_ok = [a_row0 + mr * 16 + q * 4 < m for mr in range(m_rep)]
+                rows_ok = [a_rowe + mr * 16 + q * 4 < m for mr in range(m_rep)]
                 sk.reduce_splits(accs, store, P, Cnt, p_bytes, cnt_bytes, region, s_idx, split, rows_ok, n_rep, lane)
             else:
                 store(accs)

@@ -26,7 +26,8 @@ Skinny M (bucket <= 64: decode, small batches) is bound by streaming the weight:
 Mid M (65 <= M <= 2048: batched decode, chunked prefill) ranks the same way: the large tiles
 (128 x 128, 128 x 256, gfx950's 8-wave tile) beside split-K and small-N 4-wave tiles with BM = 16..128,
 BK up to 512, with and without a short first K tile (`head` = 32: kernel.py; the prologue every resident
-workgroup loads at once shrinks BK / head times), all by `model_estimate`, among those whose grid gives
+workgroup loads at once shrinks BK / head times) and a W register ring (`ring`, BK <= 256: one W set instead
+of two, so twice the columns per wave fit and A's LDS bytes per MFMA halve), all by `model_estimate`, among those whose grid gives
 every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster);
 within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
@@ -116,6 +117,8 @@ class GemmConfig:
     kw: int = 1  # waves splitting each K tile inside a workgroup (1: the 4 waves split BN; 4: they split BK)
     wm: int = 1  # waves along M: 2 = gfx950's 8-wave workgroup (wide.py: 2 x 4 waves, A and W in LDS by DMA)
     head: int = 0  # K elements of each workgroup's first tile (0: a whole BK; kernel.build_gemm's `head`)
+    ring: bool = False  # one W register set, reloaded K block by K block (kernel.build_gemm's `ring`)
+    quad: bool = False  # 2 x 2 waves: each BM / 2 rows x BN / 2 columns (kernel.build_gemm's `quad`)
 
 
 _OVERRIDES: dict[tuple, GemmConfig] = {}
@@ -146,9 +149,14 @@ def vgpr_estimate(cfg: GemmConfig, dtype: str, prefetch: int = 1) -> int:
         m_rep, n_rep, k_blk = cfg.bm // 32, cfg.bn // 64, cfg.bk // 32
         return m_rep * n_rep * 4 + (m_rep + n_rep) * k_blk * 4 + 24
     m_rep, n_rep, k_blk = cfg.bm // 16, cfg.bn * cfg.kw // 64, cfg.bk // 32 // cfg.kw
+    if cfg.quad:  # per wave: half the rows, half the columns
+        m_rep, n_rep = cfg.bm // 32, cfg.bn // 32
     lph = 2 if dtype == "f32" else 1
     a_loads = -(-(cfg.bm * cfg.bk * _esize(dtype) // 16) // THREADS)
-    return (m_rep * n_rep * 4 + (prefetch + 1) * n_rep * k_blk * lph * 4 + prefetch * a_loads * 4
+    # a ring (kernel.py): one W set and the next tile's blocks landing in it, ~2 blocks more (compiled gfx942 bf16
+    # 32x128x256: 136, estimate 136; 32x256x256: 240, estimate 232)
+    w_regs = (prefetch * n_rep * k_blk + 2 * n_rep) if cfg.ring else (prefetch + 1) * n_rep * k_blk
+    return (m_rep * n_rep * 4 + w_regs * lph * 4 + prefetch * a_loads * 4
             + min(m_rep, 3) * lph * 4 + 16)
 
 
@@ -171,6 +179,11 @@ def config_fits(cfg: GemmConfig, dtype: str, arch: str) -> str | None:
         return _wide_fits(cfg, dtype, arch)
     if cfg.kw not in (1, 4):
         return "kw (waves splitting K) must be 1 or 4"
+    if cfg.ring and (cfg.kw != 1 or dtype not in ("bf16", "f16", "f32") or cfg.bk > 256):
+        # BK 512 in a loop: gfx950 bf16 32x128x512 compiled to 288 registers (AGPRs, 1 wave per SIMD; estimate 216)
+        return "a W register ring (ring=True) needs kw 1, a bf16 / f16 / f32 operand and BK <= 256"
+    if cfg.quad and (cfg.kw != 1 or dtype not in ("bf16", "f16", "f32") or cfg.bm % 32 or cfg.bn % 32):
+        return "2 x 2 waves (quad=True) need kw 1, a bf16 / f16 / f32 operand and BM, BN multiples of 32"
     if cfg.head and (cfg.kw != 1 or cfg.head % 32 or not 0 < cfg.head < cfg.bk):
         return f"a short first tile (head={cfg.head}) needs kw 1, head % 32 == 0 and 0 < head < BK"
     if cfg.bm % 16 or cfg.bn % (64 // cfg.kw) or cfg.bk % (32 * cfg.kw) or cfg.split < 1:
@@ -280,8 +293,9 @@ def model_features(cfg: GemmConfig, dtype: str, arch: str, prefetch: int = 1):
     esz = _esize(dtype)
     flops = 2 * cfg.bm * cfg.bn * cfg.bk // waves  # one K tile, per wave
     matrix = flops / (MATRIX_FLOPS_PER_CLK[a][dtype] / g.simds)
-    a_tile = cfg.bm * cfg.bk * esz  # A through LDS: written once, read by every wave (its K share for kw = 4)
-    lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw) / (
+    a_tile = cfg.bm * cfg.bk * esz  # A through LDS: written once, read by every wave (its K share for kw = 4,
+    # its half of the rows for quad)
+    lds = (a_tile / waves) / (g.lds_write_bytes_per_clk / g.simds) + (a_tile / cfg.kw / (2 if cfg.quad else 1)) / (
         g.lds_read_bytes_per_clk / g.simds)
     per_simd = workgroups_per_cu(cfg, dtype, a, prefetch) * waves // g.simds
     # outside the K loop: the first A tile and the first `prefetch` W tiles (`head` K elements for a short
@@ -370,8 +384,8 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
                         continue
                     nkt = k_pad // bk
                     for sp in (d for d in range(1, min(nkt, MAX_SPLIT if small else 8) + 1) if nkt % d == 0):
-                        for head in ((0, 32) if kw == 1 else (0,)):  # a short first tile (kernel.py `head`)
-                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
+                        for head, ring, quad in head_ring(kw):  # short first tile, W register ring, 2 x 2 waves
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head, ring=ring, quad=quad)
                             if not config_fits(c, dt, arch):
                                 cands.append(c)
     est = [(model_estimate(mb, n, k, dt, arch, c), c) for c in cands]
@@ -387,9 +401,28 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     best = min(t for t, _ in scored)
     if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
-    # within 2 %: the large tile first (no partials), then fewer splits, then the smaller BK, then the least time
+    # within 2 %: the large tile first (no partials), then 4 x 1 waves (a 2 x 2 tile reads W twice: L1 / L2 traffic
+    # the MODEL does not price), fewer splits, the smaller BK, no ring, the least time
     return min((sc for sc in scored if sc[0] <= best * 1.02),
-               key=lambda sc: (sc[1] != cands[0], sc[1].split, sc[1].bk, sc[1].head, sc[0]))[1]
+               key=lambda sc: (sc[1] != cands[0], sc[1].quad, sc[1].split, sc[1].bk, sc[1].head, sc[1].ring, sc[0]))[1]
+
+
+def head_ring(kw: int) -> tuple:
+    """(head, ring, quad) a mid-M candidate of this kw is ranked with."""
+    return tuple((h, r, q) for h in (0, 32) for r in (False, True) for q in (False, True)) if kw == 1 else \
+        ((0, False, False),)
+
+
+def without_ring(cfg: GemmConfig, dtype: str, arch: str) -> GemmConfig:
+    """`cfg` for a call kernel.py's ring / quad do not take (scales, gate, rownorm, an in-place operand): 4 x 1
+    waves with two W sets, BK halved until their registers fit (split still divides the K tiles; a short first tile
+    stays under BK)."""
+    if not (cfg.ring or cfg.quad):
+        return cfg
+    c = dataclasses.replace(cfg, ring=False, quad=False)
+    while config_fits(c, dtype, arch) and c.bk > 64:
+        c = dataclasses.replace(c, bk=c.bk // 2, head=c.head if c.head < c.bk // 2 else 0)
+    return c
 
 
 def wave_efficiency(tiles: int, slots: int) -> float:

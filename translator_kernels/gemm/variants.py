@@ -20,7 +20,8 @@ One more prices what split-K's fp32 partials cost (at M = 256 a 2-way split adds
 timing-model.md's per-M table: which term stops each M).
 
 `best(m, n, k, dtype, arch, variant)` searches every legal tile of the family (BM 16-128, BN 16-256, BK 32-512,
-kw 1 / 4, split 1-16, head 0 / 32; for persistent also G = 1, 2, 3, 4 or 8 workgroups per CU, up to the resident slots)
+kw 1 / 4, split 1-16, head 0 / 32, two W register sets or a ring (kernel.py `ring`); for persistent also G = 1, 2,
+3, 4 or 8 workgroups per CU, up to the resident slots)
 under the MODEL with the variant's features priced honestly: the first tile of each workgroup is still a
 prologue (every resident workgroup loads it at once), the extra register sets cost occupancy, the extra W
 tiles are prologue bytes. "prologue free" prices no prologue at all: a bound that no kernel of this family
@@ -32,8 +33,8 @@ from __future__ import annotations
 
 from translator_kernels.arch import GPUS
 from translator_kernels.gemm.preshuffle import padded_shape
-from translator_kernels.gemm.tiles import (MAX_SPLIT, MAX_VGPR_EST, GemmConfig, arch_key, config_fits, model_estimate,
-                                           vgpr_estimate, workgroups_per_cu)
+from translator_kernels.gemm.tiles import (MAX_SPLIT, MAX_VGPR_EST, GemmConfig, head_ring, arch_key, config_fits,
+                                           model_estimate, vgpr_estimate, workgroups_per_cu)
 
 VARIANTS = ("as built", "prefetch 2", "persistent", "persistent + prefetch 2", "prologue free (bound)",
             "partials free (bound)")
@@ -51,9 +52,9 @@ def candidates(n: int, k: int, dtype: str, arch: str, prefetch: int = 1):
                         continue
                     nkt = k_pad // bk
                     for sp in (d for d in range(1, min(nkt, MAX_SPLIT) + 1) if nkt % d == 0):
-                        for head in (0, 32) if kw == 1 and bk > 32 else (0,):
-                            c = GemmConfig(bm, bn, bk, sp, kw, head=head)
-                            if not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
+                        for head, ring, quad in head_ring(kw):
+                            c = GemmConfig(bm, bn, bk, sp, kw, head=head if head < bk else 0, ring=ring, quad=quad)
+                            if head < bk and not config_fits(c, dtype, arch) and vgpr_estimate(c, dtype, prefetch) <= MAX_VGPR_EST:
                                 yield c
 
 

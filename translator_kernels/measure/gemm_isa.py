@@ -20,9 +20,10 @@ def waves_per_simd(vgpr: int, lds_bytes: int, arch: str) -> int:
 
 
 def spec(n, k, dtype, arch, bm, bn, bk, activation=None, bias=False, residual=False, out_dtype=None,
-          split=1, kw=1, wm=1) -> dict:
+          split=1, kw=1, wm=1, head=0, ring=False, quad=False) -> dict:
     return dict(n=n, k=k, dtype=dtype, arch=arch, bm=bm, bn=bn, bk=bk, activation=activation, bias=bias,
-                residual=residual, out_dtype=out_dtype or dtype, split=split, kw=kw, wm=wm)
+                residual=residual, out_dtype=out_dtype or dtype, split=split, kw=kw, wm=wm, head=head, ring=ring,
+                quad=quad)
 
 
 def row(spec, compiled) -> dict:
@@ -46,11 +47,11 @@ def isa_stats_many(specs: list[dict]) -> list[dict]:
 
 
 def isa_stats(n, k, dtype, arch, bm, bn, bk, *, activation=None, bias=False, residual=False, out_dtype=None,
-              split=1, kw=1, wm=1):
-    """Compile the GEMM for one config (a GemmConfig's fields: tile, split-K, K waves, M waves) in a
-    child process; return a dict of ISA statistics."""
+              split=1, kw=1, wm=1, head=0, ring=False, quad=False):
+    """Compile the GEMM for one config (a GemmConfig's fields: tile, split-K, K waves, M waves, short first tile,
+    W register ring, 2 x 2 waves) in a child process; return a dict of ISA statistics."""
     return isa_stats_many([spec(n, k, dtype, arch, bm, bn, bk, activation, bias, residual, out_dtype,
-                                 split, kw, wm)])[0]
+                                 split, kw, wm, head, ring, quad)])[0]
 
 
 def gemm_isa_text(n: int, k: int, dtype: str, arch: str, bm: int, bn: int, bk: int, split: int = 1, kw: int = 1,
@@ -79,7 +80,9 @@ def compile_one(spec):
     launch = build_gemm.__wrapped__(n, k, n_pad, k_pad, spec["dtype"], spec["out_dtype"], spec["arch"], spec["bm"],
                                     spec["bn"], spec["bk"], spec["activation"], spec["bias"], spec["residual"], split,
                                     "shuffled", None, kw, spec.get("store_vec", True), spec.get("wm", 1),
-                                    **({"head": spec["head"]} if spec.get("head") else {}))
+                                    **({"head": spec["head"]} if spec.get("head") else {}),
+                                    **({"ring": True} if spec.get("ring") else {}),
+                                    **({"quad": True} if spec.get("quad") else {}))
     a, w, c = torch.zeros(m, k, dtype=dt), torch.zeros(n_pad, k_pad, dtype=dt), torch.zeros(m, n, dtype=odt)
     p, cnt = torch.zeros(max(1, split * 3 * n_pad * spec["bm"] * 2)), torch.zeros(4096, dtype=torch.int32)
     launch(c, a, w, torch.zeros(n), c, p, cnt, m, 1, 0, 0, 0, 1.0, a.numel() * a.element_size(),
