@@ -245,28 +245,34 @@ def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=40
 def reread_table(archs=("gfx942", "gfx950"), ms=(16, 64, 128, 256, 512, 1024, 2048), n=4096, k=4096,
                  dtype="bf16") -> list[dict]:
     """Our GEMM's chosen tiles at N = K = 4096 with the XCD re-reads the calibration prices (timing.xcd_reread_bytes
-    at REREAD_EFFICIENCY): what `tiles.model_estimate`, which does not pass them yet, would give with them."""
+    at REREAD_EFFICIENCY): without them, in the hardware's rows-first order, and in the XCD-grouped order the
+    kernel launches (gemm/xcd.py; what `tiles.model_estimate` prices and the tile heuristic ranks with)."""
     from translator_kernels.gemm import choose_config, m_bucket
     from translator_kernels.gemm.tiles import model_estimate
     from translator_kernels.timing import xcd_reread_bytes
 
     print(f"### Our GEMM at N = K = {n} with the XCD re-reads (MODEL; kernel us, launch floor left out)\n")
-    print("| arch | M | chosen tile | row tiles | re-read MB | kernel us | with re-reads | of achievable | with re-reads |")
-    print("|" + "---|" * 9)
+    print("| arch | M | chosen tile | row tiles | re-read MB rows first / grouped | kernel us: no re-reads | rows first "
+          "| XCD-grouped | of achievable: no re-reads | rows first | XCD-grouped |")
+    print("|" + "---|" * 11)
     rows = []
     for arch in archs:
         g = GPUS[arch]
         t = g.timing
         for m in ms:
             c = choose_config(m_bucket(m), n, k, dtype, arch)
-            e = model_estimate(m, n, k, dtype, arch, c)
+            e = model_estimate(m, n, k, dtype, arch, c)  # the XCD-grouped order
+            free = model_estimate(m, n, k, dtype, arch, c, consts=dict(t, reread_efficiency=1e30))
             rr = xcd_reread_bytes(m, n, k, 2, 2, c.bm, c.bn, g.xcds, c.split)
-            with_rr = max(e["t_mem"] + rr / (t["reread_efficiency"] * g.hbm_bytes_per_s), e["t_issue"])
+            rr_g = xcd_reread_bytes(m, n, k, 2, 2, c.bm, c.bn, g.xcds, c.split, grouped=True)
+            with_rr = max(free["t_mem"] + rr / (t["reread_efficiency"] * g.hbm_bytes_per_s), free["t_issue"])
             ach = e["hbm_floor"] / t["hbm_efficiency"]
-            rows.append(dict(arch=arch, m=m, kernel_t=e["kernel_t"], with_rereads=with_rr, reread_bytes=rr))
+            rows.append(dict(arch=arch, m=m, kernel_t=free["kernel_t"], with_rereads=with_rr, reread_bytes=rr,
+                             grouped_t=e["kernel_t"], grouped_bytes=rr_g))
             print(f"| {arch} | {m} | {c.bm}x{c.bn}x{c.bk} s{c.split}{f' head {c.head}' if c.head else ''} | "
-                  f"{-(-m // c.bm)} | {rr / 1e6:.0f} | {e['kernel_t'] * 1e6:.2f} | {with_rr * 1e6:.2f} | "
-                  f"{ach / e['kernel_t']:.2f} | {ach / with_rr:.2f} |", flush=True)
+                  f"{-(-m // c.bm)} | {rr / 1e6:.0f} / {rr_g / 1e6:.0f} | {free['kernel_t'] * 1e6:.2f} | "
+                  f"{with_rr * 1e6:.2f} | {e['kernel_t'] * 1e6:.2f} | {ach / free['kernel_t']:.2f} | "
+                  f"{ach / with_rr:.2f} | {ach / e['kernel_t']:.2f} |", flush=True)
     print()
     return rows
 

@@ -41,7 +41,8 @@ L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache byt
 bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`. Each XCD has its own L2, and
 workgroups go to the XCDs round-robin: a GEMM block that workgroups on several XCDs read is read once per
 XCD (`xcd_reread_bytes`), the extra reads served at REREAD_EFFICIENCY x the HBM peak and added to t_mem
-(`Launch.reread_bytes`; the calibration passes them; tiles.model_estimate does not yet).
+(`Launch.reread_bytes`; the calibration passes them for upstream's orders, tiles.model_estimate for our
+GEMM's XCD-grouped order, gemm/xcd.py).
 
 The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, REREAD_EFFICIENCY, and OVERLAP
 held at 0) are per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
@@ -265,14 +266,25 @@ def _list_schedule(durations: list, slots: int) -> float:
 
 
 def xcd_reread_bytes(m: int, n: int, k: int, esize_a: float, esize_w: float, bm: int, bn: int, xcds: int,
-                     split: int = 1, rows_first: bool = True) -> float:
+                     split: int = 1, rows_first: bool = True, grouped: bool = False) -> float:
     """Bytes of A and W that a tiled GEMM reads once more per extra XCD (each XCD has its own L2). Workgroups
     go to the XCDs round-robin in launch order. When the launch order runs over the row tiles first (grid x =
     M tiles, y = split x N tiles: upstream's preshuffle GEMM and ours), the min(row tiles, XCDs) workgroups
     sharing a W column block sit on that many XCDs, and an A row block is shared by the XCDs its column tiles
     land on: min(column tiles, XCDs / gcd(row tiles, XCDs)) of them. `rows_first=False`: the column tiles come
-    first (upstream's fp8_gemm_4w below its remap threshold), the roles swap."""
+    first (upstream's fp8_gemm_4w below its remap threshold), the roles swap. `grouped`: our GEMM's XCD-grouped
+    order (gemm/xcd.py): XCD x computes the consecutive logical ids [s, e) (rows fastest), so it reads the W
+    blocks (e - 1) // rows - s // rows + 1 and, per split its range covers, min(ids in that split, rows) A blocks."""
     rows, cols, ks = -(-m // bm), -(-n // bn), k / split
+    if grouped:
+        from translator_kernels.gemm.xcd import xcd_ranges
+
+        plane, w_reads, a_reads = rows * cols, 0, 0  # plane: the ids of one split
+        for s, e in xcd_ranges(rows * cols * split, xcds):
+            w_reads += (e - 1) // rows - s // rows + 1
+            a_reads += sum(min(min(e, (p + 1) * plane) - max(s, p * plane), rows)
+                           for p in range(s // plane, (e - 1) // plane + 1))
+        return (w_reads - cols * split) * bn * ks * esize_w + (a_reads - rows * split) * bm * ks * esize_a
     if rows_first:
         w_xcds, a_xcds = min(rows, xcds), min(cols, xcds // math.gcd(rows, xcds))
     else:

@@ -117,8 +117,9 @@ def test_mid_m_takes_the_ring_where_the_model_ranks_it_first(arch):
     """N = K = 4096: M = 256 and 512 take a ring (64 columns per wave at BK 256: two W sets would need ~360 VGPRs);
     of the achievable HBM bandwidth at M = 256: gfx942 0.74 -> 0.82 (32x128x256 ring in 2 x 2 waves), gfx950 0.79
     -> 0.82 (32x256x256 ring): issue 29's 0.8 on both. The best tile without either is the search's own: the
-    choice must beat it by 2 %, not tie."""
-    for m in (256, 512):
+    choice must beat it by 2 %, not tie. With the XCD re-reads priced (gemm/xcd.py: A read on the 4 XCDs of each
+    split, 6 MB) t_mem binds at M = 256 and the ring ties the plain tile there (0.74 / 0.75): M = 512 keeps it."""
+    for m in (512,):
         cfg = G.choose_config(m, 4096, 4096, "bf16", arch)
         e = tiles.model_estimate(m, 4096, 4096, "bf16", arch, cfg)
         plain = min((tiles.model_estimate(m, 4096, 4096, "bf16", arch, c) for c in variants.candidates(4096, 4096, "bf16", arch)
@@ -126,8 +127,8 @@ def test_mid_m_takes_the_ring_where_the_model_ranks_it_first(arch):
         assert cfg.ring and e["kernel_t"] < plain["kernel_t"] * 0.98, (m, cfg)
         assert tiles.vgpr_estimate(cfg, "bf16") <= tiles.MAX_VGPR_EST
     cfg = G.choose_config(256, 4096, 4096, "bf16", arch)
-    assert tiles.model_estimate(256, 4096, 4096, "bf16", arch, cfg)["of_achievable"] >= 0.8
-    assert cfg.quad == (arch == "gfx942")
+    e = tiles.model_estimate(256, 4096, 4096, "bf16", arch, cfg)
+    assert 0.73 < e["of_achievable"] < 0.76 and e["t_mem"] >= 0.98 * e["t_issue"]
 
 
 def test_quad_is_taken_only_when_ahead_of_every_4x1_tile():
@@ -188,8 +189,9 @@ def test_isa_m256_choice_holds_two_waves_per_simd(arch):
     are not ranked: gfx950 32x128x512 compiled to 288 registers (32 AGPRs, 1 wave per SIMD), estimate 216."""
     from translator_kernels.measure.gemm_isa import isa_stats
 
-    c = G.choose_config(256, 4096, 4096, "bf16", arch)
-    assert c.ring and c.bk <= 256
+    # the M = 256 choices before the XCD re-reads were priced (gemm/xcd.py: now they tie the plain tile there)
+    c = (G.GemmConfig(32, 128, 256, 2, head=32, ring=True, quad=True) if arch == "gfx942"
+         else G.GemmConfig(32, 256, 256, 2, head=32, ring=True))
     s = isa_stats(4096, 4096, "bf16", arch, c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True,
                   split=c.split, head=c.head, ring=c.ring, quad=c.quad)
     assert s["vgpr_spill"] == s["sgpr_spill"] == s["agpr"] == 0 and s["waves_per_simd"] == 2

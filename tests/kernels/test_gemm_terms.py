@@ -57,16 +57,25 @@ def test_model_terms_name_what_stops_mid_m(arch):
         assert r["mfma_and_rest"] >= r["flop_floor"] * 0.95
         if m == 2048:
             assert t["lds"] == max(t.values())
-    # M = 256 (the ring, gfx942's 2 x 2 waves): t_issue fell under t_mem, where the split-K partials bind
+    # M = 256: the split-K partials and the XCD re-reads (gemm/xcd.py) put t_mem at or within 2 % of t_issue
     r = variants.model_terms(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
-    assert r["partial_t"] > 0 and r["binds"] == "t_mem"
+    assert r["partial_t"] > 0 and r["t_mem"] >= 0.98 * r["t_issue"]
 
 
 def test_m256_with_one_partial_tile_fewer():
-    """gfx950 M = 256 with a W register ring (32x256x256 split 2 head 32 ring: kernel.py `ring`): t_issue (8.57 us)
-    drops under t_mem (9.15 us, the last arriver storing no partial tile), so the partials bind now: 0.82 of the
-    achievable HBM bandwidth, issue 29's 0.8 met (64x128x256 split 2 head 32 before the ring: t_issue 9.52, 0.79)."""
+    """gfx950 M = 256: a W register ring (32x256x256 split 2 head 32 ring: kernel.py `ring`) brings t_issue to 8.57 us,
+    under t_mem (9.15 us with the last arriver storing no partial tile): 0.82 without the XCD re-reads. The XCD-grouped
+    order (gemm/xcd.py) still reads A on the 4 XCDs of each split (6 MB), t_mem 10.03 us: the ring and the plain
+    64x128x256 tile tie at 0.75, short of issue 29's 0.8, and the heuristic keeps the plain tile."""
+    from translator_kernels.arch import GPUS
+    from translator_kernels.gemm import tiles
+
+    ring = G.GemmConfig(32, 256, 256, split=2, head=32, ring=True)
+    free = tiles.model_estimate(256, 4096, 4096, "bf16", "gfx950", ring,
+                                consts=dict(GPUS["gfx950"].timing, reread_efficiency=1e30))
+    assert free["t_issue"] < free["t_mem"] and free["of_achievable"] >= 0.8
     cfg = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
     r = variants.model_terms(256, 4096, 4096, "bf16", "gfx950", cfg)
-    assert cfg.split == 2 and cfg.ring and r["binds"] == "t_mem" and r["of_achievable"] >= 0.8
-    assert r["partial_t"] > r["t_mem"] - r["t_issue"] > 0  # without the partials t_issue would bind again
+    e = tiles.model_estimate(256, 4096, 4096, "bf16", "gfx950", ring)
+    assert cfg.split == 2 and r["binds"] == "t_mem" and 0.74 < r["of_achievable"] < 0.76
+    assert e["kernel_t"] == pytest.approx(r["kernel_t"]) and e["t_issue"] < e["t_mem"]

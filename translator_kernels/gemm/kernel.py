@@ -63,6 +63,7 @@ from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mx
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
 from translator_kernels.gemm.schedule import hot_loop_schedule, ring_vmem  # noqa: F401 (re-exported)
+from translator_kernels.gemm.xcd import xcd_tile
 from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
 
@@ -252,6 +253,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         tid = _i32(fx.thread_idx.x)
         bx, by, bz = fx.block_idx
         bx, by, bz = _i32(bx), _i32(by), _i32(bz)
+        bx, by = xcd_tile(bx, by, (m + (bm - 1)) // bm, n_tiles * split)  # XCD-grouped launch order (xcd.py)
         kt0 = fx.Int32(0)
         if const_expr(split > 1):
             s_idx = by // n_tiles

@@ -319,7 +319,7 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     partials: "all" (splitk.py: every split but the last arriver stores its partial tile, which the last one
     reads back) or "free" (a bound no kernel here reaches: no partial bytes; variants.py). edit (KernelFeatures fields) and consts (timing constants) override the MODEL's
     inputs: variants.model_terms prices each term by taking it away."""
-    from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time
+    from translator_kernels.timing import Launch, gemm_hbm_bytes, launch_time, xcd_reread_bytes
 
     a = arch_key(arch)
     g = GPUS[a]
@@ -342,7 +342,9 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
         grid = min(units, persistent)
         iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
     r = launch_time(feat, Launch(grid, iters if isinstance(iters, tuple) else (iters,) * grid, hbm + pw + pr,
-                                 2.0 * m * n * k), a, consts)
+                                 2.0 * m * n * k, reread_bytes=xcd_reread_bytes(
+                                     m, n_pad, k_pad, esz, esz, cfg.bm, cfg.bn, g.xcds, cfg.split, grouped=True)),
+                     a, consts)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
     # the floors against the kernel's own time: the launch floor of the measuring harness left out

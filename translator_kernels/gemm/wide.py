@@ -50,6 +50,7 @@ from translator_kernels.arch import GPUS
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import cstore
 from translator_kernels.gemm.common import OOB, _raw, _v4f32, _v4i32, gemm_launcher
+from translator_kernels.gemm.xcd import xcd_tile
 
 WM, WN = 2, 4  # waves along M and along N
 THREADS = 64 * WM * WN
@@ -103,6 +104,7 @@ def build_gemm_wide(n, k, n_pad, k_pad, dtype, out_dtype, osz, out_t, arch, bm, 
                          p_bytes: fx.Int32, cnt_bytes: fx.Int32):
         tid = fx.Int32(fx.thread_idx.x)
         bx, by, bz = (fx.Int32(v) for v in fx.block_idx)
+        bx, by = xcd_tile(bx, by, (m + (bm - 1)) // bm, n_tiles)  # XCD-grouped launch order (xcd.py)
         lane = tid % 64
         wave = tid // 64
         wave_u = fx.Int32(rocdl.readfirstlane(T.i32, _raw(wave)))  # uniform: the DMA's LDS base is M0
