@@ -32,7 +32,7 @@ the table):
   and takes a ticket, the last arriver of a head merges. Bytes: K and V once per sequence, q in and O out,
   the partials written and read back (nsplit x (D + 2) fp32 per head), the tickets (an int32 atomic per slice,
   read and written, and the reset). Slices: split_geometry's, the count the MODEL prices fastest
-  (attention/decode_plan.model_split). Time: attention/decode_plan.price, on decode_plan.decode_features (the
+  (attention/split_model.model_split). Time: attention/split_model.price, on split_model.decode_features (the
   unmasked key loop is the hot loop; the masked one runs no tile at position context - 1 and is left out):
   the compiled kernel's straight-line trips hold the ticket and one round of the merge (a batch of 8 or 16
   slices whose loads are issued together, fwd.merge_rows); the merger's other merge_trips - 1 rounds follow
@@ -142,11 +142,11 @@ _FEATURES: dict = {}  # (what, arch) -> {kernel name: KernelFeatures}, or the co
 
 def compiled_features(what: str, entry: str, args: tuple, arch: str, decode: bool = False):
     """timing.features of every kernel `entry(*args)` compiles for `arch`, by kernel name; once per (what, arch).
-    decode: attention/decode_plan.decode_features (the decode kernel's unmasked key loop hot, its masked one
+    decode: attention/split_model.decode_features (the decode kernel's unmasked key loop hot, its masked one
     left out). A string (the error) where it does not compile: the caller prices a labelled bandwidth floor."""
     key = (what, arch)
     if key not in _FEATURES:
-        from translator_kernels.attention.decode_plan import decode_features
+        from translator_kernels.attention.split_model import decode_features
         from translator_kernels.hotloop import compile_isa_texts
         from translator_kernels.timing import features
 
@@ -261,12 +261,13 @@ def attention_launch_bytes(batch: int, shape: LlmShape, context: int, nsplit: in
 
 def _attention_launch(batch: int, shape: LlmShape, context: int, arch: str) -> dict:
     """Decode attention on the cache (one query token per sequence, keys up to `context`), its split-KV merge
-    inside the launch, at the slice count split_geometry chooses (the MODEL's fastest: decode_plan.model_split):
-    decode_plan.price on the features of our kernel compiled for `arch` (translator_kernels.measure.decode_isa;
-    decode_plan.decode_features: the unmasked key loop hot, the masked one left out), the merger's further
+    inside the launch, at the slice count split_geometry chooses (the MODEL's fastest: split_model.model_split):
+    split_model.price on the features of our kernel compiled for `arch` (translator_kernels.measure.decode_isa;
+    split_model.decode_features: the unmasked key loop hot, the masked one left out), the merger's further
     rounds as a tail. A labelled bandwidth floor where the compile fails."""
     from translator_kernels.arch import GPUS
-    from translator_kernels.attention.decode_plan import decode_plan, price
+    from translator_kernels.attention.decode_plan import decode_plan
+    from translator_kernels.attention.split_model import price
     from translator_kernels.measure.decode_isa import DECODE_ATTENTION
 
     g = GPUS[arch]

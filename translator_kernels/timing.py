@@ -104,7 +104,7 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
     """The model's view of the main kernel of `isa_text` compiled for `arch`. By default the hot loop is
     the one with the most matrix (then vector) cycles; `hot` names its header label instead, and the
     loops whose headers are in `skip` run no iteration at the launch priced (their bodies are left out of
-    the straight-line code; decode attention's masked key loop, attention/decode_plan.py)."""
+    the straight-line code; decode attention's masked key loop, attention/split_model.py)."""
     stats = max(parse_isa(isa_text, arch), key=lambda s: s.instructions)
     waves, _ = stats.occupancy
     wpw = max(1, -(-(stats.meta.get("block") or 256) // 64))

@@ -157,12 +157,12 @@ def _compiled_attention(monkeypatch, nsplit: int, context: int = 2048, arch: str
 
 def test_decode_attention_is_priced_on_our_compiled_kernel_not_a_floor(monkeypatch):
     """gfx950, batch 1, context 2048: one compiled kernel, the forward with the merge inside it, at the slice count
-    the MODEL prefers (decode_plan.model_split), priced with the merge's further rounds as its tail; it does not
+    the MODEL prefers (split_model.model_split), priced with the merge's further rounds as its tail; it does not
     beat its bandwidth floor. Against the unsplit compile, the split kernel's features hold the merge: one merge
     round (and on gfx942 the ticket) more dependent round trips outside the hot loop, and more straight-line loads
     (which the price leaves to the merger: the unsplit prologue is charged); the hot loop (the KV tiles) is the
     same. The features are the checked-in ones split_geometry ranks with (measure/decode_attention_isa.json)."""
-    from translator_kernels.attention import decode_plan as dp
+    from translator_kernels.attention import split_model as dp
     from translator_kernels.attention.tiles import merge_trips
     from translator_kernels.timing import KernelFeatures
 

@@ -151,9 +151,9 @@ def test_attention_sweep(arch, B, H, Hkv, Sq, Sk, D, dtype, causal, mask, opt):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("D", [64, 128])
 def test_decode_split_is_the_models_and_covers_every_key(arch, D):
-    """B=1, H=32, Sq=1, Sk=4096: the KV split is the timing MODEL's cheapest (decode_plan.model_split; the
+    """B=1, H=32, Sq=1, Sk=4096: the KV split is the timing MODEL's cheapest (split_model.model_split; the
     grid rule, 2x the CUs, without features), its slices cover the keys (plan only, no launch)."""
-    from translator_kernels.attention.decode_plan import model_split
+    from translator_kernels.attention.split_model import model_split
 
     nsplit, chunk = split_geometry(1, 32, 1, 4096, D, "bf16", arch)
     assert (nsplit, chunk) == model_split(1, 32, 1, 4096, D, "bf16", arch) and nsplit > 1

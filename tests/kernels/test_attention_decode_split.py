@@ -1,6 +1,6 @@
 """Decode attention's slice count from the timing MODEL, and the split-KV merge's batched loads (issue 23).
 
-split_geometry asks attention/decode_plan.model_split for the slice count the MODEL prices fastest (the
+split_geometry asks attention/split_model.model_split for the slice count the MODEL prices fastest (the
 features of our compiled decode kernel, checked in as measure/decode_attention_isa.json); without features it
 keeps the grid rule (2x the CUs). The merge's lane plan and round trips (tiles.merge_geometry, merge_trips); its
 numerics with several batches and row passes: test_attention_splitkv.py.
@@ -12,7 +12,8 @@ import pytest
 
 from translator_kernels.arch import GPUS
 from translator_kernels.attention import CUS, split_geometry
-from translator_kernels.attention import decode_plan as dp
+from translator_kernels.attention import split_model as dp
+from translator_kernels.attention.decode_plan import decode_plan
 from translator_kernels.attention.tiles import merge_geometry, merge_trips
 
 
@@ -30,7 +31,7 @@ def test_llama3_split_is_the_models_cheapest(arch, ctx):
         per = -(-tiles // m)
         assert dp.price(*feats, 1, 8, 4, ctx, 128, "bf16", arch, m, per * 64)["kernel_t"] >= best * (1 - 1e-9), m
     assert split_geometry(1, 8, 4, ctx, 128, "bf16", arch) == (n, chunk)
-    assert dp.decode_plan(1, 32, 8, ctx, 128, "bf16", arch)["grid"] == (n, 8, 1)
+    assert decode_plan(1, 32, 8, ctx, 128, "bf16", arch)["grid"] == (n, 8, 1)
     dp.model_split.cache_clear()
     assert dp.model_split(1, 8, 4, ctx, 128, "bf16", arch) == (n, chunk)
     # not the grid rule's 2x the CUs (MI300X 8k: 128 slices of one or two tiles)

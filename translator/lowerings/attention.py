@@ -216,7 +216,7 @@ _WRITES = (aten.index_put_.default, aten.index_copy_.default, aten.copy_.default
 def _is_state(n) -> bool:
     """n is a buffer or graph input (a KV cache), maybe as the result of an in-place write to it."""
     while isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in _WRITES:
-        n = n.args[0]
+        n = arg(n, "self")  # the tensor written (index_put_ / index_copy_ / copy_ all name it self)
     return isinstance(n, torch.fx.Node) and n.op in ("get_attr", "placeholder")
 
 

@@ -14,7 +14,7 @@ aligned is_causal. Any Sq, Sk >= 1.
 Decode (flash-decoding): when the grid of (query blocks, heads, batch) would cover fewer than
 twice the CUs (304 on MI300X, 256 on MI355X) and the query fits one wave (Sq <= 16), the keys
 are split into slices of whole KV tiles, one workgroup each: as many slices as the timing MODEL
-prices fastest (decode_plan.model_split, on our compiled kernel's features), else (no features
+prices fastest (split_model.model_split, on our compiled kernel's features), else (no features
 for that kernel) so that the grid reaches 2x the CUs where Sk allows; each slice writes fp32 partial results and the last slice of a (batch, head,
 query block, wave) to finish merges them in slice order, inside the same launch (fwd.py; one
 launch, deterministic, no host read: capturable). Its ticket counters come from gemm/splitk.py's
@@ -106,7 +106,7 @@ def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kin
 
 def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
     """-> (nsplit, keys per slice): 1 slice unless a short query leaves the CUs idle (see above); the count
-    the timing MODEL prices fastest where the decode kernel's features are known (decode_plan.model_split),
+    the timing MODEL prices fastest where the decode kernel's features are known (split_model.model_split),
     else the grid rule (2x the CUs)."""
     nw, _ = tile_geometry(Sq, dtype, head_dim)
     cfg = attention_config(dtype, head_dim, Sq, arch)
@@ -116,7 +116,7 @@ def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, 
         want = -(-2 * CUS.get(arch, CUS["gfx942"]) // grid)
         if nw > 1 or want <= 1 or tiles < 2:
             return 1, Sk
-        from translator_kernels.attention.decode_plan import model_split  # it imports this module
+        from translator_kernels.attention.split_model import model_split
 
         chosen = model_split(B, H, Sq, Sk, head_dim, dtype, arch)
         if chosen is not None:

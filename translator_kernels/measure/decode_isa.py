@@ -17,9 +17,10 @@ def compile_decode_attention(batch, heads, kv_heads, head_dim, context, num_spli
     (partials, tickets, the last slice's merge)."""
     import torch
 
+    from translator_kernels.arch import NAMED_DTYPES
     from translator_kernels.attention import attention
 
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    tdt = NAMED_DTYPES[dtype]
     q = torch.zeros(batch, 1, heads, head_dim, dtype=tdt).transpose(1, 2)
     kc = torch.zeros(batch, kv_heads, context, head_dim, dtype=tdt)
     pos = torch.full((1,), context - 1, dtype=torch.int64)
@@ -39,15 +40,15 @@ def compile_decode_gather(batch, hidden, vocab):
     embedding(torch.empty(vocab, hidden, dtype=torch.bfloat16), torch.zeros(batch, 1, dtype=torch.int64))
 
 
-# the decode kernels whose features attention/decode_plan.py's split choice reads (FEATURES_JSON): GQA 4
+# the decode kernels whose features attention/split_model.py's split choice reads (FEATURES_JSON): GQA 4
 # (Llama-3's 32 / 8 heads, packed), a 4096-key cache, each dtype and head dim here, split and not
 FEATURE_SHAPES = [(arch, dt, d) for arch in ("gfx942", "gfx950") for dt in ("bf16", "f16", "f32")
                   for d in (32, 64, 128)]
 
 
 def attention_features(arch: str, dtype: str, head_dim: int) -> dict:
-    """{'whole', 'split'}: decode_plan.decode_features of the unsplit and split decode kernels (COMPILE_ONLY child)."""
-    from translator_kernels.attention.decode_plan import decode_features
+    """{'whole', 'split'}: split_model.decode_features of the unsplit and split decode kernels (COMPILE_ONLY child)."""
+    from translator_kernels.attention.split_model import decode_features
     from translator_kernels.hotloop import compile_isa_texts, main_text
 
     out = {}
@@ -58,8 +59,8 @@ def attention_features(arch: str, dtype: str, head_dim: int) -> dict:
 
 
 def write_attention_features(shapes=None) -> dict:
-    """Compile every FEATURE_SHAPES kernel and write decode_plan.FEATURES_JSON (sorted keys: a stable diff)."""
-    from translator_kernels.attention.decode_plan import FEATURES_JSON, feature_key
+    """Compile every FEATURE_SHAPES kernel and write split_model.FEATURES_JSON (sorted keys: a stable diff)."""
+    from translator_kernels.attention.split_model import FEATURES_JSON, feature_key
 
     table = {feature_key(*s): attention_features(*s) for s in (shapes or FEATURE_SHAPES)}
     FEATURES_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
