@@ -53,6 +53,7 @@ import warnings
 import torch
 
 from .errors import InputError
+from .graph import dims, shape_of
 
 DTENSOR_FIX = (
     "shard the model with plain tensors instead: on each rank keep the local shard of each weight as an "
@@ -352,8 +353,7 @@ def _view_of(n):
 
 
 def _dims(n) -> list[str] | None:
-    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return [str(d) for d in v.shape] if isinstance(v, torch.Tensor) else None
+    return dims(shape_of(n)) if isinstance(n, torch.fx.Node) else None
 
 
 def restore_linear(gm, weights=()) -> int:
