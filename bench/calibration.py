@@ -135,7 +135,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
     from translator_kernels.hotloop import compile_isa_texts, main_text
     from translator_kernels.timing import features
 
-    from translator_kernels.measure.gemm_flysim import N_RUN, load as load_flysim
+    from translator_kernels.measure.gemm_flysim import N_RUN, cfg_key, load as load_flysim
 
     fly = load_flysim()
     isa = {}
@@ -175,8 +175,7 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                 w_cell = res * c.bn * c.bk * 2 / 1024
                 launch = g.timing["launch_s"]
                 fp = (fly.get(f"{arch}:{m}:{n}:{k}") or load_flysim().get(f"{arch}:{m}:{n}:{k}")) if m <= 256 else None
-                fly_cell = (f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == [c.bm, c.bn, c.bk, c.split, c.kw, c.wm]
-                            else "-")
+                fly_cell = f"{fp['flysim_full'] / 1e6:.1f}" if fp and fp["cfg"] == cfg_key(c) else "-"
                 print(f"| {arch} | {label} {n}x{k} | {m} | {tile_label(c)} | {e['grid']} | {e['grid'] / g.cus:.2f} | {fly_cell} | "
                       f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "

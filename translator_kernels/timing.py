@@ -4,7 +4,7 @@ The roofline (max(bytes / peak bandwidth, FLOPs / peak matrix rate)) was 2-7x op
 measured MI350X kernels (issue 29). This model keeps the roofline's two floors and adds what the
 measurements showed was missing, each term read from the compiled ISA or the launch shape:
 
-  t = T_LAUNCH + max(t_mem, t_issue)
+  t = T_LAUNCH + max(t_mem, t_issue, t_l2)
 
 * **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
   at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
@@ -28,9 +28,17 @@ measurements showed was missing, each term read from the compiled ISA or the lau
   The straight-line code (prologue / epilogue) costs its vector work, one HBM latency, every later
   dependent round trip at L2_LATENCY (fitted; RMSNorm's scalar path re-reads its row a chunk at a
   time: 11 trips), and for a loop kernel its loads (the first operand tiles; stores are posted) at
-  the CU's share of the achievable bandwidth, since every resident workgroup issues them at once.
+  the CU's share of the bandwidth, since every resident workgroup issues them at once (the first round
+  at the HBM share, later rounds mostly at the L2 share: t_l2 below).
   Workgroups are list-scheduled onto the CUs' slots (per-workgroup work may differ, as in causal
   attention), so wave quantization and tails are counted.
+* **t_l2, the L2s.** Every byte the workgroups load through the vector-memory path passes an XCD's L2 (hits and
+  misses alike): t_l2 = those bytes (`Launch.l2_bytes`, every lane's load as flysim counts it; from the features
+  when not given, `loaded_bytes`) / (L2_EFFICIENCY x the L2s' data-sheet read peak, `l2_bytes_per_s`). It binds
+  where small tiles re-read their operands many times (upstream's 16x64x512 fp8 GEMM at M >= 2048: 1-21 GB
+  loaded at 21-25 TB/s measured). The same L2s serve a loop kernel's prologue after the first round: the first
+  round's loads find the L2s cold and take the CU's share of the HBM bandwidth, a later round's loads come from
+  beyond the L2 in the launch's share ((HBM + re-read bytes) / loaded bytes) and from the L2 for the rest.
 * **T_LAUNCH** is the fixed cost of one launch as the measurements time it (CUDA-graph replay of one
   kernel; the floor of every small kernel in the study). A launch replayed back to back with others in one
   HIP graph (a decode step) pays GRAPH_LAUNCH instead: measured, not fitted (1.7 us on MI350X, the same
@@ -44,8 +52,8 @@ XCD (`xcd_reread_bytes`), the extra reads served at REREAD_EFFICIENCY x the HBM 
 (`Launch.reread_bytes`; the calibration passes them for upstream's orders, tiles.model_estimate for our
 GEMM's XCD-grouped order, gemm/xcd.py).
 
-The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, REREAD_EFFICIENCY, and OVERLAP
-held at 0) are per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
+The constants (T_LAUNCH, HBM_EFFICIENCY, MEM_LATENCY, EXPOSED, L2_LATENCY, REREAD_EFFICIENCY, L2_EFFICIENCY,
+and OVERLAP held at 0) are per arch in translator_kernels.arch (`Arch.timing`), fitted by `python -m bench.calibration --fit` on at
 most half of the measured MI350X points and checked on the other half; that command prints every point
 and the calibration error, which every place that shows this model's time quotes (CALIBRATION below).
 gfx942 has no measured points here: it takes gfx950's fitted fractions and latency (stated beside
@@ -64,7 +72,7 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 61%, median 8%; 32 of 33 within 25% "
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 24%, median 12%; 33 of 33 within 25% "
                "(bench.calibration)")
 
 
@@ -191,12 +199,34 @@ class Launch:
     # bytes other XCDs read again (a block one XCD's L2 already holds, needed by a workgroup on another XCD):
     # served by the last-level cache at REREAD_EFFICIENCY x the vendor's HBM peak (`xcd_reread_bytes`)
     reread_bytes: float = 0.0
+    # bytes all workgroups load through the vector-memory path (every lane's load, L2 hits included: what flysim
+    # counts); None: from the features (`loaded_bytes`). What t_l2 prices.
+    l2_bytes: float | None = None
 
 
 def iterations_for(flops_per_wg: float, feat: KernelFeatures) -> int:
     """Hot-loop iterations of a workgroup that issues `flops_per_wg` MFMA FLOPs."""
     per_iter = feat.loop_flops * feat.waves_per_wg
     return max(1, math.ceil(flops_per_wg / per_iter)) if per_iter else 1
+
+
+def loaded_bytes(feat: KernelFeatures, launch: Launch) -> float:
+    """Bytes every workgroup of the launch loads through the vector-memory path, from the features: each wave's
+    straight-line loads plus its hot loop's loads per iteration x the workgroup's iterations (a loop kernel's
+    peeled K steps are counted in both when `iterations` counts them: an upper bound; GEMM callers pass the
+    closed form, Launch.l2_bytes)."""
+    if launch.l2_bytes is not None:
+        return launch.l2_bytes
+    iters = launch.iterations
+    n_it = iters * launch.grid if isinstance(iters, int) else sum(iters)
+    loop = feat.inflight_bytes * n_it if feat.has_loop else 0
+    return feat.waves_per_wg * (feat.straight_bytes * launch.grid + loop)
+
+
+def l2_bytes_per_s(arch: str) -> float:
+    """The L2s' aggregate read peak (every XCD's L2 at its data-sheet width, arch.Arch.l2_read_bytes_per_clk)."""
+    g = GPUS[arch]
+    return g.xcds * g.l2_read_bytes_per_clk * g.clock_hz
 
 
 def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | None = None) -> dict:
@@ -233,18 +263,34 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     # shared vector)
     head = (max(feat.straight_vector, feat.straight_lds) * w + lat_cyc
             + (feat.straight_trips - 1) * c.get("l2_latency_s", 0.0) * clock)
+    # L2: every byte the workgroups load passes the XCDs' L2s (hits and misses), at most L2_EFFICIENCY x their peak
+    l2b = loaded_bytes(feat, launch)
+    l2_bw = c.get("l2_efficiency", 1.0) * l2_bytes_per_s(arch)
+    t_l2 = l2b / l2_bw
+    slots = cus * wg_per_cu
+    head_first = head
     if feat.has_loop:
         # a loop kernel's prologue / epilogue transfers (its first operand tiles, its output) happen in
-        # the same phase on every resident workgroup, so they do not hide under other workgroups' loops:
-        # they take the CU's share of the achievable bandwidth (shared by the CUs that have a workgroup)
-        bw_cu = c["hbm_efficiency"] * g.hbm_bytes_per_s / min(cus, launch.grid)
-        head += resident_wg * feat.waves_per_wg * feat.straight_bytes / bw_cu * clock
+        # the same phase on every resident workgroup, so they do not hide under other workgroups' loops.
+        # The first round finds the L2s empty (cold): its loads take the CU's share of the achievable HBM
+        # bandwidth (shared by the CUs that have a workgroup). A later round's loads hit the L2 as often as the
+        # launch's loads do on average: the launch's share of bytes from beyond the L2 (HBM bytes and the XCD
+        # re-reads over every loaded byte) at the HBM share, the rest at the CU's share of the L2 bandwidth.
+        cu_busy = min(cus, launch.grid)
+        bw_cu, l2_cu = c["hbm_efficiency"] * g.hbm_bytes_per_s / cu_busy, l2_bw / cu_busy
+        pro = resident_wg * feat.waves_per_wg * feat.straight_bytes
+        miss = min(1.0, (launch.hbm_bytes + launch.reread_bytes) / l2b) if l2b else 1.0
+        head_first = head + pro / bw_cu * clock
+        head += (pro * miss / bw_cu + pro * (1 - miss) / l2_cu) * clock
     iters = launch.iterations
     per_wg = [iters] * launch.grid if isinstance(iters, int) else list(iters)
-    t_issue = _list_schedule([head + n * round_ for n in per_wg], cus * wg_per_cu) / clock
-    t = c["launch_s"] + max(t_mem, t_issue)
-    return dict(t=t, kernel_t=max(t_mem, t_issue), t_graph=c.get("graph_launch_s", 0.0) + max(t_mem, t_issue),
-                t_mem=t_mem, t_issue=t_issue, bound="memory" if t_mem >= t_issue else "issue",
+    t_issue = _list_schedule([(head_first if i < slots else head) + n * round_ for i, n in enumerate(per_wg)],
+                             slots) / clock
+    kt = max(t_mem, t_issue, t_l2)
+    t = c["launch_s"] + kt
+    return dict(t=t, kernel_t=kt, t_graph=c.get("graph_launch_s", 0.0) + kt, t_l2=t_l2, l2_bytes=l2b,
+                t_mem=t_mem, t_issue=t_issue, bound="L2" if t_l2 >= max(t_mem, t_issue) else
+                "memory" if t_mem >= t_issue else "issue",
                 bw=bw, in_flight_per_cu=in_flight / cus, waves_per_simd=w, wg_per_cu=wg_per_cu,
                 grid_per_cu=launch.grid / cus)
 
@@ -256,6 +302,9 @@ def _list_schedule(durations: list, slots: int) -> float:
         return 0.0
     if len(set(durations)) == 1:  # uniform: closed form
         return math.ceil(len(durations) / slots) * durations[0]
+    if len(durations) > slots and len(set(durations[slots:])) == 1 and len(set(durations[:slots])) == 1:
+        # a first round of one duration, the rest of another: every slot runs one of each round in turn
+        return durations[0] + math.ceil((len(durations) - slots) / slots) * durations[slots]
     free = [0.0] * min(slots, len(durations))
     end = 0.0
     for d in durations:

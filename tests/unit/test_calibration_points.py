@@ -81,4 +81,5 @@ def test_xcd_rereads_close_the_mid_m_misses():
     assert {with_term[s]["role"] for s in ("m=128,n=7168,k=2048", "m=128,n=2560,k=2560")} == {"validation"}
     huge = dict(GPUS["gfx950"].timing, reread_efficiency=1e9)  # re-reads for free: the model before the term
     without = pick(cal.evaluate(feats, huge))
-    assert without["m=128,n=7168,k=2048"]["ratio"] < 0.6 and without["m=256,n=7168,k=2048"]["ratio"] < 0.7
+    # both misses again without the term (0.55 / 0.71 under the constants refitted with the L2 term)
+    assert without["m=128,n=7168,k=2048"]["ratio"] < 0.6 and without["m=256,n=7168,k=2048"]["ratio"] < 0.75

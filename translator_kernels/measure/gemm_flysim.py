@@ -25,7 +25,8 @@ def formula_bytes(m: int, n: int, k: int, cfg, esz: int = 2) -> int:
 
     n_pad, k_pad = padded_shape(n, k)
     written, read = partial_bytes(m, n, k, cfg)
-    return (m * k * math.ceil(n / cfg.bn) + n_pad * k_pad * math.ceil(m / cfg.bm) + m * n) * esz + written + read
+    w_reads = math.ceil(m / cfg.bm) * (2 if cfg.quad else 1)  # the 2 x 2 layout loads W in both wave rows
+    return (m * k * math.ceil(n / cfg.bn) + n_pad * k_pad * w_reads + m * n) * esz + written + read
 
 
 def measure_point(m: int, n: int, k: int, arch: str) -> dict:
@@ -49,11 +50,21 @@ def measure_point(m: int, n: int, k: int, arch: str) -> dict:
         _OVERRIDES.pop(key, None)
         if saved is not None:
             _OVERRIDES[key] = saved
-    rec = [r for r in sim.launches if "shuffle" not in r.kernel][-1]
+    recs = [r for r in sim.launches if "gemm" in r.kernel]
+    if len(recs) != 1 or not recs[0].counters.get("global_bytes_read"):
+        raise RuntimeError(f"flysim recorded {[(r.kernel, r.counters.get('global_bytes_read')) for r in sim.launches]} "
+                           f"for one GEMM launch at {cfg}")
+    rec = recs[0]
     moved = rec.counters["global_bytes_read"] + rec.counters["global_bytes_written"]
     small, full = formula_bytes(m, N_RUN, k, cfg), formula_bytes(m, n, k, cfg)
-    return dict(cfg=[cfg.bm, cfg.bn, cfg.bk, cfg.split, cfg.kw, cfg.wm], moved_small=moved, formula_small=small,
-                formula_full=full, flysim_full=round(full * moved / small))
+    return dict(cfg=cfg_key(cfg), moved_small=moved, formula_small=small, formula_full=full,
+                flysim_full=round(full * moved / small))
+
+
+def cfg_key(cfg) -> list:
+    """The config as the cache stores it: every field that changes the bytes (head, ring and the 2 x 2 layout
+    included: two tiles that differ only there are different kernels)."""
+    return [cfg.bm, cfg.bn, cfg.bk, cfg.split, cfg.kw, cfg.wm, cfg.head, int(cfg.ring), int(cfg.quad)]
 
 
 def refresh(ms, n: int = 4096, k: int = 4096, archs=("gfx942", "gfx950")) -> dict:
