@@ -46,9 +46,9 @@ def _assert_wide_launch(rec, m, n, k, dt):
     (4096, 4096, 4096, "gfx950", (256, 256, 64, 2)),  # 256 tiles on 256 CUs, same time, 1/3 fewer bytes
     (8192, 8192, 4096, "gfx950", (256, 256, 64, 2)),
     (4096, 4096, 4096, "gfx942", (128, 128, 64, 1)),  # 2 x 128 KiB LDS does not fit gfx942's 64 KiB
-    (2048, 2048, 4096, "gfx950", (32, 256, 256, 1)),  # mid M (<= 2048): the timing MODEL's ranking (64 wide
-    # tiles would leave 192 CUs idle; the W register ring's 32x256x256 head 32 is modeled at 37.6 us, the
-    # plain 64x256x128 at 42.1 us)
+    (2048, 2048, 4096, "gfx950", (64, 256, 128, 1)),  # mid M (<= 2048): the timing MODEL's ranking (64 wide
+    # tiles would leave 192 CUs idle; 64x256x128 split 2 head 32 at 26.9 us; the W register ring's 32x256x256
+    # head 32, 37.6 us before the L2 term, reads W through the L2s once per 32-row tile: 1.1 GB, 47.3 us)
     (3072, 3072, 4096, "gfx950", (128, 128, 64, 1)),
     (4096, 4100, 4096, "gfx950", (128, 128, 64, 1)),  # N not a multiple of 8: no 16-byte C pieces
 ])

@@ -84,8 +84,8 @@ def model_terms(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig) 
     away (seconds; the launch floor left out). t_issue's terms: A's LDS traffic, the loop's vector work, the
     exposed part of each K step's memory round trip (EXPOSED x MEM_LATENCY), the prologue's bytes at the CU's
     share of the bandwidth; what is left of t_issue is the MFMAs with the prologue's one latency and the
-    rounds of workgroups (wave quantization). t_mem's: the split-K partials. `binds` names the larger of
-    t_mem and t_issue."""
+    rounds of workgroups (wave quantization). t_mem's: the split-K partials. `binds` names the largest of
+    t_mem, t_issue and t_l2 (the bytes every workgroup loads through the L2s, timing.launch_time)."""
     e = model_estimate(m, n, k, dtype, arch, cfg)
 
     def gain(**kw):
@@ -98,7 +98,8 @@ def model_terms(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig) 
                  exposed_latency=issue(consts=dict(exposed=0.0)), prologue_bytes=issue(prologue=False))
     no_partials = model_estimate(m, n, k, dtype, arch, cfg, partials="free")
     return dict(e, terms=terms, mfma_and_rest=e["t_issue"] - sum(terms.values()),
-                partial_t=e["t_mem"] - no_partials["t_mem"], binds="t_mem" if e["t_mem"] >= e["t_issue"] else "t_issue",
+                partial_t=e["t_mem"] - no_partials["t_mem"],
+                binds=max(("t_mem", "t_issue", "t_l2"), key=lambda t: e[t]),
                 gain_without=dict(lds=gain(edit=dict(loop_lds=0)), exposed_latency=gain(consts=dict(exposed=0.0)),
                                   prologue_bytes=gain(prologue=False), partials=gain(partials="free")))
 
