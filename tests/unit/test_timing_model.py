@@ -113,13 +113,16 @@ def test_config_fits_rejects_kw4_tiles_whose_lds_cannot_sum_the_accumulators():
     assert tiles.config_fits(GemmConfig(64, 64, 256, 2, 4), "bf16", "gfx942") is None
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-@pytest.mark.parametrize("mb,n", [(128, 6144), (64, 4096)])
+@pytest.mark.parametrize("arch,mb,n", [(a, mb, n) for a in ("gfx942", "gfx950") for mb, n in ((128, 6144), (64, 4096))]
+                         # the choices the L2 term changed at N = K = 4096 (gfx942 M = 128: 32x64x256 split 2 head 32,
+                         # gfx950 M = 16: 16x32x128 kw4 split 4, M = 2048: 128x256x64 split 2 head 32)
+                         + [("gfx942", 128, 4096), ("gfx950", 16, 4096), ("gfx950", 2048, 4096)])
 def test_mid_m_choice_compiles(arch, mb, n):
     from translator_kernels.measure.gemm_isa import isa_stats
 
     c = choose_config(mb, n, 4096, "bf16", arch)
-    s = isa_stats(n, 4096, "bf16", arch, c.bm, c.bn, c.bk, split=c.split, kw=c.kw, wm=c.wm)
+    s = isa_stats(n, 4096, "bf16", arch, c.bm, c.bn, c.bk, activation="gelu", bias=True, residual=True, split=c.split,
+                  kw=c.kw, wm=c.wm, head=c.head, ring=c.ring, quad=c.quad)
     assert s["vgpr_spill"] == 0 and s["mfma_static"] > 0
 
 
