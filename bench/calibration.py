@@ -221,10 +221,11 @@ def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=40
           "of the HBM floor (at the achievable bandwidth) and the FLOP floor. t_issue = MFMA and the rest (the MFMAs, "
           "the prologue's one latency, latency floors, rounds) + A's LDS traffic + loop vector work + exposed latency "
           "of each K step + prologue bytes; each is what taking that term alone away saves from t_issue. "
-          "t_mem's partials: split-K's fp32 partial tiles. Gain = what the kernel time loses without the term.\n")
-    print("| arch | M | tile | kernel | goal | binds | t_mem (partials) | t_issue | MFMA and rest | LDS | vector | "
-          "exposed latency | prologue bytes | gain without partials / LDS / exposed latency / prologue |")
-    print("|" + "---|" * 14)
+          "t_mem's partials: split-K's fp32 partial tiles. t_l2: the bytes every workgroup loads through the L2s "
+          "(tiles.l2_bytes) at the fitted share of their peak. Gain = what the kernel time loses without the term.\n")
+    print("| arch | M | tile | kernel | goal | binds | t_mem (partials) | t_issue | t_l2 (MB loaded) | MFMA and rest | LDS | "
+          "vector | exposed latency | prologue bytes | gain without partials / LDS / exposed latency / prologue |")
+    print("|" + "---|" * 15)
     for arch in archs:
         eff = GPUS[arch].timing["hbm_efficiency"]
         for m in ms:
@@ -234,7 +235,8 @@ def terms_table(archs=("gfx942", "gfx950"), ms=(128, 256, 512, 1024, 2048), n=40
             t, gw = r["terms"], r["gain_without"]
             print(f"| {arch} | {m} | {tile_label(c)} | "
                   f"{r['kernel_t'] * 1e6:.2f} | {goal * 1e6:.2f} | {r['binds']} | {r['t_mem'] * 1e6:.2f} "
-                  f"({r['partial_t'] * 1e6:.2f}) | {r['t_issue'] * 1e6:.2f} | {r['mfma_and_rest'] * 1e6:.2f} | "
+                  f"({r['partial_t'] * 1e6:.2f}) | {r['t_issue'] * 1e6:.2f} | {r['t_l2'] * 1e6:.2f} "
+                  f"({r['l2_bytes'] / 1e6:.0f}) | {r['mfma_and_rest'] * 1e6:.2f} | "
                   f"{t['lds'] * 1e6:.2f} | {t['vector'] * 1e6:.2f} | {t['exposed_latency'] * 1e6:.2f} | "
                   f"{t['prologue_bytes'] * 1e6:.2f} | {gw['partials'] * 1e6:.2f} / {gw['lds'] * 1e6:.2f} / "
                   f"{gw['exposed_latency'] * 1e6:.2f} / {gw['prologue_bytes'] * 1e6:.2f} |", flush=True)
@@ -264,7 +266,7 @@ def reread_table(archs=("gfx942", "gfx950"), ms=(16, 64, 128, 256, 512, 1024, 20
             free = model_estimate(m, n, k, dtype, arch, c, consts=dict(t, reread_efficiency=1e30))
             rr = xcd_reread_bytes(m, n, k, 2, 2, c.bm, c.bn, g.xcds, c.split)
             rr_g = xcd_reread_bytes(m, n, k, 2, 2, c.bm, c.bn, g.xcds, c.split, grouped=True)
-            with_rr = max(free["t_mem"] + rr / (t["reread_efficiency"] * g.hbm_bytes_per_s), free["t_issue"])
+            with_rr = max(free["t_mem"] + rr / (t["reread_efficiency"] * g.hbm_bytes_per_s), free["t_issue"], free["t_l2"])
             ach = e["hbm_floor"] / t["hbm_efficiency"]
             rows.append(dict(arch=arch, m=m, kernel_t=free["kernel_t"], with_rereads=with_rr, reread_bytes=rr,
                              grouped_t=e["kernel_t"], grouped_bytes=rr_g))
