@@ -22,6 +22,7 @@ import json
 import os
 import sys
 
+from translator_kernels import timing
 from translator_kernels.arch import GPUS
 from translator_kernels.measure.calibration import (ARCH, CACHE, KNOWN_MISSES, MI300X_POINTS, POINTS,
                                                     attention_block_m, calibration_line, compile_key, error_summary,
@@ -327,7 +328,8 @@ def main(argv=None) -> int:
           f"{GPUS[ARCH].hbm_bytes_per_s / 1e12:.1f} TB/s, memory latency {used['mem_latency_s'] * 1e6:.2f} us, "
           f"overlap {used['overlap']:.2f}, latency exposed per loop iteration {used.get('exposed', 0):.2f}, "
           f"L2 latency (a later straight-line round trip) {used.get('l2_latency_s', 0) * 1e6:.2f} us, GEMM blocks other "
-          f"XCDs read again at {used.get('reread_efficiency', 1.0):.2f} x the HBM peak; measured, not "
+          f"XCDs read again at {used.get('reread_efficiency', 1.0):.2f} x the HBM peak, loaded bytes through the L2s at "
+          f"{used.get('l2_efficiency', 1.0):.2f} x their peak ({timing.l2_bytes_per_s(ARCH) / 1e12:.1f} TB/s); measured, not "
           f"fitted: a launch replayed back to back in one graph {used.get('graph_launch_s', 0) * 1e6:.1f} us\n")
     print("| kernel | shape | measured us | source | MODEL us | MODEL / measured | role | bound | "
           "in flight / CU (KiB) | waves/SIMD | note |")
