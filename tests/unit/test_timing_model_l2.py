@@ -15,9 +15,11 @@ LOOP = dict(loop_matrix=1000, loop_flops=1, has_loop=True)
 
 
 def test_l2_peak_is_the_data_sheet_width_per_xcd():
-    # 8 XCDs x 16 channels x 128 B per clock: MI355X 39.3 TB/s at 2.4 GHz, MI300X 34.4 TB/s at 2.1 GHz
-    assert timing.l2_bytes_per_s("gfx950") == 8 * 2048 * 2.4e9
-    assert timing.l2_bytes_per_s("gfx942") == 8 * 2048 * 2.1e9
+    # 8 XCDs x 16 channels x 128 B per clock at the boost clock: MI355X 39.3 TB/s, MI300X 34.4 TB/s
+    for arch, g in GPUS.items():
+        assert g.xcds == 8 and g.l2_read_bytes_per_clk == 16 * 128
+        assert timing.l2_bytes_per_s(arch) == g.xcds * g.l2_read_bytes_per_clk * g.clock_hz
+    assert timing.l2_bytes_per_s("gfx950") > timing.l2_bytes_per_s("gfx942")
 
 
 def test_l2_bytes_are_a_third_floor():
