@@ -83,3 +83,21 @@ def test_xcd_rereads_close_the_mid_m_misses():
     without = pick(cal.evaluate(feats, huge))
     # both misses again without the term (0.55 / 0.71 under the constants refitted with the L2 term)
     assert without["m=128,n=7168,k=2048"]["ratio"] < 0.6 and without["m=256,n=7168,k=2048"]["ratio"] < 0.75
+
+
+def test_flysim_byte_cache_names_the_whole_tile_and_holds_real_counts():
+    """translator_kernels/measure/gemm_flysim.json (bench.calibration --flysim-bytes): each entry's config names head,
+    ring and the 2 x 2 layout (a ring tile and its plain twin are different kernels; the table printed one's bytes
+    for the other when the key held six fields), and each holds a real flysim count: a refresh once stored 0 bytes
+    for gfx950 M = 256 (the refresh now refuses a launch record without bytes). flysim's count matches the no-cache
+    formula at the reduced N to within the split-K tickets."""
+    from translator_kernels.gemm.tiles import GemmConfig
+    from translator_kernels.measure.gemm_flysim import cfg_key, load
+
+    assert cfg_key(GemmConfig(32, 256, 256, 2, head=32, ring=True)) != cfg_key(GemmConfig(32, 256, 256, 2, head=32))
+    assert cfg_key(GemmConfig(32, 128, 256, 2, ring=True, quad=True)) != cfg_key(GemmConfig(32, 128, 256, 2, ring=True))
+    cache = load()
+    assert {f"{a}:{m}:4096:4096" for a in ("gfx942", "gfx950") for m in (1, 16, 64, 128, 256)} <= set(cache)
+    for key, e in cache.items():
+        assert len(e["cfg"]) == 9 and e["moved_small"] > 0, key
+        assert e["formula_small"] <= e["moved_small"] <= e["formula_small"] * 1.001, key
