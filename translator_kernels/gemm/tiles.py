@@ -42,7 +42,8 @@ path: a smaller GEMM is a few microseconds, below every measured point the model
 calibration error is timing.CALIBRATION) on features estimated from the config (no compile): the
 MFMA cycles of one K tile per wave, A's LDS round trip, W's K tile per workgroup as the HBM bytes
 in flight, occupancy from `workgroups_per_cu`, the grid with its split-K factor, HBM bytes with
-L2 / last-level-cache reuse (timing.gemm_hbm_bytes) plus the split-K partials. A short first tile's
+L2 / last-level-cache reuse (timing.gemm_hbm_bytes) plus the split-K partials, and the bytes every workgroup
+loads through the L2s (`l2_bytes`: timing's t_l2, which makes small row tiles pay for re-reading W). A short first tile's
 two partial K steps are priced by their share of a tile's MFMA and LDS work (`_partial_step`: each
 still pays the loop's vector work, a round trip and the latency floor), not as two full steps.
 
