@@ -58,7 +58,7 @@ PER_LAYER = {
     "llama": 8,
     "qwen3": 8,
     "gemma3": 10,
-    "phi3": 10,
+    "phi3": 8,
     "gemma2": 10,
 }
 
