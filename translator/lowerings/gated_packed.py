@@ -17,11 +17,10 @@ activation and the mul. Counter `gated_mlp_packed`.
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 
-from ..graph import aten, arg, dtype_of, shape_of, static_int
+from ..graph import aten, arg, dtype_of, getitem_of, shape_of, static_int
 from ..registry import NO_MATCH, Match, Stage, rule
 from .gated_mlp import gate_pairs, gated_weight, param_linear
 from .gemm import _gemm_reason, cast_weight
@@ -38,8 +37,8 @@ def _half(node):
     """(the split tensor's node, 0 or 1) where `node` is the first or second half of its last dim, else None."""
     if node.op != "call_function":
         return None
-    if node.target is operator.getitem:
-        sp, i = node.args
+    if (part := getitem_of(node)) is not None:
+        sp, i = part
         if not isinstance(sp, torch.fx.Node) or sp.target not in SPLITS or i not in (0, 1):
             return None
         src = arg(sp, "self")

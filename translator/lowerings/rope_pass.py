@@ -21,7 +21,7 @@ import operator
 
 import torch
 
-from ..graph import aten, arg, shape_of, static_int
+from ..graph import aten, arg, getitem_of, shape_of, static_int
 from ..registry import NO_MATCH, Match, Stage, rule
 from .rope_cache import ROPE
 
@@ -49,7 +49,7 @@ def _empty_pass_cats(r):
 
 def rope_pass_supported(node, ctx):
     cats = [p for r in node.graph.nodes if r.target is ROPE for p in _empty_pass_cats(r)]
-    if not any(g.args[0] is node for _, g in cats) or ctx.denied([c for c, _ in cats]):
+    if not any(getitem_of(g)[0] is node for _, g in cats) or ctx.denied([c for c, _ in cats]):
         return NO_MATCH
     return Match(cats=cats)
 
