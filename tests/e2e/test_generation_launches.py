@@ -14,6 +14,9 @@ What the counts were before each change (docs/state.md, "Launches per decode ste
   launches, and the rotations, reading two norm outputs, were two RoPE launches with only K's write fused
   (V's a separate scatter). rope_norm.py folds the norms into the RoPE launch, which then pairs q and k and
   takes both cache writes: a Qwen3 layer is Llama's 8.
+- Phi-3: the packed gate_up_proj was a GEMM and a SiLU-multiply kernel, K's write a scatter after a `cat` with
+  an empty pass-through part: gated_packed.py and rope_pass.py make it Llama's 8
+  (tests/e2e/test_generation_launches_patterns.py).
 """
 
 from __future__ import annotations
