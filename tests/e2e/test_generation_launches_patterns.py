@@ -3,7 +3,9 @@
 - gated_packed.py: a gated MLP over one packed [2N, K] gate/up weight (Phi-3's `gate_up_proj`, split by
   `chunk`, `split` or two slices, with or without a bias) is one `gemm_gated` launch;
 - rope_pass.py: `cat([rope(x), x[..., D:]])` with an empty pass-through part is the rotation (Phi-3's full
-  rotary), so the rotated k reaches the cache write from the RoPE launch.
+  rotary), so the rotated k reaches the cache write from the RoPE launch;
+- rope_norm.py: a per-head RMSNorm read only by a rotation (Qwen3's q_norm / k_norm) rides in the RoPE launch;
+  a norm whose output is also read elsewhere stays.
 Each: the counter moved, the launches recorded (flysim) or the FlyDSL nodes (reference), eager's numbers.
 """
 
@@ -100,3 +102,49 @@ def test_phi3_layer_rewrites_fire_and_keep_eagers_tokens_and_cache():
     assert "cache_write" not in _flydsl_nodes(gen.translated)[5:]  # only the step's counter reset, before layer 0
     assert _greedy(gen, ids, n) == want
     _assert_same_cache(cache_tensors(gen.translated), _kv(cache), PROMPT + n - 1)
+
+
+class QKNormRope(torch.nn.Module):
+    """A per-head RMSNorm then rotate-half RoPE (Qwen3's attention before its cache write), written by hand;
+    `leak`: the normalized q is also returned, so its norm must stay."""
+
+    def __init__(self, heads=4, d=16, leak=False):
+        super().__init__()
+        self.heads, self.d, self.leak = heads, d, leak
+        self.w = torch.nn.Parameter(torch.randn(d))
+        ang = torch.randn(8, d // 2)
+        self.register_buffer("cos", torch.cat((ang, ang), -1).cos())
+        self.register_buffer("sin", torch.cat((ang, ang), -1).sin())
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        qn = F.rms_norm(x.view(b, s, self.heads, self.d), (self.d,), self.w, 1e-6)
+        q = qn.transpose(1, 2)
+        h = self.d // 2
+        cos, sin = self.cos[:s], self.sin[:s]
+        out = q * cos + torch.cat((-q[..., h:], q[..., :h]), -1) * sin
+        return (out, qn) if self.leak else out
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_head_norm_before_rope_folds_unless_read_elsewhere(leak):
+    torch.manual_seed(0)
+    model, x = QKNormRope(leak=leak).eval(), torch.randn(1, 5, 64)
+    tm = translator.translate(model, (x,), backend="reference")
+    assert tm.report.counters.get("rope_norm") == (None if leak else 1), tm.report.counters
+    assert _flydsl_nodes(tm) == (["rms_norm", "rope"] if leak else ["rope"]), _flydsl_nodes(tm)
+    with torch.no_grad():
+        got, want = tm(x), model(x)
+    for g, w in zip(got if leak else [got], want if leak else [want]):
+        torch.testing.assert_close(g, w, **model_tol())
+
+
+def test_flysim_head_norm_and_rope_are_one_launch():
+    torch.manual_seed(0)
+    model, x = QKNormRope().eval(), torch.randn(1, 5, 64)
+    tm = translator.translate(model, (x,), backend="flysim")
+    with torch.no_grad():
+        got = tm(x)
+    assert [(c.family, len(c.launches)) for c in tm.last_calls] == [("rope", 1)], tm.last_calls
+    assert [ln.kernel.split("_kernel")[0] for ln in tm.last_launches] == ["rope_cache"]
+    torch.testing.assert_close(got, model(x), **model_tol())
