@@ -58,7 +58,8 @@ class StaticCacheStep(torch.nn.Module):
     launches per layer per step, 96 per decode step of a 32-layer model.
 
     `one_counter=True` (translate_for_generation) keeps the same cache: the layers share one counter,
-    reset once at the step's start; the step's positions `arange(S) + counter` are computed once and every
+    reset once at the step's start; the step's positions `arange(S) + counter` are computed once, handed to
+    the model as its `position_ids` (what it computes itself from the counter when given none) and every
     layer's `update` writes its K / V there (`index_copy_(2, positions, ..)`, as the recipe's layer does);
     the counter is bumped once at the step's end. Every layer's counter holds what the recipe's holds
     wherever the model reads it (`get_seq_length()` before the layers' updates, `cache_position[0]`) and
@@ -98,8 +99,8 @@ class StaticCacheStep(torch.nn.Module):
         for layer in layers:
             layer.step_positions = positions
         try:
-            outs = self.step.model(input_ids=input_ids, attention_mask=None, cache=self.step.static_cache,
-                                   use_cache=True)
+            outs = self.step.model(input_ids=input_ids, attention_mask=None, position_ids=positions[None],
+                                   cache=self.step.static_cache, use_cache=True)
         finally:
             for layer in layers:
                 layer.step_positions = None
