@@ -42,6 +42,7 @@ Refused with an InputError, never run wrongly:
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 
@@ -49,9 +50,23 @@ from ..errors import InputError
 
 
 class StaticCacheStep(torch.nn.Module):
-    """`(input_ids, cache_position) -> logits` of an HF causal LM, its StaticCache held as buffers."""
+    """`(input_ids, cache_position) -> logits` of an HF causal LM, its StaticCache held as buffers.
 
-    def __init__(self, model, batch_size: int, max_cache_len: int):
+    `one_counter=False` is transformers' recipe as it is: each layer keeps a 0-d int64 `cumulative_length`,
+    reset to `cache_position[0]` at the step's start (one `copy_` per layer) and, in the layer's `update`,
+    read for the write's positions (`arange(S) + cumulative_length`) and bumped (`add_(S)`): 3 one-element
+    launches per layer per step, 96 per decode step of a 32-layer model.
+
+    `one_counter=True` (translate_for_generation) keeps the same cache: the layers share one counter,
+    reset once at the step's start; the step's positions `arange(S) + counter` are computed once, handed to
+    the model as its `position_ids` (what it computes itself from the counter when given none) and every
+    layer's `update` writes its K / V there (`index_copy_(2, positions, ..)`, as the recipe's layer does);
+    the counter is bumped once at the step's end. Every layer's counter holds what the recipe's holds
+    wherever the model reads it (`get_seq_length()` before the layers' updates, `cache_position[0]`) and
+    after the step (`cache_position[0] + S`); the K / V land at the recipe's positions. A step costs 3
+    one-element launches, not 3 per layer."""
+
+    def __init__(self, model, batch_size: int, max_cache_len: int, one_counter: bool = False):
         super().__init__()
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -63,9 +78,45 @@ class StaticCacheStep(torch.nn.Module):
             self.step = TorchExportableModuleWithStaticCache(model, batch_size=batch_size, max_cache_len=max_cache_len)
         finally:
             model.generation_config = gc
+        self.one_counter = one_counter
+        if one_counter:
+            counter = torch.zeros((), dtype=torch.long)  # held by the layers only (see forward)
+            for i, layer in enumerate(self.step.static_cache.layers):
+                self.step._buffers.pop(f"cumulative_length_{i}", None)
+                layer.cumulative_length = counter
+                layer.step_positions = None
+                layer.update = types.MethodType(_write_at_step_positions, layer)
 
     def forward(self, input_ids, cache_position):
-        return self.step(input_ids=input_ids, cache_position=cache_position)
+        if not self.one_counter:
+            return self.step(input_ids=input_ids, cache_position=cache_position)
+        layers = self.step.static_cache.layers
+        start = layers[0].cumulative_length  # read through a layer, as the model reads it (export lifted a
+        # tensor reached by two paths, a buffer and a layer's attribute, as two tensors: the model read a stale one)
+        start.copy_(cache_position[0])
+        s = input_ids.shape[-1]
+        positions = torch.arange(s, device=start.device) + start
+        for layer in layers:
+            layer.step_positions = positions
+        try:
+            outs = self.step.model(input_ids=input_ids, attention_mask=None, position_ids=positions[None],
+                                   cache=self.step.static_cache, use_cache=True)
+        finally:
+            for layer in layers:
+                layer.step_positions = None
+        start.add_(s)
+        return outs.logits if hasattr(outs, "logits") else outs.last_hidden_state
+
+
+def _write_at_step_positions(layer, key_states, value_states, *args, **kwargs):
+    """A StaticLayer's `update` under StaticCacheStep(one_counter=True): the recipe's write (`index_copy_`
+    along the sequence dim) at the step's positions, with no per-layer counter bump."""
+    pos = layer.step_positions
+    if pos is None or key_states.shape[-2] != pos.shape[0]:  # a layer fed another length: its own positions
+        pos = torch.arange(key_states.shape[-2], device=layer.keys.device) + layer.cumulative_length
+    layer.keys.index_copy_(2, pos, key_states)
+    layer.values.index_copy_(2, pos, value_states)
+    return layer.keys, layer.values
 
 
 def _check_model(model, max_cache_len: int) -> None:
@@ -103,7 +154,7 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
         ids = example_ids if example_ids is not None else torch.zeros(batch_size, 4, dtype=torch.long)
         if ids.dim() != 2 or ids.shape[0] != batch_size:
             raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
-        step = StaticCacheStep(model, batch_size, max_cache_len)
+        step = StaticCacheStep(model, batch_size, max_cache_len, one_counter=True)
         try:
             tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
         except InputError as e:

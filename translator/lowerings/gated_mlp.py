@@ -91,9 +91,9 @@ def _gate_name(node) -> str | None:
     return None
 
 
-def _linear(node, ctx):
-    """(x, W, bias node) of a single-user aten.linear with a parameter weight, else None."""
-    if node.op != "call_function" or node.target is not aten.linear.default or len(node.users) != 1:
+def param_linear(node, ctx):
+    """(x, W, bias node) of an aten.linear with a 2-D parameter weight, else None."""
+    if node.op != "call_function" or node.target is not aten.linear.default:
         return None
     w = ctx.constant(arg(node, "weight"))
     if w is None or w.dim() != 2:
@@ -101,15 +101,26 @@ def _linear(node, ctx):
     return arg(node, "input"), w, arg(node, "bias")
 
 
-def _match(node, ctx):
-    """(gate name, act node, gate linear, up linear) of a gated MLP rooted at mul `node`, else None."""
+def _linear(node, ctx):
+    """param_linear of a single-user aten.linear, else None."""
+    return param_linear(node, ctx) if len(node.users) == 1 else None
+
+
+def gate_pairs(node):
+    """(gate name, act node, the other operand) for each operand order of mul `node` whose one operand is a
+    gate activation (read only by the mul) of a node."""
     pair = (arg(node, "self"), arg(node, "other"))
     if node.kwargs or not all(isinstance(a, torch.fx.Node) for a in pair):
-        return None
+        return
     for act, up in (pair, pair[::-1]):
         gate = _gate_name(act)
-        if gate is None or len(act.users) != 1 or not isinstance(arg(act, "self"), torch.fx.Node):
-            continue
+        if gate is not None and len(act.users) == 1 and isinstance(arg(act, "self"), torch.fx.Node):
+            yield gate, act, up
+
+
+def _match(node, ctx):
+    """(gate name, act node, gate linear, up linear) of a gated MLP rooted at mul `node`, else None."""
+    for gate, act, up in gate_pairs(node):
         g, u = _linear(arg(act, "self"), ctx), _linear(up, ctx)
         if g is None or u is None or g[0] is not u[0] or (g[2] is None) != (u[2] is None):
             continue

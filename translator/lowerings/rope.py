@@ -66,8 +66,14 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 def rope(xs: list[torch.Tensor], coss: list[torch.Tensor], sins: list[torch.Tensor], pairs: bool,
          kc: Optional[torch.Tensor], k_order: Optional[list[int]], v: Optional[torch.Tensor],
          vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int,
-         out_dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
-    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype)
+         out_dtype: Optional[torch.dtype] = None, norm_w0: Optional[torch.Tensor] = None,
+         norm_w1: Optional[torch.Tensor] = None, norm_eps: float = 0.0) -> list[torch.Tensor]:
+    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_w0, norm_w1, norm_eps)
+
+
+def _norm_ws(xs, w0, w1):
+    """The norm weights of xs (rope_norm.py), one per rotated tensor, else None."""
+    return None if w0 is None else [w0, w1][:len(xs)]
 
 
 def _rotated(x, cos, sin, pairs, out_dtype=None):
@@ -79,7 +85,7 @@ def _rotated(x, cos, sin, pairs, out_dtype=None):
 
 
 @rope.register_fake
-def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
+def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None, norm_eps=0.0):
     n = len(xs) - (kc is not None)
     outs = []
     for i in range(n):
@@ -88,11 +94,17 @@ def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
     return outs
 
 
-def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
+def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
+             norm_eps=0.0):
     """The rotations in fp32 (rotate-half over x's last dim, or pairs x [..., P, 2] with cos / sin per
     pair), cast once (the returned ones to out_dtype when given); the last into kc at ids along dim when kc
     is given, rounded to kc's dtype (its region's strides over the rotated tensor follow k_order,
-    innermost first); v into vc likewise."""
+    innermost first); v into vc likewise. With norm weights (norm_w0 for xs[0], norm_w1 for xs[1]), each x is
+    first flydsl.rms_norm(x, [D], w, norm_eps) (rope_norm.py: Qwen3's q / k norm)."""
+    norm_ws = _norm_ws(xs, norm_w0, norm_w1)
+    if norm_ws is not None:
+        xs = [torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w.float(), norm_eps).to(x.dtype)
+              for x, w in zip(xs, norm_ws)]
     outs = []
     for i, (x, c, s) in enumerate(zip(xs, coss, sins)):
         cached = kc is not None and i == len(xs) - 1  # stored in kc: rounded to kc's dtype
@@ -119,10 +131,12 @@ def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None
     return outs
 
 
-def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
+def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
+                norm_eps=0.0):
     from translator_kernels.layout.rope_cache import rope_cache
 
-    return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=out_dtype)
+    return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=out_dtype,
+                      norm_ws=_norm_ws(xs, norm_w0, norm_w1), eps=norm_eps)
 
 
 register_family(OpFamily(

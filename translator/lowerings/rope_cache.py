@@ -163,13 +163,18 @@ def _dtypes_agree(a, b) -> bool:
     return a == b or a is None or b is None
 
 
+def _norm(r):
+    """What rope_norm.py folded into rotation r: (normalized, eps). Two rotations share a launch with the same."""
+    return arg(r, "norm_w0") is not None, arg(r, "norm_eps") if arg(r, "norm_w0") is not None else None
+
+
 def rope_cache_supported(node, ctx):
     if not _single(node) or ctx.denied([node]):
         return NO_MATCH
     pairs, root = arg(node, "pairs"), _root(arg(node, "xs")[0])
     partner = next((r for r in node.graph.nodes if r is not node and _single(r) and position(r) > position(node)
                     and arg(r, "pairs") == pairs and _root(arg(r, "xs")[0]) is root
-                    and _dtypes_agree(arg(r, "out_dtype"), arg(node, "out_dtype"))), None)
+                    and _dtypes_agree(arg(r, "out_dtype"), arg(node, "out_dtype")) and _norm(r) == _norm(node)), None)
     ropes = [node] + ([partner] if partner is not None else [])
     k_write = chain = order = None
     for r in ropes[::-1]:
@@ -224,7 +229,8 @@ def fuse_rope_cache(node, ctx, m):
     args = (xs, coss, sins, arg(node, "pairs"), arg(kw, "dst") if kw else None, m.order,
             arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
             arg(w, "ids") if w else None, arg(w, "dim") if w else 0,
-            next((arg(r, "out_dtype") for r in ropes[:len(ropes) - (kw is not None)] if arg(r, "out_dtype")), None))
+            next((arg(r, "out_dtype") for r in ropes[:len(ropes) - (kw is not None)] if arg(r, "out_dtype")), None),
+            *([arg(r, "norm_w0") for r in ropes] + [None])[:2], arg(node, "norm_eps") or 0.0)
     kept = ropes[:-1] if kw is not None else ropes
     lowering = "rope_cache_write" if w is not None else "rope_qk"
     new = ctx.emit("rope", args, lowering=lowering, sources=[],

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
+from flydsl.expr import range_constexpr
 import torch
 
 from translator_kernels import device_math as em
@@ -65,6 +66,7 @@ class RopeSec:
     vs: tuple = ()  # its strides over R's flat index
     dst: tuple = ()  # SrcDim per cache dim (the indexed one reads the positions)
     dst_strides: tuple = ()
+    norm: str = ""  # RMS-normalized over the last dim before the rotation: the weight's dtype name
 
     @property
     def numel(self) -> int:
@@ -76,6 +78,7 @@ class Fused:
     ropes: tuple  # RopeSec, one or two
     copy: Scatter | None  # v into its cache
     id_words: int  # 1: int32 positions, 2: int64, 0: none
+    eps: float = 0.0  # of the norms (RopeSec.norm)
 
 
 def _grids(f: Fused) -> list:
@@ -103,7 +106,29 @@ def _dot(coords, strides):
     return fx.Int32(off) if not isinstance(off, int) else off
 
 
-def _rotate(sec: RopeSec, o, X, C, S):
+def _round(v, dt: str):
+    """fp32 lanes rounded to dtype `dt` and widened back (what a store and a load in dt give)."""
+    return v if dt == "f32" else v.to({"bf16": fx.BFloat16, "f16": fx.Float16}[dt]).to(em.F32)
+
+
+def _normalized(sec: RopeSec, c, xo, x, xp, X, W, eps):
+    """x and its partner xp RMS-normalized over x's row (R's last dim: rotate-half only), times the weight,
+    rounded to x's dtype as flydsl.rms_norm's output is. The thread sums the row's squares itself (D loads
+    from the cache lines its neighbours load too: a decode step's q / k are a few KB)."""
+    n, st, dt = sec.shape[-1], sec.x[-1], sec.dts[0]
+    base = xo - (c[-1] * st if st != 1 else c[-1])
+    acc = None
+    for j in range_constexpr(n):
+        e = em.load_vec(X, dt, 1, base + j * st)
+        acc = e * e if acc is None else acc + e * e
+    r = em.rsqrt(acc * (1.0 / n) + eps)
+    h = n // 2
+    cp = c[-1] + h - (c[-1] // h) * (2 * h)  # the partner's index in the row
+    w, wp = em.load_vec(W, sec.norm, 1, c[-1]), em.load_vec(W, sec.norm, 1, cp)
+    return _round(x * r * w, dt), _round(xp * r * wp, dt)
+
+
+def _rotate(sec: RopeSec, o, X, C, S, W=None, eps=0.0):
     """The rotated value at R's flat index o (a 1-lane fp32 vector)."""
     c = _coords(o, sec.shape)
     h = sec.shape[-1] // 2
@@ -113,6 +138,8 @@ def _rotate(sec: RopeSec, o, X, C, S):
     po = xo + ps - m * (2 * ps)
     x = em.load_vec(X, sec.dts[0], 1, xo)
     xp = em.load_vec(X, sec.dts[0], 1, po)
+    if sec.norm:
+        x, xp = _normalized(sec, c, xo, x, xp, X, W, eps)
     a = x * em.load_vec(C, sec.dts[1], 1, co)
     t = xp * em.load_vec(S, sec.dts[2], 1, so)
     return fx.Vector.filled(1, m == 0, fx.Boolean).select(a - t, a + t)
@@ -126,10 +153,10 @@ def _cache_offset(sec: RopeSec, o, Ids, words):
 
 @kl.builder
 def build_rope_cache(f: Fused, arch: str):
-    """Launcher `launch(X0, C0, S0, O0, X1, C1, S1, O1, V, Vc, Ids, Flag)`: flat buffers from each
-    tensor's first element (O1 is the k cache where the second rope is written into it; V / Vc as
-    integers of the element width), Ids int32 words, Flag one int32 word; absent ones a dummy word.
-    arch keys the cache."""
+    """Launcher `launch(X0, C0, S0, O0, W0, X1, C1, S1, O1, W1, V, Vc, Ids, Flag)`: flat buffers from each
+    tensor's first element (O1 is the k cache where the second rope is written into it; W0 / W1 the
+    norms' weights; V / Vc as integers of the element width), Ids int32 words, Flag one int32 word;
+    absent ones a dummy word. arch keys the cache."""
     grids = _grids(f)
     starts = [sum(grids[:i]) for i in range(len(grids))]
     r0 = f.ropes[0]
@@ -142,16 +169,17 @@ def build_rope_cache(f: Fused, arch: str):
     B2 = starts[2] if len(grids) > 2 else 0
     cached0, cached1 = bool(r0.region), r1 is not None and bool(r1.region)
     copies = sc is not None
+    eps = f.eps
 
     @flyc.kernel
-    def rope_cache_kernel(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, X1: fx.Tensor,
-                          C1: fx.Tensor, S1: fx.Tensor, O1: fx.Tensor, V: fx.Tensor, Vc: fx.Tensor,
-                          Ids: fx.Tensor, Flag: fx.Tensor):
+    def rope_cache_kernel(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, W0: fx.Tensor,
+                          X1: fx.Tensor, C1: fx.Tensor, S1: fx.Tensor, O1: fx.Tensor, W1: fx.Tensor,
+                          V: fx.Tensor, Vc: fx.Tensor, Ids: fx.Tensor, Flag: fx.Tensor):
         b = fx.Int32(fx.block_idx.x)
         t = fx.Int32(fx.thread_idx.x)
         o0 = b * BLOCK + t
         if o0 < r0.numel:
-            y0 = _rotate(r0, o0, X0, C0, S0)
+            y0 = _rotate(r0, o0, X0, C0, S0, W0, eps)
             if cached0:
                 off0, good0 = _cache_offset(r0, o0, Ids, words)
                 if good0:
@@ -163,7 +191,7 @@ def build_rope_cache(f: Fused, arch: str):
         if r1 is not None:
             o1 = (b - B1) * BLOCK + t
             if (b >= B1) & (o1 < r1.numel):
-                y = _rotate(r1, o1, X1, C1, S1)
+                y = _rotate(r1, o1, X1, C1, S1, W1, eps)
                 if cached1:
                     off, good = _cache_offset(r1, o1, Ids, words)
                     if good:
@@ -183,10 +211,10 @@ def build_rope_cache(f: Fused, arch: str):
                     _raise_flag(Flag)
 
     @flyc.jit
-    def launch(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, X1: fx.Tensor, C1: fx.Tensor,
-               S1: fx.Tensor, O1: fx.Tensor, V: fx.Tensor, Vc: fx.Tensor, Ids: fx.Tensor, Flag: fx.Tensor,
-               stream: fx.Stream = fx.Stream(None)):
-        rope_cache_kernel(X0, C0, S0, O0, X1, C1, S1, O1, V, Vc, Ids, Flag).launch(
+    def launch(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, W0: fx.Tensor, X1: fx.Tensor,
+               C1: fx.Tensor, S1: fx.Tensor, O1: fx.Tensor, W1: fx.Tensor, V: fx.Tensor, Vc: fx.Tensor,
+               Ids: fx.Tensor, Flag: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        rope_cache_kernel(X0, C0, S0, O0, W0, X1, C1, S1, O1, W1, V, Vc, Ids, Flag).launch(
             grid=(sum(grids), 1, 1), block=(BLOCK, 1, 1), stream=stream)
 
     return launch
@@ -226,13 +254,28 @@ def _extent(t) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
 
 
-def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None) -> RopeSec:
+def _norm_name(op, x, w, pairs) -> str:
+    """The dtype name of a norm weight over x's last dim, checked."""
+    if pairs:
+        raise KernelInputError(f"{op}: a norm before the rotation takes rotate-half (the row is x's last dim), "
+                               "not interleaved pairs")
+    if not isinstance(w, torch.Tensor) or w.dtype not in FLOATS or tuple(w.shape) != (x.shape[-1],):
+        raise KernelInputError(f"{op}: a norm weight must be a float tensor of x's last dim ({x.shape[-1]},), got "
+                               f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    if w.device != x.device:
+        raise KernelInputError(f"{op}: the norm weight is on {w.device}, x on {x.device}")
+    return DTYPE_NAMES[w.dtype]
+
+
+def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None, w=None) -> RopeSec:
+    norm = "" if w is None else _norm_name(op, x, w, pairs)
     x, cos, sin = _expand(op, x, cos, sin, pairs)
     if out_dtype is not None and out_dtype not in FLOATS:
         raise KernelInputError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     out = out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
     dts = tuple(DTYPE_NAMES[d] for d in (x.dtype, cos.dtype, sin.dtype, out))
-    base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts)
+    base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts,
+                norm=norm)
     if dst is None:
         return RopeSec(**base)
     if dst.device != x.device:
@@ -250,11 +293,13 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out
     return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
 
 
-def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None):
+def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_ws=None, eps=0.0):
     op = "rope_cache"
     if not 1 <= len(xs) <= 2 or len(coss) != len(xs) or len(sins) != len(xs):
         raise KernelInputError(f"{op}: one or two tensors to rotate, each with its cos and sin; got "
                                f"{len(xs)} / {len(coss)} / {len(sins)}")
+    if norm_ws is not None and len(norm_ws) != len(xs):
+        raise KernelInputError(f"{op}: one norm weight per rotated tensor, got {len(norm_ws)} for {len(xs)}")
     if kc is not None and kc.dtype not in FLOATS:
         raise KernelInputError(f"{op}: the k cache must be float32, bfloat16 or float16 (the rotation is rounded "
                                f"to its dtype), got {kc.dtype}")
@@ -265,7 +310,8 @@ def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=No
                                f"{tuple(ids.shape)}")
     secs = [_rope_sec(op, xs[i], coss[i], sins[i], pairs, *((kc, dim, ids, k_order) if kc is not None and
                                                           i == len(xs) - 1 else (None, 0, None, None)),
-                      out_dtype=kc.dtype if kc is not None and i == len(xs) - 1 else out_dtype)
+                      out_dtype=kc.dtype if kc is not None and i == len(xs) - 1 else out_dtype,
+                      w=None if norm_ws is None else norm_ws[i])
             for i in range(len(xs))]
     sc = None
     if vc is not None:
@@ -274,7 +320,7 @@ def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=No
         if t is not None and _extent(t) * t.element_size() >= MAX_BYTES:
             raise KernelInputError(f"{op}: a tensor spans >= 2 GiB (32-bit buffer offsets); split it")
     words = 0 if ids is None else (2 if ids.dtype == torch.int64 else 1)
-    f = Fused(tuple(secs), sc, words)
+    f = Fused(tuple(secs), sc, words, float(eps) if norm_ws is not None else 0.0)
     return f, build_rope_cache(f, key[-1])
 
 
@@ -285,28 +331,30 @@ def _flat(t, itype=None):
 
 @kr.replayed
 def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2,
-               out_dtype=None):
+               out_dtype=None, norm_ws=None, eps: float = 0.0):
     """Rotate each x of `xs` by its cos / sin (rotate-half over x's last dim, or interleaved pairs:
     x [..., D/2, 2] and cos / sin per pair [..., D/2]), in fp32, rounded once: to out_dtype (default: the
     promoted type of x, cos and sin), the one stored in kc to kc's dtype; returns the rotated tensors,
     contiguous, except
     the last when `kc` is given: that one is stored into kc at `ids` along `dim` (R's flat index o is
     the written region's element whose strides over R follow `k_order`, the region dims innermost
-    first). v, when given, is stored into vc at ids along dim. One launch; the caches in place."""
+    first). v, when given, is stored into vc at ids along dim. `norm_ws` (one [D] weight per x): each x's
+    rows (its last dim, rotate-half) RMS-normalized first, `x * rsqrt(mean(x^2) + eps) * w` in fp32 rounded
+    to x's dtype, as flydsl.rms_norm returns it (Qwen3's q / k norm). One launch; the caches in place."""
     if ids is not None and isinstance(ids, torch.Tensor) and ids.dim() == 0:
         ids = ids.reshape(1)
     arch = current_arch()
     try:
         geo = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)  # noqa: E731
-        key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids)), len(xs), bool(pairs),
-               None if k_order is None else tuple(k_order), dim, out_dtype, arch)
+        key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids, *(norm_ws or ()))), len(xs), bool(pairs),
+               None if k_order is None else tuple(k_order), dim, out_dtype, norm_ws is not None, float(eps), arch)
     except AttributeError:
         raise KernelInputError("rope_cache: expected tensors") from None
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
-        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype)
+        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_ws, eps)
     f, launcher = hit
     dev = xs[0].device
     dummy = _DUMMY.get(dev)
@@ -320,8 +368,8 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
         else:
             outs.append(torch.empty(sec.shape, dtype=NAMED_DTYPES[sec.dts[3]], device=dev))
             o = outs[-1].view(-1)
-        bufs += [_flat(x), _flat(c), _flat(s), o]
-    bufs += [dummy] * (8 - len(bufs))
+        bufs += [_flat(x), _flat(c), _flat(s), o, _flat(norm_ws[i]) if sec.norm else dummy]
+    bufs += [dummy] * (10 - len(bufs))
     if f.copy is not None:
         itype = _INT[vc.element_size()]
         bufs += [_flat(v.expand(f.copy.read.out_shape), itype), _flat(vc, itype)]

@@ -1,0 +1,84 @@
+"""A per-head RMSNorm right before RoPE folded into `flydsl.rope` (`norm_w0` / `norm_w1`, `norm_eps`).
+
+Qwen3 (and Gemma3) normalize each head of q and k over head_dim between the QKV projection and RoPE:
+
+    q = self.q_norm(self.q_proj(x).view(*shape, head_dim)).transpose(1, 2)    # flydsl.rms_norm(.., [D], w)
+    k = self.k_norm(self.k_proj(x).view(*shape, head_dim)).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)                               # flydsl.rope (rope.py)
+
+Lowered op by op that is two row-norm launches, and the two rotations read two different norm outputs, so
+rope_cache.py cannot pair them (nor take the V write with them): 14 launches per Qwen3 layer at decode against
+Llama's 8. This CONSUMER rule (priority 3, ahead of rope_casts.py and rope_cache.py; it folds every rotation
+of the graph at once, so that q's and k's rotations read views of the one QKV output by the time rope_cache
+looks for a partner) takes, for each rotation of one tensor:
+
+    x = views of flydsl.rms_norm(y, [D], w, eps)   (the norm's output read only by those views, D = x's last
+                                                    dim, the views keeping it the last and contiguous)
+    -> flydsl.rope([views of y], ..., norm_w0=w, norm_eps=eps)
+
+The views are rebuilt over y (each replayed on a meta tensor of y's strides: a reshape that would copy is
+refused). The rope kernel normalizes each row in fp32 and rounds it to x's dtype, as flydsl.rms_norm returns it,
+then rotates (translator_kernels/layout/rope_cache.py): the same numbers as the two ops. Rotate-half only (the
+row is the last dim); a norm without a weight, over more than the last dim (OLMo2's q_norm over all heads), or
+read by anything else stays its own launch. Counter `rope_norm` (norms folded).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..graph import arg, getitem_of, set_args, size_hint, static_int, val
+from ..registry import NO_MATCH, Match, Stage, rule
+from .rope_cache import ROPE, _replay, _view_of
+from .rope_casts import _rebuild, _single_user_chain
+
+RMS = torch.ops.flydsl.rms_norm.default
+
+
+def _norm_fold(r):
+    """(norm node, its input, the view chain from the norm's output to x) when rope r's x is views of a
+    per-row RMSNorm over its last dim read by nothing else, else None."""
+    if r.target is not ROPE or len(arg(r, "xs")) != 1 or arg(r, "norm_w0") is not None or arg(r, "pairs"):
+        return None
+    x = arg(r, "xs")[0]
+    n = x
+    while (b := _view_of(n)) is not None and getitem_of(n) is None:
+        n = b
+    if n.target is not RMS or len(n.users) != 1 or arg(n, "weight") is None:
+        return None
+    d = static_int(val(x).shape[-1])
+    if list(arg(n, "normalized_shape")) != [d] or d is None:
+        return None
+    chain = _single_user_chain(n, x) if x is not n else []
+    if chain is None:
+        return None
+    y, out = val(arg(n, "x")), val(n)
+    meta = torch.empty_strided([size_hint(s) for s in y.shape], [size_hint(s) for s in y.stride()],
+                               dtype=y.dtype, device="meta")
+    if chain and _replay(chain, meta) is None:
+        return None  # a reshape that would copy the norm's input
+    # the views keep the norm's row as x's last dim: replayed on the norm's (contiguous) output, unit stride
+    rows = _replay(chain, torch.empty([size_hint(s) for s in out.shape], dtype=out.dtype, device="meta")) \
+        if chain else torch.empty([size_hint(s) for s in out.shape], device="meta")
+    if rows is None or rows.stride(-1) != 1 or rows.shape[-1] != d:
+        return None
+    return n, arg(n, "x"), chain
+
+
+def rope_norm_supported(node, ctx):
+    folds = {r: f for r in node.graph.nodes if r.target is ROPE and (f := _norm_fold(r)) is not None}
+    if node not in folds or ctx.denied([*folds, *(f[0] for f in folds.values())]):
+        return NO_MATCH
+    return Match(folds=folds)
+
+
+@rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_norm_supported, priority=3,
+      doc="q_norm / k_norm (an RMSNorm per head row) before RoPE -> flydsl.rope normalizes, then rotates")
+def fuse_rope_norm(node, ctx, m):
+    for r, (norm, y, chain) in m.folds.items():
+        x = _rebuild(ctx, chain, y, r)
+        set_args(r, xs=[x], norm_w0=arg(norm, "weight"), norm_eps=float(arg(norm, "eps")))
+        ctx.absorb(r, [norm])
+        ctx.count("rope_norm")
+        ctx.erase_unused([*chain[::-1], norm])
+    return node
