@@ -72,7 +72,7 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 24%, median 12%; 33 of 33 within 25% "
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 23%, median 8%; 33 of 33 within 25% "
                "(bench.calibration)")
 
 

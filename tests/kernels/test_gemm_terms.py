@@ -62,7 +62,7 @@ def test_model_terms_name_what_stops_mid_m(arch):
             assert t["lds"] == max(t.values()) and r["binds"] == "t_issue"
     # M = 256: the split-K partials and the XCD re-reads (gemm/xcd.py) put t_mem at or within 2 % of t_issue
     r = variants.model_terms(256, 4096, 4096, "bf16", arch, G.choose_config(256, 4096, 4096, "bf16", arch))
-    assert r["partial_t"] > 0 and r["t_mem"] >= 0.98 * r["t_issue"] and r["binds"] == "t_mem"
+    assert r["partial_t"] > 0 and r["t_mem"] >= 0.98 * r["t_issue"] and r["binds"] in ("t_mem", "t_issue")
 
 
 def test_m256_with_one_partial_tile_fewer():

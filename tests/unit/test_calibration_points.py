@@ -81,8 +81,10 @@ def test_xcd_rereads_close_the_mid_m_misses():
     assert {with_term[s]["role"] for s in ("m=128,n=7168,k=2048", "m=128,n=2560,k=2560")} == {"validation"}
     huge = dict(GPUS["gfx950"].timing, reread_efficiency=1e9)  # re-reads for free: the model before the term
     without = pick(cal.evaluate(feats, huge))
-    # both misses again without the term (0.55 / 0.71 under the constants refitted with the L2 term)
-    assert without["m=128,n=7168,k=2048"]["ratio"] < 0.6 and without["m=256,n=7168,k=2048"]["ratio"] < 0.75
+    # without the term (the constants refitted with the L2 term, T_LAUNCH held at the measured floor): the validation
+    # row misses again (0.62) and the fit row drops from 1.00 to 0.78
+    assert without["m=128,n=7168,k=2048"]["ratio"] < 0.75
+    assert without["m=256,n=7168,k=2048"]["ratio"] < with_term["m=256,n=7168,k=2048"]["ratio"] - 0.15
 
 
 def test_flysim_byte_cache_names_the_whole_tile_and_holds_real_counts():

@@ -268,7 +268,10 @@ def fit(feats: dict, points=POINTS) -> dict:
     # OVERLAP stays 0: every earlier fit chose it (the measured kernels overlap no matrix with vector work; the
     # mid-M rows do not ask for more: OVERLAP 0.5 moves fp8 M = 2048, K = 2560 from 1.61 to 1.55 and the large
     # tiles' rows 10 % further below their measured times)
-    grid = list(itertools.product((10e-6, 12e-6, 14e-6), (0.6, 0.63, 0.66), [x * 1e-7 for x in (7, 9, 11, 14, 18, 22)],
+    # T_LAUNCH is not fitted: the harness's floor is measured (the smallest kernels take 12.8-13.0 us, of which at
+    # most 1.7 us is the kernel: 11.1-13.0 us), and a free fit trades it against HBM_EFFICIENCY to 10 us, outside it
+    grid = list(itertools.product((GPUS[ARCH].timing["launch_s"],), (0.6, 0.63, 0.66),
+                                  [x * 1e-7 for x in (7, 9, 11, 14, 18, 22)],
                                   (0.0, 0.15, 0.25, 0.35, 0.5, 0.75), [x * 1e-7 for x in (0, 1, 2, 3, 4, 5, 6)]))
     # the measured constants (graph_launch_s) ride along unchanged
     best = dict(GPUS[ARCH].timing, overlap=0.0)
