@@ -218,7 +218,7 @@ def loaded_bytes(feat: KernelFeatures, launch: Launch) -> float:
     if launch.l2_bytes is not None:
         return launch.l2_bytes
     iters = launch.iterations
-    n_it = iters * launch.grid if isinstance(iters, int) else sum(iters)
+    n_it = iters * launch.grid if isinstance(iters, (int, float)) else sum(iters)
     loop = feat.inflight_bytes * n_it if feat.has_loop else 0
     return feat.waves_per_wg * (feat.straight_bytes * launch.grid + loop)
 
@@ -283,9 +283,14 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
         head_first = head + pro / bw_cu * clock
         head += (pro * miss / bw_cu + pro * (1 - miss) / l2_cu) * clock
     iters = launch.iterations
-    per_wg = [iters] * launch.grid if isinstance(iters, int) else list(iters)
-    t_issue = _list_schedule([(head_first if i < slots else head) + n * round_ for i, n in enumerate(per_wg)],
-                             slots) / clock
+    if not isinstance(iters, (int, float)) and len(set(iters)) == 1:
+        iters = iters[0]
+    if isinstance(iters, (int, float)):  # every workgroup alike: the first round, then ceil(rest / slots) later rounds
+        later = math.ceil(max(0, launch.grid - slots) / slots)
+        t_issue = (head_first + later * head + (1 + later) * iters * round_) / clock if launch.grid else 0.0
+    else:
+        t_issue = _list_schedule([(head_first if i < slots else head) + n * round_ for i, n in enumerate(iters)],
+                                 slots) / clock
     kt = max(t_mem, t_issue, t_l2)
     t = c["launch_s"] + kt
     return dict(t=t, kernel_t=kt, t_graph=c.get("graph_launch_s", 0.0) + kt, t_l2=t_l2, l2_bytes=l2b,

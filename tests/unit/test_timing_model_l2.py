@@ -9,6 +9,9 @@ import pytest
 
 from translator_kernels import timing
 from translator_kernels.arch import GPUS
+from translator_kernels.gemm import tiles
+from translator_kernels.gemm.tiles import GemmConfig
+from translator_kernels.timing import Launch, launch_time
 from translator_kernels.measure import calibration as cal
 
 LOOP = dict(loop_matrix=1000, loop_flops=1, has_loop=True)
@@ -83,3 +86,16 @@ def test_the_former_mid_m_miss_is_within_25_percent_and_m4096_stays(rows):
     free = dict(GPUS["gfx950"].timing, l2_efficiency=1e9)  # the L2s at no cost: M = 4096 falls below 0.75
     no_l2 = {(r["kernel"], r["shape"]): r for r in cal.evaluate(cal.load_features(), free)}
     assert no_l2[("gemm_fp8", "m=4096,n=8192,k=8192,bm=16,bn=64,bk=512")]["ratio"] < 0.75
+
+
+@pytest.mark.parametrize("grid", [1, 200, 1000, 5000])
+def test_alike_workgroups_take_the_closed_form_schedule(grid):
+    """Workgroups of equal iterations are priced in closed form (a first round at the cold prologue, then
+    ceil(rest / slots) rounds), not by list-scheduling one entry per workgroup (the heuristic prices hundreds
+    of candidates; an LM head's grid has tens of thousands of workgroups): the same time as the general
+    scheduler, which a near-equal last workgroup forces."""
+    cfg = GemmConfig(32, 64, 256, 2, head=32)
+    feat = tiles.model_features(cfg, "bf16", "gfx950")
+    alike = launch_time(feat, Launch(grid, 7, 1e8), "gfx950")
+    listed = launch_time(feat, Launch(grid, (7,) * (grid - 1) + (7 + 1e-9,), 1e8), "gfx950")
+    assert alike["t_issue"] == pytest.approx(listed["t_issue"], rel=1e-9) and alike["t_issue"] > 0
