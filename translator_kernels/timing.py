@@ -193,7 +193,7 @@ def _body_lines(text: str, kernel: str) -> list[str]:
 class Launch:
     """The launch shape: workgroups, hot-loop iterations of each (one number: all equal), HBM bytes."""
     grid: int
-    iterations: tuple | int  # per workgroup (a tuple when they differ, e.g. causal attention)
+    iterations: tuple | float  # per workgroup (a tuple when they differ, e.g. causal attention)
     hbm_bytes: float
     flops: float = 0.0
     # bytes other XCDs read again (a block one XCD's L2 already holds, needed by a workgroup on another XCD):

@@ -229,17 +229,18 @@ def partial_bytes(m: int, n: int, k: int, cfg: GemmConfig) -> tuple[int, int]:
     return (cfg.split - 1) * per_split, (cfg.split - 1) * per_split
 
 
-def l2_bytes(m: int, n: int, k: int, dtype: str, cfg: GemmConfig) -> int:
+def l2_bytes(m: int, n: int, k: int, dtype: str, cfg: GemmConfig, partial_reads: int | None = None) -> int:
     """Bytes every workgroup of our GEMM at `cfg` loads through the vector-memory path (timing.Launch.l2_bytes:
     L2 hits and misses alike, what flysim counts): each workgroup its A rows (the valid ones: masked lanes load
     nothing) and its W columns over its K slice, so A once per column tile and W once per row tile over the whole
     K; the 2 x 2 wave layout (`quad`) loads each W column in both wave rows (twice); split-K's last arriver reads
-    the others' fp32 partial tiles back (`partial_bytes`). The output's stores are posted, not counted."""
+    the others' fp32 partial tiles back (`partial_bytes`, or `partial_reads` where given: model_estimate's
+    "free" bound passes 0). The output's stores are posted, not counted."""
     esz = _esize(dtype)
     n_pad, k_pad = padded_shape(n, k)
     a = m * k_pad * esz * -(-n_pad // cfg.bn)
     w = n_pad * k_pad * esz * -(-m // cfg.bm) * (2 if cfg.quad else 1)
-    return a + w + partial_bytes(m, n, k, cfg)[1]
+    return a + w + (partial_bytes(m, n, k, cfg)[1] if partial_reads is None else partial_reads)
 
 
 def stream_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig,
@@ -355,10 +356,9 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     if persistent:
         grid = min(units, persistent)
         iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
-    r = launch_time(feat, Launch(grid, iters if isinstance(iters, tuple) else (iters,) * grid, hbm + pw + pr,
-                                 2.0 * m * n * k, reread_bytes=xcd_reread_bytes(
+    r = launch_time(feat, Launch(grid, iters, hbm + pw + pr, 2.0 * m * n * k, reread_bytes=xcd_reread_bytes(
                                      m, n_pad, k_pad, esz, esz, cfg.bm, cfg.bn, g.xcds, cfg.split, grouped=True),
-                                 l2_bytes=l2_bytes(m, n, k, dtype, cfg) - partial_bytes(m, n, k, cfg)[1] + pr),
+                                 l2_bytes=l2_bytes(m, n, k, dtype, cfg, partial_reads=pr)),
                      a, consts)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
