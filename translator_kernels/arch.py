@@ -50,10 +50,17 @@ class Arch:
     # the timing MODEL's fitted constants (translator_kernels.timing; fitted by bench.calibration on
     # measured MI350X points; MI300X has no measured point here and takes MI350X's)
     timing: dict = field(default_factory=dict)
+    # measured, not fitted: the vendor's Max-Achievable FLOPs (dense GEMM at its best shape, the clock the GPU holds
+    # under that load) by input type, where published (`achievable_flops`); the timing MODEL's fourth floor
+    maf_flops: dict = field(default_factory=dict)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense matrix peak (flops per second) for MFMA input type `dtype` ("bf16", "f32", ...)."""
         return self.cus * self.clock_hz * self.matrix_flops_per_clk[dtype]
+
+    def achievable_flops(self, dtype: str) -> float:
+        """The vendor's measured Max-Achievable FLOPs for `dtype` where published, else the dense peak."""
+        return self.maf_flops.get(dtype, self.peak_flops(dtype))
 
 
 _CDNA3_RATES = {"f32": 256, "xf32": 512, "bf16": 2048, "f16": 2048, "i8": 4096, "fp8": 4096, "f64": 256}
@@ -86,8 +93,17 @@ _TIMING_FIT = {"launch_s": 12.0e-6, "hbm_efficiency": 0.60, "mem_latency_s": 0.7
 # second "HBM limit" bench.generate prints beside the vendor peak's. MI300X has no measured figure here: it takes 0.81.
 STREAM_MEASURED = 0.81
 
+# AMD's Max-Achievable FLOPs of MI300X (ROCm blog "Measuring Max-Achievable FLOPs - Part 2", 28 Feb 2025, Table 1:
+# hipBLASLt at 4096 x 4864 x 32896 (bf16 / f16) and 4096 x 3648 x 32896 (fp8), 750 W, trig_float inputs): bf16 708
+# TFLOPS at a median 1207 MHz, f16 654 at 1115 MHz, fp8 1273 at 1230 MHz (the blog's footnote gives fp8 1223.6 at
+# 1273 MHz; the table's figure is kept), against dense peaks of 1307 / 1307 / 2615 at the 2.1 GHz boost clock: the GPU
+# lowers its clock under dense MFMA load, so no kernel reaches the peak. MI355X has no published figure: its MODEL
+# keeps the peak (its fitted constants come from MI350X kernels measured at the clock they ran at).
+_MI300X_MAF = {"bf16": 708e12, "f16": 654e12, "fp8": 1273e12}
+
 MI300X = Arch("gfx942", "MI300X", cus=304, clock_hz=2.1e9, lds_bytes=64 * 1024, lds_read_bytes_per_clk=128,
-              hbm_bytes_per_s=5.3e12, matrix_flops_per_clk=_CDNA3_RATES, mfma=_CDNA3_MFMA, timing=_TIMING_FIT)
+              hbm_bytes_per_s=5.3e12, matrix_flops_per_clk=_CDNA3_RATES, mfma=_CDNA3_MFMA, timing=_TIMING_FIT,
+              maf_flops=_MI300X_MAF)
 # CDNA4: twice the low-precision matrix rate (K doubled in its bf16 / f16 shapes), half the f64,
 # 2.5x the LDS with twice its read port
 MI355X = Arch("gfx950", "MI355X", cus=256, clock_hz=2.4e9, lds_bytes=160 * 1024, lds_read_bytes_per_clk=256,

@@ -4,7 +4,7 @@ The roofline (max(bytes / peak bandwidth, FLOPs / peak matrix rate)) was 2-7x op
 measured MI350X kernels (issue 29). This model keeps the roofline's two floors and adds what the
 measurements showed was missing, each term read from the compiled ISA or the launch shape:
 
-  t = T_LAUNCH + max(t_mem, t_issue, t_l2)
+  t = T_LAUNCH + max(t_mem, t_issue, t_l2, t_maf)
 
 * **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
   at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
@@ -39,6 +39,12 @@ measurements showed was missing, each term read from the compiled ISA or the lau
   loaded at 21-25 TB/s measured). The same L2s serve a loop kernel's prologue after the first round: the first
   round's loads find the L2s cold and take the CU's share of the HBM bandwidth, a later round's loads come from
   beyond the L2 in the launch's share ((HBM + re-read bytes) / loaded bytes) and from the L2 for the rest.
+* **t_maf, the measured matrix ceiling.** The GPU lowers its clock under dense MFMA load: AMD's published
+  Max-Achievable FLOPs (arch.Arch.maf_flops; MI300X bf16 708 TFLOPS at a median 1207 MHz against a 1307 TFLOPS
+  peak at the 2.1 GHz boost clock) bound what any kernel's matrix work reaches, so t_maf = FLOPs / that rate when
+  the launch names its MFMA input type (`Launch.dtype`) and the arch has a figure for it. The other terms count
+  cycles at the boost clock (`kernel_t_boost` leaves t_maf out: what a tile heuristic ranks, since fewer cycles
+  win at any clock). MI355X has no published figure and no such floor.
 * **T_LAUNCH** is the fixed cost of one launch as the measurements time it (CUDA-graph replay of one
   kernel; the floor of every small kernel in the study). A launch replayed back to back with others in one
   HIP graph (a decode step) pays GRAPH_LAUNCH instead: measured, not fitted (1.7 us on MI350X, the same
@@ -202,6 +208,9 @@ class Launch:
     # bytes all workgroups load through the vector-memory path (every lane's load, L2 hits included: what flysim
     # counts); None: from the features (`loaded_bytes`). What t_l2 prices.
     l2_bytes: float | None = None
+    # the MFMA input type of `flops` ("bf16", "f16", "fp8"): where the arch has a published Max-Achievable FLOPs for
+    # it (arch.Arch.maf_flops), flops / that rate is a floor of the kernel time (t_maf). None: no such floor.
+    dtype: str | None = None
 
 
 def iterations_for(flops_per_wg: float, feat: KernelFeatures) -> int:
@@ -291,10 +300,14 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     else:
         t_issue = _list_schedule([(head_first if i < slots else head) + n * round_ for i, n in enumerate(iters)],
                                  slots) / clock
-    kt = max(t_mem, t_issue, t_l2)
+    kt_boost = max(t_mem, t_issue, t_l2)
+    # the vendor's measured ceiling of dense matrix work (the clock drops under MFMA load): no kernel beats it
+    t_maf = launch.flops / g.maf_flops[launch.dtype] if launch.flops and launch.dtype in g.maf_flops else 0.0
+    kt = max(kt_boost, t_maf)
     t = c["launch_s"] + kt
-    return dict(t=t, kernel_t=kt, t_graph=c.get("graph_launch_s", 0.0) + kt, t_l2=t_l2, l2_bytes=l2b,
-                t_mem=t_mem, t_issue=t_issue, bound="L2" if t_l2 >= max(t_mem, t_issue) else
+    return dict(t=t, kernel_t=kt, kernel_t_boost=kt_boost, t_maf=t_maf, t_graph=c.get("graph_launch_s", 0.0) + kt,
+                t_l2=t_l2, l2_bytes=l2b, t_mem=t_mem, t_issue=t_issue,
+                bound="MAF" if t_maf > kt_boost else "L2" if t_l2 >= max(t_mem, t_issue) else
                 "memory" if t_mem >= t_issue else "issue",
                 bw=bw, in_flight_per_cu=in_flight / cus, waves_per_simd=w, wg_per_cu=wg_per_cu,
                 grid_per_cu=launch.grid / cus)

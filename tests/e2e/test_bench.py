@@ -45,7 +45,8 @@ def test_traffic_model_matches_flysim(family, dt, shape):
 def test_roofline_model():
     r = roofline.kernel_time(2 * 4096**3, 3 * 4096**2 * 2, "bf16", "gfx942", waves=1)
     assert r["bound"] == "compute" and r["efficiency"] == 0.5
-    assert r["t"] == pytest.approx(2 * 2 * 4096**3 / gpu("gfx942").peak_flops("bf16"))  # MI300X: 1307 TFLOPS
+    # MI300X: AMD's measured Max-Achievable 708 TFLOPS (the peak is 1307)
+    assert r["t"] == pytest.approx(2 * 2 * 4096**3 / gpu("gfx942").achievable_flops("bf16"))
 
 
 def test_bench_kernels_prints_tables(capsys):

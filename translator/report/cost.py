@@ -38,9 +38,10 @@ writes each output once (no cache between ops), as eager PyTorch runs. A fused F
 counted from its own inputs and outputs, so the intermediates it keeps on chip are not.
 
 `kernel_time` is a roofline MODEL, not a measurement: max(bytes / achievable HBM bandwidth,
-FLOPs / peak) on MI300X (gfx942) and MI355X (gfx950), vendor dense peaks, the achievable share of
+FLOPs / achievable matrix rate) on MI300X (gfx942) and MI355X (gfx950): the achievable share of
 HBM fitted by bench.calibration (translator_kernels.timing, whose calibration error `model_note`
-quotes); bench/roofline.py uses the same table.
+quotes), the matrix rate the vendor's measured Max-Achievable FLOPs where published (MI300X bf16 /
+f16 / fp8: arch.Arch.maf_flops), else the dense peak; bench/roofline.py uses the same table.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from translator_kernels.arch import FLOAT_NAMES, GPUS as ARCH_GPUS
 aten = torch.ops.aten
 
 # the roofline's view of translator_kernels.arch.GPUS (the one table of hardware facts)
-GPUS = {a: dict(name=g.gpu, bw=g.hbm_bytes_per_s, peak={dt: g.peak_flops(dt) for dt in FLOAT_NAMES.values()})
+GPUS = {a: dict(name=g.gpu, bw=g.hbm_bytes_per_s, peak={dt: g.achievable_flops(dt) for dt in FLOAT_NAMES.values()})
         for a, g in ARCH_GPUS.items()}
 NEED_WAVES = {"memory": 4, "compute": 2}
 _DT = FLOAT_NAMES
@@ -419,7 +420,8 @@ def dtype_key(dtype) -> str:
 def kernel_time(flops: float, nbytes_: float, dtype: str, arch: str, waves: int | None = None) -> dict:
     """Modeled time of one kernel (seconds) and what bounds it (a MODEL, not a measurement): the
     floors of translator_kernels.timing without its ISA terms, max(bytes / achievable HBM bandwidth,
-    FLOPs / dense matrix peak), the achievable share fitted on measured MI350X kernels (`MODEL_NOTE`).
+    FLOPs / achievable matrix rate), the HBM share fitted on measured MI350X kernels, the matrix rate AMD's
+    measured Max-Achievable FLOPs where published, else the dense peak (`model_note`).
     `waves` (per SIMD, when known) applies the occupancy penalty of NEED_WAVES."""
     g = GPUS[arch]
     t_mem, t_cmp = nbytes_ / (g["bw"] * ARCH_GPUS[arch].timing["hbm_efficiency"]), flops / g["peak"][dtype]
@@ -433,5 +435,6 @@ def model_note() -> str:
     """What the report prints beside every MODEL time."""
     from translator_kernels.timing import CALIBRATION
 
-    return ("MODEL, not a measurement: max(bytes / fitted achievable HBM bandwidth, FLOPs / dense peak), the "
+    return ("MODEL, not a measurement: max(bytes / fitted achievable HBM bandwidth, FLOPs / achievable matrix "
+            "rate: AMD's measured Max-Achievable FLOPs where published (MI300X), else the dense peak), the "
             f"floors of the timing model (translator_kernels.timing; calibration: {CALIBRATION})")

@@ -28,7 +28,9 @@ Mid M (65 <= M <= 2048: batched decode, chunked prefill) ranks the same way: the
 BK up to 512, with and without a short first K tile (`head` = 32: kernel.py; the prologue every resident
 workgroup loads at once shrinks BK / head times) and a W register ring (`ring`, BK <= 256: one W set instead
 of two, so twice the columns per wave fit and A's LDS bytes per MFMA halve), all by `model_estimate`, among those whose grid gives
-every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster);
+every CU a workgroup (all when none does, or when one that leaves CUs idle is modeled MID_MARGIN faster), by
+`rank_t` (the MODEL's cycles at the boost clock: timing's measured matrix ceiling t_maf, the same for every tile of
+a launch, left out);
 within 2 % of the least time the large tile, then fewer splits, then the smaller BK. The
 large tile stays unless the best other one is modeled at least MID_MARGIN (12 %, the model's median
 validation error) faster; margins compare kernel times (the harness's launch floor left out). Above
@@ -358,14 +360,16 @@ def model_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
         iters = tuple(nk * len(range(i, units, grid)) for i in range(grid))
     r = launch_time(feat, Launch(grid, iters, hbm + pw + pr, 2.0 * m * n * k, reread_bytes=xcd_reread_bytes(
                                      m, n_pad, k_pad, esz, esz, cfg.bm, cfg.bn, g.xcds, cfg.split, grouped=True),
-                                 l2_bytes=l2_bytes(m, n, k, dtype, cfg, partial_reads=pr)),
+                                 l2_bytes=l2_bytes(m, n, k, dtype, cfg, partial_reads=pr), dtype=dtype),
                      a, consts)
     t_hbm = (m * k + n * k + m * n) * esz / g.hbm_bytes_per_s
     t_flop = 2.0 * m * n * k / g.peak_flops(dtype)
     # the floors against the kernel's own time: the launch floor of the measuring harness left out
     kernel_t = r["t"] - g.timing["launch_s"]
+    # rank_t: the kernel time at the boost clock (timing's t_maf left out: the measured matrix ceiling is the same
+    # for every tile of a launch, and the tile with fewer cycles wins at any clock): what the heuristics rank by
     return dict(r, grid=grid, units=units, bytes=hbm + pw + pr, hbm_floor=t_hbm, flop_floor=t_flop,
-                kernel_t=kernel_t, floor_fraction=max(t_hbm, t_flop) / kernel_t,
+                kernel_t=kernel_t, rank_t=r["kernel_t_boost"], floor_fraction=max(t_hbm, t_flop) / kernel_t,
                 of_achievable=t_hbm / g.timing["hbm_efficiency"] / kernel_t, inflight_wave=feat.inflight_bytes)
 
 
@@ -409,12 +413,12 @@ def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     # N = K = 4096 took 64 x 64 x 256 kw4 split 2: 256 workgroups on 304 CUs).
     # Margins compare kernel times: the measuring harness's launch floor (the same for every candidate) would
     # dilute them (gfx950 M = 128 at N = K = 4096: 12 % of the 7.6 us kernel time is 5 % of 19.6 us with the floor)
-    every = [(e["kernel_t"], c) for e, c in est]
-    scored = [(e["kernel_t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
+    every = [(e["rank_t"], c) for e, c in est]
+    scored = [(e["rank_t"], c) for e, c in est if e["grid"] >= CUS[arch_key(arch)]] or every
     if min(every, key=lambda tc: tc[0])[0] < min(t for t, _ in scored) * (1 - MID_MARGIN):
         scored = every
     best = min(t for t, _ in scored)
-    if best > est[0][0]["kernel_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
+    if best > est[0][0]["rank_t"] * (1 - MID_MARGIN):  # a gain inside the model's error: keep the large tile
         return cands[0]
     # within 2 %: the large tile first (no partials), then 4 x 1 waves (a 2 x 2 tile reads W twice: L1 / L2 traffic
     # the MODEL does not price), fewer splits, the smaller BK, no ring, the least time

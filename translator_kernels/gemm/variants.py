@@ -76,7 +76,7 @@ def best(m: int, n: int, k: int, dtype: str, arch: str, variant: str = "as built
     """(model_estimate's dict, config) of the tile with the least MODEL kernel time under `variant`."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r} not in {VARIANTS}")
-    return min(_estimates(m, n, k, dtype, arch, variant), key=lambda ec: ec[0]["kernel_t"])
+    return min(_estimates(m, n, k, dtype, arch, variant), key=lambda ec: (ec[0]["kernel_t"], ec[0]["rank_t"]))
 
 
 def model_terms(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfig) -> dict:
