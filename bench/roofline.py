@@ -1,9 +1,10 @@
 """A roofline MODEL (not a measurement) of kernel and model time on MI300X and MI355X.
 
-    time >= max(bytes / achievable HBM bandwidth, FLOPs / peak matrix FLOPs) / efficiency(occupancy)
+    time >= max(bytes / achievable HBM bandwidth, FLOPs / achievable matrix FLOPs) / efficiency(occupancy)
 
-Peaks (translator.report.cost.GPUS, which the report uses too) are the vendor's dense numbers
-(translator_kernels.arch); the achievable HBM bandwidth is the share of the vendor's peak that
+Matrix rates (translator.report.cost.GPUS, which the report uses too) are AMD's measured Max-Achievable FLOPs
+where published (MI300X bf16 / f16 / fp8) and the vendor's dense peaks otherwise (translator_kernels.arch); the
+achievable HBM bandwidth is the share of the vendor's peak that
 bench.calibration fitted on measured MI350X kernels (translator_kernels.timing, the full timing
 MODEL, of which this roofline is the floor; its calibration error: timing.CALIBRATION). Occupancy penalty (our
 assumption, documented here, not calibrated on hardware): a memory-bound kernel needs
