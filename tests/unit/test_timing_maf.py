@@ -57,3 +57,11 @@ def test_the_ranking_is_the_cycles_so_no_choice_moves(monkeypatch):
         monkeypatch.delitem(GPUS["gfx942"].maf_flops, dt)
     without = [tiles._mid(*s, "bf16", "gfx942") for s in shapes]
     assert with_ceiling == without
+
+
+def test_large_tile_estimate_keeps_the_ceiling_too():
+    cfg = GemmConfig(128, 128, 64)
+    e942 = tiles.large_estimate(4096, 4096, 4096, "bf16", "gfx942", cfg)
+    assert e942["t"] == pytest.approx(2.0 * 4096**3 / 708e12) and e942["t_boost"] < e942["t"]
+    e950 = tiles.large_estimate(4096, 4096, 4096, "bf16", "gfx950", cfg)
+    assert e950["t"] == e950["t_boost"]

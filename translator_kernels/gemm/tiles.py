@@ -69,7 +69,8 @@ workgroups fill the machine (wave quantization):
 `large_estimate` (a MODEL): the busiest CU runs ceil(tiles / CUs) tiles one after another at its
 full matrix rate (its resident workgroups share the MFMA units), each tile taking the longer of
 its MFMA time (2 BM BN K_pad / the CU's dense peak) and its operand feed ((BM + BN) K_pad bytes at
-L1_FILL_BYTES_PER_CLK, an assumed 64 B per clock per CU). At 4096^3 bf16 on gfx950 every
+L1_FILL_BYTES_PER_CLK, an assumed 64 B per clock per CU); no faster than the vendor's measured
+Max-Achievable FLOPs where published (MI300X: `t_boost` is the time without that ceiling). At 4096^3 bf16 on gfx950 every
 candidate is MFMA-bound at 54.6 us; the feed takes 100 % (128x128), 75 % (128x256) and 50 %
 (256x256) of the MFMA time: the 256 tile leaves the most slack to L2 / HBM.
 
@@ -457,8 +458,11 @@ def large_estimate(m: int, n: int, k: int, dtype: str, arch: str, cfg: GemmConfi
     wpc = wg_per_cu or workgroups_per_cu(cfg, dtype, a)
     t_mat = 2 * cfg.bm * cfg.bn * k_pad / (MATRIX_FLOPS_PER_CLK[a][dtype] * CLOCK_HZ[a])
     t_feed = (cfg.bm + cfg.bn) * k_pad * _esize(dtype) / (L1_FILL_BYTES_PER_CLK * CLOCK_HZ[a])
+    t_boost = -(-tiles // CUS[a]) * max(t_mat, t_feed)
+    # no faster than the vendor's measured Max-Achievable FLOPs where published (timing's t_maf; MI300X)
+    t_maf = 2.0 * m * n * k / GPUS[a].maf_flops[dtype] if dtype in GPUS[a].maf_flops else 0.0
     return dict(tiles=tiles, wg_per_cu=wpc, slots=CUS[a] * wpc, wave_efficiency=wave_efficiency(tiles, CUS[a] * wpc),
-                feed_over_mfma=t_feed / t_mat, t=-(-tiles // CUS[a]) * max(t_mat, t_feed))
+                feed_over_mfma=t_feed / t_mat, t=max(t_boost, t_maf), t_boost=t_boost)
 
 
 def _large(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
