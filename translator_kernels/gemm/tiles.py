@@ -36,8 +36,10 @@ large tile stays unless the best other one is modeled at least MID_MARGIN (12 %,
 validation error) faster; margins compare kernel times (the harness's launch floor left out). Above
 M = 256 the 16-row, small-N and split > 8 candidates are skipped (none wins there; each evaluation is
 linear in the grid). Decode ranks head 0 / 32 too. Only weights of at least L2_BYTES (4 MiB: N = K = 1448 in bf16) take this
-path: a smaller GEMM is a few microseconds, below every measured point the model was validated on
-(and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
+path, and smaller ones whose large tile starves the GPU (`_starved`: a grid under half the CUs and K >= 1024, at
+any M: a MoE router, N = 64, K = 7168, at M = 128 ran one workgroup over all of K, 237 us in the MODEL, now a
+split-K tile at 2 us): a short-K small GEMM is a few microseconds, below every measured point the model was
+validated on (and a split small-N tile at 256 x 512 x 512 moves 6x the bytes, 30x the flysim time). Before issue 29, M = 128 at N = K = 4096 took 128 x 128 unsplit:
 32 workgroups on 256-304 CUs.
 
 `model_estimate` runs translator_kernels.timing (a MODEL fitted on measured MI350X kernels; its
@@ -110,6 +112,9 @@ L1_FILL_BYTES_PER_CLK = 64  # assumed operand feed per CU (L2 -> L1), not calibr
 WIDE = (256, 256, 64)  # gfx950's 8-wave tile (wide.py)
 MID_M = 2048  # buckets up to this take `_mid` (split-K / small-N candidates beside the large tiles)
 MID_MARGIN = 0.12  # `_mid` leaves the large tile only for a modeled gain above the model's median error
+# a weight under L2_BYTES takes `_mid` too when its large tile's grid covers under 1 / STARVED_SHARE of the CUs and
+# its K is at least STARVED_K (a long K loop on few workgroups); short-K small GEMMs keep the large tile
+STARVED_SHARE, STARVED_K = 2, 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,9 +394,17 @@ def _partial_step(feat, frac: float, grid: int, arch: str, consts: dict | None =
     return step(part) / step(feat)
 
 
+def _starved(mb: int, n: int, k: int, dt: str, arch: str) -> bool:
+    """A narrow weight with a long K whose large tile leaves most CUs idle (a MoE router, N = 64, K = 7168, at
+    M = 128: one workgroup walks all of K, 237 us in the MODEL): `_mid` ranks split-K tiles beside it."""
+    n_pad, k_pad = padded_shape(n, k)
+    large = _large(mb, n, k, dt, arch)
+    return k_pad >= STARVED_K and -(-mb // large.bm) * -(-n_pad // large.bn) * STARVED_SHARE < CUS[arch_key(arch)]
+
+
 def _mid(mb: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
-    """65 <= M <= 2048: the large tile or a split-K / small-N 4-wave tile, whichever the timing MODEL
-    gives the least time (module docstring)."""
+    """65 <= M <= 2048 (and a starved large tile at any M, `_starved`): the large tile or a split-K / small-N
+    4-wave tile, whichever the timing MODEL gives the least time (module docstring)."""
     k_pad = padded_shape(n, k)[1]
     cands = [_large(mb, n, k, dt, arch)]
     small = mb <= 256  # 16-row and small-N (kw = 4) tiles, splits above 8: for small M only (each costs a
@@ -501,7 +514,8 @@ def _heuristic(m_bucket: int, n: int, k: int, dt: str, arch: str) -> GemmConfig:
     k_pad = padded_shape(n, k)[1]
     if m_bucket <= 64:
         cfg = _skinny(m_bucket, n, k, dt, arch)
-    elif m_bucket <= MID_M and padded_shape(n, k)[0] * k_pad * _esize(dt) >= L2_BYTES:
+    elif (m_bucket <= MID_M and padded_shape(n, k)[0] * k_pad * _esize(dt) >= L2_BYTES) or _starved(m_bucket, n, k, dt,
+                                                                                                 arch):
         cfg = _mid(m_bucket, n, k, dt, arch)
     else:
         cfg = _large(m_bucket, n, k, dt, arch)
