@@ -65,5 +65,9 @@ def test_table_rows_evaluate():
     # not a band the data meets)
     assert 0.5 < min(ratios) and max(ratios) < 0.9
     assert 0.6 < statistics.median(ratios) < 0.75
+    # with the measured graph launch (1.7 us) added, 0.73-1.06: 20 of 21 within 25 % (M = 128, N = 384 misses)
+    graph = [r["model_graph_us"] / r["flydsl_us"] for r in priced]
+    assert 0.7 < min(graph) and max(graph) < 1.1
+    assert sum(abs(x - 1) <= 0.25 for x in graph) == 20
     for r in rows:
         assert r["ours_kernel_us"] > 0 and r["ours_graph_us"] > r["ours_kernel_us"]

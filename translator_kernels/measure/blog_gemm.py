@@ -183,7 +183,7 @@ def evaluate(feats: dict | None = None, consts: dict | None = None) -> list[dict
                 feat = KernelFeatures(**f)
                 r = launch_time(feat, launch_of(m, n, k, c, feat), ARCH, consts)
                 row.update(model_us=r["kernel_t"] * 1e6, ratio=r["kernel_t"] * 1e6 / p["flydsl_us"], bound=r["bound"],
-                           model_t_us=r["t"] * 1e6)
+                           model_t_us=r["t"] * 1e6, model_graph_us=r["t_graph"] * 1e6)
         else:
             row["note"] = "no flydsl config published for this shape (AITER's tuned winner is another backend)"
         oc = choose_config(m_bucket(m), n, k, "bf16", ARCH)
