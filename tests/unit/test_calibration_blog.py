@@ -61,6 +61,16 @@ def test_values_equal_the_svg_text():
         assert f"{r['flydsl_us']:.1f}us / {r['best_baseline_us']:.1f}us" == text
 
 
+def test_figure_7_fastest_backends():
+    # Figure 7 (decode-gemm-fastest-backend-table.svg @ 8d32d268): AITER ASM fastest at N = 64, M = 2 / 8 / 16, the
+    # FlyDSL kernel at the other 29 shapes with Figure 6's FLYDSL latency ("AITER FLYDSL wins 29/32 shapes")
+    rows = [r for r in blog_gemm.load_points()["rows"] if r["k"] == 7168 and "fastest" in r]
+    assert len(rows) == 32
+    asm = {(r["n"], r["m"]): r["fastest"]["us"] for r in rows if r["fastest"]["backend"] == "AITER ASM"}
+    assert asm == {(64, 2): 4.9, (64, 8): 4.9, (64, 16): 5.0}
+    assert all(r["fastest"]["us"] == r["flydsl_us"] for r in rows if r["fastest"]["backend"] == "AITER FLYDSL")
+
+
 def test_printed_speedups_agree_with_the_latencies():
     # each cell prints baseline / FLYDSL: equal to the two latencies up to their one-decimal rounding (a check of
     # the transcription of all 64 numbers)
