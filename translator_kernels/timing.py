@@ -124,8 +124,8 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
     wpw = max(1, -(-(stats.meta.get("block") or 256) // 64))
     loops = find_loops(isa_text, stats.kernel)
     hot_loop = None
-    if loops:
-        priced = [(lp, lp.cycles(arch)) for lp in loops]
+    priced = [(lp, lp.cycles(arch)) for lp in loops if lp.header not in skip or lp.header == hot]  # a skipped loop
+    if priced:  # runs no iteration, so it is never the hot loop (a kernel whose only loops are skipped has none)
         hot_loop = (next(pc for pc in priced if pc[0].header == hot) if hot else
                     max(priced, key=lambda pc: (pc[1]["matrix_cycles"], pc[1]["vector_cycles"])))
     hot = hot_loop
