@@ -149,11 +149,14 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
           "workgroup (a kernel change: ours keeps one). flysim MB = global bytes flysim counted running the chosen "
           f"tile at N = {N_RUN} (same M, K, split), extrapolated to the full N with the no-cache byte formula "
           "(translator_kernels.measure.gemm_flysim; N = K = 4096, M <= 256 only: flysim is too slow beyond); "
-          "MODEL MB = the HBM bytes the MODEL charges (L2 / last-level-cache reuse, split-K partials).\n")
+          "MODEL MB = the HBM bytes the MODEL charges (L2 / last-level-cache reuse, split-K partials). In a graph = "
+          "of achievable HBM per launch of a graph-replayed step: the kernel time + the measured per-launch cost "
+          "(GRAPH_LAUNCH, 1.7 us), which the published device-timed decode GEMMs (the MI355X table of "
+          "`python -m bench.calibration`) need beside the kernel time.\n")
     print("| arch | shape NxK | M | tile BMxBNxBK kw split | grid | grid / CU | flysim MB | MODEL MB | "
           "ISA in flight / CU (KiB) | W in flight / CU (KiB) | MODEL kernel us | HBM floor us | FLOP floor us | "
-          "floor / kernel | of achievable HBM | prefetch 2: kernel us | bound |")
-    print("|" + "---|" * 17)
+          "floor / kernel | of achievable HBM | in a graph | prefetch 2: kernel us | bound |")
+    print("|" + "---|" * 18)
     for arch in archs:
         g = GPUS[arch]
         for label, (n, k) in shapes.items():
@@ -181,7 +184,8 @@ def gemm_tables(archs=("gfx942", "gfx950"), ms=TABLE_M, shapes=LLAMA3_8B, dtype=
                       f"{e['bytes'] / 1e6:.1f} | {isa_cell} | "
                       f"{w_cell:.0f} | {e['kernel_t'] * 1e6:.1f} | {e['hbm_floor'] * 1e6:.1f} | "
                       f"{e['flop_floor'] * 1e6:.1f} | {e['floor_fraction']:.2f} | "
-                      f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {(e2['t'] - launch) * 1e6:.1f} | "
+                      f"{e['hbm_floor'] / g.timing['hbm_efficiency'] / e['kernel_t']:.2f} | {e['of_achievable_graph']:.2f} | "
+                      f"{(e2['t'] - launch) * 1e6:.1f} | "
                       f"{e['bound']} |", flush=True)
     print()
     variant_table(archs)
