@@ -47,6 +47,7 @@ It runs on each lane's 4-accumulator vector through the table's device functions
 (device_math.run), and its canonical text is part of the kernel's cache key. C leaves in 16-byte
 row pieces staged through LDS (cstore.py) where N allows; split-K (splitk.py) adds its partial
 sums inside the launch before the epilogue; kw = 4 tiles add the waves' K parts through LDS first.
+The stores themselves (plain and gated) are in store.py.
 """
 
 
@@ -62,9 +63,10 @@ from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, rownorm as rn, splitk as sk
 from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
 from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
+from translator_kernels.gemm.store import Epilogue
 from translator_kernels.gemm.schedule import hot_loop_schedule, ring_vmem  # noqa: F401 (re-exported)
 from translator_kernels.gemm.xcd import xcd_tile
-from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
+from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4i32, gemm_launcher  # noqa: F401 (THREADS re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
 
 _ELEM = {  # name -> (bytes, DSL type)
@@ -513,112 +515,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nsteps - 1, blocks(s),
                                blocks(s + 1) if s + 1 < nsteps else k_blk)
 
-        def store_gated(accs):  # gated MLP: lane pairs (gate, up) -> act(g) * u
-            c_base = bz * c_bs
-            if const_expr(has_bias):
-                rbg = rsrc(Bias, p_bytes if grouped else n_pad * 4)
-            if const_expr(has_residual):
-                rrg = rsrc(Res, c_bytes)
-            # scales (fp8_gated.py): Sw arranged like W ([2 * N16]: the gate's, then the up's), sa per row
-            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N_pad], the tile's expert's row (moe/grouped_fp8.py)
-            rsw = rsrc(Sw, (n_pad + s0 if w_ep == "col" else 1) * 4) if w_ep else None
-            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, by * bn + wcol + l16 + s0, a_row0, q, m, n_pad + s0,
-                                         m_rep, n_rep)
-            for j in range_constexpr(n_rep // 2):
-                colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
-                col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
-                col_ok = col < n
-                sv = fx.Vector.filled(4, scale, fx.Float32)
-                for mr in range_constexpr(m_rep):
-                    gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
-                    uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
-                    if const_expr(w_ep != ""):  # scale * acc * sw[col] * sa[row], as store_c
-                        gv = gv * fx.Vector.filled(4, sw_v[2 * j], fx.Float32)
-                        uv = uv * fx.Vector.filled(4, sw_v[2 * j + 1], fx.Float32)
-                    if const_expr(a_ep != ""):
-                        sav = fx.Vector.from_elements(sa_v[mr], fx.Float32)
-                        gv, uv = gv * sav, uv * sav
-                    if const_expr(rownorm):
-                        rnv = fx.Vector.from_elements(rn_v[mr], fx.Float32)
-                        gv, uv = gv * rnv, uv * rnv
-                    if const_expr(has_bias):
-                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base) * 4), zero))
-                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base + 16) * 4), zero))
-                        gv = gv + fx.Vector.filled(4, bgv, fx.Float32)
-                        uv = uv + fx.Vector.filled(4, buv, fx.Float32)
-                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * apply_epilogue_device(uv, up), activation)
-                    for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
-                        c_off = ((row < m) & col_ok).select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                        y = yv[i]
-                        if const_expr(has_residual):
-                            y = y + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rrg, _raw(c_off), zero)).to(fx.Float32)
-                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
-
-        def store_c(accs):
-            # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
-            c_base = bz * c_bs
-            rb = rr = None
-            if const_expr(has_bias):
-                rb = rsrc(Bias, p_bytes if grouped else n * 4)
-            if const_expr(has_residual):
-                rr = rsrc(Res, c_bytes)
-            col0 = by * bn + wcol + l16
-            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N], the tile's expert's row (moe/grouped_fp8.py)
-            rsw = rsrc(Sw, (n + s0 if w_ep == "col" else 1) * 4) if w_ep else None
-            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_rowe, q, m, n + s0, m_rep, n_rep)
-
-            def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
-                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
-                if const_expr(w_ep != ""):
-                    yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
-                if const_expr(a_ep != ""):
-                    yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
-                if const_expr(rownorm):  # x rstd[row] (rownorm.py)
-                    yv = yv * fx.Vector.from_elements(rn_v[mr], fx.Float32)
-                return yv
-
-            if const_expr(store_vec):
-                bias_v = [None] * n_rep
-                if const_expr(has_bias):
-                    for nr in range_constexpr(n_rep):
-                        b_off = (col0 + nr * 16 < n).select((col0 + nr * 16 + b_base) * 4, fx.Int32(OOB))
-                        bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
-
-                def y_of(mr, nr):
-                    yv = scaled(mr, nr)
-                    if const_expr(has_bias):
-                        yv = yv + fx.Vector.filled(4, bias_v[nr], fx.Float32)
-                    return apply_epilogue_device(yv, activation)
-
-                cstore.store_rows_vec(y_of, lds.a.ptr, (wave if kw == 1 else 0) * cstore.region_dw(n_per_wave), lane,
-                                      m_rep, n_rep, n_per_wave, a_rowe, by * bn + wcol, m, n, c_base, rc, rr, out_t,
-                                      osz)
-                return
-            for nr in range_constexpr(n_rep):
-                col = col0 + nr * 16
-                col_ok = col < n
-                if const_expr(has_bias):
-                    b_off = col_ok.select((col + b_base) * 4, fx.Int32(OOB))
-                    bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
-                for mr in range_constexpr(m_rep):
-                    yv = scaled(mr, nr)
-                    if const_expr(has_bias):
-                        yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
-                    yv = apply_epilogue_device(yv, activation)
-                    for i in range_constexpr(4):
-                        row = a_rowe + mr * 16 + q * 4 + i
-                        ok = (row < m) & col_ok
-                        c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                        y = yv[i]
-                        if const_expr(has_residual):
-                            rv = rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(c_off), zero)
-                            y = y + out_t(rv).to(fx.Float32)
-                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
-
-        store = store_gated if gate is not None else store_c
+        ep = Epilogue(n, n_pad, bn, m_rep, n_rep, n_per_wave, kw, grouped, has_bias, has_residual, a_ep, w_ep, rownorm,
+                      store_vec, activation, gate, up, osz, out_t, rsrc, Bias, Res, Sa, Sw, rc, lds, p_bytes, c_bytes, m,
+                      scale, bz, by, c_bs, b_base, wcol, wave, lane, l16, q, a_row0, a_rowe, rn_v if rownorm else None,
+                      zero)
+        store = ep.store_gated if gate is not None else ep.store_c
         if const_expr(kw > 1):  # the waves' K parts, added through LDS in wave order; wave 0 stores
             accs = sk.add_wave_parts(accs, lds.a.ptr, wave, lane)
         if const_expr(store_vec):  # C is staged where A was: every wave is past its last LDS read
