@@ -16,8 +16,13 @@ tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the O�
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, the PV product, P's
-conversion, exp2 and the lane exchange: mma.py; the online-softmax steps: softmax.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; the specialization's build-time
+constants (read as S.NAME): fwd_spec.py; the Q / K / V operand reads and the LDS tile copy's chunks:
+operands.py; key ranges, causal positions, the user mask and a tile's scores: masking.py; MFMA steps,
+the PV product, P's conversion, exp2 and the lane exchange: mma.py; the online-softmax steps:
+softmax.py. What stays here is the code with dynamic control flow (FlyDSL rewrites the kernel
+function's own branches and loops only): the tile copy, the KV loops and their step, the stores and
+the split-KV merge.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
@@ -47,8 +52,8 @@ Vector work per score (the hot loop; translator_kernels.hotloop prices it):
     the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
     the bias cancels in O / l); gfx950 has v_cvt_pk_bf16_f32.
 
-Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
-padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
+Head dims 8..256: the tiles cover D rounded up to 16 (operands.py); the LDS padding columns are
+zero-filled once, here.
 Split KV (flash-decoding): `split` runs one workgroup per (query block, KV slice); each wave
 writes its rows' fp32 partials (m, l in log2 units, unnormalized O), then lane 0 takes a ticket
 (atomic add, acq_rel, agent scope: gemm/splitk.py's) on the int32 counter of its (batch, head,
@@ -68,11 +73,11 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
-from translator_kernels.attention import mma, softmax
+from translator_kernels.attention import masking, mma, softmax
 from translator_kernels.attention.fwd_spec import FwdSpec
+from translator_kernels.attention.operands import Operands
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
-from translator_kernels.attention.tiles import AFN, LOG2E, MASK_BOOL, MASK_NONE, ir_elem
-from translator_kernels.device_math import tanh
+from translator_kernels.attention.tiles import AFN, LOG2E
 from translator_kernels.gemm.splitk import ticket
 
 
@@ -152,61 +157,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         rows = [qblk * S.BLOCK_M + wave * (16 * S.RG) + 16 * u + r for u in range_constexpr(S.RG)]
         rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
-        if const_expr(pos_causal):
-            # this lane's rows' positions, and the block's smallest / largest one (every wave of the
-            # workgroup reads all BLOCK_M rows and reduces over its 64 lanes: the bounds are uniform)
-            p_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(P))
-            pos_rows = [fx.Int32(fx.ptr_load(p_ptr + fx.Int64(rows_c[u] * p_s), result_type=fx.Int32))
-                        for u in range_constexpr(S.RG)]
-            p_lo = p_hi = None
-            for j in range_constexpr(-(-S.BLOCK_M // 64)):
-                br = qblk * S.BLOCK_M + (lane + 64 * j) % S.BLOCK_M
-                br = (br < sq).select(br, sq - 1)
-                pv_ = fx.Int32(fx.ptr_load(p_ptr + fx.Int64(br * p_s), result_type=fx.Int32))
-                p_lo = pv_ if p_lo is None else (pv_ < p_lo).select(pv_, p_lo)
-                p_hi = pv_ if p_hi is None else (pv_ > p_hi).select(pv_, p_hi)
-            for k_ in (1, 2, 4, 8, 16, 32):
-                o_lo = fx.Int32(fx.gpu.shuffle_xor(p_lo, k_, 64))
-                o_hi = fx.Int32(fx.gpu.shuffle_xor(p_hi, k_, 64))
-                p_lo = (o_lo < p_lo).select(o_lo, p_lo)
-                p_hi = (o_hi > p_hi).select(o_hi, p_hi)
-            p_lo = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_lo.ir_value()))
-            p_hi = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_hi.ir_value()))
-
-        def load_vec(ptr, off, n):
-            if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
-                x = fx.ptr_load(ptr + fx.Int64(off), result_type=S.Elem)
-                return fx.Vector.from_elements([x], S.Elem)
-            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
-
-        def load_vec_f32(ptr, off, n):
-            """n fp32 elements at off (KV32), in loads of at most 16 bytes, rounded to Elem."""
-            out = []
-            for c in range_constexpr(0, n, 4):
-                w = min(4, n - c)
-                if const_expr(w == 1):
-                    out.append(fx.Float32(fx.ptr_load(ptr + fx.Int64(off + c), result_type=fx.Float32)).to(S.Elem))
-                    continue
-                x = fx.Vector(fx.ptr_load(ptr + fx.Int64(off + c), result_type=ir.VectorType.get([w], ir.F32Type.get())))
-                xe = fx.Vector(x.to(S.Elem))
-                out.extend(xe[e] for e in range_constexpr(w))
-            return fx.Vector.from_elements(out, S.Elem)
-
-        def load_chunks(ptr, off, total, chunk, start=None, zero=True, kv=False):
-            """`total` elements at off in `chunk`s; with `start` (the first element's column) the
-            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0. kv:
-            a K / V operand (KV32: fp32 loads rounded to Elem)."""
-            load = load_vec_f32 if kv and S.KV32 else load_vec
-            if const_expr(not S.PADDED or start is None):
-                return [load(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
-            out = []
-            for c in range_constexpr(total // chunk):
-                ok = start + c * chunk < S.DV
-                x = load(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
-                if const_expr(zero):
-                    x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, S.Elem))
-                out.append(x)
-            return out
+        pos_rows = p_lo = p_hi = None
+        if const_expr(pos_causal):  # this lane's rows' positions, the block's smallest / largest one
+            pos_rows, p_lo, p_hi = masking.causal_positions(S, P, p_s, rows_c, qblk, lane, sq)
 
         xaddr = xor_addresses(lane) if const_expr(S.BPERM) else None
 
@@ -223,6 +176,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             stage = fx.SharedAllocator().allocate(KVStage).peek()
             lds_k = stage.k.ptr
             lds_v = stage.v.ptr
+        ops = Operands(S, dtype, r, g, sk, sk_last, k_ptr, k_base, k_ss, v_ptr, v_base, v_ss,
+                       lds_k if S.USE_LDS else None, lds_v if S.USE_LDS else None)
+        # plain names for the calls inside dynamic branches: FlyDSL's rewrite of a branch carries the object of
+        # a method it calls (ops.f(...)) as branch state
+        load_vec, lds_store_chunk = ops.load_vec, ops.lds_store_chunk
 
         # per-thread invariants of the cooperative tile copy: chunk c of K is row c // ROW_CH,
         # column (c % ROW_CH) * CE; of V key c % BLOCK_N, column (c // BLOCK_N) * CE (consecutive
@@ -241,19 +199,12 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         k_glob = fx.get_iter(K)
         v_glob = fx.get_iter(V)
 
-        def tile_desc(glob, base, kb, stride):
-            """A buffer descriptor of one K or V tile: element 0 = key kb, bounds at the end of the
-            real head-dim columns of key Sk - 1 (a key past Sk loads zeros, never another head's
-            data)."""
-            rec = ((sk_last - kb) * stride + S.DV) * S.eb
-            return fx.rocdl.make_buffer_ptr(glob + fx.Int64(base + kb * stride), num_records_bytes=fx.Int64(rec))
-
         def gload_tile(kb):
             """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
             per thread and tensor (keys past Sk read zero)."""
             ks, vs = [], []
-            k_tile = tile_desc(k_glob, k_base, kb, k_ss)
-            v_tile = tile_desc(v_glob, v_base, kb, v_ss)
+            k_tile = ops.tile_desc(k_glob, k_base, kb, k_ss)
+            v_tile = ops.tile_desc(v_glob, v_base, kb, v_ss)
             for it in range_constexpr(S.CH_ITERS):
                 k_off, v_off = tile_rows[it]
                 if const_expr(S.CH_EXACT or it < S.CH_ITERS - 1):
@@ -270,16 +221,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 vs.append(vx)
             return ks, vs
 
-        def lds_store_chunk(k_chunk, v_chunk, c):
-            fx.ptr_store(k_chunk, lds_k + fx.Int64((c // S.ROW_CH) * S.LSTR + (c % S.ROW_CH) * S.CE))
-            if const_expr(S.VTR):
-                fx.ptr_store(v_chunk, lds_v + fx.Int64((c // S.ROW_CH) * S.LSTR + (c % S.ROW_CH) * S.CE))
-                return
-            vt = (c // S.BLOCK_N) * S.CE * S.VSTR + c % S.BLOCK_N  # Vᵀ[col][key], one element at a time
-            vv = fx.Vector(v_chunk)
-            for e in range_constexpr(S.CE):
-                fx.ptr_store(vv[e], lds_v + fx.Int64(vt + e * S.VSTR))
-
         def lds_store_tile(ks, vs):
             for it in range_constexpr(S.CH_ITERS):
                 c = tid + it * S.THREADS
@@ -289,54 +230,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     if c < S.TILE_CH:
                         lds_store_chunk(ks[it], vs[it], c)
 
-        def lds_chunks(ptr, off, total, chunk):
-            ty = ir.VectorType.get([chunk], ir_elem(dtype))
-            if const_expr(chunk == 1):
-                return [fx.Vector.from_elements([fx.ptr_load(ptr + fx.Int64(off + c), result_type=S.Elem)], S.Elem)
-                        for c in range_constexpr(total)]
-            return [fx.ptr_load(ptr + fx.Int64(off + c * chunk), result_type=ty)
-                    for c in range_constexpr(total // chunk)]
-
-        def k_operand(kb, t):
-            """This lane's K row (key kb + 16t + r), d in [g*QN, (g+1)*QN)."""
-            if const_expr(S.USE_LDS):
-                return lds_chunks(lds_k, (16 * t + r) * S.LSTR + g * S.QN, S.QN, S.QC)
-            key = kb + 16 * t + r
-            key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * S.QN, S.QN, S.QC, g * S.QN, kv=True)
-
-        def vt_operand(t, dt):
-            """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
-            if const_expr(S.VTR):
-                # ds_read_b64_tr_b16: lane 4j + q of a 16-lane group reads V[key 16t + 4g + j][d 16dt + 4q ..
-                # + 3]; the group's 4 x 16 tile comes back transposed: lane r holds d = 16 dt + r, keys
-                # 16t + 4g .. + 3, the layout the Vᵀ operand needs
-                ptr = fx.to_llvm_ptr(lds_v + fx.Int64((16 * t + 4 * g + r // 4) * S.LSTR + 16 * dt + 4 * (r % 4)))
-                i16x4 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))
-                return fx.Vector(rocdl.ds_read_tr16_b64(i16x4, ptr).result).bitcast(S.Elem)
-            ty = ir.VectorType.get([4], ir_elem(dtype))
-            return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * S.VSTR + 16 * t + 4 * g), result_type=ty)
-
-        def v_operand(kb, t, j):
-            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN) (global memory, no LDS)."""
-            key = kb + 16 * t + 4 * g + j
-            key_c = (key < sk).select(key, sk_last)
-            # padding columns only feed padding rows of Oᵀ, which are never stored
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * S.VN, S.VN, S.VC, r * S.VN, zero=False, kv=True)
-
-        # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
-        q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * S.QN, S.QN, S.QC, g * S.QN)
-                    for u in range_constexpr(S.RG)]
-        if const_expr(S.RAW_MAX):
-            # c s = |c| (-s): a negative scale flips the sign bits of Q once, so c > 0 below and
-            # max(c s) = c max(s)
-            neg = c_qk < zero_f
-            c_qk = neg.select(zero_f - c_qk, c_qk)
-            inv_c = fx.Float32(1.0) / c_qk  # the rescale threshold in raw-score units (a zero scale: +inf)
-            IntE = fx.Int32 if S.is_f32 else fx.Int16
-            sign = neg.select(IntE(-(2 ** (8 * S.eb - 1))), IntE(0))
-            q_chunks = [[fx.Vector(fx.Vector(fx.Vector(ch).bitcast(IntE)) ^ sign).bitcast(S.Elem) for ch in q_chunks[u]]
-                        for u in range_constexpr(S.RG)]
+        # ---- Q: this lane's rows (RAW_MAX: a negative scale flips Q's sign bits once, c_qk > 0) ----
+        q_chunks, c_qk, inv_c = ops.q_rows(q_ptr, q_base, q_ss, rows_c, c_qk, zero_f)
         if const_expr(S.USE_LDS and S.PADDED):
             # the padding columns of the LDS tiles are never written by the tile copies: zero them
             # once (the loop's first barrier orders this before any read)
@@ -349,30 +244,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                     else:
                         fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_v + fx.Int64((S.DV + e // S.BLOCK_N) * S.VSTR + e % S.BLOCK_N))
 
-        # ---- key range ----
-        kv_end = sk
-        if const_expr(causal):
-            blk_end = qblk * S.BLOCK_M + S.BLOCK_M
-            kv_end = (blk_end < sk).select(blk_end, sk)
-        if const_expr(pos_causal):  # up to the block's largest position
-            kv_end = (p_hi + 1 < sk).select(p_hi + 1, sk)
-        kv_start = zero_i
-        if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
-            kv_start = part * chunk
-            kv_stop = kv_start + chunk
-            kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
-        # [kv_start, full_end): whole tiles below Sk (and below the block's first row when causal)
-        # run without any mask; the rest, and every tile under a user mask, run masked
-        full_end = kv_start
-        if const_expr(mask_kind == MASK_NONE):
-            lim = kv_end
-            if const_expr(causal):
-                first_row = qblk * S.BLOCK_M + 1
-                lim = (first_row < lim).select(first_row, lim)
-            if const_expr(pos_causal):  # every row of the block sees the keys up to its smallest position
-                lim = (p_lo + 1 < lim).select(p_lo + 1, lim)
-            lim = (lim < kv_start).select(kv_start, lim)
-            full_end = kv_start + ((lim - kv_start) // S.BLOCK_N) * S.BLOCK_N
+        # ---- key range: [kv_start, kv_end), unmasked whole tiles in [kv_start, full_end) ----
+        kv_start, kv_end, full_end = masking.key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i,
+                                                       p_lo, p_hi, part if split else None, chunk)
 
         # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
         init = ([neg_inf] * S.RG + ([fx.Vector.filled(4, 0.0, fx.Float32)] * S.RG if S.ONES_L else [zero_f] * S.RG)
@@ -380,68 +254,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(S.USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        def mask_tile(kb):
-            """This lane's user-mask values of the tile at key kb, [u][t][i] (key kb + 16t + 4g + i of
-            row rows[u]; keys past Sk read key Sk - 1's), and whether any row of the wave keeps one
-            of its keys below Sk (ballot: wave-uniform). A key is dropped by a bool False or an
-            additive -inf only, the values whose weight is exactly 0 in SDPA and here; a finite fill
-            (finfo.min) keeps the tile, as SDPA gives a fully masked row uniform weights there."""
-            vals, keep = [], None
-            for u in range_constexpr(S.RG):
-                vu = []
-                for t in range_constexpr(S.N_TILES):
-                    vt = []
-                    for i in range_constexpr(4):
-                        kidx = kb + 16 * t + 4 * g + i
-                        kc = (kidx < sk).select(kidx, sk_last)
-                        moff = m_base + rows_c[u] * m_sq + kc * m_sk
-                        if const_expr(mask_kind == MASK_BOOL):
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                            ok = mv != fx.Uint8(0)
-                        else:
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=S.MElem)
-                            ok = fx.Float32(mv) != neg_inf
-                        ok = ok & (kidx < sk)
-                        keep = ok if keep is None else keep | ok
-                        vt.append(mv)
-                    vu.append(vt)
-                vals.append(vu)
-            return vals, fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), keep)) != fx.Int64(0)
-
-        def score_tile(acc, kb, t, u, masked, mvals=None):
-            """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
-            element i is key kb + 16t + 4g + i of row rows[u] (mvals: its mask values, mask_tile's)."""
-            if const_expr(not masked and S.RAW_MAX):  # raw: the scale goes into exp2's fma
-                return [acc[i] for i in range_constexpr(4)]
-            vals = []
-            for i in range_constexpr(4):
-                kidx = kb + 16 * t + 4 * g + i
-                sc = acc[i] * c_qk
-                if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
-                    sc = fx.Float32(tanh(sc / cap)) * cap
-                if const_expr(not masked):
-                    vals.append(sc)
-                    continue
-                ok = kidx < sk
-                if const_expr(causal):
-                    ok = ok & (kidx <= rows[u])
-                if const_expr(pos_causal):
-                    ok = ok & (kidx <= pos_rows[u])
-                if const_expr(mask_kind != MASK_NONE):
-                    kc = (kidx < sk).select(kidx, sk_last)
-                    moff = m_base + rows_c[u] * m_sq + kc * m_sk
-                    if const_expr(mask_kind == MASK_BOOL):
-                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                        ok = ok & (mv != fx.Uint8(0))
-                    else:
-                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=S.MElem)
-                        # finfo.min (HF's additive masks) times log2 e would overflow to -inf: kept finite
-                        # (-FLT_MAX) as SDPA's s + finfo.min is, so a row masked entirely with it gets
-                        # SDPA's uniform weights (an -inf row: 0); its weight beside any kept key is 0
-                        mf = fx.Float32(mv)
-                        sc = sc + (mf == neg_inf).select(neg_inf, fx.arith.maximumf(mf * LOG2E, fx.Float32(-FLT_MAX)))
-                vals.append(ok.select(sc, neg_inf))
-            return vals
+        scores = masking.Scores(S, causal, pos_causal, mask_kind, softcap, g, sk, sk_last, m_ptr, m_base, m_sq, m_sk,
+                                rows, rows_c, pos_rows, c_qk, cap, neg_inf)
 
         def kv_step(kb, state, masked, first=False):
             """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
@@ -469,12 +283,12 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 # the tile waits one memory round trip, not one per 16-key step (HOIST_KV)
                 k_pre = v_pre = None
                 if const_expr(S.HOIST_KV):
-                    k_pre = [k_operand(kb, t) for t in range_constexpr(S.N_TILES)]
-                    v_pre = [[v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(S.N_TILES)]
+                    k_pre = [ops.k_operand(kb, t) for t in range_constexpr(S.N_TILES)]
+                    v_pre = [[ops.v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(S.N_TILES)]
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
                 s_tiles = [[] for _ in range_constexpr(S.RG)]
                 for t in range_constexpr(S.N_TILES):
-                    k_chunks = k_pre[t] if const_expr(S.HOIST_KV) else k_operand(kb, t)
+                    k_chunks = k_pre[t] if const_expr(S.HOIST_KV) else ops.k_operand(kb, t)
                     for u in range_constexpr(S.RG):
                         acc = fx.Vector.filled(4, 0.0, fx.Float32)
                         if const_expr(S.QK32):
@@ -486,7 +300,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                                     acc = mfma(elem(k_chunks, S.QC, s), elem(q_chunks[u], S.QC, s), acc)
                                 else:
                                     acc = mfma(slice4(k_chunks, S.QC, 4 * s), slice4(q_chunks[u], S.QC, 4 * s), acc)
-                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked,
+                        s_tiles[u].append(scores.score_tile(fx.Vector(acc), kb, t, u, masked,
                                                      None if mvals is None else mvals[u]))
 
                 # ---- online softmax, per row group (softmax.py) ----
@@ -521,8 +335,8 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
                 # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
                 o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=S.TRUNC_P, pv32=S.PV32,
-                                             vt_operand=vt_operand if S.VT else None, vc=S.VC, ones_l=S.ONES_L,
-                                             v_rows=(lambda t: v_pre[t]) if S.HOIST_KV else (lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)]))
+                                             vt_operand=ops.vt_operand if S.VT else None, vc=S.VC, ones_l=S.ONES_L,
+                                             v_rows=(lambda t: v_pre[t]) if S.HOIST_KV else (lambda t: [ops.v_operand(kb, t, j) for j in range_constexpr(4)]))
 
                 return m_new + l_new + [x for u in range_constexpr(S.RG) for x in o_acc[u]] + (thr_new if raw else [])
 
@@ -540,7 +354,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             elif const_expr(masked and S.KEY_SKIP):
                 # a tile the user mask drops for every row of the wave: no K / V loads, state kept
                 # (exact: its keys' weights are 0; a slice left empty stores m = -inf, l = 0, O = 0)
-                mvals, live = mask_tile(kb)
+                mvals, live = scores.mask_tile(kb)
                 out = list(state[:2 * S.RG + S.RG * S.VN])
                 if live:
                     out = tile_math(o_acc, mvals)
