@@ -193,9 +193,11 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             c = tid + it * S.THREADS
             c = c if const_expr(S.CH_EXACT) else (c < S.TILE_CH).select(c, S.TILE_CH - 1)
             if const_expr(S.VTR):  # V copied like K
-                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE, (c // S.ROW_CH) * v_ss + (c % S.ROW_CH) * S.CE))
+                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE,
+                                  (c // S.ROW_CH) * v_ss + (c % S.ROW_CH) * S.CE))
             else:
-                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE, (c % S.BLOCK_N) * v_ss + (c // S.BLOCK_N) * S.CE))
+                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE,
+                                  (c % S.BLOCK_N) * v_ss + (c // S.BLOCK_N) * S.CE))
         k_glob = fx.get_iter(K)
         v_glob = fx.get_iter(V)
 
@@ -235,14 +237,16 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         if const_expr(S.USE_LDS and S.PADDED):
             # the padding columns of the LDS tiles are never written by the tile copies: zero them
             # once (the loop's first barrier orders this before any read)
+            pad = S.D - S.DV
             for it in range_constexpr(S.PAD_ITERS):
                 e = tid + it * S.THREADS
                 if e < S.PAD_EL:
-                    fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_k + fx.Int64((e // (S.D - S.DV)) * S.LSTR + S.DV + e % (S.D - S.DV)))
+                    fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_k + fx.Int64((e // pad) * S.LSTR + S.DV + e % pad))
                     if const_expr(S.VTR):
-                        fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_v + fx.Int64((e // (S.D - S.DV)) * S.LSTR + S.DV + e % (S.D - S.DV)))
+                        fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_v + fx.Int64((e // pad) * S.LSTR + S.DV + e % pad))
                     else:
-                        fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_v + fx.Int64((S.DV + e // S.BLOCK_N) * S.VSTR + e % S.BLOCK_N))
+                        fx.ptr_store(fx.Float32(0.0).to(S.Elem),
+                                     lds_v + fx.Int64((S.DV + e // S.BLOCK_N) * S.VSTR + e % S.BLOCK_N))
 
         # ---- key range: [kv_start, kv_end), unmasked whole tiles in [kv_start, full_end) ----
         kv_start, kv_end, full_end = masking.key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i,
