@@ -101,7 +101,7 @@ def attention_bytes(dt, sq, sk, d, arch="gfx942", causal=False, heads=1, group=1
     """Global bytes of one attention() call (no mask, no head scale) over `heads` = B x H query
     heads (`group` = H / Hkv: at decode the group's heads are the rows of one block, attention/gqa.py,
     so the call is priced as heads / group heads of group * Sq rows), launch by launch as translator_kernels.attention tiles it (tile_geometry, split_geometry,
-    fwd.kernel_config for this arch / causal / dtype / head dim):
+    tiles.kernel_config for this arch / causal / dtype / head dim):
 
     * each workgroup's waves load BLOCK_M query rows of the padded head dim (rows past Sq are
       clamped to row Sq - 1 and still loaded);

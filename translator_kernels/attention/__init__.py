@@ -56,8 +56,8 @@ import torch
 
 from translator_kernels import launch as kl
 from translator_kernels import replay as kr
-from translator_kernels.attention.fwd import (MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, make_attention_kernel,
-                                              padded_head_dim)
+from translator_kernels.attention.fwd import make_attention_kernel
+from translator_kernels.attention.tiles import MASK_ADD, MASK_BOOL, MASK_NONE, kernel_config, padded_head_dim
 from translator_kernels.arch import FLOAT_NAMES, GPUS, NAMED_DTYPES
 from translator_kernels.errors import KernelInputError
 from translator_kernels.attention.gqa import pack_group, packed_strides
@@ -88,7 +88,7 @@ def tile_geometry(sq: int, dtype: str, head_dim: int) -> tuple[int, int]:
 
 
 def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", causal: bool = False) -> dict:
-    """The static tile parameters attention() uses at this Sq (fwd.kernel_config of its plan)."""
+    """The static tile parameters attention() uses at this Sq (tiles.kernel_config of its plan)."""
     return kernel_config(dtype, head_dim, *tile_geometry(sq, dtype, head_dim), arch, causal)
 
 

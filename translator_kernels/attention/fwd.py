@@ -16,8 +16,13 @@ tile, which is exactly the Pᵀ B-operand layout of the second MFMA, and the O�
 holds row r as well, so the per-row rescale by exp2(m_old - m_new) is lane-local. The row
 max needs two xor exchanges (16, 32). The RG row groups of a wave share every K and V operand
 read (A operands), so 32 rows per wave halve the LDS bytes and per-tile overhead per score.
-Head-dim layouts, LDS staging and the tile plan: tiles.py; MFMA steps, the PV product, P's
-conversion, exp2 and the lane exchange: mma.py; the online-softmax steps: softmax.py.
+Head-dim layouts, LDS staging and the tile plan: tiles.py; the specialization's build-time
+constants (read as S.NAME): fwd_spec.py; the Q / K / V operand reads and the LDS tile copy's chunks:
+operands.py; key ranges, causal positions, the user mask and a tile's scores: masking.py; MFMA steps,
+the PV product, P's conversion, exp2 and the lane exchange: mma.py; the online-softmax steps:
+softmax.py. What stays here is the code with dynamic control flow (FlyDSL rewrites the kernel
+function's own branches and loops only): the tile copy, the KV loops and their step, the stores and
+the split-KV merge.
 
 With more than one wave the workgroup copies each K / V tile to LDS; the next tile's global
 loads are issued before the current tile's math, and only if there is a next tile. Each tile
@@ -47,8 +52,8 @@ Vector work per score (the hot loop; translator_kernels.hotloop prices it):
     the rounded p that weight V, so gfx942 may truncate P to bf16 (one v_perm per 2 values;
     the bias cancels in O / l); gfx950 has v_cvt_pk_bf16_f32.
 
-Head dims 8..256: the tiles cover D rounded up to 16; Q/K padding columns load as zero (LDS
-padding is zero-filled once), V padding only feeds Oᵀ rows that are never stored.
+Head dims 8..256: the tiles cover D rounded up to 16 (operands.py); the LDS padding columns are
+zero-filled once, here.
 Split KV (flash-decoding): `split` runs one workgroup per (query block, KV slice); each wave
 writes its rows' fp32 partials (m, l in log2 units, unnormalized O), then lane 0 takes a ticket
 (atomic add, acq_rel, agent scope: gemm/splitk.py's) on the int32 counter of its (batch, head,
@@ -63,20 +68,16 @@ Causal masking is SDPA's top-left aligned form: key k is visible to row q iff k 
 """
 
 
-import math
-
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 
-from translator_kernels.attention.tiles import (AFN, ELEM_BYTES, FX_DTYPES, LOG2E, MASK_ADD,  # noqa: F401 (re-exported)
-                                                MASK_BOOL, MASK_NONE, chunk_elems, ir_elem, kernel_config,
-                                                merge_geometry, padded_head_dim, v_transpose_read)
-from translator_kernels.attention import mma, softmax
+from translator_kernels.attention import masking, mma, softmax
+from translator_kernels.attention.fwd_spec import FwdSpec
+from translator_kernels.attention.operands import Operands
 from translator_kernels.attention.mma import elem, slice4, xor_addresses
-from translator_kernels.device_math import tanh
-from translator_kernels.errors import KernelInputError
+from translator_kernels.attention.tiles import AFN, LOG2E
 from translator_kernels.gemm.splitk import ticket
 
 
@@ -102,78 +103,14 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     kv_dtype "f32" with a 16-bit dtype: K / V are fp32 in memory (a cache kept fp32 under
     precision="bf16") and each load is rounded to `dtype` in registers (round to nearest even, as
     torch's cast); one wave only (the LDS tile copy moves 16-bit chunks)."""
-    RG = row_groups                  # 16-row groups per wave: they share every K / V operand read
-    D = padded_head_dim(head_dim)    # MFMA extent; columns [DV, D) are padding
-    DV = head_dim                    # the real head dim
-    PADDED = D != DV
-    is_f32 = dtype == "f32"
-    eb = ELEM_BYTES[dtype]
-    cfg = kernel_config(dtype, DV, num_waves, row_groups, arch, causal)
-    N_TILES, BLOCK_N, BLOCK_M, THREADS = cfg["n_tiles"], cfg["block_n"], cfg["block_m"], cfg["threads"]
-    QN = D // 4                      # d elements per lane for Q / K rows
-    QC = chunk_elems(math.gcd(QN, DV), eb)  # load chunk (elements): never straddles the padding edge
-    VN = D // 16                     # d elements per lane for V / O rows (= number of Oᵀ tiles)
-    VC = chunk_elems(math.gcd(VN, DV), eb)
-    WC = chunk_elems(VN, 4)               # fp32 partial-output store chunk (split KV)
-    # split-KV merge (merge_rows): a lane takes MERGE_CPL fp32 columns of one row (one or two 16-byte loads
-    # per slice), MERGE_RPP rows per pass, MERGE_SLICES slices per batch (their loads in flight together)
-    MG = merge_geometry(D)
-    MERGE_CPL, MERGE_LPR, MERGE_RPP, MERGE_SLICES = MG["cpl"], MG["lpr"], MG["rpp"], MG["slices"]
-    MERGE_OC = chunk_elems(math.gcd(MERGE_CPL, DV), eb)  # output store chunk
-    OC = chunk_elems(math.gcd(4, DV), eb)  # output store chunk in "tile" order (4 d per lane and tile)
-    KSTEPS = D // 4 if is_f32 else D // 16
-    # gfx950: 16x16x32 bf16/f16 MFMA (8 k-elements per lane) for QKᵀ when a lane's D/4 slice
-    # splits into 8-element steps, and for PV over pairs of 16-key tiles
-    QK32 = arch.startswith("gfx950") and not is_f32 and QN % 8 == 0 and QC == 8
-    # gfx950 16x16x32 for PV too when V is staged transposed in LDS (an operand = two 8-byte
-    # reads); gathering 8 keys from global V rows would cost ~56 VGPRs, so decode keeps 16x16x16
-    PV32 = arch.startswith("gfx950") and not is_f32 and N_TILES % 2 == 0 and cfg["use_lds"]
-    # 16-bit inputs: the row sum l is an MFMA of a ones tile with the Pᵀ operand the PV product
-    # reads (no VALU adds, and l sums exactly the rounded p that weight V), so P may be rounded
-    # toward zero: on gfx942 bf16 by keeping the high half of the bits (one v_perm per 2 values)
-    ONES_L = not is_f32
-    TRUNC_P = dtype == "bf16" and arch.startswith("gfx942")  # P to bf16 by truncation (mma.p_to_elem)
-    # unmasked tiles without soft-cap take the row max of the raw scores and fold the scale into
-    # one fma per score, exp2(c s - m) (c > 0: a negative scale negates Q once instead)
-    RAW_MAX = not softcap
-    BPERM = arch.startswith("gfx950")  # row max exchange by ds_bpermute (lane_xor)
-    Elem = FX_DTYPES[dtype]
-    KV32 = kv_dtype == "f32" and not is_f32  # fp32 K / V, rounded to Elem as they are loaded
-    if KV32 and cfg["use_lds"]:
-        raise KernelInputError(f"attention: fp32 K / V with {dtype} Q are read by the one-wave kernel only, "
-                               f"not {num_waves} waves; cast K / V to {dtype}")
-    MElem = FX_DTYPES.get(mask_dtype, fx.Float32)
-    USE_LDS, LSTR, VSTR = cfg["use_lds"], cfg["lds_stride"], cfg["lds_vstride"]
-    # With LDS, V is staged transposed (Vᵀ[d][key]) so that a PV operand (4 keys of one d) is one
-    # contiguous read, and MFMA row m of Oᵀ tile dt stands for d = 16 dt + m ("tile" order);
-    # without LDS a lane reads V rows from global memory and row m stands for d = m VN + dt.
-    VT = USE_LDS
-    VTR = v_transpose_read(arch, dtype, num_waves)  # V row-major in LDS, operands read transposed
-    CE = chunk_elems(DV, eb)              # elements per cooperative chunk (16 bytes unless DV is odd-sized)
-    ROW_CH = DV // CE                # chunks per K/V row
-    PAD_EL = BLOCK_N * (D - DV)      # zero padding columns of the K / V LDS tiles
-    PAD_ITERS = -(-PAD_EL // THREADS)
-    TILE_CH = BLOCK_N * ROW_CH       # chunks per K (or V) tile
-    CH_ITERS = -(-TILE_CH // THREADS)
-    CH_EXACT = TILE_CH % THREADS == 0
-    # one wave (decode): a tile's K and V loads all go before its first MFMA (one round trip a tile, not
-    # one per 16-key step; docs/attention.md "The slice count"), except fp32 at D > 128, where the held
-    # tile would leave 1 wave per SIMD, and fp32 K / V under a 16-bit dtype (KV32), whose loads
-    # land in fp32 registers before the rounding (D 128: 360 VGPRs + 104 AGPRs, spills; D 64: 1 wave)
-    HOIST_KV = not USE_LDS and not (is_f32 and D > 128) and not KV32
-    # causal, several waves: a diagonal tile none of whose keys a wave's rows see skips that wave's math
-    SKIP_DEAD = causal and num_waves > 1
-    # a user mask, one wave (K / V read straight from global memory): the wave loads a tile's mask
-    # bytes first and skips its K / V loads and math when no row keeps any of its keys (a bool False,
-    # an additive -inf): a wave-uniform branch decided on the device, no host read
-    KEY_SKIP = mask_kind != MASK_NONE and not USE_LDS
+    S = FwdSpec(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap, row_groups, kv_dtype)
 
     @fx.struct
     class KVStage:
-        k: fx.Array[Elem, max(1, BLOCK_N * LSTR), 16]
-        v: fx.Array[Elem, max(1, BLOCK_N * LSTR if VTR else D * VSTR), 16]
+        k: fx.Array[S.Elem, max(1, S.BLOCK_N * S.LSTR), 16]
+        v: fx.Array[S.Elem, max(1, S.BLOCK_N * S.LSTR if S.VTR else S.D * S.VSTR), 16]
 
-    @flyc.kernel(known_block_size=[THREADS, 1, 1])
+    @flyc.kernel(known_block_size=[S.THREADS, 1, 1])
     def attention_fwd_kernel(
         Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, O: fx.Tensor, M: fx.Tensor, HS: fx.Tensor,
         W: fx.Tensor, WML: fx.Tensor, P: fx.Tensor, SK: fx.Tensor, CNT: fx.Tensor,
@@ -218,65 +155,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         zero_f = fx.Float32(0.0)
         sk_last = sk - 1
 
-        rows = [qblk * BLOCK_M + wave * (16 * RG) + 16 * u + r for u in range_constexpr(RG)]
+        rows = [qblk * S.BLOCK_M + wave * (16 * S.RG) + 16 * u + r for u in range_constexpr(S.RG)]
         rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
-        if const_expr(pos_causal):
-            # this lane's rows' positions, and the block's smallest / largest one (every wave of the
-            # workgroup reads all BLOCK_M rows and reduces over its 64 lanes: the bounds are uniform)
-            p_ptr = fx.get_iter(fx.rocdl.make_buffer_tensor(P))
-            pos_rows = [fx.Int32(fx.ptr_load(p_ptr + fx.Int64(rows_c[u] * p_s), result_type=fx.Int32))
-                        for u in range_constexpr(RG)]
-            p_lo = p_hi = None
-            for j in range_constexpr(-(-BLOCK_M // 64)):
-                br = qblk * BLOCK_M + (lane + 64 * j) % BLOCK_M
-                br = (br < sq).select(br, sq - 1)
-                pv_ = fx.Int32(fx.ptr_load(p_ptr + fx.Int64(br * p_s), result_type=fx.Int32))
-                p_lo = pv_ if p_lo is None else (pv_ < p_lo).select(pv_, p_lo)
-                p_hi = pv_ if p_hi is None else (pv_ > p_hi).select(pv_, p_hi)
-            for k_ in (1, 2, 4, 8, 16, 32):
-                o_lo = fx.Int32(fx.gpu.shuffle_xor(p_lo, k_, 64))
-                o_hi = fx.Int32(fx.gpu.shuffle_xor(p_hi, k_, 64))
-                p_lo = (o_lo < p_lo).select(o_lo, p_lo)
-                p_hi = (o_hi > p_hi).select(o_hi, p_hi)
-            p_lo = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_lo.ir_value()))
-            p_hi = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), p_hi.ir_value()))
+        pos_rows = p_lo = p_hi = None
+        if const_expr(pos_causal):  # this lane's rows' positions, the block's smallest / largest one
+            pos_rows, p_lo, p_hi = masking.causal_positions(S, P, p_s, rows_c, qblk, lane, sq)
 
-        def load_vec(ptr, off, n):
-            if const_expr(n == 1):  # LLVM cannot legalize a <1 x bf16> buffer load
-                x = fx.ptr_load(ptr + fx.Int64(off), result_type=Elem)
-                return fx.Vector.from_elements([x], Elem)
-            return fx.ptr_load(ptr + fx.Int64(off), result_type=ir.VectorType.get([n], ir_elem(dtype)))
-
-        def load_vec_f32(ptr, off, n):
-            """n fp32 elements at off (KV32), in loads of at most 16 bytes, rounded to Elem."""
-            out = []
-            for c in range_constexpr(0, n, 4):
-                w = min(4, n - c)
-                if const_expr(w == 1):
-                    out.append(fx.Float32(fx.ptr_load(ptr + fx.Int64(off + c), result_type=fx.Float32)).to(Elem))
-                    continue
-                x = fx.Vector(fx.ptr_load(ptr + fx.Int64(off + c), result_type=ir.VectorType.get([w], ir.F32Type.get())))
-                xe = fx.Vector(x.to(Elem))
-                out.extend(xe[e] for e in range_constexpr(w))
-            return fx.Vector.from_elements(out, Elem)
-
-        def load_chunks(ptr, off, total, chunk, start=None, zero=True, kv=False):
-            """`total` elements at off in `chunk`s; with `start` (the first element's column) the
-            chunks at or past the real head dim read column 0 instead and, if `zero`, give 0. kv:
-            a K / V operand (KV32: fp32 loads rounded to Elem)."""
-            load = load_vec_f32 if kv and KV32 else load_vec
-            if const_expr(not PADDED or start is None):
-                return [load(ptr, off + c * chunk, chunk) for c in range_constexpr(total // chunk)]
-            out = []
-            for c in range_constexpr(total // chunk):
-                ok = start + c * chunk < DV
-                x = load(ptr, off + ok.select(fx.Int32(c * chunk), fx.Int32(0) - start), chunk)
-                if const_expr(zero):
-                    x = ok.select(fx.Vector(x), fx.Vector.filled(chunk, 0.0, Elem))
-                out.append(x)
-            return out
-
-        xaddr = xor_addresses(lane) if const_expr(BPERM) else None
+        xaddr = xor_addresses(lane) if const_expr(S.BPERM) else None
 
         def lane_xor(x, k):
             return mma.lane_xor(x, k, xaddr)
@@ -287,10 +172,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         def mfma32(a, b_, c):
             return mma.mfma32(dtype, a, b_, c)
 
-        if const_expr(USE_LDS):
+        if const_expr(S.USE_LDS):
             stage = fx.SharedAllocator().allocate(KVStage).peek()
             lds_k = stage.k.ptr
             lds_v = stage.v.ptr
+        ops = Operands(S, dtype, r, g, sk, sk_last, k_ptr, k_base, k_ss, v_ptr, v_base, v_ss,
+                       lds_k if S.USE_LDS else None, lds_v if S.USE_LDS else None)
+        # plain names for the calls inside dynamic branches: FlyDSL's rewrite of a branch carries the object of
+        # a method it calls (ops.f(...)) as branch state
+        load_vec, lds_store_chunk = ops.load_vec, ops.lds_store_chunk
 
         # per-thread invariants of the cooperative tile copy: chunk c of K is row c // ROW_CH,
         # column (c % ROW_CH) * CE; of V key c % BLOCK_N, column (c // BLOCK_N) * CE (consecutive
@@ -299,381 +189,241 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
         # each tile gets its own buffer descriptors (base at its first key, num_records ending
         # with key Sk - 1 of this head), so keys past Sk read as zero with no VALU per load.
         tile_rows = []
-        for it in range_constexpr(CH_ITERS):
-            c = tid + it * THREADS
-            c = c if const_expr(CH_EXACT) else (c < TILE_CH).select(c, TILE_CH - 1)
-            if const_expr(VTR):  # V copied like K
-                tile_rows.append(((c // ROW_CH) * k_ss + (c % ROW_CH) * CE, (c // ROW_CH) * v_ss + (c % ROW_CH) * CE))
+        for it in range_constexpr(S.CH_ITERS):
+            c = tid + it * S.THREADS
+            c = c if const_expr(S.CH_EXACT) else (c < S.TILE_CH).select(c, S.TILE_CH - 1)
+            if const_expr(S.VTR):  # V copied like K
+                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE,
+                                  (c // S.ROW_CH) * v_ss + (c % S.ROW_CH) * S.CE))
             else:
-                tile_rows.append(((c // ROW_CH) * k_ss + (c % ROW_CH) * CE, (c % BLOCK_N) * v_ss + (c // BLOCK_N) * CE))
+                tile_rows.append(((c // S.ROW_CH) * k_ss + (c % S.ROW_CH) * S.CE,
+                                  (c % S.BLOCK_N) * v_ss + (c // S.BLOCK_N) * S.CE))
         k_glob = fx.get_iter(K)
         v_glob = fx.get_iter(V)
-
-        def tile_desc(glob, base, kb, stride):
-            """A buffer descriptor of one K or V tile: element 0 = key kb, bounds at the end of the
-            real head-dim columns of key Sk - 1 (a key past Sk loads zeros, never another head's
-            data)."""
-            rec = ((sk_last - kb) * stride + DV) * eb
-            return fx.rocdl.make_buffer_ptr(glob + fx.Int64(base + kb * stride), num_records_bytes=fx.Int64(rec))
 
         def gload_tile(kb):
             """Cooperative global loads of the K and V tiles at key kb: CH_ITERS 16-byte chunks
             per thread and tensor (keys past Sk read zero)."""
             ks, vs = [], []
-            k_tile = tile_desc(k_glob, k_base, kb, k_ss)
-            v_tile = tile_desc(v_glob, v_base, kb, v_ss)
-            for it in range_constexpr(CH_ITERS):
+            k_tile = ops.tile_desc(k_glob, k_base, kb, k_ss)
+            v_tile = ops.tile_desc(v_glob, v_base, kb, v_ss)
+            for it in range_constexpr(S.CH_ITERS):
                 k_off, v_off = tile_rows[it]
-                if const_expr(CH_EXACT or it < CH_ITERS - 1):
-                    ks.append(load_vec(k_tile, k_off, CE))
-                    vs.append(load_vec(v_tile, v_off, CE))
+                if const_expr(S.CH_EXACT or it < S.CH_ITERS - 1):
+                    ks.append(load_vec(k_tile, k_off, S.CE))
+                    vs.append(load_vec(v_tile, v_off, S.CE))
                     continue
                 # the last round has fewer chunks than threads: the others load nothing
-                kx = fx.Vector.filled(CE, 0.0, Elem)
-                vx = fx.Vector.filled(CE, 0.0, Elem)
-                if tid + it * THREADS < TILE_CH:
-                    kx = fx.Vector(load_vec(k_tile, k_off, CE))
-                    vx = fx.Vector(load_vec(v_tile, v_off, CE))
+                kx = fx.Vector.filled(S.CE, 0.0, S.Elem)
+                vx = fx.Vector.filled(S.CE, 0.0, S.Elem)
+                if tid + it * S.THREADS < S.TILE_CH:
+                    kx = fx.Vector(load_vec(k_tile, k_off, S.CE))
+                    vx = fx.Vector(load_vec(v_tile, v_off, S.CE))
                 ks.append(kx)
                 vs.append(vx)
             return ks, vs
 
-        def lds_store_chunk(k_chunk, v_chunk, c):
-            fx.ptr_store(k_chunk, lds_k + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
-            if const_expr(VTR):
-                fx.ptr_store(v_chunk, lds_v + fx.Int64((c // ROW_CH) * LSTR + (c % ROW_CH) * CE))
-                return
-            vt = (c // BLOCK_N) * CE * VSTR + c % BLOCK_N  # Vᵀ[col][key], one element at a time
-            vv = fx.Vector(v_chunk)
-            for e in range_constexpr(CE):
-                fx.ptr_store(vv[e], lds_v + fx.Int64(vt + e * VSTR))
-
         def lds_store_tile(ks, vs):
-            for it in range_constexpr(CH_ITERS):
-                c = tid + it * THREADS
-                if const_expr(CH_EXACT):
+            for it in range_constexpr(S.CH_ITERS):
+                c = tid + it * S.THREADS
+                if const_expr(S.CH_EXACT):
                     lds_store_chunk(ks[it], vs[it], c)
                 else:
-                    if c < TILE_CH:
+                    if c < S.TILE_CH:
                         lds_store_chunk(ks[it], vs[it], c)
 
-        def lds_chunks(ptr, off, total, chunk):
-            ty = ir.VectorType.get([chunk], ir_elem(dtype))
-            if const_expr(chunk == 1):
-                return [fx.Vector.from_elements([fx.ptr_load(ptr + fx.Int64(off + c), result_type=Elem)], Elem)
-                        for c in range_constexpr(total)]
-            return [fx.ptr_load(ptr + fx.Int64(off + c * chunk), result_type=ty)
-                    for c in range_constexpr(total // chunk)]
-
-        def k_operand(kb, t):
-            """This lane's K row (key kb + 16t + r), d in [g*QN, (g+1)*QN)."""
-            if const_expr(USE_LDS):
-                return lds_chunks(lds_k, (16 * t + r) * LSTR + g * QN, QN, QC)
-            key = kb + 16 * t + r
-            key_c = (key < sk).select(key, sk_last)
-            return load_chunks(k_ptr, k_base + key_c * k_ss + g * QN, QN, QC, g * QN, kv=True)
-
-        def vt_operand(t, dt):
-            """Vᵀ from LDS: d = 16 dt + r, keys 16t + 4g .. 16t + 4g + 3 (one 4-element read)."""
-            if const_expr(VTR):
-                # ds_read_b64_tr_b16: lane 4j + q of a 16-lane group reads V[key 16t + 4g + j][d 16dt + 4q ..
-                # + 3]; the group's 4 x 16 tile comes back transposed: lane r holds d = 16 dt + r, keys
-                # 16t + 4g .. + 3, the layout the Vᵀ operand needs
-                ptr = fx.to_llvm_ptr(lds_v + fx.Int64((16 * t + 4 * g + r // 4) * LSTR + 16 * dt + 4 * (r % 4)))
-                i16x4 = ir.VectorType.get([4], ir.IntegerType.get_signless(16))
-                return fx.Vector(rocdl.ds_read_tr16_b64(i16x4, ptr).result).bitcast(Elem)
-            ty = ir.VectorType.get([4], ir_elem(dtype))
-            return fx.ptr_load(lds_v + fx.Int64((16 * dt + r) * VSTR + 16 * t + 4 * g), result_type=ty)
-
-        def v_operand(kb, t, j):
-            """V row of key kb + 16t + 4g + j, d in [r*VN, (r+1)*VN) (global memory, no LDS)."""
-            key = kb + 16 * t + 4 * g + j
-            key_c = (key < sk).select(key, sk_last)
-            # padding columns only feed padding rows of Oᵀ, which are never stored
-            return load_chunks(v_ptr, v_base + key_c * v_ss + r * VN, VN, VC, r * VN, zero=False, kv=True)
-
-        # ---- Q: this lane's row, d in [g*QN, (g+1)*QN) ----
-        q_chunks = [load_chunks(q_ptr, q_base + rows_c[u] * q_ss + g * QN, QN, QC, g * QN)
-                    for u in range_constexpr(RG)]
-        if const_expr(RAW_MAX):
-            # c s = |c| (-s): a negative scale flips the sign bits of Q once, so c > 0 below and
-            # max(c s) = c max(s)
-            neg = c_qk < zero_f
-            c_qk = neg.select(zero_f - c_qk, c_qk)
-            inv_c = fx.Float32(1.0) / c_qk  # the rescale threshold in raw-score units (a zero scale: +inf)
-            IntE = fx.Int32 if is_f32 else fx.Int16
-            sign = neg.select(IntE(-(2 ** (8 * eb - 1))), IntE(0))
-            q_chunks = [[fx.Vector(fx.Vector(fx.Vector(ch).bitcast(IntE)) ^ sign).bitcast(Elem) for ch in q_chunks[u]]
-                        for u in range_constexpr(RG)]
-        if const_expr(USE_LDS and PADDED):
+        # ---- Q: this lane's rows (RAW_MAX: a negative scale flips Q's sign bits once, c_qk > 0) ----
+        q_chunks, c_qk, inv_c = ops.q_rows(q_ptr, q_base, q_ss, rows_c, c_qk, zero_f)
+        if const_expr(S.USE_LDS and S.PADDED):
             # the padding columns of the LDS tiles are never written by the tile copies: zero them
             # once (the loop's first barrier orders this before any read)
-            for it in range_constexpr(PAD_ITERS):
-                e = tid + it * THREADS
-                if e < PAD_EL:
-                    fx.ptr_store(fx.Float32(0.0).to(Elem), lds_k + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
-                    if const_expr(VTR):
-                        fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((e // (D - DV)) * LSTR + DV + e % (D - DV)))
+            pad = S.D - S.DV
+            for it in range_constexpr(S.PAD_ITERS):
+                e = tid + it * S.THREADS
+                if e < S.PAD_EL:
+                    fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_k + fx.Int64((e // pad) * S.LSTR + S.DV + e % pad))
+                    if const_expr(S.VTR):
+                        fx.ptr_store(fx.Float32(0.0).to(S.Elem), lds_v + fx.Int64((e // pad) * S.LSTR + S.DV + e % pad))
                     else:
-                        fx.ptr_store(fx.Float32(0.0).to(Elem), lds_v + fx.Int64((DV + e // BLOCK_N) * VSTR + e % BLOCK_N))
+                        fx.ptr_store(fx.Float32(0.0).to(S.Elem),
+                                     lds_v + fx.Int64((S.DV + e // S.BLOCK_N) * S.VSTR + e % S.BLOCK_N))
 
-        # ---- key range ----
-        kv_end = sk
-        if const_expr(causal):
-            blk_end = qblk * BLOCK_M + BLOCK_M
-            kv_end = (blk_end < sk).select(blk_end, sk)
-        if const_expr(pos_causal):  # up to the block's largest position
-            kv_end = (p_hi + 1 < sk).select(p_hi + 1, sk)
-        kv_start = zero_i
-        if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
-            kv_start = part * chunk
-            kv_stop = kv_start + chunk
-            kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
-        # [kv_start, full_end): whole tiles below Sk (and below the block's first row when causal)
-        # run without any mask; the rest, and every tile under a user mask, run masked
-        full_end = kv_start
-        if const_expr(mask_kind == MASK_NONE):
-            lim = kv_end
-            if const_expr(causal):
-                first_row = qblk * BLOCK_M + 1
-                lim = (first_row < lim).select(first_row, lim)
-            if const_expr(pos_causal):  # every row of the block sees the keys up to its smallest position
-                lim = (p_lo + 1 < lim).select(p_lo + 1, lim)
-            lim = (lim < kv_start).select(kv_start, lim)
-            full_end = kv_start + ((lim - kv_start) // BLOCK_N) * BLOCK_N
+        # ---- key range: [kv_start, kv_end), unmasked whole tiles in [kv_start, full_end) ----
+        kv_start, kv_end, full_end = masking.key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i,
+                                                       p_lo, p_hi, part if split else None, chunk)
 
         # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
-        init = ([neg_inf] * RG + ([fx.Vector.filled(4, 0.0, fx.Float32)] * RG if ONES_L else [zero_f] * RG)
-                + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(RG * VN)])
-        if const_expr(USE_LDS):
+        init = ([neg_inf] * S.RG + ([fx.Vector.filled(4, 0.0, fx.Float32)] * S.RG if S.ONES_L else [zero_f] * S.RG)
+                + [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(S.RG * S.VN)])
+        if const_expr(S.USE_LDS):
             pk, pv = gload_tile(kv_start)
             init = init + pk + pv
-        def mask_tile(kb):
-            """This lane's user-mask values of the tile at key kb, [u][t][i] (key kb + 16t + 4g + i of
-            row rows[u]; keys past Sk read key Sk - 1's), and whether any row of the wave keeps one
-            of its keys below Sk (ballot: wave-uniform). A key is dropped by a bool False or an
-            additive -inf only, the values whose weight is exactly 0 in SDPA and here; a finite fill
-            (finfo.min) keeps the tile, as SDPA gives a fully masked row uniform weights there."""
-            vals, keep = [], None
-            for u in range_constexpr(RG):
-                vu = []
-                for t in range_constexpr(N_TILES):
-                    vt = []
-                    for i in range_constexpr(4):
-                        kidx = kb + 16 * t + 4 * g + i
-                        kc = (kidx < sk).select(kidx, sk_last)
-                        moff = m_base + rows_c[u] * m_sq + kc * m_sk
-                        if const_expr(mask_kind == MASK_BOOL):
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                            ok = mv != fx.Uint8(0)
-                        else:
-                            mv = fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                            ok = fx.Float32(mv) != neg_inf
-                        ok = ok & (kidx < sk)
-                        keep = ok if keep is None else keep | ok
-                        vt.append(mv)
-                    vu.append(vt)
-                vals.append(vu)
-            return vals, fx.Int64(rocdl.ballot(ir.IntegerType.get_signless(64), keep)) != fx.Int64(0)
-
-        def score_tile(acc, kb, t, u, masked, mvals=None):
-            """Scale (log2 units), soft-cap and, if `masked`, mask one Sᵀ tile of row group u:
-            element i is key kb + 16t + 4g + i of row rows[u] (mvals: its mask values, mask_tile's)."""
-            if const_expr(not masked and RAW_MAX):  # raw: the scale goes into exp2's fma
-                return [acc[i] for i in range_constexpr(4)]
-            vals = []
-            for i in range_constexpr(4):
-                kidx = kb + 16 * t + 4 * g + i
-                sc = acc[i] * c_qk
-                if const_expr(softcap):  # cap * tanh(s / cap), in log2 units (cap = c * log2 e)
-                    sc = fx.Float32(tanh(sc / cap)) * cap
-                if const_expr(not masked):
-                    vals.append(sc)
-                    continue
-                ok = kidx < sk
-                if const_expr(causal):
-                    ok = ok & (kidx <= rows[u])
-                if const_expr(pos_causal):
-                    ok = ok & (kidx <= pos_rows[u])
-                if const_expr(mask_kind != MASK_NONE):
-                    kc = (kidx < sk).select(kidx, sk_last)
-                    moff = m_base + rows_c[u] * m_sq + kc * m_sk
-                    if const_expr(mask_kind == MASK_BOOL):
-                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=fx.Uint8)
-                        ok = ok & (mv != fx.Uint8(0))
-                    else:
-                        mv = mvals[t][i] if mvals is not None else fx.ptr_load(m_ptr + fx.Int64(moff), result_type=MElem)
-                        # finfo.min (HF's additive masks) times log2 e would overflow to -inf: kept finite
-                        # (-FLT_MAX) as SDPA's s + finfo.min is, so a row masked entirely with it gets
-                        # SDPA's uniform weights (an -inf row: 0); its weight beside any kept key is 0
-                        mf = fx.Float32(mv)
-                        sc = sc + (mf == neg_inf).select(neg_inf, fx.arith.maximumf(mf * LOG2E, fx.Float32(-FLT_MAX)))
-                vals.append(ok.select(sc, neg_inf))
-            return vals
+        scores = masking.Scores(S, causal, pos_causal, mask_kind, softcap, g, sk, sk_last, m_ptr, m_base, m_sq, m_sk,
+                                rows, rows_c, pos_rows, c_qk, cap, neg_inf)
 
         def kv_step(kb, state, masked, first=False):
             """One KV tile: scores, online softmax, Oᵀ update; `masked` adds the bounds, causal and
             user-mask checks (only the tiles that straddle them need those); `first` (an unmasked
             tile that starts the row: O = l = 0) sets the reference max with no rescale branch."""
-            m_old = state[:RG]
-            l_old = state[RG:2 * RG]
-            o_acc = [[state[2 * RG + u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
-            ST = 2 * RG + RG * VN        # first prefetch entry of the state
+            m_old = state[:S.RG]
+            l_old = state[S.RG:2 * S.RG]
+            o_acc = [[state[2 * S.RG + u * S.VN + i] for i in range_constexpr(S.VN)] for u in range_constexpr(S.RG)]
+            ST = 2 * S.RG + S.RG * S.VN        # first prefetch entry of the state
             nxt = []
-            if const_expr(USE_LDS):
+            if const_expr(S.USE_LDS):
                 # stage the prefetched tile, then prefetch the next one while computing
                 gpu_barrier()
-                lds_store_tile([state[ST + i] for i in range_constexpr(CH_ITERS)],
-                               [state[ST + CH_ITERS + i] for i in range_constexpr(CH_ITERS)])
+                lds_store_tile([state[ST + i] for i in range_constexpr(S.CH_ITERS)],
+                               [state[ST + S.CH_ITERS + i] for i in range_constexpr(S.CH_ITERS)])
                 gpu_barrier()
                 # prefetch the next tile, if there is one (the last tile's would be wasted bytes)
-                nxt = [state[ST + i] for i in range_constexpr(2 * CH_ITERS)]
-                if kb + BLOCK_N < kv_end:
-                    nk, nv = gload_tile(kb + BLOCK_N)
+                nxt = [state[ST + i] for i in range_constexpr(2 * S.CH_ITERS)]
+                if kb + S.BLOCK_N < kv_end:
+                    nk, nv = gload_tile(kb + S.BLOCK_N)
                     nxt = nk + nv
 
             def tile_math(o_acc, mvals=None):
                 # one wave (no LDS): every K and V load of the tile is issued before the first MFMA, so
                 # the tile waits one memory round trip, not one per 16-key step (HOIST_KV)
                 k_pre = v_pre = None
-                if const_expr(HOIST_KV):
-                    k_pre = [k_operand(kb, t) for t in range_constexpr(N_TILES)]
-                    v_pre = [[v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(N_TILES)]
+                if const_expr(S.HOIST_KV):
+                    k_pre = [ops.k_operand(kb, t) for t in range_constexpr(S.N_TILES)]
+                    v_pre = [[ops.v_operand(kb, t, j) for j in range_constexpr(4)] for t in range_constexpr(S.N_TILES)]
                 # ---- Sᵀ = K Qᵀ per 16-key tile, one K operand read for all row groups ----
-                s_tiles = [[] for _ in range_constexpr(RG)]
-                for t in range_constexpr(N_TILES):
-                    k_chunks = k_pre[t] if const_expr(HOIST_KV) else k_operand(kb, t)
-                    for u in range_constexpr(RG):
+                s_tiles = [[] for _ in range_constexpr(S.RG)]
+                for t in range_constexpr(S.N_TILES):
+                    k_chunks = k_pre[t] if const_expr(S.HOIST_KV) else ops.k_operand(kb, t)
+                    for u in range_constexpr(S.RG):
                         acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                        if const_expr(QK32):
-                            for s in range_constexpr(D // 32):
+                        if const_expr(S.QK32):
+                            for s in range_constexpr(S.D // 32):
                                 acc = mfma32(k_chunks[s], q_chunks[u][s], acc)
                         else:
-                            for s in range_constexpr(KSTEPS):
-                                if const_expr(is_f32):
-                                    acc = mfma(elem(k_chunks, QC, s), elem(q_chunks[u], QC, s), acc)
+                            for s in range_constexpr(S.KSTEPS):
+                                if const_expr(S.is_f32):
+                                    acc = mfma(elem(k_chunks, S.QC, s), elem(q_chunks[u], S.QC, s), acc)
                                 else:
-                                    acc = mfma(slice4(k_chunks, QC, 4 * s), slice4(q_chunks[u], QC, 4 * s), acc)
-                        s_tiles[u].append(score_tile(fx.Vector(acc), kb, t, u, masked,
+                                    acc = mfma(slice4(k_chunks, S.QC, 4 * s), slice4(q_chunks[u], S.QC, 4 * s), acc)
+                        s_tiles[u].append(scores.score_tile(fx.Vector(acc), kb, t, u, masked,
                                                      None if mvals is None else mvals[u]))
 
                 # ---- online softmax, per row group (softmax.py) ----
-                raw = not masked and RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
+                raw = not masked and S.RAW_MAX  # scores unscaled (score_tile): m = max(m_old, c max(s))
                 # raw: this lane's max; masked: the row max (exchanged across the 4 lane groups)
                 m_tile = [softmax.lane_max(s_tiles[u], s_tiles[u][0][0]) if raw else
-                          softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(RG)]
+                          softmax.row_max(softmax.lane_max(s_tiles[u], m_old[u]), lane_xor) for u in range_constexpr(S.RG)]
                 if const_expr(raw and first):
                     l_base = l_old
                     m_new, thr_new = softmax.first_tile(m_tile, c_qk, inv_c, lane_xor)
                 elif const_expr(raw):
                     # a wave-uniform branch the steady state skips (the rescale, with the row-max exchange)
-                    thr = state[len(state) - RG:]
+                    thr = state[len(state) - S.RG:]
                     any_grow = softmax.rescale_wanted(m_tile, thr)
-                    neg_m = [m_old[u] for u in range_constexpr(RG)]
-                    thr_new = [thr[u] for u in range_constexpr(RG)]
-                    l_base = [l_old[u] for u in range_constexpr(RG)]
-                    o_flat = [o_acc[u][i] for u in range_constexpr(RG) for i in range_constexpr(VN)]
+                    neg_m = [m_old[u] for u in range_constexpr(S.RG)]
+                    thr_new = [thr[u] for u in range_constexpr(S.RG)]
+                    l_base = [l_old[u] for u in range_constexpr(S.RG)]
+                    o_flat = [o_acc[u][i] for u in range_constexpr(S.RG) for i in range_constexpr(S.VN)]
                     if any_grow:
                         neg_m, thr_new, l_base, o_flat = softmax.rescale(m_tile, m_old, l_old, o_flat, c_qk, inv_c, lane_xor,
-                                                                         ONES_L)
-                    o_acc = [[o_flat[u * VN + i] for i in range_constexpr(VN)] for u in range_constexpr(RG)]
+                                                                         S.ONES_L)
+                    o_acc = [[o_flat[u * S.VN + i] for i in range_constexpr(S.VN)] for u in range_constexpr(S.RG)]
                     m_new = neg_m
                 else:
-                    neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, ONES_L)
+                    neg_m, l_base, o_acc = softmax.masked_tile(m_tile, m_old, l_old, o_acc, S.ONES_L)
                     m_new = m_tile
                 if const_expr(raw):
-                    neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(RG)]
-                p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(RG)]
+                    neg_m = [fx.Vector.from_elements([m_new[u]] * 4, fx.Float32) for u in range_constexpr(S.RG)]
+                p_tiles = [softmax.probabilities(s_tiles[u], neg_m[u], c_qk, raw) for u in range_constexpr(S.RG)]
                 # + sum p: 16-bit inputs add it with the ones MFMA of the PV step
-                l_new = [l_base[u] if ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(RG)]
+                l_new = [l_base[u] if S.ONES_L else softmax.row_sum(l_base[u], p_tiles[u]) for u in range_constexpr(S.RG)]
 
                 # ---- Oᵀ += Vᵀ Pᵀ, one V operand for all row groups (and l += the ones-tile MFMA) ----
-                o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=TRUNC_P, pv32=PV32,
-                                             vt_operand=vt_operand if VT else None, vc=VC, ones_l=ONES_L,
-                                             v_rows=(lambda t: v_pre[t]) if HOIST_KV else (lambda t: [v_operand(kb, t, j) for j in range_constexpr(4)]))
+                o_acc, l_new = mma.pv_update(p_tiles, o_acc, l_new, dtype=dtype, trunc=S.TRUNC_P, pv32=S.PV32,
+                                             vt_operand=ops.vt_operand if S.VT else None, vc=S.VC, ones_l=S.ONES_L,
+                                             v_rows=(lambda t: v_pre[t]) if S.HOIST_KV else (lambda t: [ops.v_operand(kb, t, j) for j in range_constexpr(4)]))
 
-                return m_new + l_new + [x for u in range_constexpr(RG) for x in o_acc[u]] + (thr_new if raw else [])
+                return m_new + l_new + [x for u in range_constexpr(S.RG) for x in o_acc[u]] + (thr_new if raw else [])
 
-            raw = not masked and RAW_MAX
-            if const_expr(masked and causal and SKIP_DEAD):
+            raw = not masked and S.RAW_MAX
+            if const_expr(masked and causal and S.SKIP_DEAD):
                 # a causal diagonal tile whose first key is past this wave's last row holds no key
                 # any of its rows sees: the wave only stages the tile (LDS) and keeps its state
-                out = list(state[:2 * RG + RG * VN])
+                out = list(state[:2 * S.RG + S.RG * S.VN])
                 # this wave's last query row, made here (wave-uniform: a scalar), not kept live
                 # across the unmasked loop
-                wave_last = qblk * BLOCK_M + (16 * RG - 1) + fx.Int32(
-                    rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * RG)
+                wave_last = qblk * S.BLOCK_M + (16 * S.RG - 1) + fx.Int32(
+                    rocdl.readfirstlane(ir.IntegerType.get_signless(32), wave.ir_value())) * (16 * S.RG)
                 if kb <= wave_last:
                     out = tile_math(o_acc)
-            elif const_expr(masked and KEY_SKIP):
+            elif const_expr(masked and S.KEY_SKIP):
                 # a tile the user mask drops for every row of the wave: no K / V loads, state kept
                 # (exact: its keys' weights are 0; a slice left empty stores m = -inf, l = 0, O = 0)
-                mvals, live = mask_tile(kb)
-                out = list(state[:2 * RG + RG * VN])
+                mvals, live = scores.mask_tile(kb)
+                out = list(state[:2 * S.RG + S.RG * S.VN])
                 if live:
                     out = tile_math(o_acc, mvals)
             else:
                 out = tile_math(o_acc)
-            return out[:2 * RG + RG * VN] + nxt + out[2 * RG + RG * VN:]
+            return out[:2 * S.RG + S.RG * S.VN] + nxt + out[2 * S.RG + S.RG * S.VN:]
 
         # the unmasked loop (RAW_MAX) carries -m_ref (+inf: no reference yet) and the rescale
         # thresholds (-inf) at the end of its state; the masked loop takes m_ref
         init_full = init
-        if const_expr(RAW_MAX):
-            init_full = [fx.Float32(float("inf"))] * RG + init[RG:] + [neg_inf] * RG
+        if const_expr(S.RAW_MAX):
+            init_full = [fx.Float32(float("inf"))] * S.RG + init[S.RG:] + [neg_inf] * S.RG
         # counted in tiles from 0 with step 1: LLVM then tests the exit with != (a scalar compare)
         # instead of a 64-bit < on the VALU
         # The first unmasked tile is peeled (a loop of at most one trip): it sets each row's reference
         # max, so the rescale branch runs only when a max outgrows it, never for a row's first tile
-        n_full = (full_end - kv_start) // BLOCK_N
+        n_full = (full_end - kv_start) // S.BLOCK_N
         res_full = init_full
-        if const_expr(RAW_MAX):
+        if const_expr(S.RAW_MAX):
             n_peel = (n_full > zero_i).select(fx.Int32(1), zero_i)
             for _p, state in range(fx.Index(0), fx.Index(n_peel), fx.Index(1), init=init_full):
                 res_full = yield kv_step(kv_start, state, False, first=True)
-            kv_start = kv_start + n_peel * BLOCK_N
+            kv_start = kv_start + n_peel * S.BLOCK_N
             n_full = n_full - n_peel
         for it_idx, state in range(fx.Index(0), fx.Index(n_full), fx.Index(1), init=res_full):
-            res_full = yield kv_step(kv_start + fx.Int32(it_idx) * BLOCK_N, state, False)
-        if const_expr(RAW_MAX):
-            res_full = [zero_f - res_full[u] for u in range_constexpr(RG)] + res_full[RG:len(res_full) - RG]
-        for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(BLOCK_N), init=res_full):
+            res_full = yield kv_step(kv_start + fx.Int32(it_idx) * S.BLOCK_N, state, False)
+        if const_expr(S.RAW_MAX):
+            res_full = [zero_f - res_full[u] for u in range_constexpr(S.RG)] + res_full[S.RG:len(res_full) - S.RG]
+        for kb_idx, state in range(fx.Index(full_end), fx.Index(kv_end), fx.Index(S.BLOCK_N), init=res_full):
             results = yield kv_step(fx.Int32(kb_idx), state, True)
 
         def store_output(row, o_fin, inv_l):
             """O[row, d] = acc / l over this lane's d (see VT), real head-dim columns only."""
-            if const_expr(VT):
+            if const_expr(S.VT):
                 if row < sq:
-                    for dt in range_constexpr(VN):
+                    for dt in range_constexpr(S.VN):
                         col = 16 * dt + 4 * g
-                        for c in range_constexpr(4 // OC):
-                            vals = [o_fin[dt][c * OC + e] * inv_l for e in range_constexpr(OC)]
-                            out = fx.Vector.from_elements(vals, fx.Float32) if OC > 1 else fx.Float32(vals[0])
-                            if const_expr(not is_f32):
-                                out = out.to(Elem)
-                            if const_expr(PADDED):
-                                if col + c * OC < DV:
-                                    fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                        for c in range_constexpr(4 // S.OC):
+                            vals = [o_fin[dt][c * S.OC + e] * inv_l for e in range_constexpr(S.OC)]
+                            out = fx.Vector.from_elements(vals, fx.Float32) if S.OC > 1 else fx.Float32(vals[0])
+                            if const_expr(not S.is_f32):
+                                out = out.to(S.Elem)
+                            if const_expr(S.PADDED):
+                                if col + c * S.OC < S.DV:
+                                    fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * S.OC))
                             else:
-                                fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * OC))
+                                fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col + c * S.OC))
                 return
             if row < sq:
                 for i in range_constexpr(4):
-                    col = (4 * g + i) * VN
+                    col = (4 * g + i) * S.VN
                     off = o_base + row * o_ss + col
-                    for c in range_constexpr(VN // VC):
-                        vals = [o_fin[c * VC + e][i] * inv_l for e in range_constexpr(VC)]
-                        if const_expr(VC == 1):
+                    for c in range_constexpr(S.VN // S.VC):
+                        vals = [o_fin[c * S.VC + e][i] * inv_l for e in range_constexpr(S.VC)]
+                        if const_expr(S.VC == 1):
                             out = fx.Float32(vals[0])
                         else:
                             out = fx.Vector.from_elements(vals, fx.Float32)
-                        if const_expr(not is_f32):
-                            out = out.to(Elem)
-                        if const_expr(PADDED):
-                            if col + c * VC < DV:
-                                fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                        if const_expr(not S.is_f32):
+                            out = out.to(S.Elem)
+                        if const_expr(S.PADDED):
+                            if col + c * S.VC < S.DV:
+                                fx.ptr_store(out, o_ptr + fx.Int64(off + c * S.VC))
                         else:
-                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * VC))
+                            fx.ptr_store(out, o_ptr + fx.Int64(off + c * S.VC))
 
         def store_partials(row, o_fin, m, l_tot):
             """Split KV: fp32 unnormalized partials, W [B, H, nsplit, Sq, D] and WML [..., Sq, 2] =
@@ -682,15 +432,15 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             if row < sq:
                 if g == 0:
                     fx.ptr_store(fx.Vector.from_elements([m, l_tot], fx.Float32), ml_ptr + fx.Int64(prow * 2))
-                if const_expr(VT):
-                    for dt in range_constexpr(VN):
-                        fx.ptr_store(fx.Vector(o_fin[dt]), w_ptr + fx.Int64(prow * D + 16 * dt + 4 * g))
-                for i in range_constexpr(0 if VT else 4):
-                    off = prow * D + (4 * g + i) * VN
-                    for c in range_constexpr(VN // WC):
-                        vals = [o_fin[c * WC + e][i] for e in range_constexpr(WC)]
-                        out = fx.Vector.from_elements(vals, fx.Float32) if WC > 1 else fx.Float32(vals[0])
-                        fx.ptr_store(out, w_ptr + fx.Int64(off + c * WC))
+                if const_expr(S.VT):
+                    for dt in range_constexpr(S.VN):
+                        fx.ptr_store(fx.Vector(o_fin[dt]), w_ptr + fx.Int64(prow * S.D + 16 * dt + 4 * g))
+                for i in range_constexpr(0 if S.VT else 4):
+                    off = prow * S.D + (4 * g + i) * S.VN
+                    for c in range_constexpr(S.VN // S.WC):
+                        vals = [o_fin[c * S.WC + e][i] for e in range_constexpr(S.WC)]
+                        out = fx.Vector.from_elements(vals, fx.Float32) if S.WC > 1 else fx.Float32(vals[0])
+                        fx.ptr_store(out, w_ptr + fx.Int64(off + c * S.WC))
 
         def merge_rows():
             """The last arriver's merge of this wave's rows below Sq: lanes over (row, MERGE_CPL head-dim
@@ -701,32 +451,32 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
             O a / (L a + exp2(sink - max(M, sink))), a = exp2(M - max(M, sink))). A slot past nsplit
             re-reads the last slice with weight 0 (a cache hit on a GPU)."""
             first = (b * nh + h) * nsplit
-            row0 = qblk * BLOCK_M + wave * (16 * RG)
+            row0 = qblk * S.BLOCK_M + wave * (16 * S.RG)
             left = sq - row0
             left = (left < zero_i).select(zero_i, left)
-            n_rows = (left < 16 * RG).select(left, fx.Int32(16 * RG))
-            rr = lane // MERGE_LPR
-            c0 = (lane % MERGE_LPR) * MERGE_CPL
+            n_rows = (left < 16 * S.RG).select(left, fx.Int32(16 * S.RG))
+            rr = lane // S.MERGE_LPR
+            c0 = (lane % S.MERGE_LPR) * S.MERGE_CPL
             ml_ty = ir.VectorType.get([2], ir.F32Type.get())
             o_ty = ir.VectorType.get([4], ir.F32Type.get())
-            n_pass = (n_rows + (MERGE_RPP - 1)) // MERGE_RPP
-            n_batch = (nsplit + (MERGE_SLICES - 1)) // MERGE_SLICES
+            n_pass = (n_rows + (S.MERGE_RPP - 1)) // S.MERGE_RPP
+            n_batch = (nsplit + (S.MERGE_SLICES - 1)) // S.MERGE_SLICES
             for p_idx in range(fx.Index(0), fx.Index(n_pass), fx.Index(1)):
-                pr = fx.Int32(p_idx) * MERGE_RPP + rr
-                live = (rr < MERGE_RPP) & (pr < n_rows)
+                pr = fx.Int32(p_idx) * S.MERGE_RPP + rr
+                live = (rr < S.MERGE_RPP) & (pr < n_rows)
                 row = row0 + live.select(pr, zero_i)  # a lane without a row reads row0's (n_rows > 0 here)
                 for t_idx, st in range(fx.Index(0), fx.Index(n_batch), fx.Index(1),
-                                       init=[neg_inf, zero_f] + [zero_f for _ in range_constexpr(MERGE_CPL)]):
-                    s0 = fx.Int32(t_idx) * MERGE_SLICES
+                                       init=[neg_inf, zero_f] + [zero_f for _ in range_constexpr(S.MERGE_CPL)]):
+                    s0 = fx.Int32(t_idx) * S.MERGE_SLICES
                     loads = []
-                    for j in range_constexpr(MERGE_SLICES):
+                    for j in range_constexpr(S.MERGE_SLICES):
                         ok = s0 + j < nsplit
                         prow = (first + ok.select(s0 + j, nsplit - 1)) * sq + row
                         loads.append((ok, fx.Vector(fx.ptr_load(ml_ptr + fx.Int64(prow * 2), result_type=ml_ty)),
-                                      [fx.Vector(fx.ptr_load(w_ptr + fx.Int64(prow * D + c0 + 4 * q), result_type=o_ty))
-                                       for q in range_constexpr(MERGE_CPL // 4)]))
+                                      [fx.Vector(fx.ptr_load(w_ptr + fx.Int64(prow * S.D + c0 + 4 * q), result_type=o_ty))
+                                       for q in range_constexpr(S.MERGE_CPL // 4)]))
                     m_run, l_run = st[0], st[1]
-                    o_run = [st[2 + i] for i in range_constexpr(MERGE_CPL)]
+                    o_run = [st[2 + i] for i in range_constexpr(S.MERGE_CPL)]
                     for ok, ml, o_s in loads:  # in slice order
                         m_s = ok.select(ml[0], neg_inf)
                         m_new = fx.arith.maximumf(m_run, m_s)
@@ -734,7 +484,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                         a = fx.math.exp2(m_run - m_u, fastmath=AFN)
                         w = fx.math.exp2(m_s - m_u, fastmath=AFN)
                         l_run = l_run * a + ml[1] * w
-                        o_run = [o_run[i] * a + o_s[i // 4][i % 4] * w for i in range_constexpr(MERGE_CPL)]
+                        o_run = [o_run[i] * a + o_s[i // 4][i % 4] * w for i in range_constexpr(S.MERGE_CPL)]
                         m_run = m_new
                     res = yield [m_run, l_run] + o_run
                 m_all, l_all = res[0], res[1]
@@ -748,13 +498,13 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 else:
                     inv = (l_all == zero_f).select(zero_f, fx.Float32(1.0) / l_all)
                 if live:
-                    for oc in range_constexpr(MERGE_CPL // MERGE_OC):
-                        vals = [res[2 + oc * MERGE_OC + e] * inv for e in range_constexpr(MERGE_OC)]
-                        out = fx.Vector.from_elements(vals, fx.Float32) if MERGE_OC > 1 else fx.Float32(vals[0])
-                        if const_expr(not is_f32):
-                            out = out.to(Elem)
-                        col = c0 + oc * MERGE_OC
-                        if col < DV:
+                    for oc in range_constexpr(S.MERGE_CPL // S.MERGE_OC):
+                        vals = [res[2 + oc * S.MERGE_OC + e] * inv for e in range_constexpr(S.MERGE_OC)]
+                        out = fx.Vector.from_elements(vals, fx.Float32) if S.MERGE_OC > 1 else fx.Float32(vals[0])
+                        if const_expr(not S.is_f32):
+                            out = out.to(S.Elem)
+                        col = c0 + oc * S.MERGE_OC
+                        if col < S.DV:
                             fx.ptr_store(out, o_ptr + fx.Int64(o_base + row * o_ss + col))
 
         def combine_splits():
@@ -779,14 +529,14 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                 if const_expr(sink_rows):
                     at = h * sq + (row < sq).select(row, sq - 1)
                 return fx.Float32(fx.ptr_load(sk_ptr + fx.Int64(at), result_type=fx.Float32)) * LOG2E
-        for u in range_constexpr(RG):
-            l_part = results[RG + u]
-            if const_expr(ONES_L):  # the ones MFMA summed the row over all lanes already
+        for u in range_constexpr(S.RG):
+            l_part = results[S.RG + u]
+            if const_expr(S.ONES_L):  # the ones MFMA summed the row over all lanes already
                 l_tot = fx.Vector(l_part)[0]
             else:
                 l_tot = l_part + fx.Float32(fx.gpu.shuffle_xor(l_part, 16, 64))
                 l_tot = l_tot + fx.Float32(fx.gpu.shuffle_xor(l_tot, 32, 64))
-            o_fin = [fx.Vector(results[2 * RG + u * VN + dt]) for dt in range_constexpr(VN)]
+            o_fin = [fx.Vector(results[2 * S.RG + u * S.VN + dt]) for dt in range_constexpr(S.VN)]
             if const_expr(split):
                 store_partials(rows[u], o_fin, results[u], l_tot)
             elif const_expr(sinks):
@@ -817,6 +567,6 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
                stream: fx.Stream = fx.Stream(None)):
         attention_fwd_kernel(Q, K, V, O, M, HS, W, WML, P, SK, CNT, sq, sk, group, c_qk, cap, nq, chunk, nh, nsplit, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
                              v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk, p_s).launch(
-            grid=(grid_x, grid_y, grid_z), block=(THREADS, 1, 1), stream=stream)
+            grid=(grid_x, grid_y, grid_z), block=(S.THREADS, 1, 1), stream=stream)
 
     return launch

@@ -9,7 +9,7 @@ kernel path:
     preshuffled): [2 * N16, K_pad] fp8, K padded to 128 values like every fp8 weight;
   - the per-column scale is arranged like the weight ([2 * N16] fp32: the gate's 16, then the up's 16), so the
     epilogue's column scale of an accumulator is the scale of that accumulator's own weight row; the gated
-    epilogue (kernel.py store_gated) multiplies the gate and the up accumulator each by its column's scale and
+    epilogue (store.py store_gated) multiplies the gate and the up accumulator each by its column's scale and
     by the row's activation scale, in store_c's order (scale * acc * sw[col] * sa[row]), then adds the biases,
     and writes act(g) * u once in the output dtype: g and u never leave registers.
   - a per-tensor weight scale of each half is the same arrangement of two constant columns.

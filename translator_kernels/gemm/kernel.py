@@ -47,24 +47,29 @@ It runs on each lane's 4-accumulator vector through the table's device functions
 (device_math.run), and its canonical text is part of the kernel's cache key. C leaves in 16-byte
 row pieces staged through LDS (cstore.py) where N allows; split-K (splitk.py) adds its partial
 sums inside the launch before the epilogue; kw = 4 tiles add the waves' K parts through LDS first.
+Where the code lives: the operand loads (A to LDS, W to registers, their per-thread offsets) in
+loads.py; the epilogue stores (plain and gated) in store.py; the K loop, its schedule and the split-K /
+kw = 4 finish here.
 """
 
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import scf, vector
+from flydsl._mlir.dialects import scf
 from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from translator_kernels import launch as kl
 from translator_kernels.errors import KernelInputError
 from translator_kernels.gemm import blockscale as bsc, cstore, dequant as w4, mxscale as mxs, rownorm as rn, splitk as sk
-from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_load_type, w8_to_chunk
+from translator_kernels.gemm.mfma8 import FORMATS as _F8, w8_to_chunk
 from translator_kernels.gemm.mfma16 import mfma_block as _mfma_block, mfma_per_block  # noqa: F401 (re-exported)
+from translator_kernels.gemm.loads import Loads
+from translator_kernels.gemm.store import Epilogue
 from translator_kernels.gemm.schedule import hot_loop_schedule, ring_vmem  # noqa: F401 (re-exported)
 from translator_kernels.gemm.xcd import xcd_tile
-from translator_kernels.gemm.common import OOB, THREADS, WAVES, _raw, _v4f32, _v4i32, epilogue_scales, gemm_launcher  # noqa: F401,E501 (re-exported)
+from translator_kernels.gemm.common import THREADS, WAVES, _raw, _v4i32, gemm_launcher  # noqa: F401 (THREADS re-exported)
 from translator_kernels.gemm.epilogue import apply_epilogue_device, apply_epilogue_torch, canonical_epilogue  # noqa: F401,E501 (re-exported)
 
 _ELEM = {  # name -> (bytes, DSL type)
@@ -273,59 +278,18 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         lds = fx.SharedAllocator().allocate(Smem).peek()
         zero = _raw(fx.Int32(0))
 
-        def gload(r, voff, soff):
-            return rocdl.raw_ptr_buffer_load(_v4i32(), r, _raw(voff), _raw(soff), 0)
-
         # ---- global offsets: the per-thread part once, here; each K tile adds a uniform
         # byte offset (an SGPR soffset), so the loop body does no per-lane address math. ----
         a_row0 = bx * bm
         a_rowe = a_row0 + (wave // 2) * (bm // 2) if quad else a_row0  # this wave's first row (the epilogue's)
         a_base = bz * a_bs
 
-        def a_chunk(i):
-            # chunk c -> (row r, k-chunk kc) with 16 consecutive rows fastest: a wave reads 16 rows x
-            # 4 chunks (64 contiguous bytes per row) and its LDS writes land at unit c, conflict-free.
-            c = tid + i * THREADS
-            rest = c // 16
-            return c, (rest // a_cpr) * 16 + c % 16, rest % a_cpr
-
-        a_voff, a_kk = [], []
-        for i in range_constexpr(a_loads):
-            c, r, kc = a_chunk(i)
-            row = a_row0 + r
-            ok = row < m
-            if const_expr(a_chunks % THREADS != 0):
-                ok = ok & (c < a_chunks)
-            a_voff.append(ok.select((a_base + row * k + kc * kp) * esz, fx.Int32(OOB)))
-            a_kk.append(kc * kp)
-
-        def load_a(kt, k_tail=False, first=False, nblk=k_blk):
-            """A tile kt -> registers; k_tail: this tile crosses K (chunks with k >= K read 0). With `head`, tiles
-            after the first start `lead` elements early; only the first nblk K blocks are loaded (the rest read 0)."""
-            shift = 0 if first else lead
-            soff = kt * (bk * esz) - shift * esz if shift else kt * (bk * esz)
-            regs = []
-            for i in range_constexpr(a_loads):
-                voff = a_voff[i]
-                if const_expr(k_tail):
-                    voff = ((kt * bk - shift if shift else kt * bk) + a_kk[i] < k).select(voff, fx.Int32(OOB))
-                if const_expr(nblk < k_blk):
-                    voff = (a_kk[i] < nblk * 32).select(voff, fx.Int32(OOB))
-                regs.append(gload(ra, voff, soff))
-            return regs
-
-        def store_a(regs, stage):
-            # (BM/16, BK/32, cpb, 16, kp) layout: chunk c goes to 16-byte unit c of the stage
-            for i in range_constexpr(a_loads):
-                c = tid + i * THREADS
-                p = fx.add_offset(lds.a.ptr, _raw(c * 4 + stage * stage_dw))
-                if const_expr(a_chunks % THREADS != 0):
-                    if_op = scf.IfOp(_raw(c < a_chunks), has_else=False)
-                    with ir.InsertionPoint(if_op.then_block):
-                        fx.ptr_store(regs[i], p)
-                        scf.YieldOp([])
-                else:
-                    fx.ptr_store(regs[i], p)
+        ld = Loads(a_loads=a_loads, a_chunks=a_chunks, a_cpr=a_cpr, kp=kp, esz=esz, k=k, n=n, bk=bk, k_blk=k_blk,
+                   lead=lead, stage_dw=stage_dw, n_rep=n_rep, lph=lph, cpb=cpb, w_layout=w_layout, wsz=wsz, wdiv=wdiv,
+                   w_int8=w_int8, w_int4=w_int4, w_fp4=w_fp4, mx=mx, block=block, tid=tid, lane=lane, l16=l16, q=q,
+                   wk=wk, m=m, ra=ra, rw=rw, lds=lds)
+        ld.a_offsets(a_row0, a_base)
+        load_a, store_a, load_w = ld.load_a, ld.store_a, ld.load_w  # (loads.py)
 
         # ---- W: global -> regs, per wave: n_rep x k_blk x lph chunks (block and half offsets are
         # compile-time constants the buffer instruction's immediate offset absorbs) ----
@@ -338,19 +302,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             exit_gate = tx.begin(expert)  # a tile past the real rows (map -1) skips the rest (moe/tile_exit.py)
             w_base = expert * w_bs
             b_base = expert * (n_pad if gate is not None else n)
-        w_voff = []
-        for nr in range_constexpr(n_rep):
-            nb = nb0 + nr
-            if const_expr(w_layout == "nk"):  # W[n, k] row-major, row stride K: lane (l16, q) reads row nb*16 + l16
-                ok = nb * 16 + l16 < n
-                off = (w_base + (nb * 16 + l16) * k + q * kp + wk * 32) * esz
-            elif const_expr(w_layout == "kn"):  # B[k, n] row-major, row stride N: lane (l16, q) reads column nb*16 + l16
-                ok = nb * 16 + l16 < n
-                off = (w_base + (wk * 32 + q * kp) * n + nb * 16 + l16) * esz
-            else:
-                ok = nb < nb_total
-                off = (w_base + nb * (kb_total * cpb * 16 * kp) + wk * (cpb * 16 * kp) + lane * kp) * wsz // wdiv
-            w_voff.append(ok.select(off, fx.Int32(OOB)))
+        ld.w_offsets(nb0, w_base, nb_total, kb_total)
         bs = None
         if const_expr(mx):  # per-lane offsets of the e8m0 bytes (mxscale.py)
             bs = mxs.MxScales(rsrc(Sa, m * (k * 4 // mxs.GROUP)), rsrc(Sw, nb_total * kb_total * 64),
@@ -362,50 +314,7 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
         if const_expr(w_int4):  # s, b [K / G, N] of the int4 groups (w4.py)
             bs = w4.GroupScales(rsrc(Sa, k // w_int4 * n * 4), rsrc(Sw, k // w_int4 * n * 4), n, w_int4,
                                 by * bn + wcol + l16, n_rep, k_blk, wk)
-
-        def load_w(kt, k_tail=False, first=False, nblk=k_blk, kbs=None):
-            """W tile kt -> registers; k_tail (nk / kn layouts): chunks with k >= K read 0. `first` / nblk: as
-            load_a (K blocks from nblk on are not loaded: placeholders that compute never reads). kbs (ring): load
-            only these K blocks, None in the other places."""
-            per_k = {"nk": 1, "kn": n}.get(w_layout, 16) * wsz // wdiv  # bytes a K element adds to a tile's offset
-            soff = kt * (bk * per_k) - lead * per_k if lead and not first else kt * (bk * per_k)
-            regs = []
-            for nr in range_constexpr(n_rep):
-                for kb in range_constexpr(k_blk):
-                    for h in range_constexpr(lph):
-                        if const_expr(kb >= nblk or (kbs is not None and kb not in kbs)):
-                            regs.append(None)
-                            continue
-                        if const_expr(w_layout == "kn"):  # a lane's chunk: kp elements down column n
-                            regs.append(load_kn_chunk(w_voff[nr], kt, kb, h, soff, k_tail))
-                            continue
-                        if const_expr(w_layout == "nk"):
-                            voff = w_voff[nr] + (kb * 32 + h * 4 * kp) * esz
-                            if const_expr(k_tail):
-                                kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp
-                                voff = (kk < k).select(voff, fx.Int32(OOB))
-                        else:
-                            voff = w_voff[nr] + ((kb * cpb + h * 4) * 16 * kp) * wsz // wdiv
-                        if const_expr(w_int8 or w_int4 or w_fp4):  # kp bytes / nibbles: converted where used (compute)
-                            ty = T.i32 if w_int4 else T.vec(2, T.i32) if w_fp4 else w8_load_type(kp)
-                            regs.append(rocdl.raw_ptr_buffer_load(ty, rw, _raw(voff), _raw(soff), 0))
-                            continue
-                        regs.append(gload(rw, voff, soff))
-            if const_expr(kbs is not None):
-                return regs
-            regs = [r if r is not None else regs[0] for r in regs]
-            return regs + (bs.load(kt, bk, k_tail) if mx else bs.load(kt, bk) if block or w_int4 else [])  # + scales
-
-        def load_kn_chunk(voff0, kt, kb, h, soff, k_tail):
-            """kp scalar loads of rows k0 .. k0 + kp - 1 of a B[k, n] column, packed as one 16-byte chunk."""
-            elems = []
-            for j in range_constexpr(kp):
-                voff = voff0 + ((kb * 32 + h * 4 * kp + j) * n) * esz
-                if const_expr(k_tail):
-                    kk = kt * bk + (wk + kb) * 32 + h * 4 * kp + q * kp + j
-                    voff = (kk < k).select(voff, fx.Int32(OOB))
-                elems.append(rocdl.raw_ptr_buffer_load(_INT_T[esz](), rw, _raw(voff), _raw(soff), 0))
-            return vector.bitcast(_v4i32(), vector.from_elements(T.vec(kp, _INT_T[esz]()), elems))
+        ld.bs = bs  # load_w appends their loads to W's
 
         # a lane's A reads of a block: chunks q, q + 4 (fp32 geometry), for MX 2q, 2q + 1; this wave's K blocks
         a_lane_dw, h_chunks = (lane * 4, 4) if not mx else mxs.a_lane(l16, q)
@@ -513,112 +422,11 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
             accs, w_cur = step(accs, w_cur, s % 2, nxt, k_tail and s + 1 == nsteps - 1, blocks(s),
                                blocks(s + 1) if s + 1 < nsteps else k_blk)
 
-        def store_gated(accs):  # gated MLP: lane pairs (gate, up) -> act(g) * u
-            c_base = bz * c_bs
-            if const_expr(has_bias):
-                rbg = rsrc(Bias, p_bytes if grouped else n_pad * 4)
-            if const_expr(has_residual):
-                rrg = rsrc(Res, c_bytes)
-            # scales (fp8_gated.py): Sw arranged like W ([2 * N16]: the gate's, then the up's), sa per row
-            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N_pad], the tile's expert's row (moe/grouped_fp8.py)
-            rsw = rsrc(Sw, (n_pad + s0 if w_ep == "col" else 1) * 4) if w_ep else None
-            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, by * bn + wcol + l16 + s0, a_row0, q, m, n_pad + s0,
-                                         m_rep, n_rep)
-            for j in range_constexpr(n_rep // 2):
-                colg = by * bn + wave * n_per_wave + 2 * j * 16 + l16  # arranged column of the gate
-                col = (by * bn + wave * n_per_wave) // 2 + j * 16 + l16
-                col_ok = col < n
-                sv = fx.Vector.filled(4, scale, fx.Float32)
-                for mr in range_constexpr(m_rep):
-                    gv = fx.Vector(_raw(accs[mr * n_rep + 2 * j])) * sv
-                    uv = fx.Vector(_raw(accs[mr * n_rep + 2 * j + 1])) * sv
-                    if const_expr(w_ep != ""):  # scale * acc * sw[col] * sa[row], as store_c
-                        gv = gv * fx.Vector.filled(4, sw_v[2 * j], fx.Float32)
-                        uv = uv * fx.Vector.filled(4, sw_v[2 * j + 1], fx.Float32)
-                    if const_expr(a_ep != ""):
-                        sav = fx.Vector.from_elements(sa_v[mr], fx.Float32)
-                        gv, uv = gv * sav, uv * sav
-                    if const_expr(rownorm):
-                        rnv = fx.Vector.from_elements(rn_v[mr], fx.Float32)
-                        gv, uv = gv * rnv, uv * rnv
-                    if const_expr(has_bias):
-                        bgv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base) * 4), zero))
-                        buv = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rbg, _raw((colg + b_base + 16) * 4), zero))
-                        gv = gv + fx.Vector.filled(4, bgv, fx.Float32)
-                        uv = uv + fx.Vector.filled(4, buv, fx.Float32)
-                    yv = apply_epilogue_device(apply_epilogue_device(gv, gate) * apply_epilogue_device(uv, up), activation)
-                    for i in range_constexpr(4):
-                        row = a_row0 + mr * 16 + q * 4 + i
-                        c_off = ((row < m) & col_ok).select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                        y = yv[i]
-                        if const_expr(has_residual):
-                            y = y + out_t(rocdl.raw_ptr_buffer_load(out_t.ir_type, rrg, _raw(c_off), zero)).to(fx.Float32)
-                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
-
-        def store_c(accs):
-            # ---- epilogue: lane holds C[mr*16 + q*4 + i, nr*16 + l16] ----
-            c_base = bz * c_bs
-            rb = rr = None
-            if const_expr(has_bias):
-                rb = rsrc(Bias, p_bytes if grouped else n * 4)
-            if const_expr(has_residual):
-                rr = rsrc(Res, c_bytes)
-            col0 = by * bn + wcol + l16
-            s0 = b_base if w_ep == "col" else 0  # grouped: Sw [E, N], the tile's expert's row (moe/grouped_fp8.py)
-            rsw = rsrc(Sw, (n + s0 if w_ep == "col" else 1) * 4) if w_ep else None
-            rsa = rsrc(Sa, (m if a_ep == "row" else 1) * 4) if a_ep else None
-            sw_v, sa_v = epilogue_scales(rsw, rsa, w_ep, a_ep, col0 + s0, a_rowe, q, m, n + s0, m_rep, n_rep)
-
-            def scaled(mr, nr):  # scale * acc, then x sw[col], then x sa[row] (fp32, in this order)
-                yv = fx.Vector(_raw(accs[mr * n_rep + nr])) * fx.Vector.filled(4, scale, fx.Float32)
-                if const_expr(w_ep != ""):
-                    yv = yv * fx.Vector.filled(4, sw_v[nr], fx.Float32)
-                if const_expr(a_ep != ""):
-                    yv = yv * fx.Vector.from_elements(sa_v[mr], fx.Float32)
-                if const_expr(rownorm):  # x rstd[row] (rownorm.py)
-                    yv = yv * fx.Vector.from_elements(rn_v[mr], fx.Float32)
-                return yv
-
-            if const_expr(store_vec):
-                bias_v = [None] * n_rep
-                if const_expr(has_bias):
-                    for nr in range_constexpr(n_rep):
-                        b_off = (col0 + nr * 16 < n).select((col0 + nr * 16 + b_base) * 4, fx.Int32(OOB))
-                        bias_v[nr] = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
-
-                def y_of(mr, nr):
-                    yv = scaled(mr, nr)
-                    if const_expr(has_bias):
-                        yv = yv + fx.Vector.filled(4, bias_v[nr], fx.Float32)
-                    return apply_epilogue_device(yv, activation)
-
-                cstore.store_rows_vec(y_of, lds.a.ptr, (wave if kw == 1 else 0) * cstore.region_dw(n_per_wave), lane,
-                                      m_rep, n_rep, n_per_wave, a_rowe, by * bn + wcol, m, n, c_base, rc, rr, out_t,
-                                      osz)
-                return
-            for nr in range_constexpr(n_rep):
-                col = col0 + nr * 16
-                col_ok = col < n
-                if const_expr(has_bias):
-                    b_off = col_ok.select((col + b_base) * 4, fx.Int32(OOB))
-                    bias_v = fx.Float32(rocdl.raw_ptr_buffer_load(T.f32, rb, _raw(b_off), zero))
-                for mr in range_constexpr(m_rep):
-                    yv = scaled(mr, nr)
-                    if const_expr(has_bias):
-                        yv = yv + fx.Vector.filled(4, bias_v, fx.Float32)
-                    yv = apply_epilogue_device(yv, activation)
-                    for i in range_constexpr(4):
-                        row = a_rowe + mr * 16 + q * 4 + i
-                        ok = (row < m) & col_ok
-                        c_off = ok.select((c_base + row * n + col) * osz, fx.Int32(OOB))
-                        y = yv[i]
-                        if const_expr(has_residual):
-                            rv = rocdl.raw_ptr_buffer_load(out_t.ir_type, rr, _raw(c_off), zero)
-                            y = y + out_t(rv).to(fx.Float32)
-                        rocdl.raw_ptr_buffer_store(_raw(y.to(out_t)), rc, _raw(c_off), zero)
-
-        store = store_gated if gate is not None else store_c
+        ep = Epilogue(n, n_pad, bn, m_rep, n_rep, n_per_wave, kw, grouped, has_bias, has_residual, a_ep, w_ep, rownorm,
+                      store_vec, activation, gate, up, osz, out_t, rsrc, Bias, Res, Sa, Sw, rc, lds, p_bytes, c_bytes, m,
+                      scale, bz, by, c_bs, b_base, wcol, wave, lane, l16, q, a_row0, a_rowe, rn_v if rownorm else None,
+                      zero)
+        store = ep.store_gated if gate is not None else ep.store_c
         if const_expr(kw > 1):  # the waves' K parts, added through LDS in wave order; wave 0 stores
             accs = sk.add_wave_parts(accs, lds.a.ptr, wave, lane)
         if const_expr(store_vec):  # C is staged where A was: every wave is past its last LDS read
@@ -644,6 +452,4 @@ def build_gemm(n: int, k: int, n_pad: int, k_pad: int, dtype: str, out_dtype: st
 
     return gemm_launcher(gemm_kernel, bm, n_tiles * split, THREADS, "take" if a_scale or w_scale or w_int4 else "none")
 
-
-_INT_T = {2: lambda: T.i16, 4: lambda: T.i32}
 
