@@ -17,6 +17,9 @@ What the counts were before each change (docs/state.md, "Launches per decode ste
 - Phi-3: the packed gate_up_proj was a GEMM and a SiLU-multiply kernel, K's write a scatter after a `cat` with
   an empty pass-through part: gated_packed.py and rope_pass.py make it Llama's 8
   (tests/e2e/test_generation_launches_patterns.py).
+- GPT-NeoX (rotary_pct 0.25): the pass-through part was a real `cat` after each rotation, so q's and k's
+  rotations were 2 RoPE launches and K's and V's writes 2 scatters (11 per layer); rope_pass.py folds the
+  `cat` into the rotation (`rot_dim`) and rope_cache.py pairs them with both writes: Llama's 8.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ PER_LAYER = {
     "gemma3": 10,
     "phi3": 8,
     "gemma2": 10,
+    "gpt_neox": 8,
 }
 
 

@@ -46,7 +46,7 @@ VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
          aten.unflatten.int, aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
          aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.expand.default,
          aten.alias.default, aten.t.default}
-SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
+SPLITS = {aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default}
 
 
 def _view_of(n):
@@ -164,8 +164,10 @@ def _dtypes_agree(a, b) -> bool:
 
 
 def _norm(r):
-    """What rope_norm.py folded into rotation r: (normalized, eps). Two rotations share a launch with the same."""
-    return arg(r, "norm_w0") is not None, arg(r, "norm_eps") if arg(r, "norm_w0") is not None else None
+    """What rope_norm.py folded into rotation r: (normalized, eps), and the rotated features rope_pass.py set
+    (rot_dim). Two rotations share a launch with the same."""
+    return arg(r, "norm_w0") is not None, arg(r, "norm_eps") if arg(r, "norm_w0") is not None else None, \
+        arg(r, "rot_dim") or 0
 
 
 def rope_cache_supported(node, ctx):
@@ -230,7 +232,7 @@ def fuse_rope_cache(node, ctx, m):
             arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
             arg(w, "ids") if w else None, arg(w, "dim") if w else 0,
             next((arg(r, "out_dtype") for r in ropes[:len(ropes) - (kw is not None)] if arg(r, "out_dtype")), None),
-            *([arg(r, "norm_w0") for r in ropes] + [None])[:2], arg(node, "norm_eps") or 0.0)
+            *([arg(r, "norm_w0") for r in ropes] + [None])[:2], arg(node, "norm_eps") or 0.0, arg(node, "rot_dim") or 0)
     kept = ropes[:-1] if kw is not None else ropes
     lowering = "rope_cache_write" if w is not None else "rope_qk"
     new = ctx.emit("rope", args, lowering=lowering, sources=[],

@@ -38,7 +38,8 @@ RMS = torch.ops.flydsl.rms_norm.default
 def _norm_fold(r):
     """(norm node, its input, the view chain from the norm's output to x) when rope r's x is views of a
     per-row RMSNorm over its last dim read by nothing else, else None."""
-    if r.target is not ROPE or len(arg(r, "xs")) != 1 or arg(r, "norm_w0") is not None or arg(r, "pairs"):
+    if r.target is not ROPE or len(arg(r, "xs")) != 1 or arg(r, "norm_w0") is not None or arg(r, "pairs") \
+            or arg(r, "rot_dim"):  # a partial rotation (rope_pass.py): the norm would span the passed features
         return None
     x = arg(r, "xs")[0]
     n = x

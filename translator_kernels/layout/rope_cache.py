@@ -67,6 +67,7 @@ class RopeSec:
     dst: tuple = ()  # SrcDim per cache dim (the indexed one reads the positions)
     dst_strides: tuple = ()
     norm: str = ""  # RMS-normalized over the last dim before the rotation: the weight's dtype name
+    rot: int = 0  # rotated features of the last dim (partial rotary); the rest pass through; 0: all
 
     @property
     def numel(self) -> int:
@@ -131,7 +132,19 @@ def _normalized(sec: RopeSec, c, xo, x, xp, X, W, eps):
 def _rotate(sec: RopeSec, o, X, C, S, W=None, eps=0.0):
     """The rotated value at R's flat index o (a 1-lane fp32 vector)."""
     c = _coords(o, sec.shape)
-    h = sec.shape[-1] // 2
+    if not sec.rot:
+        return _rotate_at(sec, c, X, C, S, W, eps)
+    # partial rotary: features at or past `rot` are x itself; the rotation is computed at a clamped column
+    # (its loads stay inside x's rotated part and cos / sin) and the pass-through value selected over it
+    inside = c[-1] < sec.rot
+    y = _rotate_at(sec, [*c[:-1], inside.select(c[-1], 0)], X, C, S, W, eps)
+    x = em.load_vec(X, sec.dts[0], 1, _dot(c, sec.x))
+    return fx.Vector.filled(1, inside, fx.Boolean).select(y, x)
+
+
+def _rotate_at(sec: RopeSec, c, X, C, S, W=None, eps=0.0):
+    """The rotated value at R's coordinates c (inside the rotated part of the last dim)."""
+    h = (sec.rot or sec.shape[-1]) // 2
     xo, co, so = _dot(c, sec.x), _dot(c, sec.cos), _dot(c, sec.sin)
     m = c[-1] if h == 1 else c[-1] // h
     ps = h * sec.x[-1]  # the partner's distance in x
@@ -226,8 +239,9 @@ MAX_PLANS = 4096
 _PLANS: dict = {}
 
 
-def _expand(op, x, cos, sin, pairs):
-    """x, cos, sin as views over the rotated shape R (cos / sin per pair: a new last dim of stride 0)."""
+def _expand(op, x, cos, sin, pairs, rot=0):
+    """x, cos, sin as views over the rotated shape R (cos / sin per pair: a new last dim of stride 0). With
+    `rot` (partial rotary: only x's first rot features rotate) cos / sin span those rot features."""
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or t.dtype not in FLOATS:
             raise KernelInputError(f"{op}: {name} must be a float32, bfloat16 or float16 tensor, got "
@@ -238,15 +252,21 @@ def _expand(op, x, cos, sin, pairs):
         if x.dim() < 1 or x.shape[-1] != 2:
             raise KernelInputError(f"{op}: interleaved pairs need x of shape [..., D/2, 2], got {tuple(x.shape)}")
         cos, sin = cos.unsqueeze(-1), sin.unsqueeze(-1)
-    elif x.dim() < 1 or x.shape[-1] % 2:
+    elif x.dim() < 1 or (rot or x.shape[-1]) % 2:
         raise KernelInputError(f"{op}: rotate-half needs an even last dim, got x of shape {tuple(x.shape)}")
+    if rot and (pairs or not 0 < rot < x.shape[-1]):
+        raise KernelInputError(f"{op}: partial rotary takes rotate-half with 0 < rot < x's last dim "
+                               f"({x.shape[-1]}), got rot={rot}{' and interleaved pairs' if pairs else ''}")
+    xr = x[..., :rot] if rot else x
     try:
-        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+        shape = torch.broadcast_shapes(xr.shape, cos.shape, sin.shape)
     except RuntimeError:
         raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} do not broadcast to x "
-                               f"{tuple(x.shape)}") from None
-    if shape[-1] != x.shape[-1]:
-        raise KernelInputError(f"{op}: cos / sin widen x's last dim ({tuple(x.shape)} -> {tuple(shape)})")
+                               f"{tuple(xr.shape)}") from None
+    if shape[-1] != xr.shape[-1] or (rot and shape != xr.shape):
+        raise KernelInputError(f"{op}: cos / sin widen x ({tuple(xr.shape)} -> {tuple(shape)})")
+    if rot:
+        return [x, cos.expand(shape), sin.expand(shape)]
     return [t.expand(shape) for t in (x, cos, sin)]
 
 
@@ -267,15 +287,19 @@ def _norm_name(op, x, w, pairs) -> str:
     return DTYPE_NAMES[w.dtype]
 
 
-def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None, w=None) -> RopeSec:
+def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None, w=None,
+              rot=0) -> RopeSec:
     norm = "" if w is None else _norm_name(op, x, w, pairs)
-    x, cos, sin = _expand(op, x, cos, sin, pairs)
+    if norm and rot:
+        raise KernelInputError(f"{op}: a norm before a partial rotation is not supported (the pass-through "
+                               "features would be normalized too); rotate the whole head or drop the norm")
+    x, cos, sin = _expand(op, x, cos, sin, pairs, rot)
     if out_dtype is not None and out_dtype not in FLOATS:
         raise KernelInputError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     out = out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
     dts = tuple(DTYPE_NAMES[d] for d in (x.dtype, cos.dtype, sin.dtype, out))
     base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts,
-                norm=norm)
+                norm=norm, rot=rot)
     if dst is None:
         return RopeSec(**base)
     if dst.device != x.device:
@@ -293,7 +317,7 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out
     return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
 
 
-def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_ws=None, eps=0.0):
+def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_ws=None, eps=0.0, rot=0):
     op = "rope_cache"
     if not 1 <= len(xs) <= 2 or len(coss) != len(xs) or len(sins) != len(xs):
         raise KernelInputError(f"{op}: one or two tensors to rotate, each with its cos and sin; got "
@@ -311,7 +335,7 @@ def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=No
     secs = [_rope_sec(op, xs[i], coss[i], sins[i], pairs, *((kc, dim, ids, k_order) if kc is not None and
                                                           i == len(xs) - 1 else (None, 0, None, None)),
                       out_dtype=kc.dtype if kc is not None and i == len(xs) - 1 else out_dtype,
-                      w=None if norm_ws is None else norm_ws[i])
+                      w=None if norm_ws is None else norm_ws[i], rot=rot)
             for i in range(len(xs))]
     sc = None
     if vc is not None:
@@ -331,7 +355,7 @@ def _flat(t, itype=None):
 
 @kr.replayed
 def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2,
-               out_dtype=None, norm_ws=None, eps: float = 0.0):
+               out_dtype=None, norm_ws=None, eps: float = 0.0, rot: int = 0):
     """Rotate each x of `xs` by its cos / sin (rotate-half over x's last dim, or interleaved pairs:
     x [..., D/2, 2] and cos / sin per pair [..., D/2]), in fp32, rounded once: to out_dtype (default: the
     promoted type of x, cos and sin), the one stored in kc to kc's dtype; returns the rotated tensors,
@@ -340,21 +364,25 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
     the written region's element whose strides over R follow `k_order`, the region dims innermost
     first). v, when given, is stored into vc at ids along dim. `norm_ws` (one [D] weight per x): each x's
     rows (its last dim, rotate-half) RMS-normalized first, `x * rsqrt(mean(x^2) + eps) * w` in fp32 rounded
-    to x's dtype, as flydsl.rms_norm returns it (Qwen3's q / k norm). One launch; the caches in place."""
+    to x's dtype, as flydsl.rms_norm returns it (Qwen3's q / k norm). `rot` (partial rotary, GPT-NeoX's
+    rotary_pct < 1): only each x's first rot features rotate (cos / sin span those), the rest are x's own
+    values, rounded to the output's dtype: the `cat([rotated, x[..., rot:]], -1)` of eager, stored as one
+    tensor. One launch; the caches in place."""
     if ids is not None and isinstance(ids, torch.Tensor) and ids.dim() == 0:
         ids = ids.reshape(1)
     arch = current_arch()
     try:
         geo = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)  # noqa: E731
         key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids, *(norm_ws or ()))), len(xs), bool(pairs),
-               None if k_order is None else tuple(k_order), dim, out_dtype, norm_ws is not None, float(eps), arch)
+               None if k_order is None else tuple(k_order), dim, out_dtype, norm_ws is not None, float(eps), int(rot), arch)
     except AttributeError:
         raise KernelInputError("rope_cache: expected tensors") from None
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
-        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_ws, eps)
+        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_ws, eps,
+                                  int(rot))
     f, launcher = hit
     dev = xs[0].device
     dummy = _DUMMY.get(dev)
@@ -362,7 +390,7 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
         dummy = _DUMMY[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
     outs, bufs = [], []
     for i, sec in enumerate(f.ropes):
-        x, c, s = _expand("rope_cache", xs[i], coss[i], sins[i], pairs)
+        x, c, s = _expand("rope_cache", xs[i], coss[i], sins[i], pairs, sec.rot)
         if sec.region:
             o = _flat(kc)
         else:
