@@ -20,6 +20,10 @@ What the counts were before each change (docs/state.md, "Launches per decode ste
 - GPT-NeoX (rotary_pct 0.25): the pass-through part was a real `cat` after each rotation, so q's and k's
   rotations were 2 RoPE launches and K's and V's writes 2 scatters (11 per layer); rope_pass.py folds the
   `cat` into the rotation (`rot_dim`) and rope_cache.py pairs them with both writes: Llama's 8.
+- OLMo2: q_norm / k_norm run over the projection's whole row (all heads) before the split into heads: 2 row
+  norms, then 2 RoPE launches and 2 scatters (15 per layer). rope_norm.py folds a norm whose row the views split
+  into whole dims of the rotated tensor (`norm_dims`; the kernel reduces each row in one workgroup) and
+  rope_cache.py pairs the rotations with both writes: 10 (its post-norms and their residual adds are left).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ PER_LAYER = {
     "phi3": 8,
     "gemma2": 10,
     "gpt_neox": 8,
+    "olmo2": 10,
 }
 
 
@@ -95,17 +100,20 @@ def test_one_counter_per_step_keeps_the_caches_and_the_counter():
                 assert int(a.cumulative_length) == int(b.cumulative_length) == int(pos[-1]) + 1
 
 
-def test_qwen3_q_k_norm_folds_into_the_rope_and_cache_write_launch():
-    """rope_norm fired for q and k of both layers, the RoPE launches then took both cache writes; no row norm
-    of a head is left; eager's tokens and StaticCache."""
-    model, ids = _family("qwen3"), _ids()
+@pytest.mark.parametrize("family,counter", [("qwen3", "rope_norm"), ("olmo2", "rope_norm_all_heads")])
+def test_q_k_norm_folds_into_the_rope_and_cache_write_launch(family, counter):
+    """The q / k norm (Qwen3: per head; OLMo2: over all heads of a token) folded for q and k of both layers, the
+    RoPE launches then took both cache writes; no norm of a piece of the QKV output is left (every RMSNorm
+    left reads a hidden-size row: a residual stream or an O / down GEMM's output); eager's tokens and cache."""
+    model, ids = _family(family), _ids()
     n = 6
     want, cache = _eager_run(model, ids, n)
     gen = translator.translate_for_generation(model, ids, max_cache_len=32, backend="reference")
     counters = gen.translated.report.counters
-    assert counters.get("rope_norm") == 4 and counters.get("rope_cache_write") == 2, counters
+    assert counters.get(counter) == 4 and counters.get("rope_cache_write") == 2, counters
     norms = [nd for nd in gen.translated.gm.graph.nodes if str(nd.target) == "flydsl.rms_norm.default"]
-    assert all(list(nd.args[1]) == [model.config.hidden_size] for nd in norms), [nd.args[1] for nd in norms]
+    assert all(list(nd.args[1]) == [model.config.hidden_size] and "slice" not in str(nd.args[0].target)
+               for nd in norms), [(nd.args[0], nd.args[1]) for nd in norms]
     assert _greedy(gen, ids, n) == want
     _assert_same_cache(cache_tensors(gen.translated), _kv(cache), PROMPT + n - 1)
 

@@ -67,9 +67,10 @@ def rope(xs: list[torch.Tensor], coss: list[torch.Tensor], sins: list[torch.Tens
          kc: Optional[torch.Tensor], k_order: Optional[list[int]], v: Optional[torch.Tensor],
          vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int,
          out_dtype: Optional[torch.dtype] = None, norm_w0: Optional[torch.Tensor] = None,
-         norm_w1: Optional[torch.Tensor] = None, norm_eps: float = 0.0, rot_dim: int = 0) -> list[torch.Tensor]:
+         norm_w1: Optional[torch.Tensor] = None, norm_eps: float = 0.0, rot_dim: int = 0,
+         norm_dims: Optional[list[int]] = None) -> list[torch.Tensor]:
     return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_w0, norm_w1, norm_eps,
-                    rot_dim)
+                    rot_dim, norm_dims)
 
 
 def _norm_ws(xs, w0, w1):
@@ -90,7 +91,7 @@ def _rotated(x, cos, sin, pairs, out_dtype=None, rot_dim=0):
 
 @rope.register_fake
 def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None, norm_eps=0.0,
-      rot_dim=0):
+      rot_dim=0, norm_dims=None):
     n = len(xs) - (kc is not None)
     outs = []
     for i in range(n):
@@ -99,18 +100,28 @@ def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_
     return outs
 
 
+def _rms_norm_over(x, dims, w, eps):
+    """flydsl.rms_norm(x, ..) over x's dims `dims` (outermost first) as one row, in fp32, rounded to x's dtype."""
+    dims = [d % x.dim() for d in dims]
+    perm = [d for d in range(x.dim()) if d not in dims] + dims
+    p = x.float().permute(perm)
+    lead = p.shape[:x.dim() - len(dims)]
+    y = torch.nn.functional.rms_norm(p.reshape(*lead, -1), (w.numel(),), w.float(), eps).reshape(p.shape)
+    return y.permute([perm.index(d) for d in range(x.dim())]).to(x.dtype)
+
+
 def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
-             norm_eps=0.0, rot_dim=0):
+             norm_eps=0.0, rot_dim=0, norm_dims=None):
     """The rotations in fp32 (rotate-half over x's last dim, or pairs x [..., P, 2] with cos / sin per
     pair), cast once (the returned ones to out_dtype when given); the last into kc at ids along dim when kc
     is given, rounded to kc's dtype (its region's strides over the rotated tensor follow k_order,
     innermost first); v into vc likewise. With norm weights (norm_w0 for xs[0], norm_w1 for xs[1]), each x is
     first flydsl.rms_norm(x, [D], w, norm_eps) (rope_norm.py: Qwen3's q / k norm). With rot_dim, x's first rot_dim
-    features rotate and the rest pass through, cast likewise (rope_pass.py: GPT-NeoX's partial rotary)."""
+    features rotate and the rest pass through, cast likewise (rope_pass.py: GPT-NeoX's partial rotary). norm_dims:
+    the norm's row spans those dims of x, outermost first (rope_norm.py: OLMo2's q / k norm over all heads)."""
     norm_ws = _norm_ws(xs, norm_w0, norm_w1)
     if norm_ws is not None:
-        xs = [torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w.float(), norm_eps).to(x.dtype)
-              for x, w in zip(xs, norm_ws)]
+        xs = [_rms_norm_over(x, norm_dims or [-1], w, norm_eps) for x, w in zip(xs, norm_ws)]
     outs = []
     for i, (x, c, s) in enumerate(zip(xs, coss, sins)):
         cached = kc is not None and i == len(xs) - 1  # stored in kc: rounded to kc's dtype
@@ -143,11 +154,11 @@ def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None
 
 
 def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
-                norm_eps=0.0, rot_dim=0):
+                norm_eps=0.0, rot_dim=0, norm_dims=None):
     from translator_kernels.layout.rope_cache import rope_cache
 
     return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=out_dtype,
-                      norm_ws=_norm_ws(xs, norm_w0, norm_w1), eps=norm_eps, rot=rot_dim)
+                      norm_ws=_norm_ws(xs, norm_w0, norm_w1), eps=norm_eps, rot=rot_dim, norm_dims=norm_dims)
 
 
 register_family(OpFamily(
