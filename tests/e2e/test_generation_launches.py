@@ -36,7 +36,8 @@ import translator
 transformers = pytest.importorskip("transformers")
 
 from test_generation_hf_more import (  # noqa: E402  (tests/e2e is on sys.path)
-    PROMPT, _assert_same_cache, _eager_run, _greedy, _ids, _kv, _model)
+    PROMPT, _assert_same_cache, _compiled, _eager_run, _greedy, _ids, _kv, _model)
+from translator.frontends import compile_backend  # noqa: E402
 from translator.frontends.generation import cache_tensors  # noqa: E402
 
 LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -82,6 +83,25 @@ def test_launches_per_layer(family):
     layer = _per_layer(_graph_launches(gen.translated), "attention")
     assert len(layer) == PER_LAYER[family], layer
     assert "elementwise_" not in layer, layer  # no per-layer counter update
+
+
+# torch.compile: dynamo's graphs (prefill and decode), the caller's StaticCache; a layer also keeps its own
+# counter's 2 one-element launches (the positions' add and the in-place add: the user's state)
+COMPILED_PER_LAYER = {"olmo2": 12, "gpt_neox": 10}
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("family", sorted(COMPILED_PER_LAYER))
+def test_compiled_launches_per_layer(family):
+    n = 3
+    got, want, cache, eager_cache = _compiled(family, n)
+    assert got == want
+    _assert_same_cache(_kv(cache), _kv(eager_cache), PROMPT + n - 1)
+    tms = [tm for rec in compile_backend.reports() for tm in rec.translated]
+    assert tms
+    for tm in tms:
+        layer = _per_layer(_graph_launches(tm), "attention")
+        assert len(layer) == COMPILED_PER_LAYER[family], layer
 
 
 def test_one_counter_per_step_keeps_the_caches_and_the_counter():
