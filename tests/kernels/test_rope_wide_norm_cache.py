@@ -4,9 +4,9 @@ launch (translator_kernels.layout.rope_cache, `norm_ws` with `norm_dims`), on th
 
 One workgroup per norm row: its threads sum the row's squares, the workgroup adds them (wave butterflies and
 LDS), then each thread normalizes (`x * rsqrt(mean(x^2) + eps) * w`, fp32, rounded to x's dtype as flydsl.rms_norm
-returns it) and rotates its elements; k goes into the cache, v's write rides in the same launch. A row longer
-than the workgroup (q: 4 heads x 128 = 512 elements over 256 threads) and one that is not a multiple of it
-(k: 3 x 96... here 2 heads x 80 = 160) are both covered. Checked against torch's rms_norm then the rotation."""
+returns it) and rotates its elements; k goes into the cache, v's write rides in the same launch. Rows longer
+than the workgroup's 256 threads (q: 4 heads x 80 = 320, 4 x 128 = 512) and shorter (k: 2 x 80 = 160), whole
+multiples of it and not. Checked against torch's rms_norm over the whole row, then the rotation."""
 
 import pytest
 import torch
