@@ -19,8 +19,17 @@ looks for a partner) takes, for each rotation of one tensor:
 The views are rebuilt over y (each replayed on a meta tensor of y's strides: a reshape that would copy is
 refused). The rope kernel normalizes each row in fp32 and rounds it to x's dtype, as flydsl.rms_norm returns it,
 then rotates (translator_kernels/layout/rope_cache.py): the same numbers as the two ops. Rotate-half only (the
-row is the last dim); a norm without a weight, over more than the last dim (OLMo2's q_norm over all heads), or
-read by anything else stays its own launch. Counter `rope_norm` (norms folded).
+head row is the last dim); a norm without a weight, over more than its input's last dim, under a partial
+rotation, or read by anything else stays its own launch. Counter `rope_norm` (norms folded).
+
+OLMo2 normalizes q_proj's whole output row (all heads of a token) before the split into heads:
+
+    q = self.q_norm(self.q_proj(x)).view(*shape, head_dim).transpose(1, 2)   # flydsl.rms_norm(.., [H * D], w)
+
+The same rule takes it when the views split the norm's row into whole dims of x with x's last dim innermost
+(here x's dims 1 and 3: `norm_dims=[1, 3]`, the weight indexed row-major over them); the kernel then reduces
+each token's row in one workgroup. A rotation that reads only part of the row (some of the heads) keeps the norm.
+Counter `rope_norm_all_heads` (of those folded, the ones over several dims).
 """
 
 from __future__ import annotations
