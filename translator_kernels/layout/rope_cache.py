@@ -15,7 +15,14 @@ whose workgroups are split into sections:
                    fresh contiguous output (q; k where there is no cache) or straight into the
                    cache: R's flat index o is the written region's element sum(c_d * vs_d) (vs: the
                    region's strides over R, from the graph's view chain), the indexed dim read
-                   from the positions on the device.
+                   from the positions on the device. Partial rotary (`rot` < R[-1], GPT-NeoX's
+                   rotary_pct): features c[-1] >= rot are x's own values (eager's `cat` of the
+                   rotated and the pass-through parts), so the whole head leaves this launch.
+    norm           (optional, per rope section) x RMS-normalized first, in fp32, rounded to x's dtype:
+                   over R's last dim (a head row: each thread sums its row's squares itself), or over
+                   several dims of R (`wide`: OLMo2's norm over all heads of a token): then the section
+                   runs one workgroup per token, whose threads take the row's elements t, t + BLOCK, ...,
+                   and the row's sum of squares is a butterfly per wave plus the waves' sums in LDS.
     copy section   the cache write of v, the scatter kernel's map (layout/scatter.py): the values
                    a strided view of the QKV output, the destination the cache, in place.
 
