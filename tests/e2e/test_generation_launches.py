@@ -68,9 +68,9 @@ def _per_layer(names, attention):
 PER_LAYER = {
     "llama": 8,
     "qwen3": 8,
-    "gemma3": 10,
+    "gemma3": 8,
     "phi3": 8,
-    "gemma2": 10,
+    "gemma2": 8,
     "gpt_neox": 8,
     "olmo2": 10,
 }
