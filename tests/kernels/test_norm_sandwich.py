@@ -37,3 +37,18 @@ def test_post_norm_residual_add_and_pre_norm_in_one_launch(dtype, m, n):
 def test_a_norm_before_the_add_needs_rms_with_a_residual():
     with pytest.raises(KernelInputError, match="norm before the residual add"):
         build_row_norm(64, "f32", 4, "layer", 1e-5, "gfx942", w_dtype="f32", residual=True, pre_w="f32")
+
+
+def test_many_rows_without_a_second_weight():
+    """The first weight alone (in the bias slot): the workgroups walk rows as the host's grid says (80 rows, more
+    than MIN_GRID workgroups of one row each: 64 workgroups, some taking two rows)."""
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn(80, 1000, generator=g) for _ in range(2))
+    w0 = torch.randn(1000, generator=g)
+    want_s, want_y = _want(x, r, w0, torch.ones(1000), 1e-6, 1e-6)
+    with executors.current().run("gfx942") as ex:
+        s, y = norm_add_rms_norm(ex.put(x), ex.put(r), ex.put(w0), None, 1e-6, 1e-6)
+    assert len(ex.launches) == 1
+    tol = op_tol(torch.float32, "rms_norm", reduction_length=1000)
+    torch.testing.assert_close(s.cpu(), want_s, **tol)
+    torch.testing.assert_close(y.cpu(), want_y, **tol)

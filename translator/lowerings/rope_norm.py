@@ -80,8 +80,8 @@ def _norm_fold(r):
 
 def _row_dims(rows, x, length):
     """x's dims that make up one norm row of `length` elements, outermost first, when the views split the row
-    into whole dims of x (rows: the views replayed on the norm's contiguous output), else None. A dim of one
-    element is left out unless it is static (it may be a sequence of one here and longer in another call)."""
+    into whole dims of x (rows: the views replayed on the norm's contiguous output), else None. Dims of one
+    element are left out (a sequence of one here may be longer in another call; a static one adds nothing)."""
     inner = [d for d in range(rows.dim()) if rows.stride(d) < length and rows.shape[d] > 1]
     if any(static_int(val(x).shape[d]) is None for d in inner):
         return None  # a symbolic size inside the row: not a fixed split of the heads

@@ -75,7 +75,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     PARTIAL = tiling.partial
     ebits = rc.elem_bits(dtype_str)
     INV_N = 1.0 / n
-    MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None)
+    MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None or pre_w is not None)
     if quant is not None and not rq.fusable(n, vec, affine):
         raise KernelInputError(f"row norm: fp8 output needs resident rows and VEC >= 4 (N={n}, VEC={vec})")
     FMAX = rq.fmax(arch, quant) if quant is not None else 0.0
