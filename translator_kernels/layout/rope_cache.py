@@ -265,7 +265,7 @@ def build_rope_cache(f: Fused, arch: str):
                 c, ok = coords[i], oks[i]
                 y = _rotate_at(sec, c, X, C, S, W, eps, rstd)
                 o = _dot(c, cont)
-                good = ok if ok is not None else None
+                good = ok  # None: every element of this round is in the row
                 if sec.region:
                     off, inb = _cache_offset(sec, o, Ids, words)
                     keep = inb if good is None else inb & good
