@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import executors  # the session's executor (tests/executors.py)
 from translator.tolerances import op_tol
 from translator_kernels.errors import KernelInputError
-from translator_kernels.rows.norm import build_row_norm, norm_add_rms_norm
+from translator_kernels.rows.norm import build_row_norm, norm_add, norm_add_rms_norm
 
 
 def _want(x, r, w0, w1, e0, e1):
@@ -52,3 +52,16 @@ def test_many_rows_without_a_second_weight():
     tol = op_tol(torch.float32, "rms_norm", reduction_length=1000)
     torch.testing.assert_close(s.cpu(), want_s, **tol)
     torch.testing.assert_close(y.cpu(), want_y, **tol)
+
+
+@pytest.mark.parametrize("dtype,m,n", [(torch.float32, 3, 64), (torch.bfloat16, 2, 1000)])
+def test_post_norm_and_residual_add_in_one_launch(dtype, m, n):
+    """OLMo2's `r + post_norm(o)` with no norm after it: the sum alone (norm_add)."""
+    g = torch.Generator().manual_seed(2)
+    x, r = (torch.randn(m, n, generator=g).mul(3).to(dtype) for _ in range(2))
+    w0 = torch.randn(n, generator=g).to(dtype)
+    want_s, _ = _want(x, r, w0, w0, 1e-6, 1e-6)
+    with executors.current().run("gfx942") as ex:
+        s = norm_add(ex.put(x), ex.put(r), ex.put(w0), 1e-6)
+    assert [ln.kernel.split("_kernel")[0] for ln in ex.launches] == ["row_norm"], ex.launches
+    torch.testing.assert_close(s.cpu(), want_s, **op_tol(dtype, "rms_norm", reduction_length=n))

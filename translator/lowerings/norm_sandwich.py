@@ -20,7 +20,17 @@ one launch (translator_kernels/rows/norm.py, `pre_w`): the kernel normalizes x's
 flydsl.rms_norm returns it, adds r and rounds as eager's add, then normalizes the sum: the numbers of the three
 ops. Both outputs contiguous, as add_rms_norm's. A norm without a weight, a cast between (precision policies),
 a post-norm read elsewhere, or an add only the pre-norm reads keeps its form. Counter `norm_sandwich`.
-OLMo2's post-norms (`r + norm(o)` with no norm after the sum) are not this form: left as they are.
+
+OLMo2 has the post-norms without the pre-norms: `h = residual + self.post_attention_layernorm(self.o_proj(..))`,
+the sum read by the next GEMM directly. A second rule (priority 0, after the sandwich) takes
+
+    p = flydsl.rms_norm(x, [N], w0, eps0)       read only by the add
+    s = r + p  (or p + r)                       of one shape and dtype
+    -> s = flydsl.norm_add(x, r, [N], w0, eps0)
+
+the same kernel storing the sum alone (`sum_only`): a row norm and an elementwise add were 2 launches, twice per
+OLMo2 layer. Its `claims` keep such an add out of the elementwise regions (partition.py), so the rule finds it
+as an aten add. Counter `norm_add`.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..graph import arg, asserts, aten, dtype_of, is_call, users
+from ..graph import arg, asserts, aten, dtype_of, is_call, same_shape, users
 from ..registry import NO_MATCH, Match, OpFamily, Stage, register_family, rule
 from ..runtime.ops import dispatch
 from .norm import _rows, ref_rms_norm
@@ -74,14 +84,57 @@ register_family(OpFamily(
 ))
 
 
-def _sandwich(p, ctx):
-    """(add, the residual addend, pre-norm q) when post-norm p feeds a residual add read by a pre-norm q as
-    norm_residual.py's add_rms_norm takes it, else None."""
+@torch.library.custom_op("flydsl::norm_add", mutates_args=())
+def norm_add(x: torch.Tensor, residual: torch.Tensor, normalized_shape: List[int], weight: torch.Tensor,
+             eps: float) -> torch.Tensor:
+    return dispatch("norm_add", x, residual, normalized_shape, weight, eps)
+
+
+@norm_add.register_fake
+def _(x, residual, normalized_shape, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def ref_norm_add(x, residual, normalized_shape, weight, eps):
+    return (residual + ref_rms_norm(x, normalized_shape, weight, eps)).contiguous()
+
+
+def kernel_norm_add(x, residual, normalized_shape, weight, eps):
+    from translator_kernels.rows.norm import norm_add as run
+
+    x2, n = _rows(x, normalized_shape)
+    return run(x2, residual.reshape(-1, n), weight.reshape(n), eps).reshape(x.shape)
+
+
+register_family(OpFamily(
+    name="norm_add", description="r + RMSNorm(x) in one pass: a post-norm and its residual add",
+    reference=ref_norm_add, kernel=kernel_norm_add, kernel_entry="translator_kernels.rows.norm:norm_add",
+    sample_inputs=lambda dt: (torch.randn(4, 48).to(dt), torch.randn(4, 48).to(dt), [48], torch.randn(48).to(dt), 1e-6),
+))
+
+
+def _post_add(p):
+    """(add, the residual addend) when post-norm p (with a weight) is read only by an add of one shape and dtype."""
     if p.target is not RMS or arg(p, "weight") is None or len(users(p)) != 1:
         return None
     add = users(p)[0]
     if not is_call(add, aten.add.Tensor) or arg(add, "alpha", 1) != 1:
         return None
+    a, b = arg(add, "self"), arg(add, "other")
+    r = b if a is p else a if b is p else None
+    if not isinstance(r, torch.fx.Node) or r is p or not same_shape(r, p) or not same_shape(add, p) \
+            or not dtype_of(arg(p, "x")) == dtype_of(r) == dtype_of(add) == dtype_of(p):
+        return None
+    return add, r
+
+
+def _sandwich(p, ctx):
+    """(add, the residual addend, pre-norm q) when post-norm p feeds a residual add read by a pre-norm q as
+    norm_residual.py's add_rms_norm takes it, else None."""
+    found = _post_add(p)
+    if found is None:
+        return None
+    add, r = found
     qs = [u for u in users(add) if u.target is RMS]
     if len(qs) != 1:
         return None
@@ -89,10 +142,7 @@ def _sandwich(p, ctx):
     parts = _parts(q, ctx)
     if parts is None or parts[0] is not add or parts[1] is not None:
         return None
-    a, b = arg(add, "self"), arg(add, "other")
-    r = b if a is p else a if b is p else None
-    if r is None or r is p or list(arg(p, "normalized_shape")) != list(arg(q, "normalized_shape")) \
-            or dtype_of(arg(p, "x")) != dtype_of(r):
+    if list(arg(p, "normalized_shape")) != list(arg(q, "normalized_shape")):
         return None
     return add, r, q
 
@@ -117,6 +167,34 @@ def fuse_norm_sandwich(p, ctx, m):
     q.replace_all_uses_with(y)
     add.replace_all_uses_with(s)
     for n in (q, add, p):
+        for a in asserts(n):
+            ctx.gm.graph.erase_node(a)
+        ctx.gm.graph.erase_node(n)
+    return new
+
+
+def norm_add_supported(node, ctx):
+    found = _post_add(node)
+    if found is None:
+        return NO_MATCH
+    return ctx.denied([node, found[0]]) or Match(add=found[0], r=found[1])
+
+
+def norm_add_claims(node, ctx) -> list:
+    """The add this rule will take: kept out of the elementwise regions."""
+    found = _post_add(node)
+    return [found[0]] if found is not None else []
+
+
+@rule(Stage.CONSUMER, RMS, family="norm_add", supported=norm_add_supported, claims=norm_add_claims,
+      doc="r + rms_norm(x) (a post-norm's residual add) -> one row-norm launch storing the sum")
+def fuse_norm_add(p, ctx, m):
+    add, r = m.add, m.r
+    args = (arg(p, "x"), r, list(arg(p, "normalized_shape")), arg(p, "weight"), float(arg(p, "eps")))
+    new = ctx.emit("norm_add", args, lowering="norm_add", sources=[add], anchor=add, before=add)
+    ctx.absorb(new, [p])
+    add.replace_all_uses_with(new)
+    for n in (add, p):
         for a in asserts(n):
             ctx.gm.graph.erase_node(a)
         ctx.gm.graph.erase_node(n)

@@ -49,17 +49,19 @@ MIN_GRID = 64
 def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
                    w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
                    affine: str = "row", groups: int = 1, hw: int = 1, quant: str | None = None,
-                   pre_w: str | None = None, pre_eps: float = 0.0):
+                   pre_w: str | None = None, pre_eps: float = 0.0, sum_only: bool = False):
     """Compiled launcher `launch(X, R, W, B, Out, Sum, Q, S, m, g)` over m rows with g workgroups;
     operands a specialization does not use may be any tensor. quant: Out is not written; Q (fp8
     bytes viewed as int32) and S (fp32 per row) are. pre_w (a sandwich norm: RMSNorm, residual, resident
     rows): x is first RMS-normalized with the weight in B (pre_w its dtype name) and pre_eps, rounded to x's
-    dtype as flydsl.rms_norm returns it, and that is what the residual is added to."""
+    dtype as flydsl.rms_norm returns it, and that is what the residual is added to. sum_only (with pre_w):
+    only that sum is stored (Sum), Out is not written (OLMo2's `r + norm(o)` with no norm after it)."""
     if kind not in ("layer", "rms"):
         raise KernelInputError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
     tiling = rc.row_tiling(n, vec)
     STREAM = not rc.row_fits(tiling)
-    if pre_w is not None and (kind != "rms" or not residual or b_dtype is not None or quant is not None or STREAM):
+    if (pre_w is not None or sum_only) and (kind != "rms" or not residual or b_dtype is not None or quant is not None
+                                            or STREAM or pre_w is None):
         raise KernelInputError(f"row norm: a norm before the residual add takes RMSNorm with a residual, no bias, "
                                f"no fp8 output and a row that fits registers (N={n})")
     if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
@@ -267,6 +269,10 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 valid.append(ok)
                 term = x if const_expr(kind == "layer") else x * x
                 acc = term if t == 0 else acc + term
+            if const_expr(sum_only):
+                for t in range_constexpr(NT):
+                    affine_store_sum(xs[t][0], lane + t * LPR, valid[t])
+                return
             total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
 
             if const_expr(kind == "layer"):
@@ -360,7 +366,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
 
 
 def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None, quant=None,
-         pre=None):
+         pre=None, sum_only=False):
     """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view).
     Returns (out, sum); with quant (a format name), (q, sum, s) and out is not written."""
     xr = x if rows_view is None else rows_view
@@ -402,7 +408,7 @@ def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw
     pre_kw = {}
     if pre is not None:  # (weight, eps) of a norm of x before the residual add; the weight rides in B
         bias = rc.check_vector(op, pre[0], plen, "pre_weight", x.device)
-        pre_kw = dict(pre_w=rc.DTYPES[bias.dtype], pre_eps=float(pre[1]))
+        pre_kw = dict(pre_w=rc.DTYPES[bias.dtype], pre_eps=float(pre[1]), sum_only=sum_only)
     launch = build_row_norm(n, rc.DTYPES[xr.dtype], vec, kind, float(eps), rc.current_arch(),
                             w_dtype=rc.DTYPES.get(weight.dtype) if weight is not None else None,
                             b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None and pre is None else None,
@@ -472,6 +478,18 @@ def norm_add_rms_norm(x, residual, pre_weight, weight, pre_eps, eps):
         return add_rms_norm(rms_norm(x, pre_weight, pre_eps), residual, weight, eps)
     out, total = _run("norm_add_rms_norm", x, residual, weight, None, eps, "rms", pre=(pre_weight, pre_eps))
     return total, out
+
+
+@kr.replayed
+def norm_add(x, residual, pre_weight, pre_eps):
+    """rms_norm(x, pre_weight, pre_eps) + residual, each rounded to x's dtype (OLMo2's post-norm and residual add)
+    in one pass over resident rows; rows too long for registers take two launches (the norm, then an add)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise KernelInputError(f"norm_add: x must be a 2-D [M, N] tensor, got {getattr(x, 'shape', x)}")
+    n = x.shape[1]
+    if not rc.row_fits(rc.row_tiling(n, rc.pick_vec(n, x.dtype, x))):
+        return add_rms_norm(rms_norm(x, pre_weight, pre_eps), residual, None, 0.0)[0]
+    return _run("norm_add", x, residual, None, None, 0.0, "rms", pre=(pre_weight, pre_eps), sum_only=True)[1]
 
 
 def _fmt(fmt):
