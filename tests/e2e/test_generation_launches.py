@@ -17,6 +17,13 @@ What the counts were before each change (docs/state.md, "Launches per decode ste
 - Phi-3: the packed gate_up_proj was a GEMM and a SiLU-multiply kernel, K's write a scatter after a `cat` with
   an empty pass-through part: gated_packed.py and rope_pass.py make it Llama's 8
   (tests/e2e/test_generation_launches_patterns.py).
+- GPT-NeoX (rotary_pct 0.25): the pass-through part was a real `cat` after each rotation, so q's and k's
+  rotations were 2 RoPE launches and K's and V's writes 2 scatters (11 per layer); rope_pass.py folds the
+  `cat` into the rotation (`rot_dim`) and rope_cache.py pairs them with both writes: Llama's 8.
+- OLMo2: q_norm / k_norm run over the projection's whole row (all heads) before the split into heads: 2 row
+  norms, then 2 RoPE launches and 2 scatters (15 per layer). rope_norm.py folds a norm whose row the views split
+  into whole dims of the rotated tensor (`norm_dims`; the kernel reduces each row in one workgroup) and
+  rope_cache.py pairs the rotations with both writes: 10 (its post-norms and their residual adds are left).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import translator
 transformers = pytest.importorskip("transformers")
 
 from test_generation_hf_more import (  # noqa: E402  (tests/e2e is on sys.path)
-    PROMPT, _assert_same_cache, _eager_run, _greedy, _ids, _kv, _model)
+    PROMPT, _assert_same_cache, _compiled, _eager_run, _greedy, _ids, _kv, _model)
+from translator.frontends import compile_backend  # noqa: E402
 from translator.frontends.generation import cache_tensors  # noqa: E402
 
 LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -60,9 +68,11 @@ def _per_layer(names, attention):
 PER_LAYER = {
     "llama": 8,
     "qwen3": 8,
-    "gemma3": 10,
+    "gemma3": 8,
     "phi3": 8,
-    "gemma2": 10,
+    "gemma2": 8,
+    "gpt_neox": 8,
+    "olmo2": 8,
 }
 
 
@@ -73,6 +83,25 @@ def test_launches_per_layer(family):
     layer = _per_layer(_graph_launches(gen.translated), "attention")
     assert len(layer) == PER_LAYER[family], layer
     assert "elementwise_" not in layer, layer  # no per-layer counter update
+
+
+# torch.compile: dynamo's graphs (prefill and decode), the caller's StaticCache; a layer also keeps its own
+# counter's 2 one-element launches (the positions' add and the in-place add: the user's state)
+COMPILED_PER_LAYER = {"olmo2": 10, "gpt_neox": 10, "gemma3": 10}
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("family", sorted(COMPILED_PER_LAYER))
+def test_compiled_launches_per_layer(family):
+    n = 3
+    got, want, cache, eager_cache = _compiled(family, n)
+    assert got == want
+    _assert_same_cache(_kv(cache), _kv(eager_cache), PROMPT + n - 1)
+    tms = [tm for rec in compile_backend.reports() for tm in rec.translated]
+    assert tms
+    for tm in tms:
+        layer = _per_layer(_graph_launches(tm), "attention")
+        assert len(layer) == COMPILED_PER_LAYER[family], layer
 
 
 def test_one_counter_per_step_keeps_the_caches_and_the_counter():
@@ -91,17 +120,20 @@ def test_one_counter_per_step_keeps_the_caches_and_the_counter():
                 assert int(a.cumulative_length) == int(b.cumulative_length) == int(pos[-1]) + 1
 
 
-def test_qwen3_q_k_norm_folds_into_the_rope_and_cache_write_launch():
-    """rope_norm fired for q and k of both layers, the RoPE launches then took both cache writes; no row norm
-    of a head is left; eager's tokens and StaticCache."""
-    model, ids = _family("qwen3"), _ids()
+@pytest.mark.parametrize("family,counter", [("qwen3", "rope_norm"), ("olmo2", "rope_norm_all_heads")])
+def test_q_k_norm_folds_into_the_rope_and_cache_write_launch(family, counter):
+    """The q / k norm (Qwen3: per head; OLMo2: over all heads of a token) folded for q and k of both layers, the
+    RoPE launches then took both cache writes; no norm of a piece of the QKV output is left (every RMSNorm
+    left reads a hidden-size row: a residual stream or an O / down GEMM's output); eager's tokens and cache."""
+    model, ids = _family(family), _ids()
     n = 6
     want, cache = _eager_run(model, ids, n)
     gen = translator.translate_for_generation(model, ids, max_cache_len=32, backend="reference")
     counters = gen.translated.report.counters
-    assert counters.get("rope_norm") == 4 and counters.get("rope_cache_write") == 2, counters
+    assert counters.get(counter) == 4 and counters.get("rope_cache_write") == 2, counters
     norms = [nd for nd in gen.translated.gm.graph.nodes if str(nd.target) == "flydsl.rms_norm.default"]
-    assert all(list(nd.args[1]) == [model.config.hidden_size] for nd in norms), [nd.args[1] for nd in norms]
+    assert all(list(nd.args[1]) == [model.config.hidden_size] and "slice" not in str(nd.args[0].target)
+               for nd in norms), [(nd.args[0], nd.args[1]) for nd in norms]
     assert _greedy(gen, ids, n) == want
     _assert_same_cache(cache_tensors(gen.translated), _kv(cache), PROMPT + n - 1)
 

@@ -44,6 +44,9 @@ ORACLES = {
                                (_r(6, 48), _r(6, 48, seed=1))),
     "add_rms_norm": lambda: (Fn(lambda m, x, r: (lambda h: (h, m[0](h)))(x + r), nn.RMSNorm(48, eps=1e-6)),
                              (_r(6, 48), _r(6, 48, seed=1))),
+    "norm_add_rms_norm": lambda: (Fn(lambda m, x, r: (lambda h: (h, m[1](h)))(r + m[0](x)), nn.RMSNorm(48, eps=1e-6),
+                                     nn.RMSNorm(48, eps=1e-6)), (_r(6, 48), _r(6, 48, seed=1))),  # Gemma's sandwich
+    "norm_add": lambda: (Fn(lambda m, x, r: r + m[0](x), nn.RMSNorm(48, eps=1e-6)), (_r(6, 48), _r(6, 48, seed=1))),
     "group_norm": lambda: (Fn(lambda m, x: m[0](x), nn.GroupNorm(4, 16)), (_r(2, 16, 5, 3),)),
     "softmax": lambda: (Fn(lambda m, x: torch.softmax(x, -1)), (_r(6, 50) * 3.0 + 100.0,)),  # needs max subtraction
     "fused_elementwise": lambda: (Fn(lambda m, a, b: torch.tanh(a) * torch.sigmoid(b) + a.exp() / (b.abs() + 1)),

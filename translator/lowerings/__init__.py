@@ -10,6 +10,6 @@ from ..registry import populating
 with populating(__name__):  # all or nothing: an interrupted import leaves the registry as it was
     from . import (attention, attention_decompose, attention_patterns, by_design, cache_write, einsum,  # noqa: F401
                    elementwise, fbgemm_fp8, fold, fp8_mode, gated_mlp, gemm, gemm_epilogue, embedding, layout, losses,
-                   moe, moe_gpt_oss, moe_loops, gated_packed, norm, norm_fp8, norm_gemm, norm_patterns, norm_residual, qkv, quant,
+                   moe, moe_gpt_oss, moe_loops, gated_packed, norm, norm_fp8, norm_gemm, norm_patterns, norm_residual, norm_sandwich, qkv, quant,
                    quant_block, quant_w4, gated_fp8,
                    quantize_fold, reduce, rope, rope_cache, rope_casts, rope_norm, rope_pass, scan, softmax, inplace)

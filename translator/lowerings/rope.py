@@ -67,8 +67,10 @@ def rope(xs: list[torch.Tensor], coss: list[torch.Tensor], sins: list[torch.Tens
          kc: Optional[torch.Tensor], k_order: Optional[list[int]], v: Optional[torch.Tensor],
          vc: Optional[torch.Tensor], ids: Optional[torch.Tensor], dim: int,
          out_dtype: Optional[torch.dtype] = None, norm_w0: Optional[torch.Tensor] = None,
-         norm_w1: Optional[torch.Tensor] = None, norm_eps: float = 0.0) -> list[torch.Tensor]:
-    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_w0, norm_w1, norm_eps)
+         norm_w1: Optional[torch.Tensor] = None, norm_eps: float = 0.0, rot_dim: int = 0,
+         norm_dims: Optional[list[int]] = None) -> list[torch.Tensor]:
+    return dispatch("rope", xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_w0, norm_w1, norm_eps,
+                    rot_dim, norm_dims)
 
 
 def _norm_ws(xs, w0, w1):
@@ -76,47 +78,67 @@ def _norm_ws(xs, w0, w1):
     return None if w0 is None else [w0, w1][:len(xs)]
 
 
-def _rotated(x, cos, sin, pairs, out_dtype=None):
+def _rotated(x, cos, sin, pairs, out_dtype=None, rot_dim=0):
     """(shape, dtype) of one rotation's result: out_dtype, else the promoted type of x, cos and sin
-    (rope_casts.py folds a cast of the result into the op as out_dtype)."""
+    (rope_casts.py folds a cast of the result into the op as out_dtype). With rot_dim (rope_pass.py: partial
+    rotary) x's first rot_dim features rotate, the rest pass through: the result has x's last dim."""
     c, s = (cos.unsqueeze(-1), sin.unsqueeze(-1)) if pairs else (cos, sin)
-    return torch.broadcast_shapes(x.shape, c.shape, s.shape), out_dtype or torch.promote_types(torch.promote_types(
-        x.dtype, cos.dtype), sin.dtype)
+    shape = torch.broadcast_shapes(x[..., :rot_dim].shape if rot_dim else x.shape, c.shape, s.shape)
+    if rot_dim:
+        shape = torch.Size([*shape[:-1], x.shape[-1]])
+    return shape, out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
 
 
 @rope.register_fake
-def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None, norm_eps=0.0):
+def _(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None, norm_eps=0.0,
+      rot_dim=0, norm_dims=None):
     n = len(xs) - (kc is not None)
     outs = []
     for i in range(n):
-        shape, dt = _rotated(xs[i], coss[i], sins[i], pairs, out_dtype)
+        shape, dt = _rotated(xs[i], coss[i], sins[i], pairs, out_dtype, rot_dim)
         outs.append(xs[i].new_empty(shape, dtype=dt))
     return outs
 
 
+def _rms_norm_over(x, dims, w, eps):
+    """flydsl.rms_norm(x, ..) over x's dims `dims` (outermost first) as one row, in fp32, rounded to x's dtype."""
+    dims = [d % x.dim() for d in dims]
+    perm = [d for d in range(x.dim()) if d not in dims] + dims
+    p = x.float().permute(perm)
+    lead = p.shape[:x.dim() - len(dims)]
+    y = torch.nn.functional.rms_norm(p.reshape(*lead, -1), (w.numel(),), w.float(), eps).reshape(p.shape)
+    return y.permute([perm.index(d) for d in range(x.dim())]).to(x.dtype)
+
+
 def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
-             norm_eps=0.0):
+             norm_eps=0.0, rot_dim=0, norm_dims=None):
     """The rotations in fp32 (rotate-half over x's last dim, or pairs x [..., P, 2] with cos / sin per
     pair), cast once (the returned ones to out_dtype when given); the last into kc at ids along dim when kc
     is given, rounded to kc's dtype (its region's strides over the rotated tensor follow k_order,
     innermost first); v into vc likewise. With norm weights (norm_w0 for xs[0], norm_w1 for xs[1]), each x is
-    first flydsl.rms_norm(x, [D], w, norm_eps) (rope_norm.py: Qwen3's q / k norm)."""
+    first flydsl.rms_norm(x, [D], w, norm_eps) (rope_norm.py: Qwen3's q / k norm). With rot_dim, x's first rot_dim
+    features rotate and the rest pass through, cast likewise (rope_pass.py: GPT-NeoX's partial rotary). norm_dims:
+    the norm's row spans those dims of x, outermost first (rope_norm.py: OLMo2's q / k norm over all heads)."""
     norm_ws = _norm_ws(xs, norm_w0, norm_w1)
     if norm_ws is not None:
-        xs = [torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w.float(), norm_eps).to(x.dtype)
-              for x, w in zip(xs, norm_ws)]
+        xs = [_rms_norm_over(x, norm_dims or [-1], w, norm_eps) for x, w in zip(xs, norm_ws)]
     outs = []
     for i, (x, c, s) in enumerate(zip(xs, coss, sins)):
         cached = kc is not None and i == len(xs) - 1  # stored in kc: rounded to kc's dtype
-        _, dt = _rotated(x, c, s, pairs, kc.dtype if cached else out_dtype)
+        _, dt = _rotated(x, c, s, pairs, kc.dtype if cached else out_dtype, rot_dim)
         x, c, s = x.float(), c.float(), s.float()
+        keep = x[..., rot_dim:] if rot_dim else None
+        x = x[..., :rot_dim] if rot_dim else x
         if pairs:
             c, s = c.unsqueeze(-1), s.unsqueeze(-1)
             r = torch.cat((-x[..., 1:], x[..., :1]), -1)
         else:
             h = x.shape[-1] // 2
             r = torch.cat((-x[..., h:], x[..., :h]), -1)
-        outs.append((x * c + r * s).to(dt).contiguous())  # the kernel's layout
+        y = x * c + r * s
+        if keep is not None:
+            y = torch.cat([y, keep.expand(*y.shape[:-1], keep.shape[-1])], -1)
+        outs.append(y.to(dt).contiguous())  # the kernel's layout
     at = lambda t: (slice(None),) * dim + (ids,)  # noqa: E731
     if kc is not None:
         k = outs.pop().contiguous()
@@ -132,11 +154,11 @@ def ref_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None
 
 
 def kernel_rope(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_w0=None, norm_w1=None,
-                norm_eps=0.0):
+                norm_eps=0.0, rot_dim=0, norm_dims=None):
     from translator_kernels.layout.rope_cache import rope_cache
 
     return rope_cache(xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=out_dtype,
-                      norm_ws=_norm_ws(xs, norm_w0, norm_w1), eps=norm_eps)
+                      norm_ws=_norm_ws(xs, norm_w0, norm_w1), eps=norm_eps, rot=rot_dim, norm_dims=norm_dims)
 
 
 register_family(OpFamily(

@@ -34,7 +34,7 @@ import operator
 
 import torch
 
-from ..graph import aten, arg, getitem_of, position, size_hint, static_int, val
+from ..graph import aten, arg, asserts, getitem_of, position, size_hint, static_int, users, val
 from ..registry import NO_MATCH, Match, Stage, rule
 from . import cache_write, rope  # noqa: F401  (register flydsl.rope and flydsl.cache_write)
 
@@ -46,7 +46,7 @@ VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
          aten.unflatten.int, aten.transpose.int, aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim,
          aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.expand.default,
          aten.alias.default, aten.t.default}
-SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
+SPLITS = {aten.split_with_sizes.default, aten.split.Tensor, aten.chunk.default}
 
 
 def _view_of(n):
@@ -84,8 +84,8 @@ def _chain_to_write(r):
     u, chain = _out(r), []
     if u is None:
         return None
-    while len(u.users) == 1:
-        nxt = next(iter(u.users))
+    while len(users(u)) == 1:  # export's dtype asserts (a no-op `.to(dtype)`, OLMo2's) read no data
+        nxt = users(u)[0]
         if nxt.target is WRITE and arg(nxt, "values") is u and arg(nxt, "dst") is not u:
             return nxt, [_out(r), *chain]
         if _view_of(nxt) is not u:
@@ -164,8 +164,10 @@ def _dtypes_agree(a, b) -> bool:
 
 
 def _norm(r):
-    """What rope_norm.py folded into rotation r: (normalized, eps). Two rotations share a launch with the same."""
-    return arg(r, "norm_w0") is not None, arg(r, "norm_eps") if arg(r, "norm_w0") is not None else None
+    """What rope_norm.py folded into rotation r: (normalized, eps, the norm row's dims), and the rotated features
+    rope_pass.py set (rot_dim). Two rotations share a launch with the same."""
+    return arg(r, "norm_w0") is not None, arg(r, "norm_eps") if arg(r, "norm_w0") is not None else None, \
+        arg(r, "rot_dim") or 0, tuple(arg(r, "norm_dims") or ())
 
 
 def rope_cache_supported(node, ctx):
@@ -230,7 +232,8 @@ def fuse_rope_cache(node, ctx, m):
             arg(vw, "values") if vw else None, arg(vw, "dst") if vw else None,
             arg(w, "ids") if w else None, arg(w, "dim") if w else 0,
             next((arg(r, "out_dtype") for r in ropes[:len(ropes) - (kw is not None)] if arg(r, "out_dtype")), None),
-            *([arg(r, "norm_w0") for r in ropes] + [None])[:2], arg(node, "norm_eps") or 0.0)
+            *([arg(r, "norm_w0") for r in ropes] + [None])[:2], arg(node, "norm_eps") or 0.0, arg(node, "rot_dim") or 0,
+            arg(node, "norm_dims"))
     kept = ropes[:-1] if kw is not None else ropes
     lowering = "rope_cache_write" if w is not None else "rope_qk"
     new = ctx.emit("rope", args, lowering=lowering, sources=[],
@@ -245,6 +248,9 @@ def fuse_rope_cache(node, ctx, m):
         g.meta["replaces"] = r.meta["flydsl"]["anchor"]
         out.replace_all_uses_with(g)
         prev = g
+    for n in m.chain:  # the rotation stored into the cache: no tensor left to check the dtype of
+        for a in asserts(n):
+            ctx.gm.graph.erase_node(a)
     dead = dict.fromkeys([x for x in (kw, vw) if x is not None] + m.chain + m.outs + ropes)
     for n in sorted(dead, key=position, reverse=True):
         if not n.users:

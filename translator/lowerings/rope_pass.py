@@ -1,4 +1,4 @@
-"""An empty pass-through part after RoPE dropped: `cat([rotated, x[..., D:]], -1)` with nothing past D is `rotated`.
+"""The pass-through part of a partial rotary joined to RoPE: `cat([rotated, x[..., D:]], -1)` becomes the rotation.
 
 Partial-rotary attention (Phi-3, GPT-NeoX, Phi) rotates the first `rotary_dim` features of each head and passes
 the rest through:
@@ -12,7 +12,23 @@ rope_cache.py could not store k from the RoPE launch (K's write a separate scatt
 layer). A `cat` whose other members are statically empty along the cat dim is the rotation itself (the same
 shape; contiguous, as the `cat` returns it): its readers read the rotation. A CONSUMER rule on flydsl.rope
 (priority 4, ahead of rope_norm.py, rope_casts.py and rope_cache.py), folding every such `cat` of the graph at
-once. A non-empty pass-through part (GPT-NeoX's 0.25) stays a `cat`. Counter `rope_empty_pass`.
+once. Counter `rope_empty_pass`.
+
+A non-empty pass-through part (GPT-NeoX's rotary_pct 0.25: 4 of 16 features rotate) was a real `cat` in PyTorch,
+so q's and k's rotations read two different parts of the projection (no pairing) and the rotated k reached its
+cache write through a copy: 2 RoPE launches and 2 cache-write launches per layer, 11 launches per GPT-NeoX layer.
+A second rule (priority 5, ahead of the empty-pass one) takes
+
+    y = flydsl.rope([x[..., :r]], [cos], [sin])    (rotate-half, the slice's start 0, r < D, both static)
+    cat([y, x[..., r:]], -1)                        (the rest of the same x, nothing else reading y)
+    -> flydsl.rope([x], [cos], [sin], rot_dim=r)    (the kernel rotates features < r and copies the rest:
+                                                     translator_kernels/layout/rope_cache.py)
+
+with the cat's dtype that of x and of the rotation (the passed features are x's own values, stored unrounded).
+The result has the cat's shape and contiguous layout, and the op now reproduces the cat (its anchor). Then q's and
+k's rotations read views of one QKV output and rope_cache.py pairs them and takes both cache writes: a GPT-NeoX
+layer is Llama's 8. Any other cat (the parts in the other order, a pass part of another tensor or not starting at
+r, a norm folded in, interleaved pairs) keeps its form. Counter `rope_partial_pass`.
 """
 
 from __future__ import annotations
@@ -21,9 +37,10 @@ import operator
 
 import torch
 
-from ..graph import aten, arg, getitem_of, shape_of, static_int
+from ..graph import aten, arg, captured_name, dtype_of, getitem_of, set_args, shape_of, static_int, val
 from ..registry import NO_MATCH, Match, Stage, rule
-from .rope_cache import ROPE
+from .rope import _half
+from .rope_cache import ROPE, _out
 
 
 def _empty_pass_cats(r):
@@ -61,4 +78,52 @@ def drop_empty_pass(node, ctx, m):
         c.replace_all_uses_with(g)
         ctx.count("rope_empty_pass")
         ctx.erase_unused([c, *(t for t in arg(c, "tensors") if t is not g)])
+    return node
+
+
+def _partial_pass(r):
+    """(cat, rotation's getitem, x, r) when rope r rotates x[..., :r] and one cat joins x[..., r:] after it."""
+    if len(arg(r, "xs")) != 1 or arg(r, "kc") is not None or arg(r, "vc") is not None or arg(r, "pairs") \
+            or arg(r, "norm_w0") is not None or arg(r, "rot_dim"):
+        return None
+    g = _out(r)
+    if g is None or len(g.users) != 1:
+        return None
+    c = next(iter(g.users))
+    if c.target is not aten.cat.default or len(arg(c, "tensors")) != 2 or arg(c, "tensors")[0] is not g:
+        return None
+    rank = len(shape_of(c))
+    if arg(c, "dim", 0) not in (-1, rank - 1):
+        return None
+    rot, rest = _half(arg(r, "xs")[0]), _half(arg(c, "tensors")[1])
+    if rot is None or rest is None or rot[0] is not rest[0]:
+        return None
+    x, d = rot[0], static_int(shape_of(rot[0])[-1])
+    if d is None or rot[1] != 0 or not 0 < rot[2] < d or rot[2] % 2 or rest[1:] != (rot[2], d):
+        return None
+    if not dtype_of(x) == dtype_of(g) == dtype_of(c) or str(shape_of(c)) != str(shape_of(x)):
+        return None
+    return c, g, x, rot[2]
+
+
+def rope_partial_supported(node, ctx):
+    found = {r: f for r in node.graph.nodes if r.target is ROPE and (f := _partial_pass(r)) is not None}
+    if node not in found or ctx.denied([*found, *(f[0] for f in found.values())]):
+        return NO_MATCH
+    return Match(found=found)
+
+
+@rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_partial_supported, priority=5,
+      doc="cat([rope(x[..., :r]), x[..., r:]]) (partial rotary) -> flydsl.rope(x, rot_dim=r): one tensor, one launch")
+def fold_partial_pass(node, ctx, m):
+    for r, (c, g, x, rot) in m.found.items():
+        old = arg(r, "xs")[0]
+        set_args(r, xs=[x], rot_dim=rot)
+        g.meta["val"] = val(c)
+        r.meta["val"] = [val(c)]
+        ctx.absorb(r, [c], anchor=c)  # the op now returns the cat's value: the stride contract compares with it
+        g.meta["orig_name"] = captured_name(c)
+        c.replace_all_uses_with(g)
+        ctx.count("rope_partial_pass")
+        ctx.erase_unused([c, arg(c, "tensors")[1], old])
     return node

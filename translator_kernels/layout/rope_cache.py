@@ -15,7 +15,14 @@ whose workgroups are split into sections:
                    fresh contiguous output (q; k where there is no cache) or straight into the
                    cache: R's flat index o is the written region's element sum(c_d * vs_d) (vs: the
                    region's strides over R, from the graph's view chain), the indexed dim read
-                   from the positions on the device.
+                   from the positions on the device. Partial rotary (`rot` < R[-1], GPT-NeoX's
+                   rotary_pct): features c[-1] >= rot are x's own values (eager's `cat` of the
+                   rotated and the pass-through parts), so the whole head leaves this launch.
+    norm           (optional, per rope section) x RMS-normalized first, in fp32, rounded to x's dtype:
+                   over R's last dim (a head row: each thread sums its row's squares itself), or over
+                   several dims of R (`wide`: OLMo2's norm over all heads of a token): then the section
+                   runs one workgroup per token, whose threads take the row's elements t, t + BLOCK, ...,
+                   and the row's sum of squares is a butterfly per wave plus the waves' sums in LDS.
     copy section   the cache write of v, the scatter kernel's map (layout/scatter.py): the values
                    a strided view of the QKV output, the destination the cache, in place.
 
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import range_constexpr
+from flydsl.expr import gpu, range_constexpr
 import torch
 
 from translator_kernels import device_math as em
@@ -48,6 +55,7 @@ from translator_kernels.codegen.host import current_arch
 from translator_kernels.errors import KernelInputError
 from translator_kernels.layout import _DUMMY, _INT, MAX_BYTES, _geometry_index
 from translator_kernels.layout.kernel import BLOCK, _raise_flag, _store, _value, vector_grid
+from translator_kernels.rows import common as rc
 from translator_kernels.layout.scatter import Scatter, _check_ids, _dst_offset, dst_offset, scatter_map
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -67,10 +75,23 @@ class RopeSec:
     dst: tuple = ()  # SrcDim per cache dim (the indexed one reads the positions)
     dst_strides: tuple = ()
     norm: str = ""  # RMS-normalized over the last dim before the rotation: the weight's dtype name
+    rot: int = 0  # rotated features of the last dim (partial rotary); the rest pass through; 0: all
+    wide: tuple = ()  # a norm over more than the last dim (OLMo2's q_norm over all heads): R's dims of one
+    # norm row, outermost first (the weight's index row-major over them); R's last dim is the innermost
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def row(self) -> int:
+        """Elements of one norm row (wide sections)."""
+        return math.prod(self.shape[d] for d in self.wide)
+
+    @property
+    def tokens(self) -> tuple:
+        """R's dims outside the norm row (wide sections): one workgroup per index over them."""
+        return tuple(d for d in range(len(self.shape)) if d not in self.wide)
 
 
 @dataclass(frozen=True)
@@ -82,7 +103,7 @@ class Fused:
 
 
 def _grids(f: Fused) -> list:
-    g = [max(1, -(-r.numel // BLOCK)) for r in f.ropes]
+    g = [max(1, math.prod(r.shape[d] for d in r.tokens) if r.wide else -(-r.numel // BLOCK)) for r in f.ropes]
     if f.copy is not None:
         g.append(vector_grid(f.copy.read)[3])
     return g
@@ -128,17 +149,46 @@ def _normalized(sec: RopeSec, c, xo, x, xp, X, W, eps):
     return _round(x * r * w, dt), _round(xp * r * wp, dt)
 
 
+def _wide_normalized(sec: RopeSec, c, x, xp, W, rstd):
+    """x and its partner times the norm row's rstd and their weights, rounded to x's dtype (flydsl.rms_norm's
+    output). The weight index is row-major over the row's dims; the partner differs in the last dim only."""
+    pos, acc = 0, 1
+    for d in sec.wide[::-1]:
+        pos = pos + (c[d] if acc == 1 else c[d] * acc)
+        acc *= sec.shape[d]
+    h = sec.shape[-1] // 2
+    ppos = pos + h - (c[-1] // h) * (2 * h)
+    w, wp = em.load_vec(W, sec.norm, 1, pos), em.load_vec(W, sec.norm, 1, ppos)
+    dt = sec.dts[0]
+    return _round(x * rstd * w, dt), _round(xp * rstd * wp, dt)
+
+
 def _rotate(sec: RopeSec, o, X, C, S, W=None, eps=0.0):
     """The rotated value at R's flat index o (a 1-lane fp32 vector)."""
     c = _coords(o, sec.shape)
-    h = sec.shape[-1] // 2
+    if not sec.rot:
+        return _rotate_at(sec, c, X, C, S, W, eps)
+    # partial rotary: features at or past `rot` are x itself; the rotation is computed at a clamped column
+    # (its loads stay inside x's rotated part and cos / sin) and the pass-through value selected over it
+    inside = c[-1] < sec.rot
+    y = _rotate_at(sec, [*c[:-1], inside.select(c[-1], 0)], X, C, S, W, eps)
+    x = em.load_vec(X, sec.dts[0], 1, _dot(c, sec.x))
+    return fx.Vector.filled(1, inside, fx.Boolean).select(y, x)
+
+
+def _rotate_at(sec: RopeSec, c, X, C, S, W=None, eps=0.0, rstd=None):
+    """The rotated value at R's coordinates c (inside the rotated part of the last dim); rstd: the norm row's
+    (wide sections)."""
+    h = (sec.rot or sec.shape[-1]) // 2
     xo, co, so = _dot(c, sec.x), _dot(c, sec.cos), _dot(c, sec.sin)
     m = c[-1] if h == 1 else c[-1] // h
     ps = h * sec.x[-1]  # the partner's distance in x
     po = xo + ps - m * (2 * ps)
     x = em.load_vec(X, sec.dts[0], 1, xo)
     xp = em.load_vec(X, sec.dts[0], 1, po)
-    if sec.norm:
+    if rstd is not None:
+        x, xp = _wide_normalized(sec, c, x, xp, W, rstd)
+    elif sec.norm:
         x, xp = _normalized(sec, c, xo, x, xp, X, W, eps)
     a = x * em.load_vec(C, sec.dts[1], 1, co)
     t = xp * em.load_vec(S, sec.dts[2], 1, so)
@@ -170,15 +220,75 @@ def build_rope_cache(f: Fused, arch: str):
     cached0, cached1 = bool(r0.region), r1 is not None and bool(r1.region)
     copies = sc is not None
     eps = f.eps
+    WAVES = BLOCK // 64
+
+    # the waves' sums of a wide section (its annotation evaluated here: this module's annotations are strings)
+    Scratch = fx.struct(type("Scratch", (), {"__annotations__": {"red": fx.Array[fx.Float32, WAVES, 16]}}))
 
     @flyc.kernel
     def rope_cache_kernel(X0: fx.Tensor, C0: fx.Tensor, S0: fx.Tensor, O0: fx.Tensor, W0: fx.Tensor,
                           X1: fx.Tensor, C1: fx.Tensor, S1: fx.Tensor, O1: fx.Tensor, W1: fx.Tensor,
                           V: fx.Tensor, Vc: fx.Tensor, Ids: fx.Tensor, Flag: fx.Tensor):
+        def wide_section(sec, tok, t, X, C, S, O, W, Ids, Flag, slots):
+            """One norm row (token `tok`) of a wide section: each thread sums the squares of elements t, t + BLOCK,
+            ... of the row, the workgroup adds them (a butterfly per wave, the waves' sums through LDS), then each
+            thread normalizes, rotates and stores its elements."""
+            n, NI = sec.row, -(-sec.row // BLOCK)
+            tc = _coords(tok, [sec.shape[d] for d in sec.tokens])
+            coords, oks, acc = [], [], None
+            for i in range_constexpr(NI):
+                e = t + i * BLOCK
+                ok = e < n if (i + 1) * BLOCK > n else None
+                ec = _coords(ok.select(e, 0) if ok is not None else e, [sec.shape[d] for d in sec.wide])
+                c = [0] * len(sec.shape)
+                for d, v in zip(sec.tokens, tc):
+                    c[d] = v
+                for d, v in zip(sec.wide, ec):
+                    c[d] = v
+                x = em.load_vec(X, sec.dts[0], 1, _dot(c, sec.x))
+                sq = x * x
+                if ok is not None:
+                    sq = fx.Vector.filled(1, ok, fx.Boolean).select(sq, em.splat(0.0, 1))
+                acc = sq if acc is None else acc + sq
+                coords.append(c)
+                oks.append(ok)
+            w = rc.wave_allreduce(acc[0], "sum")
+            if t % 64 == 0:
+                fx.memref_store(w, slots, t // 64)
+            gpu.barrier()
+            total = fx.memref_load(slots, 0)
+            for i in range_constexpr(1, WAVES):
+                total = total + fx.memref_load(slots, i)
+            rstd = em.rsqrt(em.splat(total, 1) * (1.0 / n) + eps)
+            cont = [math.prod(sec.shape[d + 1:]) for d in range(len(sec.shape))]
+            for i in range_constexpr(NI):
+                c, ok = coords[i], oks[i]
+                y = _rotate_at(sec, c, X, C, S, W, eps, rstd)
+                o = _dot(c, cont)
+                good = ok  # None: every element of this round is in the row
+                if sec.region:
+                    off, inb = _cache_offset(sec, o, Ids, words)
+                    keep = inb if good is None else inb & good
+                    if keep:
+                        em.store_vec(O, sec.dts[3], 1, y, off)
+                    if ~inb:
+                        _raise_flag(Flag)
+                elif good is None:
+                    em.store_vec(O, sec.dts[3], 1, y, o)
+                else:
+                    if good:
+                        em.store_vec(O, sec.dts[3], 1, y, o)
+
         b = fx.Int32(fx.block_idx.x)
         t = fx.Int32(fx.thread_idx.x)
+        slots = None
+        if r0.wide or (r1 is not None and r1.wide):
+            slots = fx.SharedAllocator().allocate(Scratch).peek().red.view(fx.make_layout(WAVES, 1))
         o0 = b * BLOCK + t
-        if o0 < r0.numel:
+        if r0.wide:
+            if b < grids[0]:
+                wide_section(r0, b, t, X0, C0, S0, O0, W0, Ids, Flag, slots)
+        elif o0 < r0.numel:
             y0 = _rotate(r0, o0, X0, C0, S0, W0, eps)
             if cached0:
                 off0, good0 = _cache_offset(r0, o0, Ids, words)
@@ -188,7 +298,10 @@ def build_rope_cache(f: Fused, arch: str):
                     _raise_flag(Flag)
             else:
                 em.store_vec(O0, r0.dts[3], 1, y0, o0)
-        if r1 is not None:
+        if r1 is not None and r1.wide:
+            if (b >= B1) & (b < B1 + grids[1]):
+                wide_section(r1, b - B1, t, X1, C1, S1, O1, W1, Ids, Flag, slots)
+        elif r1 is not None:
             o1 = (b - B1) * BLOCK + t
             if (b >= B1) & (o1 < r1.numel):
                 y = _rotate(r1, o1, X1, C1, S1, W1, eps)
@@ -226,8 +339,9 @@ MAX_PLANS = 4096
 _PLANS: dict = {}
 
 
-def _expand(op, x, cos, sin, pairs):
-    """x, cos, sin as views over the rotated shape R (cos / sin per pair: a new last dim of stride 0)."""
+def _expand(op, x, cos, sin, pairs, rot=0):
+    """x, cos, sin as views over the rotated shape R (cos / sin per pair: a new last dim of stride 0). With
+    `rot` (partial rotary: only x's first rot features rotate) cos / sin span those rot features."""
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or t.dtype not in FLOATS:
             raise KernelInputError(f"{op}: {name} must be a float32, bfloat16 or float16 tensor, got "
@@ -238,15 +352,21 @@ def _expand(op, x, cos, sin, pairs):
         if x.dim() < 1 or x.shape[-1] != 2:
             raise KernelInputError(f"{op}: interleaved pairs need x of shape [..., D/2, 2], got {tuple(x.shape)}")
         cos, sin = cos.unsqueeze(-1), sin.unsqueeze(-1)
-    elif x.dim() < 1 or x.shape[-1] % 2:
+    elif x.dim() < 1 or (rot or x.shape[-1]) % 2:
         raise KernelInputError(f"{op}: rotate-half needs an even last dim, got x of shape {tuple(x.shape)}")
+    if rot and (pairs or not 0 < rot < x.shape[-1]):
+        raise KernelInputError(f"{op}: partial rotary takes rotate-half with 0 < rot < x's last dim "
+                               f"({x.shape[-1]}), got rot={rot}{' and interleaved pairs' if pairs else ''}")
+    xr = x[..., :rot] if rot else x
     try:
-        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+        shape = torch.broadcast_shapes(xr.shape, cos.shape, sin.shape)
     except RuntimeError:
         raise KernelInputError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} do not broadcast to x "
-                               f"{tuple(x.shape)}") from None
-    if shape[-1] != x.shape[-1]:
-        raise KernelInputError(f"{op}: cos / sin widen x's last dim ({tuple(x.shape)} -> {tuple(shape)})")
+                               f"{tuple(xr.shape)}") from None
+    if shape[-1] != xr.shape[-1] or (rot and shape != xr.shape):
+        raise KernelInputError(f"{op}: cos / sin widen x ({tuple(xr.shape)} -> {tuple(shape)})")
+    if rot:
+        return [x, cos.expand(shape), sin.expand(shape)]
     return [t.expand(shape) for t in (x, cos, sin)]
 
 
@@ -254,28 +374,47 @@ def _extent(t) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
 
 
-def _norm_name(op, x, w, pairs) -> str:
-    """The dtype name of a norm weight over x's last dim, checked."""
+def _norm_name(op, x, w, pairs, wide=()) -> str:
+    """The dtype name of a norm weight over x's last dim (or over x's dims `wide`), checked."""
     if pairs:
         raise KernelInputError(f"{op}: a norm before the rotation takes rotate-half (the row is x's last dim), "
                                "not interleaved pairs")
-    if not isinstance(w, torch.Tensor) or w.dtype not in FLOATS or tuple(w.shape) != (x.shape[-1],):
-        raise KernelInputError(f"{op}: a norm weight must be a float tensor of x's last dim ({x.shape[-1]},), got "
+    n = math.prod(x.shape[d] for d in wide) if wide else x.shape[-1]
+    if not isinstance(w, torch.Tensor) or w.dtype not in FLOATS or tuple(w.shape) != (n,):
+        raise KernelInputError(f"{op}: a norm weight must be a float tensor of the norm row's length ({n},), got "
                                f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
     if w.device != x.device:
         raise KernelInputError(f"{op}: the norm weight is on {w.device}, x on {x.device}")
     return DTYPE_NAMES[w.dtype]
 
 
-def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None, w=None) -> RopeSec:
-    norm = "" if w is None else _norm_name(op, x, w, pairs)
-    x, cos, sin = _expand(op, x, cos, sin, pairs)
+def _wide_dims(op, x, norm_dims) -> tuple:
+    """norm_dims checked: distinct dims of x ending with its last (the rotated head row inside the norm row)."""
+    nd = tuple(d + x.dim() if d < 0 else d for d in norm_dims)
+    if len(set(nd)) != len(nd) or not nd or nd[-1] != x.dim() - 1 or any(not 0 <= d < x.dim() for d in nd):
+        raise KernelInputError(f"{op}: norm_dims {tuple(norm_dims)} must be distinct dims of x {tuple(x.shape)} "
+                               "ending with its last")
+    return () if nd == (x.dim() - 1,) else nd
+
+
+def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out_dtype=None, w=None,
+              rot=0, norm_dims=None) -> RopeSec:
+    wide = () if w is None or norm_dims is None else _wide_dims(op, x, norm_dims)
+    norm = "" if w is None else _norm_name(op, x, w, pairs, wide)
+    if norm and rot:
+        raise KernelInputError(f"{op}: a norm before a partial rotation is not supported (the pass-through "
+                               "features would be normalized too); rotate the whole head or drop the norm")
+    given = tuple(x.shape)
+    x, cos, sin = _expand(op, x, cos, sin, pairs, rot)
+    if wide and tuple(x.shape) != given:
+        raise KernelInputError(f"{op}: cos / sin broadcast x {given} to {tuple(x.shape)}: a norm row over several dims "
+                               "takes x's own")
     if out_dtype is not None and out_dtype not in FLOATS:
         raise KernelInputError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     out = out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
     dts = tuple(DTYPE_NAMES[d] for d in (x.dtype, cos.dtype, sin.dtype, out))
     base = dict(shape=tuple(x.shape), x=tuple(x.stride()), cos=tuple(cos.stride()), sin=tuple(sin.stride()), dts=dts,
-                norm=norm)
+                norm=norm, rot=rot, wide=wide)
     if dst is None:
         return RopeSec(**base)
     if dst.device != x.device:
@@ -293,7 +432,8 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out
     return RopeSec(**base, region=region, vs=tuple(vs), dst=tuple(dmap), dst_strides=tuple(dst.stride()))
 
 
-def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_ws=None, eps=0.0):
+def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=None, norm_ws=None, eps=0.0, rot=0,
+          norm_dims=None):
     op = "rope_cache"
     if not 1 <= len(xs) <= 2 or len(coss) != len(xs) or len(sins) != len(xs):
         raise KernelInputError(f"{op}: one or two tensors to rotate, each with its cos and sin; got "
@@ -311,7 +451,7 @@ def _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype=No
     secs = [_rope_sec(op, xs[i], coss[i], sins[i], pairs, *((kc, dim, ids, k_order) if kc is not None and
                                                           i == len(xs) - 1 else (None, 0, None, None)),
                       out_dtype=kc.dtype if kc is not None and i == len(xs) - 1 else out_dtype,
-                      w=None if norm_ws is None else norm_ws[i])
+                      w=None if norm_ws is None else norm_ws[i], rot=rot, norm_dims=norm_dims)
             for i in range(len(xs))]
     sc = None
     if vc is not None:
@@ -331,7 +471,7 @@ def _flat(t, itype=None):
 
 @kr.replayed
 def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=None, ids=None, dim: int = 2,
-               out_dtype=None, norm_ws=None, eps: float = 0.0):
+               out_dtype=None, norm_ws=None, eps: float = 0.0, rot: int = 0, norm_dims=None):
     """Rotate each x of `xs` by its cos / sin (rotate-half over x's last dim, or interleaved pairs:
     x [..., D/2, 2] and cos / sin per pair [..., D/2]), in fp32, rounded once: to out_dtype (default: the
     promoted type of x, cos and sin), the one stored in kc to kc's dtype; returns the rotated tensors,
@@ -340,21 +480,28 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
     the written region's element whose strides over R follow `k_order`, the region dims innermost
     first). v, when given, is stored into vc at ids along dim. `norm_ws` (one [D] weight per x): each x's
     rows (its last dim, rotate-half) RMS-normalized first, `x * rsqrt(mean(x^2) + eps) * w` in fp32 rounded
-    to x's dtype, as flydsl.rms_norm returns it (Qwen3's q / k norm). One launch; the caches in place."""
+    to x's dtype, as flydsl.rms_norm returns it (Qwen3's q / k norm). `rot` (partial rotary, GPT-NeoX's
+    rotary_pct < 1): only each x's first rot features rotate (cos / sin span those), the rest are x's own
+    values, rounded to the output's dtype: the `cat([rotated, x[..., rot:]], -1)` of eager, stored as one
+    tensor. `norm_dims` (with norm_ws): each x's norm row spans these dims of x, outermost first, ending with its
+    last (OLMo2's q_norm over all heads of a token: [H, D] of x [B, H, S, D] is (1, 3)); the weight is indexed
+    row-major over them and one workgroup reduces a row. One launch; the caches in place."""
     if ids is not None and isinstance(ids, torch.Tensor) and ids.dim() == 0:
         ids = ids.reshape(1)
     arch = current_arch()
     try:
         geo = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)  # noqa: E731
         key = (tuple(geo(t) for t in (*xs, *coss, *sins, kc, v, vc, ids, *(norm_ws or ()))), len(xs), bool(pairs),
-               None if k_order is None else tuple(k_order), dim, out_dtype, norm_ws is not None, float(eps), arch)
+               None if k_order is None else tuple(k_order), dim, out_dtype, norm_ws is not None, float(eps), int(rot),
+               None if norm_dims is None else tuple(norm_dims), arch)
     except AttributeError:
         raise KernelInputError("rope_cache: expected tensors") from None
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
-        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_ws, eps)
+        hit = _PLANS[key] = _plan(key, xs, coss, sins, pairs, kc, k_order, v, vc, ids, dim, out_dtype, norm_ws, eps,
+                                  int(rot), norm_dims)
     f, launcher = hit
     dev = xs[0].device
     dummy = _DUMMY.get(dev)
@@ -362,7 +509,7 @@ def rope_cache(xs, coss, sins, pairs: bool, kc=None, k_order=None, v=None, vc=No
         dummy = _DUMMY[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
     outs, bufs = [], []
     for i, sec in enumerate(f.ropes):
-        x, c, s = _expand("rope_cache", xs[i], coss[i], sins[i], pairs)
+        x, c, s = _expand("rope_cache", xs[i], coss[i], sins[i], pairs, sec.rot)
         if sec.region:
             o = _flat(kc)
         else:

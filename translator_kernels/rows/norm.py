@@ -48,14 +48,22 @@ MIN_GRID = 64
 @kl.builder
 def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch: str, *,
                    w_dtype: str | None = None, b_dtype: str | None = None, residual: bool = False,
-                   affine: str = "row", groups: int = 1, hw: int = 1, quant: str | None = None):
+                   affine: str = "row", groups: int = 1, hw: int = 1, quant: str | None = None,
+                   pre_w: str | None = None, pre_eps: float = 0.0, sum_only: bool = False):
     """Compiled launcher `launch(X, R, W, B, Out, Sum, Q, S, m, g)` over m rows with g workgroups;
     operands a specialization does not use may be any tensor. quant: Out is not written; Q (fp8
-    bytes viewed as int32) and S (fp32 per row) are."""
+    bytes viewed as int32) and S (fp32 per row) are. pre_w (a sandwich norm: RMSNorm, residual, resident
+    rows): x is first RMS-normalized with the weight in B (pre_w its dtype name) and pre_eps, rounded to x's
+    dtype as flydsl.rms_norm returns it, and that is what the residual is added to. sum_only (with pre_w):
+    only that sum is stored (Sum), Out is not written (OLMo2's `r + norm(o)` with no norm after it)."""
     if kind not in ("layer", "rms"):
         raise KernelInputError(f"row norm: kind must be 'layer' or 'rms', got {kind!r}")
     tiling = rc.row_tiling(n, vec)
     STREAM = not rc.row_fits(tiling)
+    if (pre_w is not None or sum_only) and (kind != "rms" or not residual or b_dtype is not None or quant is not None
+                                            or STREAM or pre_w is None):
+        raise KernelInputError(f"row norm: a norm before the residual add takes RMSNorm with a residual, no bias, "
+                               f"no fp8 output and a row that fits registers (N={n})")
     if STREAM:  # too long for registers: a statistics pass, then a normalize pass that re-reads
         tiling = rc.stream_tiling(n, vec)
     U = rc.STREAM_VECS_PER_THREAD
@@ -69,7 +77,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     PARTIAL = tiling.partial
     ebits = rc.elem_bits(dtype_str)
     INV_N = 1.0 / n
-    MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None)
+    MULTI = _multi_rows(n, vec, affine, w_dtype is not None or b_dtype is not None or pre_w is not None)
     if quant is not None and not rq.fusable(n, vec, affine):
         raise KernelInputError(f"row norm: fp8 output needs resident rows and VEC >= 4 (N={n}, VEC={vec})")
     FMAX = rq.fmax(arch, quant) if quant is not None else 0.0
@@ -150,9 +158,10 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
         s_c = lds.red_c.view(fx.make_layout(W, 1))
         zero = fx.Float32(0.0)
 
-        def load_row(idx):
-            """(x in x's dtype -- the rounded sum when a residual is added, x in fp32)."""
-            x_e = rc.load_vec(atom, VEC, edt, views["x"], idx)
+        def load_row(idx, x_e=None):
+            """(x in x's dtype -- the rounded sum when a residual is added, x in fp32); x_e: x given (pre_w)."""
+            if const_expr(x_e is None):
+                x_e = rc.load_vec(atom, VEC, edt, views["x"], idx)
             if const_expr(residual):
                 s_e = x_e.to(fx.Float32) + rc.load_vec(atom, VEC, edt, views["r"], idx).to(fx.Float32)
                 x_e = s_e.to(edt) if const_expr(dtype_str != "f32") else s_e
@@ -217,7 +226,32 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             else:
                 rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
 
+        def pre_normed():
+            """pre_w: the row of x RMS-normalized with the weight in B, rounded to x's dtype, per vector."""
+            raw, acc0 = [], None
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                ok = None
+                if const_expr(PARTIAL and t == NT - 1):
+                    ok = idx < NV
+                    idx = ok.select(idx, 0)
+                x = rc.load_vec(atom, VEC, edt, views["x"], idx).to(fx.Float32)
+                if const_expr(ok is not None):
+                    x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
+                raw.append(x)
+                acc0 = x * x if t == 0 else acc0 + x * x
+            r0 = fx.math.rsqrt(block_allreduce(rc.lane_sum(acc0, VEC), s_c) * INV_N + pre_eps, fastmath=AFN)
+            out = []
+            for t in range_constexpr(NT):
+                idx = lane + t * LPR
+                if const_expr(PARTIAL and t == NT - 1):
+                    idx = (idx < NV).select(idx, 0)
+                y = raw[t] * r0 * load_param(Bs, pre_w, idx)
+                out.append(y.to(edt) if const_expr(dtype_str != "f32") else y)
+            return out
+
         def resident(pre):
+            prenormed = pre_normed() if const_expr(pre_w is not None) else None
             # pass 1: load (and add the residual), first statistic
             xs = []
             valid = []
@@ -228,13 +262,17 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
                 if const_expr(PARTIAL and t == NT - 1):
                     ok = idx < NV
                     idx = ok.select(idx, 0)
-                x_e, x = load_row(idx)
+                x_e, x = load_row(idx, prenormed[t] if const_expr(prenormed is not None) else None)
                 if const_expr(ok is not None):
                     x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
                 xs.append((x_e, x))
                 valid.append(ok)
                 term = x if const_expr(kind == "layer") else x * x
                 acc = term if t == 0 else acc + term
+            if const_expr(sum_only):
+                for t in range_constexpr(NT):
+                    affine_store_sum(xs[t][0], lane + t * LPR, valid[t])
+                return
             total = block_allreduce(rc.lane_sum(acc, VEC), s_a)
 
             if const_expr(kind == "layer"):
@@ -327,7 +365,8 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
     return launch
 
 
-def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None, quant=None):
+def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw=1, rows_view=None, quant=None,
+         pre=None, sum_only=False):
     """Validate, allocate and launch; x is [M, N] (rows_view: GroupNorm's [B*G, Cg*HW] view).
     Returns (out, sum); with quant (a format name), (q, sum, s) and out is not written."""
     xr = x if rows_view is None else rows_view
@@ -366,10 +405,14 @@ def _run(op, x, residual, weight, bias, eps, kind, *, affine="row", groups=1, hw
         y, total = _run(op, x, residual, weight, bias, eps, kind, affine=affine, rows_view=rows_view)
         q, s = quantize_rows(y, quant)
         return q, total, s
+    pre_kw = {}
+    if pre is not None:  # (weight, eps) of a norm of x before the residual add; the weight rides in B
+        bias = rc.check_vector(op, pre[0], plen, "pre_weight", x.device)
+        pre_kw = dict(pre_w=rc.DTYPES[bias.dtype], pre_eps=float(pre[1]), sum_only=sum_only)
     launch = build_row_norm(n, rc.DTYPES[xr.dtype], vec, kind, float(eps), rc.current_arch(),
                             w_dtype=rc.DTYPES.get(weight.dtype) if weight is not None else None,
-                            b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None else None,
-                            residual=residual is not None, affine=affine, groups=groups, hw=hw, quant=quant)
+                            b_dtype=rc.DTYPES.get(bias.dtype) if bias is not None and pre is None else None,
+                            residual=residual is not None, affine=affine, groups=groups, hw=hw, quant=quant, **pre_kw)
     dummy = xr
     rc.launch(launch, xr, residual if residual is not None else dummy, weight if weight is not None else dummy,
               bias if bias is not None else dummy, out, total if total is not None else out,
@@ -421,6 +464,32 @@ def add_rms_norm(x, residual, weight, eps):
     """(x + residual, rms_norm(x + residual)) in one pass."""
     out, total = _run("add_rms_norm", x, residual, weight, None, eps, "rms")
     return total, out
+
+
+@kr.replayed
+def norm_add_rms_norm(x, residual, pre_weight, weight, pre_eps, eps):
+    """(s, rms_norm(s)) with s = rms_norm(x, pre_weight, pre_eps) + residual, each rounded to x's dtype (Gemma's
+    post-norm of a GEMM's output, the residual add and the next pre-norm) in one pass over resident rows; rows
+    too long for registers take two launches (the norm, then add_rms_norm)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise KernelInputError(f"norm_add_rms_norm: x must be a 2-D [M, N] tensor, got {getattr(x, 'shape', x)}")
+    n = x.shape[1]
+    if not rc.row_fits(rc.row_tiling(n, rc.pick_vec(n, x.dtype, x))):
+        return add_rms_norm(rms_norm(x, pre_weight, pre_eps), residual, weight, eps)
+    out, total = _run("norm_add_rms_norm", x, residual, weight, None, eps, "rms", pre=(pre_weight, pre_eps))
+    return total, out
+
+
+@kr.replayed
+def norm_add(x, residual, pre_weight, pre_eps):
+    """rms_norm(x, pre_weight, pre_eps) + residual, each rounded to x's dtype (OLMo2's post-norm and residual add)
+    in one pass over resident rows; rows too long for registers take two launches (the norm, then an add)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise KernelInputError(f"norm_add: x must be a 2-D [M, N] tensor, got {getattr(x, 'shape', x)}")
+    n = x.shape[1]
+    if not rc.row_fits(rc.row_tiling(n, rc.pick_vec(n, x.dtype, x))):
+        return add_rms_norm(rms_norm(x, pre_weight, pre_eps), residual, None, 0.0)[0]
+    return _run("norm_add", x, residual, None, None, 0.0, "rms", pre=(pre_weight, pre_eps), sum_only=True)[1]
 
 
 def _fmt(fmt):
