@@ -226,15 +226,20 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             else:
                 rc.store_vec(atom, VEC, edt, x_e, views["sum"], idx)
 
+        def chunk(t):
+            """Vector t of this lane's row: its index and, for a partial row's last vector, the in-row mask (the
+            index then clamped to 0)."""
+            idx = lane + t * LPR
+            if const_expr(PARTIAL and t == NT - 1):
+                ok = idx < NV
+                return ok.select(idx, 0), ok
+            return idx, None
+
         def pre_normed():
             """pre_w: the row of x RMS-normalized with the weight in B, rounded to x's dtype, per vector."""
             raw, acc0 = [], None
             for t in range_constexpr(NT):
-                idx = lane + t * LPR
-                ok = None
-                if const_expr(PARTIAL and t == NT - 1):
-                    ok = idx < NV
-                    idx = ok.select(idx, 0)
+                idx, ok = chunk(t)
                 x = rc.load_vec(atom, VEC, edt, views["x"], idx).to(fx.Float32)
                 if const_expr(ok is not None):
                     x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
@@ -243,10 +248,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             r0 = fx.math.rsqrt(block_allreduce(rc.lane_sum(acc0, VEC), s_c) * INV_N + pre_eps, fastmath=AFN)
             out = []
             for t in range_constexpr(NT):
-                idx = lane + t * LPR
-                if const_expr(PARTIAL and t == NT - 1):
-                    idx = (idx < NV).select(idx, 0)
-                y = raw[t] * r0 * load_param(Bs, pre_w, idx)
+                y = raw[t] * r0 * load_param(Bs, pre_w, chunk(t)[0])
                 out.append(y.to(edt) if const_expr(dtype_str != "f32") else y)
             return out
 
@@ -257,11 +259,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             valid = []
             acc = None
             for t in range_constexpr(NT):
-                idx = lane + t * LPR
-                ok = None
-                if const_expr(PARTIAL and t == NT - 1):
-                    ok = idx < NV
-                    idx = ok.select(idx, 0)
+                idx, ok = chunk(t)
                 x_e, x = load_row(idx, prenormed[t] if const_expr(prenormed is not None) else None)
                 if const_expr(ok is not None):
                     x = fx.Vector.filled(VEC, ok, fx.Boolean).select(x, zero)
@@ -341,9 +339,7 @@ def build_row_norm(n: int, dtype_str: str, vec: int, kind: str, eps: float, arch
             # weights / bias stay in registers while this workgroup walks rows bid, bid + G, ...
             pre = []
             for t in range_constexpr(NT):
-                idx = lane + t * LPR
-                if const_expr(PARTIAL and t == NT - 1):
-                    idx = (idx < NV).select(idx, 0)
+                idx = chunk(t)[0]
                 pre.append((load_param(Wt, w_dtype, idx) if const_expr(w_dtype is not None) else None,
                             load_param(Bs, b_dtype, idx) if const_expr(b_dtype is not None) else None))
             for rb in range(fx.Int32(fx.block_idx.x), (M + (RPB - 1)) // RPB, G):
