@@ -72,6 +72,15 @@ def _single(r):
     return r.target is ROPE and len(arg(r, "xs")) == 1 and arg(r, "kc") is None and arg(r, "vc") is None
 
 
+def rope_folds(node, ctx, find) -> dict | None:
+    """{RoPE op: find(op)} over the graph's RoPE ops `find` matches (its result's first item is the node the fold
+    absorbs), when `node` is one of them and no op involved is denied; else None."""
+    found = {r: f for r in node.graph.nodes if r.target is ROPE and (f := find(r)) is not None}
+    if node not in found or ctx.denied([*found, *(f[0] for f in found.values())]):
+        return None
+    return found
+
+
 def _out(r):
     """The getitem of rope node r's one output, else None."""
     gs = [u for u in r.users if u.target is operator.getitem]

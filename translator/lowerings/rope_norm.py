@@ -38,7 +38,7 @@ import torch
 
 from ..graph import arg, getitem_of, set_args, size_hint, static_int, val
 from ..registry import NO_MATCH, Match, Stage, rule
-from .rope_cache import ROPE, _replay, _view_of
+from .rope_cache import ROPE, _replay, _view_of, rope_folds
 from .rope_casts import _rebuild, _single_user_chain
 
 RMS = torch.ops.flydsl.rms_norm.default
@@ -96,10 +96,8 @@ def _row_dims(rows, x, length):
 
 
 def rope_norm_supported(node, ctx):
-    folds = {r: f for r in node.graph.nodes if r.target is ROPE and (f := _norm_fold(r)) is not None}
-    if node not in folds or ctx.denied([*folds, *(f[0] for f in folds.values())]):
-        return NO_MATCH
-    return Match(folds=folds)
+    folds = rope_folds(node, ctx, _norm_fold)
+    return Match(folds=folds) if folds else NO_MATCH
 
 
 @rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_norm_supported, priority=3,

@@ -40,7 +40,7 @@ import torch
 from ..graph import aten, arg, captured_name, dtype_of, getitem_of, set_args, shape_of, static_int, val
 from ..registry import NO_MATCH, Match, Stage, rule
 from .rope import _half
-from .rope_cache import ROPE, _out
+from .rope_cache import ROPE, _out, rope_folds
 
 
 def _empty_pass_cats(r):
@@ -107,10 +107,8 @@ def _partial_pass(r):
 
 
 def rope_partial_supported(node, ctx):
-    found = {r: f for r in node.graph.nodes if r.target is ROPE and (f := _partial_pass(r)) is not None}
-    if node not in found or ctx.denied([*found, *(f[0] for f in found.values())]):
-        return NO_MATCH
-    return Match(found=found)
+    found = rope_folds(node, ctx, _partial_pass)
+    return Match(found=found) if found else NO_MATCH
 
 
 @rule(Stage.CONSUMER, ROPE, family="rope", supported=rope_partial_supported, priority=5,
