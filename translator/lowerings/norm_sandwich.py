@@ -166,10 +166,7 @@ def fuse_norm_sandwich(p, ctx, m):
     ctx.absorb(new, [p, q])
     q.replace_all_uses_with(y)
     add.replace_all_uses_with(s)
-    for n in (q, add, p):
-        for a in asserts(n):
-            ctx.gm.graph.erase_node(a)
-        ctx.gm.graph.erase_node(n)
+    ctx.erase_unused([a for n in (q, add, p) for a in (*asserts(n), n)])  # with their dtype checks
     return new
 
 
@@ -194,8 +191,5 @@ def fuse_norm_add(p, ctx, m):
     new = ctx.emit("norm_add", args, lowering="norm_add", sources=[add], anchor=add, before=add)
     ctx.absorb(new, [p])
     add.replace_all_uses_with(new)
-    for n in (add, p):
-        for a in asserts(n):
-            ctx.gm.graph.erase_node(a)
-        ctx.gm.graph.erase_node(n)
+    ctx.erase_unused([a for n in (add, p) for a in (*asserts(n), n)])
     return new
