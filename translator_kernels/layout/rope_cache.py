@@ -19,7 +19,10 @@ whose workgroups are split into sections:
                    rotary_pct): features c[-1] >= rot are x's own values (eager's `cat` of the
                    rotated and the pass-through parts), so the whole head leaves this launch.
     norm           (optional, per rope section) x RMS-normalized first, in fp32, rounded to x's dtype:
-                   over R's last dim (a head row: each thread sums its row's squares itself), or over
+                   over R's last dim (a head row of n elements, n a power of two <= BLOCK: the row is n
+                   consecutive threads of one workgroup, each loads its own element, and the row's sum of
+                   squares is a butterfly over its lanes, plus the waves' sums through LDS where n > 64;
+                   other n: a workgroup per row, as below), or over
                    several dims of R (`wide`: OLMo2's norm over all heads of a token): then the section
                    runs one workgroup per token, whose threads take the row's elements t, t + BLOCK, ...,
                    and the row's sum of squares is a butterfly per wave plus the waves' sums in LDS.
@@ -77,7 +80,8 @@ class RopeSec:
     norm: str = ""  # RMS-normalized over the last dim before the rotation: the weight's dtype name
     rot: int = 0  # rotated features of the last dim (partial rotary); the rest pass through; 0: all
     wide: tuple = ()  # a norm over more than the last dim (OLMo2's q_norm over all heads): R's dims of one
-    # norm row, outermost first (the weight's index row-major over them); R's last dim is the innermost
+    # norm row, outermost first (the weight's index row-major over them); R's last dim is the innermost. Also
+    # (R's last dim,) for a head row that a workgroup's threads do not hold whole (_coop): a workgroup per row
 
     @property
     def numel(self) -> int:
@@ -132,28 +136,19 @@ def _round(v, dt: str):
     return v if dt == "f32" else v.to({"bf16": fx.BFloat16, "f16": fx.Float16}[dt]).to(em.F32)
 
 
-def _normalized(sec: RopeSec, c, xo, x, xp, X, W, eps):
-    """x and its partner xp RMS-normalized over x's row (R's last dim: rotate-half only), times the weight,
-    rounded to x's dtype as flydsl.rms_norm's output is. The thread sums the row's squares itself (D loads
-    from the cache lines its neighbours load too: a decode step's q / k are a few KB)."""
-    n, st, dt = sec.shape[-1], sec.x[-1], sec.dts[0]
-    base = xo - (c[-1] * st if st != 1 else c[-1])
-    acc = None
-    for j in range_constexpr(n):
-        e = em.load_vec(X, dt, 1, base + j * st)
-        acc = e * e if acc is None else acc + e * e
-    r = em.rsqrt(acc * (1.0 / n) + eps)
-    h = n // 2
-    cp = c[-1] + h - (c[-1] // h) * (2 * h)  # the partner's index in the row
-    w, wp = em.load_vec(W, sec.norm, 1, c[-1]), em.load_vec(W, sec.norm, 1, cp)
-    return _round(x * r * w, dt), _round(xp * r * wp, dt)
+def _coop(sec: RopeSec) -> bool:
+    """A per-head norm whose rows the threads of a workgroup reduce together: n = R's last dim a power of two
+    <= BLOCK, so a row is n consecutive threads of one workgroup (R's flat index is the thread's). Other n run
+    as a wide section of one dim (_rope_sec), a workgroup per row."""
+    return bool(sec.norm) and not sec.wide
 
 
-def _wide_normalized(sec: RopeSec, c, x, xp, W, rstd):
+def _scaled(sec: RopeSec, c, x, xp, W, rstd):
     """x and its partner times the norm row's rstd and their weights, rounded to x's dtype (flydsl.rms_norm's
-    output). The weight index is row-major over the row's dims; the partner differs in the last dim only."""
+    output). The weight index is row-major over the row's dims (R's last dim for a per-head norm); the partner
+    differs in the last dim only."""
     pos, acc = 0, 1
-    for d in sec.wide[::-1]:
+    for d in (sec.wide or (len(sec.shape) - 1,))[::-1]:
         pos = pos + (c[d] if acc == 1 else c[d] * acc)
         acc *= sec.shape[d]
     h = sec.shape[-1] // 2
@@ -163,33 +158,31 @@ def _wide_normalized(sec: RopeSec, c, x, xp, W, rstd):
     return _round(x * rstd * w, dt), _round(xp * rstd * wp, dt)
 
 
-def _rotate(sec: RopeSec, o, X, C, S, W=None, eps=0.0):
+def _rotate(sec: RopeSec, o, X, C, S):
     """The rotated value at R's flat index o (a 1-lane fp32 vector)."""
     c = _coords(o, sec.shape)
     if not sec.rot:
-        return _rotate_at(sec, c, X, C, S, W, eps)
+        return _rotate_at(sec, c, X, C, S)
     # partial rotary: features at or past `rot` are x itself; the rotation is computed at a clamped column
     # (its loads stay inside x's rotated part and cos / sin) and the pass-through value selected over it
     inside = c[-1] < sec.rot
-    y = _rotate_at(sec, [*c[:-1], inside.select(c[-1], 0)], X, C, S, W, eps)
+    y = _rotate_at(sec, [*c[:-1], inside.select(c[-1], 0)], X, C, S)
     x = em.load_vec(X, sec.dts[0], 1, _dot(c, sec.x))
     return fx.Vector.filled(1, inside, fx.Boolean).select(y, x)
 
 
-def _rotate_at(sec: RopeSec, c, X, C, S, W=None, eps=0.0, rstd=None):
+def _rotate_at(sec: RopeSec, c, X, C, S, W=None, rstd=None, x=None):
     """The rotated value at R's coordinates c (inside the rotated part of the last dim); rstd: the norm row's
-    (wide sections)."""
+    (wide and cooperative sections), x: the element's value where the caller loaded it."""
     h = (sec.rot or sec.shape[-1]) // 2
     xo, co, so = _dot(c, sec.x), _dot(c, sec.cos), _dot(c, sec.sin)
     m = c[-1] if h == 1 else c[-1] // h
     ps = h * sec.x[-1]  # the partner's distance in x
     po = xo + ps - m * (2 * ps)
-    x = em.load_vec(X, sec.dts[0], 1, xo)
+    x = em.load_vec(X, sec.dts[0], 1, xo) if x is None else x
     xp = em.load_vec(X, sec.dts[0], 1, po)
     if rstd is not None:
-        x, xp = _wide_normalized(sec, c, x, xp, W, rstd)
-    elif sec.norm:
-        x, xp = _normalized(sec, c, xo, x, xp, X, W, eps)
+        x, xp = _scaled(sec, c, x, xp, W, rstd)
     a = x * em.load_vec(C, sec.dts[1], 1, co)
     t = xp * em.load_vec(S, sec.dts[2], 1, so)
     return fx.Vector.filled(1, m == 0, fx.Boolean).select(a - t, a + t)
@@ -235,7 +228,7 @@ def build_rope_cache(f: Fused, arch: str):
             thread normalizes, rotates and stores its elements."""
             n, NI = sec.row, -(-sec.row // BLOCK)
             tc = _coords(tok, [sec.shape[d] for d in sec.tokens])
-            coords, oks, acc = [], [], None
+            coords, oks, xs, acc = [], [], [], None
             for i in range_constexpr(NI):
                 e = t + i * BLOCK
                 ok = e < n if (i + 1) * BLOCK > n else None
@@ -252,6 +245,7 @@ def build_rope_cache(f: Fused, arch: str):
                 acc = sq if acc is None else acc + sq
                 coords.append(c)
                 oks.append(ok)
+                xs.append(x)
             w = rc.wave_allreduce(acc[0], "sum")
             if t % 64 == 0:
                 fx.memref_store(w, slots, t // 64)
@@ -263,33 +257,63 @@ def build_rope_cache(f: Fused, arch: str):
             cont = [math.prod(sec.shape[d + 1:]) for d in range(len(sec.shape))]
             for i in range_constexpr(NI):
                 c, ok = coords[i], oks[i]
-                y = _rotate_at(sec, c, X, C, S, W, eps, rstd)
-                o = _dot(c, cont)
-                good = ok  # None: every element of this round is in the row
-                if sec.region:
-                    off, inb = _cache_offset(sec, o, Ids, words)
-                    keep = inb if good is None else inb & good
-                    if keep:
-                        em.store_vec(O, sec.dts[3], 1, y, off)
-                    if ~inb:
-                        _raise_flag(Flag)
-                elif good is None:
+                y = _rotate_at(sec, c, X, C, S, W, rstd, xs[i])
+                put(sec, _dot(c, cont), ok, y, O, Ids, Flag)
+
+        def put(sec, o, ok, y, O, Ids, Flag):
+            """Store y, R's element o, to the output or into the cache (ok: None where every thread holds an
+            element, else whether this one does; a position out of range raises the flag word)."""
+            if sec.region:
+                off, inb = _cache_offset(sec, o, Ids, words)
+                keep = inb if ok is None else inb & ok
+                if keep:
+                    em.store_vec(O, sec.dts[3], 1, y, off)
+                if ~inb:
+                    _raise_flag(Flag)
+            elif ok is None:
+                em.store_vec(O, sec.dts[3], 1, y, o)
+            else:
+                if ok:
                     em.store_vec(O, sec.dts[3], 1, y, o)
-                else:
-                    if good:
-                        em.store_vec(O, sec.dts[3], 1, y, o)
+
+        def head_section(sec, o, t, X, C, S, O, W, Ids, Flag, slots, blocks):
+            """The element o of a cooperative per-head norm section (_coop): the thread loads x(o) once, the row's
+            n threads add their squares (a butterfly over n lanes; rows over several waves add the waves' sums
+            through LDS), then each normalizes, rotates and stores its element."""
+            n = sec.shape[-1]
+            ok = o < sec.numel if blocks * BLOCK > sec.numel else None  # None: every thread holds an element
+            oc = o if ok is None else ok.select(o, 0)
+            c = _coords(oc, sec.shape)
+            x = em.load_vec(X, sec.dts[0], 1, _dot(c, sec.x))
+            sq = x * x
+            if ok is not None:
+                sq = fx.Vector.filled(1, ok, fx.Boolean).select(sq, em.splat(0.0, 1))
+            total = rc.wave_allreduce(sq[0], "sum", min(n, 64))
+            if n > 64:
+                if t % 64 == 0:
+                    fx.memref_store(total, slots, t // 64)
+                gpu.barrier()
+                first = (t // n) * (n // 64)  # the row's first wave in the workgroup
+                total = fx.memref_load(slots, first)
+                for i in range_constexpr(1, n // 64):
+                    total = total + fx.memref_load(slots, first + i)
+            rstd = em.rsqrt(em.splat(total, 1) * (1.0 / n) + eps)
+            put(sec, oc, ok, _rotate_at(sec, c, X, C, S, W, rstd, x), O, Ids, Flag)
 
         b = fx.Int32(fx.block_idx.x)
         t = fx.Int32(fx.thread_idx.x)
         slots = None
-        if r0.wide or (r1 is not None and r1.wide):
+        if any(r.wide or (_coop(r) and r.shape[-1] > 64) for r in f.ropes):
             slots = fx.SharedAllocator().allocate(Scratch).peek().red.view(fx.make_layout(WAVES, 1))
         o0 = b * BLOCK + t
         if r0.wide:
             if b < grids[0]:
                 wide_section(r0, b, t, X0, C0, S0, O0, W0, Ids, Flag, slots)
+        elif _coop(r0):
+            if b < grids[0]:
+                head_section(r0, o0, t, X0, C0, S0, O0, W0, Ids, Flag, slots, grids[0])
         elif o0 < r0.numel:
-            y0 = _rotate(r0, o0, X0, C0, S0, W0, eps)
+            y0 = _rotate(r0, o0, X0, C0, S0)
             if cached0:
                 off0, good0 = _cache_offset(r0, o0, Ids, words)
                 if good0:
@@ -301,10 +325,13 @@ def build_rope_cache(f: Fused, arch: str):
         if r1 is not None and r1.wide:
             if (b >= B1) & (b < B1 + grids[1]):
                 wide_section(r1, b - B1, t, X1, C1, S1, O1, W1, Ids, Flag, slots)
+        elif r1 is not None and _coop(r1):
+            if (b >= B1) & (b < B1 + grids[1]):
+                head_section(r1, (b - B1) * BLOCK + t, t, X1, C1, S1, O1, W1, Ids, Flag, slots, grids[1])
         elif r1 is not None:
             o1 = (b - B1) * BLOCK + t
             if (b >= B1) & (o1 < r1.numel):
-                y = _rotate(r1, o1, X1, C1, S1, W1, eps)
+                y = _rotate(r1, o1, X1, C1, S1)
                 if cached1:
                     off, good = _cache_offset(r1, o1, Ids, words)
                     if good:
@@ -409,6 +436,9 @@ def _rope_sec(op, x, cos, sin, pairs, dst=None, dim=0, ids=None, order=None, out
     if wide and tuple(x.shape) != given:
         raise KernelInputError(f"{op}: cos / sin broadcast x {given} to {tuple(x.shape)}: a norm row over several dims "
                                "takes x's own")
+    n = x.shape[-1]
+    if norm and not wide and (n & (n - 1) or n > BLOCK):  # a head row no workgroup holds whole: one per row
+        wide = (x.dim() - 1,)
     if out_dtype is not None and out_dtype not in FLOATS:
         raise KernelInputError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     out = out_dtype or torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
@@ -558,6 +588,9 @@ def decode_step_launch(batch, heads, kv_heads, head_dim, max_seq) -> tuple:
     return sum(_grids(f)), nbytes
 
 
-def compile_decode_step(batch, heads, kv_heads, head_dim, max_seq):
-    """Run in translator_kernels.isa's compile child (COMPILE_ONLY): compiles the decode step's launch."""
-    rope_cache(*decode_step_args(batch, heads, kv_heads, head_dim, max_seq))
+def compile_decode_step(batch, heads, kv_heads, head_dim, max_seq, norm=False, dtype="bfloat16"):
+    """Run in translator_kernels.isa's compile child (COMPILE_ONLY): compiles the decode step's launch; `norm`:
+    with Qwen3's per-head q / k norms."""
+    dt = getattr(torch, dtype)
+    kw = dict(norm_ws=[torch.ones(head_dim, dtype=dt)] * 2, eps=1e-6) if norm else {}
+    rope_cache(*decode_step_args(batch, heads, kv_heads, head_dim, max_seq, dt), **kw)
