@@ -24,6 +24,8 @@ What the counts were before each change (docs/state.md, "Launches per decode ste
   norms, then 2 RoPE launches and 2 scatters (15 per layer). rope_norm.py folds a norm whose row the views split
   into whole dims of the rotated tensor (`norm_dims`; the kernel reduces each row in one workgroup) and
   rope_cache.py pairs the rotations with both writes: 10 (its post-norms and their residual adds are left).
+- Gemma2 / Gemma3 / OLMo2's last layer: the post-feedforward norm and add (`norm_add`), then the final norm: 2
+  launches; norm_sandwich.py folds the three into one `norm_add_rms_norm` (its sum unread).
 """
 
 from __future__ import annotations
@@ -90,6 +92,31 @@ def test_launches_per_layer(family):
 COMPILED_PER_LAYER = {"olmo2": 10, "gpt_neox": 10, "gemma3": 10}
 
 
+def _tail(names):
+    """The launches from the last attention launch to the graph's end (the last layer, the final norm, the LM head)."""
+    return names[max(i for i, k in enumerate(names) if "attention" in k):]
+
+
+# The last layer: the post-feedforward norm, the residual add and the model's final norm (the sum read by it alone)
+# were `norm_add` then `rms_norm`; one `norm_add_rms_norm` now (norm_sandwich.py). OLMo2's post-attention norm
+# and add stay one `norm_add` (no norm after them). translate_for_generation's step ends with the step counter's
+# bump (one elementwise launch).
+GEMMA_TAIL = ["attention", "gemm", "norm_add_rms_norm", "gemm_gated", "gemm", "norm_add_rms_norm", "gemm"]
+TAILS = {"gemma3": GEMMA_TAIL, "gemma2": GEMMA_TAIL,
+         "olmo2": ["attention", "gemm", "norm_add", "gemm_gated", "gemm", "norm_add_rms_norm", "gemm"]}
+
+
+@pytest.mark.parametrize("family", sorted(TAILS))
+def test_last_post_norm_add_and_final_norm_are_one_launch(family):
+    """translate_for_generation's step: the last layer's tail and the final norm in one launch, eager's tokens."""
+    model, ids = _family(family), _ids()
+    want = _greedy(model, ids, 4)
+    gen = translator.translate_for_generation(model, ids, max_cache_len=32, backend="reference")
+    tail = _tail(_graph_launches(gen.translated))
+    assert tail == TAILS[family] + ["elementwise_"], tail
+    assert _greedy(gen, ids, 4) == want
+
+
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("family", sorted(COMPILED_PER_LAYER))
 def test_compiled_launches_per_layer(family):
@@ -102,6 +129,8 @@ def test_compiled_launches_per_layer(family):
     for tm in tms:
         layer = _per_layer(_graph_launches(tm), "attention")
         assert len(layer) == COMPILED_PER_LAYER[family], layer
+        if family in TAILS:
+            assert _tail(_graph_launches(tm)) == TAILS[family], _graph_launches(tm)
 
 
 def test_one_counter_per_step_keeps_the_caches_and_the_counter():

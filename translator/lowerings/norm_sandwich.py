@@ -18,8 +18,10 @@ p (visited before the pre-norm q, which still reads a plain add), takes
 
 one launch (translator_kernels/rows/norm.py, `pre_w`): the kernel normalizes x's row, rounds it to x's dtype as
 flydsl.rms_norm returns it, adds r and rounds as eager's add, then normalizes the sum: the numbers of the three
-ops. Both outputs contiguous, as add_rms_norm's. A norm without a weight, a cast between (precision policies),
-a post-norm read elsewhere, or an add only the pre-norm reads keeps its form. Counter `norm_sandwich`.
+ops. Both outputs contiguous, as add_rms_norm's. The last layer's post-feedforward norm, add and the model's final
+norm have the same form with the sum read by the final norm alone: the same launch, its stored sum unread (one row
+written per token that nothing reads; the kernel has no form without it). A norm without a weight, a cast between
+(precision policies), a post-norm read elsewhere or a norm over other dims keeps its form. Counter `norm_sandwich`.
 
 OLMo2 has the post-norms without the pre-norms: `h = residual + self.post_attention_layernorm(self.o_proj(..))`,
 the sum read by the next GEMM directly. A second rule (priority 0, after the sandwich) takes
@@ -130,7 +132,7 @@ def _post_add(p):
 
 def _sandwich(p, ctx):
     """(add, the residual addend, pre-norm q) when post-norm p feeds a residual add read by a pre-norm q as
-    norm_residual.py's add_rms_norm takes it, else None."""
+    norm_residual.py's add_rms_norm takes it, or by q alone, else None."""
     found = _post_add(p)
     if found is None:
         return None
@@ -139,9 +141,13 @@ def _sandwich(p, ctx):
     if len(qs) != 1:
         return None
     q = qs[0]
-    parts = _parts(q, ctx)
-    if parts is None or parts[0] is not add or parts[1] is not None:
-        return None
+    if users(add) == [q]:  # the sum read by the norm alone (Gemma's last layer and the final norm): its s unread
+        if arg(q, "x") is not add or ctx.denied([add]):
+            return None
+    else:
+        parts = _parts(q, ctx)
+        if parts is None or parts[0] is not add or parts[1] is not None:
+            return None
     if list(arg(p, "normalized_shape")) != list(arg(q, "normalized_shape")):
         return None
     return add, r, q
