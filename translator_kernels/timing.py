@@ -9,8 +9,10 @@ measurements showed was missing, each term read from the compiled ISA or the lau
 * **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
   at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
   flight: the bytes of the vector-memory loads the hot loop issues per iteration (one tile of a
-  prefetch-1 pipeline), or for a kernel without a loop, the loads it issues before its first
-  `s_waitcnt vmcnt`. Resident waves come from the occupancy model (translator_kernels.isa) and
+  prefetch-1 pipeline), or for a kernel without a loop, the largest batch of load bytes it has
+  outstanding when it reaches a `s_waitcnt vmcnt` that must retire one of them (the vmcnt counter
+  simulated through its code, `_Outstanding`; its later, smaller dependent trips are t_issue's
+  L2_LATENCY). Resident waves come from the occupancy model (translator_kernels.isa) and
   the grid (a launch smaller than the machine keeps fewer waves in flight).
 * **t_issue, the busiest CU's work.** Each workgroup runs `iterations` of the hot loop (from the
   launch: the workgroup's FLOPs over the MFMA FLOPs one loop iteration issues, or a trip count)
@@ -68,6 +70,7 @@ every gfx942 number).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import re
@@ -88,7 +91,9 @@ class KernelFeatures:
     kernel: str
     waves_per_simd: int  # occupancy model
     waves_per_wg: int
-    inflight_bytes: int  # per wave: loop loads per iteration, or loads before the first vmcnt wait
+    # per wave: the hot loop's loads per iteration (at least the loads before the first vmcnt wait); a kernel without
+    # a loop: the most load bytes outstanding at a vmcnt wait that retires a load (`_Outstanding`)
+    inflight_bytes: int
     loop_matrix: int = 0  # cycles per iteration, per wave on its SIMD (0: no loop)
     loop_vector: int = 0
     loop_lds: int = 0
@@ -136,6 +141,7 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
     first_wait_bytes, waited = 0, False
     loop_bytes = loop_flops = 0
     trips = {True: _Trips(), False: _Trips()}  # in the hot loop / outside it
+    batch = _Outstanding()  # the straight-line code's largest batch a wait drains (a loop-free kernel's bytes in flight)
     for i, ln in enumerate(lines):
         m = _INSTR.match(ln.split(";")[0])
         if not m or (i in skipped and i not in in_loop):
@@ -143,6 +149,8 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
         mn, rest = m.group(1), m.group(2)
         c = classify(mn)
         trips[i in in_loop].step(mn, rest, c)
+        if i not in in_loop:
+            batch.step(mn, rest, c)
         if i in in_loop:
             loop_bytes += _vmem_bytes(mn, rest)
             mm = _MFMA_RE.match(mn)
@@ -168,7 +176,30 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
         return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes), cyc["matrix_cycles"],
                               cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True,
                               loop_trips=max(1, trips[True].n), **common)
-    return KernelFeatures(stats.kernel, waves, wpw, first_wait_bytes, **common)
+    return KernelFeatures(stats.kernel, waves, wpw, batch.peak, **common)
+
+
+class _Outstanding:
+    """The vmcnt counter of one wave through code in program order: an in-order queue of its outstanding
+    vector-memory operations (loads with their bytes; stores, which the gfx9 vmcnt counts too, with none).
+    `s_waitcnt vmcnt(k)` retires all but the newest k. `peak` is the most load bytes outstanding at a wait that
+    must retire a load: the batch the wave has in flight while it waits on memory (Little's law's bytes in flight).
+    A wait that retires only stores, or nothing, does not count; nor do loads still outstanding at the end of the
+    code (a load's data is waited on before it is used)."""
+
+    def __init__(self):
+        self.queue, self.peak = collections.deque(), 0
+
+    def step(self, mn: str, rest: str, c: str) -> None:
+        if c in ("vmem_load", "vmem_store"):
+            self.queue.append(_vmem_bytes(mn, rest))
+        elif mn.startswith("s_waitcnt") and "vmcnt" in rest:
+            k = int(re.search(r"vmcnt\((\d+)\)", rest).group(1))
+            if len(self.queue) > k:
+                outstanding = sum(self.queue)
+                retired = [self.queue.popleft() for _ in range(len(self.queue) - k)]
+                if any(retired):
+                    self.peak = max(self.peak, outstanding)
 
 
 class _Trips:
@@ -306,6 +337,7 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     kt = max(kt_boost, t_maf)
     t = c["launch_s"] + kt
     return dict(t=t, kernel_t=kt, kernel_t_boost=kt_boost, t_maf=t_maf, t_graph=c.get("graph_launch_s", 0.0) + kt,
+                t_device=c.get("device_launch_s", 0.0) + kt,
                 t_l2=t_l2, l2_bytes=l2b, t_mem=t_mem, t_issue=t_issue,
                 bound="MAF" if t_maf > kt_boost else "L2" if t_l2 >= max(t_mem, t_issue) else
                 "memory" if t_mem >= t_issue else "issue",
