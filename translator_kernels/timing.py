@@ -9,7 +9,8 @@ measurements showed was missing, each term read from the compiled ISA or the lau
 * **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
   at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
   flight: the bytes of the vector-memory loads the hot loop issues per iteration (one tile of a
-  prefetch-1 pipeline), or for a kernel without a loop, the largest batch of load bytes it has
+  prefetch-1 pipeline; a ring of K tiles keeps more outstanding at its waits, and then that steady-state batch
+  counts), or for a kernel without a loop, the largest batch of load bytes it has
   outstanding when it reaches a `s_waitcnt vmcnt` that must retire one of them (the vmcnt counter
   simulated through its code, `_Outstanding`; its later, smaller dependent trips are t_issue's
   L2_LATENCY). Resident waves come from the occupancy model (translator_kernels.isa) and
@@ -91,8 +92,9 @@ class KernelFeatures:
     kernel: str
     waves_per_simd: int  # occupancy model
     waves_per_wg: int
-    # per wave: the hot loop's loads per iteration (at least the loads before the first vmcnt wait); a kernel without
-    # a loop: the most load bytes outstanding at a vmcnt wait that retires a load (`_Outstanding`)
+    # per wave: the hot loop's loads per iteration, or its steady-state batch at a wait where larger (a ring of K tiles,
+    # `_steady_batch`), at least the loads before the first vmcnt wait; a kernel without a loop: the most load bytes
+    # outstanding at a vmcnt wait that retires a load (`_Outstanding`)
     inflight_bytes: int
     loop_matrix: int = 0  # cycles per iteration, per wave on its SIMD (0: no loop)
     loop_vector: int = 0
@@ -173,7 +175,8 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
                   straight_bytes=s_bytes)
     if hot:
         cyc = hot[1]
-        return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes), cyc["matrix_cycles"],
+        ring = _steady_batch(lines, hot[0], skipped)
+        return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes, ring), cyc["matrix_cycles"],
                               cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True,
                               loop_trips=max(1, trips[True].n), **common)
     return KernelFeatures(stats.kernel, waves, wpw, batch.peak, **common)
@@ -200,6 +203,24 @@ class _Outstanding:
                 retired = [self.queue.popleft() for _ in range(len(self.queue) - k)]
                 if any(retired):
                     self.peak = max(self.peak, outstanding)
+
+
+def _steady_batch(lines: list[str], loop, skipped: set) -> int:
+    """The largest load batch a wave has outstanding at a wait of its hot loop, in the steady state: the vmcnt counter
+    run through the code before the loop and then the loop body three times, the last pass's peak (`_Outstanding`).
+    A ring of several K tiles (an LDS pipeline of STAGES buffers) keeps STAGES - 1 iterations' loads outstanding at
+    each wait, more than one iteration issues; a prefetch-1 loop, or one that waits on part of its own batch, keeps
+    at most one iteration's (features takes the larger of this and the loop's loads per iteration)."""
+    order = [i for i in range(loop.start) if i not in skipped] + list(range(loop.start, loop.end + 1)) * 3
+    last = len(order) - (loop.end + 1 - loop.start)
+    o = _Outstanding()
+    for n, i in enumerate(order):
+        if n == last:
+            o.peak = 0
+        m = _INSTR.match(lines[i].split(";")[0])
+        if m:
+            o.step(m.group(1), m.group(2), classify(m.group(1)))
+    return o.peak
 
 
 class _Trips:

@@ -55,3 +55,14 @@ def test_a_loop_kernel_keeps_its_loop_bytes():
                             "\tv_mfma_f32_16x16x32_bf16 v[12:15], v[0:3], v[0:3], 0\n\ts_cbranch_scc1 .LBB0_1\n\ts_endpgm")
     f = timing.features(text, "gfx950")
     assert f.has_loop and f.inflight_bytes == 1024
+
+
+def test_a_ring_of_k_tiles_keeps_its_steady_batch_in_flight():
+    # an LDS ring of 4 stages: the prologue issues 3 K tiles, each iteration issues one more and waits for the oldest
+    # (vmcnt(3)), so 4 tiles are outstanding at every wait while an iteration loads one (the MODEL's bytes in flight:
+    # the steady-state batch, `_steady_batch`, not the 1 KiB one iteration issues)
+    load = "\tbuffer_load_dwordx4 v[8:11], v4, s[0:3], 0 offen lds\n"
+    text = STRAIGHT.replace("\ts_endpgm", load * 3 + ".LBB0_1:\n" + load + "\ts_waitcnt vmcnt(3)\n"
+                            "\tv_mfma_f32_16x16x32_bf16 v[12:15], v[0:3], v[0:3], 0\n\ts_cbranch_scc1 .LBB0_1\n\ts_endpgm")
+    f = timing.features(text, "gfx950")
+    assert f.has_loop and f.inflight_bytes == 4 * 1024
