@@ -53,6 +53,11 @@ measurements showed was missing, each term read from the compiled ISA or the lau
   HIP graph (a decode step) pays GRAPH_LAUNCH instead: measured, not fitted (1.7 us on MI350X, the same
   study's first harness, which put n launches in one graph; an upper bound of the gap, since it includes
   the smallest kernel's own run). `launch_time` returns both (`t`, `t_graph`) and the kernel alone.
+* **T_DEVICE** (`device_launch_s`, fitted) is what a device-timed launch (a profiler's kernel duration: no host
+  launch, no harness floor) holds beyond kernel_t: dispatch, wave launch, the drain at the end, and any protocol the
+  model does not price (AITER's split-K signal and spin-wait). `t_device` = kernel_t + T_DEVICE, what the published
+  device-timed points (translator_kernels.measure.blog_gemm) are compared with. A graph-replayed step pays
+  GRAPH_LAUNCH per launch, not both.
 
 L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache bytes, or compulsory
 bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`. Each XCD has its own L2, and
@@ -82,8 +87,9 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 23%, median 8%; 33 of 33 within 25% "
-               "(bench.calibration)")
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 23%, median 8%; 33 of 33 within 25%; "
+               "device-timed MI355X decode GEMMs (kernel + T_DEVICE), fit on 31, validated on 32: max |error| 25%, "
+               "median 8%; 32 of 32 within 25% (bench.calibration)")
 
 
 @dataclass(frozen=True)

@@ -261,5 +261,5 @@ def fit_device(feats: dict | None = None, consts: dict | None = None) -> float:
     feats = load_features() if feats is None else feats
     base = dict(GPUS[ARCH].timing, **(consts or {}))
     kt = [(r["kernel_us"], r["flydsl_us"]) for r in evaluate(feats, base, ours=False) if r["role"] == "fit" and r["ratio"]]
-    return min((0.05e-6 * i for i in range(81)),
+    return min((round(0.05 * i, 2) * 1e-6 for i in range(81)),
                key=lambda t: sum(math.log((a + t * 1e6) / b) ** 2 for a, b in kt))
