@@ -141,18 +141,3 @@ def test_the_validation_count_is_computed():
     assert f"{s['within'] - 1} of 32 within 25%" in blog_gemm.device_line(moved)
     assert "max |error| 100%" in blog_gemm.device_line(moved)
 
-
-def test_printed_table_matches_evaluate(capsys):
-    from bench.calibration import _print_blog
-
-    rows = blog_gemm.evaluate()
-    _print_blog(rows=rows)
-    out = capsys.readouterr().out
-    lines = [ln for ln in out.splitlines() if ln.startswith("| ")]
-    for r in rows:
-        if not r["config"]:
-            continue
-        cells = f"| {r['kernel_us']:.1f} | {r['model_us']:.1f} | {r['ratio']:.2f} | {r['role']} |"
-        assert any(ln.startswith(f"| {r['m']} | {r['n']} | {r['k']} | {r['config']} |") and cells in ln
-                   for ln in lines), cells
-    assert f"calibration: {blog_gemm.device_line(rows)};" in out

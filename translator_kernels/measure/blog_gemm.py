@@ -13,7 +13,10 @@ How they were timed (an inference: the blog names no harness). AITER's benchmark
 101 iterations whose inputs rotate through copies sized to exceed the L2 (cold operands, no launch or host time).
 The smallest cell (N = 64, M = 1: 0.9 MB of weights, 4.6 us) is far above a launch-and-sync harness's floor
 (T_LAUNCH, 12 us, the profiling study's CUDA-graph replay) and far above its HBM time (0.2 us): a device-time
-floor of about 4.5 us for one split-K launch. So the MODEL's `kernel_t` (T_LAUNCH left out) is the time to compare.
+floor of about 4.5 us for one split-K launch. So the time to compare is the MODEL's `kernel_t` (T_LAUNCH left out)
+plus T_DEVICE (`device_launch_s`: the per-launch device-side time, dispatch to drain and the split-K protocol), fitted
+here (`fit_device`) on every other priced point (`roles`) and validated on the rest (`summary`, `device_line`: the
+part of timing.CALIBRATION these points give).
 
 The MODEL runs on the measured kernel itself: `compile_entry` builds AITER's `compile_hgemm_kernel` for gfx950 from
 an AITER checkout named by $AITER_SRC (nothing of AITER is copied here), with flydsl 0.5.0 and three API moves
