@@ -157,8 +157,6 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
         mn, rest = m.group(1), m.group(2)
         c = classify(mn)
         trips[i in in_loop].step(mn, rest, c)
-        if i not in in_loop:
-            batch.step(mn, rest, c)
         if i in in_loop:
             loop_bytes += _vmem_bytes(mn, rest)
             mm = _MFMA_RE.match(mn)
@@ -166,6 +164,7 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
                 loop_flops += 2 * int(mm.group(1)) * int(mm.group(2)) * int(mm.group(3)) * (
                     2 if mn.startswith("v_smfmac") else 1)
             continue
+        batch.step(mn, rest, c)
         if mn.startswith("s_waitcnt") and "vmcnt" in rest:
             waited = True
         if not waited:
