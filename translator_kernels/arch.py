@@ -87,7 +87,14 @@ _TIMING_FIT = {"launch_s": 12.0e-6, "hbm_efficiency": 0.60, "mem_latency_s": 0.7
                # by events and divided by n; runs 20260602-105539 / -140001, MI350X) timed its smallest kernels at
                # 1.70 us per launch (aiter RMSNorm M=1 N=128; FlyDSL's 1.86-1.93 us): the gap between graph-replayed
                # kernels plus a one-workgroup kernel's own run, so an upper bound of the gap. MI300X takes it too.
-               "graph_launch_s": 1.7e-6}
+               "graph_launch_s": 1.7e-6,
+               # fitted (bench.calibration --fit, blog_gemm.fit_device): T_DEVICE, the per-launch device-side time a
+               # device-timed kernel (a profiler's kernel duration: no host launch, no harness floor) holds beyond the
+               # MODEL's kernel_t: dispatch, wave launch, the drain at the end, and in AITER's split-K GEMM its protocol
+               # (partition 0 zeroes C or writes the bias and signals, the others spin on it, then atomics into C). Set
+               # by 31 of the ROCm blog's 63 MI355X decode GEMM points (every other one), validated on the other 32.
+               # The graph-replayed decode step pays GRAPH_LAUNCH instead, not both (docs/timing-model.md)
+               "device_launch_s": 2.5e-6}
 # the measured streaming bandwidth, a fraction of the vendor peak: the seed's vec_add (the profiling study's README,
 # shared/reference/seeds: 6468 GB/s on MI350X, 81% of 8 TB/s; a 128-bit streaming triad). Not a model constant: the
 # second "HBM limit" bench.generate prints beside the vendor peak's. MI300X has no measured figure here: it takes 0.81.

@@ -9,8 +9,11 @@ measurements showed was missing, each term read from the compiled ISA or the lau
 * **t_mem, HBM with Little's law.** The GPU reaches at most HBM_EFFICIENCY x the vendor's peak, and
   at most (bytes in flight) / MEM_LATENCY. Bytes in flight = resident waves x what one wave has in
   flight: the bytes of the vector-memory loads the hot loop issues per iteration (one tile of a
-  prefetch-1 pipeline), or for a kernel without a loop, the loads it issues before its first
-  `s_waitcnt vmcnt`. Resident waves come from the occupancy model (translator_kernels.isa) and
+  prefetch-1 pipeline; a ring of K tiles keeps more outstanding at its waits, and then that steady-state batch
+  counts), or for a kernel without a loop, the largest batch of load bytes it has
+  outstanding when it reaches a `s_waitcnt vmcnt` that must retire one of them (the vmcnt counter
+  simulated through its code, `_Outstanding`; its later, smaller dependent trips are t_issue's
+  L2_LATENCY). Resident waves come from the occupancy model (translator_kernels.isa) and
   the grid (a launch smaller than the machine keeps fewer waves in flight).
 * **t_issue, the busiest CU's work.** Each workgroup runs `iterations` of the hot loop (from the
   launch: the workgroup's FLOPs over the MFMA FLOPs one loop iteration issues, or a trip count)
@@ -50,6 +53,11 @@ measurements showed was missing, each term read from the compiled ISA or the lau
   HIP graph (a decode step) pays GRAPH_LAUNCH instead: measured, not fitted (1.7 us on MI350X, the same
   study's first harness, which put n launches in one graph; an upper bound of the gap, since it includes
   the smallest kernel's own run). `launch_time` returns both (`t`, `t_graph`) and the kernel alone.
+* **T_DEVICE** (`device_launch_s`, fitted) is what a device-timed launch (a profiler's kernel duration: no host
+  launch, no harness floor) holds beyond kernel_t: dispatch, wave launch, the drain at the end, and any protocol the
+  model does not price (AITER's split-K signal and spin-wait). `t_device` = kernel_t + T_DEVICE, what the published
+  device-timed points (translator_kernels.measure.blog_gemm) are compared with. A graph-replayed step pays
+  GRAPH_LAUNCH per launch, not both.
 
 L2 reuse: the caller passes HBM bytes (translator_kernels.traffic's no-cache bytes, or compulsory
 bytes where the operands fit the last-level cache); see `gemm_hbm_bytes`. Each XCD has its own L2, and
@@ -68,6 +76,7 @@ every gfx942 number).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import re
@@ -78,8 +87,9 @@ from translator_kernels.hotloop import find_loops, mfma_cycles, _MFMA_RE
 from translator_kernels.isa import classify, parse_isa, width
 
 # the calibration error, as `python -m bench.calibration` last printed it (validation points only)
-CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 23%, median 8%; 33 of 33 within 25% "
-               "(bench.calibration)")
+CALIBRATION = ("fit on 17 MI350X points, validated on 33: max |error| 23%, median 8%; 33 of 33 within 25%; "
+               "device-timed MI355X decode GEMMs (kernel + T_DEVICE), fit on 31, validated on 32: max |error| 25%, "
+               "median 8%; 32 of 32 within 25% (bench.calibration)")
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,10 @@ class KernelFeatures:
     kernel: str
     waves_per_simd: int  # occupancy model
     waves_per_wg: int
-    inflight_bytes: int  # per wave: loop loads per iteration, or loads before the first vmcnt wait
+    # per wave: the hot loop's loads per iteration, or its steady-state batch at a wait where larger (a ring of K tiles,
+    # `_steady_batch`), at least the loads before the first vmcnt wait; a kernel without a loop: the most load bytes
+    # outstanding at a vmcnt wait that retires a load (`_Outstanding`)
+    inflight_bytes: int
     loop_matrix: int = 0  # cycles per iteration, per wave on its SIMD (0: no loop)
     loop_vector: int = 0
     loop_lds: int = 0
@@ -136,6 +149,7 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
     first_wait_bytes, waited = 0, False
     loop_bytes = loop_flops = 0
     trips = {True: _Trips(), False: _Trips()}  # in the hot loop / outside it
+    batch = _Outstanding()  # the straight-line code's largest batch a wait drains (a loop-free kernel's bytes in flight)
     for i, ln in enumerate(lines):
         m = _INSTR.match(ln.split(";")[0])
         if not m or (i in skipped and i not in in_loop):
@@ -150,6 +164,7 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
                 loop_flops += 2 * int(mm.group(1)) * int(mm.group(2)) * int(mm.group(3)) * (
                     2 if mn.startswith("v_smfmac") else 1)
             continue
+        batch.step(mn, rest, c)
         if mn.startswith("s_waitcnt") and "vmcnt" in rest:
             waited = True
         if not waited:
@@ -165,10 +180,52 @@ def features(isa_text: str, arch: str, hot: str | None = None, skip: tuple = ())
                   straight_bytes=s_bytes)
     if hot:
         cyc = hot[1]
-        return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes), cyc["matrix_cycles"],
+        ring = _steady_batch(lines, hot[0], skipped)
+        return KernelFeatures(stats.kernel, waves, wpw, max(loop_bytes, first_wait_bytes, ring), cyc["matrix_cycles"],
                               cyc["vector_cycles"], cyc["lds_cycles"], loop_flops, True,
                               loop_trips=max(1, trips[True].n), **common)
-    return KernelFeatures(stats.kernel, waves, wpw, first_wait_bytes, **common)
+    return KernelFeatures(stats.kernel, waves, wpw, batch.peak, **common)
+
+
+class _Outstanding:
+    """The vmcnt counter of one wave through code in program order: an in-order queue of its outstanding
+    vector-memory operations (loads with their bytes; stores, which the gfx9 vmcnt counts too, with none).
+    `s_waitcnt vmcnt(k)` retires all but the newest k. `peak` is the most load bytes outstanding at a wait that
+    must retire a load: the batch the wave has in flight while it waits on memory (Little's law's bytes in flight).
+    A wait that retires only stores, or nothing, does not count; nor do loads still outstanding at the end of the
+    code (a load's data is waited on before it is used)."""
+
+    def __init__(self):
+        self.queue, self.peak = collections.deque(), 0
+
+    def step(self, mn: str, rest: str, c: str) -> None:
+        if c in ("vmem_load", "vmem_store"):
+            self.queue.append(_vmem_bytes(mn, rest))
+        elif mn.startswith("s_waitcnt") and "vmcnt" in rest:
+            k = int(re.search(r"vmcnt\((\d+)\)", rest).group(1))
+            if len(self.queue) > k:
+                outstanding = sum(self.queue)
+                retired = [self.queue.popleft() for _ in range(len(self.queue) - k)]
+                if any(retired):
+                    self.peak = max(self.peak, outstanding)
+
+
+def _steady_batch(lines: list[str], loop, skipped: set) -> int:
+    """The largest load batch a wave has outstanding at a wait of its hot loop, in the steady state: the vmcnt counter
+    run through the code before the loop and then the loop body three times, the last pass's peak (`_Outstanding`).
+    A ring of several K tiles (an LDS pipeline of STAGES buffers) keeps STAGES - 1 iterations' loads outstanding at
+    each wait, more than one iteration issues; a prefetch-1 loop, or one that waits on part of its own batch, keeps
+    at most one iteration's (features takes the larger of this and the loop's loads per iteration)."""
+    order = [i for i in range(loop.start) if i not in skipped] + list(range(loop.start, loop.end + 1)) * 3
+    last = len(order) - (loop.end + 1 - loop.start)
+    o = _Outstanding()
+    for n, i in enumerate(order):
+        if n == last:
+            o.peak = 0
+        m = _INSTR.match(lines[i].split(";")[0])
+        if m:
+            o.step(m.group(1), m.group(2), classify(m.group(1)))
+    return o.peak
 
 
 class _Trips:
@@ -306,6 +363,7 @@ def launch_time(feat: KernelFeatures, launch: Launch, arch: str, consts: dict | 
     kt = max(kt_boost, t_maf)
     t = c["launch_s"] + kt
     return dict(t=t, kernel_t=kt, kernel_t_boost=kt_boost, t_maf=t_maf, t_graph=c.get("graph_launch_s", 0.0) + kt,
+                t_device=c.get("device_launch_s", 0.0) + kt,
                 t_l2=t_l2, l2_bytes=l2b, t_mem=t_mem, t_issue=t_issue,
                 bound="MAF" if t_maf > kt_boost else "L2" if t_l2 >= max(t_mem, t_issue) else
                 "memory" if t_mem >= t_issue else "issue",

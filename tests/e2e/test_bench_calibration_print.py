@@ -38,3 +38,22 @@ def test_bench_calibration_rereads_prices_our_mid_m_tiles_with_the_xcd_rereads(c
         assert mid["with_rereads"] > mid["kernel_t"]
         # the XCD-grouped order the kernel launches (gemm/xcd.py) reads a few W / A blocks again, not all of W
         assert mid["grouped_bytes"] < mid["reread_bytes"] / 10 and mid["grouped_t"] < 0.5 * mid["with_rereads"]
+
+
+def test_printed_blog_table_matches_evaluate(capsys):
+    """The device-timed table (the MI355X decode GEMMs): every priced row with kernel_t, MODEL = kernel_t + T_DEVICE,
+    ratio and role as blog_gemm.evaluate() gives them, and the calibration line computed from those rows."""
+    from bench.calibration import _print_blog
+    from translator_kernels.measure import blog_gemm
+
+    rows = blog_gemm.evaluate()
+    _print_blog(rows=rows)
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    for r in rows:
+        if not r["config"]:
+            continue
+        cells = f"| {r['kernel_us']:.1f} | {r['model_us']:.1f} | {r['ratio']:.2f} | {r['role']} |"
+        assert any(ln.startswith(f"| {r['m']} | {r['n']} | {r['k']} | {r['config']} |") and cells in ln
+                   for ln in lines), cells
+    assert f"calibration: {blog_gemm.device_line(rows)};" in out

@@ -13,7 +13,10 @@ How they were timed (an inference: the blog names no harness). AITER's benchmark
 101 iterations whose inputs rotate through copies sized to exceed the L2 (cold operands, no launch or host time).
 The smallest cell (N = 64, M = 1: 0.9 MB of weights, 4.6 us) is far above a launch-and-sync harness's floor
 (T_LAUNCH, 12 us, the profiling study's CUDA-graph replay) and far above its HBM time (0.2 us): a device-time
-floor of about 4.5 us for one split-K launch. So the MODEL's `kernel_t` (T_LAUNCH left out) is the time to compare.
+floor of about 4.5 us for one split-K launch. So the time to compare is the MODEL's `kernel_t` (T_LAUNCH left out)
+plus T_DEVICE (`device_launch_s`: the per-launch device-side time, dispatch to drain and the split-K protocol), fitted
+here (`fit_device`) on every other priced point (`roles`) and validated on the rest (`summary`, `device_line`: the
+part of timing.CALIBRATION these points give).
 
 The MODEL runs on the measured kernel itself: `compile_entry` builds AITER's `compile_hgemm_kernel` for gfx950 from
 an AITER checkout named by $AITER_SRC (nothing of AITER is copied here), with flydsl 0.5.0 and three API moves
@@ -33,7 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -135,29 +140,7 @@ def kernel_features(text: str) -> dict:
 
     kernel = max(parse_isa(text, ARCH), key=lambda st: st.instructions).kernel
     waits = tuple(lp.header for lp in find_loops(text, kernel) if lp.cycles(ARCH)["matrix_cycles"] == 0)
-    return dict(features(text, ARCH, skip=waits).to_dict(), skipped_loops=len(waits), peak_inflight=peak_inflight(text, kernel))
-
-
-def peak_inflight(text: str, kernel: str) -> int:
-    """The most load bytes one wave has issued since its last full drain (`s_waitcnt vmcnt(0)`) when it reaches
-    a partial wait: the batch in flight. A diagnostic for the kernels the compiler unrolled completely, where the
-    MODEL's in-flight bytes of a loop-free kernel (the loads before its first vmcnt wait) are the bias / split-K
-    prologue's 1 KiB, not the K steps' LDS-DMA batch behind it."""
-    from translator_kernels.timing import _INSTR, _body_lines, _vmem_bytes
-
-    peak = since = 0
-    for ln in _body_lines(text, kernel):
-        m = _INSTR.match(ln.split(";")[0])
-        if not m:
-            continue
-        mn, rest = m.group(1), m.group(2)
-        since += _vmem_bytes(mn, rest)
-        w = re.search(r"vmcnt\((\d+)\)", rest) if mn.startswith("s_waitcnt") else None
-        if w:
-            peak = max(peak, since)
-            if w.group(1) == "0":
-                since = 0
-    return peak
+    return dict(features(text, ARCH, skip=waits).to_dict(), skipped_loops=len(waits))
 
 
 def refresh() -> dict:
@@ -198,19 +181,36 @@ def launch_of(m: int, n: int, k: int, c: dict, feat: KernelFeatures, arch: str =
                   xcd_reread_bytes(m, n, k, 2, 2, bm, bn, g.xcds, sk, rows_first=False), grid * (bm + bn) * (k // sk) * 2)
 
 
-def evaluate(feats: dict | None = None, consts: dict | None = None) -> list[dict]:
-    """One row per point: the measured FlyDSL and best-baseline times, and the MODEL's `kernel_t` of the tuned
-    config where there is one (ratio = MODEL / measured FlyDSL); else our GEMM's MODEL time (`ours_*`)."""
+def roles(points: list | None = None) -> list:
+    """Each point's role: the priced points (a tuned FlyDSL config) in the file's order alternate, validation first,
+    so every other one (the second, fourth, ...) fits T_DEVICE and the rest validate; a point without a config has
+    none (None)."""
+    out, i = [], 0
+    for p in (load_points()["rows"] if points is None else points):
+        if "aiter_tuned" not in p:
+            out.append(None)
+            continue
+        out.append("fit" if i % 2 == 1 else "validation")
+        i += 1
+    return out
+
+
+def evaluate(feats: dict | None = None, consts: dict | None = None, ours: bool = True) -> list[dict]:
+    """One row per point: the measured FlyDSL and best-baseline times, and, where AITER's tuner chose a FlyDSL config,
+    the MODEL of a device-timed launch of it, `kernel_t` + T_DEVICE (`model_us`; ratio = MODEL / measured FlyDSL) and
+    its role (fit / validation, `roles`); where it did not, our GEMM's MODEL time (`ours_*`; skipped with ours=False)."""
     from translator_kernels.gemm import choose_config, m_bucket
     from translator_kernels.gemm.tiles import model_estimate
 
     feats = load_features() if feats is None else feats
     g = GPUS[ARCH]
+    points = load_points()["rows"]
     rows = []
-    for p in load_points()["rows"]:
+    for p, role in zip(points, roles(points)):
         m, n, k = p["m"], p["n"], p["k"]
         row = dict(m=m, n=n, k=k, bias=p["bias"], flydsl_us=p["flydsl_us"], best_baseline_us=p["best_baseline_us"],
-                   config=None, model_us=None, ratio=None, bound=None, note="", peak_us=None)
+                   config=None, role=role, model_us=None, kernel_us=None, ratio=None, bound=None, has_loop=None,
+                   note="")
         if "aiter_tuned" in p:
             c = config_of(p["aiter_tuned"]["kernel"])
             row["config"] = config_label(c)
@@ -218,26 +218,51 @@ def evaluate(feats: dict | None = None, consts: dict | None = None) -> list[dict
             if not f or "error" in f:
                 row["note"] = (f or {}).get("error", "not compiled (bench.calibration --blog-refresh)")
             else:
-                feat = KernelFeatures(**{a: b for a, b in f.items() if a not in ("skipped_loops", "peak_inflight")})
+                feat = KernelFeatures(**{a: b for a, b in f.items() if a != "skipped_loops"})
                 # the LDS ring keeps STAGES - 1 K tiles in flight (the kernel's design, as tiles.model_estimate sets
                 # `prefetch` for ours: the ISA parse does not find it)
                 feat = dataclasses.replace(feat, prefetch=max(1, c["STAGES"] - 1))
                 r = launch_time(feat, launch_of(m, n, k, c, feat), ARCH, consts)
-                if not feat.has_loop:  # the K loop unrolled: the diagnostic with the peak batch in flight
-                    fp = dataclasses.replace(feat, inflight_bytes=max(feat.inflight_bytes, f["peak_inflight"]))
-                    row["peak_us"] = launch_time(fp, launch_of(m, n, k, c, fp), ARCH, consts)["kernel_t"] * 1e6
-                    row["note"] = (f"K loop unrolled (no hot loop); with its peak load batch in flight "
-                                   f"({f['peak_inflight'] // 1024} KiB / wave): {row['peak_us']:.1f} us, "
-                                   f"{row['peak_us'] / p['flydsl_us']:.2f}")
-                row.update(model_us=r["kernel_t"] * 1e6, ratio=r["kernel_t"] * 1e6 / p["flydsl_us"], bound=r["bound"],
-                           model_t_us=r["t"] * 1e6, model_graph_us=r["t_graph"] * 1e6)
+                if not feat.has_loop:
+                    row["note"] = (f"K loop unrolled (no hot loop): {feat.inflight_bytes // 1024} KiB / wave in flight, "
+                                   f"{feat.straight_trips} round trips")
+                row.update(model_us=r["t_device"] * 1e6, kernel_us=r["kernel_t"] * 1e6,
+                           ratio=r["t_device"] * 1e6 / p["flydsl_us"], bound=r["bound"], has_loop=feat.has_loop,
+                           model_graph_us=r["t_graph"] * 1e6)
         else:
             row["note"] = "no flydsl config published for this shape (AITER's tuned winner is another backend)"
-        oc = choose_config(m_bucket(m), n, k, "bf16", ARCH)
-        e = model_estimate(m, n, k, "bf16", ARCH, oc)
-        row.update(ours_kernel_us=e["kernel_t"] * 1e6,
-                   ours_graph_us=(e["kernel_t"] + g.timing.get("graph_launch_s", 0.0)) * 1e6,
-                   ours_vs_best=e["kernel_t"] * 1e6 / min(p["flydsl_us"], p["best_baseline_us"],
-                                                           p.get("fastest", {}).get("us", 1e9)))
+        if ours:
+            oc = choose_config(m_bucket(m), n, k, "bf16", ARCH)
+            e = model_estimate(m, n, k, "bf16", ARCH, oc)
+            row.update(ours_kernel_us=e["kernel_t"] * 1e6,
+                       ours_graph_us=(e["kernel_t"] + g.timing.get("graph_launch_s", 0.0)) * 1e6,
+                       ours_vs_best=e["kernel_t"] * 1e6 / min(p["flydsl_us"], p["best_baseline_us"],
+                                                               p.get("fastest", {}).get("us", 1e9)))
         rows.append(row)
     return rows
+
+
+def summary(rows: list[dict], role: str = "validation") -> dict:
+    """The error of the device-timed MODEL over the rows of one role: count, max and median |MODEL / measured - 1|,
+    and how many lie within 25 %."""
+    errs = [abs(r["ratio"] - 1) for r in rows if r["role"] == role and r["ratio"]]
+    return dict(n=len(errs), max=max(errs) if errs else None, median=statistics.median(errs) if errs else None,
+                within=sum(e <= 0.25 for e in errs))
+
+
+def device_line(rows: list[dict]) -> str:
+    """The device-timed set's part of the calibration line (timing.CALIBRATION quotes it)."""
+    f, v = summary(rows, "fit"), summary(rows, "validation")
+    return (f"device-timed MI355X decode GEMMs (kernel + T_DEVICE), fit on {f['n']}, validated on {v['n']}: max |error| "
+            f"{100 * v['max']:.0f}%, median {100 * v['median']:.0f}%; {v['within']} of {v['n']} within 25%")
+
+
+def fit_device(feats: dict | None = None, consts: dict | None = None) -> float:
+    """T_DEVICE (`device_launch_s`): the per-launch device-side time the fit points' measured kernel times hold beyond
+    the MODEL's `kernel_t`, by a grid search (0 to 4 us by 0.05 us) on the RMS of log(MODEL / measured) over the fit
+    rows (`roles`). Every other constant as given (the MI350X fit's)."""
+    feats = load_features() if feats is None else feats
+    base = dict(GPUS[ARCH].timing, **(consts or {}))
+    kt = [(r["kernel_us"], r["flydsl_us"]) for r in evaluate(feats, base, ours=False) if r["role"] == "fit" and r["ratio"]]
+    return min((round(0.05 * i, 2) * 1e-6 for i in range(81)),
+               key=lambda t: sum(math.log((a + t * 1e6) / b) ** 2 for a, b in kt))

@@ -243,12 +243,18 @@ def error_summary(rows) -> dict:
                 median_val=statistics.median(val) if val else None, max_fit=max(fit) if fit else None)
 
 
-def calibration_line(rows) -> str:
+def calibration_line(rows, device_rows=None) -> str:
+    """The calibration error as timing.CALIBRATION quotes it: the MI350X fit / validation split of these rows, and
+    beside it, where given, the device-timed MI355X decode GEMMs' (translator_kernels.measure.blog_gemm rows)."""
     s = error_summary(rows)
     within = sum(abs(r["ratio"] - 1) <= 0.25 for r in rows if r["role"] == "validation" and r["ratio"])
-    return (f"fit on {s['n_fit']} MI350X points, validated on {s['n_val']}: max |error| "
-            f"{100 * s['max_val']:.0f}%, median {100 * s['median_val']:.0f}%; {within} of {s['n_val']} within 25% "
-            f"(bench.calibration)")
+    line = (f"fit on {s['n_fit']} MI350X points, validated on {s['n_val']}: max |error| "
+            f"{100 * s['max_val']:.0f}%, median {100 * s['median_val']:.0f}%; {within} of {s['n_val']} within 25%")
+    if device_rows is not None:
+        from translator_kernels.measure.blog_gemm import device_line
+
+        line += "; " + device_line(device_rows)
+    return line + " (bench.calibration)"
 
 
 def _score(feats, c, fit_pts) -> float:
