@@ -87,7 +87,7 @@ def _assert_translated_with_the_mask(n_steps):
         assert all(m.meta["val"].dtype == torch.bool and m.meta["val"].shape[0] == len(LENGTHS) for m in masks)
 
 
-@pytest.mark.parametrize("family", ["llama", "phi3"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("phi3", marks=pytest.mark.slow)])  # phi3: 8 s more
 def test_compiled_padded_batch_gives_eagers_tokens(family):
     model, ids, mask, (want, want_logits), alone = _compiled(family, "reference")
     got, logits = generate_padded(model, ids, mask, cache_implementation="static")

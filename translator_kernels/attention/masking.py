@@ -58,9 +58,11 @@ def causal_positions(S, P, p_s, rows_c, qblk, lane, sq):
 
 
 def key_start(l_ptr, at):
-    """The batch row's first visible key, read at l_ptr + at (int32; wave-uniform: a scalar)."""
+    """The batch row's first visible key, read at l_ptr + at (int32; wave-uniform: a scalar); a negative
+    start is 0 (every key is visible, none before key 0 is loaded)."""
     lo = fx.Int32(fx.ptr_load(l_ptr + fx.Int64(at), result_type=fx.Int32))
-    return fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), lo.ir_value()))
+    lo = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), lo.ir_value()))
+    return (lo < fx.Int32(0)).select(fx.Int32(0), lo)
 
 
 def key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i, p_lo, p_hi, part, chunk, kv_lo=None):
