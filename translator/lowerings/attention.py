@@ -27,7 +27,7 @@ from translator_kernels.attention import empty_in_order, kv_in_registers
 
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
-from .attention_cache import cache_positions
+from .attention_cache import cache_positions, gather_start
 from .attention_forms import unexpand_kv
 from ..registry import NO_MATCH, Match, OpFamily, Reason, Stage, register_family, rule
 from ..runtime.ops import dispatch
@@ -203,6 +203,28 @@ def lower_sdpa_unexpand(node, ctx, m):
     if m.start is not None:
         ctx.count("sdpa_cache_key_start")
     new = _emit_sdpa(node, ctx, None, m.pos, [*m.absorbed, *m.mask_chain], m.start)
+    return new
+
+
+def padding_gather_supported(node, ctx):
+    m = []
+    got = gather_start(node, m)
+    return NO_MATCH if got is None else Match(start=got[0], kv=got[1], chain=m)
+
+
+@rule(Stage.DECOMPOSE, aten.index.Tensor, family="attention", supported=padding_gather_supported,
+      doc="HF's padding term am[b, kv] of am = arange(L) >= start[:, None] -> kv >= start[b] (elementwise)")
+def lower_padding_gather(node, ctx, m):
+    """The gather of a key-start padding mask (module notes) is a compare: `kv >= start` with start laid along
+    dim 0, elementwise (the gather had no lowering: it ran in PyTorch where the mask stays a tensor, HF's eager
+    attention), and the form `padding_start` reads as the attention's k_start."""
+    start = m.start
+    for d in range(1, len(shape_of(node))):
+        start = ctx.insert(aten.unsqueeze.default, start, d, before=node)
+    new = ctx.insert(aten.ge.Tensor, m.kv, start, before=node)
+    node.replace_all_uses_with(new)
+    ctx.erase_unused(m.chain)
+    ctx.count("padding_gather_compare")
     return new
 
 

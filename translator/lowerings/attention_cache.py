@@ -193,22 +193,29 @@ def _laid_along_rows(n, seen):
     return x if len(shape_of(x) or ()) == 1 and dtype_of(x) in (torch.int32, torch.int64) else None
 
 
-def padding_start(t, sk, seen):
-    """start (a 1-D int node [B]) when t is `am[b, kv]` over the Sk keys, b = arange(B) along dim 0 and
-    am = (arange(L)[None, :] >= start[:, None]) with L >= Sk (module notes), else None."""
-    mine = []
-    x = _strip(t, mine, ("cast",))
+def _key_compare(x):
+    """(key index side, start side) of `kv >= start` / `start <= kv`, else (None, None)."""
+    if is_call(x, aten.ge.Tensor):
+        return arg(x, "self"), arg(x, "other")
+    if is_call(x, aten.le.Tensor):
+        return arg(x, "other"), arg(x, "self")
+    return None, None
+
+
+def gather_start(x, seen):
+    """(start, kv) when x is `am[b, kv]`: b = arange(B) along dim 0, kv = arange(Sk) along the last dim and
+    am = (arange(L)[None, :] >= start[:, None]) with L >= Sk (module notes), so x is `kv >= start[b]`; else
+    None. start: the 1-D int node [B]; the nodes read are appended to `seen` (with export's dtype checks)."""
     if not is_call(x, aten.index.Tensor) or len(arg(x, "indices")) != 2:
         return None
     src, (bi, ki) = arg(x, "self"), arg(x, "indices")
-    shape = shape_of(src) or ()
+    shape, sk = shape_of(src) or (), (shape_of(ki) or (None,))[-1]
+    mine = [x]
     if len(shape) != 2 or bi is None or ki is None or not (_key_index(bi, shape[0], mine, dim=0) and
                                                            _key_index(ki, sk, mine)):
         return None
-    mine.append(x)
     am = _strip(src, mine, ("cast",))
-    kv, start = (arg(am, "self"), arg(am, "other")) if is_call(am, aten.ge.Tensor) else \
-        (arg(am, "other"), arg(am, "self")) if is_call(am, aten.le.Tensor) else (None, None)
+    kv, start = _key_compare(am)
     length, keys = static_int(shape[1]), static_int(sk)
     if kv is None or not (str(shape[1]) == str(sk) or None not in (length, keys) and length >= keys):
         return None
@@ -217,6 +224,25 @@ def padding_start(t, sk, seen):
         return None
     mine.append(am)
     seen += mine + [a for n in mine for a in asserts(n)]  # export's dtype checks of the chain go with it
+    return start, ki
+
+
+def padding_start(t, sk, seen):
+    """start (a 1-D int node [B]) when t is `kv >= start[b]` over the Sk keys: `kv >= start4` with kv =
+    arange(Sk) along the last dim and start4 the [B] starts along dim 0 (what `lower_padding_gather` makes of
+    HF's term), or that gather itself (`gather_start`); else None."""
+    mine = []
+    x = _strip(t, mine, ("cast",))
+    got = gather_start(x, mine)
+    if got is not None:
+        start, kv = got
+    else:
+        kv, start = _key_compare(x)
+        start = None if kv is None else _laid_along_rows(start, mine)
+        mine.append(x)
+    if start is None or not _key_index(kv, sk, mine):
+        return None
+    seen += mine
     return start
 
 
