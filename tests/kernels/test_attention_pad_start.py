@@ -85,3 +85,23 @@ def test_bad_key_starts_are_named():
         attention(q, k, v, k_start=torch.tensor([1, 2, 3]))
     with pytest.raises(KernelInputError, match="mask and k_start both"):
         attention(q, k, v, mask=torch.ones(8, dtype=torch.bool), k_start=torch.tensor([0, 1]))
+
+
+@pytest.mark.flysim_only("reads flysim's counted global bytes")
+def test_a_rows_pads_are_not_read():
+    """A decode step at position 999 of a 1024-slot cache whose row starts at key 700: the launch reads the K / V
+    of the 300 real keys' tiles, not of the 700 pads (flysim's bytes read against the same step with no pads)."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 1, 64, generator=g).to(torch.bfloat16)
+    k, v = _padded_cache(1, 1, 1024, 64, torch.tensor([0]), 1000, torch.bfloat16, g)
+    read = {}
+    for start in (0, 700):
+        with executors.current().run("gfx942") as ex:
+            out = attention(ex.put(q), ex.put(k), ex.put(v), q_pos=ex.put(torch.tensor([999])),
+                            k_start=ex.put(torch.tensor([start]))).cpu()
+        atol, rtol = op_tolerance(torch.bfloat16, "attention")
+        torch.testing.assert_close(out.float(), ref(q, k, v, torch.tensor([999]), torch.tensor([start])), atol=atol,
+                                   rtol=rtol)
+        read[start] = ex.launches[0].counters["global_bytes_read"]
+    kv_pads = 2 * 700 * 64 * 2  # K and V of the pads, bf16
+    assert read[0] - read[700] > 0.9 * kv_pads, read
