@@ -45,9 +45,14 @@ def _translated(family, backend="reference"):
     return model, ids, mask, gen
 
 
+@pytest.fixture(scope="module")
+def llama():
+    return _translated("llama")
+
+
 @pytest.mark.parametrize("family", ["llama", pytest.param("phi3", marks=pytest.mark.slow)])  # phi3: 6 s more
-def test_translated_padded_batch_gives_eagers_tokens_and_cache(family):
-    model, ids, mask, gen = _translated(family)
+def test_translated_padded_batch_gives_eagers_tokens_and_cache(family, llama):
+    model, ids, mask, gen = llama if family == "llama" else _translated(family)
     want, want_logits = generate_padded(model, ids, mask, cache_implementation="static")
     assert want == each_alone(model, ids, mask)
     for kw in ({"cache_implementation": "static"}, {}):
@@ -65,8 +70,8 @@ def test_translated_padded_batch_gives_eagers_tokens_and_cache(family):
     assert not [r.op for r in tm.report.rows if r.where == "pytorch" and not r.layout]
 
 
-def test_an_unpadded_batch_runs_the_same_graph_and_eagers_tokens():
-    model, ids, mask, gen = _translated("llama")
+def test_an_unpadded_batch_runs_the_same_graph_and_eagers_tokens(llama):
+    model, ids, mask, gen = llama
     full = torch.randint(1, 128, ids.shape, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model.generate(full, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
@@ -75,8 +80,25 @@ def test_an_unpadded_batch_runs_the_same_graph_and_eagers_tokens():
     assert len(_flydsl_ops(gen.translated)) == 26  # 13 per layer, as before key_start (docs/state.md)
 
 
-def test_right_padding_and_a_row_of_pads_are_refused():
-    model, ids, mask, gen = _translated("llama")
+def test_a_step_given_cache_position_and_the_mask_computes_hfs_positions(llama):
+    """transformers 4's generate passes cache_position, no position_ids: the step's positions are HF's, from the
+    mask (the slot less the row's start; RoPE leaves the scores unchanged by a shift per row, not the keys it
+    rotates into the cache): the prompt's logits and cache are eager's forward with HF's position_ids."""
+    model, ids, mask, gen = llama
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=MAX_LEN)
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask, position_ids=pos, cache=cache).logits
+        got = gen(input_ids=ids, attention_mask=mask, cache_position=torch.arange(ids.shape[1])).logits
+    real = mask.bool()  # a pad's row attends to nothing: its logits are not compared
+    torch.testing.assert_close(got[real], want[real])
+    eager = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    for a, b in zip(cache_tensors(gen.translated), eager, strict=True):
+        torch.testing.assert_close(a[:, :, :ids.shape[1]], b[:, :, :ids.shape[1]])
+
+
+def test_right_padding_and_a_row_of_pads_are_refused(llama):
+    model, ids, mask, gen = llama
     right = torch.flip(mask, [1])
     with pytest.raises(InputError, match="not a left-padded batch.*padding_side = 'left'"):
         generate_padded(gen, torch.flip(ids, [1]), right)

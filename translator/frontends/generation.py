@@ -278,7 +278,8 @@ class _Forward:
         self.tm, self.batch, self.max_len = tm, batch, max_len
         # a translation made before key starts (a loaded archive of 2 inputs) serves unpadded batches only
         self.takes_starts = len(getattr(tm, "_input_spec", ())) == 4
-        self.none = self.starts = torch.zeros(batch, dtype=torch.long)  # the last starts passed: kept while equal
+        self.none = torch.zeros(batch, dtype=torch.long)
+        self.starts = {}  # device -> (the last starts on the host, their copy there): one copy while they hold
 
     def __call__(self, input_ids=None, attention_mask=None, position_ids=None, cache_position=None, **kwargs):
         """generate() passes the step's positions as `position_ids` (transformers 5: the signature names it, so
@@ -296,7 +297,8 @@ class _Forward:
         starts, last = key_starts(attention_mask, position_ids)
         if cache_position is None:
             s = input_ids.shape[-1]
-            cache_position = position_ids[0] if last is None else torch.arange(last - s + 1, last + 1)
+            cache_position = position_ids[0] if last is None else \
+                torch.arange(last - s + 1, last + 1, device=input_ids.device)
         end = int(cache_position[-1])
         if end >= self.max_len:
             raise InputError(f"generation reached position {end}, past the static cache's max_cache_len="
@@ -307,17 +309,19 @@ class _Forward:
             raise InputError("the attention mask pads some prompt, and this translation (made by an older version, "
                              "with no key_start input) runs without one; translate the model again with "
                              "translate_for_generation, or generate unpadded prompts (one per call, or equal lengths)")
-        if not torch.equal(self.starts, starts):
-            self.starts = starts
-        return CausalLMOutputWithPast(logits=self._run(input_ids, cache_position, self.starts, position_ids))
+        return CausalLMOutputWithPast(logits=self._run(input_ids, cache_position, starts, position_ids))
 
     def _run(self, input_ids, cache_position, starts, position_ids):
         if not self.takes_starts:
             return self.tm(input_ids, cache_position)
         b, s = input_ids.shape
+        host, there = self.starts.get(input_ids.device, (None, None))
+        if host is None or not torch.equal(host, starts):
+            host, there = starts, starts.to(input_ids.device)
+            self.starts[input_ids.device] = host, there
         if position_ids is None or position_ids.shape[-1] != s:  # HF's: the slot less the row's start, a pad's 0
-            position_ids = (cache_position[None, :] - starts[:, None]).clamp(min=0)
-        return self.tm(input_ids, cache_position, starts.to(input_ids.device), position_ids.expand(b, s))
+            position_ids = (cache_position[None, :] - there[:, None]).clamp(min=0)
+        return self.tm(input_ids, cache_position, there, position_ids.expand(b, s))
 
 
 def key_starts(mask, position_ids=None):
