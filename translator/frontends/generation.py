@@ -47,8 +47,9 @@ Refused with an InputError, never run wrongly:
   only) — a row's keys must be one run of slots from its first real token to the step's;
 - a cache object passed to generate (`cache=` / `past_key_values=`, a DynamicCache or a StaticCache): the
   translation would neither fill it nor read what it holds (a cache filled before would make generate feed
-  only the new tokens to a translation that never saw the prompt). `cache_implementation="dynamic"` is
-  served by the translation's static cache: the same tokens (generate's own cache object is not read).
+  only the new tokens to a translation that never saw the prompt). Any `cache_implementation` is served by
+  the translation's static cache: the same tokens (generate's own cache object is not read; `gen.generate`
+  asks for a dynamic one, `_Generate`).
 """
 
 from __future__ import annotations
