@@ -77,7 +77,7 @@ def readme_run():
     tm = ns["gen"].translated
     forward = ns["gen"].forward
     inner = forward.tm
-    forward.tm = lambda ids, pos: (shapes.append((tuple(ids.shape), pos.tolist())), inner(ids, pos))[1]
+    forward.tm = lambda ids, pos, *rest: (shapes.append((tuple(ids.shape), pos.tolist())), inner(ids, pos, *rest))[1]
     with torch.no_grad():
         exec(compile("out = " + tail, "README.md", "exec"), ns)  # noqa: S102
     forward.tm = inner
@@ -127,9 +127,9 @@ def test_run_time_refusals_name_the_fix(readme_run):
         _greedy(gen, _ids(2), 2)
     with pytest.raises(InputError, match="max_cache_len=64"):
         _greedy(gen, torch.randint(0, 128, (1, 60)), 8)
-    with pytest.raises(InputError, match="pads some prompt"):
-        with torch.no_grad():
-            gen.generate(_ids(), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), max_new_tokens=2, do_sample=False)
+    with pytest.raises(InputError, match="not a left-padded batch.*padding_side = 'left'"):  # a left pad is served:
+        with torch.no_grad():                                                    # test_generation_padded_translate.py
+            gen.generate(_ids(), attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0]]), max_new_tokens=2, do_sample=False)
 
 
 def test_a_dynamic_cache_request_gives_eagers_tokens_and_a_cache_object_is_refused(readme_run):
@@ -168,8 +168,8 @@ def test_flysim_generates_32_eager_tokens(family):
     launches = []
     forward, inner = gen.forward, gen.forward.tm
 
-    def step(i, p):
-        out = inner(i, p)
+    def step(i, p, *rest):
+        out = inner(i, p, *rest)
         launches.append([r.kernel.split("_kernel")[0] for r in inner.last_launches])
         return out
 

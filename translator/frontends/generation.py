@@ -25,18 +25,31 @@ the generating model on it without translating again (the cache shape must match
 the cache as it was at save time, and a generate call starts over at position 0).
 
 Each layer's attention takes its causal mask as the step's positions (`q_pos`, read on the device): the
-recipe builds HF's mask from the positions in the graph, with no attention_mask (attention_cache.py).
+recipe builds HF's mask from the positions in the graph (attention_cache.py).
+
+Left-padded prompts (a batch of different lengths, an attention_mask with 0s for the pads): the step takes
+two more inputs, `key_start` [B], row b's first real token's cache slot (its pads are the slots before),
+and `position_ids` [B, S], HF's positions of the rows (generate computes them from the mask: slot -
+key_start, a pad's 0). It hands the model the padding mask that key_start implies, `arange(max_cache_len)
+>= key_start[:, None]`, and those positions; in the translation the padding term of HF's mask becomes
+the attention's `k_start`, read on the device, and each row's key loop starts at its first real key (no
+mask tensor, no compare per score). An unpadded batch is key_start = 0 and the positions of the slots:
+the same graph, the same launches as before (the positions an input, not a launch computing them). The
+generating model reads the starts and the step's slots from the 2-D attention mask generate passes (its
+width is the tokens so far), on the host, once per step.
 
 Refused with an InputError, never run wrongly:
 - a model that is not an HF causal LM or cannot take a static cache;
 - sliding-window attention with max_cache_len beyond the window (the recipe replaces those layers
   by plain static ones: positions past the window would attend where the model would not);
 - at run time: another batch size than the translation's, positions past max_cache_len, or an
-  attention mask with padding (the recipe runs with no mask: padded tokens would be attended to);
+  attention mask that is not left padding (a 0 after a kept token: right padding, or holes; a row of pads
+  only) — a row's keys must be one run of slots from its first real token to the step's;
 - a cache object passed to generate (`cache=` / `past_key_values=`, a DynamicCache or a StaticCache): the
   translation would neither fill it nor read what it holds (a cache filled before would make generate feed
-  only the new tokens to a translation that never saw the prompt). `cache_implementation="dynamic"` is
-  served by the translation's static cache: the same tokens (generate's own cache object is not read).
+  only the new tokens to a translation that never saw the prompt). Any `cache_implementation` is served by
+  the translation's static cache: the same tokens (generate's own cache object is not read; `gen.generate`
+  asks for a dynamic one, `_Generate`).
 """
 
 from __future__ import annotations
@@ -64,7 +77,8 @@ class StaticCacheStep(torch.nn.Module):
     the counter is bumped once at the step's end. Every layer's counter holds what the recipe's holds
     wherever the model reads it (`get_seq_length()` before the layers' updates, `cache_position[0]`) and
     after the step (`cache_position[0] + S`); the K / V land at the recipe's positions. A step costs 3
-    one-element launches, not 3 per layer."""
+    one-element launches, not 3 per layer. With `key_start` ([B] int64) and `position_ids` ([B, S]; one_counter
+    only: module notes) the model gets the padding mask and the positions of a left-padded batch."""
 
     def __init__(self, model, batch_size: int, max_cache_len: int, one_counter: bool = False):
         super().__init__()
@@ -87,7 +101,7 @@ class StaticCacheStep(torch.nn.Module):
                 layer.step_positions = None
                 layer.update = types.MethodType(_write_at_step_positions, layer)
 
-    def forward(self, input_ids, cache_position):
+    def forward(self, input_ids, cache_position, key_start=None, position_ids=None):
         if not self.one_counter:
             return self.step(input_ids=input_ids, cache_position=cache_position)
         layers = self.step.static_cache.layers
@@ -98,8 +112,15 @@ class StaticCacheStep(torch.nn.Module):
         positions = torch.arange(s, device=start.device) + start
         for layer in layers:
             layer.step_positions = positions
+        mask = None
+        if key_start is not None:  # a left-padded batch: row b's keys from slot key_start[b] on
+            torch._check(key_start.shape[0] == input_ids.shape[0])  # one batch size for export (no node)
+            slots = torch.arange(layers[0].keys.shape[-2], device=start.device)
+            mask = slots[None, :] >= key_start[:, None]
+        if position_ids is None:
+            position_ids = positions[None]
         try:
-            outs = self.step.model(input_ids=input_ids, attention_mask=None, position_ids=positions[None],
+            outs = self.step.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                    cache=self.step.static_cache, use_cache=True)
         finally:
             for layer in layers:
@@ -156,7 +177,9 @@ def translate_for_generation(model, example_ids: torch.Tensor | None = None, *, 
             raise InputError(f"example_ids must be [batch_size={batch_size}, S] token ids, got {tuple(ids.shape)}")
         step = StaticCacheStep(model, batch_size, max_cache_len, one_counter=True)
         try:
-            tm = translate(step, (ids, torch.arange(ids.shape[1])), **translate_kwargs)
+            pos = torch.arange(ids.shape[1])
+            tm = translate(step, (ids, pos, torch.zeros(batch_size, dtype=torch.long), pos.expand(batch_size, -1)),
+                           **translate_kwargs)
         except InputError as e:
             _refuse_cache_shape(model, step, e)
             raise
@@ -230,7 +253,10 @@ def _check_caches(tm, batch: int, max_len: int) -> None:
 
 
 class _Generate:
-    """The generating model's generate: refuses a cache object of the caller's (module notes)."""
+    """The generating model's generate: refuses a cache object of the caller's (module notes), and asks generate
+    for a dynamic cache object whatever cache_implementation says: the object is not read either way, a static
+    one would be allocated for nothing, and for a static one generate builds the 4-D mask from that object's
+    offset, which never advances (right at the prefill only); with a dynamic one forward gets the 2-D mask."""
 
     def __init__(self, generate):
         self.generate = generate
@@ -243,7 +269,7 @@ class _Generate:
                                  f"read yours; call generate without {key}=, or, to generate on a cache object of your "
                                  "own (StaticCache or DynamicCache), run model.forward = torch.compile(model.forward, "
                                  "backend='flydsl') instead")
-        return self.generate(*args, **kwargs)
+        return self.generate(*args, **{**kwargs, "cache_implementation": "dynamic"})
 
 
 class _Forward:
@@ -251,27 +277,78 @@ class _Forward:
 
     def __init__(self, tm, batch: int, max_len: int):
         self.tm, self.batch, self.max_len = tm, batch, max_len
+        # a translation made before key starts (a loaded archive of 2 inputs) serves unpadded batches only
+        self.takes_starts = len(getattr(tm, "_input_spec", ())) == 4
+        self.none = torch.zeros(batch, dtype=torch.long)
+        self.starts = {}  # device -> (the last starts on the host, their copy there): one copy while they hold
 
     def __call__(self, input_ids=None, attention_mask=None, position_ids=None, cache_position=None, **kwargs):
         """generate() passes the step's positions as `position_ids` (transformers 5: the signature names it, so
-        generate computes and advances them) or `cache_position` (transformers 4)."""
+        generate computes and advances them) or `cache_position` (transformers 4). With padding, the slots
+        come from the mask (its last kept key is the step's last slot), not from a row's positions."""
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
-        if cache_position is None and position_ids is not None:
-            cache_position = position_ids[0]
-        if input_ids is None or cache_position is None:
+        if input_ids is None or (cache_position is None and position_ids is None):
             raise InputError("the translated generation step needs input_ids and the step's positions (position_ids "
                              "or cache_position, as generate() passes them); inputs_embeds are not supported")
         if input_ids.shape[0] != self.batch:
             raise InputError(f"batch of {input_ids.shape[0]} prompts, but the static cache was translated for "
                              f"batch_size={self.batch}; call translate_for_generation with batch_size="
                              f"{input_ids.shape[0]}")
+        starts, last = key_starts(attention_mask, position_ids)
+        if cache_position is None:
+            s = input_ids.shape[-1]
+            cache_position = position_ids[0] if last is None else \
+                torch.arange(last - s + 1, last + 1, device=input_ids.device)
         end = int(cache_position[-1])
         if end >= self.max_len:
             raise InputError(f"generation reached position {end}, past the static cache's max_cache_len="
                              f"{self.max_len}; translate with a larger max_cache_len")
-        if attention_mask is not None and int(cache_position[0]) == 0 and not bool(attention_mask.all()):
-            raise InputError("the attention mask pads some prompt: the static-cache step runs without a mask and "
-                             "would attend to the padding; generate unpadded prompts (one per call, or equal lengths)")
-        logits = self.tm(input_ids, cache_position)
-        return CausalLMOutputWithPast(logits=logits)
+        if starts is None:
+            return CausalLMOutputWithPast(logits=self._run(input_ids, cache_position, self.none, position_ids))
+        if not self.takes_starts:
+            raise InputError("the attention mask pads some prompt, and this translation (made by an older version, "
+                             "with no key_start input) runs without one; translate the model again with "
+                             "translate_for_generation, or generate unpadded prompts (one per call, or equal lengths)")
+        return CausalLMOutputWithPast(logits=self._run(input_ids, cache_position, starts, position_ids))
+
+    def _run(self, input_ids, cache_position, starts, position_ids):
+        if not self.takes_starts:
+            return self.tm(input_ids, cache_position)
+        b, s = input_ids.shape
+        host, there = self.starts.get(input_ids.device, (None, None))
+        if host is None or not torch.equal(host, starts):
+            host, there = starts, starts.to(input_ids.device)
+            self.starts[input_ids.device] = host, there
+        if position_ids is None or position_ids.shape[-1] != s:  # HF's: the slot less the row's start, a pad's 0
+            position_ids = (cache_position[None, :] - there[:, None]).clamp(min=0)
+        return self.tm(input_ids, cache_position, there, position_ids.expand(b, s))
+
+
+def key_starts(mask, position_ids=None):
+    """(key starts [B] int64, the step's last slot) of a left-padded batch's attention mask: 2-D [B, T] (the
+    tokens so far, as generate passes it: the last slot is T - 1) or 4-D [B, 1, Sq, L] (bool keep, or additive
+    0 / finfo.min: its last query row keeps the slots from the row's first real token to the step's; it must
+    agree with position_ids, HF's positions of the left-padded rows). (None, last) where it pads nothing,
+    (None, None) without a mask. Read on the host. Anything but left padding is refused (module notes)."""
+    if mask is None:
+        return None, None
+    keep = mask.bool() if mask.dim() == 2 else mask[:, 0, -1] if mask.dtype == torch.bool else mask[:, 0, -1] == 0
+    keep = keep.cpu()
+    slots = torch.arange(keep.shape[-1])
+    first = torch.where(keep, slots, keep.shape[-1]).min(-1).values
+    last = torch.where(keep, slots, -1).max(-1).values
+    ok = bool((last >= 0).all()) and bool((last == last[0]).all()) and \
+        torch.equal(keep, (slots >= first[:, None]) & (slots <= last[:, None]))
+    if ok and mask.dim() == 4 and position_ids is not None:
+        if not torch.equal(position_ids[:, -1].cpu() + first, last):
+            raise InputError("the 4-D attention mask does not describe this step (its last query row's keys disagree "
+                             "with position_ids); pass the 2-D attention_mask ([batch, tokens so far], 0 for the pads)")
+    if not ok:
+        rows = [b for b in range(keep.shape[0]) if not torch.equal(keep[b], (slots >= first[b]) & (slots <= last[b]))]
+        raise InputError(f"the attention mask is not a left-padded batch (row {rows[0] if rows else 0} keeps "
+                         f"{keep[rows[0] if rows else 0].int().tolist()[:64]}): the static-cache step takes each row's "
+                         "keys as one run of slots from its first real token to the step's (left padding); pad "
+                         "prompts on the left (tokenizer.padding_side = 'left', what HF recommends for generation), "
+                         "and give every row at least one real token")
+    return (first if bool(first.any()) else None), int(last[0])

@@ -27,7 +27,7 @@ from translator_kernels.attention import empty_in_order, kv_in_registers
 
 from ..graph import aten, arg, dtype_of, dtype_reason, is_static, set_args, shape_of, val
 from ..layouts import dim_order
-from .attention_cache import cache_positions
+from .attention_cache import cache_positions, gather_start
 from .attention_forms import unexpand_kv
 from ..registry import NO_MATCH, Match, OpFamily, Reason, Stage, register_family, rule
 from ..runtime.ops import dispatch
@@ -41,20 +41,23 @@ PREFIX = "not taken by attention: "  # how the report starts every reason an att
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               causal: bool, scale: Optional[float], softcap: Optional[float] = None,
               head_scale: Optional[torch.Tensor] = None, out_order: Optional[list[int]] = None,
-              q_pos: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order, q_pos, sinks)
+              q_pos: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+              k_start: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return dispatch("attention", q, k, v, mask, causal, scale, softcap, head_scale, out_order, q_pos, sinks, k_start)
 
 
 @attention.register_fake
-def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None, sinks=None):
+def _(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None, sinks=None,
+      k_start=None):
     return empty_in_order((*q.shape[:-1], v.shape[-1]), tuple(out_order or range(4)), dtype=q.dtype,
                           device=q.device)
 
 
 def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None,
-                  sinks=None):
+                  sinks=None, k_start=None):
     """The op's math in fp32 torch: scores, per-head scale, soft-cap, mask (q_pos: key k kept for
-    row i iff k <= q_pos[i]), softmax (sinks: one more logit per head in the denominator), · V;
+    row i iff k <= q_pos[i]; k_start: for batch row b iff k >= k_start[b]), softmax (sinks: one more
+    logit per head in the denominator), · V;
     laid out in `out_order` as the kernel writes it. fp32 K / V with a 16-bit q are rounded to q's
     dtype first, as the kernel rounds them when it loads them."""
     if k.dtype != q.dtype:
@@ -64,6 +67,9 @@ def ref_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, o
         keep = keep.expand(q.shape[-2], -1)
         mask = keep if mask is None else (keep & mask if mask.dtype == torch.bool
                                           else mask.masked_fill(~keep, float("-inf")))
+    if k_start is not None:  # [B, 1, 1, Sk]: batch row b's keys from k_start[b] on
+        keep = torch.arange(k.shape[-2], device=k.device) >= k_start.reshape(-1, 1, 1, 1)
+        mask = keep if mask is None else keep & mask
     out = _ref_math(q, k, v, mask, causal, scale, softcap, head_scale, sinks)
     o = empty_in_order(out.shape, tuple(out_order or range(4)), dtype=out.dtype, device=out.device)
     return o.copy_(out)
@@ -97,11 +103,11 @@ def _ref_math(q, k, v, mask, causal, scale, softcap, head_scale, sinks=None):
 
 
 def kernel_attention(q, k, v, mask, causal, scale, softcap=None, head_scale=None, out_order=None, q_pos=None,
-                     sinks=None):
+                     sinks=None, k_start=None):
     from translator_kernels.attention import attention as run
 
     return run(q, k, v, mask=mask, causal=causal, scale=scale, softcap=softcap, head_scale=head_scale,
-               out_order=out_order, q_pos=q_pos, sinks=sinks)
+               out_order=out_order, q_pos=q_pos, sinks=sinks, k_start=k_start)
 
 
 def _sample(dt):
@@ -168,14 +174,14 @@ def _unexpanded(node):
 def unexpand_supported(node, ctx):
     m = _unexpanded(node)
     chain = []
-    pos = cache_positions(arg(node, "attn_mask", None), arg(node, "key"), ctx, chain)
+    pos, start = cache_positions(arg(node, "attn_mask", None), arg(node, "key"), ctx, chain) or (None, None)
     if m is None and pos is None:
         return NO_MATCH
     reason = sdpa_supported(node, ctx)
     if reason:
         return reason
     kb, vb, absorbed = m or (None, None, [])
-    return Match(kb=kb, vb=vb, absorbed=absorbed, pos=pos, mask_chain=chain)
+    return Match(kb=kb, vb=vb, absorbed=absorbed, pos=pos, start=start, mask_chain=chain)
 
 
 @rule(Stage.PATTERN, aten.scaled_dot_product_attention.default, family="attention", supported=unexpand_supported,
@@ -194,7 +200,31 @@ def lower_sdpa_unexpand(node, ctx, m):
         ctx.erase_unused(m.absorbed)
         return node
     ctx.count("sdpa_cache_positions")
-    new = _emit_sdpa(node, ctx, None, m.pos, [*m.absorbed, *m.mask_chain])
+    if m.start is not None:
+        ctx.count("sdpa_cache_key_start")
+    new = _emit_sdpa(node, ctx, None, m.pos, [*m.absorbed, *m.mask_chain], m.start)
+    return new
+
+
+def padding_gather_supported(node, ctx):
+    m = []
+    got = gather_start(node, m)
+    return NO_MATCH if got is None else Match(start=got[0], kv=got[1], chain=m)
+
+
+@rule(Stage.DECOMPOSE, aten.index.Tensor, family="attention", supported=padding_gather_supported,
+      doc="HF's padding term am[b, kv] of am = arange(L) >= start[:, None] -> kv >= start[b] (elementwise)")
+def lower_padding_gather(node, ctx, m):
+    """The gather of a key-start padding mask (module notes) is a compare: `kv >= start` with start laid along
+    dim 0, elementwise (the gather had no lowering: it ran in PyTorch where the mask stays a tensor, HF's eager
+    attention), and the form `padding_start` reads as the attention's k_start."""
+    start = m.start
+    for d in range(1, len(shape_of(node))):
+        start = ctx.insert(aten.unsqueeze.default, start, d, before=node)
+    new = ctx.insert(aten.ge.Tensor, m.kv, start, before=node)
+    node.replace_all_uses_with(new)
+    ctx.erase_unused(m.chain)
+    ctx.count("padding_gather_compare")
     return new
 
 
@@ -233,7 +263,7 @@ def _kv_uncast(ctx, q, k, v, causal) -> bool:
     return is_static(h, sq, hkv) and kv_in_registers(int(h), int(hkv), int(sq), causal)
 
 
-def _emit_sdpa(node, ctx, mask, q_pos, absorbed):
+def _emit_sdpa(node, ctx, mask, q_pos, absorbed, k_start=None):
     q, k, v = arg(node, "query"), arg(node, "key"), arg(node, "value")
     causal = bool(arg(node, "is_causal", False))
     scale = arg(node, "scale", None)
@@ -245,4 +275,6 @@ def _emit_sdpa(node, ctx, mask, q_pos, absorbed):
         args += (None, None, order)
     if q_pos is not None:
         args += (q_pos,)
+    if k_start is not None:  # a left-padded batch's first keys (attention_cache.padding_start)
+        args += (None, k_start)
     return ctx.replace(node, "attention", "sdpa_cache" if q_pos is not None else "sdpa", args, [node, *absorbed])

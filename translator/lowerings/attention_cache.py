@@ -27,8 +27,20 @@ Its every element is `k <= pos[i]` by construction, whatever `pos` holds at run 
 `q_pos = pos` (`computed_positions`). Terms that `and` in are accepted only where they keep every
 key of the cache: a 0-dim True (HF's `new_ones`), and a sliding window `kv > q - w` with
 w >= S_max (a query inside the cache, q < S_max, keeps every key k >= 0 > q - w; a position past
-the cache is an IndexError of the cache write before it). A window shorter than the cache, a
-padding mask (a gather of the user's attention_mask), any other term or form keeps the mask.
+the cache is an IndexError of the cache write before it), or where they are a key start per
+batch row (below). A window shorter than the cache, a padding mask read from data (a gather of
+the user's attention_mask), any other term or form keeps the mask.
+
+A left-padded batch (translate_for_generation's step with `key_start`, generation.py) hands HF a
+2-D attention mask it computes itself, `am = arange(L)[None, :] >= start[:, None]` (L >= S_max),
+and HF's sdpa mask ands in its padding term, a gather of it at the batch and key indices:
+
+    b = arange(B)[:, None, None, None]; kv = arange(S_max)[None, None, None, :]
+    mask = (kv <= q) & am[b, kv]          # the padding term: am[b, k] = k >= start[b]
+
+so the term is `k_start = start` (`padding_start`): the kernel starts row b's key loop at
+start[b] (no mask tensor, no compare per score). A padding mask that is data (the user's own
+attention_mask) is not a start: it keeps its mask tensor.
 Anything else keeps its mask tensor.
 """
 
@@ -36,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import arg, aten, dtype_of, is_call, shape_of, static_int
+from ..graph import arg, asserts, aten, dtype_of, is_call, shape_of, static_int
 from .attention_forms import full_slice, is_tril, node_int
 
 
@@ -48,15 +60,19 @@ def _strip_unsqueeze(n, chain):
 
 
 def cache_positions(mask, keys, ctx, chain):
-    """pos (a 1-D int node) when `mask` is tril_buffer[None, None, pos] or the mask HF computes from
-    the positions (module notes) over the keys of `keys` ([B, Hkv, Sk, D]), else None; the nodes of
-    the mask's chain are appended to `chain`."""
+    """(pos, start): pos a 1-D int node when `mask` is tril_buffer[None, None, pos] or the mask HF computes
+    from the positions (module notes) over the keys of `keys` ([B, Hkv, Sk, D]), start the 1-D [B] key
+    starts of its padding term (None without one); None when the mask is neither. The nodes of the
+    mask's chain are appended to `chain`."""
     if mask is None or dtype_of(mask) != torch.bool or len(shape_of(mask) or ()) != 4:
         return None
     if str(shape_of(mask)[-1]) != str(shape_of(keys)[-2]):
         return None
-    pos = computed_positions(mask, keys, chain)
-    return pos if pos is not None else _tril_positions(mask, ctx, chain)
+    got = computed_positions(mask, keys, chain)
+    if got is not None:
+        return got
+    pos = _tril_positions(mask, ctx, chain)
+    return None if pos is None else (pos, None)
 
 
 def _tril_positions(mask, ctx, chain):
@@ -91,7 +107,7 @@ def _tril_positions(mask, ctx, chain):
 # --- the mask HF computes in forward ------------------------------------------------------------
 
 _AND = (aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default)
-_CASTS = (aten.to.dtype_layout, aten.to.dtype, aten._to_copy.default)
+_CASTS = (aten.to.dtype_layout, aten.to.dtype, aten.to.device, aten._to_copy.default)
 _TRUE = (aten.new_ones.default, aten.ones.default)
 
 
@@ -112,9 +128,10 @@ def _ones_but(n, dim: int) -> bool:
     return shape is not None and all(str(d) == "1" for i, d in enumerate(shape) if i != dim % len(shape))
 
 
-def _key_index(n, sk, seen) -> bool:
-    """n is arange(Sk) (from 0, step 1, maybe `+ 0`) laid along the last dim: key k's index is k."""
-    if not _ones_but(n, -1):
+def _key_index(n, sk, seen, dim: int = -1) -> bool:
+    """n is arange(Sk) (from 0, step 1, maybe `+ 0`) laid along `dim` (the last: key k's index is k;
+    dim 0: batch row b's is b)."""
+    if not _ones_but(n, dim):
         return False
     x = _strip(n, seen, ("view",))
     if is_call(x, aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar) and \
@@ -168,19 +185,83 @@ def _window_keeps_all(t, pos, sk, seen) -> bool:
     return True
 
 
+def _laid_along_rows(n, seen):
+    """The 1-D integer tensor [B] that n lays along dim 0 with every other dim 1, else None."""
+    if not _ones_but(n, 0):
+        return None
+    x = _strip(n, seen, ("view",))
+    return x if len(shape_of(x) or ()) == 1 and dtype_of(x) in (torch.int32, torch.int64) else None
+
+
+def _key_compare(x):
+    """(key index side, start side) of `kv >= start` / `start <= kv`, else (None, None)."""
+    if is_call(x, aten.ge.Tensor):
+        return arg(x, "self"), arg(x, "other")
+    if is_call(x, aten.le.Tensor):
+        return arg(x, "other"), arg(x, "self")
+    return None, None
+
+
+def gather_start(x, seen):
+    """(start, kv) when x is `am[b, kv]`: b = arange(B) along dim 0, kv = arange(Sk) along the last dim and
+    am = (arange(L)[None, :] >= start[:, None]) with L >= Sk (module notes), so x is `kv >= start[b]`; else
+    None. start: the 1-D int node [B]; the nodes read are appended to `seen` (with export's dtype checks)."""
+    if not is_call(x, aten.index.Tensor) or len(arg(x, "indices")) != 2:
+        return None
+    src, (bi, ki) = arg(x, "self"), arg(x, "indices")
+    shape, sk = shape_of(src) or (), (shape_of(ki) or (None,))[-1]
+    mine = [x]
+    if len(shape) != 2 or bi is None or ki is None or not (_key_index(bi, shape[0], mine, dim=0) and
+                                                           _key_index(ki, sk, mine)):
+        return None
+    am = _strip(src, mine, ("cast",))
+    kv, start = _key_compare(am)
+    length, keys = static_int(shape[1]), static_int(sk)
+    if kv is None or not (str(shape[1]) == str(sk) or None not in (length, keys) and length >= keys):
+        return None
+    start = _laid_along_rows(start, mine)
+    if start is None or str(shape_of(start)[0]) != str(shape[0]) or not _key_index(kv, shape[1], mine):
+        return None
+    mine.append(am)
+    seen += mine + [a for n in mine for a in asserts(n)]  # export's dtype checks of the chain go with it
+    return start, ki
+
+
+def padding_start(t, sk, seen):
+    """start (a 1-D int node [B]) when t is `kv >= start[b]` over the Sk keys: `kv >= start4` with kv =
+    arange(Sk) along the last dim and start4 the [B] starts along dim 0 (what `lower_padding_gather` makes of
+    HF's term), or that gather itself (`gather_start`); else None."""
+    mine = []
+    x = _strip(t, mine, ("cast",))
+    got = gather_start(x, mine)
+    if got is not None:
+        start, kv = got
+    else:
+        kv, start = _key_compare(x)
+        start = None if kv is None else _laid_along_rows(start, mine)
+        mine.append(x)
+    if start is None or not _key_index(kv, sk, mine):
+        return None
+    seen += mine
+    return start
+
+
 def computed_positions(mask, keys, chain):
-    """pos when `mask` is HF's causal mask computed from the positions `pos` over `keys`' Sk cache
-    slots (module notes), else None; the mask's nodes are appended to `chain`."""
+    """(pos, start) when `mask` is HF's causal mask computed from the positions `pos` over `keys`' Sk
+    cache slots, and-ed with at most one padding term of key starts `start` (None without one; module
+    notes), else None; the mask's nodes are appended to `chain`."""
     seen = []
     n = mask
     if is_call(n, aten.expand.default):
         seen.append(n)
         n = arg(n, "self")
     sk = shape_of(keys)[-2]
-    pos, rest = None, []
+    pos, start, rest = None, None, []
     for t in _terms(n, seen, []):
         if _always_true(t):
             seen.append(t)
+            continue
+        if start is None and (start := padding_start(t, sk, seen)) is not None:
             continue
         if not is_call(t, aten.le.Tensor, aten.ge.Tensor):
             rest.append(t)
@@ -194,4 +275,4 @@ def computed_positions(mask, keys, chain):
     if pos is None or not all(_window_keeps_all(t, pos, sk, seen) for t in rest):
         return None
     chain += seen
-    return pos
+    return pos, start

@@ -1,7 +1,7 @@
 """Flash attention forward: torch entry point, validation and launcher cache.
 
     out = attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, head_scale=None,
-                    out_order=None, q_pos=None, sinks=None)
+                    out_order=None, q_pos=None, sinks=None, k_start=None)
 
 q [B, H, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing H (GQA / MQA: query head h reads K/V
 head h // (H / Hkv), as repeat_interleave would lay them out; nothing is repeated); any D from
@@ -40,6 +40,13 @@ v may be the whole [B, Hkv, S_max, D] cache, read in place up to the current len
 host read of a device value (capturable in a HIP graph). `sinks` (H float logits) join every
 row's softmax denominator, gpt-oss's attention sinks: out = sum_k e^(s_k) v_k / (sum_k e^(s_k) +
 e^(sink_h)).
+
+`k_start` (an int32 / int64 tensor of B keys, one per batch row, or one broadcast) is a left-padded
+batch's key padding: key k is visible to batch row b iff k >= k_start[b] (its pads are the keys before).
+The kernel reads it on the device and starts its key loop there: the pads are never loaded and no
+score is compared for them (with q_pos, the step of a static cache holding a left-padded batch). It
+takes the mask argument's slot in the kernel, so it comes without a `mask`. A row whose every key is
+masked (a pad's query row: its position before its row's first key) is written as 0, as SDPA does.
 
 The kernel (attention_fwd.py) takes element strides, so q/k/v/o only need a unit stride on
 the head dimension; a broadcast mask is passed as its own storage plus broadcast strides
@@ -96,12 +103,12 @@ def attention_config(dtype: str, head_dim: int, sq: int, arch: str = "gfx942", c
 def build_attention(arch: str, dtype: str, head_dim: int, causal: bool, mask_kind: int,
                     mask_dtype: str, num_waves: int, softcap: bool = False, head_scale: bool = False,
                     split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
-                    sink_rows: bool = False, kv_dtype: str | None = None):
+                    sink_rows: bool = False, kv_dtype: str | None = None, key_start: bool = False):
     """Compiled-on-first-call @flyc.jit launcher for one specialization (arch keys the cache)."""
     if not head_dim_supported(head_dim):
         raise KernelInputError(f"attention: head_dim {head_dim} not supported; use {MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
     return make_attention_kernel(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap,
-                                 head_scale, split, row_groups, pos_causal, sinks, sink_rows, kv_dtype)
+                                 head_scale, split, row_groups, pos_causal, sinks, sink_rows, kv_dtype, key_start)
 
 
 def split_geometry(B: int, H: int, Sq: int, Sk: int, head_dim: int, dtype: str, arch: str, num_splits=None):
@@ -219,23 +226,40 @@ def _prepare_head_scale(head_scale, H, device):
     return True, head_scale.detach().float().reshape(-1).expand(H).contiguous()
 
 
-def _prepare_q_pos(q_pos, Sq, device):
-    """-> (flag, int32 view, element stride): the positions read in place (an int64 tensor is
-    read through its int32 view, low word: positions are < 2^31), never copied or read on the host."""
-    if q_pos is None:
-        return False, _placeholder(device), 0
-    if not isinstance(q_pos, torch.Tensor) or q_pos.dtype not in (torch.int32, torch.int64):
-        _fail(f"q_pos must be an int32 / int64 tensor of {Sq} query positions, got "
-              f"{q_pos.dtype if isinstance(q_pos, torch.Tensor) else type(q_pos).__name__}")
-    if q_pos.device != device:
-        _fail(f"q_pos is on {q_pos.device} but q is on {device}; move it to the same device")
-    if q_pos.numel() not in (1, Sq) or [s for s in q_pos.shape if s != 1] not in ([], [Sq]):
-        _fail(f"q_pos of shape {tuple(q_pos.shape)} is not one position per query row (Sq = {Sq})")
-    flat = q_pos.reshape(-1)
+def _ints_in_place(t, n: int, name: str, plural: str, each: str, device):
+    """-> (int32 view, element stride) of `t`, an int32 / int64 tensor of n values (or one broadcast), read in
+    place by the kernel (an int64 tensor through its int32 view, low word: the values are < 2^31); never
+    copied unless strided, never read on the host."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+        _fail(f"{name} must be an int32 / int64 tensor of {n} {plural}, got "
+              f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if t.device != device:
+        _fail(f"{name} is on {t.device} but q is on {device}; move it to the same device")
+    if t.numel() not in (1, n) or [s for s in t.shape if s != 1] not in ([], [n]):
+        _fail(f"{name} of shape {tuple(t.shape)} is not {each}")
+    flat = t.reshape(-1)
     if flat.numel() > 1 and flat.stride(0) != 1:
         flat = flat.contiguous()
     words = 2 if flat.dtype == torch.int64 else 1
-    return True, flat.view(torch.int32), (words if flat.numel() > 1 else 0)
+    return flat.view(torch.int32), (words if flat.numel() > 1 else 0)
+
+
+def _prepare_q_pos(q_pos, Sq, device):
+    """-> (flag, int32 view, element stride): the positions, read in place."""
+    if q_pos is None:
+        return False, _placeholder(device), 0
+    return True, *_ints_in_place(q_pos, Sq, "q_pos", "query positions", f"one position per query row (Sq = {Sq})",
+                                 device)
+
+
+def _prepare_k_start(k_start, B, mask, device):
+    """-> (flag, int32 view, element stride): each batch row's first key, read in place, in the mask's slot."""
+    if k_start is None:
+        return False, None, 0
+    if mask is not None:
+        _fail("mask and k_start both given: k_start is a left-padded batch's key padding; fold it into the mask "
+              "(mask & (arange(Sk) >= k_start[:, None, None, None])) or pass k_start alone")
+    return True, *_ints_in_place(k_start, B, "k_start", "first keys", f"one first key per batch row (B = {B})", device)
 
 
 def _prepare_sinks(sinks, H, device):
@@ -253,7 +277,7 @@ def _prepare_sinks(sinks, H, device):
 @kr.replayed
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, causal: bool = False,
               scale=None, softcap=None, head_scale=None, precision=None, num_splits=None,
-              out_order=None, q_pos=None, sinks=None) -> torch.Tensor:
+              out_order=None, q_pos=None, sinks=None, k_start=None) -> torch.Tensor:
     """Scaled dot-product attention forward on the FlyDSL flash-attention kernel."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -299,6 +323,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     kind, mname, mflat, mstr = _prepare_mask(mask, B, H, Sq, Sk, q.dtype, q.device)
+    has_start, starts, st_s = _prepare_k_start(k_start, B, mask, q.device)
+    if has_start:  # the key starts ride in the mask's slot: M[b * m_sb]
+        mflat, mstr = starts, (st_s, 0, 0, 0)
     has_hs, hs = _prepare_head_scale(head_scale, H, q.device)
     has_pos, pos, p_s = _prepare_q_pos(q_pos, Sq, q.device)
     has_sinks, sink_t = _prepare_sinks(sinks, H, q.device)
@@ -327,7 +354,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, c
     else:
         w = wml = cnt = _placeholder(q.device)
     launch = build_attention(arch, dtype, D, bool(causal), kind, mname, nw, softcap is not None, has_hs, nsplit > 1,
-                             rg, has_pos, has_sinks, has_sinks and pk > 1, "f32" if kv32 else None)
+                             rg, has_pos, has_sinks, has_sinks and pk > 1, "f32" if kv32 else None,
+                             **({"key_start": True} if has_start else {}))
     cap = 1.0 if softcap is None else float(softcap) * LOG2E
     qs, os_, ms = q.stride()[:3], out.stride()[:3], mstr
     if pk > 1:

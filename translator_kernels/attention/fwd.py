@@ -91,7 +91,7 @@ def gpu_barrier():
 def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: int, mask_dtype: str,
                           num_waves: int, arch: str = "gfx942", softcap: bool = False, head_scale: bool = False,
                           split: bool = False, row_groups: int = 1, pos_causal: bool = False, sinks: bool = False,
-                          sink_rows: bool = False, kv_dtype: str | None = None):
+                          sink_rows: bool = False, kv_dtype: str | None = None, key_start: bool = False):
     """Return the @flyc.jit launcher for one specialization (not cached here).
 
     pos_causal: key k is visible to query row i iff k <= P[i] (P: int32 positions read on the
@@ -102,7 +102,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
     of row i is SK[h * sq + i] (packed GQA decode, gqa.py: the rows of a block are query heads).
     kv_dtype "f32" with a 16-bit dtype: K / V are fp32 in memory (a cache kept fp32 under
     precision="bf16") and each load is rounded to `dtype` in registers (round to nearest even, as
-    torch's cast); one wave only (the LDS tile copy moves 16-bit chunks)."""
+    torch's cast); one wave only (the LDS tile copy moves 16-bit chunks). key_start (no user mask): M holds
+    each batch row's first visible key (int32, element stride m_sb; a left-padded batch's pads come first):
+    the key loop starts there (masking.key_range), nothing is compared per score."""
     S = FwdSpec(dtype, head_dim, causal, mask_kind, mask_dtype, num_waves, arch, softcap, row_groups, kv_dtype)
 
     @fx.struct
@@ -157,6 +159,9 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         rows = [qblk * S.BLOCK_M + wave * (16 * S.RG) + 16 * u + r for u in range_constexpr(S.RG)]
         rows_c = [(rw < sq).select(rw, sq - 1) for rw in rows]
+        kv_lo = None
+        if const_expr(key_start):  # this batch row's first key: M is the int32 key starts
+            kv_lo = masking.key_start(m_ptr, b * m_sb)
         pos_rows = p_lo = p_hi = None
         if const_expr(pos_causal):  # this lane's rows' positions, the block's smallest / largest one
             pos_rows, p_lo, p_hi = masking.causal_positions(S, P, p_s, rows_c, qblk, lane, sq)
@@ -250,7 +255,7 @@ def make_attention_kernel(dtype: str, head_dim: int, causal: bool, mask_kind: in
 
         # ---- key range: [kv_start, kv_end), unmasked whole tiles in [kv_start, full_end) ----
         kv_start, kv_end, full_end = masking.key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i,
-                                                       p_lo, p_hi, part if split else None, chunk)
+                                                       p_lo, p_hi, part if split else None, chunk, kv_lo)
 
         # loop state: m per group, l per group, Oᵀ tiles of group 0, of group 1, ..., prefetched K / V
         init = ([neg_inf] * S.RG + ([fx.Vector.filled(4, 0.0, fx.Float32)] * S.RG if S.ONES_L else [zero_f] * S.RG)

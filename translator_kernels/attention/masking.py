@@ -3,9 +3,13 @@ its split into unmasked and masked tiles, causal positions, the user mask, and o
 
 Key k is visible to row q iff k < Sk, and k <= q when causal (SDPA's top-left aligned form), and
 k <= P[q] with positions (pos_causal: a decode step on a static cache passes its cache positions), and
+k >= L[b] with key starts (key_start: a left-padded batch, row b's pads are its first L[b] keys), and
 the user mask keeps it (a bool True, or an additive value that is not -inf). A block's keys end at
 min(Sk, its last row + 1) when causal, at its largest position + 1 with positions, and at the end of the
-workgroup's slice under split KV. Whole tiles below Sk and below the block's first row (or smallest
+workgroup's slice under split KV. They start at L[b] with key starts (split KV: the slices tile the keys
+from L[b] on, slice p from L[b] + p * chunk): the keys before it are never loaded, so no tile needs a
+compare for them, and the tiles start where the keys do (not on a multiple of BLOCK_N: the loads address
+each key row; the tiles of a slice still end at its end, chunk being a multiple of BLOCK_N). Whole tiles below Sk and below the block's first row (or smallest
 position) need no check: they run in the unmasked loop, with the raw scores (the scale goes into exp2's
 fma, fwd.py and softmax.py); the rest, and every tile under a user mask, run masked.
 
@@ -53,9 +57,18 @@ def causal_positions(S, P, p_s, rows_c, qblk, lane, sq):
     return pos_rows, p_lo, p_hi
 
 
-def key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i, p_lo, p_hi, part, chunk):
+def key_start(l_ptr, at):
+    """The batch row's first visible key, read at l_ptr + at (int32; wave-uniform: a scalar); a negative
+    start is 0 (every key is visible, none before key 0 is loaded)."""
+    lo = fx.Int32(fx.ptr_load(l_ptr + fx.Int64(at), result_type=fx.Int32))
+    lo = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), lo.ir_value()))
+    return (lo < fx.Int32(0)).select(fx.Int32(0), lo)
+
+
+def key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i, p_lo, p_hi, part, chunk, kv_lo=None):
     """(kv_start, kv_end, full_end) of this workgroup: its keys [kv_start, kv_end), the unmasked whole
-    tiles [kv_start, full_end). p_lo / p_hi: causal_positions' bounds; part / chunk: the KV slice (split)."""
+    tiles [kv_start, full_end). p_lo / p_hi: causal_positions' bounds; part / chunk: the KV slice (split);
+    kv_lo: key_start's first visible key (None: 0)."""
     kv_end = sk
     if const_expr(causal):
         blk_end = qblk * S.BLOCK_M + S.BLOCK_M
@@ -65,8 +78,12 @@ def key_range(S, causal, pos_causal, split, mask_kind, qblk, sk, zero_i, p_lo, p
     kv_start = zero_i
     if const_expr(split):  # this workgroup's slice of the keys (chunk is a multiple of BLOCK_N)
         kv_start = part * chunk
+        if const_expr(kv_lo is not None):  # the slices tile the keys from the row's first one on, so that
+            kv_start = kv_start + kv_lo     # a slice's last tile ends at the next slice's start
         kv_stop = kv_start + chunk
         kv_end = (kv_stop < kv_end).select(kv_stop, kv_end)
+    elif const_expr(kv_lo is not None):  # the pads before the row's first key: never loaded
+        kv_start = kv_lo
     # [kv_start, full_end): whole tiles below Sk (and below the block's first row when causal)
     # run without any mask; the rest, and every tile under a user mask, run masked
     full_end = kv_start
