@@ -61,6 +61,11 @@ def _eval_mode(model):
 def _validate(model, arch, backend, precision):
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_options(arch, backend, precision)
+
+
+def check_options(arch, backend, precision):
+    """The option values translate() and torch.compile(backend="flydsl") take."""
     if arch not in runtime.ARCHS:
         raise InputError(f"arch {arch!r} is not supported; choose one of {', '.join(runtime.ARCHS)}")
     if backend not in ("auto", *runtime.BACKENDS):
