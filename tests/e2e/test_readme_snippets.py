@@ -153,3 +153,17 @@ def test_flysim_speed_line_needs_flydsl_src(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit, match="FLYDSL_SRC=.* has no kernels/ folder"):
         speed.main()
     assert capsys.readouterr().out == ""
+
+
+def test_auto_backend_rule():
+    """`auto`: rocm with a ROCm GPU, else flysim when it can run here and the model has a FlyDSL op, else
+    reference (not "when every FlyDSL op has a kernel": nothing checks that)."""
+    from translator import runtime
+    from translator.api import choose_backend
+
+    if runtime.rocm_gpu_present():
+        pytest.skip("a ROCm GPU is present")
+    assert choose_backend("auto", set())[0] == "reference"
+    want = "reference" if runtime.flysim_available() else "flysim"
+    assert choose_backend("auto", {"gemm"})[0] == want
+    assert "auto" in section(API) and "it needs `ld.lld`" in section(API)
