@@ -116,6 +116,12 @@ ARCH = {"gemm950": "gfx950", "gemm950hti": "gfx950"}
 
 def main():
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return
+    if not os.path.isdir(os.path.join(SRC, "kernels")):
+        sys.exit(f"bench.flysim_speed runs FlyDSL's own kernels: FLYDSL_SRC={SRC} has no kernels/ folder; "
+                 "set FLYDSL_SRC to a FlyDSL source checkout")
     device = args[args.index("--device") + 1] if "--device" in args else "cpu"
     cases = ("softmax", "gemm", "attn", "rmsnorm_bwd", "gemm950", "gemm950hti")
     which = [a for a in args if a in cases] or list(cases)

@@ -13,8 +13,8 @@ which registers the backend where no entry point is installed.
 
 import importlib
 
-from .errors import (BackendError, CaptureError, DeviceError, DtypeError, EmptyInputError, InputError,  # noqa: F401
-                     ShapeError, StrictError, TranslatorError)
+from .errors import (BackendError, CaptureError, DeviceError, DtypeError, EmptyInputError, GradError,  # noqa: F401
+                     InputError, InternalError, ShapeError, StrictError, TranslatorError)
 from .version import __version__  # noqa: F401
 
 _LAZY = {"translate": ".api", "TranslatedModule": ".translated", "save": ".frontends.serialize",
@@ -38,4 +38,5 @@ def __dir__():
 
 __all__ = ["translate", "TranslatedModule", "save", "load", "export_kernels", "compile_reports", "translate_for_generation",
            "TranslatorError",
-           "InputError", "CaptureError", "StrictError", "ShapeError", "BackendError", "DtypeError", "DeviceError", "EmptyInputError"]
+           "InputError", "CaptureError", "StrictError", "ShapeError", "BackendError", "DtypeError", "DeviceError", "EmptyInputError",
+           "GradError", "InternalError"]

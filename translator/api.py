@@ -61,6 +61,11 @@ def _eval_mode(model):
 def _validate(model, arch, backend, precision):
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_options(arch, backend, precision)
+
+
+def check_options(arch, backend, precision):
+    """The option values translate() and torch.compile(backend="flydsl") take."""
     if arch not in runtime.ARCHS:
         raise InputError(f"arch {arch!r} is not supported; choose one of {', '.join(runtime.ARCHS)}")
     if backend not in ("auto", *runtime.BACKENDS):
@@ -101,7 +106,8 @@ def translate(model, example_inputs, *, arch: str = "gfx942", backend: str = "au
     (example_inputs may then be None: inputs are made from the file's input types).
 
     arch: gfx942 (MI300X) | gfx950 (MI350X/MI355X). backend: auto | rocm | flysim | reference.
-    precision: fp32 keeps the model's dtypes; bf16 / fp16 run fp32 FlyDSL ops in that dtype.
+    precision: fp32 keeps the model's dtypes; bf16 / fp16 run fp32 FlyDSL ops in that dtype; fp8 runs
+    as bf16 with parameter linears as per-token fp8 GEMMs (docs/fp8.md).
     strict: raise StrictError if any compute op stays in PyTorch or runs only as a reference.
     fallback_on_mismatch: return each diverging FlyDSL node to PyTorch and re-verify.
     dynamic_shapes: "auto" (batch and sequence dims dynamic where the model allows), None (every

@@ -348,6 +348,12 @@ def _options(options) -> dict:
     if bad:
         raise InputError(f"torch.compile(backend='flydsl') does not know the option(s) {', '.join(bad)}; "
                          f"it takes {', '.join(OPTIONS)} (as translate() does)")
+    from ..api import check_options, choose_backend
+
+    # a wrong value is the user's to fix at once, not a graph to run in eager PyTorch with a warning
+    check_options(opts.get("arch", "gfx942"), opts.get("backend", "auto"), opts.get("precision", "fp32"))
+    if opts.get("backend") in ("rocm", "flysim"):
+        choose_backend(opts["backend"], set())  # no ROCm GPU / no flysim here: its InputError
     return opts
 
 
