@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/e2e/conftest.py
 from test_generation_hf import _model as _hf_model, _no_registration_hooks  # noqa: E402,F401 (an autouse fixture)
 from test_generation_hf_more import _model as _more_model  # noqa: E402
+from translator.tolerances import model_tol  # noqa: E402
 
 LENGTHS, NEW = (7, 4, 2), 4
 
@@ -111,6 +112,6 @@ def test_compiled_padded_batch_on_flysim_launches_the_attention_every_step():
     model.forward = forward
     got, logits = generate_padded(model, ids, mask, cache_implementation="static")
     assert got == want
-    torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, want_logits, **model_tol())
     assert len(launches) == NEW and all(sum("attention_fwd" in k for k in ks) == 2 for ks in launches), launches
     _assert_translated_with_the_mask(NEW)

@@ -21,6 +21,7 @@ from translator.frontends.generation import cache_tensors
 
 transformers = pytest.importorskip("transformers")
 from test_generation_padded import LENGTHS, NEW, _model, each_alone, generate_padded, padded_batch  # noqa: E402
+from translator.tolerances import model_tol  # noqa: E402
 
 MAX_LEN = 16
 
@@ -123,7 +124,7 @@ def test_flysim_padded_and_unpadded_steps_launch_the_same_kernels():
     want, want_logits = generate_padded(model, ids, mask, cache_implementation="static")
     got, logits = generate_padded(gen, ids, mask)
     assert got == want
-    torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, want_logits, **model_tol())
     padded = list(steps)
     full = ids.clone()
     full[full == 0] = 5

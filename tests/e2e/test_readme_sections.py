@@ -257,3 +257,17 @@ def test_layout_block_names_what_is_there():
         assert hits, name
     for sub in re.findall(r"\b(\w+)/(?=[ ,(])", code):
         assert list(ROOT.glob(f"*/{sub}")) or (ROOT / sub).is_dir(), sub
+
+
+def test_flysim_speed_line_needs_flydsl_src(tmp_path, monkeypatch, capsys):
+    """README's bench.flysim_speed line sets FLYDSL_SRC: the bench runs FlyDSL's own kernels, and without a
+    checkout it says so in one line (it was a ModuleNotFoundError on `kernels` after the table's header)."""
+    import bench.flysim_speed as speed
+
+    line = next(ln for ln in README.splitlines() if "-m bench.flysim_speed" in ln)
+    assert line.startswith("FLYDSL_SRC=")
+    monkeypatch.setattr(speed, "SRC", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["flysim_speed", "softmax"])
+    with pytest.raises(SystemExit, match="FLYDSL_SRC=.* has no kernels/ folder"):
+        speed.main()
+    assert capsys.readouterr().out == ""

@@ -141,20 +141,6 @@ def test_torch_compile_bad_option_is_an_error(fresh_dynamo, opts, match):
     assert isinstance(getattr(info.value, "inner_exception", info.value), translator.InputError), info.value
 
 
-def test_flysim_speed_line_needs_flydsl_src(tmp_path, monkeypatch, capsys):
-    """README's bench.flysim_speed line sets FLYDSL_SRC: the bench runs FlyDSL's own kernels, and without a
-    checkout it says so in one line (it was a ModuleNotFoundError on `kernels` after the table's header)."""
-    import bench.flysim_speed as speed
-
-    line = next(ln for ln in README.splitlines() if "-m bench.flysim_speed" in ln)
-    assert line.startswith("FLYDSL_SRC=")
-    monkeypatch.setattr(speed, "SRC", str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["flysim_speed", "softmax"])
-    with pytest.raises(SystemExit, match="FLYDSL_SRC=.* has no kernels/ folder"):
-        speed.main()
-    assert capsys.readouterr().out == ""
-
-
 def test_auto_backend_rule():
     """`auto`: rocm with a ROCm GPU, else flysim when it can run here and the model has a FlyDSL op, else
     reference (not "when every FlyDSL op has a kernel": nothing checks that)."""
