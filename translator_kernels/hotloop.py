@@ -76,7 +76,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from translator_kernels.arch import GPUS
-from translator_kernels.isa import ROOT, classify, compile_env, memo_key, memo_read, memo_write
+from translator_kernels.isa import ROOT, classify, compile_env, compile_many, memo_key, memo_read, memo_write
 
 # dense matrix flops per CU per clock, by arch and MFMA input type
 MATRIX_RATE = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # views of translator_kernels.arch.GPUS
@@ -276,6 +276,17 @@ def compile_isa_texts(entry: str, args=(), kwargs=None, *, arch: str = "gfx942",
         texts = [open(fn).read() for fn in files]
         memo_write(memo, texts, done[0].get("result"))
         return texts
+
+
+def compile_isa_texts_many(jobs: list, arch: str = "gfx942", *, timeout: float = 600) -> list[list[str]]:
+    """compile_isa_texts of each job (entry, args, kwargs), all in one child (isa.compile_many: one Python +
+    torch + FlyDSL start for the lot); the first failed job raises as compile_isa_texts does."""
+    out = []
+    for (entry, *_), c in zip(jobs, compile_many(jobs, arch, timeout=timeout)):
+        if isinstance(c, Exception):
+            raise RuntimeError(f"compile of {entry} for {arch} failed: {c}") from c
+        out.append(c.texts)
+    return out
 
 
 def main_text(texts: list[str]) -> str:

@@ -293,9 +293,11 @@ def memo_write(path: str | None, texts: list, result) -> None:
 
 @dataclass
 class Compiled:
-    """What one call compiled: its kernels (in dump order) and the entry point's JSON-able return."""
+    """What one call compiled: its kernels (in dump order), the entry point's JSON-able return and the ISA text
+    of each dumped code object (what kernels were parsed from; the hot-loop model reads it)."""
     kernels: list
     result: object = None
+    texts: list = field(default_factory=list)
 
     @property
     def main(self) -> IsaStats:
@@ -316,7 +318,7 @@ def compile_many(jobs: list, arch: str, *, timeout: float = 600) -> list:
         if hit is None:
             todo.append(i)
         else:
-            results[i] = Compiled([s for t in hit[0] for s in parse_isa(t, arch)], hit[1])
+            results[i] = Compiled([s for t in hit[0] for s in parse_isa(t, arch)], hit[1], hit[0])
     while todo:
         retry = []
         with tempfile.TemporaryDirectory(prefix="flydsl-isa-") as d:
@@ -347,7 +349,7 @@ def compile_many(jobs: list, arch: str, *, timeout: float = 600) -> list:
                         continue
                     texts = [open(fn).read() for fn in files]
                     memo_write(memo[i], texts, r.get("result"))
-                    results[i] = Compiled([s for t in texts for s in parse_isa(t, arch)], r.get("result"))
+                    results[i] = Compiled([s for t in texts for s in parse_isa(t, arch)], r.get("result"), texts)
         todo = retry
     return results
 

@@ -223,6 +223,7 @@ def test_session_memo_returns_the_compile_without_a_child(monkeypatch, tmp_path)
     assert again.main.meta == first.main.meta and again.main.ops == first.main.ops
     texts = hotloop.compile_isa_texts(job[0], job[1], arch="gfx942")
     assert [s.meta for t in texts for s in isa.parse_isa(t, "gfx942")] == [k.meta for k in first.kernels]
+    assert hotloop.compile_isa_texts_many([job], "gfx942") == [texts] == [first.texts]
     env = isa.compile_env("gfx942", "")
     assert isa.memo_key(job, "gfx942", env) != isa.memo_key(job, "gfx942", dict(env, FLYDSL_DEBUG="1"))
     assert isa.memo_key(job, "gfx950", env) != isa.memo_key(job, "gfx942", env)
