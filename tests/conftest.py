@@ -18,6 +18,18 @@ for p in (FLYSIM_SRC, ROOT):
         sys.path.remove(p)
     sys.path.insert(0, p)
 
+if not os.environ.get("PYTEST_XDIST_WORKER") and "FLYDSL_TRANSLATOR_ISA_MEMO" not in os.environ:
+    # ISA compiles (translator_kernels.isa: a child process each, a Python + torch + FlyDSL start and a
+    # compile) are kept for the session in one folder the xdist workers inherit: tests that read the same
+    # kernel's ISA compile it once. Fresh per session, so a hit is what a compile of this tree returns.
+    import atexit
+    import shutil
+    import tempfile
+
+    _memo = tempfile.mkdtemp(prefix="flydsl-isa-memo-")
+    os.environ["FLYDSL_TRANSLATOR_ISA_MEMO"] = _memo
+    atexit.register(shutil.rmtree, _memo, True)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Under pytest-xdist (`-n N`) the N workers share the machine's cores: one torch thread each,
     # or N workers x torch's default of one thread per core oversubscribe it.

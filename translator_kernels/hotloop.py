@@ -76,7 +76,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from translator_kernels.arch import GPUS
-from translator_kernels.isa import ROOT, classify, compile_env
+from translator_kernels.isa import ROOT, classify, compile_env, compile_many, memo_key, memo_read, memo_write
 
 # dense matrix flops per CU per clock, by arch and MFMA input type
 MATRIX_RATE = {a: g.matrix_flops_per_clk for a, g in GPUS.items()}  # views of translator_kernels.arch.GPUS
@@ -255,11 +255,17 @@ def hot_loop(text: str, arch: str = "gfx942", kernel: str | None = None) -> dict
 
 # ---- compiling without a GPU, keeping the ISA text -----------------------------------------------
 def compile_isa_texts(entry: str, args=(), kwargs=None, *, arch: str = "gfx942", timeout: float = 600) -> list[str]:
-    """ISA text of every kernel `entry(*args, **kwargs)` compiles for `arch` (child process)."""
+    """ISA text of every kernel `entry(*args, **kwargs)` compiles for `arch` (child process, or the
+    test session's memo: translator_kernels.isa.memo_key)."""
+    job = (entry, tuple(args), dict(kwargs or {}))
+    memo = memo_key(job, arch, compile_env(arch, ""))
+    hit = memo_read(memo)
+    if hit is not None:
+        return hit[0]
     with tempfile.TemporaryDirectory(prefix="flydsl-hotloop-") as d:
         spec, out = os.path.join(d, "jobs.pkl"), os.path.join(d, "results.json")
         with open(spec, "wb") as f:
-            pickle.dump({"jobs": [(entry, tuple(args), dict(kwargs or {}))], "root": d}, f)
+            pickle.dump({"jobs": [job], "root": d}, f)
         p = subprocess.run([sys.executable, "-m", "translator_kernels.isa", spec, out], env=compile_env(arch, d),
                            capture_output=True, text=True, cwd=ROOT, timeout=timeout)
         done = json.load(open(out)) if os.path.exists(out) else []
@@ -267,7 +273,20 @@ def compile_isa_texts(entry: str, args=(), kwargs=None, *, arch: str = "gfx942",
             msg = done[0]["error"] if done else (p.stderr + p.stdout)[-3000:]
             raise RuntimeError(f"compile of {entry} for {arch} failed: {msg}")
         files = sorted(glob.glob(os.path.join(done[0]["dir"], "*", "22_final_isa.s")))
-        return [open(fn).read() for fn in files]
+        texts = [open(fn).read() for fn in files]
+        memo_write(memo, texts, done[0].get("result"))
+        return texts
+
+
+def compile_isa_texts_many(jobs: list, arch: str = "gfx942", *, timeout: float = 600) -> list[list[str]]:
+    """compile_isa_texts of each job (entry, args, kwargs), all in one child (isa.compile_many: one Python +
+    torch + FlyDSL start for the lot); the first failed job raises as compile_isa_texts does."""
+    out = []
+    for (entry, *_), c in zip(jobs, compile_many(jobs, arch, timeout=timeout)):
+        if isinstance(c, Exception):
+            raise RuntimeError(f"compile of {entry} for {arch} failed: {c}") from c
+        out.append(c.texts)
+    return out
 
 
 def main_text(texts: list[str]) -> str:

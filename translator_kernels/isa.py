@@ -28,6 +28,12 @@ Occupancy (`occupancy`) is a MODEL of CDNA3/CDNA4 wave slots per SIMD (4 SIMDs p
   - a workgroup of W waves places ceil(W / 4) waves on each SIMD, so registers and LDS are
     granted a whole workgroup at a time.
 
+Memo (tests): with FLYDSL_TRANSLATOR_ISA_MEMO naming a folder, a job's dumped ISA texts and return are
+kept there, keyed by (arch, entry, args, kwargs, the child's environment but its dump folder and pytest's
+per-test variables), and a later equal job reads them instead of starting a child. The child is a function
+of those and of the source tree alone, so within one test session (tests/conftest.py makes a fresh folder
+per session, shared by its pytest-xdist workers) a hit returns what a compile would. Off when unset.
+
     python -m translator_kernels.isa <jobs.pkl> <results.json>   (the child; not for people)
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import hashlib
 import importlib
 import json
 import os
@@ -250,11 +257,47 @@ def compile_env(arch: str, dump_dir: str) -> dict:
     return env
 
 
+MEMO_ENV = "FLYDSL_TRANSLATOR_ISA_MEMO"
+
+
+def memo_key(job, arch: str, env: dict) -> str | None:
+    """The memo file of a job compiled for `arch` in the child environment `env`; None when the memo is
+    off or the job has no stable text (an argument whose repr is an address)."""
+    folder = os.environ.get(MEMO_ENV)
+    if not folder:
+        return None
+    stable = {k: v for k, v in env.items() if k != "FLYDSL_DUMP_DIR" and not k.startswith("PYTEST_")}
+    text = repr((arch, job, sorted(stable.items())))
+    if " at 0x" in text:
+        return None
+    return os.path.join(folder, hashlib.sha256(text.encode()).hexdigest() + ".json")
+
+
+def memo_read(path: str | None):
+    """(ISA texts, result) a memo file holds, or None."""
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        d = json.load(f)
+    return d["texts"], d["result"]
+
+
+def memo_write(path: str | None, texts: list, result) -> None:
+    if path is None:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"texts": texts, "result": result}, f)
+    os.replace(tmp, path)  # whole or absent: another worker may read it at once
+
+
 @dataclass
 class Compiled:
-    """What one call compiled: its kernels (in dump order) and the entry point's JSON-able return."""
+    """What one call compiled: its kernels (in dump order), the entry point's JSON-able return and the ISA text
+    of each dumped code object (what kernels were parsed from; the hot-loop model reads it)."""
     kernels: list
     result: object = None
+    texts: list = field(default_factory=list)
 
     @property
     def main(self) -> IsaStats:
@@ -267,7 +310,15 @@ def compile_many(jobs: list, arch: str, *, timeout: float = 600) -> list:
     A job whose launcher the child already built (a cached, equal specialization) dumps nothing;
     it is run again in a fresh child, so every job gets its own ISA."""
     results: list = [None] * len(jobs)
-    todo = list(range(len(jobs)))
+    env = compile_env(arch, "")
+    memo = [memo_key(job, arch, env) for job in jobs]
+    todo = []
+    for i in range(len(jobs)):
+        hit = memo_read(memo[i])
+        if hit is None:
+            todo.append(i)
+        else:
+            results[i] = Compiled([s for t in hit[0] for s in parse_isa(t, arch)], hit[1], hit[0])
     while todo:
         retry = []
         with tempfile.TemporaryDirectory(prefix="flydsl-isa-") as d:
@@ -296,8 +347,9 @@ def compile_many(jobs: list, arch: str, *, timeout: float = 600) -> list:
                         else:
                             retry.append(i)
                         continue
-                    kernels = [s for fn in files for s in parse_isa(open(fn).read(), arch)]
-                    results[i] = Compiled(kernels, r.get("result"))
+                    texts = [open(fn).read() for fn in files]
+                    memo_write(memo[i], texts, r.get("result"))
+                    results[i] = Compiled([s for t in texts for s in parse_isa(t, arch)], r.get("result"), texts)
         todo = retry
     return results
 

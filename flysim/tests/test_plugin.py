@@ -13,7 +13,7 @@ def test_plugin_categorizes_gpu_style_tests(tmp_path):
     report = tmp_path / "report.md"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), env_path()]))
     cmd = [sys.executable, "-m", "pytest", "-p", "flysim.pytest_plugin", "-p", "no:cacheprovider", "-q",
-           "-o", "python_files=*.py", "--rootdir", str(HERE / "plugin_cases"), "--flysim-arch", "gfx942",
+           "-o", "python_files=*_cases.py", "--rootdir", str(HERE / "plugin_cases"), "--flysim-arch", "gfx942",
            "--flysim-max-lanes", "65536", "--flysim-report", str(report), str(HERE / "plugin_cases" / "gpu_style_cases.py")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert (tmp_path / "report.md.json").exists(), out.stdout[-3000:] + out.stderr[-3000:]

@@ -78,58 +78,65 @@ def hf_expert_parallel(family, rank, world, implementation="all_reduce"):
 
 
 def run(rank, world, backend, port, mode="translate", form="hand", family="mixtral", implementation="all_reduce"):
+    """`implementation`: one of transformers' expert-parallel implementations, or several joined by commas, each
+    a line of its own from one process (one start-up and one process group for the tests that read them)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        from translator import translate
-        from translator.distributed import localize
-
-        whole = None
-        if form == "hf":
-            m, x, whole = hf_expert_parallel(family, rank, world, implementation)
-            if implementation != "all_reduce":  # refused before capture, naming the form that is taken
-                try:
-                    translate(m, (x,), backend=backend)
-                except Exception as e:  # noqa: BLE001 — the line reports what was raised
-                    sys.stdout.write(f"rank {rank} refused: {type(e).__name__}: {' '.join(str(e).split())}\n")
-                    sys.stdout.flush()
-                    return
-        else:
-            m = ExpertParallelMoE(rank, world).eval()
-            torch.manual_seed(1)
-            x = torch.randn(2, 5, 64)
-        with torch.no_grad():
-            want = m(x)
-            want = getattr(want, "logits", want)
-        if mode == "translate":
-            tm = translate(m, (x,), backend=backend)
-            with torch.no_grad():
-                got = tm(x)
-        else:
-            tm, got = _compiled(localize(m)[0] if form == "hf" else m, x, backend)
-        got = getattr(got, "logits", got)
-        assert tm.report.verification.passed, tm.report.verification.message
-        if form == "hf":  # the localized copy was translated: the user's model keeps its DTensor experts
-            assert type(m.model.layers[0].mlp.experts.gate_up_proj).__name__ == "DTensor"
-        left = sorted({r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"})
-        diff = (got - want).abs().max().item()
-        c = tm.report.counters
-        experts = "moe_experts_loop" if form == "hand" else "moe_experts"
-        launched = {}
-        for call in tm.last_calls:
-            if call.launches:
-                launched[call.family] = launched.get(call.family, 0) + len(call.launches)
-        if backend == "flysim":  # every FlyDSL op's row comes from a recorded launch on this rank
-            assert not [r.node for r in tm.report.rows if r.where in ("flydsl-reference", "flydsl-op")], \
-                [(r.node, r.where) for r in tm.report.rows]
-        kernels = ",".join(f"{f}:{n}" for f, n in sorted(launched.items())) or "-"
-        tail = "" if whole is None else f" | {(got - whole).abs().max().item():.3g}"
-        # one write per line: the ranks' prints went to one pipe interleaved ("...8.2e-08rank 0 ok ...")
-        sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} {experts}={c.get(experts)} "
-                         f"| {','.join(left)} | {kernels} | {diff:.3g}{tail}\n")
-        sys.stdout.flush()
+        for impl in implementation.split(","):
+            _run_form(rank, world, backend, mode, form, family, impl)
     finally:
         dist.destroy_process_group()
+
+
+def _run_form(rank, world, backend, mode, form, family, implementation):
+    from translator import translate
+    from translator.distributed import localize
+
+    whole = None
+    if form == "hf":
+        m, x, whole = hf_expert_parallel(family, rank, world, implementation)
+        if implementation != "all_reduce":  # refused before capture, naming the form that is taken
+            try:
+                translate(m, (x,), backend=backend)
+            except Exception as e:  # noqa: BLE001 — the line reports what was raised
+                sys.stdout.write(f"rank {rank} refused: {type(e).__name__}: {' '.join(str(e).split())}\n")
+                sys.stdout.flush()
+                return
+    else:
+        m = ExpertParallelMoE(rank, world).eval()
+        torch.manual_seed(1)
+        x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        want = m(x)
+        want = getattr(want, "logits", want)
+    if mode == "translate":
+        tm = translate(m, (x,), backend=backend)
+        with torch.no_grad():
+            got = tm(x)
+    else:
+        tm, got = _compiled(localize(m)[0] if form == "hf" else m, x, backend)
+    got = getattr(got, "logits", got)
+    assert tm.report.verification.passed, tm.report.verification.message
+    if form == "hf":  # the localized copy was translated: the user's model keeps its DTensor experts
+        assert type(m.model.layers[0].mlp.experts.gate_up_proj).__name__ == "DTensor"
+    left = sorted({r.op for r in tm.report.rows if not r.layout and r.where == "pytorch"})
+    diff = (got - want).abs().max().item()
+    c = tm.report.counters
+    experts = "moe_experts_loop" if form == "hand" else "moe_experts"
+    launched = {}
+    for call in tm.last_calls:
+        if call.launches:
+            launched[call.family] = launched.get(call.family, 0) + len(call.launches)
+    if backend == "flysim":  # every FlyDSL op's row comes from a recorded launch on this rank
+        assert not [r.node for r in tm.report.rows if r.where in ("flydsl-reference", "flydsl-op")], \
+            [(r.node, r.where) for r in tm.report.rows]
+    kernels = ",".join(f"{f}:{n}" for f, n in sorted(launched.items())) or "-"
+    tail = "" if whole is None else f" | {(got - whole).abs().max().item():.3g}"
+    # one write per line: the ranks' prints went to one pipe interleaved ("...8.2e-08rank 0 ok ...")
+    sys.stdout.write(f"rank {rank} ok moe_topk={c.get('moe_topk')} {experts}={c.get(experts)} "
+                     f"| {','.join(left)} | {kernels} | {diff:.3g}{tail}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -72,9 +72,10 @@ def test_occupancy_rules():
     assert isa.occupancy(300, 20, 0, 512, "gfx942") == (0, "VGPR")  # 304 regs: 1 wave, not a whole 2-wave WG
 
 
-def test_compile_many_isolates_jobs_and_retries_cached_launchers():
+def test_compile_many_isolates_jobs_and_retries_cached_launchers(monkeypatch):
     """One child runs every job: a failing job does not sink the others, and a job whose launcher the
     child already built (same softmax specialization, another M) is recompiled in a fresh child."""
+    monkeypatch.delenv(isa.MEMO_ENV, raising=False)  # every job in the child, none from the session's memo
     x4, x8 = isa.TensorSpec((4, 512), "bfloat16"), isa.TensorSpec((8, 512), "bfloat16")
     jobs = [("translator_kernels.rows.softmax:softmax", (x4,), {}),
             ("translator_kernels.rows.softmax:no_such_entry", (), {}),
@@ -200,3 +201,31 @@ def test_cli_isa_flag(tmp_path, capsys):
     assert k["op"] == "flydsl.softmax" and k["VGPR"] > 0
     assert "per-kernel ISA statistics (gfx950" in stdout
     assert "Per-kernel ISA statistics (gfx950)" in (out / "report.html").read_text()
+
+
+def test_session_memo_returns_the_compile_without_a_child(monkeypatch, tmp_path):
+    """With the memo on (tests/conftest.py sets it per session), an equal job reads the first compile's ISA
+    through both child paths (compile_many, hotloop.compile_isa_texts) and starts no child; another child
+    environment is another key."""
+    from translator_kernels import hotloop
+
+    monkeypatch.setenv(isa.MEMO_ENV, str(tmp_path))
+    job = ("translator_kernels.rows.softmax:softmax", (isa.TensorSpec((4, 256), "float32"),), {})
+    (first,) = isa.compile_many([job], "gfx942")
+    assert len(list(tmp_path.iterdir())) == 1
+
+    def no_child(*a, **k):
+        raise AssertionError("a child started for a memoized job")
+
+    monkeypatch.setattr(isa.subprocess, "run", no_child)
+    monkeypatch.setattr(hotloop.subprocess, "run", no_child)
+    (again,) = isa.compile_many([job], "gfx942")
+    assert again.main.meta == first.main.meta and again.main.ops == first.main.ops
+    texts = hotloop.compile_isa_texts(job[0], job[1], arch="gfx942")
+    assert [s.meta for t in texts for s in isa.parse_isa(t, "gfx942")] == [k.meta for k in first.kernels]
+    assert hotloop.compile_isa_texts_many([job], "gfx942") == [texts] == [first.texts]
+    env = isa.compile_env("gfx942", "")
+    assert isa.memo_key(job, "gfx942", env) != isa.memo_key(job, "gfx942", dict(env, FLYDSL_DEBUG="1"))
+    assert isa.memo_key(job, "gfx950", env) != isa.memo_key(job, "gfx942", env)
+    monkeypatch.setenv(isa.MEMO_ENV, "")
+    assert isa.memo_key(job, "gfx942", env) is None

@@ -80,12 +80,21 @@ def test_hf_expert_parallel_ranks(backend, world, mode, family):
         _launched(kernels, backend)
 
 
-def test_hf_expert_parallel_one_rank():
+@pytest.fixture(scope="module")
+def one_rank_lines():
+    """The 1-rank HF runs of the two tests below from one worker process (one start-up, transformers and the
+    translator imported once): all_reduce first, as alone, then all_to_all. Its lines by their word after the rank."""
+    lines = _ranks("reference", 1, "translate", "hf", "mixtral", "all_reduce,all_to_all")
+    assert len(lines) == 2, lines
+    return {line.split()[2]: line for line in lines}
+
+
+def test_hf_expert_parallel_one_rank(one_rank_lines):
     """transformers' expert parallel on a 1-rank group (a subprocess: a process group made and destroyed in the
     pytest process left later forked ranks of test_dtensor hanging): the same graph form as W ranks (DTensor
     experts, the off-rank mask, sentinel-masked grouped-mm, all_reduce) -> moe_topk + moe_experts, only the
     collective left; the user's model keeps its DTensors."""
-    (line,) = _ranks("reference", 1, "translate", "hf", "mixtral")
+    line = one_rank_lines["ok"]
     head, left, kernels, diff, whole = line.split(" | ")
     _launched(kernels, "reference")
     assert head == "rank 0 ok moe_topk=1 moe_experts=1", line
@@ -93,6 +102,6 @@ def test_hf_expert_parallel_one_rank():
     assert float(diff) < 1e-4 and float(whole) < 1e-4, line
 
 
-def test_hf_expert_parallel_other_implementations_name_the_fix():
-    (line,) = _ranks("reference", 1, "translate", "hf", "mixtral", "all_to_all")
+def test_hf_expert_parallel_other_implementations_name_the_fix(one_rank_lines):
+    line = one_rank_lines["refused:"]
     assert line.startswith("rank 0 refused: InputError") and 'ep_implementation="all_reduce"' in line, line

@@ -137,17 +137,18 @@ def test_variants_search_keeps_the_built_kernel_ahead_at_m128():
 def test_isa_head_shrinks_the_prologue_without_spills():
     """gfx950, the M = 256 choice at N = K = 4096: 0 spills, about the same VGPRs, and the bytes a wave loads before
     its first wait (the prologue the MODEL charges) at most a third of the plain kernel's."""
-    from translator_kernels.hotloop import compile_isa_texts, main_text
+    from translator_kernels.hotloop import compile_isa_texts_many, main_text
     from translator_kernels.isa import parse_isa
     from translator_kernels.measure.gemm_isa import ENTRY, spec
 
     cfg = G.choose_config(256, 4096, 4096, "bf16", "gfx950")
     assert cfg.head
     got = {}
-    for head in (0, cfg.head):
-        s = dict(spec(4096, 4096, "bf16", "gfx950", cfg.bm, cfg.bn, cfg.bk), split=cfg.split, head=head, ring=cfg.ring,
-                 quad=cfg.quad)
-        text = main_text(compile_isa_texts(ENTRY, (s,), arch="gfx950"))
+    heads = (0, cfg.head)
+    jobs = [(ENTRY, (dict(spec(4096, 4096, "bf16", "gfx950", cfg.bm, cfg.bn, cfg.bk), split=cfg.split, head=head,
+                          ring=cfg.ring, quad=cfg.quad),), {}) for head in heads]
+    for head, texts in zip(heads, compile_isa_texts_many(jobs, "gfx950")):  # one child for both
+        text = main_text(texts)
         meta = max(parse_isa(text, "gfx950"), key=lambda st: st.instructions).meta
         got[head] = (variants.prologue_bytes(text, "gfx950"), meta)
     (p0, m0), (p1, m1) = got[0], got[cfg.head]

@@ -156,14 +156,16 @@ def test_isa_ring_registers_and_lds_bytes_per_mfma():
     VGPRs as a ring (136 vs 180 compiled); M = 256's choice 32x256x256 ring compiles with 0 spills and 2 waves per
     SIMD (two W sets: 312 registers with AGPRs, 1 wave per SIMD), and its hot loop reads half the LDS bytes per
     MFMA (one ds_read_b128 of A feeds 4 x 2 MFMAs instead of 2 x 2); each W load follows MFMAs of its block."""
-    from translator_kernels.hotloop import compile_isa_texts, find_loops, main_text
+    from translator_kernels.hotloop import compile_isa_texts_many, find_loops, main_text
     from translator_kernels.isa import parse_isa
     from translator_kernels.measure.gemm_isa import ENTRY, spec
 
     got = {}
-    for bn, ring in ((128, False), (128, True), (256, True)):
-        s = dict(spec(4096, 4096, "bf16", "gfx942", 32, bn, 256, "gelu", True, True), split=2, head=32, ring=ring)
-        text = main_text(compile_isa_texts(ENTRY, (s,), arch="gfx942"))
+    cases = ((128, False), (128, True), (256, True))
+    jobs = [(ENTRY, (dict(spec(4096, 4096, "bf16", "gfx942", 32, bn, 256, "gelu", True, True), split=2, head=32,
+                          ring=ring),), {}) for bn, ring in cases]
+    for (bn, ring), texts in zip(cases, compile_isa_texts_many(jobs, "gfx942")):  # one child for the three
+        text = main_text(texts)
         st = max(parse_isa(text, "gfx942"), key=lambda x: x.instructions)
         hot = max(find_loops(text, st.kernel), key=lambda lp: lp.cycles("gfx942")["matrix_cycles"])
         got[(bn, ring)] = (st.meta, st.occupancy[0], text, hot)
